@@ -1,0 +1,174 @@
+// CPU loops for elementwise ops: linear SIMD loops when broadcasting is trivial, a collapsed
+// strided walk otherwise. Hand-written rather than xtensor assignment: dynamic-rank xtensor
+// expressions allocate shape/stride vectors per call, which breaks the eager dispatch budget
+// (bench/bench_elementwise.cpp measures both).
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include <xsimd/xsimd.hpp>
+
+#include "../../core/shape.hpp"
+#include "../../core/tensor.hpp"
+#include "parallel.hpp"
+
+namespace stagecraft::backend::cpu {
+
+template <class T>
+using batch = xsimd::batch<T>;
+
+/// T has a SIMD vector type on this build (float, double and the integer types).
+template <class T>
+concept Vectorizable = std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && (batch<T>::size > 1);
+
+template <class Op, class T>
+concept HasSimd1 = Vectorizable<T> && requires(const batch<T>& a) {
+  { Op::simd(a) } -> std::convertible_to<batch<T>>;
+};
+template <class Op, class T>
+concept HasSimd2 = Vectorizable<T> && requires(const batch<T>& a, const batch<T>& b) {
+  { Op::simd(a, b) } -> std::convertible_to<batch<T>>;
+};
+
+// ---- unary -------------------------------------------------------------------------------
+
+template <class Op, class T, class R>
+void unary_range(const T* __restrict x, R* __restrict y, std::int64_t n) {
+  std::int64_t i = 0;
+  if constexpr (std::is_same_v<T, R> && HasSimd1<Op, T>) {
+    constexpr std::int64_t W = batch<T>::size;
+    for (; i + W <= n; i += W) Op::simd(batch<T>::load_unaligned(x + i)).store_unaligned(y + i);
+  }
+  for (; i < n; ++i) y[i] = static_cast<R>(Op::scalar(x[i]));
+}
+
+/// y = Op(x) over contiguous buffers of n elements, threaded when large.
+template <class Op, class T, class R>
+void unary_loop(const T* x, R* y, std::int64_t n, std::int64_t grain) {
+  parallel_for(n, grain, [&](std::int64_t b, std::int64_t e) { unary_range<Op, T, R>(x + b, y + b, e - b); });
+}
+
+// ---- binary ------------------------------------------------------------------------------
+
+/// One contiguous row: sa, sb are 0 (the operand is one repeated element) or 1.
+template <class Op, class T, class R>
+void binary_row(const T* __restrict a, const T* __restrict b, R* __restrict y, std::int64_t n,
+                int sa, int sb) {
+  std::int64_t i = 0;
+  if constexpr (std::is_same_v<T, R> && HasSimd2<Op, T>) {
+    constexpr std::int64_t W = batch<T>::size;
+    if (sa && sb) {
+      for (; i + W <= n; i += W)
+        Op::simd(batch<T>::load_unaligned(a + i), batch<T>::load_unaligned(b + i)).store_unaligned(y + i);
+    } else if (sb) {
+      const batch<T> va(a[0]);
+      for (; i + W <= n; i += W) Op::simd(va, batch<T>::load_unaligned(b + i)).store_unaligned(y + i);
+    } else if (sa) {
+      const batch<T> vb(b[0]);
+      for (; i + W <= n; i += W) Op::simd(batch<T>::load_unaligned(a + i), vb).store_unaligned(y + i);
+    }
+  }
+  if (sa && sb) {
+    for (; i < n; ++i) y[i] = static_cast<R>(Op::scalar(a[i], b[i]));
+  } else if (sb) {
+    const T va = a[0];
+    for (; i < n; ++i) y[i] = static_cast<R>(Op::scalar(va, b[i]));
+  } else if (sa) {
+    const T vb = b[0];
+    for (; i < n; ++i) y[i] = static_cast<R>(Op::scalar(a[i], vb));
+  } else {
+    const R v = static_cast<R>(Op::scalar(a[0], b[0]));
+    for (; i < n; ++i) y[i] = v;
+  }
+}
+
+/// Output shape and per-operand strides with adjacent axes merged where every operand is
+/// contiguous across them (so [N,C]+[C] walks as rows of C, and [N,C]+[N,C] as one row).
+template <int N>
+struct StridedPlan {
+  Shape shape;
+  Shape strides[N];
+};
+template <int N>
+StridedPlan<N> collapse(const Shape& out, const Shape* const (&ins)[N]) {
+  StridedPlan<N> p;
+  Shape st[N];
+  for (int k = 0; k < N; ++k) st[k] = broadcast_strides(*ins[k], out);
+  for (int i = 0; i < out.rank(); ++i) {
+    if (out[i] == 1) continue;  // size-1 axes carry nothing
+    const int r = p.shape.rank();
+    bool merge = r > 0;
+    for (int k = 0; k < N && merge; ++k) merge = p.strides[k][r - 1] == st[k][i] * out[i];
+    if (merge) {
+      p.shape[r - 1] *= out[i];
+      for (int k = 0; k < N; ++k) p.strides[k][r - 1] = st[k][i];
+    } else {
+      p.shape.push_back(out[i]);
+      for (int k = 0; k < N; ++k) p.strides[k].push_back(st[k][i]);
+    }
+  }
+  if (p.shape.rank() == 0) {  // a single element
+    p.shape.push_back(1);
+    for (int k = 0; k < N; ++k) p.strides[k].push_back(0);
+  }
+  return p;
+}
+
+/// Calls row(offsets..., out_offset, row_length) for every innermost row of the plan.
+/// Rows [row_begin, row_end) of the outer index space are visited.
+template <int N, class Row>
+void for_each_row(const StridedPlan<N>& p, std::int64_t row_begin, std::int64_t row_end, Row&& row) {
+  const int r = p.shape.rank();
+  const std::int64_t len = p.shape[r - 1];
+  std::int64_t idx[max_rank] = {};
+  std::int64_t off[N] = {};
+  // unravel row_begin over the outer axes
+  std::int64_t rem = row_begin;
+  for (int d = r - 2; d >= 0; --d) {
+    idx[d] = rem % p.shape[d];
+    rem /= p.shape[d];
+  }
+  for (int k = 0; k < N; ++k)
+    for (int d = 0; d < r - 1; ++d) off[k] += idx[d] * p.strides[k][d];
+  for (std::int64_t rr = row_begin; rr < row_end; ++rr) {
+    row(off, rr * len, len);
+    for (int d = r - 2; d >= 0; --d) {  // advance the odometer
+      ++idx[d];
+      for (int k = 0; k < N; ++k) off[k] += p.strides[k][d];
+      if (idx[d] < p.shape[d]) break;
+      for (int k = 0; k < N; ++k) off[k] -= idx[d] * p.strides[k][d];
+      idx[d] = 0;
+    }
+  }
+}
+
+/// out = Op(a, b) with NumPy broadcasting; a and b already have the compute dtype T.
+template <class Op, class T, class R>
+void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t grain) {
+  const T* pa = static_cast<const T*>(a.raw_data());
+  const T* pb = static_cast<const T*>(b.raw_data());
+  R* py = static_cast<R*>(out.raw_data());
+  const std::int64_t n = out.numel();
+  if (n == 0) return;
+  const Shape& os = out.shape();
+  const bool fa = a.shape() == os, fb = b.shape() == os;
+  if ((fa || a.numel() == 1) && (fb || b.numel() == 1)) {  // linear: no broadcasting walk
+    const int sa = fa ? 1 : 0, sb = fb ? 1 : 0;
+    parallel_for(n, grain, [&](std::int64_t s, std::int64_t e) {
+      binary_row<Op, T, R>(pa + sa * s, pb + sb * s, py + s, e - s, sa, sb);
+    });
+    return;
+  }
+  const Shape* ins[2] = {&a.shape(), &b.shape()};
+  const StridedPlan<2> p = collapse<2>(os, ins);
+  const int r = p.shape.rank();
+  const std::int64_t len = p.shape[r - 1], rows = n / len;
+  const int sa = static_cast<int>(p.strides[0][r - 1]), sb = static_cast<int>(p.strides[1][r - 1]);
+  parallel_for(rows, std::max<std::int64_t>(1, grain / len), [&](std::int64_t rb, std::int64_t re) {
+    for_each_row<2>(p, rb, re, [&](const std::int64_t* off, std::int64_t o, std::int64_t l) {
+      binary_row<Op, T, R>(pa + off[0], pb + off[1], py + o, l, sa, sb);
+    });
+  });
+}
+
+}  // namespace stagecraft::backend::cpu

@@ -1,0 +1,63 @@
+// The one thread pool: OpenMP (OpenBLAS's openmp build shares its runtime with these loops).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "../../config.hpp"
+#if SC_HAS_OPENMP
+#include <omp.h>
+#endif
+
+namespace stagecraft {
+
+/// Threads the CPU backend uses (OpenMP's max threads; 1 without OpenMP).
+inline int num_threads() {
+#if SC_HAS_OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+/// Sets the CPU backend's thread count (OpenBLAS follows, as it shares the OpenMP runtime).
+inline void set_num_threads(int n) {
+#if SC_HAS_OPENMP
+  omp_set_num_threads(std::max(1, n));
+#else
+  (void)n;
+#endif
+}
+
+namespace backend::cpu {
+
+/// Runs f(begin, end) over [0, n) split into one contiguous range per thread, or serially
+/// when n < grain (small tensors pay no thread start-up) or when already in a parallel region.
+/// Ranges are rounded to multiples of 64 so SIMD loops keep whole vectors.
+template <class F>
+void parallel_for(std::int64_t n, std::int64_t grain, F&& f) {
+#if SC_HAS_OPENMP
+  if (n >= grain && n >= 2 * 64 && !omp_in_parallel() && omp_get_max_threads() > 1) {
+    const int want = static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), n / std::max<std::int64_t>(grain / 2, 64)));
+    if (want > 1) {
+#pragma omp parallel num_threads(want)
+      {
+        const std::int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+        std::int64_t chunk = (n + nt - 1) / nt;
+        chunk = (chunk + 63) / 64 * 64;
+        const std::int64_t b = std::min(n, t * chunk), e = std::min(n, b + chunk);
+        if (b < e) f(b, e);
+      }
+      return;
+    }
+  }
+#else
+  (void)grain;
+#endif
+  f(std::int64_t{0}, n);
+}
+
+/// Grain sizes: cheap ops (add) need many elements to beat thread start-up; costly ones fewer.
+inline constexpr std::int64_t grain_cheap = config::parallel_threshold;
+inline constexpr std::int64_t grain_costly = config::parallel_threshold / 8;
+
+}  // namespace backend::cpu
+}  // namespace stagecraft

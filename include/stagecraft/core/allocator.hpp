@@ -1,0 +1,143 @@
+// The CPU caching allocator: size classes, free lists reused across ops, public counters.
+#pragma once
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "../config.hpp"
+
+namespace stagecraft {
+
+/// Counters of the caching allocator (bytes are the rounded block sizes).
+struct MemoryStats {
+  std::size_t bytes_in_use = 0;       ///< held by live storages
+  std::size_t peak_bytes_in_use = 0;  ///< high-water mark of bytes_in_use
+  std::size_t bytes_cached = 0;       ///< free blocks kept for reuse
+  std::size_t allocation_calls = 0;   ///< blocks requested from the system (cache misses)
+  std::size_t requests = 0;           ///< allocate() calls, hits and misses
+  std::size_t cache_hits = 0;         ///< requests served from the free lists
+};
+
+namespace detail {
+
+/// Size classes: four per power of two (waste at most 25%), 64 bytes at least.
+/// Blocks above `max_cached_block` bypass the cache and go straight back to the system.
+class CachingAllocator {
+ public:
+  static constexpr int sub_classes = 4;
+  static constexpr int num_classes = 64 * sub_classes;
+  static constexpr std::size_t max_cached_block = std::size_t{1} << 32;
+
+  /// Rounded size and class index of a request of n > 0 bytes.
+  static constexpr std::size_t round(std::size_t n, int* cls = nullptr) {
+    if (n <= 64) {
+      if (cls) *cls = 0;
+      return 64;
+    }
+    const int p = std::bit_width(n - 1) - 1;  // 2^p < n <= 2^(p+1), p >= 6
+    const std::size_t step = std::size_t{1} << (p - 2);
+    const std::size_t j = (n - (std::size_t{1} << p) + step - 1) / step;  // 1..4
+    if (cls) *cls = p * sub_classes + static_cast<int>(j) - 1;
+    return (std::size_t{1} << p) + j * step;
+  }
+
+  /// A 64-byte-aligned block of at least n bytes (nullptr for n == 0).
+  void* allocate(std::size_t n) {
+    if (n == 0) return nullptr;
+    int cls = 0;
+    const std::size_t size = round(n, &cls);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.requests;
+      auto& list = free_[cls];
+      if (!list.empty()) {
+        void* p = list.back();
+        list.pop_back();
+        ++stats_.cache_hits;
+        stats_.bytes_cached -= size;
+        add_in_use(size);
+        return p;
+      }
+      ++stats_.allocation_calls;
+      add_in_use(size);
+    }
+    void* p = std::aligned_alloc(config::alignment, size);
+    if (!p) {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.bytes_in_use -= size;
+      throw std::bad_alloc();
+    }
+    return p;
+  }
+
+  /// Returns a block of n requested bytes to the cache.
+  void deallocate(void* p, std::size_t n) {
+    if (!p) return;
+    int cls = 0;
+    const std::size_t size = round(n, &cls);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.bytes_in_use -= size;
+      if (size <= max_cached_block && stats_.bytes_cached + size <= cache_limit_) {
+        free_[cls].push_back(p);
+        stats_.bytes_cached += size;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+  /// Gives every cached block back to the system.
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& list : free_) {
+      for (void* p : list) std::free(p);
+      list.clear();
+      list.shrink_to_fit();
+    }
+    stats_.bytes_cached = 0;
+  }
+  MemoryStats stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+  void set_cache_limit(std::size_t bytes) {
+    cache_limit_ = bytes;
+  }
+  static CachingAllocator& instance() {
+    static CachingAllocator* a = new CachingAllocator();  // never destroyed: safe at exit
+    return *a;
+  }
+
+ private:
+  void add_in_use(std::size_t size) {
+    stats_.bytes_in_use += size;
+    if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+  mutable std::mutex mu_;
+  std::array<std::vector<void*>, num_classes> free_{};
+  MemoryStats stats_{};
+  std::size_t cache_limit_ = std::size_t{8} << 30;
+};
+
+}  // namespace detail
+
+/// Counters of the CPU caching allocator.
+inline MemoryStats memory_stats() { return detail::CachingAllocator::instance().stats(); }
+/// Frees every cached CPU block (live tensors are untouched).
+inline void empty_cache() { detail::CachingAllocator::instance().empty_cache(); }
+/// Resets peak_bytes_in_use to the current bytes_in_use.
+inline void reset_peak_memory() { detail::CachingAllocator::instance().reset_peak(); }
+/// Caps the bytes the CPU cache keeps (freed blocks beyond it go back to the system).
+inline void set_cache_limit(std::size_t bytes) { detail::CachingAllocator::instance().set_cache_limit(bytes); }
+
+}  // namespace stagecraft

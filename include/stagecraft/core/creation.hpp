@@ -1,0 +1,194 @@
+// Creating tensors: from values and nested lists, constants, ranges, and user memory.
+#pragma once
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <source_location>
+#include <vector>
+
+#include "tensor.hpp"
+
+namespace stagecraft {
+
+namespace detail {
+
+/// A fresh tensor on the current device filled by fill(T* data) on the host.
+template <class T, class Fill>
+Tensor make_host(const Shape& shape, Fill&& fill) {
+  Tensor t = empty_tensor(shape, dtype_of<T>(), Device::cpu());
+  fill(static_cast<T*>(t.raw_data()));
+  const Device d = current_device();
+  return d.is_cpu() ? t : t.to(d);
+}
+
+template <class T> struct nested_list { using type = T; static constexpr int depth = 0; };
+template <class T> struct nested_list<std::initializer_list<T>> {
+  using type = typename nested_list<T>::type;
+  static constexpr int depth = nested_list<T>::depth + 1;
+};
+
+/// Records the extents of a nested list, checking that it is rectangular.
+template <class L>
+void list_shape(const L& l, Shape& s, int depth, const std::source_location& loc) {
+  if constexpr (nested_list<L>::depth > 0) {
+    if (s.rank() <= depth) s.push_back(static_cast<std::int64_t>(l.size()));
+    else if (s[depth] != static_cast<std::int64_t>(l.size()))
+      fail<ShapeError>("tensor", loc, "nested list is ragged: axis ", depth, " has lengths ", s[depth],
+                       " and ", l.size());
+    for (const auto& e : l) list_shape(e, s, depth + 1, loc);
+    if (l.size() == 0)  // still record the deeper extents as 0
+      for (int d = depth + 1; d < depth + nested_list<L>::depth; ++d)
+        if (s.rank() <= d) s.push_back(0);
+  }
+}
+template <class L, class T>
+void list_fill(const L& l, T*& out) {
+  if constexpr (nested_list<L>::depth > 0) {
+    for (const auto& e : l) list_fill(e, out);
+  } else {
+    *out++ = static_cast<T>(l);
+  }
+}
+template <class L>
+Tensor from_list(const L& l, const std::source_location& loc) {
+  using T = typename nested_list<L>::type;
+  Shape s;
+  list_shape(l, s, 0, loc);
+  return make_host<T>(s, [&](T* p) { list_fill(l, p); });
+}
+
+}  // namespace detail
+
+/// A 1-D tensor from a list: sc::tensor({1.f, 2.f, 3.f}) is f32 [3]. The dtype follows the
+/// C++ type: float f32, double f64, int i32, int64_t i64, bool bool.
+template <Element T>
+Tensor tensor(std::initializer_list<T> v, std::source_location loc = std::source_location::current()) {
+  return detail::from_list(v, loc);
+}
+/// A 2-D tensor from nested lists (rows must have equal lengths).
+template <Element T>
+Tensor tensor(std::initializer_list<std::initializer_list<T>> v, std::source_location loc = std::source_location::current()) {
+  return detail::from_list(v, loc);
+}
+/// A 3-D tensor from nested lists.
+template <Element T>
+Tensor tensor(std::initializer_list<std::initializer_list<std::initializer_list<T>>> v,
+              std::source_location loc = std::source_location::current()) {
+  return detail::from_list(v, loc);
+}
+/// A 4-D tensor from nested lists.
+template <Element T>
+Tensor tensor(std::initializer_list<std::initializer_list<std::initializer_list<std::initializer_list<T>>>> v,
+              std::source_location loc = std::source_location::current()) {
+  return detail::from_list(v, loc);
+}
+/// A tensor of the given shape holding a copy of `values` (row-major; sizes must match).
+template <Element T>
+Tensor tensor(const std::vector<T>& values, Shape shape, std::source_location loc = std::source_location::current()) {
+  if (static_cast<std::int64_t>(values.size()) != shape.numel())
+    detail::fail<ShapeError>("tensor", loc, values.size(), " values do not fill shape ", shape, " (",
+                             shape.numel(), " elements)");
+  return detail::make_host<T>(shape, [&](T* p) {
+    if (!values.empty()) std::memcpy(p, values.data(), values.size() * sizeof(T));
+  });
+}
+/// A 1-D tensor holding a copy of `values`.
+template <Element T>
+Tensor tensor(const std::vector<T>& values, std::source_location loc = std::source_location::current()) {
+  return tensor(values, Shape{static_cast<std::int64_t>(values.size())}, loc);
+}
+/// A rank-0 tensor.
+template <Element T>
+Tensor scalar(T v) {
+  return detail::make_host<T>(Shape{}, [&](T* p) { *p = v; });
+}
+
+/// Checks that every extent is non-negative.
+inline void check_shape(const Shape& s, std::string_view op, const std::source_location& loc) {
+  for (auto d : s)
+    if (d < 0) detail::fail<ShapeError>(op, loc, "negative extent in shape ", s);
+}
+
+/// A tensor of the given shape with every element `value` converted to dtype d.
+inline Tensor full(Shape shape, double value, DType d, std::source_location loc = std::source_location::current()) {
+  check_shape(shape, "full", loc);
+  return visit_dtype(d, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return detail::make_host<T>(shape, [&](T* p) {
+      const T v = static_cast<T>(value);
+      for (std::int64_t i = 0, n = shape.numel(); i < n; ++i) p[i] = v;
+    });
+  });
+}
+/// A tensor of the given shape with every element `value`; the dtype is value's (7.f → f32).
+template <Element T>
+Tensor full(Shape shape, T value, std::source_location loc = std::source_location::current()) {
+  return full(shape, static_cast<double>(value), dtype_of<T>(), loc);
+}
+/// Zeros of the given shape and dtype (f32 by default).
+inline Tensor zeros(Shape shape, DType d = DType::f32, std::source_location loc = std::source_location::current()) {
+  return full(shape, 0.0, d, loc);
+}
+/// Ones of the given shape and dtype (f32 by default).
+inline Tensor ones(Shape shape, DType d = DType::f32, std::source_location loc = std::source_location::current()) {
+  return full(shape, 1.0, d, loc);
+}
+/// Zeros with x's shape and dtype (or dtype d).
+inline Tensor zeros_like(const Tensor& x) { return zeros(x.shape(), x.dtype()); }
+/// Ones with x's shape and dtype.
+inline Tensor ones_like(const Tensor& x) { return ones(x.shape(), x.dtype()); }
+
+/// start, start+step, ... below stop (above, for a negative step). Integers give i64.
+inline Tensor arange(double start, double stop, double step, DType d,
+                     std::source_location loc = std::source_location::current()) {
+  if (step == 0) detail::fail<ValueError>("arange", loc, "step must not be zero");
+  const double span = (stop - start) / step;
+  const std::int64_t n = span > 0 ? static_cast<std::int64_t>(std::ceil(span)) : 0;
+  return visit_dtype(d, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return detail::make_host<T>(Shape{n}, [&](T* p) {
+      for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start + static_cast<double>(i) * step);
+    });
+  });
+}
+/// 0, 1, ..., stop-1 as i64 (as NumPy's and PyTorch's arange of integers).
+template <Scalar T>
+Tensor arange(T stop, std::source_location loc = std::source_location::current()) {
+  return arange(0.0, static_cast<double>(stop), 1.0, std::is_floating_point_v<T> ? dtype_of<T>() : DType::i64, loc);
+}
+/// start, start+step, ... below stop; the dtype follows the arguments' type (ints give i64).
+template <Scalar T>
+Tensor arange(T start, T stop, T step = T(1), std::source_location loc = std::source_location::current()) {
+  return arange(static_cast<double>(start), static_cast<double>(stop), static_cast<double>(step),
+                std::is_floating_point_v<T> ? dtype_of<T>() : DType::i64, loc);
+}
+/// The n×n identity (f32 by default).
+inline Tensor eye(std::int64_t n, DType d = DType::f32, std::source_location loc = std::source_location::current()) {
+  if (n < 0) detail::fail<ShapeError>("eye", loc, "size must be non-negative, got ", n);
+  Tensor t = zeros({n, n}, d, loc);
+  visit_dtype(d, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* p = static_cast<T*>(t.raw_data());
+    for (std::int64_t i = 0; i < n; ++i) p[i * n + i] = T(1);
+  });
+  return t;
+}
+/// A zero-copy view of user memory (row-major, contiguous). The caller keeps `data` alive
+/// and unchanged for as long as the tensor or anything reshaped from it is used.
+inline Tensor from_blob(void* data, Shape shape, DType d, std::source_location loc = std::source_location::current()) {
+  check_shape(shape, "from_blob", loc);
+  if (!data && shape.numel() > 0) detail::fail<ValueError>("from_blob", loc, "null pointer for shape ", shape);
+  auto* impl = new detail::TensorImpl();
+  impl->shape = shape;
+  impl->dtype = d;
+  impl->device = Device::cpu();
+  impl->storage = detail::Storage::borrow(data, static_cast<std::size_t>(shape.numel()) * itemsize(d), Device::cpu());
+  return Tensor(detail::Ref<detail::TensorImpl>::adopt(impl));
+}
+/// Typed overload: from_blob(float_ptr, shape) is f32.
+template <Element T>
+Tensor from_blob(T* data, Shape shape, std::source_location loc = std::source_location::current()) {
+  return from_blob(static_cast<void*>(data), shape, dtype_of<T>(), loc);
+}
+
+}  // namespace stagecraft

@@ -1,0 +1,55 @@
+// The error hierarchy and the one way errors are formatted: "[op] what is wrong at file:line".
+#pragma once
+#include <source_location>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "../config.hpp"
+
+namespace stagecraft {
+
+/// Base of every error stagecraft throws.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+/// Shapes that do not fit the op (broadcasting, ranks, axes, sizes).
+class ShapeError : public Error { using Error::Error; };
+/// A dtype the op does not accept, or mixed dtypes that cannot meet.
+class DTypeError : public Error { using Error::Error; };
+/// Tensors on different devices, or a device that is not available.
+class DeviceError : public Error { using Error::Error; };
+/// Misuse of staging: symbolic tensors where a value is needed, escaped tensors, retracing.
+class StagingError : public Error { using Error::Error; };
+/// A file that cannot be read or written, or whose contents are corrupt.
+class IOError : public Error { using Error::Error; };
+/// A value outside the op's domain (negative sizes, labels out of range, bad arguments).
+class ValueError : public Error { using Error::Error; };
+
+namespace detail {
+
+/// "file.cpp:12" of a call site, with the directories stripped.
+inline std::string where(const std::source_location& loc) {
+  std::string_view f = loc.file_name();
+  if (auto p = f.find_last_of("/\\"); p != std::string_view::npos) f.remove_prefix(p + 1);
+  return std::string(f) + ":" + std::to_string(loc.line());
+}
+
+template <class... Parts>
+std::string concat_parts(const Parts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
+
+/// Throws E with "[op] message at file:line"; cold so the happy path stays small.
+template <class E, class... Parts>
+[[noreturn]] SC_COLD void fail(std::string_view op, const std::source_location& loc,
+                               const Parts&... parts) {
+  throw E("[" + std::string(op) + "] " + concat_parts(parts...) + " at " + where(loc));
+}
+
+}  // namespace detail
+}  // namespace stagecraft

@@ -1,0 +1,196 @@
+// Tensor: a cheap ref-counted handle to a TensorImpl (shape, dtype, device, storage).
+#pragma once
+#include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "dtype.hpp"
+#include "error.hpp"
+#include "shape.hpp"
+#include "storage.hpp"
+
+namespace stagecraft {
+
+namespace detail {
+/// What a symbolic tensor is in a graph being traced; defined by graph/ (a later stage).
+struct SymbolicValue;
+
+/// The object a Tensor handle points to. Tensors are contiguous and row-major; reshape
+/// shares the storage of its input.
+struct TensorImpl : RefCounted {
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device;
+  Ref<Storage> storage;                   // null while symbolic
+  std::shared_ptr<SymbolicValue> symbolic;  // set only while tracing
+};
+}  // namespace detail
+
+/// A multi-dimensional array on a device: concrete (has storage) or symbolic (a value in a
+/// graph being traced). Copying a Tensor copies the handle, not the data.
+class Tensor {
+ public:
+  /// An undefined tensor (no shape, no data); most calls on it throw ValueError.
+  Tensor() = default;
+  explicit Tensor(detail::Ref<detail::TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const noexcept { return static_cast<bool>(impl_); }
+  const Shape& shape() const { return impl_->shape; }
+  DType dtype() const { return impl_->dtype; }
+  Device device() const { return impl_->device; }
+  std::int64_t numel() const { return impl_->shape.numel(); }
+  int rank() const { return impl_->shape.rank(); }
+  /// Extent of one axis (negative counts from the end).
+  std::int64_t size(std::int64_t axis, std::source_location loc = std::source_location::current()) const {
+    return impl_->shape[normalize_axis(axis, rank(), "size", loc)];
+  }
+  /// True while this is a value in a graph being traced (it has no data yet).
+  bool is_symbolic() const noexcept { return impl_ && impl_->symbolic != nullptr; }
+
+  /// The single element, converted to T. Throws for more than one element.
+  template <Element T>
+  T item(std::source_location loc = std::source_location::current()) const;
+  /// All elements in row-major order, converted to T.
+  template <Element T>
+  std::vector<T> to_vector(std::source_location loc = std::source_location::current()) const;
+  /// A copy on another device (the same tensor when it is already there).
+  Tensor to(Device d, std::source_location loc = std::source_location::current()) const;
+  /// A copy converted to another dtype (the same tensor when it already has it).
+  Tensor astype(DType d, std::source_location loc = std::source_location::current()) const;
+  /// Truth of a one-element tensor. While tracing this throws StagingError: use sc::cond.
+  explicit operator bool() const;
+
+  /// Typed pointer to the first element of a concrete CPU tensor (T must match dtype()).
+  template <Element T>
+  T* data() const {
+    if (SC_UNLIKELY(dtype_of<T>() != dtype()))
+      throw DTypeError("[data] tensor has dtype " + std::string(name(dtype())) +
+                       ", asked for " + std::string(name(dtype_of<T>())));
+    return static_cast<T*>(raw_data());
+  }
+  /// Untyped pointer to the first element (nullptr when symbolic or empty).
+  void* raw_data() const noexcept { return impl_->storage ? impl_->storage->data() : nullptr; }
+  /// Bytes of the elements (numel * itemsize).
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * itemsize(dtype()); }
+  /// True when both tensors read the same memory (reshape results, from_blob of one buffer).
+  bool shares_storage_with(const Tensor& o) const {
+    return impl_ && o.impl_ && impl_->storage && impl_->storage == o.impl_->storage;
+  }
+  /// The implementation object (for the library's own layers).
+  detail::TensorImpl* impl() const noexcept { return impl_.get(); }
+  /// Number of handles to this tensor (for tests of sharing and lifetime).
+  long use_count() const noexcept { return impl_ ? impl_->use_count() : 0; }
+  /// True when both handles are the same tensor.
+  bool same(const Tensor& o) const noexcept { return impl_ == o.impl_; }
+
+ private:
+  detail::Ref<detail::TensorImpl> impl_;
+};
+
+/// A tensor operand of an operator: it remembers the user's line, since operators cannot
+/// take a defaulted std::source_location. Anything convertible to a Tensor (a Variable) fits.
+struct Operand {
+  const Tensor& t;
+  std::source_location loc;
+  template <class T>
+    requires std::convertible_to<const T&, const Tensor&>
+  Operand(const T& x, std::source_location l = std::source_location::current())  // NOLINT
+      : t(x), loc(l) {}
+};
+
+namespace detail {
+
+/// A new concrete tensor with uninitialised storage from the device's caching allocator.
+inline Tensor empty_tensor(const Shape& shape, DType dtype, Device device) {
+  auto* impl = new TensorImpl();
+  impl->shape = shape;
+  impl->dtype = dtype;
+  impl->device = device;
+  impl->storage = Storage::allocate(static_cast<std::size_t>(shape.numel()) * itemsize(dtype), device);
+  return Tensor(Ref<TensorImpl>::adopt(impl));
+}
+
+/// A tensor with a new shape over the same storage (numel must match; not checked here).
+inline Tensor alias_tensor(const Tensor& src, const Shape& shape) {
+  auto* impl = new TensorImpl();
+  impl->shape = shape;
+  impl->dtype = src.dtype();
+  impl->device = src.device();
+  impl->storage = src.impl()->storage;
+  impl->symbolic = src.impl()->symbolic;
+  return Tensor(Ref<TensorImpl>::adopt(impl));
+}
+
+/// Converts element i of a buffer of dtype d to T.
+template <class T>
+T load_as(const void* p, DType d, std::int64_t i) {
+  return visit_dtype(d, [&](auto tag) -> T {
+    using S = typename decltype(tag)::type;
+    return static_cast<T>(static_cast<const S*>(p)[i]);
+  });
+}
+
+/// Throws ValueError when a tensor handle is undefined.
+inline void require_defined(const Tensor& t, std::string_view op, const std::source_location& loc) {
+  if (SC_UNLIKELY(!t.defined())) fail<ValueError>(op, loc, "got an undefined tensor");
+}
+/// Throws (StagingError) when a value is needed from a symbolic tensor.
+inline void require_concrete(const Tensor& t, std::string_view op, const std::source_location& loc) {
+  require_defined(t, op, loc);
+  if (SC_UNLIKELY(t.is_symbolic()))
+    fail<StagingError>(op, loc, "needs a concrete value, but this tensor is symbolic (being traced); "
+                                "use sc::cond / sc::while_loop for data-dependent control flow");
+  if (SC_UNLIKELY(!t.device().is_cpu()))
+    fail<DeviceError>(op, loc, "reads values on the host; call .to(sc::Device::cpu()) first");
+}
+
+}  // namespace detail
+
+template <Element T>
+T Tensor::item(std::source_location loc) const {
+  detail::require_concrete(*this, "item", loc);
+  if (numel() != 1)
+    detail::fail<ShapeError>("item", loc, "needs exactly one element, tensor has shape ", shape());
+  return detail::load_as<T>(raw_data(), dtype(), 0);
+}
+
+template <Element T>
+std::vector<T> Tensor::to_vector(std::source_location loc) const {
+  detail::require_concrete(*this, "to_vector", loc);
+  std::vector<T> out(static_cast<std::size_t>(numel()));
+  if constexpr (!std::is_same_v<T, bool>) {  // std::vector<bool> has no data()
+    if (dtype() == dtype_of<T>()) {
+      if (!out.empty()) std::memcpy(out.data(), raw_data(), nbytes());
+      return out;
+    }
+  }
+  for (std::int64_t i = 0; i < numel(); ++i) out[i] = detail::load_as<T>(raw_data(), dtype(), i);
+  return out;
+}
+
+inline Tensor Tensor::to(Device d, std::source_location loc) const {
+  detail::require_defined(*this, "to", loc);
+  if (device() == d) return *this;
+  // Host <-> CUDA copies arrive with the CUDA backend.
+  detail::fail<DeviceError>("to", loc, "cannot move a tensor from ", device().str(), " to ", d.str(),
+                            ": CUDA support is not built in");
+}
+
+inline Tensor::operator bool() const {
+  const std::source_location loc = std::source_location::current();
+  detail::require_defined(*this, "bool", loc);
+  if (is_symbolic())
+    throw StagingError("[bool] a symbolic tensor has no truth value while tracing; "
+                       "use sc::cond(pred, then_fn, else_fn) or sc::while_loop instead of if/while");
+  if (numel() != 1)
+    throw ShapeError("[bool] the truth value of a tensor with shape " + shape().str() +
+                     " is ambiguous; reduce it first (sc::sum, sc::max, ...)");
+  return detail::load_as<bool>(raw_data(), dtype(), 0);
+}
+
+}  // namespace stagecraft

@@ -1,0 +1,134 @@
+// The single entry point every op call goes through: checks, promotion, device choice,
+// shape inference, then (today) the eager kernel. Tracing and tape recording plug in here.
+#pragma once
+#include <array>
+#include <source_location>
+#include <vector>
+
+#include "../core/device.hpp"
+#include "../core/tensor.hpp"
+#include "../ops/op.hpp"
+#include "context.hpp"
+
+namespace stagecraft {
+namespace ops { struct Cast; }
+
+namespace detail {
+
+template <class Op>
+concept ViewOp = requires(const Tensor& t, const ops::OutMeta& m) { Op::alias(t, m); };
+template <class Op>
+concept Promoting = requires { Op::promote_from; };
+template <class Op>
+concept FloatInputs = requires { requires Op::float_inputs; };
+
+template <class Op>
+Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_location& loc);
+
+/// Converts t to dtype d through the Cast op (so a trace records the conversion).
+Tensor cast_to(const Tensor& t, DType d, const std::source_location& loc);
+
+/// The device an op runs on: the DeviceScope's, else its inputs' (which must agree).
+inline Device choose_device(ops::Inputs in, std::string_view op, const std::source_location& loc) {
+  if (const Device* d = scoped_device()) return *d;
+  if (in.empty()) return Device::cpu();
+  const Device dev = in[0].device();
+  for (const Tensor& t : in)
+    if (SC_UNLIKELY(t.device() != dev))
+      fail<DeviceError>(op, loc, "inputs are on different devices (", dev.str(), " and ",
+                        t.device().str(), "); move one with .to() or use a sc::DeviceScope");
+  return dev;
+}
+
+/// The dtype inputs [from, n) are converted to before the kernel runs, or nullopt-like
+/// `same` when they already agree.
+template <class Op>
+bool wanted_dtype(ops::Inputs in, DType& want) {
+  bool differ = false;
+  if constexpr (Promoting<Op>) {
+    if (static_cast<int>(in.size()) > Op::promote_from) {
+      want = in[Op::promote_from].dtype();
+      for (std::size_t i = Op::promote_from; i < in.size(); ++i) {
+        differ |= in[i].dtype() != want;
+        want = promote(want, in[i].dtype());
+      }
+    }
+  }
+  if constexpr (FloatInputs<Op>) {
+    if (!in.empty() && !is_floating(want)) {
+      want = DType::f32;
+      differ = true;
+    }
+  }
+  return differ;
+}
+
+/// Runs the op's kernel now on concrete inputs.
+template <class Op>
+Tensor run_eager(ops::Inputs in, const ops::Attrs& attrs, const ops::OutMeta& meta, Device dev,
+                 const std::source_location& loc) {
+  if constexpr (ViewOp<Op>) {
+    return Op::alias(in[0], meta);
+  } else {
+    if (SC_UNLIKELY(!dev.is_cpu()))
+      fail<DeviceError>(Op::name, loc, "has no kernel for ", dev.str(), " in this build");
+    Tensor out = empty_tensor(meta.shape, meta.dtype, dev);
+    Op::cpu(in, out, attrs);
+    return out;
+  }
+}
+
+template <class Op>
+Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_location& loc) {
+  for (const Tensor& t : in) require_defined(t, Op::name, loc);
+  const Device dev = choose_device(in, Op::name, loc);
+  if constexpr (Promoting<Op> || FloatInputs<Op>) {
+    DType want = in.empty() ? DType::f32 : in[0].dtype();
+    if (SC_UNLIKELY(wanted_dtype<Op>(in, want))) {
+      constexpr int from = [] { if constexpr (Promoting<Op>) return Op::promote_from; else return 0; }();
+      std::vector<Tensor> conv(in.begin(), in.end());
+      for (std::size_t i = from; i < conv.size(); ++i)
+        if (conv[i].dtype() != want) conv[i] = cast_to(conv[i], want, loc);
+      return dispatch<Op>(conv, attrs, loc);
+    }
+  }
+  for (const Tensor& t : in)
+    if (SC_UNLIKELY(t.device() != dev)) {  // a DeviceScope moved the op: bring inputs along
+      std::vector<Tensor> moved(in.begin(), in.end());
+      for (Tensor& m : moved) m = m.to(dev, loc);
+      return dispatch<Op>(moved, attrs, loc);
+    }
+  const ops::OutMeta meta = Op::infer(in, attrs, loc);
+  Context& ctx = context();
+  if (SC_UNLIKELY(ctx.trace != nullptr)) {
+    // The tracing JIT (graph/) appends a node here instead of running the kernel.
+    fail<StagingError>(Op::name, loc, "tracing is not available in this build");
+  }
+  Tensor out = run_eager<Op>(in, attrs, meta, dev, loc);
+  // Tape recording (autodiff/) hooks in here: one thread-local check when no tape records.
+  return out;
+}
+
+/// Two-input convenience (copies two handles into a local array).
+template <class Op>
+Tensor dispatch2(const Tensor& a, const Tensor& b, const ops::Attrs& attrs, const std::source_location& loc) {
+  const std::array<Tensor, 2> in{a, b};
+  return dispatch<Op>(in, attrs, loc);
+}
+
+/// A rank-0 tensor holding a C++ scalar with the dtype the weak-scalar rule gives it next to
+/// `like` (see core/dtype.hpp).
+template <Scalar S>
+Tensor weak_scalar(S value, const Tensor& like, const std::source_location& loc) {
+  require_defined(like, "scalar", loc);
+  const DType d = promote_scalar(like.dtype(), scalar_kind<S>());
+  Tensor t = empty_tensor(Shape{}, d, Device::cpu());
+  visit_dtype(d, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    *static_cast<T*>(t.raw_data()) = static_cast<T>(value);
+  });
+  return like.device().is_cpu() ? t : t.to(like.device(), loc);
+}
+
+}  // namespace detail
+}  // namespace stagecraft

@@ -1,0 +1,51 @@
+// cast(x, dtype): elementwise conversion between dtypes (to bool means x != 0).
+#pragma once
+#include "../eager/dispatch.hpp"
+#include "elementwise_rules.hpp"
+
+namespace stagecraft {
+namespace ops {
+
+/// Reads attrs.dtype (the target).
+struct Cast {
+  SC_OP_HEAD(Cast, "cast")
+  static constexpr int arity = 1;
+
+  static OutMeta infer(Inputs in, const Attrs& a, const std::source_location&) {
+    return {in[0].shape(), a.dtype};
+  }
+  static void cpu(Inputs in, Tensor& out, const Attrs&) {
+    const std::int64_t n = out.numel();
+    visit_dtype(in[0].dtype(), [&](auto from) {
+      using S = typename decltype(from)::type;
+      visit_dtype(out.dtype(), [&](auto to) {
+        using T = typename decltype(to)::type;
+        const S* x = static_cast<const S*>(in[0].raw_data());
+        T* y = static_cast<T*>(out.raw_data());
+        backend::cpu::parallel_for(n, backend::cpu::grain_cheap, [&](std::int64_t b, std::int64_t e) {
+          for (std::int64_t i = b; i < e; ++i) {
+            if constexpr (std::is_same_v<T, bool>) y[i] = x[i] != S(0);
+            else y[i] = static_cast<T>(x[i]);
+          }
+        });
+      });
+    });
+  }
+};
+
+}  // namespace ops
+
+/// x converted to dtype d (the same tensor when it already has d). Float to int truncates.
+inline Tensor cast(const Tensor& x, DType d, std::source_location loc = std::source_location::current()) {
+  detail::require_defined(x, "cast", loc);
+  if (x.dtype() == d) return x;
+  ops::Attrs a;
+  a.dtype = d;
+  return detail::dispatch<ops::Cast>({&x, 1}, a, loc);
+}
+
+inline Tensor detail::cast_to(const Tensor& t, DType d, const std::source_location& loc) { return cast(t, d, loc); }
+
+inline Tensor Tensor::astype(DType d, std::source_location loc) const { return cast(*this, d, loc); }
+
+}  // namespace stagecraft

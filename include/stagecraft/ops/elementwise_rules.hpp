@@ -1,0 +1,90 @@
+// Shared shape/dtype rules and kernels of the elementwise families (the op structs derive
+// from these; each op then only states its name and scalar/SIMD rule).
+#pragma once
+#include "../backend/cpu/elementwise.hpp"
+#include "op.hpp"
+
+namespace stagecraft::ops {
+
+/// What a unary op accepts and returns.
+enum class UnaryKind {
+  floating,  ///< float in, same float out (ints are promoted to f32 by dispatch)
+  numeric,   ///< int or float in, same out (bool rejected)
+  predicate  ///< any dtype in, bool out
+};
+
+template <class Op, UnaryKind K>
+struct Unary {
+  static constexpr int arity = 1;
+  static constexpr bool float_inputs = K == UnaryKind::floating;
+  static constexpr bool differentiable = K != UnaryKind::predicate;
+
+  static OutMeta infer(Inputs in, const Attrs&, const std::source_location& loc) {
+    const DType d = in[0].dtype();
+    if constexpr (K == UnaryKind::numeric) require_dtype(!is_bool(d), Op::name, d, "a numeric dtype", loc);
+    return {in[0].shape(), K == UnaryKind::predicate ? DType::b8 : d};
+  }
+  static void cpu(Inputs in, Tensor& out, const Attrs&) {
+    visit_dtype(in[0].dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (K == UnaryKind::predicate) {
+        backend::cpu::unary_loop<Op, T, bool>(static_cast<const T*>(in[0].raw_data()),
+                                                static_cast<bool*>(out.raw_data()), out.numel(), grain());
+      } else if constexpr (K == UnaryKind::floating ? std::is_floating_point_v<T> : !std::is_same_v<T, bool>) {
+        backend::cpu::unary_loop<Op, T, T>(static_cast<const T*>(in[0].raw_data()),
+                                           static_cast<T*>(out.raw_data()), out.numel(), grain());
+      }
+    });
+  }
+  static constexpr std::int64_t grain() {
+    return K == UnaryKind::floating ? backend::cpu::grain_costly : backend::cpu::grain_cheap;
+  }
+};
+
+/// What a binary op accepts and returns.
+enum class BinaryKind {
+  arithmetic,  ///< numeric in (common dtype), same out; bool rejected
+  floating,    ///< float in (ints promoted to f32), same out
+  compare,     ///< any dtype in (common dtype), bool out
+  logical      ///< any dtype in (read as truth values), bool out
+};
+
+/// The broadcast shape of two inputs, or a ShapeError naming the op, shapes and dtypes.
+inline Shape broadcast_or_throw(const Tensor& a, const Tensor& b, std::string_view op,
+                                const std::source_location& loc) {
+  Shape out;
+  if (SC_UNLIKELY(!broadcast_shapes(a.shape(), b.shape(), out)))
+    detail::fail<ShapeError>(op, loc, "cannot broadcast shapes ", a.shape(), " and ", b.shape(),
+                             " (", name(a.dtype()), ", ", name(b.dtype()), ")");
+  return out;
+}
+
+template <class Op, BinaryKind K>
+struct Binary {
+  static constexpr int arity = 2;
+  static constexpr int promote_from = 0;
+  static constexpr bool float_inputs = K == BinaryKind::floating;
+  static constexpr bool differentiable = K == BinaryKind::arithmetic || K == BinaryKind::floating;
+
+  static OutMeta infer(Inputs in, const Attrs&, const std::source_location& loc) {
+    const DType d = in[0].dtype();
+    if constexpr (K == BinaryKind::arithmetic) require_dtype(!is_bool(d), Op::name, d, "numeric dtypes", loc);
+    const bool to_bool = K == BinaryKind::compare || K == BinaryKind::logical;
+    return {broadcast_or_throw(in[0], in[1], Op::name, loc), to_bool ? DType::b8 : d};
+  }
+  static void cpu(Inputs in, Tensor& out, const Attrs&) {
+    visit_dtype(in[0].dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (K == BinaryKind::compare || K == BinaryKind::logical) {
+        backend::cpu::binary_loop<Op, T, bool>(in[0], in[1], out, backend::cpu::grain_cheap);
+      } else if constexpr (K == BinaryKind::floating ? std::is_floating_point_v<T> : !std::is_same_v<T, bool>) {
+        backend::cpu::binary_loop<Op, T, T>(in[0], in[1], out, grain());
+      }
+    });
+  }
+  static constexpr std::int64_t grain() {
+    return K == BinaryKind::floating ? backend::cpu::grain_costly : backend::cpu::grain_cheap;
+  }
+};
+
+}  // namespace stagecraft::ops

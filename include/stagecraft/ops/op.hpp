@@ -1,0 +1,62 @@
+// What every op definition provides, the fixed attribute struct, and the output description.
+//
+// An op is a struct in ops/ with, all in one place:
+//   static constexpr OpId id;                 // its line in op_list.hpp
+//   static constexpr std::string_view name;   // "add", as printed in errors and graphs
+//   static constexpr int arity;               // number of inputs, -1 for a list (concat)
+//   static OutMeta infer(Inputs, const Attrs&, const std::source_location&);  // checks + shape/dtype
+//   static void cpu(Inputs, Tensor& out, const Attrs&);                      // the CPU kernel
+// and optionally:
+//   static Tensor alias(const Tensor& in, const OutMeta&)   // a view: no kernel, shares storage
+//   static constexpr int promote_from = k;   // inputs k.. are cast to their common dtype first
+//   static constexpr bool differentiable = false;            // integer-valued results
+//   vjp: filled by the autodiff layer (see autodiff/), written with other ops.
+#pragma once
+#include <cstdint>
+#include <source_location>
+#include <span>
+#include <string_view>
+
+#include "../core/dtype.hpp"
+#include "../core/shape.hpp"
+#include "../core/tensor.hpp"
+#include "op_list.hpp"
+
+/// The two lines every op struct opens with: its id in the op list and its printed name.
+#define SC_OP_HEAD(S, str)            \
+  static constexpr OpId id = OpId::S; \
+  static constexpr std::string_view name = str;
+
+namespace stagecraft::ops {
+
+/// The inputs of an op call (a view; dispatch owns the handles).
+using Inputs = std::span<const Tensor>;
+
+/// Attributes of an op call. One fixed struct for every op, so dispatch never allocates;
+/// each op documents which fields it reads.
+struct Attrs {
+  Shape ints;               ///< axes, perm, target shape, begin
+  Shape ints2;              ///< sizes (slice)
+  std::int64_t axis = 0;    ///< the axis of gather, concat, argmax, softmax
+  std::int64_t i0 = 0;      ///< kernel size, depth
+  std::int64_t i1 = 0;      ///< stride
+  std::int64_t i2 = 0;      ///< padding
+  double scalar = 0.0;      ///< a constant (fill value)
+  DType dtype = DType::f32; ///< target dtype (cast, one_hot)
+  bool flag = false;        ///< keepdims
+  friend bool operator==(const Attrs&, const Attrs&) = default;
+};
+
+/// Shape and dtype of an op's result, computed by infer() before any data is touched.
+struct OutMeta {
+  Shape shape;
+  DType dtype = DType::f32;
+};
+
+/// Ops that accept every dtype use this; others reject with a DTypeError naming the dtype.
+inline void require_dtype(bool ok, std::string_view op, DType d, const char* what,
+                          const std::source_location& loc) {
+  if (SC_UNLIKELY(!ok)) detail::fail<DTypeError>(op, loc, "expects ", what, ", got ", name(d));
+}
+
+}  // namespace stagecraft::ops

@@ -1,0 +1,28 @@
+// The op list: one line per op. Adding an op is a new file in ops/ and one line here.
+// X(Struct, file) — the struct's name (ops::Struct) and the header that defines it.
+#pragma once
+#include <cstdint>
+
+// clang-format off
+#define STAGECRAFT_OP_LIST(X)                                   \
+  /* elementwise unary (ops/unary.hpp) */                       \
+  X(Neg) X(Abs) X(Exp) X(Log) X(Sqrt) X(Tanh) X(Sigmoid)        \
+  X(Relu) X(Square) X(Sign) X(Sin) X(Cos) X(LogicalNot)         \
+  /* elementwise binary (ops/binary.hpp) */                     \
+  X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(Maximum) X(Minimum)      \
+  X(Less) X(LessEqual) X(Greater) X(GreaterEqual) X(Equal)      \
+  X(NotEqual) X(LogicalAnd) X(LogicalOr)                        \
+  /* selection and conversion (ops/where.hpp, ops/cast.hpp) */  \
+  X(Where) X(Cast)
+// clang-format on
+
+namespace stagecraft::ops {
+/// Every op's identity, in op-list order (graphs and tapes store this).
+enum class OpId : std::uint16_t {
+#define STAGECRAFT_OP_ID(S) S,
+  STAGECRAFT_OP_LIST(STAGECRAFT_OP_ID)
+#undef STAGECRAFT_OP_ID
+  count_
+};
+inline constexpr int num_ops = static_cast<int>(OpId::count_);
+}  // namespace stagecraft::ops

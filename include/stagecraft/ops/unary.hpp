@@ -1,0 +1,119 @@
+// Elementwise unary ops: neg abs exp log sqrt tanh sigmoid relu square sign sin cos logical_not.
+#pragma once
+#include <cmath>
+
+#include "../eager/dispatch.hpp"
+#include "elementwise_rules.hpp"
+
+namespace stagecraft {
+namespace ops {
+
+struct Neg : Unary<Neg, UnaryKind::numeric> {
+  SC_OP_HEAD(Neg, "neg")
+  template <class T> static T scalar(T x) { return static_cast<T>(-x); }
+  template <class B> static B simd(const B& x) { return -x; }
+};
+struct Abs : Unary<Abs, UnaryKind::numeric> {
+  SC_OP_HEAD(Abs, "abs")
+  template <class T> static T scalar(T x) { return x < T(0) ? static_cast<T>(-x) : x; }
+  template <class B> static B simd(const B& x) { return xsimd::abs(x); }
+};
+struct Square : Unary<Square, UnaryKind::numeric> {
+  SC_OP_HEAD(Square, "square")
+  template <class T> static T scalar(T x) { return static_cast<T>(x * x); }
+  template <class B> static B simd(const B& x) { return x * x; }
+};
+struct Relu : Unary<Relu, UnaryKind::numeric> {
+  SC_OP_HEAD(Relu, "relu")
+  // x < 0 ? 0 : x keeps NaN as NaN (as PyTorch does).
+  template <class T> static T scalar(T x) { return x < T(0) ? T(0) : x; }
+  template <class B> static B simd(const B& x) { return xsimd::select(x < B(0), B(0), x); }
+};
+struct Sign : Unary<Sign, UnaryKind::numeric> {
+  SC_OP_HEAD(Sign, "sign")
+  template <class T> static T scalar(T x) {
+    if constexpr (std::is_floating_point_v<T>) if (x != x) return x;
+    return static_cast<T>((T(0) < x) - (x < T(0)));
+  }
+};
+struct Exp : Unary<Exp, UnaryKind::floating> {
+  SC_OP_HEAD(Exp, "exp")
+  template <class T> static T scalar(T x) { return std::exp(x); }
+  template <class B> static B simd(const B& x) { return xsimd::exp(x); }
+};
+struct Log : Unary<Log, UnaryKind::floating> {
+  SC_OP_HEAD(Log, "log")
+  template <class T> static T scalar(T x) { return std::log(x); }
+  template <class B> static B simd(const B& x) { return xsimd::log(x); }
+};
+struct Sqrt : Unary<Sqrt, UnaryKind::floating> {
+  SC_OP_HEAD(Sqrt, "sqrt")
+  template <class T> static T scalar(T x) { return std::sqrt(x); }
+  template <class B> static B simd(const B& x) { return xsimd::sqrt(x); }
+};
+struct Tanh : Unary<Tanh, UnaryKind::floating> {
+  SC_OP_HEAD(Tanh, "tanh")
+  template <class T> static T scalar(T x) { return std::tanh(x); }
+  template <class B> static B simd(const B& x) { return xsimd::tanh(x); }
+};
+struct Sigmoid : Unary<Sigmoid, UnaryKind::floating> {
+  SC_OP_HEAD(Sigmoid, "sigmoid")
+  // 1 / (1 + e^-x): e^-x overflows to inf for very negative x, giving exactly 0.
+  template <class T> static T scalar(T x) { return T(1) / (T(1) + std::exp(-x)); }
+  template <class B> static B simd(const B& x) { return B(1) / (B(1) + xsimd::exp(-x)); }
+};
+struct Sin : Unary<Sin, UnaryKind::floating> {
+  SC_OP_HEAD(Sin, "sin")
+  template <class T> static T scalar(T x) { return std::sin(x); }
+  template <class B> static B simd(const B& x) { return xsimd::sin(x); }
+};
+struct Cos : Unary<Cos, UnaryKind::floating> {
+  SC_OP_HEAD(Cos, "cos")
+  template <class T> static T scalar(T x) { return std::cos(x); }
+  template <class B> static B simd(const B& x) { return xsimd::cos(x); }
+};
+struct LogicalNot : Unary<LogicalNot, UnaryKind::predicate> {
+  SC_OP_HEAD(LogicalNot, "logical_not")
+  template <class T> static bool scalar(T x) { return x == T(0); }
+};
+
+}  // namespace ops
+
+#define SC_UNARY_API(fn, S)                                                                    \
+  inline Tensor fn(const Tensor& x, std::source_location loc = std::source_location::current()) { \
+    return detail::dispatch<ops::S>({&x, 1}, {}, loc);                                        \
+  }
+/// -x (numeric dtypes).
+SC_UNARY_API(neg, Neg)
+/// |x| (numeric dtypes).
+SC_UNARY_API(abs, Abs)
+/// x*x (numeric dtypes).
+SC_UNARY_API(square, Square)
+/// max(x, 0); NaN stays NaN.
+SC_UNARY_API(relu, Relu)
+/// -1, 0 or 1 by the sign of x; NaN stays NaN.
+SC_UNARY_API(sign, Sign)
+/// e^x (integer inputs become f32).
+SC_UNARY_API(exp, Exp)
+/// Natural logarithm (integer inputs become f32).
+SC_UNARY_API(log, Log)
+/// Square root (integer inputs become f32).
+SC_UNARY_API(sqrt, Sqrt)
+/// Hyperbolic tangent (integer inputs become f32).
+SC_UNARY_API(tanh, Tanh)
+/// 1 / (1 + e^-x) (integer inputs become f32).
+SC_UNARY_API(sigmoid, Sigmoid)
+/// Sine (integer inputs become f32).
+SC_UNARY_API(sin, Sin)
+/// Cosine (integer inputs become f32).
+SC_UNARY_API(cos, Cos)
+/// x == 0, as bool.
+SC_UNARY_API(logical_not, LogicalNot)
+#undef SC_UNARY_API
+
+/// -x.
+inline Tensor operator-(Operand x) { return detail::dispatch<ops::Neg>({&x.t, 1}, {}, x.loc); }
+/// Logical not (x == 0) as bool.
+inline Tensor operator!(Operand x) { return detail::dispatch<ops::LogicalNot>({&x.t, 1}, {}, x.loc); }
+
+}  // namespace stagecraft

@@ -1,0 +1,69 @@
+// where(cond, a, b): a where cond is true, else b, with three-way broadcasting.
+#pragma once
+#include "../eager/dispatch.hpp"
+#include "elementwise_rules.hpp"
+
+namespace stagecraft {
+namespace ops {
+
+/// cond (any dtype, read as truth) selects between a and b (promoted to a common dtype).
+struct Where {
+  SC_OP_HEAD(Where, "where")
+  static constexpr int arity = 3;
+  static constexpr int promote_from = 1;
+
+  static OutMeta infer(Inputs in, const Attrs&, const std::source_location& loc) {
+    Shape ab, out;
+    if (SC_UNLIKELY(!broadcast_shapes(in[1].shape(), in[2].shape(), ab) ||
+                    !broadcast_shapes(in[0].shape(), ab, out)))
+      detail::fail<ShapeError>(name, loc, "cannot broadcast condition ", in[0].shape(), " with ",
+                               in[1].shape(), " and ", in[2].shape());
+    return {out, in[1].dtype()};
+  }
+  static void cpu(Inputs in, Tensor& out, const Attrs&) {
+    if (out.numel() == 0) return;
+    const Tensor c = in[0].dtype() == DType::b8 ? in[0] : detail::cast_to(in[0], DType::b8, std::source_location::current());
+    const Shape* shapes[3] = {&c.shape(), &in[1].shape(), &in[2].shape()};
+    const auto p = backend::cpu::collapse<3>(out.shape(), shapes);
+    const int r = p.shape.rank();
+    const std::int64_t len = p.shape[r - 1], rows = out.numel() / len;
+    const std::int64_t s0 = p.strides[0][r - 1], s1 = p.strides[1][r - 1], s2 = p.strides[2][r - 1];
+    visit_dtype(out.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const bool* pc = static_cast<const bool*>(c.raw_data());
+      const T* pa = static_cast<const T*>(in[1].raw_data());
+      const T* pb = static_cast<const T*>(in[2].raw_data());
+      T* py = static_cast<T*>(out.raw_data());
+      backend::cpu::parallel_for(rows, std::max<std::int64_t>(1, backend::cpu::grain_cheap / len),
+                                 [&](std::int64_t rb, std::int64_t re) {
+        backend::cpu::for_each_row<3>(p, rb, re, [&](const std::int64_t* off, std::int64_t o, std::int64_t l) {
+          const bool* cc = pc + off[0];
+          const T* aa = pa + off[1];
+          const T* bb = pb + off[2];
+          for (std::int64_t i = 0; i < l; ++i) py[o + i] = cc[i * s0] ? aa[i * s1] : bb[i * s2];
+        });
+      });
+    });
+  }
+};
+
+}  // namespace ops
+
+/// Elements of a where cond is true, else of b; cond, a and b broadcast together.
+inline Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b,
+                    std::source_location loc = std::source_location::current()) {
+  const std::array<Tensor, 3> in{cond, a, b};
+  return detail::dispatch<ops::Where>(in, {}, loc);
+}
+/// where with a C++ scalar for the 'else' branch (weak, takes a's dtype).
+template <Scalar V>
+Tensor where(const Tensor& cond, const Tensor& a, V b, std::source_location loc = std::source_location::current()) {
+  return where(cond, a, detail::weak_scalar(b, a, loc), loc);
+}
+/// where with a C++ scalar for the 'then' branch (weak, takes b's dtype).
+template <Scalar V>
+Tensor where(const Tensor& cond, V a, const Tensor& b, std::source_location loc = std::source_location::current()) {
+  return where(cond, detail::weak_scalar(a, b, loc), b, loc);
+}
+
+}  // namespace stagecraft

@@ -1,0 +1,21 @@
+// The umbrella header: everything a user needs. `namespace sc = stagecraft;` comes with it.
+#pragma once
+
+#include "config.hpp"
+#include "fwd.hpp"
+
+#include "core/allocator.hpp"
+#include "core/creation.hpp"
+#include "core/device.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/print.hpp"
+#include "core/random.hpp"
+#include "core/shape.hpp"
+#include "core/tensor.hpp"
+
+#include "eager/dispatch.hpp"
+#include "ops/binary.hpp"
+#include "ops/cast.hpp"
+#include "ops/unary.hpp"
+#include "ops/where.hpp"

@@ -1,0 +1,119 @@
+// Tensor creation, item/to_vector, from_blob, reshape sharing, the allocator, printing, random.
+#include <sstream>
+
+#include <catch2/catch.hpp>
+#include <stagecraft/stagecraft.hpp>
+
+TEST_CASE("nested lists give the right shape and dtype", "[tensor]") {
+  auto a = sc::tensor({1.f, 2.f, 3.f});
+  CHECK(a.shape() == sc::Shape{3});
+  CHECK(a.dtype() == sc::f32);
+  auto b = sc::tensor({{1.0, 2.0}, {3.0, 4.0}, {5.0, 6.0}});
+  CHECK(b.shape() == sc::Shape{3, 2});
+  CHECK(b.dtype() == sc::f64);
+  CHECK(b.to_vector<double>() == std::vector<double>{1, 2, 3, 4, 5, 6});
+  auto c = sc::tensor({{{1, 2}}, {{3, 4}}});
+  CHECK(c.shape() == sc::Shape{2, 1, 2});
+  CHECK(c.dtype() == sc::i32);
+  auto d = sc::tensor({{{{true}}}});
+  CHECK(d.shape() == sc::Shape{1, 1, 1, 1});
+  CHECK(d.dtype() == sc::boolean);
+  CHECK_THROWS_AS(sc::tensor({{1.f, 2.f}, {3.f}}), sc::ShapeError);
+}
+
+TEST_CASE("creation functions", "[tensor]") {
+  CHECK(sc::scalar(3.f).rank() == 0);
+  CHECK(sc::scalar(3.f).item<float>() == 3.f);
+  CHECK(sc::zeros({2, 3}).to_vector<float>() == std::vector<float>(6, 0.f));
+  CHECK(sc::ones({2, 3}, sc::f64).dtype() == sc::f64);
+  CHECK(sc::full({2}, 7.f).to_vector<float>() == std::vector<float>{7, 7});
+  CHECK(sc::arange(4).to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 1, 2, 3});
+  CHECK(sc::arange(4).dtype() == sc::i64);
+  CHECK(sc::arange(0.f, 1.f, 0.25f).to_vector<float>() == std::vector<float>{0, 0.25f, 0.5f, 0.75f});
+  CHECK(sc::eye(3).to_vector<float>() == std::vector<float>{1, 0, 0, 0, 1, 0, 0, 0, 1});
+  auto t = sc::tensor(std::vector<float>{1, 2, 3, 4, 5, 6}, sc::Shape{2, 3});
+  CHECK(t.shape() == sc::Shape{2, 3});
+  CHECK_THROWS_AS(sc::tensor(std::vector<float>{1, 2}, sc::Shape{2, 3}), sc::ShapeError);
+  CHECK_THROWS_AS(sc::zeros({-1, 2}), sc::ShapeError);
+  CHECK(sc::zeros({0, 3}).numel() == 0);
+}
+
+TEST_CASE("item and to_vector convert and check", "[tensor]") {
+  auto t = sc::tensor({2.5f});
+  CHECK(t.item<double>() == 2.5);
+  CHECK(t.item<std::int64_t>() == 2);
+  CHECK_THROWS_AS(sc::tensor({1.f, 2.f}).item<float>(), sc::ShapeError);
+  CHECK(sc::tensor({1, 2}).to_vector<float>() == std::vector<float>{1.f, 2.f});
+  CHECK(t.astype(sc::f64).dtype() == sc::f64);
+  CHECK(sc::tensor({1.7f, -1.7f}).astype(sc::i32).to_vector<std::int32_t>() == std::vector<std::int32_t>{1, -1});
+  CHECK(sc::tensor({0.f, 2.f}).astype(sc::boolean).to_vector<bool>() == std::vector<bool>{false, true});
+  sc::Tensor u;
+  CHECK_THROWS_AS(u.item<float>(), sc::ValueError);
+}
+
+TEST_CASE("from_blob is zero-copy over user memory", "[tensor]") {
+  std::vector<float> buf{1, 2, 3, 4};
+  auto t = sc::from_blob(buf.data(), {2, 2}, sc::f32);
+  CHECK(t.raw_data() == buf.data());
+  buf[3] = 40;
+  CHECK(t.to_vector<float>()[3] == 40);
+  auto u = t + 1.f;
+  CHECK(u.to_vector<float>() == std::vector<float>{2, 3, 4, 41});
+  CHECK(buf[0] == 1);  // inputs are never written
+}
+
+TEST_CASE("the caching allocator reuses blocks and counts", "[allocator]") {
+  CHECK(sc::detail::CachingAllocator::round(1) == 64);
+  CHECK(sc::detail::CachingAllocator::round(65) == 80);
+  CHECK(sc::detail::CachingAllocator::round(1000) == 1024);
+  CHECK(sc::detail::CachingAllocator::round(1025) == 1280);
+  { auto warm = sc::zeros({1000}); }
+  const auto before = sc::memory_stats();
+  for (int i = 0; i < 10; ++i) { auto t = sc::zeros({1000}); }
+  const auto after = sc::memory_stats();
+  CHECK(after.allocation_calls == before.allocation_calls);  // all from the cache
+  CHECK(after.cache_hits >= before.cache_hits + 10);
+  {
+    auto big = sc::zeros({1 << 20});
+    CHECK(sc::memory_stats().bytes_in_use >= after.bytes_in_use + (4u << 20));
+  }
+  CHECK(sc::memory_stats().bytes_cached >= (4u << 20));
+  sc::empty_cache();
+  CHECK(sc::memory_stats().bytes_cached == 0);
+}
+
+TEST_CASE("printing is NumPy-like and elides large tensors", "[print]") {
+  std::ostringstream os;
+  os << sc::tensor({{1.f, 2.5f}, {-3.f, 4.f}});
+  CHECK(os.str() == "Tensor([[ 1.0,  2.5],\n        [-3.0,  4.0]], shape=[2, 2], dtype=f32)");
+  os.str("");
+  os << sc::arange(2000);
+  CHECK(os.str() == "Tensor([   0,    1,    2, ..., 1997, 1998, 1999], shape=[2000], dtype=i64)");
+  os.str("");
+  os << sc::scalar(true);
+  CHECK(os.str() == "Tensor(true, shape=[], dtype=bool)");
+}
+
+TEST_CASE("random numbers are seeded and thread-count independent", "[random]") {
+  auto a = sc::random::normal({1000}, 42);
+  auto b = sc::random::normal({1000}, 42);
+  CHECK(a.to_vector<float>() == b.to_vector<float>());
+  CHECK(a.to_vector<float>() != sc::random::normal({1000}, 43).to_vector<float>());
+  const int saved = sc::num_threads();
+  sc::set_num_threads(1);
+  auto c = sc::random::normal({100000}, 7);
+  sc::set_num_threads(2);
+  auto d = sc::random::normal({100000}, 7);
+  sc::set_num_threads(saved);
+  CHECK(c.to_vector<float>() == d.to_vector<float>());
+  const auto v = c.to_vector<float>();
+  double mean = 0, var = 0;
+  for (float x : v) mean += x;
+  mean /= v.size();
+  for (float x : v) var += (x - mean) * (x - mean);
+  var /= v.size();
+  CHECK(std::abs(mean) < 0.02);
+  CHECK(std::abs(var - 1.0) < 0.02);
+  auto u = sc::random::uniform({10000}, -2.0, 3.0, 1).to_vector<float>();
+  for (float x : u) REQUIRE((x >= -2.f && x < 3.f));
+}
