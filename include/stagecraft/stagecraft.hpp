@@ -19,3 +19,18 @@
 #include "ops/cast.hpp"
 #include "ops/unary.hpp"
 #include "ops/where.hpp"
+
+#include "ops/reduce.hpp"
+
+#include "ops/broadcast_to.hpp"
+#include "ops/concat.hpp"
+#include "ops/gather.hpp"
+#include "ops/reshape.hpp"
+#include "ops/slice.hpp"
+#include "ops/transpose.hpp"
+
+#include "ops/matmul.hpp"
+
+#include "ops/conv.hpp"
+#include "ops/pool.hpp"
+#include "nn/functional.hpp"

@@ -10,12 +10,17 @@
 //   static Tensor alias(const Tensor& in, const OutMeta&)   // a view: no kernel, shares storage
 //   static constexpr int promote_from = k;   // inputs k.. are cast to their common dtype first
 //   static constexpr bool differentiable = false;            // integer-valued results
-//   vjp: filled by the autodiff layer (see autodiff/), written with other ops.
+//   static std::vector<Tensor> vjp(const Tensor& grad_out, Inputs in, const Tensor& out,
+//                                  const Attrs&);   // the gradient slot: one Tensor per input
+//                                                   // (undefined = no gradient), written with
+//                                                   // other ops so it works traced too. Filled by
+//                                                   // the autodiff issue; see HasVjp below.
 #pragma once
 #include <cstdint>
 #include <source_location>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "../core/dtype.hpp"
 #include "../core/shape.hpp"
@@ -51,6 +56,12 @@ struct Attrs {
 struct OutMeta {
   Shape shape;
   DType dtype = DType::f32;
+};
+
+/// An op whose definition carries a gradient rule (vector-Jacobian product).
+template <class Op>
+concept HasVjp = requires(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a) {
+  { Op::vjp(g, in, out, a) } -> std::convertible_to<std::vector<Tensor>>;
 };
 
 /// Ops that accept every dtype use this; others reject with a DTypeError naming the dtype.

@@ -13,7 +13,17 @@
   X(Less) X(LessEqual) X(Greater) X(GreaterEqual) X(Equal)      \
   X(NotEqual) X(LogicalAnd) X(LogicalOr)                        \
   /* selection and conversion (ops/where.hpp, ops/cast.hpp) */  \
-  X(Where) X(Cast)
+  X(Where) X(Cast)                                              \
+  /* reductions (ops/reduce.hpp) */                             \
+  X(Sum) X(Max) X(Min) X(ArgMax) X(ArgMin)                      \
+  /* layout (ops/reshape.hpp, transpose, broadcast_to, concat,  \
+     slice, gather) */                                          \
+  X(Reshape) X(Transpose) X(BroadcastTo) X(Concat) X(Slice)     \
+  X(Gather) X(OneHot)                                           \
+  /* linear algebra (ops/matmul.hpp) */                         \
+  X(MatMul)                                                     \
+  /* convolution and pooling (ops/conv.hpp, ops/pool.hpp) */    \
+  X(Im2Col) X(Col2Im) X(MaxPool2d) X(AvgPool2d)
 // clang-format on
 
 namespace stagecraft::ops {

@@ -1,0 +1,2 @@
+// broadcast_to(x, shape): a materialised broadcast.
+#pragma once

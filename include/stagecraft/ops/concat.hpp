@@ -1,0 +1,2 @@
+// concat(xs, axis) and stack(xs, axis).
+#pragma once

@@ -1,0 +1,2 @@
+// gather(x, indices, axis) and one_hot(indices, depth).
+#pragma once

@@ -1,0 +1,2 @@
+// matmul: batched, broadcasting batch dims, on OpenBLAS.
+#pragma once

@@ -1,0 +1,2 @@
+// nn::max_pool2d and nn::avg_pool2d (NCHW).
+#pragma once

@@ -1,0 +1,2 @@
+// Reductions over any axes: sum max min argmax argmin (primitives), mean logsumexp (composites).
+#pragma once

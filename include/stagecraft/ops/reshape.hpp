@@ -1,0 +1,2 @@
+// reshape (a view: shares storage), expand_dims, squeeze, flatten.
+#pragma once

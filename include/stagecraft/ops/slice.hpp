@@ -1,0 +1,2 @@
+// slice(x, begin, size).
+#pragma once

@@ -1,0 +1,2 @@
+// transpose(x, perm): a permuted copy.
+#pragma once
