@@ -21,6 +21,7 @@ _stagecraft_find(xsimd)
 _stagecraft_find(xtensor)
 _stagecraft_find(Threads)
 _stagecraft_find(OpenMP COMPONENTS CXX)
+_stagecraft_find(ZLIB)                  # data/idx.hpp reads gzip-compressed IDX files
 
 # OpenBLAS: Debian's config file sets variables only; wrap them in a target. Prefer the
 # OpenMP build, which shares our OpenMP runtime instead of fighting it for the cores.
