@@ -19,3 +19,21 @@ TEST_CASE("errors name the op, the shapes and the user's line", "[elementwise][e
   CHECK_THROWS_WITH(a + b, Catch::Contains("[add] cannot broadcast shapes [2, 3] and [4] (f32, f32) at test_elementwise.cpp:" + std::to_string(line)));
   CHECK_THROWS_AS(sc::neg(sc::tensor({true})), sc::DTypeError);
 }
+
+TEST_CASE("maximum and minimum propagate NaN in the SIMD part of a row too", "[elementwise]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> a(37, nan), b(37, 2.f);
+  a[5] = 1.f;  // one ordinary lane
+  for (auto op : {+[](const sc::Tensor& x, const sc::Tensor& y) { return sc::maximum(x, y); },
+                  +[](const sc::Tensor& x, const sc::Tensor& y) { return sc::minimum(x, y); }}) {
+    const auto r1 = op(sc::tensor(a), sc::tensor(b)).to_vector<float>();
+    const auto r2 = op(sc::tensor(b), sc::tensor(a)).to_vector<float>();
+    for (int i = 0; i < 37; ++i) {
+      if (i == 5) continue;
+      CHECK(std::isnan(r1[i]));
+      CHECK(std::isnan(r2[i]));
+    }
+  }
+  CHECK(sc::maximum(sc::tensor(a), sc::tensor(b)).to_vector<float>()[5] == 2.f);
+  CHECK(sc::minimum(sc::tensor(a), sc::tensor(b)).to_vector<float>()[5] == 1.f);
+}

@@ -1,12 +1,14 @@
 // The CPU caching allocator: size classes, free lists reused across ops, public counters.
 #pragma once
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <vector>
 
 #include "../config.hpp"
@@ -24,6 +26,24 @@ struct MemoryStats {
 };
 
 namespace detail {
+
+/// A lock for the allocator's few-instruction critical sections: one atomic exchange to
+/// take, a plain store to give back (std::mutex cost two library calls and two atomics per
+/// eager op). Waiters spin briefly, then yield: on 2 shared cores the holder may be descheduled.
+class SpinLock {
+ public:
+  void lock() noexcept {
+    for (int spins = 0; flag_.exchange(true, std::memory_order_acquire); ++spins) {
+      while (flag_.load(std::memory_order_relaxed)) {
+        if (++spins > 64) std::this_thread::yield();
+      }
+    }
+  }
+  void unlock() noexcept { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> flag_{false};
+};
 
 /// Size classes: four per power of two (waste at most 25%), 64 bytes at least.
 /// Blocks above `max_cached_block` bypass the cache and go straight back to the system.
@@ -52,7 +72,7 @@ class CachingAllocator {
     int cls = 0;
     const std::size_t size = round(n, &cls);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<SpinLock> lock(mu_);
       ++stats_.requests;
       auto& list = free_[cls];
       if (!list.empty()) {
@@ -66,9 +86,10 @@ class CachingAllocator {
       ++stats_.allocation_calls;
       add_in_use(size);
     }
-    void* p = std::aligned_alloc(config::alignment, size);
+    // aligned_alloc needs a multiple of the alignment (size classes like 80 bytes are not).
+    void* p = std::aligned_alloc(config::alignment, (size + config::alignment - 1) / config::alignment * config::alignment);
     if (!p) {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<SpinLock> lock(mu_);
       stats_.bytes_in_use -= size;
       throw std::bad_alloc();
     }
@@ -81,7 +102,7 @@ class CachingAllocator {
     int cls = 0;
     const std::size_t size = round(n, &cls);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<SpinLock> lock(mu_);
       stats_.bytes_in_use -= size;
       if (size <= max_cached_block && stats_.bytes_cached + size <= cache_limit_) {
         free_[cls].push_back(p);
@@ -94,7 +115,7 @@ class CachingAllocator {
 
   /// Gives every cached block back to the system.
   void empty_cache() {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     for (auto& list : free_) {
       for (void* p : list) std::free(p);
       list.clear();
@@ -103,31 +124,38 @@ class CachingAllocator {
     stats_.bytes_cached = 0;
   }
   MemoryStats stats() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     return stats_;
   }
   void reset_peak() {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     stats_.peak_bytes_in_use = stats_.bytes_in_use;
   }
   void set_cache_limit(std::size_t bytes) {
     cache_limit_ = bytes;
   }
-  static CachingAllocator& instance() {
-    static CachingAllocator* a = new CachingAllocator();  // never destroyed: safe at exit
-    return *a;
-  }
+  static CachingAllocator& instance();
 
  private:
   void add_in_use(std::size_t size) {
     stats_.bytes_in_use += size;
     if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
   }
-  mutable std::mutex mu_;
+  mutable SpinLock mu_;
   std::array<std::vector<void*>, num_classes> free_{};
   MemoryStats stats_{};
   std::size_t cache_limit_ = std::size_t{8} << 30;
 };
+
+/// Holds the process's allocator: constant-initialised (no guard check per call) and never
+/// destroyed, so tensors released during static destruction still find it.
+union AllocatorHolder {
+  CachingAllocator allocator;
+  constexpr AllocatorHolder() : allocator() {}
+  ~AllocatorHolder() {}  // NOLINT: deliberately leaves the allocator alive
+};
+inline constinit AllocatorHolder allocator_holder;
+inline CachingAllocator& CachingAllocator::instance() { return allocator_holder.allocator; }
 
 }  // namespace detail
 

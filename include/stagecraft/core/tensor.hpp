@@ -20,14 +20,21 @@ namespace detail {
 /// What a symbolic tensor is in a graph being traced; defined by graph/ (a later stage).
 struct SymbolicValue;
 
+/// What a tensor knows of the Variable whose current value it is (state/variable.hpp).
+struct VariableInfo {
+  std::string name;
+  bool trainable = true;
+};
+
 /// The object a Tensor handle points to. Tensors are contiguous and row-major; reshape
 /// shares the storage of its input.
-struct TensorImpl : RefCounted {
+struct TensorImpl : RefCounted, Pooled {
   Shape shape;
   DType dtype = DType::f32;
   Device device;
   Ref<Storage> storage;                   // null while symbolic
   std::shared_ptr<SymbolicValue> symbolic;  // set only while tracing
+  const VariableInfo* variable = nullptr;   // set on a Variable's current value only
 };
 }  // namespace detail
 

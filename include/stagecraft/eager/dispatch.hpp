@@ -2,12 +2,14 @@
 // shape inference, then (today) the eager kernel. Tracing and tape recording plug in here.
 #pragma once
 #include <array>
+#include <new>
 #include <source_location>
 #include <vector>
 
 #include "../core/device.hpp"
 #include "../core/tensor.hpp"
 #include "../ops/op.hpp"
+#include "../autodiff/record.hpp"
 #include "context.hpp"
 
 namespace stagecraft {
@@ -105,15 +107,35 @@ Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_locat
     fail<StagingError>(Op::name, loc, "tracing is not available in this build");
   }
   Tensor out = run_eager<Op>(in, attrs, meta, dev, loc);
-  // Tape recording (autodiff/) hooks in here: one thread-local check when no tape records.
+  // Tape recording: one thread-local check when no tape records.
+  if (SC_UNLIKELY(ctx.tapes != nullptr)) record_on_tapes<Op>(in, attrs, out, loc);
   return out;
 }
 
-/// Two-input convenience (copies two handles into a local array).
+/// N handles side by side (what ops::Inputs spans) that share the caller's references
+/// instead of taking their own: copying handles into an array cost two atomic increments
+/// and two decrements per binary op. The caller's handles outlive the call, and these are
+/// never destroyed or assigned to; a copy made from one takes a real reference as usual.
+template <std::size_t N>
+class BorrowedInputs {
+ public:
+  explicit BorrowedInputs(const std::array<const Tensor*, N>& src) noexcept {
+    for (std::size_t i = 0; i < N; ++i)
+      ::new (static_cast<void*>(bytes_ + i * sizeof(Tensor))) Tensor(Ref<TensorImpl>::adopt(src[i]->impl()));
+  }
+  BorrowedInputs(const BorrowedInputs&) = delete;
+  BorrowedInputs& operator=(const BorrowedInputs&) = delete;
+  ops::Inputs span() const noexcept { return {std::launder(reinterpret_cast<const Tensor*>(bytes_)), N}; }
+
+ private:
+  alignas(Tensor) unsigned char bytes_[N * sizeof(Tensor)];
+};
+
+/// Two-input convenience: the handles are borrowed, not copied (see BorrowedInputs).
 template <class Op>
 Tensor dispatch2(const Tensor& a, const Tensor& b, const ops::Attrs& attrs, const std::source_location& loc) {
-  const std::array<Tensor, 2> in{a, b};
-  return dispatch<Op>(in, attrs, loc);
+  const BorrowedInputs<2> in({&a, &b});
+  return dispatch<Op>(in.span(), attrs, loc);
 }
 
 /// A rank-0 tensor holding a C++ scalar with the dtype the weak-scalar rule gives it next to

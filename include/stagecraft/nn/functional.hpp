@@ -1,2 +1,90 @@
-// nn::softmax, log_softmax, cross_entropy: composites of other ops.
+// nn::softmax, log_softmax, cross_entropy: composites of other ops (so they get gradients,
+// tracing and every device from those ops; no loops here).
 #pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include "../ops/binary.hpp"
+#include "../ops/cast.hpp"
+#include "../ops/gather.hpp"
+#include "../ops/reduce.hpp"
+#include "../ops/unary.hpp"
+#include "../ops/where.hpp"
+
+namespace stagecraft::nn {
+
+namespace functional_detail {  // not "detail": that would hide stagecraft::detail inside nn
+/// x as a float tensor (integers and bool become f32, as exp would make them).
+inline Tensor as_floating(const Tensor& x, const std::source_location& loc) {
+  return is_floating(x.dtype()) ? x : cast(x, DType::f32, loc);
+}
+
+/// Throws ValueError naming the first label outside [0, classes). Reads the labels on the
+/// host, so only concrete CPU labels are checked here (one pass over N integers).
+inline void check_labels(const Tensor& labels, std::int64_t classes, const std::source_location& loc) {
+  if (labels.is_symbolic() || !labels.device().is_cpu() || labels.numel() == 0) return;
+  visit_dtype(labels.dtype(), [&](auto tag) {
+    using I = typename decltype(tag)::type;
+    if constexpr (std::is_integral_v<I> && !std::is_same_v<I, bool>) {
+      const I* p = static_cast<const I*>(labels.raw_data());
+      for (std::int64_t i = 0, n = labels.numel(); i < n; ++i)
+        if (SC_UNLIKELY(p[i] < 0 || p[i] >= classes))
+          stagecraft::detail::fail<ValueError>("cross_entropy", loc, "label ", static_cast<std::int64_t>(p[i]),
+                                               " at index ", i, " is out of range [0, ", classes, ")");
+    }
+  });
+}
+}  // namespace functional_detail
+
+/// exp(x) / sum(exp(x)) along axis, computed as softmax(x - max(x)) so large values do not
+/// overflow. Integer inputs become f32.
+inline Tensor softmax(const Tensor& x, std::int64_t axis = -1,
+                      std::source_location loc = std::source_location::current()) {
+  stagecraft::detail::require_defined(x, "softmax", loc);
+  const std::int64_t ax = normalize_axis(axis, x.rank(), "softmax", loc);
+  const Tensor xf = functional_detail::as_floating(x, loc);
+  if (x.shape()[static_cast<int>(ax)] == 0) return xf;  // nothing to normalise (and no max)
+  const Tensor e = exp(sub(xf, max(xf, {ax}, true, loc), loc), loc);
+  return div(e, sum(e, {ax}, true, loc), loc);
+}
+
+/// log(softmax(x)) along axis, as x - logsumexp(x): stable for large values and exact
+/// where softmax would underflow to 0. Integer inputs become f32.
+inline Tensor log_softmax(const Tensor& x, std::int64_t axis = -1,
+                          std::source_location loc = std::source_location::current()) {
+  stagecraft::detail::require_defined(x, "log_softmax", loc);
+  const std::int64_t ax = normalize_axis(axis, x.rank(), "log_softmax", loc);
+  const Tensor xf = functional_detail::as_floating(x, loc);
+  if (x.shape()[static_cast<int>(ax)] == 0) return xf;
+  return sub(xf, logsumexp(xf, {ax}, true, loc), loc);
+}
+
+/// Mean over the batch of -log_softmax(logits)[i, labels[i]]: logits [N, C] (f32/f64),
+/// labels [N] (i32/i64) in [0, C). Labels out of range are a ValueError (checked when they
+/// are concrete); float labels a DTypeError; mismatched shapes a ShapeError.
+inline Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
+                            std::source_location loc = std::source_location::current()) {
+  constexpr std::string_view op = "cross_entropy";
+  stagecraft::detail::require_defined(logits, op, loc);
+  stagecraft::detail::require_defined(labels, op, loc);
+  if (SC_UNLIKELY(!is_floating(logits.dtype())))
+    stagecraft::detail::fail<DTypeError>(op, loc, "expects f32 or f64 logits, got ", name(logits.dtype()));
+  if (SC_UNLIKELY(!is_integral(labels.dtype())))
+    stagecraft::detail::fail<DTypeError>(op, loc, "expects i32 or i64 class labels, got ", name(labels.dtype()),
+                                         " (cast them with .astype(sc::i64))");
+  if (SC_UNLIKELY(logits.rank() != 2 || labels.rank() != 1))
+    stagecraft::detail::fail<ShapeError>(op, loc, "expects logits [N, C] and labels [N], got ", logits.shape(),
+                                         " and ", labels.shape());
+  if (SC_UNLIKELY(logits.shape()[0] != labels.shape()[0]))
+    stagecraft::detail::fail<ShapeError>(op, loc, "logits ", logits.shape(), " and labels ", labels.shape(),
+                                         " disagree on the batch size (", logits.shape()[0], " != ",
+                                         labels.shape()[0], ")");
+  const std::int64_t classes = logits.shape()[1];
+  functional_detail::check_labels(labels, classes, loc);
+  // where(one_hot, log p, 0) rather than one_hot * log p: a -inf logit on another class
+  // (a mask) would make 0 * -inf = NaN.
+  const Tensor picked = where(one_hot(labels, classes, DType::b8, loc), log_softmax(logits, 1, loc), 0.0, loc);
+  return neg(mean(sum(picked, {1}, false, loc), {}, false, loc), loc);
+}
+
+}  // namespace stagecraft::nn

@@ -2,6 +2,7 @@
 // comparisons and logical ops, and the C++ operators (scalars on either side are weak).
 #pragma once
 #include <cmath>
+#include <vector>
 
 #include "../eager/dispatch.hpp"
 #include "elementwise_rules.hpp"
@@ -9,30 +10,42 @@
 namespace stagecraft {
 namespace ops {
 
+/// Lanes of a that are NaN (never any for integer batches).
+template <class B>
+auto nan_mask(const B& a) {
+  if constexpr (std::is_floating_point_v<typename B::value_type>) return xsimd::isnan(a);
+  else return a != a;
+}
+
 struct Add : Binary<Add, BinaryKind::arithmetic> {
   SC_OP_HEAD(Add, "add")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T a, T b) { return static_cast<T>(a + b); }
   template <class B> static B simd(const B& a, const B& b) { return a + b; }
 };
 struct Sub : Binary<Sub, BinaryKind::arithmetic> {
   SC_OP_HEAD(Sub, "sub")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T a, T b) { return static_cast<T>(a - b); }
   template <class B> static B simd(const B& a, const B& b) { return a - b; }
 };
 struct Mul : Binary<Mul, BinaryKind::arithmetic> {
   SC_OP_HEAD(Mul, "mul")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T a, T b) { return static_cast<T>(a * b); }
   template <class B> static B simd(const B& a, const B& b) { return a * b; }
 };
 /// True division: integer inputs are promoted to f32 first (as in PyTorch).
 struct Div : Binary<Div, BinaryKind::floating> {
   SC_OP_HEAD(Div, "div")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T a, T b) { return a / b; }
   template <class B> static B simd(const B& a, const B& b) { return a / b; }
 };
 /// a^b; for integers by repeated squaring (a negative exponent gives 0 unless |a| is 1).
 struct Pow : Binary<Pow, BinaryKind::arithmetic> {
   SC_OP_HEAD(Pow, "pow")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T a, T b) {
     if constexpr (std::is_floating_point_v<T>) {
       return std::pow(a, b);
@@ -44,20 +57,22 @@ struct Pow : Binary<Pow, BinaryKind::arithmetic> {
       return r;
     }
   }
-  template <class B> static B simd(const B& a, const B& b)
-    requires std::is_floating_point_v<typename B::value_type> { return xsimd::pow(a, b); }
+  // No SIMD rule: xsimd::pow returns 0 for 0^negative (IEEE and std::pow say inf).
 };
 /// Larger of a and b; NaN in either gives NaN (as NumPy's maximum).
 struct Maximum : Binary<Maximum, BinaryKind::arithmetic> {
   SC_OP_HEAD(Maximum, "maximum")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T a, T b) { return (a > b || a != a) ? a : b; }
-  template <class B> static B simd(const B& a, const B& b) { return xsimd::select((a > b) || (a != a), a, b); }
+  // xsimd's != is an ordered compare on AVX (NaN != NaN is false), so test NaN explicitly.
+  template <class B> static B simd(const B& a, const B& b) { return xsimd::select((a > b) || nan_mask(a), a, b); }
 };
 /// Smaller of a and b; NaN in either gives NaN (as NumPy's minimum).
 struct Minimum : Binary<Minimum, BinaryKind::arithmetic> {
   SC_OP_HEAD(Minimum, "minimum")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T a, T b) { return (a < b || a != a) ? a : b; }
-  template <class B> static B simd(const B& a, const B& b) { return xsimd::select((a < b) || (a != a), a, b); }
+  template <class B> static B simd(const B& a, const B& b) { return xsimd::select((a < b) || nan_mask(a), a, b); }
 };
 
 #define SC_COMPARE_OP(S, str, expr)                                \
@@ -151,9 +166,28 @@ SC_BINARY_OPERATOR(>, Greater)
 SC_BINARY_OPERATOR(>=, GreaterEqual)
 SC_BINARY_OPERATOR(==, Equal)
 SC_BINARY_OPERATOR(!=, NotEqual)
-SC_BINARY_OPERATOR(&&, LogicalAnd)
-SC_BINARY_OPERATOR(||, LogicalOr)
 #undef SC_BINARY_OPERATOR
+
+// && and ||: the built-in bool operators would also match (through Tensor's explicit
+// operator bool), so these take the tensor exactly (const Tensor&) to win overload
+// resolution; they cannot fail on shapes with a scalar, so the library's line is enough.
+#define SC_LOGICAL_OPERATOR(op, S)                                                                     \
+  inline Tensor operator op(const Tensor& a, const Tensor& b) {                                       \
+    return detail::dispatch2<ops::S>(a, b, {}, std::source_location::current());                      \
+  }                                                                                                    \
+  template <Scalar V>                                                                                  \
+  Tensor operator op(const Tensor& a, V b) {                                                           \
+    const auto loc = std::source_location::current();                                                  \
+    return detail::dispatch2<ops::S>(a, detail::weak_scalar(b, a, loc), {}, loc);                      \
+  }                                                                                                    \
+  template <Scalar V>                                                                                  \
+  Tensor operator op(V a, const Tensor& b) {                                                           \
+    const auto loc = std::source_location::current();                                                  \
+    return detail::dispatch2<ops::S>(detail::weak_scalar(a, b, loc), b, {}, loc);                      \
+  }
+SC_LOGICAL_OPERATOR(&&, LogicalAnd)
+SC_LOGICAL_OPERATOR(||, LogicalOr)
+#undef SC_LOGICAL_OPERATOR
 
 /// Compound assignment rebinds the handle to a new tensor (tensors are values; no aliasing).
 inline Tensor& operator+=(Tensor& a, Operand b) { return a = detail::dispatch2<ops::Add>(a, b.t, {}, b.loc); }
@@ -162,3 +196,57 @@ inline Tensor& operator*=(Tensor& a, Operand b) { return a = detail::dispatch2<o
 inline Tensor& operator/=(Tensor& a, Operand b) { return a = detail::dispatch2<ops::Div>(a, b.t, {}, b.loc); }
 
 }  // namespace stagecraft
+
+// Gradient rules, written with public ops (so outer tapes and traces see them). They need
+// unary.hpp and where.hpp, which need this file's functions: see the note in unary.hpp.
+// Each rule returns gradients of the output's (broadcast) shape; the tape sums them back
+// to each input's shape.
+#include "unary.hpp"
+#include "where.hpp"
+
+namespace stagecraft::ops {
+
+inline std::vector<Tensor> Add::vjp(const Tensor& g, Inputs, const Tensor&, const Attrs&) { return {g, g}; }
+inline std::vector<Tensor> Sub::vjp(const Tensor& g, Inputs, const Tensor&, const Attrs&) { return {g, neg(g)}; }
+inline std::vector<Tensor> Mul::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) {
+  return {g * in[1], g * in[0]};
+}
+// d(a/b)/db = -(a/b)/b: reuses g/b and the result.
+inline std::vector<Tensor> Div::vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs&) {
+  Tensor ga = g / in[1];
+  Tensor gb = -(ga * out);
+  return {std::move(ga), std::move(gb)};
+}
+// d/da = b a^(b-1), taken as 0 where b == 0 (a^0 is constant; b * a^-1 would be 0 * inf = NaN
+// at a == 0). d/db = a^b ln a, taken as 0 where a <= 0 (as TF: no real logarithm there). The
+// inner where keeps log's argument positive, so even the second derivative of the
+// unselected branch is finite: no NaN leaks when b's gradient is not wanted.
+inline std::vector<Tensor> Pow::vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs&) {
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  const Tensor pos = a > 0;
+  const Tensor log_a = where(pos, log(where(pos, a, 1)), 0);
+  return {where(b == 0, 0, g * b * pow(a, b - 1)), g * out * log_a};
+}
+// The gradient goes to the input the result came from; on ties (a == b) it is split half and
+// half (as JAX; the average of the two one-sided rules, so maximum(x, x) has derivative 1).
+// Where the kernel propagates a NaN, the gradient goes to the NaN input (a when both are).
+inline std::vector<Tensor> Maximum::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) {
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  const Tensor pick_a = (a > b) || (a != a);  // the kernel's own choice of a
+  const Tensor tie = a == b;
+  const Tensor half = g * 0.5;
+  return {where(pick_a, g, where(tie, half, 0)), where(pick_a, 0, where(tie, half, g))};
+}
+// As Maximum's rule, with the kernel's choice of a for the minimum.
+inline std::vector<Tensor> Minimum::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) {
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  const Tensor pick_a = (a < b) || (a != a);
+  const Tensor tie = a == b;
+  const Tensor half = g * 0.5;
+  return {where(pick_a, g, where(tie, half, 0)), where(pick_a, 0, where(tie, half, g))};
+}
+
+}  // namespace stagecraft::ops

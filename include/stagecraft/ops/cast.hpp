@@ -1,5 +1,7 @@
 // cast(x, dtype): elementwise conversion between dtypes (to bool means x != 0).
 #pragma once
+#include <vector>
+
 #include "../eager/dispatch.hpp"
 #include "elementwise_rules.hpp"
 
@@ -13,6 +15,13 @@ struct Cast {
 
   static OutMeta infer(Inputs in, const Attrs& a, const std::source_location&) {
     return {in[0].shape(), a.dtype};
+  }
+  /// The gradient converted back to the input's dtype. Only between floating dtypes: a cast
+  /// to or from an integer or bool carries no gradient (as TF), so integer code (indices,
+  /// counts) never receives a truncated one.
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs&) {
+    if (!is_floating(in[0].dtype()) || !is_floating(out.dtype())) return {Tensor()};
+    return {detail::cast_to(g, in[0].dtype(), std::source_location::current())};
   }
   static void cpu(Inputs in, Tensor& out, const Attrs&) {
     const std::int64_t n = out.numel();

@@ -1,2 +1,286 @@
-// gather(x, indices, axis) and one_hot(indices, depth).
+// gather(x, indices, axis), its adjoint scatter_add(x, indices, updates, axis), and one_hot.
 #pragma once
+#include <atomic>
+#include <cstring>
+
+#include "../backend/cpu/parallel.hpp"
+#include "../core/creation.hpp"
+#include "reshape.hpp"
+
+namespace stagecraft {
+namespace ops {
+
+namespace layout {
+
+/// The first index outside [-extent, extent), if any (index tensors are i32 or i64, on the host).
+inline bool find_bad_index(const Tensor& idx, std::int64_t extent, std::int64_t& bad) {
+  return visit_dtype(idx.dtype(), [&](auto tag) {
+    using I = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<I, std::int32_t> || std::is_same_v<I, std::int64_t>) {
+      const I* p = static_cast<const I*>(idx.raw_data());
+      for (std::int64_t i = 0, n = idx.numel(); i < n; ++i)
+        if (SC_UNLIKELY(p[i] < -extent || p[i] >= extent)) {
+          bad = p[i];
+          return true;
+        }
+    }
+    return false;
+  });
+}
+
+/// Calls f(type_tag<I>{}) for an index dtype (i32 or i64; infer has rejected the others).
+template <class F>
+void visit_index(DType d, F&& f) {
+  if (d == DType::i32) f(type_tag<std::int32_t>{});
+  else f(type_tag<std::int64_t>{});
+}
+
+}  // namespace layout
+
+/// index_select: picks entries of x along attrs.axis by an integer tensor of indices
+/// (negative counts from the end). Output shape: x.shape[:axis] + indices.shape + x.shape[axis+1:].
+struct Gather {
+  SC_OP_HEAD(Gather, "gather")
+  static constexpr int arity = 2;
+
+  static OutMeta infer(Inputs in, const Attrs& a, const std::source_location& loc) {
+    const Shape& xs = in[0].shape();
+    const Tensor& idx = in[1];
+    require_dtype(is_integral(idx.dtype()), name, idx.dtype(), "i32 or i64 indices", loc);
+    if (SC_UNLIKELY(xs.rank() == 0)) detail::fail<ShapeError>(name, loc, "cannot gather from a rank-0 tensor (shape [])");
+    const int ax = normalize_axis(a.axis, xs.rank(), name, loc);
+    if (SC_UNLIKELY(xs.rank() - 1 + idx.rank() > max_rank))
+      detail::fail<ShapeError>(name, loc, "result of gathering ", xs, " with indices of shape ", idx.shape(),
+                               " would have rank above ", max_rank);
+    Shape out(xs.begin(), xs.begin() + ax);
+    for (std::int64_t d : idx.shape()) out.push_back(d);
+    for (int k = ax + 1; k < xs.rank(); ++k) out.push_back(xs[k]);
+    // Values are checked here, where the user's line is known, whenever they exist (not while
+    // tracing); the kernel checks again so a traced graph cannot read out of bounds.
+    std::int64_t bad = 0;
+    if (!idx.is_symbolic() && idx.device().is_cpu() && layout::find_bad_index(idx, xs[ax], bad))
+      detail::fail<ValueError>(name, loc, "index ", bad, " is out of range for axis ", a.axis, " of extent ",
+                               xs[ax], " (shape ", xs, ")");
+    return {out, in[0].dtype()};
+  }
+  static void cpu(Inputs in, Tensor& out, const Attrs& a) {
+    if (out.numel() == 0) return;
+    const Shape& xs = in[0].shape();
+    const int ax = static_cast<int>(a.axis < 0 ? a.axis + xs.rank() : a.axis);  // infer checked it
+    std::int64_t outer = 1, inner = 1;
+    for (int k = 0; k < ax; ++k) outer *= xs[k];
+    for (int k = ax + 1; k < xs.rank(); ++k) inner *= xs[k];
+    const std::int64_t E = xs[ax], N = in[1].numel();
+    std::atomic<bool> failed{false};
+    std::atomic<std::int64_t> bad{0};
+    layout::visit_bytes(itemsize(out.dtype()), [&](auto utag) {
+      using U = typename decltype(utag)::type;
+      layout::visit_index(in[1].dtype(), [&](auto itag) {
+        using I = typename decltype(itag)::type;
+        const U* x = static_cast<const U*>(in[0].raw_data());
+        const I* ix = static_cast<const I*>(in[1].raw_data());
+        U* y = static_cast<U*>(out.raw_data());
+        // One unit is one (outer index, index) pair: a run of `inner` contiguous elements;
+        // a thread's range is walked as spans of indices within one outer row.
+        backend::cpu::parallel_for(outer * N, std::max<std::int64_t>(1, backend::cpu::grain_cheap / inner),
+                                   [&](std::int64_t rb, std::int64_t re) {
+          for (std::int64_t r = rb; r < re;) {
+            const std::int64_t o = r / N, n0 = r % N, n1 = std::min(N, n0 + (re - r));
+            const U* xr = x + o * E * inner;
+            U* yr = y + o * N * inner;
+            // The bad-index flag is read after the parallel region: exceptions may not leave it.
+            const auto index = [&](std::int64_t n, std::int64_t& j) {
+              j = ix[n] < 0 ? ix[n] + E : ix[n];
+              if (SC_LIKELY(j >= 0 && j < E)) return true;
+              bad.store(ix[n], std::memory_order_relaxed);
+              failed.store(true, std::memory_order_relaxed);
+              return false;
+            };
+            std::int64_t j = 0;
+            if (inner == 1) {
+              for (std::int64_t n = n0; n < n1; ++n)
+                if (index(n, j)) yr[n] = xr[j];
+            } else {
+              for (std::int64_t n = n0; n < n1; ++n)
+                if (index(n, j)) std::memcpy(yr + n * inner, xr + j * inner, static_cast<std::size_t>(inner) * sizeof(U));
+            }
+            r += n1 - n0;
+          }
+        });
+      });
+    });
+    if (SC_UNLIKELY(failed.load()))
+      throw ValueError("[gather] index " + std::to_string(bad.load()) + " is out of range for an axis of extent " +
+                       std::to_string(E));
+  }
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
+};
+
+/// index_add, the adjoint of gather: x plus `updates` added at the indices along attrs.axis,
+/// duplicate indices accumulating (in index order, so results are deterministic). updates has
+/// gather's result shape: x.shape[:axis] + indices.shape + x.shape[axis+1:]; inputs are
+/// (x, indices, updates), x and updates of one numeric dtype.
+struct ScatterAdd {
+  SC_OP_HEAD(ScatterAdd, "scatter_add")
+  static constexpr int arity = 3;
+
+  static OutMeta infer(Inputs in, const Attrs& a, const std::source_location& loc) {
+    const Shape& xs = in[0].shape();
+    const Tensor& idx = in[1];
+    const Tensor& upd = in[2];
+    require_dtype(is_integral(idx.dtype()), name, idx.dtype(), "i32 or i64 indices", loc);
+    require_dtype(in[0].dtype() != DType::b8, name, in[0].dtype(), "a numeric x", loc);
+    if (SC_UNLIKELY(upd.dtype() != in[0].dtype()))
+      detail::fail<DTypeError>(name, loc, "updates have dtype ", stagecraft::name(upd.dtype()), ", x has dtype ",
+                               stagecraft::name(in[0].dtype()), "; they must match");
+    if (SC_UNLIKELY(xs.rank() == 0)) detail::fail<ShapeError>(name, loc, "cannot scatter into a rank-0 tensor (shape [])");
+    const int ax = normalize_axis(a.axis, xs.rank(), name, loc);
+    // The shape updates must have: gather's result shape (checked without building it, since
+    // it may exceed the maximum rank, and then no tensor has it).
+    bool ok = upd.rank() == xs.rank() - 1 + idx.rank();
+    for (int k = 0; ok && k < ax; ++k) ok = upd.shape()[k] == xs[k];
+    for (int k = 0; ok && k < idx.rank(); ++k) ok = upd.shape()[ax + k] == idx.shape()[k];
+    for (int k = ax + 1; ok && k < xs.rank(); ++k) ok = upd.shape()[k - 1 + idx.rank()] == xs[k];
+    if (SC_UNLIKELY(!ok))
+      detail::fail<ShapeError>(name, loc, "updates of shape ", upd.shape(), " do not fit x of shape ", xs,
+                               " with indices of shape ", idx.shape(), " along axis ", a.axis,
+                               " (they need x.shape[:axis] + indices.shape + x.shape[axis+1:])");
+    std::int64_t bad = 0;
+    if (!idx.is_symbolic() && idx.device().is_cpu() && layout::find_bad_index(idx, xs[ax], bad))
+      detail::fail<ValueError>(name, loc, "index ", bad, " is out of range for axis ", a.axis, " of extent ",
+                               xs[ax], " (shape ", xs, ")");
+    return {xs, in[0].dtype()};
+  }
+  /// x is copied in contiguous chunks; then threads split the (outer index, inner position)
+  /// columns: each owns its columns of the output and adds every update into them, so
+  /// duplicate indices never race.
+  static void cpu(Inputs in, Tensor& out, const Attrs& a) {
+    if (out.numel() == 0) return;
+    const Shape& xs = in[0].shape();
+    const int ax = static_cast<int>(a.axis < 0 ? a.axis + xs.rank() : a.axis);  // infer checked it
+    std::int64_t outer = 1, inner = 1;
+    for (int k = 0; k < ax; ++k) outer *= xs[k];
+    for (int k = ax + 1; k < xs.rank(); ++k) inner *= xs[k];
+    const std::int64_t E = xs[ax], N = in[1].numel();
+    // Checked once up front (a traced graph skips infer's check), so the loop cannot throw.
+    std::int64_t bad = 0;
+    if (SC_UNLIKELY(layout::find_bad_index(in[1], E, bad)))
+      throw ValueError("[scatter_add] index " + std::to_string(bad) + " is out of range for an axis of extent " +
+                       std::to_string(E));
+    visit_numeric(out.dtype(), [&](auto ttag) {
+      using T = typename decltype(ttag)::type;
+      layout::visit_index(in[1].dtype(), [&](auto itag) {
+        using I = typename decltype(itag)::type;
+        const T* x = static_cast<const T*>(in[0].raw_data());
+        const I* ix = static_cast<const I*>(in[1].raw_data());
+        const T* u = static_cast<const T*>(in[2].raw_data());
+        T* y = static_cast<T*>(out.raw_data());
+        backend::cpu::parallel_for(out.numel(), backend::cpu::grain_cheap, [&](std::int64_t b, std::int64_t e) {
+          std::memcpy(y + b, x + b, static_cast<std::size_t>(e - b) * sizeof(T));
+        });
+        if (N == 0) return;
+        backend::cpu::parallel_for(outer * inner, std::max<std::int64_t>(1, backend::cpu::grain_cheap / N),
+                                   [&](std::int64_t cb, std::int64_t ce) {
+          for (std::int64_t c = cb; c < ce;) {
+            const std::int64_t o = c / inner, i0 = c % inner, len = std::min(inner - i0, ce - c);
+            T* yo = y + o * E * inner + i0;
+            const T* uo = u + o * N * inner + i0;
+            for (std::int64_t n = 0; n < N; ++n) {
+              T* __restrict yr = yo + (ix[n] < 0 ? ix[n] + E : ix[n]) * inner;
+              const T* __restrict ur = uo + n * inner;
+              for (std::int64_t i = 0; i < len; ++i) yr[i] += ur[i];
+            }
+            c += len;
+          }
+        });
+      });
+    });
+  }
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
+};
+
+/// Indices to one-hot rows: out[..., j] = 1 where j == index, else 0. Reads attrs.i0 (depth)
+/// and attrs.dtype (the output dtype). An index outside [0, depth), negative ones included,
+/// gives an all-zero row (as TensorFlow's one_hot does).
+struct OneHot {
+  SC_OP_HEAD(OneHot, "one_hot")
+  static constexpr int arity = 1;
+  static constexpr bool differentiable = false;
+
+  static OutMeta infer(Inputs in, const Attrs& a, const std::source_location& loc) {
+    const Tensor& idx = in[0];
+    require_dtype(is_integral(idx.dtype()), name, idx.dtype(), "i32 or i64 indices", loc);
+    if (SC_UNLIKELY(a.i0 < 0)) detail::fail<ValueError>(name, loc, "depth must be non-negative, got ", a.i0);
+    if (SC_UNLIKELY(idx.rank() >= max_rank))
+      detail::fail<ShapeError>(name, loc, "indices of shape ", idx.shape(), " already have the maximum rank ", max_rank);
+    Shape out = idx.shape();
+    out.push_back(a.i0);
+    return {out, a.dtype};
+  }
+  static void cpu(Inputs in, Tensor& out, const Attrs& a) {
+    if (out.numel() == 0) return;
+    const std::int64_t N = in[0].numel(), D = a.i0;
+    visit_dtype(out.dtype(), [&](auto ttag) {
+      using T = typename decltype(ttag)::type;
+      layout::visit_index(in[0].dtype(), [&](auto itag) {
+        using I = typename decltype(itag)::type;
+        const I* ix = static_cast<const I*>(in[0].raw_data());
+        T* y = static_cast<T*>(out.raw_data());
+        backend::cpu::parallel_for(N, std::max<std::int64_t>(1, backend::cpu::grain_cheap / D),
+                                   [&](std::int64_t b, std::int64_t e) {
+          std::fill(y + b * D, y + e * D, T(0));
+          for (std::int64_t n = b; n < e; ++n)
+            if (ix[n] >= 0 && ix[n] < D) y[n * D + ix[n]] = T(1);
+        });
+      });
+    });
+  }
+};
+
+}  // namespace ops
+
+/// Entries of x along `axis` picked by integer `indices` (i32 or i64; negative counts from the
+/// end), like PyTorch's index_select: the result has shape
+/// x.shape[:axis] + indices.shape + x.shape[axis+1:]. An index out of range is a ValueError.
+inline Tensor gather(const Tensor& x, const Tensor& indices, std::int64_t axis = 0,
+                     std::source_location loc = std::source_location::current()) {
+  ops::Attrs a;
+  a.axis = axis;
+  return detail::dispatch2<ops::Gather>(x, indices, a, loc);
+}
+
+/// x with `updates` added at `indices` along `axis` (PyTorch's index_add; the adjoint of
+/// gather): updates has gather's result shape x.shape[:axis] + indices.shape +
+/// x.shape[axis+1:], and its entry for index n is added to x's entry indices[n] (negative
+/// counts from the end). Repeated indices accumulate. x and updates share a numeric dtype.
+inline Tensor scatter_add(const Tensor& x, const Tensor& indices, const Tensor& updates, std::int64_t axis = 0,
+                          std::source_location loc = std::source_location::current()) {
+  ops::Attrs a;
+  a.axis = axis;
+  const detail::BorrowedInputs<3> in({&x, &indices, &updates});
+  return detail::dispatch<ops::ScatterAdd>(in.span(), a, loc);
+}
+
+/// One-hot encoding: shape indices.shape + [depth], 1 at each index and 0 elsewhere, in dtype
+/// `dtype`. Indices outside [0, depth), negative ones included, give all-zero rows (as in
+/// TensorFlow). A negative depth is a ValueError.
+inline Tensor one_hot(const Tensor& indices, std::int64_t depth, DType dtype = DType::f32,
+                      std::source_location loc = std::source_location::current()) {
+  ops::Attrs a;
+  a.i0 = depth;
+  a.dtype = dtype;
+  return detail::dispatch<ops::OneHot>({&indices, 1}, a, loc);
+}
+
+// ---- gradient rules (after the functions they use) ---------------------------------------
+// gather's adjoint: every picked row's gradient added back into a zero x (repeats accumulate);
+// indices get none.
+inline std::vector<Tensor> ops::Gather::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs& a) {
+  return {scatter_add(zeros(in[0].shape(), g.dtype()), in[1], g, a.axis), Tensor()};
+}
+// Linear in x and updates: x's gradient passes through; updates read theirs back by gather.
+inline std::vector<Tensor> ops::ScatterAdd::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs& a) {
+  return {g, Tensor(), gather(g, in[1], a.axis)};
+}
+
+}  // namespace stagecraft

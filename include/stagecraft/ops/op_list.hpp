@@ -17,13 +17,15 @@
   /* reductions (ops/reduce.hpp) */                             \
   X(Sum) X(Max) X(Min) X(ArgMax) X(ArgMin)                      \
   /* layout (ops/reshape.hpp, transpose, broadcast_to, concat,  \
-     slice, gather) */                                          \
+     slice, gather: also scatter_add) */                        \
   X(Reshape) X(Transpose) X(BroadcastTo) X(Concat) X(Slice)     \
-  X(Gather) X(OneHot)                                           \
+  X(Gather) X(ScatterAdd) X(OneHot)                             \
   /* linear algebra (ops/matmul.hpp) */                         \
   X(MatMul)                                                     \
   /* convolution and pooling (ops/conv.hpp, ops/pool.hpp) */    \
-  X(Im2Col) X(Col2Im) X(MaxPool2d) X(AvgPool2d)
+  X(Im2Col) X(Col2Im) X(MaxPool2d) X(AvgPool2d)                 \
+  /* autodiff (ops/stop_gradient.hpp) */                        \
+  X(StopGradient)
 // clang-format on
 
 namespace stagecraft::ops {

@@ -1,6 +1,7 @@
 // Elementwise unary ops: neg abs exp log sqrt tanh sigmoid relu square sign sin cos logical_not.
 #pragma once
 #include <cmath>
+#include <vector>
 
 #include "../eager/dispatch.hpp"
 #include "elementwise_rules.hpp"
@@ -10,27 +11,32 @@ namespace ops {
 
 struct Neg : Unary<Neg, UnaryKind::numeric> {
   SC_OP_HEAD(Neg, "neg")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T x) { return static_cast<T>(-x); }
   template <class B> static B simd(const B& x) { return -x; }
 };
 struct Abs : Unary<Abs, UnaryKind::numeric> {
   SC_OP_HEAD(Abs, "abs")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T x) { return x < T(0) ? static_cast<T>(-x) : x; }
   template <class B> static B simd(const B& x) { return xsimd::abs(x); }
 };
 struct Square : Unary<Square, UnaryKind::numeric> {
   SC_OP_HEAD(Square, "square")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T x) { return static_cast<T>(x * x); }
   template <class B> static B simd(const B& x) { return x * x; }
 };
 struct Relu : Unary<Relu, UnaryKind::numeric> {
   SC_OP_HEAD(Relu, "relu")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   // x < 0 ? 0 : x keeps NaN as NaN (as PyTorch does).
   template <class T> static T scalar(T x) { return x < T(0) ? T(0) : x; }
   template <class B> static B simd(const B& x) { return xsimd::select(x < B(0), B(0), x); }
 };
 struct Sign : Unary<Sign, UnaryKind::numeric> {
   SC_OP_HEAD(Sign, "sign")
+  static constexpr bool differentiable = false;  // piecewise constant: no gradient flows through
   template <class T> static T scalar(T x) {
     if constexpr (std::is_floating_point_v<T>) if (x != x) return x;
     return static_cast<T>((T(0) < x) - (x < T(0)));
@@ -38,37 +44,44 @@ struct Sign : Unary<Sign, UnaryKind::numeric> {
 };
 struct Exp : Unary<Exp, UnaryKind::floating> {
   SC_OP_HEAD(Exp, "exp")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T x) { return std::exp(x); }
   template <class B> static B simd(const B& x) { return xsimd::exp(x); }
 };
 struct Log : Unary<Log, UnaryKind::floating> {
   SC_OP_HEAD(Log, "log")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T x) { return std::log(x); }
   template <class B> static B simd(const B& x) { return xsimd::log(x); }
 };
 struct Sqrt : Unary<Sqrt, UnaryKind::floating> {
   SC_OP_HEAD(Sqrt, "sqrt")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T x) { return std::sqrt(x); }
   template <class B> static B simd(const B& x) { return xsimd::sqrt(x); }
 };
 struct Tanh : Unary<Tanh, UnaryKind::floating> {
   SC_OP_HEAD(Tanh, "tanh")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T x) { return std::tanh(x); }
   template <class B> static B simd(const B& x) { return xsimd::tanh(x); }
 };
 struct Sigmoid : Unary<Sigmoid, UnaryKind::floating> {
   SC_OP_HEAD(Sigmoid, "sigmoid")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   // 1 / (1 + e^-x): e^-x overflows to inf for very negative x, giving exactly 0.
   template <class T> static T scalar(T x) { return T(1) / (T(1) + std::exp(-x)); }
   template <class B> static B simd(const B& x) { return B(1) / (B(1) + xsimd::exp(-x)); }
 };
 struct Sin : Unary<Sin, UnaryKind::floating> {
   SC_OP_HEAD(Sin, "sin")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T x) { return std::sin(x); }
   template <class B> static B simd(const B& x) { return xsimd::sin(x); }
 };
 struct Cos : Unary<Cos, UnaryKind::floating> {
   SC_OP_HEAD(Cos, "cos")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
   template <class T> static T scalar(T x) { return std::cos(x); }
   template <class B> static B simd(const B& x) { return xsimd::cos(x); }
 };
@@ -113,7 +126,40 @@ SC_UNARY_API(logical_not, LogicalNot)
 
 /// -x.
 inline Tensor operator-(Operand x) { return detail::dispatch<ops::Neg>({&x.t, 1}, {}, x.loc); }
-/// Logical not (x == 0) as bool.
-inline Tensor operator!(Operand x) { return detail::dispatch<ops::LogicalNot>({&x.t, 1}, {}, x.loc); }
+/// Logical not (x == 0) as bool. Takes the tensor exactly (const Tensor&) so it beats the
+/// built-in ! (reachable through Tensor's explicit operator bool).
+inline Tensor operator!(const Tensor& x) {
+  return detail::dispatch<ops::LogicalNot>({&x, 1}, {}, std::source_location::current());
+}
 
 }  // namespace stagecraft
+
+// Gradient rules. They are written with public ops (so an outer tape records them, giving
+// higher derivatives, and a trace stages them), and the ops they use live in binary.hpp and
+// where.hpp, which need this file's functions for their own rules. So the rules are defined
+// here, after this file's declarations, with those headers included just before: whichever
+// of the headers is included first, every function a rule names is declared by then.
+#include "binary.hpp"
+#include "where.hpp"
+
+namespace stagecraft::ops {
+
+/// What a gradient rule returns: one gradient per input (undefined for none).
+using VjpResult = std::vector<Tensor>;
+
+inline VjpResult Neg::vjp(const Tensor& g, Inputs, const Tensor&, const Attrs&) { return {neg(g)}; }
+// The subgradient 0 at x == 0 (as TF and PyTorch).
+inline VjpResult Abs::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {g * sign(in[0])}; }
+inline VjpResult Square::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {g * (in[0] * 2)}; }
+// 0 at x == 0 (as TF and PyTorch); NaN inputs get 0 too.
+inline VjpResult Relu::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {where(in[0] > 0, g, 0)}; }
+// Rules that can be written with the result reuse it (no second exp/tanh/sqrt).
+inline VjpResult Exp::vjp(const Tensor& g, Inputs, const Tensor& out, const Attrs&) { return {g * out}; }
+inline VjpResult Log::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {g / in[0]}; }
+inline VjpResult Sqrt::vjp(const Tensor& g, Inputs, const Tensor& out, const Attrs&) { return {g / (out * 2)}; }
+inline VjpResult Tanh::vjp(const Tensor& g, Inputs, const Tensor& out, const Attrs&) { return {g * (1 - out * out)}; }
+inline VjpResult Sigmoid::vjp(const Tensor& g, Inputs, const Tensor& out, const Attrs&) { return {g * out * (1 - out)}; }
+inline VjpResult Sin::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {g * cos(in[0])}; }
+inline VjpResult Cos::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {g * -sin(in[0])}; }
+
+}  // namespace stagecraft::ops

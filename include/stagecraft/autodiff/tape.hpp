@@ -1,0 +1,241 @@
+// GradientTape: RAII, nestable reverse-mode autodiff over recorded op calls.
+#pragma once
+#include <algorithm>
+#include <source_location>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "../core/creation.hpp"
+#include "../ops/binary.hpp"
+#include "../ops/cast.hpp"
+#include "../ops/reduce.hpp"
+#include "record.hpp"
+
+namespace stagecraft {
+
+class Variable;
+
+namespace detail {
+
+/// g summed down to `shape` (undoing a broadcast): sums away the leading extra axes, then
+/// (keeping dims) the axes where shape has 1. Only sums, no reshape, so an outer tape that
+/// records this needs no layout op's gradient. A gradient that cannot come from a broadcast
+/// of `shape` is a bug in the rule of `op`, reported as such.
+inline Tensor sum_to(const Tensor& g, const Shape& shape, std::string_view op, const std::source_location& loc) {
+  if (g.shape() == shape) return g;
+  const int lead = g.rank() - shape.rank();
+  Tensor s = g;
+  if (lead > 0) {
+    std::vector<std::int64_t> axes;
+    for (int i = 0; i < lead; ++i) axes.push_back(i);
+    s = sum(s, axes, false, loc);
+  }
+  std::vector<std::int64_t> ones_axes;
+  for (int i = 0; i < s.rank() && lead >= 0; ++i)
+    if (shape[i] == 1 && s.shape()[i] != 1) ones_axes.push_back(i);
+  if (!ones_axes.empty()) s = sum(s, ones_axes, true, loc);
+  if (SC_UNLIKELY(s.shape() != shape))
+    fail<Error>(op, loc, "gradient rule returned shape ", g.shape(), " for an input of shape ", shape);
+  return s;
+}
+
+/// RAII: pushes a tape on the thread's stack for its lifetime.
+class TapeScope {
+ public:
+  explicit TapeScope(TapeRecorder* t) : t_(t) {
+    tape_stack().tapes.push_back(t_);
+    context().tapes = &tape_stack();
+  }
+  ~TapeScope() {
+    auto& v = tape_stack().tapes;
+    v.erase(std::remove(v.begin(), v.end(), t_), v.end());
+    if (v.empty()) context().tapes = nullptr;
+  }
+  TapeScope(const TapeScope&) = delete;
+  TapeScope& operator=(const TapeScope&) = delete;
+
+ private:
+  TapeRecorder* t_;
+};
+
+}  // namespace detail
+
+/// Records, while alive, every op call that has a watched input (tensors passed to watch(),
+/// trainable Variables automatically, and everything computed from them), then computes
+/// gradients by running the recorded ops' gradient rules backwards. Tapes nest: an outer
+/// tape records the ops an inner tape's gradient() runs, giving higher derivatives.
+class GradientTape : private detail::TapeRecorder {
+ public:
+  /// A non-persistent tape allows one gradient() call and then frees what it recorded.
+  explicit GradientTape(bool persistent = false) : detail::TapeRecorder(persistent), scope_(this) {}
+  GradientTape(const GradientTape&) = delete;
+  GradientTape& operator=(const GradientTape&) = delete;
+
+  /// Starts tracking t: ops on it are recorded from now on.
+  void watch(const Tensor& t, std::source_location loc = std::source_location::current()) {
+    detail::require_defined(t, "GradientTape::watch", loc);
+    detail::TapeRecorder::watch(t);
+  }
+  /// Watches several tensors.
+  void watch(const std::vector<Tensor>& ts, std::source_location loc = std::source_location::current()) {
+    for (const Tensor& t : ts) watch(t, loc);
+  }
+
+  /// d(sum of target)/d(source): same shape as source; zeros when source is unconnected.
+  Tensor gradient(const Tensor& target, const Tensor& source,
+                  std::source_location loc = std::source_location::current()) {
+    return run(target, std::vector<Tensor>{source}, loc)[0];
+  }
+  /// One gradient per source, in order.
+  std::vector<Tensor> gradient(const Tensor& target, const std::vector<Tensor>& sources,
+                               std::source_location loc = std::source_location::current()) {
+    return run(target, sources, loc);
+  }
+  /// The vector-Jacobian product sum(output_gradient * d target/d source): as gradient(), but
+  /// the target's gradient starts from output_gradient (target's shape) instead of ones.
+  Tensor gradient(const Tensor& target, const Tensor& source, const Tensor& output_gradient,
+                  std::source_location loc = std::source_location::current()) {
+    return run(target, std::vector<Tensor>{source}, loc, &output_gradient)[0];
+  }
+  /// One vector-Jacobian product per source, starting from output_gradient.
+  std::vector<Tensor> gradient(const Tensor& target, const std::vector<Tensor>& sources,
+                               const Tensor& output_gradient,
+                               std::source_location loc = std::source_location::current()) {
+    return run(target, sources, loc, &output_gradient);
+  }
+  /// Gradients with respect to variables (their current values).
+  template <class V>
+    requires std::convertible_to<const V&, const Tensor&> && (!std::same_as<V, Tensor>)
+  std::vector<Tensor> gradient(const Tensor& target, const std::vector<V>& sources,
+                               std::source_location loc = std::source_location::current()) {
+    std::vector<Tensor> ts;
+    ts.reserve(sources.size());
+    for (const V& v : sources) ts.push_back(static_cast<const Tensor&>(v));
+    return run(target, ts, loc);
+  }
+
+  /// Number of op calls recorded so far (for tests and diagnostics).
+  std::size_t size() const { return entries_.size(); }
+  bool persistent() const { return persistent_; }
+  /// Forgets everything recorded and watched (a persistent tape can then start over).
+  void reset() {
+    entries_.clear();
+    watched_.clear();
+    used_ = false;
+    recording_ = true;
+  }
+
+  /// RAII: while alive, this thread's tapes record nothing (values are computed as usual).
+  class StopRecording {
+   public:
+    StopRecording() { ++detail::context().no_record; }
+    ~StopRecording() { --detail::context().no_record; }
+    StopRecording(const StopRecording&) = delete;
+    StopRecording& operator=(const StopRecording&) = delete;
+  };
+  /// Pauses recording on every tape for the guard's lifetime: `auto g = tape.stop_recording();`
+  [[nodiscard]] StopRecording stop_recording() const { return {}; }
+
+ private:
+  std::vector<Tensor> run(const Tensor& target, const std::vector<Tensor>& sources, const std::source_location& loc,
+                          const Tensor* seed = nullptr);
+
+  // A used non-persistent tape lets go of what it recorded, and records nothing more (it can
+  // never use it; trainable variables would otherwise be recorded again until it dies).
+  void reset_after_use() {
+    entries_.clear();
+    watched_.clear();
+    recording_ = false;
+  }
+
+  bool used_ = false;
+  detail::TapeScope scope_;
+};
+
+inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::vector<Tensor>& sources,
+                                             const std::source_location& loc, const Tensor* seed) {
+  detail::require_defined(target, "gradient", loc);
+  if (used_ && !persistent_)
+    detail::fail<Error>("gradient", loc, "a non-persistent GradientTape can compute gradients only once; "
+                                         "use sc::GradientTape tape(/*persistent=*/true) for several calls");
+  if (!is_floating(target.dtype()))
+    detail::fail<DTypeError>("gradient", loc, "the target has dtype ", name(target.dtype()),
+                             "; only floating-point results are differentiable");
+  if (seed != nullptr) {
+    detail::require_defined(*seed, "gradient", loc);
+    if (seed->shape() != target.shape())
+      detail::fail<ShapeError>("gradient", loc, "output_gradient has shape ", seed->shape(), ", the target has shape ",
+                               target.shape());
+  }
+  for (const Tensor& s : sources) {
+    detail::require_defined(s, "gradient", loc);
+    if (!is_floating(s.dtype()))
+      detail::fail<DTypeError>("gradient", loc, "a source has dtype ", name(s.dtype()),
+                               "; gradients exist only for floating-point tensors");
+  }
+  used_ = true;
+  const bool was_recording = recording_;
+  recording_ = false;  // this tape does not record its own backward pass; outer tapes do
+  struct Restore {
+    GradientTape* t;
+    bool r;
+    ~Restore() {
+      t->recording_ = r;
+      if (!t->persistent_) t->reset_after_use();
+    }
+  } restore{this, was_recording};
+
+  // Forward sweep: which recorded values depend on a source (only those need gradients).
+  std::unordered_set<const detail::TensorImpl*> depends;
+  for (const Tensor& s : sources) depends.insert(s.impl());
+  std::vector<char> relevant(entries_.size(), 0);
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    for (const Tensor& x : entries_[i]->inputs)
+      if (depends.count(x.impl())) relevant[i] = 1;
+    if (relevant[i]) depends.insert(entries_[i]->output.impl());
+  }
+
+  // Backward sweep in reverse recording order, accumulating with sc::add (so an outer tape
+  // records it).
+  std::unordered_map<const detail::TensorImpl*, Tensor> grads;
+  grads.emplace(target.impl(), seed == nullptr              ? ones(target.shape(), target.dtype(), loc)
+                               : seed->dtype() == target.dtype() ? *seed
+                                                                 : cast(*seed, target.dtype(), loc));
+  for (std::size_t i = entries_.size(); i-- > 0;) {
+    if (!relevant[i]) continue;
+    const detail::TapeEntry& e = *entries_[i];
+    auto it = grads.find(e.output.impl());
+    if (it == grads.end()) continue;
+    const Tensor g = it->second;
+    // Its producer runs last (every consumer was recorded later), so the gradient is complete
+    // and, unless asked for, no longer needed: freeing it keeps the backward pass's memory at
+    // the live frontier instead of every intermediate gradient.
+    if (std::none_of(sources.begin(), sources.end(), [&](const Tensor& s) { return s.same(e.output); }))
+      grads.erase(it);
+    std::vector<Tensor> gs;
+    if (e.custom) gs = (*e.custom)(g);
+    else if (e.vjp) gs = e.vjp(g, e.inputs, e.output, e.attrs);
+    else
+      detail::fail<Error>(e.op, e.loc, "has no gradient rule (asked by gradient() at ", detail::where(loc), ")");
+    if (gs.size() != e.inputs.size())
+      detail::fail<Error>(e.op, e.loc, "gradient rule returned ", gs.size(), " gradients for ", e.inputs.size(), " inputs");
+    for (std::size_t k = 0; k < gs.size(); ++k) {
+      const Tensor& x = e.inputs[k];
+      if (!gs[k].defined() || !depends.count(x.impl())) continue;
+      Tensor gk = detail::sum_to(gs[k], x.shape(), e.op, e.loc);
+      if (gk.dtype() != x.dtype()) gk = cast(gk, x.dtype(), e.loc);
+      auto [slot, fresh] = grads.try_emplace(x.impl(), gk);
+      if (!fresh) slot->second = stagecraft::add(slot->second, gk, e.loc);  // not TapeRecorder::add
+    }
+  }
+  std::vector<Tensor> out;
+  out.reserve(sources.size());
+  for (const Tensor& s : sources) {
+    auto it = grads.find(s.impl());
+    out.push_back(it != grads.end() ? it->second : zeros(s.shape(), s.dtype(), loc));
+  }
+  return out;
+}
+
+}  // namespace stagecraft

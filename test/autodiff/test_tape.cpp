@@ -1,0 +1,395 @@
+// The gradient tape: nesting, persistence, sources, stop_gradient, custom gradients, jacobian/hvp, variables.
+#include <catch2/catch.hpp>
+#include <stagecraft/stagecraft.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace {
+
+using sc::Tensor;
+using Vec = std::vector<double>;
+
+Vec v(const Tensor& t) { return t.to_vector<double>(); }
+std::string at_line(int line) { return "test_tape.cpp:" + std::to_string(line); }
+
+}  // namespace
+
+TEST_CASE("TensorFlow Eager's example: nested tapes give the second derivative", "[autodiff][tape]") {
+  const Tensor x = sc::scalar(3.f);
+  sc::GradientTape outer;
+  outer.watch(x);
+  Tensor dy;
+  {
+    sc::GradientTape inner;
+    inner.watch(x);
+    const Tensor y = x * x;
+    dy = inner.gradient(y, x);
+  }
+  CHECK(dy.item<float>() == 6.f);
+  CHECK(outer.gradient(dy, x).item<float>() == 2.f);
+}
+
+TEST_CASE("three nested tapes give the third derivative", "[autodiff][tape]") {
+  const Tensor x = sc::scalar(2.0);
+  sc::GradientTape t3;
+  t3.watch(x);
+  Tensor d2;
+  {
+    sc::GradientTape t2;
+    t2.watch(x);
+    Tensor d1;
+    {
+      sc::GradientTape t1;
+      t1.watch(x);
+      d1 = t1.gradient(x * x * x, x);  // 3x^2 = 12
+    }
+    CHECK(d1.item<double>() == 12);
+    d2 = t2.gradient(d1, x);  // 6x = 12
+  }
+  CHECK(d2.item<double>() == 12);
+  CHECK(t3.gradient(d2, x).item<double>() == 6);
+  // The same through pow (x^3 with a constant exponent).
+  sc::GradientTape o2;
+  o2.watch(x);
+  Tensor g1;
+  {
+    sc::GradientTape o1;
+    o1.watch(x);
+    g1 = o1.gradient(sc::pow(x, 3.0), x);
+  }
+  CHECK(g1.item<double>() == Approx(12));
+  CHECK(o2.gradient(g1, x).item<double>() == Approx(12));
+}
+
+TEST_CASE("a non-persistent tape computes one gradient; a persistent one several", "[autodiff][tape]") {
+  const Tensor x = sc::tensor({1.0, 2.0});
+  {
+    sc::GradientTape t(/*persistent=*/true);
+    t.watch(x);
+    const Tensor y = x * x;
+    const Tensor z = y * y;
+    CHECK(t.persistent());
+    CHECK(v(t.gradient(z, x)) == Vec{4, 32});  // 4x^3
+    CHECK(v(t.gradient(y, x)) == Vec{2, 4});
+    CHECK(v(t.gradient(z, y)) == Vec{2, 8});  // with respect to an intermediate
+    t.reset();                                // forgets everything; records again afterwards
+    CHECK(t.size() == 0);
+    CHECK(v(t.gradient(z, x)) == Vec{0, 0});
+  }
+  sc::GradientTape t;
+  t.watch(x);
+  const Tensor y = x * x;
+  CHECK_FALSE(t.persistent());
+  CHECK(v(t.gradient(y, x)) == Vec{2, 4});
+  const int line = __LINE__ + 1;
+  CHECK_THROWS_AS(t.gradient(y, x), sc::Error);
+  CHECK_THROWS_WITH(t.gradient(y, x), Catch::Contains("[gradient]") && Catch::Contains("persistent") &&
+                                          Catch::Contains(at_line(line + 1)));
+}
+
+TEST_CASE("vector sources, non-scalar targets, unconnected sources", "[autodiff][tape]") {
+  const Tensor a = sc::tensor({1.0, 2.0, 3.0});
+  const Tensor b = sc::scalar(0.5);
+  const Tensor unused = sc::zeros({2, 2}, sc::f32);
+  sc::GradientTape t(/*persistent=*/true);
+  t.watch({a, b, unused});
+  const Tensor y = a * b + a * a;  // non-scalar: the target is its sum
+  const std::vector<Tensor> gs = t.gradient(y, {a, b, unused});
+  REQUIRE(gs.size() == 3);
+  CHECK(v(gs[0]) == Vec{2.5, 4.5, 6.5});  // b + 2a
+  CHECK(v(gs[1]) == Vec{6});              // sum(a), summed back over the broadcast
+  CHECK(gs[1].shape() == sc::Shape{});
+  // Unconnected: zeros of the source's shape and dtype (also for a never-watched tensor).
+  CHECK(gs[2].shape() == sc::Shape{2, 2});
+  CHECK(gs[2].dtype() == sc::f32);
+  CHECK(gs[2].to_vector<float>() == std::vector<float>{0, 0, 0, 0});
+  CHECK(v(t.gradient(y, sc::tensor({7.0}))) == Vec{0});
+  // The target itself: d y / d y = 1 (every element).
+  CHECK(v(t.gradient(y, y)) == Vec{1, 1, 1});
+  // A source that is used twice accumulates both paths.
+  CHECK(v(t.gradient(a * a + a, a)) == Vec{3, 5, 7});
+}
+
+TEST_CASE("output_gradient seeds the backward pass (a vector-Jacobian product)", "[autodiff][tape]") {
+  const Tensor x = sc::tensor({1.0, 2.0, 3.0});
+  sc::GradientTape t(/*persistent=*/true);
+  t.watch(x);
+  const Tensor y = x * x;
+  CHECK(v(t.gradient(y, x, sc::tensor({1.0, 0.0, -1.0}))) == Vec{2, 0, -6});
+  CHECK(v(t.gradient(y, std::vector<Tensor>{x}, sc::tensor({1.f, 1.f, 1.f}))[0]) == Vec{2, 4, 6});  // cast to y's dtype
+  const int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(t.gradient(y, x, sc::ones({2})), Catch::Contains("[gradient] output_gradient has shape [2], the target has shape [3]") &&
+                                                          Catch::Contains(at_line(line)));
+}
+
+TEST_CASE("gradients exist only for floating targets and sources", "[autodiff][tape][errors]") {
+  const Tensor x = sc::tensor({1.0, 2.0});
+  const Tensor i = sc::tensor({std::int64_t{1}, std::int64_t{2}});
+  sc::GradientTape t(/*persistent=*/true);
+  t.watch(x);
+  const Tensor counts = sc::argmax(x * 2.0, 0);
+  int line = __LINE__ + 1;
+  CHECK_THROWS_AS(t.gradient(counts, x), sc::DTypeError);
+  CHECK_THROWS_WITH(t.gradient(counts, x), Catch::Contains("[gradient] the target has dtype i64") &&
+                                               Catch::Contains(at_line(line + 1)));
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(t.gradient(x * 2.0, i), Catch::Contains("[gradient] a source has dtype i64") &&
+                                                Catch::Contains(at_line(line)));
+  CHECK_THROWS_AS(t.gradient(x, Tensor()), sc::ValueError);
+  CHECK_THROWS_AS(t.watch(Tensor()), sc::ValueError);
+}
+
+TEST_CASE("stop_gradient and stop_recording cut the tape", "[autodiff][tape]") {
+  const Tensor x = sc::tensor({1.0, 2.0, 3.0});
+  sc::GradientTape t(/*persistent=*/true);
+  t.watch(x);
+  // x * stop_gradient(x): only the first factor is differentiated.
+  const Tensor y = x * sc::stop_gradient(x);
+  CHECK(v(y) == Vec{1, 4, 9});
+  CHECK(v(t.gradient(y, x)) == Vec{1, 2, 3});
+  CHECK(v(t.gradient(sc::stop_gradient(x * x), x)) == Vec{0, 0, 0});
+  const std::size_t before = t.size();
+  Tensor quiet;
+  {
+    auto guard = t.stop_recording();  // values as usual, nothing recorded on any tape
+    quiet = sc::exp(x) * x;
+    CHECK(t.size() == before);
+  }
+  CHECK(v(quiet)[0] == Approx(std::exp(1.0)));
+  CHECK(v(t.gradient(quiet, x)) == Vec{0, 0, 0});
+  const Tensor loud = x * 2.0;  // recording again after the guard
+  CHECK(t.size() == before + 1);
+  CHECK(v(t.gradient(loud, x)) == Vec{2, 2, 2});
+}
+
+TEST_CASE("custom_gradient replaces the rule, also at second order", "[autodiff][tape][custom]") {
+  // Identity forward, clipped backward (gradient clipping).
+  const auto clip = [](const Tensor& in) {
+    return sc::custom_gradient([](const std::vector<Tensor>& xs) { return xs[0] * 1.0; },
+                               [](const Tensor& g, const std::vector<Tensor>&, const Tensor&) {
+                                 return std::vector<Tensor>{sc::minimum(sc::maximum(g, -1.0), 1.0)};
+                               },
+                               {in});
+  };
+  const Tensor x = sc::tensor({1.0, 2.0, 3.0});
+  {
+    sc::GradientTape t;
+    t.watch(x);
+    const Tensor y = clip(x);
+    CHECK(v(y) == Vec{1, 2, 3});
+    CHECK(v(t.gradient(y * sc::tensor({0.5, 5.0, -3.0}), x)) == Vec{0.5, 1, -1});
+  }
+  // exp with its rule written in terms of the result y: second order goes through y.
+  const auto my_exp = [](const Tensor& in) {
+    return sc::custom_gradient([](const std::vector<Tensor>& xs) { return sc::exp(xs[0]); },
+                               [](const Tensor& g, const std::vector<Tensor>&, const Tensor& y) {
+                                 return std::vector<Tensor>{g * y};
+                               },
+                               {in});
+  };
+  const Tensor s = sc::scalar(0.5);
+  sc::GradientTape outer;
+  outer.watch(s);
+  Tensor d1;
+  {
+    sc::GradientTape inner;
+    inner.watch(s);
+    d1 = inner.gradient(my_exp(s * 2.0), s);  // 2 e^(2s)
+  }
+  CHECK(d1.item<double>() == Approx(2 * std::exp(1.0)));
+  CHECK(outer.gradient(d1, s).item<double>() == Approx(4 * std::exp(1.0)));
+  // Two inputs; the forward's own ops are not recorded.
+  const Tensor a = sc::tensor({2.0}), b = sc::tensor({3.0});
+  sc::GradientTape t2;
+  t2.watch({a, b});
+  const Tensor prod = sc::custom_gradient([](const std::vector<Tensor>& xs) { return xs[0] * xs[1]; },
+                                          [](const Tensor& g, const std::vector<Tensor>& xs, const Tensor&) {
+                                            return std::vector<Tensor>{g * xs[1] * 10.0, Tensor()};  // none for b
+                                          },
+                                          {a, b});
+  CHECK(t2.size() == 1);
+  const auto gs = t2.gradient(prod, {a, b});
+  CHECK(v(gs[0]) == Vec{30});
+  CHECK(v(gs[1]) == Vec{0});
+}
+
+TEST_CASE("a gradient rule returning the wrong count or shape is reported", "[autodiff][tape][errors]") {
+  const Tensor x = sc::tensor({1.0, 2.0});
+  auto rule = [](std::vector<Tensor> out) {
+    return [out](const Tensor&, const std::vector<Tensor>&, const Tensor&) { return out; };
+  };
+  {
+    sc::GradientTape t;
+    t.watch(x);
+    const int line = __LINE__ + 1;
+    const Tensor y = sc::custom_gradient([](auto& xs) { return xs[0]; }, rule({x, x}), {x});
+    CHECK_THROWS_WITH(t.gradient(y, x), Catch::Contains("[custom_gradient] gradient rule returned 2 gradients for 1 inputs") &&
+                                            Catch::Contains(at_line(line)));
+  }
+  sc::GradientTape t;
+  t.watch(x);
+  const Tensor y = sc::custom_gradient([](auto& xs) { return xs[0]; }, rule({sc::ones({3}, sc::f64)}), {x});
+  CHECK_THROWS_WITH(t.gradient(y, x), Catch::Contains("[custom_gradient] gradient rule returned shape [3] for an input of shape [2]"));
+}
+
+TEST_CASE("jacobian and hvp against hand-computed derivatives", "[autodiff][tape]") {
+  // f(x) = x * sum(x): J_ij = delta_ij * S + x_i.
+  const Tensor x = sc::tensor({1.0, 2.0, 4.0});
+  const Tensor j = sc::jacobian([](const Tensor& z) { return z * sc::sum(z); }, x);
+  CHECK(j.shape() == sc::Shape{3, 3});
+  CHECK(v(j) == Vec{8, 1, 1, 2, 9, 2, 4, 4, 11});
+  // A [2,2] result of a [2] input: shape y + x.
+  const Tensor j2 = sc::jacobian([](const Tensor& z) { return sc::where(sc::tensor({{true, false}, {false, true}}), z * z, z); },
+                                 sc::tensor({3.0, 5.0}));
+  CHECK(j2.shape() == sc::Shape{2, 2, 2});
+  CHECK(v(j2) == Vec{6, 0, 0, 1, 1, 0, 0, 10});
+  // f(x) = sum(x^3) + sum(x)^2: H = diag(6x) + 2, so Hv = 6 x v + 2 sum(v).
+  const Tensor vv = sc::tensor({1.0, -1.0, 0.5});
+  const Tensor hv = sc::hvp([](const Tensor& z) { const Tensor s = sc::sum(z); return sc::sum(z * z * z) + s * s; }, x, vv);
+  CHECK(v(hv) == Vec{6 + 1, -12 + 1, 12 + 1});
+  // hvp built from jacobian: the Jacobian of the gradient is the Hessian (diag(6x) + 2).
+  const Tensor h = sc::jacobian([](const Tensor& z) {
+    sc::GradientTape inner;
+    inner.watch(z);
+    const Tensor s = sc::sum(z);
+    return inner.gradient(sc::sum(z * z * z) + s * s, z);
+  }, x);
+  CHECK(v(h) == Vec{8, 2, 2, 2, 14, 2, 2, 2, 26});
+  // jacobian under an outer tape is differentiable once the layout ops it assembles with
+  // (reshape, concat) have gradient rules: d/dx sum(J(x^3)) = d/dx sum(3x^2) = 6x.
+  if constexpr (sc::ops::HasVjp<sc::ops::Reshape> && sc::ops::HasVjp<sc::ops::Concat>) {
+    sc::GradientTape outer;
+    outer.watch(x);
+    const Tensor jj = sc::jacobian([](const Tensor& z) { return z * z * z; }, x);
+    CHECK(v(outer.gradient(jj, x)) == Vec{6, 12, 24});
+  }
+  const int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::hvp([](const Tensor& z) { return sc::sum(z); }, x, sc::ones({2}, sc::f64)),
+                    Catch::Contains("[hvp] v has shape [2], x has shape [3]") && Catch::Contains(at_line(line)));
+}
+
+TEST_CASE("trainable variables are watched automatically", "[autodiff][tape][variable]") {
+  sc::Variable w(sc::tensor({1.0, 2.0}), "w");
+  sc::Variable b(sc::scalar(0.5), "b");
+  sc::Variable frozen(sc::tensor({3.0, 3.0}), "frozen", /*trainable=*/false);
+  const Tensor x = sc::tensor({10.0, 20.0});
+  sc::GradientTape t(/*persistent=*/true);
+  const Tensor loss = sc::sum(w * x * frozen + b);  // no watch() call
+  const std::vector<Tensor> gs = t.gradient(loss, std::vector<sc::Variable>{w, b, frozen});
+  REQUIRE(gs.size() == 3);
+  CHECK(v(gs[0]) == Vec{30, 60});
+  CHECK(v(gs[1]) == Vec{2});
+  // Not trainable, so not watched; but it is an input of an op recorded for w, and the tape
+  // differentiates every input of what it recorded.
+  CHECK(v(gs[2]) == Vec{10, 40});
+  CHECK(v(t.gradient(loss, w)) == Vec{30, 60});
+  // Used only with unwatched tensors, its ops are not recorded: no gradient.
+  const std::size_t before = t.size();
+  const Tensor alone = sc::sum(frozen * x);
+  CHECK(t.size() == before);
+  CHECK(v(t.gradient(alone, std::vector<sc::Variable>{frozen, w})[0]) == Vec{0, 0});
+}
+
+TEST_CASE("a variable's value outliving it, or replaced, is a plain tensor", "[autodiff][tape][variable]") {
+  Tensor kept, old;
+  {
+    sc::Variable w(sc::tensor({1.0, 2.0}), "w");
+    old = w.value();
+    w.assign(sc::tensor({3.0, 4.0}));
+    kept = w.value();
+  }
+  sc::GradientTape t;  // neither is watched now (the variable is gone; it must not be read)
+  const Tensor y = kept * old;
+  CHECK(t.size() == 0);
+  CHECK(v(y) == Vec{3, 8});
+}
+
+TEST_CASE("variable assignments are not recorded; a wrong shape is a ShapeError", "[autodiff][tape][variable]") {
+  sc::Variable w(sc::tensor({1.0, 2.0}), "w");
+  sc::GradientTape t(/*persistent=*/true);
+  const Tensor y = w * 3.0;
+  const std::size_t recorded = t.size();
+  CHECK(recorded == 1);
+  w.assign(sc::tensor({5.f, 6.f}));  // converted to the variable's dtype
+  CHECK(w.dtype() == sc::f64);
+  w.assign_add(sc::tensor({1.0, 1.0}));
+  w.assign_sub(sc::tensor({0.5, 0.5}));
+  CHECK(v(w.value()) == Vec{5.5, 6.5});
+  CHECK(t.size() == recorded);
+  // The gradient is with respect to the current value, which y does not use.
+  CHECK(v(t.gradient(y, std::vector<sc::Variable>{w})[0]) == Vec{0, 0});
+  CHECK(v(t.gradient(w * w, w)) == Vec{11, 13});
+  int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(w.assign(sc::ones({3}, sc::f64)), Catch::Contains("[Variable::assign] variable 'w' has shape [2], the value has shape [3]") &&
+                                                          Catch::Contains(at_line(line)));
+  CHECK_THROWS_AS(w.assign_add(sc::ones({2, 1}, sc::f64)), sc::ShapeError);
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(w.assign_sub(sc::ones({1}, sc::f64)), Catch::Contains("[Variable::assign_sub]") && Catch::Contains(at_line(line)));
+  CHECK(v(w.value()) == Vec{5.5, 6.5});  // unchanged by the failed calls
+}
+
+TEST_CASE("a non-persistent tape lets go of its tensors after gradient()", "[autodiff][tape][memory]") {
+  const Tensor x = sc::tensor({1.0, 2.0});
+  const long base = x.use_count();
+  {
+    sc::GradientTape t;
+    t.watch(x);
+    Tensor y = sc::exp(x * x);
+    CHECK(x.use_count() > base);  // held by the tape
+    const Tensor g = t.gradient(y, x);
+    CHECK(x.use_count() == base);  // released by gradient()
+    CHECK(t.size() == 0);
+    // A used non-persistent tape records nothing more (it could never use it).
+    y = y * x;
+    CHECK(t.size() == 0);
+    CHECK(x.use_count() == base);
+  }
+  {
+    sc::GradientTape t(/*persistent=*/true);
+    t.watch(x);
+    const Tensor g = t.gradient(x * x, x);
+    CHECK(x.use_count() > base);  // a persistent tape keeps its record until reset or destroyed
+    t.reset();
+    CHECK(x.use_count() == base);
+  }
+  CHECK(x.use_count() == base);
+}
+
+TEST_CASE("ops record only while a tape watches their inputs", "[autodiff][tape]") {
+  const Tensor x = sc::tensor({1.0, 2.0});
+  (void)(x * x);  // no tape at all: nothing to record into
+  CHECK(sc::detail::context().tapes == nullptr);
+  {
+    sc::GradientTape t;
+    CHECK(sc::detail::context().tapes != nullptr);
+    const Tensor y = sc::exp(x) + x;  // x not watched
+    CHECK(t.size() == 0);
+    t.watch(x);
+    const Tensor z = sc::exp(x) + y;  // exp records, add records (one input watched)
+    CHECK(t.size() == 2);
+    sc::GradientTape inner;  // a nested tape watches nothing: records nothing
+    const Tensor w = z * 2.0;
+    CHECK(inner.size() == 0);
+    CHECK(t.size() == 3);
+  }
+  CHECK(sc::detail::context().tapes == nullptr);
+  // A tape created while recording is stopped records nothing either.
+  sc::GradientTape outer;
+  {
+    auto guard = outer.stop_recording();
+    sc::GradientTape t;
+    t.watch(x);
+    (void)sc::exp(x);
+    CHECK(t.size() == 0);
+  }
+}
+
+TEST_CASE("assign_add and assign_sub keep the variable's dtype", "[state][variable]") {
+  sc::Variable w(sc::zeros({2}), "w");
+  w.assign_add(sc::ones({2}, sc::f64));
+  w.assign_sub(sc::full({2}, 0.25, sc::f64));
+  CHECK(w.dtype() == sc::f32);
+  CHECK(w.value().to_vector<float>() == std::vector<float>{0.75f, 0.75f});
+}

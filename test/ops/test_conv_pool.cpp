@@ -1,0 +1,296 @@
+// conv2d, im2col/col2im and the pools against direct loops: dtypes, strides, padding,
+// non-square images and kernels, empty batches, the adjoint identity, and every error path.
+#include <catch2/catch.hpp>
+#include <stagecraft/stagecraft.hpp>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+template <class T>
+std::vector<T> random_values(std::int64_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> d(-6, 6);
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = std::is_floating_point_v<T> ? static_cast<T>(d(gen)) / T(4) : static_cast<T>(d(gen));
+  return v;
+}
+
+template <class T>
+sc::Tensor random_tensor(sc::Shape s, unsigned seed) {
+  return sc::tensor(random_values<T>(s.numel(), seed), s);
+}
+
+struct ConvCase {
+  std::int64_t N, C, H, W, O, kh, kw, stride, pad;
+};
+
+/// The textbook 7-loop convolution (cross-correlation), zero padding, in double.
+std::vector<double> conv_reference(const std::vector<double>& x, const std::vector<double>& w, const ConvCase& c,
+                                   std::int64_t& Ho, std::int64_t& Wo) {
+  Ho = (c.H + 2 * c.pad - c.kh) / c.stride + 1;
+  Wo = (c.W + 2 * c.pad - c.kw) / c.stride + 1;
+  std::vector<double> y(static_cast<std::size_t>(c.N * c.O * Ho * Wo), 0.0);
+  for (std::int64_t n = 0; n < c.N; ++n)
+    for (std::int64_t o = 0; o < c.O; ++o)
+      for (std::int64_t oy = 0; oy < Ho; ++oy)
+        for (std::int64_t ox = 0; ox < Wo; ++ox) {
+          double s = 0;
+          for (std::int64_t ch = 0; ch < c.C; ++ch)
+            for (std::int64_t i = 0; i < c.kh; ++i)
+              for (std::int64_t j = 0; j < c.kw; ++j) {
+                const std::int64_t iy = oy * c.stride - c.pad + i, ix = ox * c.stride - c.pad + j;
+                if (iy < 0 || iy >= c.H || ix < 0 || ix >= c.W) continue;
+                s += x[((n * c.C + ch) * c.H + iy) * c.W + ix] * w[((o * c.C + ch) * c.kh + i) * c.kw + j];
+              }
+          y[((n * c.O + o) * Ho + oy) * Wo + ox] = s;
+        }
+  return y;
+}
+
+const std::vector<ConvCase> conv_cases = {
+    {2, 3, 5, 5, 4, 3, 3, 1, 0},  {2, 3, 5, 5, 4, 3, 3, 1, 1},  {1, 2, 7, 6, 3, 3, 3, 2, 1},
+    {3, 1, 8, 5, 2, 2, 2, 2, 0},  {2, 4, 6, 9, 5, 1, 1, 1, 0},  {2, 4, 6, 9, 5, 1, 1, 2, 0},
+    {1, 3, 6, 6, 2, 1, 1, 1, 2},  {2, 2, 5, 7, 3, 3, 3, 2, 2},  {1, 1, 4, 4, 1, 4, 4, 1, 0},
+    {2, 3, 4, 4, 2, 5, 5, 1, 1},  {0, 3, 5, 5, 2, 3, 3, 1, 1},  {2, 3, 9, 7, 3, 2, 3, 1, 1},
+    {1, 2, 10, 11, 2, 3, 2, 3, 2}, {4, 8, 12, 12, 16, 3, 3, 1, 1}, {2, 1, 28, 28, 1, 5, 5, 1, 2},
+};
+
+template <class T>
+void check_conv(const ConvCase& c, unsigned seed) {
+  const sc::Shape xs{c.N, c.C, c.H, c.W}, ws{c.O, c.C, c.kh, c.kw};
+  const auto xv = random_values<T>(xs.numel(), seed), wv = random_values<T>(ws.numel(), seed + 1);
+  const sc::Tensor y = sc::nn::conv2d(sc::tensor(xv, xs), sc::tensor(wv, ws), c.stride, c.pad);
+  std::int64_t Ho, Wo;
+  const auto want = conv_reference({xv.begin(), xv.end()}, {wv.begin(), wv.end()}, c, Ho, Wo);
+  INFO("x " << xs << " w " << ws << " stride " << c.stride << " padding " << c.pad << " " << sc::name(y.dtype()));
+  REQUIRE(y.dtype() == sc::dtype_of<T>());
+  REQUIRE(y.shape() == sc::Shape{c.N, c.O, Ho, Wo});
+  const auto got = y.to_vector<double>();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if constexpr (std::is_floating_point_v<T>) REQUIRE(got[i] == Approx(want[i]).margin(1e-4));
+    else REQUIRE(got[i] == want[i]);
+  }
+}
+
+/// <a, b> over all elements, in double.
+double dot(const sc::Tensor& a, const sc::Tensor& b) {
+  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  REQUIRE(va.size() == vb.size());
+  double s = 0;
+  for (std::size_t i = 0; i < va.size(); ++i) s += va[i] * vb[i];
+  return s;
+}
+
+std::string at(int line) { return "at test_conv_pool.cpp:" + std::to_string(line); }
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("conv2d matches a direct convolution", "[conv]", float, double, std::int32_t) {
+  unsigned seed = 10;
+  for (const auto& c : conv_cases) check_conv<TestType>(c, seed += 2);
+}
+
+TEST_CASE("conv2d hand-computed values and dtype promotion", "[conv]") {
+  // 3x3 input of 1..9, a 2x2 kernel of ones: window sums.
+  const auto x = sc::reshape(sc::arange(1.f, 10.f), {1, 1, 3, 3});
+  const auto y = sc::nn::conv2d(x, sc::ones({1, 1, 2, 2}));
+  CHECK(y.shape() == sc::Shape{1, 1, 2, 2});
+  CHECK(y.to_vector<float>() == std::vector<float>{12, 16, 24, 28});
+  // padding 1, stride 2 on the same input: the four corners' windows.
+  CHECK(sc::nn::conv2d(x, sc::ones({1, 1, 2, 2}), 2, 1).to_vector<float>() == std::vector<float>{1, 5, 11, 28});
+  const auto yi = sc::nn::conv2d(sc::ones({1, 1, 3, 3}, sc::i32), sc::ones({1, 1, 2, 2}, sc::f64));
+  CHECK(yi.dtype() == sc::f64);
+  CHECK(yi.to_vector<double>() == std::vector<double>{4, 4, 4, 4});
+}
+
+TEST_CASE("im2col layout and the col2im adjoint identity", "[conv][im2col]") {
+  const auto x = sc::reshape(sc::arange(1.f, 10.f), {1, 1, 3, 3});
+  const auto cols = sc::im2col(x, 2, 2, 1, 0);
+  CHECK(cols.shape() == sc::Shape{1, 4, 4});
+  // Rows are kernel offsets (i, j); columns are windows (oy, ox).
+  CHECK(cols.to_vector<float>() == std::vector<float>{1, 2, 4, 5, 2, 3, 5, 6, 4, 5, 7, 8, 5, 6, 8, 9});
+  const auto padded = sc::im2col(sc::ones({1, 1, 2, 2}), 3, 3, 1, 1);
+  CHECK(padded.shape() == sc::Shape{1, 9, 4});
+  CHECK(sc::sum(padded).item<float>() == 16.f);  // each pixel lands in 4 windows, padding is 0
+
+  // <im2col(x), y> == <x, col2im(y)> for random x and y: col2im is im2col's transpose.
+  struct Case { std::int64_t N, C, H, W, kh, kw, s, p; };
+  const std::vector<Case> cases = {{2, 3, 5, 5, 3, 3, 1, 0}, {2, 3, 5, 5, 3, 3, 1, 1}, {1, 2, 7, 6, 3, 3, 2, 1},
+                                   {2, 2, 8, 9, 2, 3, 3, 2}, {1, 1, 6, 6, 1, 1, 4, 0}, {3, 2, 5, 4, 4, 2, 1, 2},
+                                   {0, 2, 5, 5, 3, 3, 1, 1}};
+  unsigned seed = 100;
+  for (const Case& c : cases) {
+    INFO("N C H W = " << c.N << " " << c.C << " " << c.H << " " << c.W << " kernel " << c.kh << "x" << c.kw
+                      << " stride " << c.s << " padding " << c.p);
+    const sc::Shape xs{c.N, c.C, c.H, c.W};
+    const auto xr = random_tensor<double>(xs, ++seed);
+    const auto colr = sc::im2col(xr, c.kh, c.kw, c.s, c.p);
+    const auto yr = random_tensor<double>(colr.shape(), ++seed);
+    const auto back = sc::col2im(yr, xs, c.kh, c.kw, c.s, c.p);
+    REQUIRE(back.shape() == xs);
+    CHECK(dot(colr, yr) == Approx(dot(xr, back)).margin(1e-9));
+    // integers: exact
+    const auto xi = random_tensor<std::int64_t>(xs, ++seed);
+    const auto yi = random_tensor<std::int64_t>(colr.shape(), ++seed);
+    CHECK(dot(sc::im2col(xi, c.kh, c.kw, c.s, c.p), yi) == dot(xi, sc::col2im(yi, xs, c.kh, c.kw, c.s, c.p)));
+  }
+  // col2im sums overlapping windows: ones through 2x2 windows over 3x3 count the windows.
+  CHECK(sc::col2im(sc::ones({1, 4, 4}), {1, 1, 3, 3}, 2, 2, 1, 0).to_vector<float>() ==
+        std::vector<float>{1, 2, 1, 2, 4, 2, 1, 2, 1});
+}
+
+namespace {
+
+/// Direct max / mean over kernel x kernel windows, in double.
+std::vector<double> pool_reference(const std::vector<double>& x, sc::Shape s, std::int64_t k, std::int64_t stride,
+                                   bool is_max, sc::Shape& out) {
+  const std::int64_t N = s[0], C = s[1], H = s[2], W = s[3];
+  const std::int64_t Ho = (H - k) / stride + 1, Wo = (W - k) / stride + 1;
+  out = sc::Shape{N, C, Ho, Wo};
+  std::vector<double> y;
+  for (std::int64_t nc = 0; nc < N * C; ++nc)
+    for (std::int64_t oy = 0; oy < Ho; ++oy)
+      for (std::int64_t ox = 0; ox < Wo; ++ox) {
+        double acc = is_max ? -std::numeric_limits<double>::infinity() : 0.0;
+        for (std::int64_t i = 0; i < k; ++i)
+          for (std::int64_t j = 0; j < k; ++j) {
+            const double v = x[(nc * H + oy * stride + i) * W + ox * stride + j];
+            acc = is_max ? std::max(acc, v) : acc + v;
+          }
+        y.push_back(is_max ? acc : acc / static_cast<double>(k * k));
+      }
+  return y;
+}
+
+template <class T>
+void check_pools(sc::Shape s, std::int64_t k, std::int64_t stride, unsigned seed) {
+  const auto xv = random_values<T>(s.numel(), seed);
+  const sc::Tensor x = sc::tensor(xv, s);
+  for (bool is_max : {true, false}) {
+    sc::Shape want_shape;
+    const auto want = pool_reference({xv.begin(), xv.end()}, s, k, stride, is_max, want_shape);
+    const sc::Tensor y = is_max ? sc::nn::max_pool2d(x, k, stride) : sc::nn::avg_pool2d(x, k, stride);
+    INFO((is_max ? "max" : "avg") << " x " << s << " kernel " << k << " stride " << stride << " " << sc::name(x.dtype()));
+    REQUIRE(y.shape() == want_shape);
+    REQUIRE(y.dtype() == (is_max || std::is_floating_point_v<T> ? x.dtype() : sc::f32));
+    const auto got = y.to_vector<double>();
+    for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == Approx(want[i]).margin(1e-6));
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("pools match direct loops", "[pool]", float, double, std::int32_t) {
+  unsigned seed = 200;
+  check_pools<TestType>({2, 3, 6, 6}, 2, 2, ++seed);
+  check_pools<TestType>({2, 3, 7, 5}, 2, 2, ++seed);  // non-square, floor drops the last row
+  check_pools<TestType>({1, 2, 7, 9}, 3, 2, ++seed);  // overlapping windows
+  check_pools<TestType>({1, 2, 8, 8}, 2, 3, ++seed);  // gaps between windows
+  check_pools<TestType>({3, 1, 5, 5}, 1, 1, ++seed);
+  check_pools<TestType>({1, 1, 4, 6}, 4, 1, ++seed);
+  check_pools<TestType>({0, 3, 4, 4}, 2, 2, ++seed);  // empty batch
+  check_pools<TestType>({8, 16, 28, 28}, 2, 2, ++seed);  // large enough to thread
+}
+
+TEST_CASE("max_pool2d propagates NaN and handles -inf", "[pool]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const auto x = sc::tensor(std::vector<float>{1, nan, 3, 4, -inf, -inf, -inf, -inf}, {1, 2, 2, 2});
+  const auto y = sc::nn::max_pool2d(x, 2, 2).to_vector<float>();
+  CHECK(std::isnan(y[0]));
+  CHECK(y[1] == -inf);
+  CHECK(sc::nn::avg_pool2d(sc::reshape(sc::arange(1.f, 17.f), {1, 1, 4, 4}), 2, 2).to_vector<float>() ==
+        std::vector<float>{3.5f, 5.5f, 11.5f, 13.5f});
+  // Wide rows take the SIMD path: NaN in the top row, the bottom row, and the vector tail.
+  for (std::int64_t at_col : {0, 9, 17, 30, 33}) {
+    for (std::int64_t at_row : {0, 1}) {
+      std::vector<double> v(2 * 34);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i % 7);
+      v[static_cast<std::size_t>(at_row * 34 + at_col)] = std::numeric_limits<double>::quiet_NaN();
+      const auto m = sc::nn::max_pool2d(sc::tensor(v, {1, 1, 2, 34}), 2, 2).to_vector<double>();
+      INFO("NaN at row " << at_row << " column " << at_col);
+      for (std::size_t ox = 0; ox < m.size(); ++ox)
+        CHECK(std::isnan(m[ox]) == (static_cast<std::int64_t>(ox) == at_col / 2));
+    }
+  }
+}
+
+TEST_CASE("conv2d errors name the op, the shapes and the user's line", "[conv][errors]") {
+  const auto x = sc::ones({2, 3, 5, 5});
+  int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::nn::conv2d(sc::ones({3, 5, 5}), sc::ones({4, 3, 3, 3})),
+                    Catch::Contains("[conv2d] expects x as [N, C, H, W] and w as [O, C, kH, kW], got [3, 5, 5] and "
+                                    "[4, 3, 3, 3]") && Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::nn::conv2d(x, sc::ones({4, 3, 3})), sc::ShapeError);
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::nn::conv2d(x, sc::ones({4, 2, 3, 3})),
+                    Catch::Contains("[conv2d] input has 3 channels but the kernel expects 2 (x [2, 3, 5, 5], w "
+                                    "[4, 2, 3, 3])") && Catch::Contains(at(line)));
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::nn::conv2d(x, sc::ones({4, 3, 6, 6})),
+                    Catch::Contains("[conv2d] kernel 6x6 is larger than the input [2, 3, 5, 5] padded by 0 (w "
+                                    "[4, 3, 6, 6])") && Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::nn::conv2d(x, sc::ones({4, 3, 6, 6})), sc::ShapeError);
+  CHECK_NOTHROW(sc::nn::conv2d(x, sc::ones({4, 3, 6, 6}), 1, 1));  // fits once padded
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::nn::conv2d(x, sc::ones({4, 3, 3, 3}), 0),
+                    Catch::Contains("[conv2d] stride must be >= 1, got 0") && Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::nn::conv2d(x, sc::ones({4, 3, 3, 3}), 0), sc::ValueError);
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::nn::conv2d(x, sc::ones({4, 3, 3, 3}), 1, -1),
+                    Catch::Contains("[conv2d] padding must be >= 0, got -1") && Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::nn::conv2d(x, sc::ones({4, 3, 3, 3}), 1, -1), sc::ValueError);
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::nn::conv2d(x, sc::ones({4, 3, 0, 3})),
+                    Catch::Contains("[conv2d] kernel must be at least 1x1, got 0x3") && Catch::Contains(at(line)));
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::nn::conv2d(sc::ones({1, 1, 3, 3}, sc::boolean), sc::ones({1, 1, 2, 2})),
+                    Catch::Contains("[conv2d] expects numeric tensors, got bool and f32") && Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::nn::conv2d(sc::ones({1, 1, 3, 3}, sc::boolean), sc::ones({1, 1, 2, 2})), sc::DTypeError);
+}
+
+TEST_CASE("im2col and col2im errors", "[conv][im2col][errors]") {
+  int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::im2col(sc::ones({3, 5, 5}), 3, 3, 1, 0),
+                    Catch::Contains("[im2col] expects an input of rank 4 [N, C, H, W], got [3, 5, 5]") &&
+                        Catch::Contains(at(line)));
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::im2col(sc::ones({1, 1, 2, 5}), 3, 3, 1, 0),
+                    Catch::Contains("[im2col] kernel 3x3 is larger than the input [1, 1, 2, 5] padded by 0") &&
+                        Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::im2col(sc::ones({1, 1, 5, 5}), 3, 3, 0, 0), sc::ValueError);
+  CHECK_THROWS_AS(sc::im2col(sc::ones({1, 1, 5, 5}), 3, 3, 1, -2), sc::ValueError);
+  CHECK_THROWS_AS(sc::im2col(sc::ones({1, 1, 5, 5}, sc::boolean), 3, 3, 1, 0), sc::DTypeError);
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::col2im(sc::ones({1, 9, 8}), {1, 1, 5, 5}, 3, 3, 1, 0),
+                    Catch::Contains("[col2im] columns have shape [1, 9, 8] but a 3x3 window with stride 1 and "
+                                    "padding 0 over [1, 1, 5, 5] needs [1, 9, 9]") && Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::col2im(sc::ones({1, 9, 9}), {1, 5, 5}, 3, 3, 1, 0), sc::ShapeError);
+}
+
+TEST_CASE("pool errors name the op, the shapes and the user's line", "[pool][errors]") {
+  int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::nn::max_pool2d(sc::ones({4, 4}), 2, 2),
+                    Catch::Contains("[max_pool2d] expects an input of rank 4 [N, C, H, W], got [4, 4]") &&
+                        Catch::Contains(at(line)));
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::nn::avg_pool2d(sc::ones({1, 1, 3, 5}), 4, 1),
+                    Catch::Contains("[avg_pool2d] kernel 4x4 is larger than the input [1, 1, 3, 5] padded by 0") &&
+                        Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::nn::avg_pool2d(sc::ones({1, 1, 3, 5}), 4, 1), sc::ShapeError);
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::nn::max_pool2d(sc::ones({1, 1, 4, 4}), 2, 0),
+                    Catch::Contains("[max_pool2d] stride must be >= 1, got 0") && Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::nn::max_pool2d(sc::ones({1, 1, 4, 4}), 2, 0), sc::ValueError);
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::nn::avg_pool2d(sc::ones({1, 1, 4, 4}), 0, 1),
+                    Catch::Contains("[avg_pool2d] kernel must be >= 1, got 0") && Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::nn::avg_pool2d(sc::ones({1, 1, 4, 4}), 0, 1), sc::ValueError);
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::nn::max_pool2d(sc::ones({1, 1, 4, 4}, sc::boolean), 2, 2),
+                    Catch::Contains("[max_pool2d] expects a numeric input, got bool") && Catch::Contains(at(line)));
+}

@@ -1,0 +1,152 @@
+// matmul against a triple-loop reference: dtypes, 1-D operands, batch broadcasting, empty
+// and degenerate sizes, promotion, and every error path.
+#include <catch2/catch.hpp>
+#include <stagecraft/stagecraft.hpp>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+/// Random values of T: small integers for integer types (exact sums), uniform floats else.
+template <class T>
+std::vector<T> random_values(std::int64_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> d(-5, 5);
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = std::is_floating_point_v<T> ? static_cast<T>(d(gen)) / T(3) : static_cast<T>(d(gen));
+  return v;
+}
+
+/// NumPy's matmul written out with plain loops in double: promote 1-D operands, broadcast
+/// the batch dims index by index, then drop the promoted axes.
+std::vector<double> reference(const std::vector<double>& a, std::vector<std::int64_t> sa,
+                              const std::vector<double>& b, std::vector<std::int64_t> sb,
+                              std::vector<std::int64_t>& out_shape) {
+  const bool av = sa.size() == 1, bv = sb.size() == 1;
+  if (av) sa.insert(sa.begin(), 1);
+  if (bv) sb.push_back(1);
+  const std::int64_t M = sa[sa.size() - 2], K = sa.back(), N = sb.back();
+  std::vector<std::int64_t> ba(sa.begin(), sa.end() - 2), bb(sb.begin(), sb.end() - 2);
+  const std::size_t r = std::max(ba.size(), bb.size());
+  ba.insert(ba.begin(), r - ba.size(), 1);
+  bb.insert(bb.begin(), r - bb.size(), 1);
+  std::vector<std::int64_t> batch(r);
+  std::int64_t nb = 1;
+  for (std::size_t i = 0; i < r; ++i) nb *= (batch[i] = ba[i] == 1 ? bb[i] : ba[i]);
+  std::vector<double> out(static_cast<std::size_t>(nb * M * N), 0.0);
+  for (std::int64_t t = 0; t < nb; ++t) {
+    std::int64_t rem = t, ia = 0, ib = 0, mul_a = 1, mul_b = 1;
+    for (std::size_t d = r; d-- > 0;) {
+      const std::int64_t idx = rem % batch[d];
+      rem /= batch[d];
+      ia += (ba[d] == 1 ? 0 : idx) * mul_a;
+      ib += (bb[d] == 1 ? 0 : idx) * mul_b;
+      mul_a *= ba[d];
+      mul_b *= bb[d];
+    }
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < N; ++n) {
+        double s = 0;
+        for (std::int64_t k = 0; k < K; ++k) s += a[(ia * M + m) * K + k] * b[(ib * K + k) * N + n];
+        out[(t * M + m) * N + n] = s;
+      }
+  }
+  out_shape = batch;
+  if (!av) out_shape.push_back(M);
+  if (!bv) out_shape.push_back(N);
+  return out;
+}
+
+template <class T>
+void check_case(const std::vector<std::int64_t>& sa, const std::vector<std::int64_t>& sb, unsigned seed) {
+  const sc::Shape shape_a(sa), shape_b(sb);
+  const auto va = random_values<T>(shape_a.numel(), seed), vb = random_values<T>(shape_b.numel(), seed + 1);
+  const sc::Tensor c = sc::matmul(sc::tensor(va, shape_a), sc::tensor(vb, shape_b));
+  std::vector<std::int64_t> want_shape;
+  const auto want = reference(std::vector<double>(va.begin(), va.end()), sa, std::vector<double>(vb.begin(), vb.end()),
+                              sb, want_shape);
+  INFO(shape_a << " x " << shape_b << " as " << sc::name(sc::dtype_of<T>()));
+  REQUIRE(c.dtype() == sc::dtype_of<T>());
+  REQUIRE(c.shape() == sc::Shape(want_shape));
+  const auto got = c.to_vector<double>();
+  const std::int64_t K = sa.back();
+  const double tol = std::is_same_v<T, float> ? 1e-5 * (K + 1) : 1e-12 * (K + 1);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if constexpr (std::is_floating_point_v<T>) REQUIRE(got[i] == Approx(want[i]).margin(tol));
+    else REQUIRE(got[i] == want[i]);
+  }
+}
+
+const std::vector<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> cases = {
+    {{3, 4}, {4, 5}},          {{1, 784}, {784, 256}},    {{5}, {5, 3}},           {{4, 5}, {5}},
+    {{5}, {5}},                {{2, 3, 4}, {4, 5}},       {{2, 1, 3, 4}, {3, 4, 2}}, {{3, 4}, {2, 4, 5}},
+    {{2, 3, 4}, {4}},          {{7}, {2, 7, 3}},          {{1, 1, 4}, {1, 4, 1}},   {{2, 3, 4}, {1, 4, 6}},
+    {{64, 300}, {300, 129}},   {{3, 1, 2}, {2, 1}},       {{2, 2, 1, 6}, {2, 6, 3}}, {{1, 9}, {4, 9, 2}},
+    {{3, 0}, {0, 4}},          {{0, 3, 4}, {4, 5}},       {{0, 4}, {4, 5}},        {{3, 4}, {4, 0}},
+    {{2, 0, 4}, {2, 4, 3}},    {{0}, {0}},                {{1, 2, 5}, {0, 5, 2}},
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("matmul matches a triple loop", "[matmul]", float, double, std::int32_t, std::int64_t) {
+  unsigned seed = 1;
+  for (const auto& [sa, sb] : cases) check_case<TestType>(sa, sb, seed += 2);
+}
+
+TEST_CASE("matmul shapes of 1-D operands and batch broadcasting", "[matmul]") {
+  CHECK(sc::matmul(sc::ones({4}), sc::ones({4})).shape() == sc::Shape{});
+  CHECK(sc::matmul(sc::ones({4}), sc::ones({4})).item<float>() == 4.f);
+  CHECK(sc::matmul(sc::ones({2, 1, 3, 4}), sc::ones({5, 4, 6})).shape() == sc::Shape{2, 5, 3, 6});
+  CHECK(sc::matmul(sc::ones({6, 4}), sc::ones({4})).shape() == sc::Shape{6});
+  CHECK(sc::matmul(sc::ones({3, 0}), sc::ones({0, 2})).to_vector<float>() == std::vector<float>(6, 0.f));
+}
+
+TEST_CASE("matmul hand-computed values", "[matmul]") {
+  const auto a = sc::tensor({{1.f, 2.f}, {3.f, 4.f}});
+  const auto b = sc::tensor({{5.f, 6.f}, {7.f, 8.f}});
+  CHECK(sc::matmul(a, b).to_vector<float>() == std::vector<float>{19, 22, 43, 50});
+  CHECK(sc::matmul(sc::tensor({1.f, 1.f}), b).to_vector<float>() == std::vector<float>{12, 14});  // gemv path
+  CHECK(sc::matmul(a, sc::tensor({1.f, -1.f})).to_vector<float>() == std::vector<float>{-1, -1});
+  // Integer products wrap like NumPy's instead of being undefined.
+  const auto big = sc::tensor({std::int32_t{1} << 30, std::int32_t{1} << 30});
+  CHECK(sc::matmul(big, sc::tensor({std::int32_t{2}, std::int32_t{2}})).item<std::int32_t>() == 0);
+}
+
+TEST_CASE("matmul promotes mixed dtypes", "[matmul]") {
+  const auto i = sc::tensor({{1, 2}, {3, 4}});
+  const auto f = sc::tensor({{0.5f, 0.f}, {0.f, 0.5f}});
+  const auto c = sc::matmul(i, f);
+  CHECK(c.dtype() == sc::f32);
+  CHECK(c.to_vector<float>() == std::vector<float>{0.5f, 1.f, 1.5f, 2.f});
+  CHECK(sc::matmul(f, sc::eye(2, sc::f64)).dtype() == sc::f64);
+  CHECK(sc::matmul(i, sc::eye(2, sc::i64)).dtype() == sc::i64);
+}
+
+TEST_CASE("matmul errors name the op, the shapes and the user's line", "[matmul][errors]") {
+  const auto at = [](int line) { return "at test_matmul.cpp:" + std::to_string(line); };
+  int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::matmul(sc::ones({2, 3}), sc::ones({4, 5})),
+                    Catch::Contains("[matmul] inner dimensions do not match: [2, 3] x [4, 5] (3 != 4)") &&
+                        Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::matmul(sc::ones({2, 3}), sc::ones({4, 5})), sc::ShapeError);
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::matmul(sc::ones({3}), sc::ones({4})),
+                    Catch::Contains("[matmul] inner dimensions do not match: [3] x [4]") && Catch::Contains(at(line)));
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::matmul(sc::ones({2, 3, 4}), sc::ones({5, 4, 6})),
+                    Catch::Contains("[matmul] batch dimensions do not broadcast: [2, 3, 4] x [5, 4, 6]") &&
+                        Catch::Contains(at(line)));
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::matmul(sc::scalar(2.f), sc::ones({2})),
+                    Catch::Contains("[matmul] needs operands of rank >= 1, got shapes [] and [2]") &&
+                        Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::matmul(sc::scalar(2.f), sc::ones({2})), sc::ShapeError);
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::matmul(sc::tensor({true, false}), sc::ones({2})),
+                    Catch::Contains("[matmul] expects numeric operands, got bool and f32") && Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::matmul(sc::ones({2}), sc::tensor({true, false})), sc::DTypeError);
+  CHECK_THROWS_AS(sc::matmul(sc::Tensor(), sc::ones({2})), sc::ValueError);
+}
