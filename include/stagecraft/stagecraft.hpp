@@ -34,3 +34,18 @@
 #include "ops/conv.hpp"
 #include "ops/pool.hpp"
 #include "nn/functional.hpp"
+#include "ops/stop_gradient.hpp"
+
+#include "autodiff/custom.hpp"
+#include "autodiff/gradcheck.hpp"
+#include "autodiff/tape.hpp"
+#include "state/checkpoint.hpp"
+#include "state/safetensors.hpp"
+#include "state/module.hpp"
+#include "state/variable.hpp"
+
+#include "nn/init.hpp"
+#include "nn/layers.hpp"
+#include "optim/adam.hpp"
+#include "optim/optimizer.hpp"
+#include "optim/sgd.hpp"

@@ -1,0 +1,65 @@
+// A seeded shuffling batcher: epochs of (inputs, labels) minibatches in a reproducible order.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "../core/random.hpp"
+#include "../ops/gather.hpp"
+#include "../ops/slice.hpp"
+
+namespace stagecraft::data {
+
+/// One minibatch.
+struct Batch {
+  Tensor x, y;
+};
+
+/// Iterates minibatches of (x, y) along axis 0. Each epoch draws a fresh permutation from
+/// (seed, epoch), so a run resumed at epoch k sees exactly the batches it would have seen.
+class Batcher {
+ public:
+  /// x and y must have the same extent along axis 0.
+  Batcher(Tensor x, Tensor y, std::int64_t batch_size, std::uint64_t seed = 0, bool shuffle = true,
+          bool drop_last = false, std::source_location loc = std::source_location::current())
+      : x_(std::move(x)), y_(std::move(y)), batch_(batch_size), seed_(seed), shuffle_(shuffle), drop_last_(drop_last) {
+    if (x_.rank() == 0 || y_.rank() == 0 || x_.shape()[0] != y_.shape()[0])
+      stagecraft::detail::fail<ShapeError>("Batcher", loc, "inputs ", x_.shape(), " and labels ", y_.shape(),
+                                           " need the same extent along axis 0");
+    if (batch_ <= 0) stagecraft::detail::fail<ValueError>("Batcher", loc, "batch size must be positive, got ", batch_);
+    start_epoch(0);
+  }
+
+  /// Number of examples.
+  std::int64_t size() const { return x_.shape()[0]; }
+  /// Batches per epoch.
+  std::int64_t batches_per_epoch() const {
+    return drop_last_ ? size() / batch_ : (size() + batch_ - 1) / batch_;
+  }
+  /// Restarts at the beginning of `epoch` (its order depends only on seed and epoch).
+  void start_epoch(std::int64_t epoch) {
+    epoch_ = epoch;
+    pos_ = 0;
+    order_ = shuffle_ ? random::permutation(size(), seed_ * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(epoch))
+                      : arange(size());
+  }
+  std::int64_t epoch() const { return epoch_; }
+  /// The next batch of this epoch, or nullopt at its end.
+  std::optional<Batch> next() {
+    const std::int64_t n = size();
+    if (pos_ >= n || (drop_last_ && pos_ + batch_ > n)) return std::nullopt;
+    const std::int64_t len = std::min(batch_, n - pos_);
+    const Tensor idx = slice(order_, {pos_}, {len});
+    pos_ += len;
+    return Batch{gather(x_, idx, 0), gather(y_, idx, 0)};
+  }
+
+ private:
+  Tensor x_, y_, order_;
+  std::int64_t batch_;
+  std::uint64_t seed_;
+  bool shuffle_, drop_last_;
+  std::int64_t epoch_ = 0, pos_ = 0;
+};
+
+}  // namespace stagecraft::data

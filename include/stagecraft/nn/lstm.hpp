@@ -1,0 +1,90 @@
+// nn::LSTMCell: one step of a long short-term memory layer (gates i, f, g, o fused in one kernel).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <source_location>
+#include <utility>
+#include <vector>
+
+#include "../ops/binary.hpp"
+#include "../ops/concat.hpp"
+#include "../ops/matmul.hpp"
+#include "../ops/slice.hpp"
+#include "../ops/unary.hpp"
+#include "../state/module.hpp"
+#include "init.hpp"
+
+namespace stagecraft::nn {
+
+/// One LSTM step (Hochreiter & Schmidhuber 1997, with a forget gate):
+///   z = x @ kernel + h @ recurrent_kernel + bias,   split z into [i | f | g | o] (hidden each)
+///   c' = sigmoid(f) * c + sigmoid(i) * tanh(g),     h' = sigmoid(o) * tanh(c')
+/// Both kernels start Glorot-uniform; the bias is 0 except 1 on the forget gate (so the cell
+/// remembers by default early in training, as Jozefowicz et al. 2015 recommend).
+class LSTMCell : public Module {
+ public:
+  /// seed: the weights' seed; nullopt draws one from the global stream (sc::manual_seed).
+  LSTMCell(std::int64_t input, std::int64_t hidden, std::optional<std::uint64_t> seed = std::nullopt,
+           DType dtype = DType::f32, std::source_location loc = std::source_location::current())
+      : in_(input), hid_(hidden), dtype_(dtype) {
+    if (input < 1 || hidden < 1)
+      stagecraft::detail::fail<ValueError>("LSTMCell", loc, "needs input >= 1 and hidden >= 1, got ", input, " and ",
+                                           hidden);
+    const std::uint64_t s = seed ? *seed : init::next_seed();
+    kernel = Variable(init::glorot_uniform({input, 4 * hidden}, init::derive_seed(s, 0), dtype, loc), "kernel");
+    recurrent_kernel =
+        Variable(init::glorot_uniform({hidden, 4 * hidden}, init::derive_seed(s, 1), dtype, loc), "recurrent_kernel");
+    const Tensor zero = stagecraft::zeros({hidden}, dtype, loc);
+    bias = Variable(concat({zero, stagecraft::ones({hidden}, dtype, loc), zero, zero}, 0, loc), "bias");
+    add({{"kernel", kernel}, {"recurrent_kernel", recurrent_kernel}, {"bias", bias}}, loc);
+  }
+
+  /// (h, c) after one step from input x [N, input] and state (h, c), each [N, hidden].
+  std::pair<Tensor, Tensor> operator()(const Tensor& x, const std::pair<Tensor, Tensor>& state,
+                                       std::source_location loc = std::source_location::current()) const {
+    check(x, state, loc);
+    const Tensor zx = matmul(x, kernel, loc), zh = matmul(state.first, recurrent_kernel, loc);
+    const Tensor z = stagecraft::add(stagecraft::add(zx, zh, loc), bias, loc);
+    const auto gate = [&](std::int64_t k) { return slice(z, {0, k * hid_}, {-1, hid_}, loc); };
+    const Tensor i = sigmoid(gate(0), loc), f = sigmoid(gate(1), loc), g = tanh(gate(2), loc);
+    const Tensor o = sigmoid(gate(3), loc);
+    Tensor c = stagecraft::add(mul(f, state.second, loc), mul(i, g, loc), loc);
+    Tensor h = mul(o, tanh(c, loc), loc);
+    return {std::move(h), std::move(c)};
+  }
+
+  /// The zero state (h, c) for a batch of `batch` sequences, in the layer's dtype.
+  std::pair<Tensor, Tensor> initial_state(std::int64_t batch,
+                                          std::source_location loc = std::source_location::current()) const {
+    if (batch < 0)
+      stagecraft::detail::fail<ValueError>("LSTMCell::initial_state", loc, "batch must be >= 0, got ", batch);
+    return {stagecraft::zeros({batch, hid_}, dtype_, loc), stagecraft::zeros({batch, hid_}, dtype_, loc)};
+  }
+
+  std::int64_t input_size() const { return in_; }
+  std::int64_t hidden_size() const { return hid_; }
+
+  Variable kernel;            ///< [input, 4*hidden], gate blocks i, f, g, o
+  Variable recurrent_kernel;  ///< [hidden, 4*hidden]
+  Variable bias;              ///< [4*hidden]
+
+ private:
+  void check(const Tensor& x, const std::pair<Tensor, Tensor>& st, const std::source_location& loc) const {
+    stagecraft::detail::require_defined(x, "LSTMCell", loc);
+    stagecraft::detail::require_defined(st.first, "LSTMCell", loc);
+    stagecraft::detail::require_defined(st.second, "LSTMCell", loc);
+    if (SC_UNLIKELY(x.rank() != 2 || x.shape()[1] != in_))
+      stagecraft::detail::fail<ShapeError>("LSTMCell", loc, "expects x as [N, ", in_, "] (input = ", in_, "), got ",
+                                           x.shape());
+    const Shape want{x.shape()[0], hid_};
+    if (SC_UNLIKELY(st.first.shape() != want || st.second.shape() != want))
+      stagecraft::detail::fail<ShapeError>("LSTMCell", loc, "expects state (h, c) as [N, hidden] = ", want,
+                                           " for x ", x.shape(), ", got h ", st.first.shape(), " and c ",
+                                           st.second.shape());
+  }
+
+  std::int64_t in_, hid_;
+  DType dtype_;
+};
+
+}  // namespace stagecraft::nn

@@ -1,0 +1,181 @@
+// optim::Optimizer: the base of SGD and Adam — slot bookkeeping, checks, the step counter.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../autodiff/tape.hpp"
+#include "../core/creation.hpp"
+#include "../ops/cast.hpp"
+#include "../state/variable.hpp"
+
+namespace stagecraft::optim {
+
+/// Updates variables from their gradients: `opt.apply(tape.gradient(loss, vars), vars)`.
+///
+/// State lives in Variables, so sc::Checkpoint saves it (track the optimizer like a model):
+/// `iterations` (i64 scalar, steps taken) and, per variable, one slot per kind the optimizer
+/// keeps (SGD with momentum: "velocity"; Adam: "m", "v"), each shaped like its variable and
+/// named "<slot>/<index>:<variable name>" — index = position of the variable in the order
+/// the optimizer first saw it (build() or the first apply()). Building with the same model's
+/// trainable_variables() therefore gives the same names, which is what restore matches:
+/// call build(vars) (or take one step) before restoring a checkpoint into an optimizer.
+///
+/// Optimizers can be moved, not copied (a copy would share its slots with the original).
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+  Optimizer(Optimizer&&) = default;
+  Optimizer& operator=(Optimizer&&) = default;
+
+  /// "SGD", "Adam": the name errors start with.
+  virtual std::string_view name() const = 0;
+
+  /// One step: updates vars[i] from grads[i] (same count, same shapes; an undefined
+  /// gradient skips its variable). Creates the slots of variables it has not seen yet.
+  /// Runs without recording on any tape.
+  void apply(const std::vector<Tensor>& grads, const std::vector<Variable>& vars,
+             std::source_location loc = std::source_location::current()) {
+    if (SC_UNLIKELY(grads.size() != vars.size()))
+      stagecraft::detail::fail<ValueError>(op_name("apply"), loc, "got ", grads.size(), " gradients for ", vars.size(),
+                                           " variables; pass one gradient per variable, in order");
+    // Every check comes before any change, so a failed step leaves no trace.
+    const bool known = same_as_built(vars);
+    for (std::size_t i = 0; i < vars.size(); ++i) {
+      if (!grads[i].defined() || !vars[i].defined()) continue;  // build() names an empty variable
+      if (SC_UNLIKELY(grads[i].shape() != vars[i].shape()))
+        stagecraft::detail::fail<ShapeError>(op_name("apply"), loc, "gradient ", i, " has shape ",
+                                             grads[i].shape(), " but variable ", i, " ('", vars[i].name(),
+                                             "') has shape ", vars[i].shape());
+    }
+    if (!known) build(vars, loc);
+    GradientTape::StopRecording quiet;  // optimizer steps are never part of a gradient
+    const std::int64_t t = iterations() + 1;
+    for (std::size_t i = 0; i < vars.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      const std::size_t k = known ? i : index_.at(key(vars[i]));
+      const Tensor& g0 = grads[i];
+      // Tapes give gradients in the variable's dtype; anything else is converted once here.
+      const Tensor g = g0.dtype() == vars[i].dtype() ? g0 : cast(g0, vars[i].dtype(), loc);
+      Variable var = vars[i];
+      update(g, var, slots_.data() + k * slot_names_.size(), t, loc);
+    }
+    iterations_.assign(scalar<std::int64_t>(t), loc);
+  }
+
+  /// Creates the slots of every variable in vars not seen before (in order), so they exist
+  /// (e.g. to restore a checkpoint into) before the first step. apply() calls it as needed.
+  void build(const std::vector<Variable>& vars, std::source_location loc = std::source_location::current()) {
+    for (const Variable& v : vars) {  // all checks first: a failed build adds nothing
+      if (SC_UNLIKELY(!v.defined()))
+        stagecraft::detail::fail<ValueError>(op_name("build"), loc, "a variable is empty (default-constructed)");
+      if (SC_UNLIKELY(!is_floating(v.dtype())))
+        stagecraft::detail::fail<DTypeError>(op_name("build"), loc, "variable '", v.name(), "' has dtype ",
+                                             stagecraft::name(v.dtype()),
+                                             "; only floating-point variables can be trained");
+    }
+    for (const Variable& v : vars) {
+      if (index_.count(key(v))) continue;
+      const std::size_t idx = vars_.size();
+      index_.emplace(key(v), idx);
+      vars_.push_back(v);
+      for (const std::string& s : slot_names_) {
+        std::string n = s + "/" + std::to_string(idx);
+        if (!v.name().empty()) n += ":" + v.name();
+        slots_.emplace_back(zeros(v.shape(), v.dtype(), loc), std::move(n), /*trainable=*/false, loc);
+      }
+    }
+  }
+
+  /// The optimizer's state: "iterations" first, then every slot in build order (variable
+  /// by variable, slots in the optimizer's fixed order). Names are unique and deterministic.
+  std::vector<std::pair<std::string, Variable>> named_variables() const {
+    std::vector<std::pair<std::string, Variable>> out;
+    out.reserve(slots_.size() + 1);
+    out.emplace_back("iterations", iterations_);
+    for (const Variable& s : slots_) out.emplace_back(s.name(), s);
+    return out;
+  }
+  /// The state variables, in named_variables() order.
+  std::vector<Variable> variables() const {
+    std::vector<Variable> out;
+    for (auto& [n, v] : named_variables()) out.push_back(v);
+    return out;
+  }
+  /// The slot `slot` ("velocity", "m", "v") of a variable the optimizer has seen.
+  const Variable& slot(const Variable& var, std::string_view slot,
+                       std::source_location loc = std::source_location::current()) const {
+    const auto it = var.defined() ? index_.find(key(var)) : index_.end();
+    if (it == index_.end())
+      stagecraft::detail::fail<ValueError>(op_name("slot"), loc, "variable '", var.defined() ? var.name() : "",
+                                           "' has no slots yet; call build(vars) or apply() first");
+    for (std::size_t s = 0; s < slot_names_.size(); ++s)
+      if (slot_names_[s] == slot) return slots_[it->second * slot_names_.size() + s];
+    stagecraft::detail::fail<ValueError>(op_name("slot"), loc, name(), " keeps no slot named '", slot, "'");
+  }
+
+  /// Steps taken so far (the `iterations` variable, which a checkpoint restores).
+  std::int64_t iterations() const { return iterations_.value().item<std::int64_t>(); }
+  /// The step counter as a variable (i64 scalar).
+  const Variable& iterations_variable() const { return iterations_; }
+  double learning_rate() const { return lr_; }
+  /// Changes the learning rate for the following steps (schedules set it between steps).
+  void set_learning_rate(double lr, std::source_location loc = std::source_location::current()) {
+    check_lr(lr, loc);
+    lr_ = lr;
+  }
+
+ protected:
+  /// lr: the learning rate; slot_names: the per-variable state this optimizer keeps.
+  Optimizer(double lr, std::vector<std::string> slot_names, const std::source_location& loc)
+      : slot_names_(std::move(slot_names)),
+        iterations_(scalar<std::int64_t>(0), "iterations", /*trainable=*/false, loc),
+        lr_(lr) {
+    check_lr(lr, loc);
+  }
+
+  /// Updates one variable at step t (1 for the first step) from g (its dtype and shape);
+  /// slots points at this variable's slots, in slot_names order. Runs under StopRecording.
+  virtual void update(const Tensor& g, Variable& var, Variable* slots, std::int64_t t,
+                      const std::source_location& loc) = 0;
+
+  /// Throws ValueError unless lo <= x < hi (or <= hi when closed), naming the hyperparameter.
+  void check_range(double x, double lo, double hi, bool closed, std::string_view what,
+                   const std::source_location& loc) const {
+    if (!(x >= lo && (closed ? x <= hi : x < hi)))
+      stagecraft::detail::fail<ValueError>(name(), loc, what, " must be in [", lo, ", ", hi, closed ? "]" : ")",
+                                           ", got ", x);
+  }
+
+ private:
+  /// "Adam::apply": built only when an error is thrown, so steps allocate no strings.
+  std::string op_name(std::string_view method) const { return std::string(name()) + "::" + std::string(method); }
+  static const void* key(const Variable& v) { return static_cast<const Tensor&>(v).impl()->variable; }
+  void check_lr(double lr, const std::source_location& loc) const {
+    if (!(lr >= 0 && std::isfinite(lr)))
+      stagecraft::detail::fail<ValueError>("optimizer", loc, "learning rate must be finite and >= 0, got ", lr);
+  }
+  /// True when vars is exactly the built list, in order (the common case: no lookups).
+  bool same_as_built(const std::vector<Variable>& vars) const {
+    if (vars.size() != vars_.size()) return false;
+    for (std::size_t i = 0; i < vars.size(); ++i)
+      if (!vars[i].defined() || !vars[i].same(vars_[i])) return false;
+    return true;
+  }
+
+  std::vector<std::string> slot_names_;
+  std::vector<Variable> vars_;   // every variable seen, in build order
+  std::vector<Variable> slots_;  // slots_[index * slot_names_.size() + s]
+  std::unordered_map<const void*, std::size_t> index_;
+  Variable iterations_;
+  double lr_;
+};
+
+}  // namespace stagecraft::optim

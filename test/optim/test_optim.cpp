@@ -1,0 +1,349 @@
+// SGD (plain, momentum, Nesterov) and Adam against hand-computed updates, slot naming and
+// the restore-by-name workflow, tiny regressions trained to low loss, and every error path.
+#include <catch2/catch.hpp>
+#include <stagecraft/stagecraft.hpp>
+#include <stagecraft/nn/layers.hpp>
+#include <stagecraft/optim/adam.hpp>
+#include <stagecraft/optim/sgd.hpp>
+#include <stagecraft/state/module.hpp>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+template <class E, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  FAIL("expected an exception");
+  return "";
+}
+std::string at_line(int line) { return "test_optim.cpp:" + std::to_string(line); }
+
+using Vec = std::vector<double>;
+
+/// The gradient of step t (1-based) for a variable of n elements: varied signs and sizes.
+Vec grad_at(int t, std::size_t n, double salt) {
+  Vec g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = std::sin(1.3 * double(i + 1) * t + salt) * (1.0 + 0.5 * double(i));
+  return g;
+}
+
+/// TensorFlow's SGD, by loops: velocity = mu*velocity - lr*g; w += velocity (or the Nesterov
+/// form w += mu*velocity - lr*g); plain w -= lr*g when mu = 0.
+void sgd_reference(Vec& w, Vec& vel, const Vec& g, double lr, double mu, bool nesterov) {
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    if (mu == 0) {
+      w[i] -= lr * g[i];
+      continue;
+    }
+    vel[i] = mu * vel[i] - lr * g[i];
+    w[i] += nesterov ? mu * vel[i] - lr * g[i] : vel[i];
+  }
+}
+
+/// Adam as in the paper (Algorithm 1, with the bias correction folded into the step size
+/// and eps added to sqrt(v) — TensorFlow's "epsilon hat"), by loops.
+void adam_reference(Vec& w, Vec& m, Vec& v, const Vec& g, int t, double lr, double b1, double b2, double eps) {
+  const double lr_t = lr * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    m[i] = b1 * m[i] + (1 - b1) * g[i];
+    v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+    w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+  }
+}
+
+void check_close(const Vec& got, const Vec& want, double tol) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i);
+    CHECK(got[i] == Approx(want[i]).margin(tol).epsilon(tol));
+  }
+}
+
+/// Two variables (a matrix and a vector) and their reference copies.
+struct Problem {
+  sc::Variable w, b;
+  Vec rw, rb;
+  explicit Problem(sc::DType dt)
+      : w(sc::tensor(Vec{0.5, -1.0, 2.0, 0.25, 0.0, -3.0}, sc::Shape{2, 3}).astype(dt), "w"),
+        b(sc::tensor(Vec{0.1, -0.2, 0.3}).astype(dt), "b"),
+        rw{0.5, -1.0, 2.0, 0.25, 0.0, -3.0},
+        rb{0.1, -0.2, 0.3} {}
+  std::vector<sc::Tensor> grads(int t) const {
+    return {sc::tensor(grad_at(t, 6, 0.0), sc::Shape{2, 3}).astype(w.dtype()),
+            sc::tensor(grad_at(t, 3, 1.0)).astype(b.dtype())};
+  }
+};
+
+struct Tiny : sc::Module {
+  sc::nn::Dense l1, l2;
+  explicit Tiny(std::uint64_t seed) : l1(3, 4, seed), l2(4, 2, seed + 1) { add({{"l1", l1}, {"l2", l2}}); }
+};
+
+}  // namespace
+
+TEST_CASE("SGD: plain, momentum and Nesterov updates match hand-computed values", "[optim][sgd]") {
+  struct Cfg { double lr, mu; bool nesterov; };
+  for (const Cfg c : {Cfg{0.1, 0.0, false}, Cfg{0.05, 0.9, false}, Cfg{0.05, 0.9, true}, Cfg{0.2, 0.5, true}})
+    for (sc::DType dt : {sc::f32, sc::f64}) {
+      INFO("lr " << c.lr << " momentum " << c.mu << " nesterov " << c.nesterov << " " << sc::name(dt));
+      const double tol = dt == sc::f32 ? 2e-6 : 1e-13;
+      Problem p(dt);
+      sc::optim::SGD opt(c.lr, c.mu, c.nesterov);
+      CHECK(opt.iterations() == 0);
+      Vec vw(6, 0.0), vb(3, 0.0);
+      for (int t = 1; t <= 3; ++t) {
+        opt.apply(p.grads(t), {p.w, p.b});
+        sgd_reference(p.rw, vw, grad_at(t, 6, 0.0), c.lr, c.mu, c.nesterov);
+        sgd_reference(p.rb, vb, grad_at(t, 3, 1.0), c.lr, c.mu, c.nesterov);
+        check_close(p.w.value().to_vector<double>(), p.rw, tol);
+        check_close(p.b.value().to_vector<double>(), p.rb, tol);
+        CHECK(p.w.dtype() == dt);
+        CHECK(opt.iterations() == t);
+      }
+      const auto named = opt.named_variables();
+      if (c.mu == 0) {
+        REQUIRE(named.size() == 1);  // no slots without momentum
+      } else {
+        REQUIRE(named.size() == 3);
+        CHECK(named[1].first == "velocity/0:w");
+        CHECK(named[2].first == "velocity/1:b");
+        check_close(opt.slot(p.w, "velocity").value().to_vector<double>(), vw, tol);
+        check_close(named[2].second.value().to_vector<double>(), vb, tol);
+        CHECK(!named[1].second.trainable());
+      }
+      CHECK(named[0].first == "iterations");
+      CHECK(named[0].second.dtype() == sc::i64);
+      CHECK(named[0].second.value().item<std::int64_t>() == 3);
+    }
+}
+
+TEST_CASE("Adam: updates with bias correction match hand-computed values", "[optim][adam]") {
+  struct Cfg { double lr, b1, b2, eps; };
+  for (const Cfg c : {Cfg{1e-3, 0.9, 0.999, 1e-7}, Cfg{0.1, 0.8, 0.99, 1e-3}, Cfg{0.05, 0.0, 0.5, 0.0}})
+    for (sc::DType dt : {sc::f32, sc::f64}) {
+      INFO("lr " << c.lr << " beta1 " << c.b1 << " beta2 " << c.b2 << " eps " << c.eps << " " << sc::name(dt));
+      const double tol = dt == sc::f32 ? 2e-6 : 1e-12;
+      Problem p(dt);
+      sc::optim::Adam opt(c.lr, c.b1, c.b2, c.eps);
+      Vec mw(6, 0.0), vw(6, 0.0), mb(3, 0.0), vb(3, 0.0);
+      for (int t = 1; t <= 3; ++t) {
+        opt.apply(p.grads(t), {p.w, p.b});
+        adam_reference(p.rw, mw, vw, grad_at(t, 6, 0.0), t, c.lr, c.b1, c.b2, c.eps);
+        adam_reference(p.rb, mb, vb, grad_at(t, 3, 1.0), t, c.lr, c.b1, c.b2, c.eps);
+        check_close(p.w.value().to_vector<double>(), p.rw, tol);
+        check_close(p.b.value().to_vector<double>(), p.rb, tol);
+      }
+      check_close(opt.slot(p.w, "m").value().to_vector<double>(), mw, tol);
+      check_close(opt.slot(p.w, "v").value().to_vector<double>(), vw, tol);
+      check_close(opt.slot(p.b, "m").value().to_vector<double>(), mb, tol);
+      check_close(opt.slot(p.b, "v").value().to_vector<double>(), vb, tol);
+      std::vector<std::string> names;
+      for (const auto& [n, v] : opt.named_variables()) names.push_back(n);
+      CHECK(names == std::vector<std::string>{"iterations", "m/0:w", "v/0:w", "m/1:b", "v/1:b"});
+    }
+  // The defaults are the contract's: Adam(lr = 1e-3), TensorFlow's betas and epsilon.
+  sc::optim::Adam d;
+  CHECK(d.learning_rate() == 1e-3);
+  CHECK(d.beta1() == 0.9);
+  CHECK(d.beta2() == 0.999);
+  CHECK(d.epsilon() == 1e-7);
+  sc::optim::SGD s(0.5);
+  CHECK(s.momentum() == 0);
+  CHECK(!s.nesterov());
+}
+
+TEST_CASE("optimizer: learning rate, skipped gradients, dtypes, no tape recording", "[optim]") {
+  Problem p(sc::f32);
+  sc::optim::SGD opt(0.1);
+  opt.set_learning_rate(0.5);
+  CHECK(opt.learning_rate() == 0.5);
+  const auto g = p.grads(1);
+  opt.apply({sc::Tensor(), g[1]}, {p.w, p.b});  // an undefined gradient skips its variable
+  CHECK(p.w.value().to_vector<double>() == p.rw);
+  Vec vel;
+  sgd_reference(p.rb, vel, grad_at(1, 3, 1.0), 0.5, 0, false);
+  check_close(p.b.value().to_vector<double>(), p.rb, 2e-6);
+  CHECK(opt.iterations() == 1);
+
+  // f64 gradients for an f32 variable are converted: the variable keeps its dtype.
+  opt.apply({g[0].astype(sc::f64), g[1]}, {p.w, p.b});
+  CHECK(p.w.dtype() == sc::f32);
+  CHECK(p.b.dtype() == sc::f32);
+
+  // Nothing an optimizer does is recorded, even when the gradients are watched.
+  sc::optim::Adam adam(0.1);
+  sc::GradientTape tape;
+  const sc::Tensor gw = g[0], gb = g[1];
+  tape.watch(gw);
+  tape.watch(gb);
+  const sc::Tensor y = gw * 2.f;
+  REQUIRE(tape.size() == 1);
+  adam.apply({gw, gb}, {p.w, p.b});
+  CHECK(tape.size() == 1);
+
+  STATIC_REQUIRE(!std::is_copy_constructible_v<sc::optim::Adam>);
+  STATIC_REQUIRE(std::is_move_constructible_v<sc::optim::Adam>);
+  sc::optim::Adam moved = std::move(adam);
+  CHECK(moved.iterations() == 1);
+  CHECK(moved.named_variables().size() == 5);
+}
+
+TEST_CASE("optimizer: slots follow variables, in the order first seen", "[optim]") {
+  Problem p(sc::f64);
+  sc::Variable c(sc::ones({2}, sc::f64), "c");
+  sc::optim::Adam opt(0.1);
+  opt.build({p.w, p.b});
+  CHECK(opt.named_variables().size() == 5);
+  CHECK(opt.slot(p.b, "m").value().to_vector<double>() == Vec{0, 0, 0});
+  CHECK(opt.iterations() == 0);
+  opt.build({p.w, p.b});  // idempotent
+  CHECK(opt.named_variables().size() == 5);
+
+  // A subset, in another order, plus a new variable: each keeps its own slots.
+  const sc::Tensor gb = sc::tensor(grad_at(1, 3, 1.0)), gc = sc::ones({2}, sc::f64);
+  opt.apply({gc, gb}, {c, p.b});
+  CHECK(p.w.value().to_vector<double>() == p.rw);  // untouched
+  Vec m(3, 0), v(3, 0);
+  adam_reference(p.rb, m, v, grad_at(1, 3, 1.0), 1, 0.1, 0.9, 0.999, 1e-7);
+  check_close(p.b.value().to_vector<double>(), p.rb, 1e-12);
+  check_close(opt.slot(p.b, "m").value().to_vector<double>(), m, 1e-12);
+  const auto named = opt.named_variables();
+  REQUIRE(named.size() == 7);
+  CHECK(named[5].first == "m/2:c");
+  CHECK(named[6].first == "v/2:c");
+  CHECK(opt.slot(p.w, "v").value().to_vector<double>() == Vec(6, 0.0));
+}
+
+TEST_CASE("optimizer: state restored by name continues the same run", "[optim][checkpoint]") {
+  // What sc::Checkpoint does: match named_variables() of a freshly built model and optimizer.
+  Tiny a(1), b(2);
+  sc::optim::Adam oa(0.05), ob(0.05);
+  const auto va = a.trainable_variables(), vb = b.trainable_variables();
+  const auto grads = [](const std::vector<sc::Variable>& vs, int t) {
+    std::vector<sc::Tensor> g;
+    for (std::size_t i = 0; i < vs.size(); ++i)
+      g.push_back(sc::tensor(grad_at(t, std::size_t(vs[i].numel()), double(i)), vs[i].shape()).astype(sc::f32));
+    return g;
+  };
+  oa.apply(grads(va, 1), va);
+  oa.apply(grads(va, 2), va);
+  ob.build(vb);
+  auto restore = [](const auto& from, const auto& to) {
+    const auto src = from.named_variables(), dst = to.named_variables();
+    REQUIRE(src.size() == dst.size());
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      REQUIRE(src[i].first == dst[i].first);
+      auto target = dst[i].second;
+      target.assign(src[i].second.value());
+    }
+  };
+  restore(a, b);
+  restore(oa, ob);
+  CHECK(ob.iterations() == 2);
+  oa.apply(grads(va, 3), va);
+  ob.apply(grads(vb, 3), vb);
+  for (std::size_t i = 0; i < va.size(); ++i)
+    CHECK(va[i].value().to_vector<float>() == vb[i].value().to_vector<float>());
+}
+
+TEST_CASE("optimizer: errors", "[optim][errors]") {
+  Problem p(sc::f32);
+  sc::optim::SGD sgd(0.1);
+  sc::optim::Adam adam(0.1);
+  const auto g = p.grads(1);
+
+  int line = __LINE__ + 1;
+  std::string msg = error_of<sc::ValueError>([&] { sgd.apply({g[0]}, {p.w, p.b}); });
+  CHECK_THAT(msg, Catch::Contains("[SGD::apply]") && Catch::Contains("1 gradients for 2 variables") &&
+                      Catch::Contains(at_line(line)));
+
+  line = __LINE__ + 1;
+  msg = error_of<sc::ShapeError>([&] { adam.apply({g[0], g[0]}, {p.w, p.b}); });
+  CHECK_THAT(msg, Catch::Contains("[Adam::apply]") && Catch::Contains("gradient 1 has shape [2, 3]") &&
+                      Catch::Contains("variable 1 ('b') has shape [3]") && Catch::Contains(at_line(line)));
+  CHECK(adam.iterations() == 0);  // a failed step changes nothing: no step, no slots
+  CHECK(adam.named_variables().size() == 1);
+  CHECK(p.w.value().to_vector<double>() == p.rw);
+
+  sc::Variable n(sc::zeros({2}, sc::i64), "n");
+  line = __LINE__ + 1;
+  msg = error_of<sc::DTypeError>([&] { sgd.apply({sc::zeros({2}, sc::i64)}, {n}); });
+  CHECK_THAT(msg, Catch::Contains("[SGD::build]") && Catch::Contains("'n'") && Catch::Contains("i64") &&
+                      Catch::Contains(at_line(line)));
+  line = __LINE__ + 1;
+  msg = error_of<sc::DTypeError>([&] { adam.build({p.w, n}); });
+  CHECK_THAT(msg, Catch::Contains("[Adam::build]") && Catch::Contains(at_line(line)));
+  CHECK(adam.named_variables().size() == 1);  // a failed build adds no slots, not even w's
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { adam.build({sc::Variable()}); });
+  CHECK_THAT(msg, Catch::Contains("[Adam::build]") && Catch::Contains("empty") && Catch::Contains(at_line(line)));
+
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { (void)adam.slot(p.w, "m"); });
+  CHECK_THAT(msg, Catch::Contains("[Adam::slot]") && Catch::Contains("'w' has no slots yet") &&
+                      Catch::Contains(at_line(line)));
+  adam.build({p.w});
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { (void)adam.slot(p.w, "velocity"); });
+  CHECK_THAT(msg, Catch::Contains("no slot named 'velocity'") && Catch::Contains(at_line(line)));
+
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { sc::optim::SGD bad(-0.1); });
+  CHECK_THAT(msg, Catch::Contains("learning rate") && Catch::Contains("-0.1") && Catch::Contains(at_line(line)));
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { sc::optim::SGD bad(0.1, 1.0); });
+  CHECK_THAT(msg, Catch::Contains("[SGD]") && Catch::Contains("momentum must be in [0, 1)") &&
+                      Catch::Contains(at_line(line)));
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { sc::optim::Adam bad(0.1, 1.0); });
+  CHECK_THAT(msg, Catch::Contains("[Adam]") && Catch::Contains("beta1") && Catch::Contains(at_line(line)));
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { sc::optim::Adam bad(0.1, 0.9, -0.5); });
+  CHECK_THAT(msg, Catch::Contains("beta2") && Catch::Contains(at_line(line)));
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { sc::optim::Adam bad(0.1, 0.9, 0.99, -1); });
+  CHECK_THAT(msg, Catch::Contains("eps") && Catch::Contains(at_line(line)));
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { sgd.set_learning_rate(std::nan("")); });
+  CHECK_THAT(msg, Catch::Contains("learning rate") && Catch::Contains(at_line(line)));
+}
+
+TEST_CASE("optimizers train a tiny regression to low loss", "[optim][train][grad]") {
+  // y = x @ w_true + b_true, fitted by a Dense(3, 1) under mean squared error.
+  const sc::Tensor x = sc::random::normal({64, 3}, 3);
+  const sc::Tensor w_true = sc::tensor({{1.5f}, {-2.f}, {0.5f}});
+  const sc::Tensor y = sc::matmul(x, w_true) + 0.75f;
+  struct Run { const char* name; std::function<std::unique_ptr<sc::optim::Optimizer>()> make; int steps; };
+  const std::vector<Run> runs = {
+      {"SGD", [] { return std::make_unique<sc::optim::SGD>(0.1); }, 200},
+      {"SGD momentum", [] { return std::make_unique<sc::optim::SGD>(0.05, 0.9); }, 200},
+      {"SGD nesterov", [] { return std::make_unique<sc::optim::SGD>(0.05, 0.9, true); }, 200},
+      {"Adam", [] { return std::make_unique<sc::optim::Adam>(0.05); }, 400},
+  };
+  for (const Run& r : runs) {
+    INFO(r.name);
+    sc::nn::Dense model(3, 1, 17);
+    const auto opt = r.make();
+    const auto vars = model.trainable_variables();
+    const auto loss_fn = [&] { return sc::mean(sc::square(model(x) - y)); };
+    const double first = loss_fn().item<float>();
+    for (int s = 0; s < r.steps; ++s) {
+      sc::GradientTape tape;
+      const sc::Tensor loss = loss_fn();
+      opt->apply(tape.gradient(loss, vars), vars);
+    }
+    const double last = loss_fn().item<float>();
+    CHECK(first > 0.5);
+    CHECK(last < 1e-4);
+    CHECK(opt->iterations() == r.steps);
+  }
+}

@@ -1,0 +1,640 @@
+// safetensors reader/writer (layout, round trips, corrupt files, atomic writes) and sc::Checkpoint.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <stagecraft/stagecraft.hpp>
+#include <stagecraft/state/checkpoint.hpp>
+#include <stagecraft/state/safetensors.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Matches an exception whose what() contains every `has` fragment and no `lacks` fragment;
+/// Has("a") && Has("b") and !Has("c") combine them.
+class Says : public Catch::MatcherBase<std::exception> {
+ public:
+  std::vector<std::string> has, lacks;
+  bool match(const std::exception& e) const override {
+    const std::string w = e.what();
+    for (const auto& h : has)
+      if (w.find(h) == std::string::npos) return false;
+    for (const auto& l : lacks)
+      if (w.find(l) != std::string::npos) return false;
+    return true;
+  }
+  std::string describe() const override {
+    std::string d = "has a message";
+    for (const auto& h : has) d += " containing \"" + h + "\"";
+    for (const auto& l : lacks) d += " without \"" + l + "\"";
+    return d;
+  }
+  friend Says operator&&(Says a, const Says& b) {
+    a.has.insert(a.has.end(), b.has.begin(), b.has.end());
+    a.lacks.insert(a.lacks.end(), b.lacks.begin(), b.lacks.end());
+    return a;
+  }
+  friend Says operator!(Says a) {
+    std::swap(a.has, a.lacks);
+    return a;
+  }
+};
+Says Has(std::string fragment) {
+  Says s;
+  s.has.push_back(std::move(fragment));
+  return s;
+}
+
+/// A fresh directory, removed with everything in it at the end of the test.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int n = 0;
+    path = fs::temp_directory_path() / ("sc_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  fs::path operator/(const std::string& name) const { return path / name; }
+  std::vector<std::string> files() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void write_bytes(const fs::path& p, const std::string& bytes) {
+  fs::remove(p);  // a new file, not a truncated one: ext4 flushes truncated files on close (slow)
+  std::ofstream out(p, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+/// Overwrites one byte in place (cheaper than rewriting the file: no truncation to flush).
+void patch_byte(const fs::path& p, std::size_t pos, char c) {
+  std::fstream f(p, std::ios::binary | std::ios::in | std::ios::out);
+  f.seekp(static_cast<std::streamoff>(pos));
+  f.put(c);
+}
+/// The 8-byte little-endian length, written byte by byte (independent of the writer under test).
+std::string u64le(std::uint64_t n) {
+  std::string s(8, '\0');
+  for (int k = 0; k < 8; ++k) s[k] = static_cast<char>((n >> (8 * k)) & 0xFF);
+  return s;
+}
+/// The header length a file's first 8 bytes give.
+std::size_t header_length(const std::string& bytes) {
+  std::uint64_t n = 0;
+  for (int k = 7; k >= 0; --k) n = (n << 8) | static_cast<unsigned char>(bytes[k]);
+  return static_cast<std::size_t>(n);
+}
+/// A whole file from a header text (not padded) and the data section.
+std::string file_bytes(const std::string& header, const std::string& data) { return u64le(header.size()) + header + data; }
+
+/// Element i of the test pattern for T (includes extremes and, for floats, NaN/inf/-0).
+template <class T>
+T pattern(std::int64_t i) {
+  if constexpr (std::is_same_v<T, bool>) return i % 3 == 0;
+  else if constexpr (std::is_floating_point_v<T>) {
+    const T special[] = {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(), T(-0.0),
+                         std::numeric_limits<T>::lowest(), std::numeric_limits<T>::denorm_min()};
+    return i < 5 ? special[i] : T(i) * T(0.37) - T(3);
+  } else {
+    return i == 0 ? std::numeric_limits<T>::min() : i == 1 ? std::numeric_limits<T>::max() : T(i * 7919 - 1000);
+  }
+}
+template <class T>
+sc::Tensor filled(const sc::Shape& s) {
+  sc::Tensor t = sc::detail::empty_tensor(s, sc::dtype_of<T>(), sc::Device::cpu());
+  if (t.numel() > 0) {
+    T* p = t.data<T>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = pattern<T>(i);
+  }
+  return t;
+}
+sc::Tensor filled(const sc::Shape& s, sc::DType d) {
+  switch (d) {
+    case sc::DType::b8: return filled<bool>(s);
+    case sc::DType::i32: return filled<std::int32_t>(s);
+    case sc::DType::i64: return filled<std::int64_t>(s);
+    case sc::DType::f32: return filled<float>(s);
+    default: return filled<double>(s);
+  }
+}
+bool same_bytes(const sc::Tensor& a, const sc::Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+}
+
+/// The valid base case most corrupt-file tests start from: "w" F32 [2] = {1, 2}.
+const std::string w_data("\x00\x00\x80\x3f\x00\x00\x00\x40", 8);
+
+}  // namespace
+
+TEST_CASE("safetensors round trip: every dtype, ranks 0..4, empty tensors", "[safetensors]") {
+  TempDir dir;
+  const std::vector<sc::Shape> shapes = {{}, {3}, {0}, {2, 3}, {2, 0, 4}, {2, 1, 3}, {1, 2, 3, 4}, {3, 0, 1, 2}};
+  const sc::DType dtypes[] = {sc::boolean, sc::i32, sc::i64, sc::f32, sc::f64};
+  std::vector<std::pair<std::string, sc::Tensor>> ts;
+  for (sc::DType d : dtypes)
+    for (std::size_t i = 0; i < shapes.size(); ++i)
+      ts.emplace_back(std::string(sc::name(d)) + "/" + std::to_string(i), filled(shapes[i], d));
+  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"note", "π \"quoted\"\n\\"}};
+  const fs::path p = dir / "all.safetensors";
+  sc::save_safetensors(p, ts, meta);
+  const sc::SafetensorsFile f = sc::load_safetensors(p);
+  CHECK(f.metadata == meta);
+  REQUIRE(f.tensors.size() == ts.size());
+  for (const auto& [name, t] : ts) {
+    INFO(name << " " << t.shape());
+    REQUIRE(f.tensors.count(name) == 1);
+    CHECK(same_bytes(f.tensors.at(name), t));  // bitwise: NaN, -0, denormals survive
+  }
+  // One file per tensor too (each alone is the whole data section).
+  for (const auto& [name, t] : ts) {
+    sc::save_safetensors(dir / "one", {{name, t}});
+    CHECK(same_bytes(sc::load_safetensors(dir / "one").tensors.at(name), t));
+  }
+  // No tensors at all: "{}" padded to 8 bytes.
+  sc::save_safetensors(dir / "none", {});
+  CHECK(read_bytes(dir / "none") == u64le(8) + "{}      ");
+  CHECK(sc::load_safetensors(dir / "none").tensors.empty());
+}
+
+TEST_CASE("safetensors byte layout of a small known file", "[safetensors]") {
+  TempDir dir;
+  const fs::path p = dir / "small.safetensors";
+  sc::save_safetensors(p,
+                       {{"b", sc::tensor({1, -2})}, {"a", sc::scalar(1.5)}, {"c", sc::tensor({true, false, true})},
+                        {"e", sc::zeros({0})}},
+                       {{"k", "v"}});
+  const std::string bytes = read_bytes(p);
+  // 8-byte types first, then 4-byte ones by name, then bytes: every tensor starts aligned.
+  const std::string json =
+      R"({"__metadata__":{"k":"v"},"a":{"dtype":"F64","shape":[],"data_offsets":[0,8]},)"
+      R"("b":{"dtype":"I32","shape":[2],"data_offsets":[8,16]},"e":{"dtype":"F32","shape":[0],"data_offsets":[16,16]},)"
+      R"("c":{"dtype":"BOOL","shape":[3],"data_offsets":[16,19]}})";
+  const std::size_t padded = (json.size() + 7) / 8 * 8;
+  REQUIRE(bytes.size() == 8 + padded + 19);
+  CHECK(bytes.substr(0, 8) == u64le(padded));
+  CHECK((8 + padded) % 8 == 0);
+  CHECK(bytes.substr(8, json.size()) == json);
+  CHECK(bytes.substr(8 + json.size(), padded - json.size()) == std::string(padded - json.size(), ' '));
+  const std::string data("\x00\x00\x00\x00\x00\x00\xf8\x3f"  // 1.5 as f64 LE
+                         "\x01\x00\x00\x00\xfe\xff\xff\xff"  // 1, -2 as i32 LE
+                         "\x01\x00\x01",                     // true false true
+                         19);
+  CHECK(bytes.substr(8 + padded) == data);
+}
+
+TEST_CASE("safetensors reads files in other writers' style", "[safetensors]") {
+  TempDir dir;
+  // Unpadded header, __metadata__ last, whitespace and newlines, escapes in names.
+  const std::string header =
+      "{ \"w\" : {\"shape\": [2], \"dtype\": \"F32\", \"data_offsets\": [0, 8]},\n"
+      "  \"a\\\"b\\\\c\\/\\u00e9\\ud83d\\ude00\\t\": {\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[8,16]},\n"
+      "  \"z\": {\"dtype\":\"F64\",\"shape\":[0,9223372036854775807],\"data_offsets\":[16,16]},\n"
+      "  \"__metadata__\": {\"format\": \"pt\", \"\": \"\"}\r\n}\t";
+  const std::string data = w_data + std::string("\x07\x00\x00\x00\x00\x00\x00\x80", 8);
+  write_bytes(dir / "x", file_bytes(header, data));
+  const auto f = sc::load_safetensors(dir / "x");
+  CHECK(f.tensors.at("w").to_vector<float>() == std::vector<float>{1.f, 2.f});
+  const std::string odd = "a\"b\\c/\xc3\xa9\xf0\x9f\x98\x80\t";
+  REQUIRE(f.tensors.count(odd) == 1);
+  CHECK(f.tensors.at(odd).item<std::int64_t>() == std::numeric_limits<std::int64_t>::min() + 7);
+  CHECK(f.tensors.at("z").shape() == sc::Shape{0, std::numeric_limits<std::int64_t>::max()});
+  CHECK(f.metadata == std::map<std::string, std::string>{{"format", "pt"}, {"", ""}});
+  // Names we write with quotes, backslashes and control characters read back the same.
+  sc::save_safetensors(dir / "y", {{odd + "\x01\n", sc::scalar(1.f)}});
+  CHECK(sc::load_safetensors(dir / "y").tensors.count(odd + "\x01\n") == 1);
+}
+
+TEST_CASE("safetensors: a file truncated anywhere is an IOError", "[safetensors]") {
+  TempDir dir;
+  const fs::path good = dir / "good";
+  sc::save_safetensors(good, {{"x", filled<float>({2, 3})}, {"y", filled<std::int64_t>({4})}}, {{"k", "v"}});
+  const std::string bytes = read_bytes(good);
+  const std::size_t header_end = 8 + header_length(bytes);
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    INFO("truncated to " << n << " of " << bytes.size() << " bytes");
+    write_bytes(dir / "cut", bytes.substr(0, n));
+    const char* why = n < 8 ? "fewer than the 8-byte header length"
+                      : n < header_end ? "runs past the end of the"
+                                       : "past the end of the";
+    CHECK_THROWS_MATCHES(sc::load_safetensors(dir / "cut"), sc::IOError, Has(why) && Has("truncated"));
+  }
+  write_bytes(dir / "long", bytes + "!");
+  CHECK_THROWS_MATCHES(sc::load_safetensors(dir / "long"), sc::IOError, Has("trailing bytes"));
+}
+
+TEST_CASE("safetensors: header length field out of range", "[safetensors]") {
+  TempDir dir;
+  const auto load = [&](const std::string& bytes) {
+    write_bytes(dir / "f", bytes);
+    return sc::load_safetensors(dir / "f");
+  };
+  CHECK_THROWS_MATCHES(load(u64le(100) + "{}"), sc::IOError, Has("runs past the end of the 10-byte file"));
+  CHECK_THROWS_MATCHES(load(u64le(200'000'000) + "{}"), sc::IOError, Has("over the 100000000-byte limit"));
+  CHECK_THROWS_MATCHES(load(u64le(~std::uint64_t{0}) + "{}"), sc::IOError, Has("limit"));
+  CHECK_THROWS_MATCHES(load(u64le(0)), sc::IOError, Has("start with '{'"));
+  CHECK_THROWS_MATCHES(load(""), sc::IOError, Has("0 bytes"));
+}
+
+TEST_CASE("safetensors: malformed headers are IOErrors naming the problem", "[safetensors]") {
+  TempDir dir;
+  const std::string w = R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const auto with = [](const std::string& field) { return "{\"w\":{" + field + "}}"; };
+  const std::string rest = R"("shape":[2],"data_offsets":[0,8])";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "start with '{'"},
+      {"[]", "start with '{'"},
+      {" ", "found the end of the header"},
+      {"{", "expected a tensor name"},
+      {"{" + w, "',' or '}' after a header entry"},
+      {"{" + w + "}x", "unexpected bytes after the closing '}'"},
+      {"{" + w + "} }", "unexpected bytes"},
+      {"{" + w + ",}", "expected a tensor name"},
+      {"{w:1}", "expected a tensor name"},
+      {"{'w':1}", "expected a tensor name"},
+      {"{\"w\" 1}", "':' after a key"},
+      {"{" + w + "," + w + "}", "tensor \"w\" appears twice"},
+      {"{\"w", "unterminated string"},
+      {"{\"w\n\":1}", "control character"},
+      {"{\"w\\q\":1}", "unknown escape"},
+      {"{\"w\\", "unterminated escape"},
+      {"{\"\\udc00\":1}", "lone low surrogate"},
+      {"{\"\\ud800x\":1}", "high surrogate without its low half"},
+      {"{\"\\ud800\\u0041\":1}", "high surrogate without its low half"},
+      {"{\"\\u12", "truncated \\u escape"},
+      {"{\"\\u12G4\":1}", "bad hex digit"},
+      {"{\"\xff\":1}", "invalid UTF-8"},
+      {"{\"\xc0\xaf\":1}", "invalid UTF-8"},
+      {"{\"\xed\xa0\x80\":1}", "invalid UTF-8"},
+      {"{\"\xe2\x82\":1}", "invalid UTF-8"},
+      {std::string("{\0}", 3), "expected a tensor name"},
+      {"{\"w\":[1]}", "tensor \"w\" to be an object"},
+      {"{\"w\":{}}", "lacks the field \"dtype\""},
+      {with(R"("dtype":"F32","shape":[2])"), "lacks the field \"data_offsets\""},
+      {with(R"("dtype":"F32","data_offsets":[0,8])"), "lacks the field \"shape\""},
+      {with(R"("dtype":32,)" + rest), "a dtype string"},
+      {with(R"("dtype":"F16",)" + rest), "\"F16\" is valid safetensors but not supported"},
+      {with(R"("dtype":"BF16",)" + rest), "not supported"},
+      {with(R"("dtype":"X32",)" + rest), "unknown dtype \"X32\""},
+      {with(R"("dtype":"f32",)" + rest), "unknown dtype \"f32\""},
+      {with(R"("dtype":"F32","dtype":"F32",)" + rest), "field \"dtype\" appears twice"},
+      {with(R"("dtype":"F32","foo":1,)" + rest), "unknown field \"foo\""},
+      {with(R"("dtype":"F32","shape":2,"data_offsets":[0,8])"), "a shape (an array)"},
+      {with(R"("dtype":"F32","shape":[-2],"data_offsets":[0,8])"), "a shape is negative"},
+      {with(R"("dtype":"F32","shape":[2.0],"data_offsets":[0,8])"), "not an integer"},
+      {with(R"("dtype":"F32","shape":[2e0],"data_offsets":[0,8])"), "not an integer"},
+      {with(R"("dtype":"F32","shape":[02],"data_offsets":[0,8])"), "leading zero"},
+      {with(R"("dtype":"F32","shape":["2"],"data_offsets":[0,8])"), "a shape (an integer)"},
+      {with(R"("dtype":"F32","shape":[2,],"data_offsets":[0,8])"), "a shape (an integer)"},
+      {with(R"("dtype":"F32","shape":[2 3],"data_offsets":[0,8])"), "',' or ']' in a shape"},
+      {with(R"("dtype":"F32","shape":[99999999999999999999],"data_offsets":[0,8])"), "too large"},
+      {with(R"("dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,8])"), "too large"},
+      {with(R"("dtype":"F32","shape":[1,1,1,1,1,1,1,1,2],"data_offsets":[0,8])"), "more than 8 items"},
+      {with(R"("dtype":"F32","shape":[2],"data_offsets":[0])"), "must hold 2 numbers"},
+      {with(R"("dtype":"F32","shape":[2],"data_offsets":[0,4,8])"), "more than 2 items"},
+      {with(R"("dtype":"F32","shape":[2],"data_offsets":null)"), "data_offsets (an array)"},
+      {"{\"__metadata__\":[]," + w + "}", "\"__metadata__\" to be an object"},
+      {"{\"__metadata__\":{\"k\":1}," + w + "}", "a metadata value"},
+      {"{\"__metadata__\":{\"k\":{}}," + w + "}", "a metadata value"},
+      {"{\"__metadata__\":{\"k\":\"a\",\"k\":\"b\"}," + w + "}", "metadata key appears twice"},
+      {"{\"__metadata__\":{},\"__metadata__\":{}," + w + "}", "\"__metadata__\" appears twice"},
+      // Valid JSON, but the tensors do not tile the 8-byte data section.
+      {with(R"("dtype":"F32","shape":[2],"data_offsets":[0,16])"), "past the end of the 8-byte data section"},
+      {with(R"("dtype":"F32","shape":[2],"data_offsets":[8,0])"), "run backwards"},
+      {with(R"("dtype":"F32","shape":[3],"data_offsets":[0,8])"), "F32 [3] needs 12 bytes"},
+      {with(R"("dtype":"F64","shape":[2],"data_offsets":[0,8])"), "F64 [2] needs 16 bytes"},
+      {with(R"("dtype":"BOOL","shape":[4],"data_offsets":[0,4])"), "trailing bytes"},
+      {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})",
+       "overlap"},
+      {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[],"data_offsets":[0,4]}})",
+       "overlap"},
+      {R"({"a":{"dtype":"BOOL","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+       "bytes [1, 4) of the data section belong to no tensor"},
+      {with(R"("dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8])"), "too large to address"},
+      {with(R"("dtype":"F32","shape":[9223372036854775807,2,0],"data_offsets":[0,0])"), "too large to address"},
+      {with(R"("dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,8])"), "too large to address"},
+  };
+  for (const auto& [header, why] : cases) {
+    INFO("header: " << header);
+    write_bytes(dir / "bad", file_bytes(header, w_data));
+    CHECK_THROWS_MATCHES(sc::load_safetensors(dir / "bad"), sc::IOError,
+                         Has(why) && Has("'" + (dir / "bad").string() + "' is corrupt") &&
+                             Has("test_checkpoint.cpp"));
+  }
+  // A BOOL byte other than 0 or 1 cannot be read as a C++ bool.
+  write_bytes(dir / "bool", file_bytes(with(R"("dtype":"BOOL","shape":[8],"data_offsets":[0,8])"), w_data));
+  CHECK_THROWS_MATCHES(sc::load_safetensors(dir / "bool"), sc::IOError, Has("holds the byte 128 at element 2"));
+}
+
+TEST_CASE("safetensors: missing files and non-files are IOErrors", "[safetensors]") {
+  TempDir dir;
+  CHECK_THROWS_MATCHES(sc::load_safetensors(dir / "nope"), sc::IOError,
+                       Has("no such file") && Has("[load_safetensors]") && Has("test_checkpoint.cpp"));
+  CHECK_THROWS_MATCHES(sc::load_safetensors(dir.path), sc::IOError, Has("is not a regular file"));
+  CHECK_THROWS_MATCHES(sc::load_safetensors("/dev/null"), sc::IOError, Has("is not a regular file"));
+}
+
+TEST_CASE("safetensors: byte mutations never crash (IOError or a clean load)", "[safetensors]") {
+  TempDir dir;
+  sc::save_safetensors(dir / "good", {{"x", filled<float>({2, 2})}, {"m", filled<bool>({3})}, {"i", filled<std::int32_t>({})}},
+                       {{"k", "v"}});
+  const std::string bytes = read_bytes(dir / "good");
+  int loaded = 0, rejected = 0;
+  write_bytes(dir / "m", bytes);
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    const auto b = static_cast<unsigned char>(bytes[i]);
+    for (unsigned v : {0x00u, 0xFFu, 0x80u, unsigned('"'), unsigned('}'), unsigned(','), unsigned('9'), unsigned(' '),
+                       b ^ 1u, (b + 1u) & 0xFFu}) {
+      patch_byte(dir / "m", i, static_cast<char>(v));
+      try {
+        sc::load_safetensors(dir / "m");
+        ++loaded;
+      } catch (const sc::IOError&) {
+        ++rejected;
+      }
+    }
+    patch_byte(dir / "m", i, bytes[i]);
+  }
+  CHECK(loaded > 0);    // mutations of the data section load
+  CHECK(rejected > 0);  // mutations of the header do not
+}
+
+TEST_CASE("save_safetensors rejects bad arguments", "[safetensors]") {
+  TempDir dir;
+  const auto x = sc::scalar(1.f);
+  CHECK_THROWS_MATCHES(sc::save_safetensors(dir / "f", {{"a", x}, {"a", x}}), sc::ValueError,
+                       Has("two tensors are named \"a\"") && Has("test_checkpoint.cpp"));
+  CHECK_THROWS_MATCHES(sc::save_safetensors(dir / "f", {{"__metadata__", x}}), sc::ValueError, Has("reserved"));
+  CHECK_THROWS_MATCHES(sc::save_safetensors(dir / "f", {{"\xff", x}}), sc::ValueError, Has("not valid UTF-8"));
+  CHECK_THROWS_MATCHES(sc::save_safetensors(dir / "f", {{"a", x}}, {{"k", "\xc0"}}), sc::ValueError, Has("UTF-8"));
+  CHECK_THROWS_AS(sc::save_safetensors(dir / "f", {{"a", sc::Tensor()}}), sc::ValueError);
+  CHECK(dir.files().empty());  // nothing written, not even a temporary file
+}
+
+TEST_CASE("safetensors saves are atomic: a failed save leaves the old file intact", "[safetensors][atomic]") {
+  TempDir dir;
+  const fs::path p = dir / "ck.safetensors";
+  sc::save_safetensors(p, {{"old", filled<double>({3})}});
+  const std::string old = read_bytes(p);
+  const std::vector<std::pair<std::string, sc::Tensor>> big = {{"a", filled<float>({64})}, {"b", filled<std::int64_t>({8})}};
+
+  sc::save_safetensors(dir / "trial", big);
+  const std::string trial = read_bytes(dir / "trial");
+  fs::remove(dir / "trial");
+  const std::uint64_t data_start = 8 + header_length(trial);
+  // Fail after the length, after the header, after the first tensor's data, after the last write.
+  for (std::uint64_t fail_at : {std::uint64_t{8}, data_start, data_start + 1, std::uint64_t{trial.size()}}) {
+    INFO("failing once " << fail_at << " bytes are written");
+    sc::detail::safetensors::write_hook = [fail_at](std::uint64_t written) {
+      if (written >= fail_at) throw std::runtime_error("simulated disk failure");
+    };
+    CHECK_THROWS_MATCHES(sc::save_safetensors(p, big), sc::IOError,
+                         Has("simulated disk failure") && Has("[save_safetensors]") &&
+                             Has("test_checkpoint.cpp"));
+    sc::detail::safetensors::write_hook = nullptr;
+    CHECK(read_bytes(p) == old);
+    CHECK(dir.files() == std::vector<std::string>{"ck.safetensors"});  // the temporary file is gone
+  }
+  // A real failure: the target is a directory, so the final rename fails.
+  fs::create_directory(dir / "adir");
+  CHECK_THROWS_MATCHES(sc::save_safetensors(dir / "adir", big), sc::IOError, Has("cannot rename"));
+  CHECK(dir.files() == std::vector<std::string>{"adir", "ck.safetensors"});
+  // And: the directory does not exist.
+  CHECK_THROWS_MATCHES(sc::save_safetensors(dir / "no" / "f", big), sc::IOError,
+                       Has("cannot create the temporary file") && Has("No such file"));
+  // A successful save replaces the file.
+  sc::save_safetensors(p, big);
+  CHECK(sc::load_safetensors(p).tensors.count("a") == 1);
+  CHECK(dir.files() == std::vector<std::string>{"adir", "ck.safetensors"});
+}
+
+TEST_CASE("safetensors saves are atomic: a crash mid-save leaves the old file intact", "[safetensors][atomic]") {
+  TempDir dir;
+  const fs::path p = dir / "ck.safetensors";
+  sc::save_safetensors(p, {{"old", filled<double>({3})}});
+  const std::string old = read_bytes(p);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {  // the child dies half-way through writing the data, as in a power cut
+    sc::detail::safetensors::write_hook = [](std::uint64_t written) {
+      if (written > 64) ::_exit(42);
+    };
+    try {
+      sc::save_safetensors(p, {{"new", filled<float>({1000})}});
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 42);
+  CHECK(read_bytes(p) == old);
+  CHECK(same_bytes(sc::load_safetensors(p).tensors.at("old"), filled<double>({3})));
+  // The crashed writer's partial temporary file is left beside the target, never in its place.
+  const auto files = dir.files();
+  REQUIRE(files.size() == 2);
+  CHECK(files[1].rfind("ck.safetensors.tmp.", 0) == 0);
+}
+
+// ---- Checkpoint -------------------------------------------------------------------------
+
+namespace {
+
+struct Model {
+  sc::Variable kernel{filled<float>({3, 2}), "kernel"};
+  sc::Variable bias{filled<float>({2}), "bias"};
+  std::vector<std::pair<std::string, sc::Variable>> named_variables() const {
+    return {{"dense/kernel", kernel}, {"dense/bias", bias}};
+  }
+};
+
+/// Like an optimizer: slots appear at the first step, after the checkpoint tracked it.
+struct Opt {
+  std::vector<std::pair<std::string, sc::Variable>> slots;
+  std::vector<std::pair<std::string, sc::Variable>> named_variables() const { return slots; }
+};
+
+template <class T>
+concept CanTrack = requires(sc::Checkpoint c, T& x) { c.track("x", x); };
+template <class T>
+concept CanTrackTemporary = requires(sc::Checkpoint c) { c.track("x", T{}); };
+static_assert(sc::HasNamedVariables<Model> && sc::HasNamedVariables<Opt>);
+static_assert(!sc::HasNamedVariables<int>);
+static_assert(CanTrack<Model> && CanTrack<sc::Variable>);
+static_assert(!CanTrackTemporary<Model> && !CanTrackTemporary<sc::Variable>);
+
+std::vector<float> values(const sc::Variable& v) { return v.value().to_vector<float>(); }
+
+}  // namespace
+
+TEST_CASE("Checkpoint saves and restores tracked objects and variables", "[checkpoint]") {
+  TempDir dir;
+  Model m;
+  Opt opt;
+  sc::Variable step(sc::scalar(std::int64_t{7}), "step", false);
+  sc::Checkpoint ck;
+  ck.track("model", m);
+  ck.track("opt", opt);
+  ck.track("step", step);
+  CHECK(ck.tracked() == std::vector<std::string>{"model", "opt", "step"});
+  opt.slots.emplace_back("m/dense/kernel", sc::Variable(sc::full({3, 2}, 0.25f)));  // created after track()
+
+  const fs::path p = dir / "ck.safetensors";
+  ck.save(p);
+  const auto f = sc::load_safetensors(p);
+  std::vector<std::string> keys;
+  for (const auto& [k, t] : f.tensors) keys.push_back(k);
+  CHECK(keys == std::vector<std::string>{"model/dense/bias", "model/dense/kernel", "opt/m/dense/kernel", "step"});
+  CHECK(f.metadata.at("format") == "stagecraft.checkpoint");
+
+  const sc::Tensor kernel0 = m.kernel.value(), bias0 = m.bias.value();  // holds NaN: compare bytes
+  m.kernel.assign(sc::zeros({3, 2}));
+  m.bias.assign(sc::ones({2}));
+  opt.slots[0].second.assign(sc::zeros({3, 2}));
+  step.assign(sc::scalar(std::int64_t{100}));
+  ck.restore(p);
+  CHECK(same_bytes(m.kernel.value(), kernel0));
+  CHECK(same_bytes(m.bias.value(), bias0));
+  CHECK(values(opt.slots[0].second) == std::vector<float>(6, 0.25f));
+  CHECK(step.value().item<std::int64_t>() == 7);
+  CHECK(step.dtype() == sc::i64);
+  CHECK_FALSE(step.trainable());
+
+  // Objects are looked up at save time: a variable handle replaced after track() is the one saved.
+  step = sc::Variable(sc::scalar(std::int64_t{9}), "step");
+  ck.save(p);
+  CHECK(sc::load_safetensors(p).tensors.at("step").item<std::int64_t>() == 9);
+}
+
+TEST_CASE("Checkpoint::restore reports missing and unexpected keys and mismatches together", "[checkpoint]") {
+  TempDir dir;
+  Model m;
+  Opt opt;
+  opt.slots.emplace_back("velocity", sc::Variable(sc::zeros({2})));
+  sc::Checkpoint ck;
+  ck.track("model", m);
+  ck.track("opt", opt);
+  const fs::path p = dir / "ck.safetensors";
+  ck.save(p);
+
+  // A different model: an extra variable, a reshaped one, a retyped one, no optimizer.
+  struct Other {
+    sc::Variable kernel{sc::zeros({2, 3}), "kernel"};
+    sc::Variable bias{sc::zeros({2}, sc::f64), "bias"};
+    sc::Variable extra{sc::zeros({1}), "extra"};
+    std::vector<std::pair<std::string, sc::Variable>> named_variables() const {
+      return {{"dense/kernel", kernel}, {"dense/bias", bias}, {"extra", extra}};
+    }
+  } other;
+  sc::Checkpoint ck2;
+  ck2.track("model", other);
+  CHECK_THROWS_MATCHES(
+      ck2.restore(p), sc::IOError,
+      Has("[Checkpoint::restore]") && Has("nothing was restored") && Has("missing keys (1): model/extra") &&
+          Has("unexpected keys (1): opt/velocity") && Has("shape/dtype mismatches (2)") &&
+          Has("model/dense/kernel is f32 [3, 2] in the file, f32 [2, 3] in the variable") &&
+          Has("model/dense/bias is f32 [2] in the file, f64 [2] in the variable") && Has("test_checkpoint.cpp"));
+  CHECK(other.kernel.value().to_vector<float>() == std::vector<float>(6, 0.f));
+  CHECK(other.bias.value().to_vector<double>() == std::vector<double>(2, 0.0));
+
+  // Only one thing wrong: the matching variables are still left alone (all or nothing).
+  Model m2;
+  m2.kernel.assign(sc::zeros({3, 2}));
+  sc::Variable lone(sc::zeros({5}));
+  sc::Checkpoint ck3;
+  ck3.track("model", m2);
+  ck3.track("opt", opt);
+  ck3.track("lone", lone);
+  CHECK_THROWS_MATCHES(ck3.restore(p), sc::IOError, Has("missing keys (1): lone") && !Has("unexpected"));
+  CHECK(values(m2.kernel) == std::vector<float>(6, 0.f));
+}
+
+TEST_CASE("Checkpoint::restore of a missing, truncated or corrupt file changes nothing", "[checkpoint]") {
+  TempDir dir;
+  Model m;
+  sc::Checkpoint ck;
+  ck.track("model", m);
+  const fs::path p = dir / "ck.safetensors";
+  ck.save(p);
+  const std::string bytes = read_bytes(p);
+  m.kernel.assign(sc::zeros({3, 2}));
+
+  CHECK_THROWS_MATCHES(ck.restore(dir / "missing"), sc::IOError,
+                       Has("[Checkpoint::restore]") && Has("no such file") && Has("test_checkpoint.cpp"));
+  write_bytes(dir / "cut", bytes.substr(0, bytes.size() - 1));
+  CHECK_THROWS_MATCHES(ck.restore(dir / "cut"), sc::IOError, Has("truncated"));
+  std::string bad = bytes;
+  bad[12] = '#';
+  write_bytes(dir / "bad", bad);
+  CHECK_THROWS_MATCHES(ck.restore(dir / "bad"), sc::IOError, Has("is corrupt"));
+  CHECK(values(m.kernel) == std::vector<float>(6, 0.f));
+}
+
+TEST_CASE("Checkpoint rejects bad names and keys", "[checkpoint]") {
+  TempDir dir;
+  Model m;
+  sc::Variable v(sc::zeros({2}));
+  sc::Checkpoint ck;
+  ck.track("model", m);
+  CHECK_THROWS_MATCHES(ck.track("model", v), sc::ValueError,
+                       Has("[Checkpoint::track]") && Has("'model' is already tracked") &&
+                           Has("test_checkpoint.cpp"));
+  CHECK_THROWS_MATCHES(ck.track("a/b", v), sc::ValueError, Has("contains '/'"));
+  CHECK_THROWS_MATCHES(ck.track("", v), sc::ValueError, Has("empty"));
+  CHECK(ck.tracked() == std::vector<std::string>{"model"});
+
+  struct Dup {
+    sc::Variable a{sc::zeros({1})};
+    std::vector<std::pair<std::string, sc::Variable>> named_variables() const { return {{"x", a}, {"x", a}}; }
+  } dup;
+  sc::Checkpoint ck2;
+  ck2.track("d", dup);
+  CHECK_THROWS_MATCHES(ck2.save(dir / "f"), sc::ValueError,
+                       Has("[Checkpoint::save]") && Has("two variables have the key 'd/x'"));
+  CHECK_THROWS_MATCHES(ck2.restore(dir / "f"), sc::IOError, Has("no such file"));
+
+  struct Holes {
+    sc::Variable a;
+    std::vector<std::pair<std::string, sc::Variable>> named_variables() const { return {{"a", a}}; }
+  } holes;
+  sc::Checkpoint ck3;
+  ck3.track("h", holes);
+  CHECK_THROWS_MATCHES(ck3.save(dir / "f"), sc::ValueError, Has("'h/a' is undefined"));
+  CHECK(dir.files().empty());
+}
+
+TEST_CASE("Checkpoint::save is atomic", "[checkpoint][atomic]") {
+  TempDir dir;
+  Model m;
+  sc::Checkpoint ck;
+  ck.track("model", m);
+  const fs::path p = dir / "ck.safetensors";
+  ck.save(p);
+  const std::string old = read_bytes(p);
+  m.kernel.assign(sc::zeros({3, 2}));
+  sc::detail::safetensors::write_hook = [](std::uint64_t written) {
+    if (written > 8) throw std::runtime_error("disk full");
+  };
+  CHECK_THROWS_MATCHES(ck.save(p), sc::IOError, Has("[Checkpoint::save]") && Has("disk full"));
+  sc::detail::safetensors::write_hook = nullptr;
+  CHECK(read_bytes(p) == old);
+  CHECK(dir.files() == std::vector<std::string>{"ck.safetensors"});
+}
