@@ -13,6 +13,21 @@ int main() {
   sc::Tensor i = sc::arange(6);
   std::cout << "arange(6) + 1 stays i64: " << (i + 1) << "\n";
   std::cout << "random::normal({2, 3}, 42) =\n" << sc::random::normal({2, 3}, 42) << "\n";
+  sc::Tensor w = sc::tensor({{1.f, 0.f}, {0.f, 1.f}, {1.f, 1.f}});
+  std::cout << "matmul(a [2,3], w [3,2]) =\n" << sc::matmul(a, w) << "\n";
+  sc::Tensor img = sc::reshape(sc::arange(0.f, 16.f, 1.f), {1, 1, 4, 4});
+  sc::Tensor edge = sc::tensor({{{{-1.f, 1.f}, {-1.f, 1.f}}}});  // [1,1,2,2] horizontal gradient
+  std::cout << "conv2d(4x4 ramp, 2x2 edge filter) =\n" << sc::nn::conv2d(img, edge) << "\n";
+  std::cout << "max_pool2d(ramp, 2, 2) =\n" << sc::nn::max_pool2d(img, 2, 2) << "\n";
+  std::cout << "softmax([1, 2, 3]) = " << sc::nn::softmax(sc::tensor({1.f, 2.f, 3.f})) << "\n";
+  std::cout << "sum(a, {1}) = " << sc::sum(a, {1}) << ", argmax(a, 1) = " << sc::argmax(a, 1) << "\n";
+  {
+    sc::GradientTape tape;
+    sc::Tensor x = sc::scalar(3.f);
+    tape.watch(x);
+    sc::Tensor y = x * x;
+    std::cout << "d(x*x)/dx at 3 = " << tape.gradient(y, x) << "\n";
+  }
   try {
     auto bad = a + sc::ones({4});
     (void)bad;
