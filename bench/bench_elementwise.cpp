@@ -1,0 +1,258 @@
+// Elementwise ops at 16M floats: stagecraft vs the limit (a plain `omp parallel for simd` loop
+// in this binary, same flags; and the same on xsimd batches) vs xtensor (xt::adapt over the
+// same buffers) vs LibTorch; and a size sweep of add around the parallel grain.
+#include <cmath>
+#include <cstdint>
+
+#include <omp.h>
+#include <xsimd/xsimd.hpp>
+#include <xtensor/xadapt.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xnoalias.hpp>
+
+#include "bench_common.hpp"
+
+namespace {
+
+constexpr std::int64_t n_elems = std::int64_t{1} << 24;  // 16M floats, 64 MiB per buffer
+
+enum class Fn { add, mul, exp, tanh, sigmoid };
+
+// The fixtures: two inputs and a preallocated output, shared by every library.
+struct Buffers {
+  sc::Tensor a = bench::input({n_elems}, 1), b = bench::input({n_elems}, 2), out = sc::zeros({n_elems});
+  float* pa() const { return static_cast<float*>(a.raw_data()); }
+  float* pb() const { return static_cast<float*>(b.raw_data()); }
+  float* po() const { return static_cast<float*>(out.raw_data()); }
+};
+Buffers& buffers() {
+  static Buffers b;
+  return b;
+}
+
+void count(benchmark::State& state, Fn f) {
+  const std::int64_t reads = (f == Fn::add || f == Fn::mul) ? 2 : 1;
+  state.SetItemsProcessed(state.iterations() * n_elems);
+  state.SetBytesProcessed(state.iterations() * n_elems * (reads + 1) * std::int64_t{sizeof(float)});
+}
+
+// ---- stagecraft: the public API (each call allocates its result from the caching allocator)
+sc::Tensor sc_call(Fn f, const sc::Tensor& a, const sc::Tensor& b) {
+  switch (f) {
+    case Fn::add: return a + b;
+    case Fn::mul: return a * b;
+    case Fn::exp: return sc::exp(a);
+    case Fn::tanh: return sc::tanh(a);
+    case Fn::sigmoid: return sc::sigmoid(a);
+  }
+  return {};
+}
+void stagecraft_fn(benchmark::State& state, Fn f) {
+  const Buffers& buf = buffers();
+  for (auto _ : state) {
+    sc::Tensor c = sc_call(f, buf.a, buf.b);
+    benchmark::DoNotOptimize(c.raw_data());
+    benchmark::ClobberMemory();
+  }
+  count(state, f);
+}
+
+// ---- the limit: plain loops, written as a user would, into a preallocated output
+void hand_loop(Fn f, const float* __restrict a, const float* __restrict b, float* __restrict y,
+               std::int64_t n) {
+  switch (f) {
+    case Fn::add:
+#pragma omp parallel for simd
+      for (std::int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+      break;
+    case Fn::mul:
+#pragma omp parallel for simd
+      for (std::int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
+      break;
+    case Fn::exp:
+#pragma omp parallel for simd
+      for (std::int64_t i = 0; i < n; ++i) y[i] = std::exp(a[i]);
+      break;
+    case Fn::tanh:
+#pragma omp parallel for simd
+      for (std::int64_t i = 0; i < n; ++i) y[i] = std::tanh(a[i]);
+      break;
+    case Fn::sigmoid:
+#pragma omp parallel for simd
+      for (std::int64_t i = 0; i < n; ++i) y[i] = 1.f / (1.f + std::exp(-a[i]));
+      break;
+  }
+}
+void hand_fn(benchmark::State& state, Fn f) {
+  const Buffers& buf = buffers();
+  for (auto _ : state) {
+    hand_loop(f, buf.pa(), buf.pb(), buf.po(), n_elems);
+    benchmark::ClobberMemory();
+  }
+  count(state, f);
+}
+
+// ---- the same loop on xsimd batches with xsimd's exp/tanh: the limit for transcendentals,
+// which the plain loop above cannot vectorise (glibc's vector expf needs -ffast-math)
+template <class Fb>
+void xsimd_loop(const float* a, const float* b, float* y, std::int64_t n, Fb&& fb) {
+  using B = xsimd::batch<float>;
+  constexpr std::int64_t W = B::size;
+#pragma omp parallel for
+  for (std::int64_t i = 0; i < n / W * W; i += W)
+    fb(B::load_unaligned(a + i), B::load_unaligned(b + i)).store_unaligned(y + i);
+  for (std::int64_t i = n / W * W; i < n; ++i) {  // the tail, through one padded batch
+    alignas(64) float ta[W] = {}, tb[W] = {}, ty[W];
+    ta[0] = a[i], tb[0] = b[i];
+    fb(B::load_aligned(ta), B::load_aligned(tb)).store_aligned(ty);
+    y[i] = ty[0];
+  }
+}
+void xsimd_fn(benchmark::State& state, Fn f) {
+  using B = xsimd::batch<float>;
+  const Buffers& buf = buffers();
+  for (auto _ : state) {
+    switch (f) {
+      case Fn::add: xsimd_loop(buf.pa(), buf.pb(), buf.po(), n_elems, [](B x, B z) { return x + z; }); break;
+      case Fn::mul: xsimd_loop(buf.pa(), buf.pb(), buf.po(), n_elems, [](B x, B z) { return x * z; }); break;
+      case Fn::exp: xsimd_loop(buf.pa(), buf.pb(), buf.po(), n_elems, [](B x, B) { return xsimd::exp(x); }); break;
+      case Fn::tanh: xsimd_loop(buf.pa(), buf.pb(), buf.po(), n_elems, [](B x, B) { return xsimd::tanh(x); }); break;
+      case Fn::sigmoid:
+        xsimd_loop(buf.pa(), buf.pb(), buf.po(), n_elems, [](B x, B) { return B(1.f) / (B(1.f) + xsimd::exp(-x)); });
+        break;
+    }
+    benchmark::ClobberMemory();
+  }
+  count(state, f);
+}
+
+// ---- xtensor: xt::adapt over the same buffers, noalias assignment (its xsimd path). xtensor
+// is serial unless built with XTENSOR_USE_OPENMP for everything; split by hand instead, one
+// contiguous range per thread, the way the hand loop's schedule(static) splits.
+template <class E>
+void xt_assign(float* y, std::int64_t n, E&& make) {
+  using shape_t = std::array<std::size_t, 1>;
+#pragma omp parallel
+  {
+    const std::int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const std::int64_t chunk = (n + nt - 1) / nt, b = std::min(n, t * chunk), e = std::min(n, b + chunk);
+    if (b < e) {
+      auto out = xt::adapt(y + b, static_cast<std::size_t>(e - b), xt::no_ownership(), shape_t{std::size_t(e - b)});
+      xt::noalias(out) = make(b, e);
+    }
+  }
+}
+void xtensor_fn(benchmark::State& state, Fn f) {
+  const Buffers& buf = buffers();
+  const float* pa = buf.pa();
+  const float* pb = buf.pb();
+  using shape_t = std::array<std::size_t, 1>;
+  auto view = [](const float* p, std::int64_t b, std::int64_t e) {
+    return xt::adapt(p + b, static_cast<std::size_t>(e - b), xt::no_ownership(), shape_t{std::size_t(e - b)});
+  };
+  for (auto _ : state) {
+    switch (f) {
+      case Fn::add: xt_assign(buf.po(), n_elems, [&](auto b, auto e) { return view(pa, b, e) + view(pb, b, e); }); break;
+      case Fn::mul: xt_assign(buf.po(), n_elems, [&](auto b, auto e) { return view(pa, b, e) * view(pb, b, e); }); break;
+      case Fn::exp: xt_assign(buf.po(), n_elems, [&](auto b, auto e) { return xt::exp(view(pa, b, e)); }); break;
+      case Fn::tanh: xt_assign(buf.po(), n_elems, [&](auto b, auto e) { return xt::tanh(view(pa, b, e)); }); break;
+      case Fn::sigmoid:
+        xt_assign(buf.po(), n_elems, [&](auto b, auto e) { return 1.f / (1.f + xt::exp(-view(pa, b, e))); });
+        break;
+    }
+    benchmark::ClobberMemory();
+  }
+  count(state, f);
+}
+
+#if STAGECRAFT_BENCH_TORCH
+at::Tensor torch_call(Fn f, const at::Tensor& a, const at::Tensor& b) {
+  switch (f) {
+    case Fn::add: return at::add(a, b);
+    case Fn::mul: return at::mul(a, b);
+    case Fn::exp: return at::exp(a);
+    case Fn::tanh: return at::tanh(a);
+    case Fn::sigmoid: return at::sigmoid(a);
+  }
+  return {};
+}
+// LibTorch's eager call, allocating its result (its CPU allocator does not cache: each call
+// maps fresh pages, part of its real eager cost).
+void torch_fn(benchmark::State& state, Fn f) {
+  const Buffers& buf = buffers();
+  const at::Tensor a = bench::as_torch(buf.a), b = bench::as_torch(buf.b);
+  for (auto _ : state) {
+    at::Tensor c = torch_call(f, a, b);
+    benchmark::DoNotOptimize(c.data_ptr());
+    benchmark::ClobberMemory();
+  }
+  count(state, f);
+}
+// LibTorch writing into the preallocated output (the out= variants): its kernels alone.
+void torch_out_fn(benchmark::State& state, Fn f) {
+  const Buffers& buf = buffers();
+  const at::Tensor a = bench::as_torch(buf.a), b = bench::as_torch(buf.b);
+  at::Tensor y = bench::as_torch(buf.out);
+  for (auto _ : state) {
+    switch (f) {
+      case Fn::add: at::add_out(y, a, b); break;
+      case Fn::mul: at::mul_out(y, a, b); break;
+      case Fn::exp: at::exp_out(y, a); break;
+      case Fn::tanh: at::tanh_out(y, a); break;
+      case Fn::sigmoid: at::sigmoid_out(y, a); break;
+    }
+    benchmark::ClobberMemory();
+  }
+  count(state, f);
+}
+#endif
+
+void register_all() {
+  const std::pair<const char*, Fn> fns[] = {
+      {"add", Fn::add}, {"mul", Fn::mul}, {"exp", Fn::exp}, {"tanh", Fn::tanh}, {"sigmoid", Fn::sigmoid}};
+  for (const auto& [name, f] : fns) {
+    const std::string s = std::string("elementwise_16M/") + name + "/";
+    benchmark::RegisterBenchmark((s + "stagecraft").c_str(), stagecraft_fn, f)->UseRealTime();
+    benchmark::RegisterBenchmark((s + "hand_loop").c_str(), hand_fn, f)->UseRealTime();
+    benchmark::RegisterBenchmark((s + "hand_xsimd").c_str(), xsimd_fn, f)->UseRealTime();
+    benchmark::RegisterBenchmark((s + "xtensor").c_str(), xtensor_fn, f)->UseRealTime();
+#if STAGECRAFT_BENCH_TORCH
+    benchmark::RegisterBenchmark((s + "libtorch").c_str(), torch_fn, f)->UseRealTime();
+    benchmark::RegisterBenchmark((s + "libtorch_out").c_str(), torch_out_fn, f)->UseRealTime();
+#endif
+  }
+}
+// Sizes around the parallel grain: where serial loops give way to threads.
+void sweep_stagecraft(benchmark::State& state) {
+  const sc::Tensor a = bench::input({state.range(0)}, 1), b = bench::input({state.range(0)}, 2);
+  for (auto _ : state) {
+    sc::Tensor c = a + b;
+    benchmark::DoNotOptimize(c.raw_data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+// Its own buffers of the same size, allocated the same way as stagecraft's (page placement
+// matters at these sizes).
+void sweep_hand(benchmark::State& state) {
+  const sc::Tensor a = bench::input({state.range(0)}, 1), b = bench::input({state.range(0)}, 2),
+                   y = sc::zeros({state.range(0)});
+  for (auto _ : state) {
+    hand_loop(Fn::add, static_cast<const float*>(a.raw_data()), static_cast<const float*>(b.raw_data()),
+              static_cast<float*>(y.raw_data()), state.range(0));
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+void sweep_sizes(benchmark::internal::Benchmark* b) {
+  for (std::int64_t n = 1 << 10; n <= std::int64_t{1} << 22; n *= 4) b->Arg(n);
+  b->UseRealTime();
+}
+BENCHMARK(sweep_stagecraft)->Name("elementwise_sweep/add/stagecraft")->Apply(sweep_sizes);
+BENCHMARK(sweep_hand)->Name("elementwise_sweep/add/hand_loop")->Apply(sweep_sizes);
+
+const bool registered = (register_all(), true);
+
+}  // namespace
+
+STAGECRAFT_BENCH_MAIN()

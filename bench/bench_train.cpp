@@ -1,0 +1,101 @@
+// Training steps (forward, tape, gradients, Adam update) of the Fashion-MNIST models:
+// stagecraft eager vs LibTorch 1.13 eager on the same architectures, in one run.
+//   train/mlp/<lib>/batch:128, train/mlp/<lib>/batch:1, train/cnn/<lib>/batch:32
+#include "bench_common.hpp"
+
+#include "fashion_mnist_models.hpp"  // examples/: the very models the example trains
+
+#if STAGECRAFT_BENCH_TORCH
+#include <torch/torch.h>
+#endif
+
+namespace {
+
+/// A fixed batch: images in [0, 1) and labels in [0, 10).
+struct Batch {
+  sc::Tensor x, y;
+  explicit Batch(std::int64_t n)
+      : x(sc::random::uniform({n, 28, 28}, 0.0, 1.0, 11)),
+        y(sc::cast(sc::random::uniform({n}, 0.0, 10.0, 12), sc::i64)) {}
+};
+
+template <class Model>
+void sc_step(benchmark::State& state) {
+  const Batch b(state.range(0));
+  sc::manual_seed(0);
+  Model model;
+  sc::optim::Adam opt(1e-3);
+  const std::vector<sc::Variable> vars = model.trainable_variables();
+  for (auto _ : state) {
+    const sc::Tensor loss = fashion::train_step(model, opt, vars, b.x, b.y);
+    benchmark::DoNotOptimize(loss.raw_data());
+  }
+  state.counters["examples/s"] =
+      benchmark::Counter(static_cast<double>(state.range(0)), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+#if STAGECRAFT_BENCH_TORCH
+/// The same MLP in LibTorch: 784-256-128-10, ReLU.
+struct TorchMLP : torch::nn::Module {
+  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr};
+  TorchMLP() {
+    l1 = register_module("l1", torch::nn::Linear(784, 256));
+    l2 = register_module("l2", torch::nn::Linear(256, 128));
+    l3 = register_module("l3", torch::nn::Linear(128, 10));
+  }
+  torch::Tensor forward(const torch::Tensor& images) {
+    const torch::Tensor x = images.reshape({images.size(0), 784});
+    return l3(torch::relu(l2(torch::relu(l1(x)))));
+  }
+};
+
+/// The same CNN in LibTorch.
+struct TorchCNN : torch::nn::Module {
+  torch::nn::Conv2d c1{nullptr}, c2{nullptr};
+  torch::nn::Linear d1{nullptr}, d2{nullptr};
+  TorchCNN() {
+    c1 = register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1)));
+    c2 = register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)));
+    d1 = register_module("d1", torch::nn::Linear(64 * 7 * 7, 128));
+    d2 = register_module("d2", torch::nn::Linear(128, 10));
+  }
+  torch::Tensor forward(const torch::Tensor& images) {
+    const std::int64_t n = images.size(0);
+    torch::Tensor x = images.reshape({n, 1, 28, 28});
+    x = torch::max_pool2d(torch::relu(c1(x)), 2, 2);
+    x = torch::max_pool2d(torch::relu(c2(x)), 2, 2);
+    x = x.reshape({n, 64 * 7 * 7});
+    return d2(torch::relu(d1(x)));
+  }
+};
+
+template <class Model>
+void torch_step(benchmark::State& state) {
+  const Batch b(state.range(0));
+  const torch::Tensor x = bench::as_torch(b.x);
+  const torch::Tensor y = torch::from_blob(b.y.raw_data(), {state.range(0)}, torch::kLong);
+  torch::manual_seed(0);
+  Model model;
+  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-3));
+  for (auto _ : state) {
+    opt.zero_grad();
+    torch::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
+    loss.backward();
+    opt.step();
+    benchmark::DoNotOptimize(loss.data_ptr());
+  }
+  state.counters["examples/s"] =
+      benchmark::Counter(static_cast<double>(state.range(0)), benchmark::Counter::kIsIterationInvariantRate);
+}
+#endif
+
+BENCHMARK(sc_step<fashion::MLP>)->Name("train/mlp/stagecraft")->ArgName("batch")->Arg(128)->Arg(1)->UseRealTime();
+BENCHMARK(sc_step<fashion::CNN>)->Name("train/cnn/stagecraft")->ArgName("batch")->Arg(32)->UseRealTime();
+#if STAGECRAFT_BENCH_TORCH
+BENCHMARK(torch_step<TorchMLP>)->Name("train/mlp/libtorch")->ArgName("batch")->Arg(128)->Arg(1)->UseRealTime();
+BENCHMARK(torch_step<TorchCNN>)->Name("train/cnn/libtorch")->ArgName("batch")->Arg(32)->UseRealTime();
+#endif
+
+}  // namespace
+
+STAGECRAFT_BENCH_MAIN()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Compile-time benchmark: a one-line user file that includes <stagecraft/stagecraft.hpp>.
+# Prints the median of RUNS (default 3) compiles at -O0 and -O2, the preprocessing time and the
+# preprocessed line count. Flags are those stagecraft::stagecraft gives a user (see a build's
+# compile_commands.json), without ccache. Usage: bash bench/compile_time.sh   (CXX=clang++ to switch)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cxx=${CXX:-g++}
+runs=${RUNS:-3}
+flags=(-std=gnu++20 -fopenmp -DXTENSOR_USE_XSIMD -I"$root/include"
+       -isystem /usr/include/x86_64-linux-gnu/openblas-openmp)
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+echo '#include <stagecraft/stagecraft.hpp>' > "$tmp/user.cpp"
+
+# Runs "$@" RUNS times; prints the median wall time in seconds and all the runs.
+measure() {
+  local times=() t0 t1
+  for ((i = 0; i < runs; ++i)); do
+    t0=$(date +%s%N)
+    "$@"
+    t1=$(date +%s%N)
+    times+=("$(awk -v d=$((t1 - t0)) 'BEGIN { printf "%.2f", d / 1e9 }')")
+  done
+  local median
+  median=$(printf '%s\n' "${times[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+  echo "median ${median} s   (runs: ${times[*]})"
+}
+
+echo "compiler: $($cxx --version | head -1); file: #include <stagecraft/stagecraft.hpp>"
+echo "compile -O0:   $(measure "$cxx" "${flags[@]}" -O0 -c "$tmp/user.cpp" -o "$tmp/user.o")"
+echo "compile -O2:   $(measure "$cxx" "${flags[@]}" -O2 -c "$tmp/user.cpp" -o "$tmp/user.o")"
+echo "preprocess -E: $(measure "$cxx" "${flags[@]}" -E "$tmp/user.cpp" -o "$tmp/user.ii")"
+echo "preprocessed lines: $(wc -l < "$tmp/user.ii")"
