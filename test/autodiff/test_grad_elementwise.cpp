@@ -8,57 +8,25 @@
 #include <string>
 #include <vector>
 
+#include "testing.hpp"
+
 namespace {
 
 using sc::Shape;
 using sc::Tensor;
-using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
-
-// Deterministic pseudo-random doubles (xorshift64*), independent of the library.
-struct Rng {
-  std::uint64_t s;
-  explicit Rng(std::uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  double uniform() {
-    s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
-    return static_cast<double>((s * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
-  }
-};
+using sctest::check_rows;
+using sctest::Fn;
+using sctest::Row;
+using sctest::second;
+using sctest::str;
 
 // An f64 tensor of values in [lo, hi); with min_abs > 0 every |value| is at least min_abs and
 // the sign is random (keeps relu/abs/div away from their kink or pole at 0).
 Tensor vals(Shape s, std::uint64_t seed, double lo = -2, double hi = 2, double min_abs = 0) {
-  Rng r(seed);
-  std::vector<double> v(static_cast<std::size_t>(s.numel()));
-  for (double& x : v) {
-    x = lo + (hi - lo) * r.uniform();
-    if (min_abs > 0) x = (r.uniform() < 0.5 ? -1 : 1) * (min_abs + std::fabs(x));
-  }
-  return sc::tensor(v, s);
+  return sctest::uniform_tensor(s, seed, lo, hi, min_abs);
 }
 // Positive values in [lo, hi) (log, sqrt, pow's base).
 Tensor pos(Shape s, std::uint64_t seed, double lo = 0.3, double hi = 2) { return vals(s, seed, lo, hi); }
-
-// One row of the gradient table: a function of the inputs and where to check it.
-struct Row {
-  std::string name;
-  Fn f;
-  std::vector<Tensor> xs;
-  sc::GradCheckOptions opt{};
-};
-
-void check_rows(const std::vector<Row>& rows) {
-  for (const Row& row : rows) {
-    const sc::GradCheckResult r = sc::check_gradients(row.f, row.xs, row.opt);
-    INFO(row.name << " (max error " << r.max_abs_error << ")\n" << r.report);
-    CHECK(r.ok);
-  }
-}
-
-std::string str(const Shape& s) {
-  std::string out = "[";
-  for (int i = 0; i < s.rank(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 // Input shape pairs that broadcast in every way: equal, row vector, outer product, scalar.
 const std::vector<std::pair<Shape, Shape>> kPairs = {
@@ -167,15 +135,7 @@ TEST_CASE("reductions: gradients over axis sets, with and without keepdims", "[a
 }
 
 TEST_CASE("second-order gradients match central differences of the first", "[autodiff][grad][second]") {
-  // f(xs) returns an inner tape's gradient, so check_gradients differentiates a gradient.
-  auto second = [](std::function<Tensor(const std::vector<Tensor>&)> g) -> Fn {
-    return [g](const std::vector<Tensor>& xs) {
-      sc::GradientTape inner;
-      inner.watch(xs);
-      const Tensor y = g(xs);
-      return inner.gradient(y, xs[0]);
-    };
-  };
+  // second(g): an inner tape's gradient as a function, so check_gradients differentiates it.
   const Shape s{2, 3};
   check_rows({
       {"tanh''", second([](auto& x) { return sc::tanh(x[0]); }), {vals(s, 1)}},
@@ -205,26 +165,22 @@ TEST_CASE("second-order gradients match central differences of the first", "[aut
 
 TEST_CASE("second order through reductions that drop inner axes (the gradient reshapes)", "[autodiff][grad][second]") {
   // The rules of sum/max/min put dropped inner axes back with sc::reshape; an outer tape then
-  // needs reshape's own rule (written with the layout ops). Checked once that rule exists.
-  if constexpr (sc::ops::HasVjp<sc::ops::Reshape>) {
-    auto second = [](std::function<Tensor(const Tensor&)> g) -> Fn {
-      return [g](const std::vector<Tensor>& xs) {
-        sc::GradientTape inner;
-        inner.watch(xs[0]);
-        return inner.gradient(g(xs[0]), xs[0]);
-      };
+  // needs reshape's own rule (written with the layout ops). Here g takes the one input itself.
+  auto second = [](std::function<Tensor(const Tensor&)> g) -> Fn {
+    return [g](const std::vector<Tensor>& xs) {
+      sc::GradientTape inner;
+      inner.watch(xs[0]);
+      return inner.gradient(g(xs[0]), xs[0]);
     };
-    const Shape s{2, 3, 4};
-    check_rows({
-        {"sum {1}", second([](auto& x) { auto r = sc::sum(x * x, {1}); return r * r; }), {vals(s, 1)}},
-        {"max {2}", second([](auto& x) { auto r = sc::max(x, {2}); return r * r * r; }), {vals(s, 2)}},
-        {"min {-1, 1}", second([](auto& x) { auto r = sc::min(x, {-1, 1}); return r * r * r; }), {vals(s, 3)}},
-        {"mean {1}", second([](auto& x) { auto r = sc::mean(x * x, {1}); return r * r; }), {vals(s, 4)}},
-        {"logsumexp {2}", second([](auto& x) { return sc::logsumexp(x, {2}); }), {vals(s, 5)}},
-    });
-  } else {
-    WARN("reshape has no gradient rule yet: second order through inner-axis reductions not checked");
-  }
+  };
+  const Shape s{2, 3, 4};
+  check_rows({
+      {"sum {1}", second([](auto& x) { auto r = sc::sum(x * x, {1}); return r * r; }), {vals(s, 1)}},
+      {"max {2}", second([](auto& x) { auto r = sc::max(x, {2}); return r * r * r; }), {vals(s, 2)}},
+      {"min {-1, 1}", second([](auto& x) { auto r = sc::min(x, {-1, 1}); return r * r * r; }), {vals(s, 3)}},
+      {"mean {1}", second([](auto& x) { auto r = sc::mean(x * x, {1}); return r * r; }), {vals(s, 4)}},
+      {"logsumexp {2}", second([](auto& x) { return sc::logsumexp(x, {2}); }), {vals(s, 5)}},
+  });
 }
 
 TEST_CASE("hand-checked gradient values: ties, kinks and pow's special cases", "[autodiff][grad]") {

@@ -9,30 +9,20 @@
 #include <string>
 #include <vector>
 
+#include "testing.hpp"
+
 namespace {
 
 using sc::Shape;
 using sc::Tensor;
-using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 using Ints = std::vector<std::int64_t>;
-
-// Deterministic pseudo-random doubles (xorshift64*), independent of the library.
-struct Rng {
-  std::uint64_t s;
-  explicit Rng(std::uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  double uniform() {
-    s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
-    return static_cast<double>((s * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
-  }
-};
+using sctest::check_rows;
+using sctest::Fn;
+using sctest::Row;
+using sctest::second;
 
 // An f64 tensor of values in [-2, 2).
-Tensor vals(Shape s, std::uint64_t seed) {
-  Rng r(seed);
-  std::vector<double> v(static_cast<std::size_t>(s.numel()));
-  for (double& x : v) x = -2 + 4 * r.uniform();
-  return sc::tensor(v, s);
-}
+Tensor vals(Shape s, std::uint64_t seed) { return sctest::uniform_tensor(s, seed, -2, 2); }
 
 // An index tensor of the given dtype and shape holding `v`.
 Tensor idx(std::vector<std::int64_t> v, Shape s, sc::DType d = sc::i64) {
@@ -40,32 +30,6 @@ Tensor idx(std::vector<std::int64_t> v, Shape s, sc::DType d = sc::i64) {
 }
 
 std::string at_line(int line) { return "test_grad_layout.cpp:" + std::to_string(line); }
-
-// One row of a gradient table: a function of the inputs and where to check it.
-struct Row {
-  std::string name;
-  Fn f;
-  std::vector<Tensor> xs;
-  sc::GradCheckOptions opt{};
-};
-
-void check_rows(const std::vector<Row>& rows) {
-  for (const Row& row : rows) {
-    const sc::GradCheckResult r = sc::check_gradients(row.f, row.xs, row.opt);
-    INFO(row.name << " (max error " << r.max_abs_error << ")\n" << r.report);
-    CHECK(r.ok);
-  }
-}
-
-// f(xs) returns an inner tape's gradient with respect to xs[0], so check_gradients
-// differentiates a gradient (the outer tape records the layout rules the inner one runs).
-Fn second(Fn g) {
-  return [g](const std::vector<Tensor>& xs) {
-    sc::GradientTape inner;
-    inner.watch(xs);
-    return inner.gradient(g(xs), xs[0]);
-  };
-}
 
 // The op's result made nonlinear in its input, so a gradient routed to the wrong element
 // cannot pass by symmetry: tanh(y) * y.

@@ -11,60 +11,31 @@
 #include <utility>
 #include <vector>
 
+#include "testing.hpp"
+
 namespace {
 
 using sc::Shape;
 using sc::Tensor;
-using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
-
-// Deterministic pseudo-random doubles (xorshift64*), independent of the library.
-struct Rng {
-  std::uint64_t s;
-  explicit Rng(std::uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  double uniform() {
-    s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
-    return static_cast<double>((s * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
-  }
-};
+using sctest::check_rows;
+using sctest::Fn;
+using sctest::Row;
+using sctest::str;
 
 // An f64 tensor of values in [lo, hi).
 Tensor vals(Shape s, std::uint64_t seed, double lo = -1, double hi = 1) {
-  Rng r(seed);
-  std::vector<double> v(static_cast<std::size_t>(s.numel()));
-  for (double& x : v) x = lo + (hi - lo) * r.uniform();
-  return sc::tensor(v, s);
+  return sctest::uniform_tensor(s, seed, lo, hi);
 }
 
 // Pairwise distinct values (a shuffled ramp, `step` apart, centred on 0): no pooling window
 // has a tie, or two values within a finite-difference step, so max_pool2d is smooth there.
 Tensor distinct(Shape s, std::uint64_t seed, double step = 0.05) {
-  Rng r(seed);
+  sctest::Rng r(seed);
   const std::size_t n = static_cast<std::size_t>(s.numel());
   std::vector<double> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = (static_cast<double>(i) - static_cast<double>(n) / 2) * step;
   for (std::size_t i = n; i > 1; --i) std::swap(v[i - 1], v[static_cast<std::size_t>(r.uniform() * static_cast<double>(i))]);
   return sc::tensor(v, s);
-}
-
-// One row of a gradient table: a function of the inputs and where to check it.
-struct Row {
-  std::string name;
-  Fn f;
-  std::vector<Tensor> xs;
-};
-
-void check_rows(const std::vector<Row>& rows) {
-  for (const Row& row : rows) {
-    const sc::GradCheckResult r = sc::check_gradients(row.f, row.xs);
-    INFO(row.name << " (max error " << r.max_abs_error << ")\n" << r.report);
-    CHECK(r.ok);
-  }
-}
-
-std::string str(const Shape& s) {
-  std::string out = "[";
-  for (int i = 0; i < s.rank(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
-  return out + "]";
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,10 @@ inline constexpr Tol transcendental{4};   ///< exp, log, tanh, sin, ... (xsimd v
 using CallFn = std::function<sc::Tensor(const std::vector<sc::Tensor>&, const Params&)>;
 using RefFn = std::function<Ref(const std::vector<Ref>&, const Params&)>;
 
+/// A CallFn from an expression in the inputs x and the params p: SC_CALL(sc::matmul(x[0], x[1])).
+#define SC_CALL(expr) \
+  [](const std::vector<sc::Tensor>& x, const Params& p) -> sc::Tensor { (void)x; (void)p; return expr; }
+
 /// One row of the table: an op reached through one public API form.
 struct OpEntry {
   std::string op;   ///< the registry name (ops::X::name), e.g. "add"; a composite's own name ("mean")
@@ -134,6 +139,10 @@ std::vector<Case> cases(const std::vector<DType>& dtypes, const std::vector<std:
                         Gen gen = Gen::normal, Params p = {}, const std::string& note = "");
 /// Appends b to a.
 void append(std::vector<Case>& a, const std::vector<Case>& b);
+
+/// NaN and infinity, for explicit case values.
+inline const double nan_v = std::numeric_limits<double>::quiet_NaN();
+inline const double inf_v = std::numeric_limits<double>::infinity();
 
 inline const std::vector<DType> floats{sc::f32, sc::f64};
 inline const std::vector<DType> ints{sc::i32, sc::i64};

@@ -3,18 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <limits>
 
 #include "conformance.hpp"
 
 namespace conf {
 namespace {
-
-#define SC_CALL(expr) \
-  [](const std::vector<sc::Tensor>& x, const Params& p) -> sc::Tensor { (void)x; (void)p; return expr; }
-
-const double nan_v = std::numeric_limits<double>::quiet_NaN();
-const double inf_v = std::numeric_limits<double>::infinity();
 
 /// Dot-product tolerance: 4 ulps of sum |a b| * sqrt(terms) (Ref::scale from the reference).
 constexpr Tol dot_tol{4};
@@ -201,7 +194,6 @@ std::vector<OpEntry> cross_entropy_entries() {
   return {ce};
 }
 
-#undef SC_CALL
 }  // namespace
 
 std::vector<OpEntry> nn_table() {

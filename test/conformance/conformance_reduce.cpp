@@ -3,18 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <limits>
 
 #include "conformance.hpp"
 
 namespace conf {
 namespace {
-
-#define SC_CALL(expr) \
-  [](const std::vector<sc::Tensor>& x, const Params& p) -> sc::Tensor { (void)x; (void)p; return expr; }
-
-const double nan_v = std::numeric_limits<double>::quiet_NaN();
-const double inf_v = std::numeric_limits<double>::infinity();
 
 struct AxesCase {
   sc::Shape shape;
@@ -210,7 +203,6 @@ std::vector<OpEntry> reduce_entries() {
   return {sum, sum_default, mx, mn, mean, lse, am, an};
 }
 
-#undef SC_CALL
 }  // namespace
 
 std::vector<OpEntry> reduce_table() { return reduce_entries(); }

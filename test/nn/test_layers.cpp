@@ -11,18 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "testing.hpp"
+
 namespace {
 
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("expected an exception");
-  return "";
-}
+using sctest::check_close;
+using sctest::error_of;
+
 std::string at_line(int line) { return "test_layers.cpp:" + std::to_string(line); }
 
 std::vector<double> randn(std::int64_t n, unsigned seed, double scale = 1.0) {
@@ -37,14 +32,6 @@ sc::Tensor make(const std::vector<double>& v, sc::Shape s, sc::DType d) { return
 /// Gives a layer's variable random values (biases are zero at first, which would hide bugs).
 void randomize(sc::Variable& v, unsigned seed) {
   v.assign(make(randn(v.numel(), seed, 0.5), v.shape(), v.dtype()));
-}
-
-void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    INFO("element " << i);
-    CHECK(got[i] == Approx(want[i]).margin(tol).epsilon(tol));
-  }
 }
 
 /// Tape gradients of loss() with respect to vars against central differences, perturbing

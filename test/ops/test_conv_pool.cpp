@@ -5,19 +5,17 @@
 
 #include <cmath>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "testing.hpp"
+
 namespace {
 
+/// Small integers in [-6, 6] (quarters of them for floats): exact in every dtype.
 template <class T>
 std::vector<T> random_values(std::int64_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int> d(-6, 6);
-  std::vector<T> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = std::is_floating_point_v<T> ? static_cast<T>(d(gen)) / T(4) : static_cast<T>(d(gen));
-  return v;
+  return sctest::small_values<T>(n, seed, 6, 4);
 }
 
 template <class T>

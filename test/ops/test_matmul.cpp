@@ -4,20 +4,17 @@
 #include <stagecraft/stagecraft.hpp>
 
 #include <cmath>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "testing.hpp"
+
 namespace {
 
-/// Random values of T: small integers for integer types (exact sums), uniform floats else.
+/// Small integers in [-5, 5] for integer types (exact sums), thirds of them for floats.
 template <class T>
 std::vector<T> random_values(std::int64_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int> d(-5, 5);
-  std::vector<T> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = std::is_floating_point_v<T> ? static_cast<T>(d(gen)) / T(3) : static_cast<T>(d(gen));
-  return v;
+  return sctest::small_values<T>(n, seed, 5, 3);
 }
 
 /// NumPy's matmul written out with plain loops in double: promote 1-D operands, broadcast

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "testing.hpp"
+
 namespace {
 
 using sc::Shape;
@@ -16,16 +18,7 @@ using i64 = std::int64_t;
 constexpr double inf = std::numeric_limits<double>::infinity();
 constexpr double nan_v = std::numeric_limits<double>::quiet_NaN();
 
-// Deterministic pseudo-random numbers (xorshift64*), independent of the library.
-struct Rng {
-  std::uint64_t s;
-  explicit Rng(std::uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  std::uint64_t next() {
-    s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
-    return s * 2685821657736338717ull;
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
-};
+using sctest::Rng;
 
 // A test input: the tensor and its values as doubles (exact for every dtype used here).
 struct Input {

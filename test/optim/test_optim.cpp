@@ -13,18 +13,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "testing.hpp"
+
 namespace {
 
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("expected an exception");
-  return "";
-}
+using sctest::check_close;
+using sctest::error_of;
+
 std::string at_line(int line) { return "test_optim.cpp:" + std::to_string(line); }
 
 using Vec = std::vector<double>;
@@ -57,14 +52,6 @@ void adam_reference(Vec& w, Vec& m, Vec& v, const Vec& g, int t, double lr, doub
     m[i] = b1 * m[i] + (1 - b1) * g[i];
     v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
     w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
-  }
-}
-
-void check_close(const Vec& got, const Vec& want, double tol) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    INFO("element " << i);
-    CHECK(got[i] == Approx(want[i]).margin(tol).epsilon(tol));
   }
 }
 

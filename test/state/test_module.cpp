@@ -10,19 +10,11 @@
 #include <utility>
 #include <vector>
 
+#include "testing.hpp"
+
 namespace {
 
-/// The message of the E that f throws (the test fails when it throws nothing).
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("expected an exception");
-  return "";
-}
+using sctest::error_of;
 
 std::string at_line(int line) { return "test_module.cpp:" + std::to_string(line); }
 

@@ -77,6 +77,21 @@ constexpr VjpFn vjp_of() {
 template <class Op>
 concept NonDifferentiable = requires { requires !Op::differentiable; };
 
+/// Adds one entry (built by make() only if some tape wants it) to every recording tape that
+/// watches one of the inputs; the entry is shared between tapes.
+template <class Make>
+void record_entry(ops::Inputs in, Make&& make) {
+  std::shared_ptr<TapeEntry> e;
+  for (TapeRecorder* t : tape_stack().tapes) {
+    if (!t->recording()) continue;
+    bool any = false;
+    for (const Tensor& x : in) any = t->is_watched(x) || any;  // no short cut: each input may need watching
+    if (!any) continue;
+    if (!e) e = std::make_shared<TapeEntry>(make());
+    t->add(e);
+  }
+}
+
 /// Records an op call on every recording tape that watches one of its inputs.
 template <class Op>
 void record_on_tapes(ops::Inputs in, const ops::Attrs& attrs, const Tensor& out, const std::source_location& loc) {
@@ -88,15 +103,7 @@ void record_on_tapes(ops::Inputs in, const ops::Attrs& attrs, const Tensor& out,
     // make a loop that counts the gradient twice.
     for (const Tensor& x : in)
       if (x.same(out)) return;
-    std::shared_ptr<TapeEntry> e;
-    for (TapeRecorder* t : tape_stack().tapes) {
-      if (!t->recording()) continue;
-      bool any = false;
-      for (const Tensor& x : in) any = t->is_watched(x) || any;
-      if (!any) continue;
-      if (!e) e = std::make_shared<TapeEntry>(TapeEntry{Op::name, vjp_of<Op>(), nullptr, {in.begin(), in.end()}, out, attrs, loc});
-      t->add(e);
-    }
+    record_entry(in, [&] { return TapeEntry{Op::name, vjp_of<Op>(), nullptr, {in.begin(), in.end()}, out, attrs, loc}; });
   }
 }
 
@@ -104,15 +111,9 @@ void record_on_tapes(ops::Inputs in, const ops::Attrs& attrs, const Tensor& out,
 inline void record_custom(std::string_view op, ops::Inputs in, const Tensor& out, CustomVjp fn,
                           const std::source_location& loc) {
   if (context().tapes == nullptr || context().no_record > 0) return;
-  std::shared_ptr<TapeEntry> e;
-  for (TapeRecorder* t : tape_stack().tapes) {
-    if (!t->recording()) continue;
-    bool any = false;
-    for (const Tensor& x : in) any = t->is_watched(x) || any;
-    if (!any) continue;
-    if (!e) e = std::make_shared<TapeEntry>(TapeEntry{op, nullptr, std::make_shared<const CustomVjp>(fn), {in.begin(), in.end()}, out, {}, loc});
-    t->add(e);
-  }
+  record_entry(in, [&] {
+    return TapeEntry{op, nullptr, std::make_shared<const CustomVjp>(std::move(fn)), {in.begin(), in.end()}, out, {}, loc};
+  });
 }
 
 }  // namespace stagecraft::detail

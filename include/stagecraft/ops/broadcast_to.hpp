@@ -1,6 +1,7 @@
 // broadcast_to(x, shape): a materialised broadcast.
 #pragma once
 #include "reduce.hpp"  // the gradient sums back over the broadcast axes
+#include "reshape.hpp"  // layout::shape_attrs
 #include "transpose.hpp"
 
 namespace stagecraft {
@@ -37,9 +38,7 @@ struct BroadcastTo {
 /// A new tensor of the given shape holding x broadcast to it (NumPy's rule: x's axes, aligned
 /// from the right, are 1 or equal to the target's; missing leading axes are added).
 inline Tensor broadcast_to(const Tensor& x, Shape shape, std::source_location loc = std::source_location::current()) {
-  ops::Attrs a;
-  a.ints = shape;
-  return detail::dispatch<ops::BroadcastTo>({&x, 1}, a, loc);
+  return detail::dispatch<ops::BroadcastTo>({&x, 1}, ops::layout::shape_attrs(shape), loc);
 }
 
 // ---- gradient rule --------------------------------------------------------------------------

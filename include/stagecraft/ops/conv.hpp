@@ -52,6 +52,27 @@ inline void kernel_hw(const Attrs& a, std::int64_t& kh, std::int64_t& kw) {
   else kh = kw = a.i0;
 }
 
+/// The window an Im2Col / Col2Im call describes over an image of shape x: kernel_hw(a),
+/// stride i1, padding i2; errors name `op` and end with `what`.
+inline Window window_of(std::string_view op, const Shape& x, const Attrs& a, const std::source_location& loc,
+                        std::string_view what = "") {
+  std::int64_t kh, kw;
+  kernel_hw(a, kh, kw);
+  return Window::make(op, x, kh, kw, a.i1, a.i2, loc, what);
+}
+
+/// Im2Col's and Col2Im's cpu: Op::run(window, in, out) in out's dtype, the window over
+/// `image` (x's shape for im2col, the target shape for col2im; infer has checked it).
+template <class Op>
+void run_window(const Tensor& in, Tensor& out, const Shape& image, const Attrs& a) {
+  if (out.numel() == 0) return;
+  const Window w = window_of(Op::name, image, a, std::source_location::current());
+  visit_numeric(out.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    Op::run(w, static_cast<const T*>(in.raw_data()), static_cast<T*>(out.raw_data()));
+  });
+}
+
 /// Rows of a threaded loop that does `per_row` elements of cheap work each.
 inline std::int64_t row_grain(std::int64_t per_row) {
   return std::max<std::int64_t>(1, backend::cpu::grain_cheap / std::max<std::int64_t>(1, per_row));
@@ -67,26 +88,15 @@ struct Im2Col {
 
   static OutMeta infer(Inputs in, const Attrs& a, const std::source_location& loc) {
     require_dtype(!is_bool(in[0].dtype()), name, in[0].dtype(), "a numeric input", loc);
-    std::int64_t kh, kw;
-    kernel_hw(a, kh, kw);
-    const Window w = Window::make(name, in[0].shape(), kh, kw, a.i1, a.i2, loc);
-    return {Shape{w.N, w.C * kh * kw, w.Ho * w.Wo}, in[0].dtype()};
+    const Window w = window_of(name, in[0].shape(), a, loc);
+    return {Shape{w.N, w.C * w.kh * w.kw, w.Ho * w.Wo}, in[0].dtype()};
   }
 
-  static void cpu(Inputs in, Tensor& out, const Attrs& a) {
-    if (out.numel() == 0) return;
-    std::int64_t kh, kw;
-    kernel_hw(a, kh, kw);
-    const Window w = Window::make(name, in[0].shape(), kh, kw, a.i1, a.i2, std::source_location::current());
-    visit_numeric(out.dtype(), [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      run(w, static_cast<const T*>(in[0].raw_data()), static_cast<T*>(out.raw_data()));
-    });
-  }
+  static void cpu(Inputs in, Tensor& out, const Attrs& a) { run_window<Im2Col>(in[0], out, in[0].shape(), a); }
 
- private:
-  // One task per output row (n, c, i, j, oy) of Wo elements, so even a single image with
-  // few channels splits across threads; each row is written by exactly one task.
+  // The kernel run_window calls. One task per output row (n, c, i, j, oy) of Wo elements, so
+  // even a single image with few channels splits across threads; each row is written by
+  // exactly one task.
   template <class T>
   static void run(const Window& w, const T* x, T* col) {
     const std::int64_t rows = w.N * w.C * w.kh * w.kw * w.Ho, s = w.stride;
@@ -127,31 +137,20 @@ struct Col2Im {
 
   static OutMeta infer(Inputs in, const Attrs& a, const std::source_location& loc) {
     require_dtype(!is_bool(in[0].dtype()), name, in[0].dtype(), "a numeric input", loc);
-    std::int64_t kh, kw;
-    kernel_hw(a, kh, kw);
-    const Window w = Window::make(name, a.ints, kh, kw, a.i1, a.i2, loc, " (the target shape)");
-    const Shape want{w.N, w.C * kh * kw, w.Ho * w.Wo};
+    const Window w = window_of(name, a.ints, a, loc, " (the target shape)");
+    const Shape want{w.N, w.C * w.kh * w.kw, w.Ho * w.Wo};
     if (SC_UNLIKELY(in[0].shape() != want))
-      detail::fail<ShapeError>(name, loc, "columns have shape ", in[0].shape(), " but a ", kh, "x", kw,
+      detail::fail<ShapeError>(name, loc, "columns have shape ", in[0].shape(), " but a ", w.kh, "x", w.kw,
                                " window with stride ", w.stride, " and padding ", w.pad, " over ", a.ints,
                                " needs ", want);
     return {a.ints, in[0].dtype()};
   }
 
-  static void cpu(Inputs in, Tensor& out, const Attrs& a) {
-    if (out.numel() == 0) return;
-    std::int64_t kh, kw;
-    kernel_hw(a, kh, kw);
-    const Window w = Window::make(name, a.ints, kh, kw, a.i1, a.i2, std::source_location::current());
-    visit_numeric(out.dtype(), [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      run(w, static_cast<const T*>(in[0].raw_data()), static_cast<T*>(out.raw_data()));
-    });
-  }
+  static void cpu(Inputs in, Tensor& out, const Attrs& a) { run_window<Col2Im>(in[0], out, a.ints, a); }
 
- private:
-  // Gather form: one task per input row (n, c, y) adds every column segment that lands on
-  // it, so no two tasks write the same element (no atomics, deterministic sums).
+  // The kernel run_window calls, in gather form: one task per input row (n, c, y) adds every
+  // column segment that lands on it, so no two tasks write the same element (no atomics,
+  // deterministic sums).
   template <class T>
   static void run(const Window& w, const T* col, T* x) {
     const std::int64_t rows = w.N * w.C * w.H, s = w.stride, L = w.Ho * w.Wo;

@@ -28,6 +28,31 @@ inline bool find_bad_index(const Tensor& idx, std::int64_t extent, std::int64_t&
   });
 }
 
+/// Gather's and scatter_add's value check in infer: whenever the indices exist (not while
+/// tracing) and are on the host, one outside axis `ax` of x is a ValueError at the user's line.
+inline void require_indices_in_range(std::string_view op, const Tensor& idx, const Shape& xs, int ax,
+                                     std::int64_t axis, const std::source_location& loc) {
+  std::int64_t bad = 0;
+  if (!idx.is_symbolic() && idx.device().is_cpu() && find_bad_index(idx, xs[ax], bad))
+    detail::fail<ValueError>(op, loc, "index ", bad, " is out of range for axis ", axis, " of extent ", xs[ax],
+                             " (shape ", xs, ")");
+}
+
+/// x's shape around the gather / scatter axis, as the kernels walk it: outer * E * inner
+/// elements, E of them along the axis.
+struct AxisSplit {
+  std::int64_t outer = 1, E = 0, inner = 1;
+};
+/// The split of xs at `axis` (infer has checked it; negative counts from the end).
+inline AxisSplit split_at_axis(const Shape& xs, std::int64_t axis) {
+  const int ax = static_cast<int>(axis < 0 ? axis + xs.rank() : axis);
+  AxisSplit sp;
+  for (int k = 0; k < ax; ++k) sp.outer *= xs[k];
+  for (int k = ax + 1; k < xs.rank(); ++k) sp.inner *= xs[k];
+  sp.E = xs[ax];
+  return sp;
+}
+
 /// Calls f(type_tag<I>{}) for an index dtype (i32 or i64; infer has rejected the others).
 template <class F>
 void visit_index(DType d, F&& f) {
@@ -55,22 +80,15 @@ struct Gather {
     Shape out(xs.begin(), xs.begin() + ax);
     for (std::int64_t d : idx.shape()) out.push_back(d);
     for (int k = ax + 1; k < xs.rank(); ++k) out.push_back(xs[k]);
-    // Values are checked here, where the user's line is known, whenever they exist (not while
-    // tracing); the kernel checks again so a traced graph cannot read out of bounds.
-    std::int64_t bad = 0;
-    if (!idx.is_symbolic() && idx.device().is_cpu() && layout::find_bad_index(idx, xs[ax], bad))
-      detail::fail<ValueError>(name, loc, "index ", bad, " is out of range for axis ", a.axis, " of extent ",
-                               xs[ax], " (shape ", xs, ")");
+    // Values are checked here, where the user's line is known; the kernel checks again so a
+    // traced graph cannot read out of bounds.
+    layout::require_indices_in_range(name, idx, xs, ax, a.axis, loc);
     return {out, in[0].dtype()};
   }
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
-    const Shape& xs = in[0].shape();
-    const int ax = static_cast<int>(a.axis < 0 ? a.axis + xs.rank() : a.axis);  // infer checked it
-    std::int64_t outer = 1, inner = 1;
-    for (int k = 0; k < ax; ++k) outer *= xs[k];
-    for (int k = ax + 1; k < xs.rank(); ++k) inner *= xs[k];
-    const std::int64_t E = xs[ax], N = in[1].numel();
+    const layout::AxisSplit sp = layout::split_at_axis(in[0].shape(), a.axis);
+    const std::int64_t outer = sp.outer, E = sp.E, inner = sp.inner, N = in[1].numel();
     std::atomic<bool> failed{false};
     std::atomic<std::int64_t> bad{0};
     layout::visit_bytes(itemsize(out.dtype()), [&](auto utag) {
@@ -145,10 +163,7 @@ struct ScatterAdd {
       detail::fail<ShapeError>(name, loc, "updates of shape ", upd.shape(), " do not fit x of shape ", xs,
                                " with indices of shape ", idx.shape(), " along axis ", a.axis,
                                " (they need x.shape[:axis] + indices.shape + x.shape[axis+1:])");
-    std::int64_t bad = 0;
-    if (!idx.is_symbolic() && idx.device().is_cpu() && layout::find_bad_index(idx, xs[ax], bad))
-      detail::fail<ValueError>(name, loc, "index ", bad, " is out of range for axis ", a.axis, " of extent ",
-                               xs[ax], " (shape ", xs, ")");
+    layout::require_indices_in_range(name, idx, xs, ax, a.axis, loc);
     return {xs, in[0].dtype()};
   }
   /// x is copied in contiguous chunks; then threads split the (outer index, inner position)
@@ -156,12 +171,8 @@ struct ScatterAdd {
   /// duplicate indices never race.
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
-    const Shape& xs = in[0].shape();
-    const int ax = static_cast<int>(a.axis < 0 ? a.axis + xs.rank() : a.axis);  // infer checked it
-    std::int64_t outer = 1, inner = 1;
-    for (int k = 0; k < ax; ++k) outer *= xs[k];
-    for (int k = ax + 1; k < xs.rank(); ++k) inner *= xs[k];
-    const std::int64_t E = xs[ax], N = in[1].numel();
+    const layout::AxisSplit sp = layout::split_at_axis(in[0].shape(), a.axis);
+    const std::int64_t outer = sp.outer, E = sp.E, inner = sp.inner, N = in[1].numel();
     // Checked once up front (a traced graph skips infer's check), so the loop cannot throw.
     std::int64_t bad = 0;
     if (SC_UNLIKELY(layout::find_bad_index(in[1], E, bad)))

@@ -132,6 +132,14 @@ struct AvgPool2d : Pool2d<AvgPool2d> {
   }
 };
 
+/// The attrs both pools read: i0 kernel, i1 stride.
+inline Attrs pool_attrs(std::int64_t kernel, std::int64_t stride) {
+  Attrs a;
+  a.i0 = kernel;
+  a.i1 = stride;
+  return a;
+}
+
 }  // namespace ops
 
 namespace nn {
@@ -140,19 +148,13 @@ namespace nn {
 /// [N, C, (H-kernel)/stride+1, (W-kernel)/stride+1].
 inline Tensor max_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride,
                          std::source_location loc = std::source_location::current()) {
-  ops::Attrs a;
-  a.i0 = kernel;
-  a.i1 = stride;
-  return detail::dispatch<ops::MaxPool2d>({&x, 1}, a, loc);
+  return detail::dispatch<ops::MaxPool2d>({&x, 1}, ops::pool_attrs(kernel, stride), loc);
 }
 
 /// Mean over kernel x kernel windows of x [N,C,H,W], as max_pool2d (integers become f32).
 inline Tensor avg_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride,
                          std::source_location loc = std::source_location::current()) {
-  ops::Attrs a;
-  a.i0 = kernel;
-  a.i1 = stride;
-  return detail::dispatch<ops::AvgPool2d>({&x, 1}, a, loc);
+  return detail::dispatch<ops::AvgPool2d>({&x, 1}, ops::pool_attrs(kernel, stride), loc);
 }
 
 }  // namespace nn

@@ -31,6 +31,13 @@ inline Shape to_shape_arg(const std::vector<std::int64_t>& v, std::string_view o
   return Shape(v);
 }
 
+/// The attrs of the ops that take a target shape (reshape, broadcast_to): ints = shape.
+inline Attrs shape_attrs(const Shape& shape) {
+  Attrs a;
+  a.ints = shape;
+  return a;
+}
+
 /// Calls f(type_tag<U>{}) with U an unsigned type of the given element size: layout ops move
 /// bytes, so one instantiation per element size serves every dtype (bool, i32/f32, i64/f64).
 template <class F>
@@ -92,9 +99,7 @@ struct Reshape {
 /// x with a new shape, sharing x's storage (no copy). One extent may be -1: it is inferred.
 /// Shapes are written as lists: sc::reshape(x, {2, -1}).
 inline Tensor reshape(const Tensor& x, Shape shape, std::source_location loc = std::source_location::current()) {
-  ops::Attrs a;
-  a.ints = shape;
-  return detail::dispatch<ops::Reshape>({&x, 1}, a, loc);
+  return detail::dispatch<ops::Reshape>({&x, 1}, ops::layout::shape_attrs(shape), loc);
 }
 
 /// x with a new size-1 axis at position `axis` (in [-rank-1, rank]; -1 appends). A view.

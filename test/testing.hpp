@@ -1,0 +1,113 @@
+// Helpers shared by the unit tests: seeded test values, the thrown error's message, closeness
+// checks, and tables of gradient checks. Each test file names what it uses (using sctest::...).
+#pragma once
+#include <catch2/catch.hpp>
+#include <stagecraft/stagecraft.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace sctest {
+
+/// Deterministic pseudo-random numbers (xorshift64*), independent of the library.
+struct Rng {
+  std::uint64_t s;
+  explicit Rng(std::uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  std::uint64_t next() {
+    s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+    return s * 2685821657736338717ull;
+  }
+  /// A double in [0, 1) (53 random bits).
+  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
+};
+
+/// An f64 tensor of shape s with values in [lo, hi) from Rng(seed); with min_abs > 0 every
+/// |value| is at least min_abs and the sign is random (keeps a kink or pole at 0 away).
+inline sc::Tensor uniform_tensor(sc::Shape s, std::uint64_t seed, double lo, double hi, double min_abs = 0) {
+  Rng r(seed);
+  std::vector<double> v(static_cast<std::size_t>(s.numel()));
+  for (double& x : v) {
+    x = lo + (hi - lo) * r.uniform();
+    if (min_abs > 0) x = (r.uniform() < 0.5 ? -1 : 1) * (min_abs + std::fabs(x));
+  }
+  return sc::tensor(v, s);
+}
+
+/// n values of T from mt19937(seed): integers in [-range, range] (exact sums) for integer T,
+/// those integers divided by `div` for floating T.
+template <class T>
+std::vector<T> small_values(std::int64_t n, unsigned seed, int range, int div) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> d(-range, range);
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = std::is_floating_point_v<T> ? static_cast<T>(d(gen)) / T(div) : static_cast<T>(d(gen));
+  return v;
+}
+
+/// The message of the E that f throws (the test fails when it throws nothing).
+template <class E, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  FAIL("expected an exception");
+  return "";
+}
+
+/// Checks got against want element by element, within tol (absolute and relative).
+inline void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i);
+    CHECK(got[i] == Approx(want[i]).margin(tol).epsilon(tol));
+  }
+}
+
+/// "[2,3]": a shape in a test label.
+inline std::string str(const sc::Shape& s) {
+  std::string out = "[";
+  for (int i = 0; i < s.rank(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(s[i]);
+  }
+  return out + "]";
+}
+
+/// A function of some tensors, as check_gradients takes it.
+using Fn = std::function<sc::Tensor(const std::vector<sc::Tensor>&)>;
+
+/// One row of a gradient table: a function of the inputs and where to check it.
+struct Row {
+  std::string name;
+  Fn f;
+  std::vector<sc::Tensor> xs;
+  sc::GradCheckOptions opt{};
+};
+
+/// check_gradients on every row; a failing row prints its name, worst error and report.
+inline void check_rows(const std::vector<Row>& rows) {
+  for (const Row& row : rows) {
+    const sc::GradCheckResult r = sc::check_gradients(row.f, row.xs, row.opt);
+    INFO(row.name << " (max error " << r.max_abs_error << ")\n" << r.report);
+    CHECK(r.ok);
+  }
+}
+
+/// f(xs) returns an inner tape's gradient with respect to xs[0], so check_gradients of it
+/// differentiates a gradient (checks second derivatives).
+inline Fn second(Fn g) {
+  return [g](const std::vector<sc::Tensor>& xs) {
+    sc::GradientTape inner;
+    inner.watch(xs);
+    return inner.gradient(g(xs), xs[0]);
+  };
+}
+
+}  // namespace sctest
