@@ -194,7 +194,13 @@ int run(const Options& o, const sc::data::Dataset& data) {
 
   std::uint64_t seed = o.seed;
   if (!o.resume.empty()) {
-    ckpt.restore(o.resume);
+    try {
+      ckpt.restore(o.resume);
+    } catch (const sc::IOError&) {
+      std::fprintf(stderr, "fashion_mnist: cannot resume from %s (a checkpoint of --model %s is needed)\n",
+                   o.resume.c_str(), o.model.c_str());
+      throw;
+    }
     seed = static_cast<std::uint64_t>(seed_var.value().item<std::int64_t>());
     if (seed != o.seed)
       std::fprintf(stderr, "note: continuing with the checkpoint's seed %llu (not --seed %llu)\n",
