@@ -197,7 +197,7 @@ int run(const Options& o, const sc::data::Dataset& data) {
     try {
       ckpt.restore(o.resume);
     } catch (const sc::IOError&) {
-      std::fprintf(stderr, "fashion_mnist: cannot resume from %s (a checkpoint of --model %s is needed)\n",
+      std::fprintf(stderr, "fashion_mnist: cannot resume from %s (is it a checkpoint of --model %s?)\n",
                    o.resume.c_str(), o.model.c_str());
       throw;
     }
