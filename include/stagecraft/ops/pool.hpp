@@ -86,7 +86,7 @@ struct MaxPool2d : Pool2d<MaxPool2d> {
     } else if constexpr (std::is_floating_point_v<typename B::value_type>) {
       return xsimd::select((v > m) || xsimd::isnan(v), v, m);  // xsimd 8's v != v is false for NaN
     } else {
-      return xsimd::max(v, m);
+      return xsimd::select(v > m, v, m);  // not xsimd::max: GCC 12 warns inside its AVX-512 form
     }
   }
 
