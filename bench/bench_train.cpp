@@ -34,6 +34,23 @@ void sc_step(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(state.range(0)), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+/// The same step staged: traced once by sc::function (forward, gradients and Adam in one graph).
+template <class Model>
+void sc_staged_step(benchmark::State& state) {
+  const Batch b(state.range(0));
+  sc::manual_seed(0);
+  Model model;
+  sc::optim::Adam opt(1e-3);
+  const std::vector<sc::Variable> vars = model.trainable_variables();
+  auto step = sc::function([&](sc::Tensor x, sc::Tensor y) { return fashion::train_step(model, opt, vars, x, y); });
+  for (auto _ : state) {
+    const sc::Tensor loss = step(b.x, b.y);
+    benchmark::DoNotOptimize(loss.raw_data());
+  }
+  state.counters["examples/s"] =
+      benchmark::Counter(static_cast<double>(state.range(0)), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 #if STAGECRAFT_BENCH_TORCH
 /// The same MLP in LibTorch: 784-256-128-10, ReLU.
 struct TorchMLP : torch::nn::Module {
@@ -91,6 +108,8 @@ void torch_step(benchmark::State& state) {
 
 BENCHMARK(sc_step<fashion::MLP>)->Name("train/mlp/stagecraft")->ArgName("batch")->Arg(128)->Arg(1)->UseRealTime();
 BENCHMARK(sc_step<fashion::CNN>)->Name("train/cnn/stagecraft")->ArgName("batch")->Arg(32)->UseRealTime();
+BENCHMARK(sc_staged_step<fashion::MLP>)->Name("train/mlp/stagecraft_staged")->ArgName("batch")->Arg(128)->Arg(1)->UseRealTime();
+BENCHMARK(sc_staged_step<fashion::CNN>)->Name("train/cnn/stagecraft_staged")->ArgName("batch")->Arg(32)->UseRealTime();
 #if STAGECRAFT_BENCH_TORCH
 BENCHMARK(torch_step<TorchMLP>)->Name("train/mlp/libtorch")->ArgName("batch")->Arg(128)->Arg(1)->UseRealTime();
 BENCHMARK(torch_step<TorchCNN>)->Name("train/cnn/libtorch")->ArgName("batch")->Arg(32)->UseRealTime();

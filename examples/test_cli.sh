@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# CTest: fashion_mnist's command line — usage errors exit 2 with the usage text, staged mode
-# exits 2 saying it is not available yet, missing data exits 1 naming the package to install.
+# CTest: fashion_mnist's command line — usage errors exit 2 with the usage text, missing data
+# exits 1 naming the package to install.
 # usage: test_cli.sh <fashion_mnist binary>
 set -uo pipefail
 bin=$1
@@ -27,6 +27,5 @@ expect 2 '--batch expects a non-negative integer' --batch -5
 expect 2 '--limit needs a value' --limit
 expect 2 '--seed expects a non-negative integer' --seed abc
 expect 2 'usage: fashion_mnist' --epochs
-expect 2 'staged is not available yet' --mode staged
 expect 1 'apt-get install dataset-fashion-mnist' --data /nonexistent/fashion-mnist
 [[ $fails -eq 0 ]] && echo PASS || { echo "$fails failure(s)"; exit 1; }

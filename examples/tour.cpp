@@ -28,6 +28,17 @@ int main() {
     sc::Tensor y = x * x;
     std::cout << "d(x*x)/dx at 3 = " << tape.gradient(y, x) << "\n";
   }
+  {  // staging: the same code traced once into an optimized graph (README's example)
+    sc::Variable wv(sc::random::normal({3, 3}, /*seed=*/1), "w");
+    auto step = sc::function([&](sc::Tensor x) {
+      sc::GradientTape tape;
+      sc::Tensor loss = sc::sum(sc::tanh(sc::matmul(x, wv)));
+      wv.assign_sub(tape.gradient(loss, wv) * 0.1f);  // runs at every call
+      return loss;
+    });
+    std::cout << "staged step: loss " << step(sc::ones({2, 3})) << " then " << step(sc::ones({2, 3})) << "\n";
+    std::cout << step.get_concrete(sc::ones({2, 3})).graph();
+  }
   try {
     auto bad = a + sc::ones({4});
     (void)bad;

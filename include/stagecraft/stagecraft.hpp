@@ -13,6 +13,7 @@
 #include "core/random.hpp"
 #include "core/shape.hpp"
 #include "core/tensor.hpp"
+#include "io/npy.hpp"
 
 #include "eager/dispatch.hpp"
 #include "ops/binary.hpp"
@@ -43,6 +44,8 @@
 #include "state/safetensors.hpp"
 #include "state/module.hpp"
 #include "state/variable.hpp"
+
+#include "graph/function.hpp"
 
 #include "nn/init.hpp"
 #include "nn/layers.hpp"

@@ -2,9 +2,10 @@
 //
 // An entry says how to build inputs (Case::in: shape, dtype, value generator), how to call the
 // op through the public API (OpEntry::call) and how to compute the answer independently
-// (OpEntry::ref, plain loops in reference.hpp). Today run_entry() checks call == ref; later
-// issues walk the same table for finite-difference gradients (grad_inputs), traced == eager ==
-// staged (wrap `call`), and CUDA == CPU (run `call` under a DeviceScope).
+// (OpEntry::ref, plain loops in reference.hpp). run_entry() checks call == ref;
+// conformance_traced.cpp wraps `call` in sc::function (traced == eager, forward and the tape
+// gradient of the grad_inputs); later issues walk the same table for finite-difference
+// gradients, staged == eager, and CUDA == CPU (run `call` under a DeviceScope).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -19,9 +20,11 @@
 #include <stagecraft/ops/cast.hpp>
 #include <stagecraft/ops/concat.hpp>
 #include <stagecraft/ops/conv.hpp>
+#include <stagecraft/ops/fill.hpp>
 #include <stagecraft/ops/gather.hpp>
 #include <stagecraft/ops/matmul.hpp>
 #include <stagecraft/ops/pool.hpp>
+#include <stagecraft/ops/random.hpp>
 #include <stagecraft/ops/reduce.hpp>
 #include <stagecraft/ops/reshape.hpp>
 #include <stagecraft/ops/slice.hpp>
@@ -66,8 +69,9 @@ struct Params {
   std::int64_t axis = 0;
   std::int64_t k = 0, stride = 1, pad = 0;
   bool keepdims = false;
-  DType dtype = sc::f32;  ///< target dtype (cast, one_hot)
-  double scalar = 0;      ///< a C++ scalar operand
+  DType dtype = sc::f32;  ///< target dtype (cast, one_hot, fill, random)
+  double scalar = 0;      ///< a C++ scalar operand; fill value; random mean or lo
+  double scalar2 = 0;     ///< random stddev or hi
 };
 
 /// One call of an entry: its inputs and arguments, plus a note printed on failure.
@@ -86,7 +90,9 @@ struct Tol {
 // Tolerance per op (ulps of the result dtype; "of S" means of Ref::scale S, else of |want|):
 //   1 ulp (exact_rounding): neg abs square relu sign add sub mul div sqrt maximum minimum,
 //     comparisons, logical ops, where, cast, max min argmax argmin, every layout op, im2col,
-//     max_pool2d, stop_gradient: IEEE-exact arithmetic or pure data movement.
+//     max_pool2d, stop_gradient, fill: IEEE-exact arithmetic or pure data movement.
+//   4 ulps of |mean| + |stddev r|: random_normal;  2 ulps of |lo| + |hi - lo|: random_uniform
+//     (the same Philox words; only the order of the final multiply-adds may differ).
 //   4 ulps (transcendental): exp log tanh sigmoid sin cos (xsimd vector math).
 //   4 ulps of |a^b| (1 + |b ln a|): pow (computed as exp(b log a)).
 //   2 ulps of sum|x| (log2 n + 1): sum;  4 ulps of that / n: mean;  8 ulps of |max| + n + 1: logsumexp.
@@ -127,6 +133,10 @@ Ref from_tensor(const sc::Tensor& t);
 /// "" when got matches want within tol, else what differs (dtype, shape, or the first
 /// mismatching index with got vs want and the number of mismatches).
 std::string compare(const Ref& want, const sc::Tensor& got, Tol tol);
+/// The input values of case ci of e: the same the runner draws (the traced pass reuses them).
+std::vector<Ref> case_inputs(const OpEntry& e, std::size_t ci);
+/// How a failure names a case: "op 'add' via sc::add [note], inputs (f32[3, 4], f32[4])".
+std::string describe_case(const OpEntry& e, const Case& c, const std::vector<Ref>& ins);
 /// Runs every case of an entry; returns one message per failing case (empty = all pass).
 std::vector<std::string> run_entry(const OpEntry& e);
 /// Runs every entry of a table as Catch2 checks (one FAIL_CHECK per failing case).
@@ -155,5 +165,6 @@ std::vector<OpEntry> elementwise_table();
 std::vector<OpEntry> reduce_table();
 std::vector<OpEntry> layout_table();
 std::vector<OpEntry> nn_table();
+std::vector<OpEntry> creation_table();
 
 }  // namespace conf

@@ -12,7 +12,8 @@ namespace {
 
 std::vector<conf::OpEntry> all_entries() {
   std::vector<conf::OpEntry> all;
-  for (auto* table : {&conf::elementwise_table, &conf::reduce_table, &conf::layout_table, &conf::nn_table})
+  for (auto* table : {&conf::elementwise_table, &conf::reduce_table, &conf::layout_table, &conf::nn_table,
+                      &conf::creation_table})
     for (conf::OpEntry& e : (*table)()) all.push_back(std::move(e));
   return all;
 }

@@ -162,18 +162,26 @@ std::string compare(const Ref& want, const sc::Tensor& got_t, Tol tol) {
   return os.str();
 }
 
-std::vector<std::string> run_entry(const OpEntry& e) {
-  std::vector<std::string> errors;
+std::vector<Ref> case_inputs(const OpEntry& e, std::size_t ci) {
   std::uint64_t op_seed = 1469598103934665603ull;  // FNV-1a of the op name: stable across platforms
   for (char ch : e.op) op_seed = (op_seed ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  std::vector<Ref> ins;
+  const Case& c = e.cases[ci];
+  for (std::size_t ii = 0; ii < c.in.size(); ++ii) ins.push_back(make_input(c.in[ii], mix(op_seed + 1000 * ci + ii)));
+  return ins;
+}
+
+std::string describe_case(const OpEntry& e, const Case& c, const std::vector<Ref>& ins) {
+  return case_header(e, c, ins);
+}
+
+std::vector<std::string> run_entry(const OpEntry& e) {
+  std::vector<std::string> errors;
   for (std::size_t ci = 0; ci < e.cases.size(); ++ci) {
     const Case& c = e.cases[ci];
-    std::vector<Ref> ins;
+    const std::vector<Ref> ins = case_inputs(e, ci);
     std::vector<sc::Tensor> ts;
-    for (std::size_t ii = 0; ii < c.in.size(); ++ii) {
-      ins.push_back(make_input(c.in[ii], mix(op_seed + 1000 * ci + ii)));
-      ts.push_back(to_tensor(ins.back()));
-    }
+    for (const Ref& r : ins) ts.push_back(to_tensor(r));
     std::string err;
     try {
       const Ref want = e.ref(ins, c.p);

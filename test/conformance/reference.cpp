@@ -2,6 +2,7 @@
 #include "reference.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -482,6 +483,69 @@ Ref cross_entropy(const Ref& logits, const Ref& labels) {
   y.v[0] = round_to(N ? total / static_cast<double>(N) : std::nan(""), y.dtype);
   y.scale = {N ? scale / static_cast<double>(N) * std::sqrt(static_cast<double>(N * C)) : 0.0};
   return y;
+}
+
+Ref filled(const Dims& shape, double value, DType d) {
+  Ref r = make_ref(shape, d);
+  for (double& v : r.v) v = round_to(value, d);
+  return r;
+}
+
+namespace {
+
+// Philox4x32-10 (Salmon, Moraes, Dror, Shaw, SC'11; the Random123 reference): a 128-bit counter
+// and a 64-bit key; each round multiplies words 0 and 2 by fixed constants, swaps the halves
+// and xors in the key, which is bumped by the Weyl constants between rounds.
+std::array<std::uint32_t, 4> philox(std::uint64_t counter, std::uint64_t key) {
+  std::uint32_t c[4] = {static_cast<std::uint32_t>(counter & 0xFFFFFFFFu), static_cast<std::uint32_t>(counter >> 32), 0, 0};
+  std::uint32_t k0 = static_cast<std::uint32_t>(key & 0xFFFFFFFFu), k1 = static_cast<std::uint32_t>(key >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const std::uint64_t a = 0xD2511F53ull * c[0], b = 0xCD9E8D57ull * c[2];
+    const std::uint32_t n0 = static_cast<std::uint32_t>(b >> 32) ^ c[1] ^ k0;
+    const std::uint32_t n1 = static_cast<std::uint32_t>(b & 0xFFFFFFFFu);
+    const std::uint32_t n2 = static_cast<std::uint32_t>(a >> 32) ^ c[3] ^ k1;
+    const std::uint32_t n3 = static_cast<std::uint32_t>(a & 0xFFFFFFFFu);
+    c[0] = n0, c[1] = n1, c[2] = n2, c[3] = n3;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {c[0], c[1], c[2], c[3]};
+}
+
+// The 32-bit word of value i of a draw.
+std::uint32_t word(std::uint64_t key, std::uint64_t offset, std::int64_t i) {
+  return philox(offset + static_cast<std::uint64_t>(i / 4), key)[static_cast<std::size_t>(i % 4)];
+}
+
+}  // namespace
+
+Ref random_normal(std::uint64_t key, std::uint64_t offset, const Dims& shape, double mean, double stddev, DType d) {
+  Ref r = make_ref(shape, d);
+  r.scale.resize(r.v.size());
+  const double two32 = 4294967296.0, two_pi = 6.283185307179586476925286766559;
+  for (std::int64_t i = 0; i < r.numel(); ++i) {
+    const std::int64_t even = i - i % 2;  // the pair (even, even + 1) shares a radius and an angle
+    const double u1 = (word(key, offset, even) + 0.5) / two32, u2 = (word(key, offset, even + 1) + 0.5) / two32;
+    const double radius = std::sqrt(-2.0 * std::log(u1)), angle = two_pi * u2;
+    const double z = radius * (i % 2 == 0 ? std::cos(angle) : std::sin(angle));
+    r.v[static_cast<std::size_t>(i)] = round_to(mean + stddev * z, d);
+    r.scale[static_cast<std::size_t>(i)] = std::fabs(mean) + std::fabs(stddev * radius);
+  }
+  return r;
+}
+
+Ref random_uniform(std::uint64_t key, std::uint64_t offset, const Dims& shape, double lo, double hi, DType d) {
+  Ref r = make_ref(shape, d);
+  r.scale.assign(r.v.size(), std::fabs(lo) + std::fabs(hi - lo));
+  const double top = round_to(hi, d), bottom = round_to(lo, d);
+  for (std::int64_t i = 0; i < r.numel(); ++i) {
+    double v = round_to(lo + (hi - lo) * (word(key, offset, i) / 4294967296.0), d);
+    if (v >= top && bottom < top)
+      v = d == DType::f32 ? static_cast<double>(std::nextafter(static_cast<float>(top), static_cast<float>(bottom)))
+                          : std::nextafter(top, bottom);
+    r.v[static_cast<std::size_t>(i)] = v;
+  }
+  return r;
 }
 
 }  // namespace conf

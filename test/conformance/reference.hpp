@@ -104,4 +104,16 @@ Ref softmax(const Ref& x, std::int64_t axis, bool log_form);
 /// mean over rows of logsumexp(logits[n]) - logits[n, label[n]].
 Ref cross_entropy(const Ref& logits, const Ref& labels);
 
+// ---- creation and random numbers ----------------------------------------------------------
+
+/// A tensor of `shape` holding `value` stored in dtype d.
+Ref filled(const Dims& shape, double value, sc::DType d);
+/// Normal draws as the random_normal op defines them: value 4b + j comes from block b of the
+/// Philox4x32-10 stream (key, counter offset + b), words paired by Box–Muller (cos, sin).
+/// scale = |mean| + |stddev * radius| (the terms the result adds).
+Ref random_normal(std::uint64_t key, std::uint64_t offset, const Dims& shape, double mean, double stddev, sc::DType d);
+/// Uniform draws in [lo, hi) as random_uniform defines them: lo + (hi - lo) * word / 2^32, a
+/// result that rounds up to hi in d replaced by the next value of d below it. scale = |lo| + |hi - lo|.
+Ref random_uniform(std::uint64_t key, std::uint64_t offset, const Dims& shape, double lo, double hi, sc::DType d);
+
 }  // namespace conf

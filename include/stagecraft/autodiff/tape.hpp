@@ -9,6 +9,7 @@
 #include "../core/creation.hpp"
 #include "../ops/binary.hpp"
 #include "../ops/cast.hpp"
+#include "../ops/fill.hpp"
 #include "../ops/reduce.hpp"
 #include "record.hpp"
 
@@ -39,6 +40,22 @@ inline Tensor sum_to(const Tensor& g, const Shape& shape, std::string_view op, c
     fail<Error>(op, loc, "gradient rule returned shape ", g.shape(), " for an input of shape ", shape);
   return s;
 }
+
+/// RAII: ops traced while alive carry `loc` (a recorded op's user line) instead of their own.
+class LocOverride {
+ public:
+  explicit LocOverride(const std::source_location& loc) : LocOverride(SrcLoc::from(loc)) {}
+  explicit LocOverride(const SrcLoc& loc) : loc_(loc), saved_(context().loc_override) {
+    context().loc_override = &loc_;
+  }
+  ~LocOverride() { context().loc_override = saved_; }
+  LocOverride(const LocOverride&) = delete;
+  LocOverride& operator=(const LocOverride&) = delete;
+
+ private:
+  SrcLoc loc_;
+  const SrcLoc* saved_;
+};
 
 /// RAII: pushes a tape on the thread's stack for its lifetime.
 class TapeScope {
@@ -199,7 +216,8 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
   // Backward sweep in reverse recording order, accumulating with sc::add (so an outer tape
   // records it).
   std::unordered_map<const detail::TensorImpl*, Tensor> grads;
-  grads.emplace(target.impl(), seed == nullptr              ? ones(target.shape(), target.dtype(), loc)
+  // The seed of ones is an op (Fill), so a traced backward pass records it as a node.
+  grads.emplace(target.impl(), seed == nullptr                   ? detail::fill(target.shape(), 1.0, target.dtype(), loc)
                                : seed->dtype() == target.dtype() ? *seed
                                                                  : cast(*seed, target.dtype(), loc));
   for (std::size_t i = entries_.size(); i-- > 0;) {
@@ -214,6 +232,8 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
     if (std::none_of(sources.begin(), sources.end(), [&](const Tensor& s) { return s.same(e.output); }))
       grads.erase(it);
     std::vector<Tensor> gs;
+    // Nodes the rule appends to a trace carry the forward op's user line, not this file's.
+    const detail::LocOverride at_user_line(e.loc);
     if (e.custom) gs = (*e.custom)(g);
     else if (e.vjp) gs = e.vjp(g, e.inputs, e.output, e.attrs);
     else
@@ -233,7 +253,7 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
   out.reserve(sources.size());
   for (const Tensor& s : sources) {
     auto it = grads.find(s.impl());
-    out.push_back(it != grads.end() ? it->second : zeros(s.shape(), s.dtype(), loc));
+    out.push_back(it != grads.end() ? it->second : detail::fill(s.shape(), 0.0, s.dtype(), loc));
   }
   return out;
 }

@@ -51,5 +51,13 @@ template <class E, class... Parts>
   throw E("[" + std::string(op) + "] " + concat_parts(parts...) + " at " + where(loc));
 }
 
+/// As fail(), for a location kept as a file name and line (graph nodes, loaded graphs).
+template <class E, class... Parts>
+[[noreturn]] SC_COLD void fail_at(std::string_view op, std::string_view file, unsigned line, const Parts&... parts) {
+  if (auto p = file.find_last_of("/\\"); p != std::string_view::npos) file.remove_prefix(p + 1);
+  throw E("[" + std::string(op) + "] " + concat_parts(parts...) + " at " + std::string(file) + ":" +
+          std::to_string(line));
+}
+
 }  // namespace detail
 }  // namespace stagecraft

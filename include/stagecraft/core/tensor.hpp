@@ -13,17 +13,17 @@
 #include "error.hpp"
 #include "shape.hpp"
 #include "storage.hpp"
+#include "../eager/context.hpp"
 
 namespace stagecraft {
 
 namespace detail {
-/// What a symbolic tensor is in a graph being traced; defined by graph/ (a later stage).
-struct SymbolicValue;
-
-/// What a tensor knows of the Variable whose current value it is (state/variable.hpp).
-struct VariableInfo {
+/// What a tensor knows of the Variable whose current value it is (state/variable.hpp derives
+/// the full state from it; a graph that reads the variable keeps it alive through shared_from_this).
+struct VariableInfo : std::enable_shared_from_this<VariableInfo> {
   std::string name;
   bool trainable = true;
+  virtual ~VariableInfo() = default;
 };
 
 /// The object a Tensor handle points to. Tensors are contiguous and row-major; reshape
@@ -33,7 +33,7 @@ struct TensorImpl : RefCounted, Pooled {
   DType dtype = DType::f32;
   Device device;
   Ref<Storage> storage;                   // null while symbolic
-  std::shared_ptr<SymbolicValue> symbolic;  // set only while tracing
+  SymbolicValue symbolic;                   // trace == 0 unless this is a value being traced
   const VariableInfo* variable = nullptr;   // set on a Variable's current value only
 };
 }  // namespace detail
@@ -57,7 +57,7 @@ class Tensor {
     return impl_->shape[normalize_axis(axis, rank(), "size", loc)];
   }
   /// True while this is a value in a graph being traced (it has no data yet).
-  bool is_symbolic() const noexcept { return impl_ && impl_->symbolic != nullptr; }
+  bool is_symbolic() const noexcept { return impl_ && impl_->symbolic.trace != 0; }
 
   /// The single element, converted to T. Throws for more than one element.
   template <Element T>

@@ -1,16 +1,74 @@
-// The thread's execution context: the one thread-local that dispatch reads per op call.
+// The thread's execution context: the one thread-local that dispatch reads per op call, and the
+// interface a trace implements (graph/trace.hpp) so dispatch can append nodes without knowing graphs.
 #pragma once
+#include <cstdint>
+#include <source_location>
+#include <span>
+#include <vector>
 
-namespace stagecraft::detail {
+#include "../ops/op_list.hpp"
 
-struct TraceState;  // graph/ (a later stage)
-struct TapeStack;   // autodiff/
+namespace stagecraft {
+class Tensor;
+namespace ops {
+struct Attrs;
+struct OutMeta;
+}  // namespace ops
+
+namespace detail {
+
+struct TapeStack;  // autodiff/
+struct VariableInfo;
+
+/// A source line a graph node keeps: std::source_location's file and line (file points at static
+/// storage, or at a loaded graph's own strings).
+struct SrcLoc {
+  const char* file = "";
+  std::uint32_t line = 0;
+  static SrcLoc from(const std::source_location& l) { return {l.file_name(), l.line()}; }
+};
+
+/// What a symbolic tensor is: value `id` of the graph built by the trace with serial `trace`.
+/// Trace serials are never reused, so a tensor that escaped a finished trace is recognised.
+struct SymbolicValue {
+  std::uint64_t trace = 0;
+  int id = -1;
+};
+
+/// A graph under construction, as dispatch and Variable see it (graph/trace.hpp implements it).
+/// Traces nest (a cond branch inside a function): `parent` is the enclosing one.
+struct TraceState {
+  virtual ~TraceState() = default;
+  /// Maps op inputs to this graph's values: symbolic tensors of this trace pass through, eager
+  /// tensors become constants, variables' values become reads, outer traces' values captures.
+  virtual void lift(std::span<const Tensor> in, std::vector<Tensor>& out, const std::source_location& loc) = 0;
+  /// Appends an op node on lifted inputs; returns its symbolic output.
+  virtual Tensor append(ops::OpId op, std::span<const Tensor> lifted, const ops::Attrs& attrs,
+                        const ops::OutMeta& meta, const std::source_location& loc) = 0;
+  /// The in-trace value of a variable after an assignment inside the trace (null: none yet).
+  virtual const Tensor* shadow(const VariableInfo* var) = 0;
+  /// Records `var = value` as a side effect of the graph, in program order.
+  virtual void assign(const VariableInfo* var, const Tensor& value, const std::source_location& loc) = 0;
+  /// Whether a Variable may be created now (only on a function's first trace).
+  virtual bool may_create_variables() const = 0;
+  /// True when a symbolic tensor belongs to this trace or an enclosing one.
+  bool owns(const SymbolicValue& v) const {
+    for (const TraceState* t = this; t != nullptr; t = t->parent)
+      if (t->serial == v.trace) return true;
+    return false;
+  }
+  TraceState* parent = nullptr;
+  std::uint64_t serial = 0;
+};
 
 /// Per-thread state that decides what an op call does besides computing.
 struct Context {
-  TraceState* trace = nullptr;  ///< non-null while a function is being traced
+  TraceState* trace = nullptr;  ///< the innermost trace; non-null while a function is traced
   TapeStack* tapes = nullptr;   ///< non-null while a gradient tape is recording
   int no_record = 0;            ///< depth of stop_recording guards
+  /// While a tape runs a recorded op's gradient rule: that op's user line, which the nodes the
+  /// rule appends to a trace carry instead of the library's own line.
+  const SrcLoc* loc_override = nullptr;
 };
 
 inline Context& context() {
@@ -18,4 +76,5 @@ inline Context& context() {
   return ctx;
 }
 
-}  // namespace stagecraft::detail
+}  // namespace detail
+}  // namespace stagecraft

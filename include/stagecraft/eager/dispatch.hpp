@@ -80,6 +80,33 @@ Tensor run_eager(ops::Inputs in, const ops::Attrs& attrs, const ops::OutMeta& me
   }
 }
 
+/// True when an input is a value of a graph being traced (one load per input).
+inline bool any_symbolic(ops::Inputs in) {
+  for (const Tensor& t : in)
+    if (t.impl()->symbolic.trace != 0) return true;
+  return false;
+}
+
+/// The tracing path: the op becomes a node of the innermost trace (its inputs lifted into that
+/// graph), and a recording tape sees the symbolic call, so backward passes are staged too.
+template <class Op>
+SC_NOINLINE Tensor trace_op(ops::Inputs in, const ops::Attrs& attrs, const ops::OutMeta& meta,
+                            const std::source_location& loc) {
+  Context& ctx = context();
+  if (ctx.trace == nullptr)
+    fail<StagingError>(Op::name, loc, "got a symbolic tensor outside the trace that made it (it escaped an "
+                                      "sc::function or sc::cond body); return it from the function instead");
+  for (const Tensor& t : in)
+    if (t.is_symbolic() && !ctx.trace->owns(t.impl()->symbolic))
+      fail<StagingError>(Op::name, loc, "got a symbolic tensor from a trace that has finished (it escaped "
+                                        "its sc::function); return it from the function instead of storing it");
+  std::vector<Tensor> lifted;
+  ctx.trace->lift(in, lifted, loc);
+  Tensor out = ctx.trace->append(Op::id, lifted, attrs, meta, loc);
+  if (ctx.tapes != nullptr) record_on_tapes<Op>(lifted, attrs, out, loc);
+  return out;
+}
+
 template <class Op>
 Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_location& loc) {
   for (const Tensor& t : in) require_defined(t, Op::name, loc);
@@ -102,10 +129,7 @@ Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_locat
     }
   const ops::OutMeta meta = Op::infer(in, attrs, loc);
   Context& ctx = context();
-  if (SC_UNLIKELY(ctx.trace != nullptr)) {
-    // The tracing JIT (graph/) appends a node here instead of running the kernel.
-    fail<StagingError>(Op::name, loc, "tracing is not available in this build");
-  }
+  if (SC_UNLIKELY(ctx.trace != nullptr || any_symbolic(in))) return trace_op<Op>(in, attrs, meta, loc);
   Tensor out = run_eager<Op>(in, attrs, meta, dev, loc);
   // Tape recording: one thread-local check when no tape records.
   if (SC_UNLIKELY(ctx.tapes != nullptr)) record_on_tapes<Op>(in, attrs, out, loc);

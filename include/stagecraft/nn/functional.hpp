@@ -6,6 +6,7 @@
 
 #include "../ops/binary.hpp"
 #include "../ops/cast.hpp"
+#include "../ops/check_range.hpp"
 #include "../ops/gather.hpp"
 #include "../ops/reduce.hpp"
 #include "../ops/unary.hpp"
@@ -81,9 +82,11 @@ inline Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                                          labels.shape()[0], ")");
   const std::int64_t classes = logits.shape()[1];
   functional_detail::check_labels(labels, classes, loc);
+  // Symbolic labels (a staged step) are checked when the plan runs, by the check_range op.
+  const Tensor checked = labels.is_symbolic() ? stagecraft::detail::check_range(labels, 0, classes, loc) : labels;
   // where(one_hot, log p, 0) rather than one_hot * log p: a -inf logit on another class
   // (a mask) would make 0 * -inf = NaN.
-  const Tensor picked = where(one_hot(labels, classes, DType::b8, loc), log_softmax(logits, 1, loc), 0.0, loc);
+  const Tensor picked = where(one_hot(checked, classes, DType::b8, loc), log_softmax(logits, 1, loc), 0.0, loc);
   return neg(mean(sum(picked, {1}, false, loc), {}, false, loc), loc);
 }
 

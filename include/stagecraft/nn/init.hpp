@@ -1,7 +1,6 @@
-// Weight initializers (Glorot, He, zeros) drawn from the seeded Philox generator, and the
-// global seed counter (sc::manual_seed) that layers draw from when given no seed.
+// Weight initializers (Glorot, He, zeros) drawn from the seeded Philox generator, with seeds
+// from the global seed stream (ops/random.hpp, restarted by sc::manual_seed) when given none.
 #pragma once
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -13,24 +12,6 @@
 namespace stagecraft {
 namespace detail {
 
-/// SplitMix64's finaliser: turns nearby integers into unrelated 64-bit seeds.
-constexpr std::uint64_t mix_seed(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/// The process-wide seed stream: a base seed and how many seeds were drawn since.
-struct SeedStream {
-  std::atomic<std::uint64_t> base{0};
-  std::atomic<std::uint64_t> drawn{0};
-};
-inline SeedStream& seed_stream() {
-  static SeedStream s;
-  return s;
-}
-
 inline void init_check_float(DType d, std::string_view op, const std::source_location& loc) {
   if (!is_floating(d)) fail<DTypeError>(op, loc, "expects a float dtype, got ", name(d));
 }
@@ -38,14 +19,6 @@ inline void init_check_float(DType d, std::string_view op, const std::source_loc
 inline double init_root(double scale, double n) { return n > 0 ? std::sqrt(scale / n) : 0.0; }
 
 }  // namespace detail
-
-/// Restarts the global seed stream: layers and initializers built afterwards without an
-/// explicit seed get the same weights as after any other manual_seed(s) with the same s.
-inline void manual_seed(std::uint64_t seed) {
-  detail::SeedStream& s = detail::seed_stream();
-  s.base.store(seed);
-  s.drawn.store(0);
-}
 
 namespace nn::init {
 

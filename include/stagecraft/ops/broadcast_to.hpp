@@ -1,6 +1,5 @@
 // broadcast_to(x, shape): a materialised broadcast.
 #pragma once
-#include "reduce.hpp"  // the gradient sums back over the broadcast axes
 #include "reshape.hpp"  // layout::shape_attrs
 #include "transpose.hpp"
 
@@ -41,7 +40,15 @@ inline Tensor broadcast_to(const Tensor& x, Shape shape, std::source_location lo
   return detail::dispatch<ops::BroadcastTo>({&x, 1}, ops::layout::shape_attrs(shape), loc);
 }
 
+}  // namespace stagecraft
+
 // ---- gradient rule --------------------------------------------------------------------------
+// It sums, and sum's rule broadcasts: each header includes the other here, after its own
+// declarations, so whichever comes first every function a rule names is declared.
+#include "reduce.hpp"
+
+namespace stagecraft {
+
 // Each input element was copied to every position along the added leading axes and the
 // stretched size-1 axes, so its gradient is the sum over them: one sum keeping those axes,
 // then a view dropping the leading ones.

@@ -46,8 +46,9 @@ struct Attrs {
   std::int64_t i0 = 0;      ///< kernel size, depth
   std::int64_t i1 = 0;      ///< stride
   std::int64_t i2 = 0;      ///< padding
-  double scalar = 0.0;      ///< a constant (fill value)
-  DType dtype = DType::f32; ///< target dtype (cast, one_hot)
+  double scalar = 0.0;      ///< a constant (fill value; random: mean, lo)
+  double scalar2 = 0.0;     ///< a second constant (random: stddev, hi)
+  DType dtype = DType::f32; ///< target dtype (cast, one_hot, fill, random)
   bool flag = false;        ///< keepdims
   friend bool operator==(const Attrs&, const Attrs&) = default;
 };

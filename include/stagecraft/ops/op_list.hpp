@@ -25,7 +25,11 @@
   /* convolution and pooling (ops/conv.hpp, ops/pool.hpp) */    \
   X(Im2Col) X(Col2Im) X(MaxPool2d) X(AvgPool2d)                 \
   /* autodiff (ops/stop_gradient.hpp) */                        \
-  X(StopGradient)
+  X(StopGradient)                                               \
+  /* creation (ops/fill.hpp, ops/random.hpp) */                 \
+  X(Fill) X(RandomNormal) X(RandomUniform)                      \
+  /* runtime checks (ops/check_range.hpp) */                    \
+  X(CheckRange)
 // clang-format on
 
 namespace stagecraft::ops {

@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "../backend/cpu/reduce.hpp"
-#include "../core/creation.hpp"
 #include "../eager/dispatch.hpp"
 #include "binary.hpp"
 #include "cast.hpp"
@@ -243,12 +242,20 @@ inline Tensor extremum_vjp(const Tensor& g, const Tensor& x, const Tensor& out, 
 
 }  // namespace detail
 
-// Every element of the reduced block gets the block's gradient. A broadcast by multiplying
-// with ones (not sc::broadcast_to, whose own gradient needs this file: no include cycle).
+}  // namespace stagecraft
+
+// broadcast_to's rule sums and sum's rule broadcasts: each header includes the other here,
+// after its own declarations, so whichever comes first every function a rule names is declared.
+#include "broadcast_to.hpp"
+
+namespace stagecraft {
+
+// Every element of the reduced block gets the block's gradient: one broadcast (an op, so a
+// trace records it rather than a constant of ones).
 inline std::vector<Tensor> ops::Sum::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs& a) {
   const Tensor gx = detail::unreduce(g, in[0].shape(), a);
   if (gx.shape() == in[0].shape()) return {gx};
-  return {gx * ones(in[0].shape(), gx.dtype())};
+  return {broadcast_to(gx, in[0].shape())};
 }
 inline std::vector<Tensor> ops::Max::vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a) {
   return {detail::extremum_vjp(g, in[0], out, a)};

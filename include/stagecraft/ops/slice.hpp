@@ -61,8 +61,8 @@ inline Tensor slice(const Tensor& x, std::vector<std::int64_t> begin, std::vecto
 // ---- gradient rule ------------------------------------------------------------------------
 // It pads with concat, and concat's own rule slices: each header includes the other here,
 // after its own declarations, so whichever comes first every function a rule names is declared.
-#include "../core/creation.hpp"
 #include "concat.hpp"
+#include "fill.hpp"
 
 namespace stagecraft {
 
@@ -80,12 +80,12 @@ inline std::vector<Tensor> ops::Slice::vjp(const Tensor& g, Inputs in, const Ten
     std::vector<Tensor> parts;
     if (before > 0) {
       block[k] = before;
-      parts.push_back(zeros(block, g.dtype()));
+      parts.push_back(detail::fill(block, 0.0, g.dtype()));
     }
     parts.push_back(r);
     if (after > 0) {
       block[k] = after;
-      parts.push_back(zeros(block, g.dtype()));
+      parts.push_back(detail::fill(block, 0.0, g.dtype()));
     }
     r = concat(parts, k);
   }

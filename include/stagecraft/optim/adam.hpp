@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../ops/binary.hpp"
+#include "../ops/cast.hpp"
 #include "../ops/unary.hpp"
 #include "optimizer.hpp"
 
@@ -35,16 +36,28 @@ class Adam : public Optimizer {
   double epsilon() const { return eps_; }
 
  protected:
-  // 12 ops per variable: 3 for m, 4 for v, 5 for the step.
-  void update(const Tensor& g, Variable& var, Variable* slots, std::int64_t t,
+  /// lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t), 8 ops once per step, in the learning
+  /// rate's dtype (f64) from the `iterations` and `learning_rate` variables, so a traced step
+  /// stays right. beta^t is pow(beta, t) with t a tensor: exact at beta = 0 (0^t = 0 for
+  /// t >= 1, where exp(t * log(beta)) would meet log(0)), and the same std::pow as a host
+  /// computation, so f64 runs match one bit for bit. The result is cast to each variable's
+  /// dtype once per step (Optimizer::apply).
+  Tensor step_size(const std::source_location& loc) override {
+    const Tensor& lr = learning_rate_variable().value();
+    const Tensor t = cast(iterations_variable().value(), lr.dtype(), loc);
+    const Tensor correction2 = sqrt(sub(1.0, pow(beta2_, t, loc), loc), loc);  // sqrt(1 - beta2^t)
+    const Tensor correction1 = sub(1.0, pow(beta1_, t, loc), loc);             // 1 - beta1^t
+    return div(mul(lr, correction2, loc), correction1, loc);
+  }
+
+  // 12 ops per variable: 3 for m, 4 for v, 5 for the step. lr is lr_t in var's dtype.
+  void update(const Tensor& g, Variable& var, Variable* slots, const Tensor& lr,
               const std::source_location& loc) override {
-    const double td = static_cast<double>(t);
-    const double lr_t = learning_rate() * std::sqrt(1 - std::pow(beta2_, td)) / (1 - std::pow(beta1_, td));
     Variable& m = slots[0];
     Variable& v = slots[1];
     m.assign(add(m.value(), mul(sub(g, m.value(), loc), 1 - beta1_, loc), loc), loc);
     v.assign(add(v.value(), mul(sub(square(g, loc), v.value(), loc), 1 - beta2_, loc), loc), loc);
-    var.assign_sub(div(mul(m.value(), lr_t, loc), add(sqrt(v.value(), loc), eps_, loc), loc), loc);
+    var.assign_sub(div(mul(m.value(), lr, loc), add(sqrt(v.value(), loc), eps_, loc), loc), loc);
   }
 
  private:

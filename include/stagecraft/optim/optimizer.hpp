@@ -1,5 +1,7 @@
-// optim::Optimizer: the base of SGD and Adam — slot bookkeeping, checks, the step counter.
+// optim::Optimizer: the base of SGD and Adam — slot bookkeeping, checks, the step counter and
+// the learning rate (both variables, so a traced step reads them at every call).
 #pragma once
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <source_location>
@@ -25,6 +27,12 @@ namespace stagecraft::optim {
 /// the optimizer first saw it (build() or the first apply()). Building with the same model's
 /// trainable_variables() therefore gives the same names, which is what restore matches:
 /// call build(vars) (or take one step) before restoring a checkpoint into an optimizer.
+///
+/// A step is tensor ops only: the counter advances by an op and the learning rate is read
+/// from a variable ("learning_rate", f64 scalar, not trainable) as a tensor, so the same
+/// apply() traced once by sc::function stays right at every later call (nothing the step
+/// needs is a C++ number computed at trace time). set_learning_rate() between calls, or an
+/// assignment to learning_rate_variable() inside the traced step, takes effect without a retrace.
 ///
 /// Optimizers can be moved, not copied (a copy would share its slots with the original).
 class Optimizer {
@@ -57,17 +65,22 @@ class Optimizer {
     }
     if (!known) build(vars, loc);
     GradientTape::StopRecording quiet;  // optimizer steps are never part of a gradient
-    const std::int64_t t = iterations() + 1;
+    // From here on: ops only, never a value read on the host (see the class comment).
+    iterations_.assign_add(one_, loc);  // now t, 1 for the first step
+    const Tensor lr = step_size(loc);   // once per step, in the learning rate's dtype
+    std::array<Tensor, num_dtypes> lr_as{};  // lr converted to each variable dtype, once
     for (std::size_t i = 0; i < vars.size(); ++i) {
       if (!grads[i].defined()) continue;
       const std::size_t k = known ? i : index_.at(key(vars[i]));
       const Tensor& g0 = grads[i];
       // Tapes give gradients in the variable's dtype; anything else is converted once here.
       const Tensor g = g0.dtype() == vars[i].dtype() ? g0 : cast(g0, vars[i].dtype(), loc);
+      Tensor& lr_d = lr_as[static_cast<std::size_t>(vars[i].dtype())];
+      if (!lr_d.defined() || lr_d.device() != vars[i].device())
+        lr_d = cast(lr, vars[i].dtype(), loc).to(vars[i].device(), loc);
       Variable var = vars[i];
-      update(g, var, slots_.data() + k * slot_names_.size(), t, loc);
+      update(g, var, slots_.data() + k * slot_names_.size(), lr_d, loc);
     }
-    iterations_.assign(scalar<std::int64_t>(t), loc);
   }
 
   /// Creates the slots of every variable in vars not seen before (in order), so they exist
@@ -96,6 +109,11 @@ class Optimizer {
 
   /// The optimizer's state: "iterations" first, then every slot in build order (variable
   /// by variable, slots in the optimizer's fixed order). Names are unique and deterministic.
+  ///
+  /// "learning_rate" is left out on purpose, although TensorFlow saves it: Checkpoint::restore
+  /// is all-or-nothing and a missing key is an error, so listing it would make every checkpoint
+  /// written before it existed unrestorable; and the rate is configuration the training script
+  /// sets (constructor, schedule) on every run, which a restore would silently override.
   std::vector<std::pair<std::string, Variable>> named_variables() const {
     std::vector<std::pair<std::string, Variable>> out;
     out.reserve(slots_.size() + 1);
@@ -121,15 +139,20 @@ class Optimizer {
     stagecraft::detail::fail<ValueError>(op_name("slot"), loc, name(), " keeps no slot named '", slot, "'");
   }
 
-  /// Steps taken so far (the `iterations` variable, which a checkpoint restores).
+  /// Steps taken so far (the `iterations` variable, which a checkpoint restores). Reads the
+  /// value on the host: for users between steps; apply() itself never calls it.
   std::int64_t iterations() const { return iterations_.value().item<std::int64_t>(); }
   /// The step counter as a variable (i64 scalar).
   const Variable& iterations_variable() const { return iterations_; }
-  double learning_rate() const { return lr_; }
+  /// The current learning rate (read from learning_rate_variable() on the host).
+  double learning_rate() const { return lr_.value().item<double>(); }
+  /// The learning rate as a variable (f64 scalar, not trainable): a schedule inside a traced
+  /// step assigns it a tensor.
+  const Variable& learning_rate_variable() const { return lr_; }
   /// Changes the learning rate for the following steps (schedules set it between steps).
   void set_learning_rate(double lr, std::source_location loc = std::source_location::current()) {
     check_lr(lr, loc);
-    lr_ = lr;
+    lr_.assign(scalar<double>(lr).to(lr_.device(), loc), loc);
   }
 
  protected:
@@ -137,13 +160,18 @@ class Optimizer {
   Optimizer(double lr, std::vector<std::string> slot_names, const std::source_location& loc)
       : slot_names_(std::move(slot_names)),
         iterations_(scalar<std::int64_t>(0), "iterations", /*trainable=*/false, loc),
-        lr_(lr) {
-    check_lr(lr, loc);
-  }
+        one_(scalar<std::int64_t>(1)),
+        lr_(scalar<double>(check_lr(lr, loc)), "learning_rate", /*trainable=*/false, loc) {}
 
-  /// Updates one variable at step t (1 for the first step) from g (its dtype and shape);
-  /// slots points at this variable's slots, in slot_names order. Runs under StopRecording.
-  virtual void update(const Tensor& g, Variable& var, Variable* slots, std::int64_t t,
+  /// The rate this step scales updates by, a scalar tensor computed from the optimizer's
+  /// variables with ops only (apply() calls it once per step, after `iterations` advanced to
+  /// t, 1 for the first step). Default: the learning rate.
+  virtual Tensor step_size(const std::source_location& /*loc*/) { return lr_.value(); }
+
+  /// Updates one variable from g (its dtype and shape); lr is step_size() converted to the
+  /// variable's dtype and device; slots points at this variable's slots, in slot_names order.
+  /// Runs under StopRecording, with ops only (no host reads: see the class comment).
+  virtual void update(const Tensor& g, Variable& var, Variable* slots, const Tensor& lr,
                       const std::source_location& loc) = 0;
 
   /// Throws ValueError unless lo <= x < hi (or <= hi when closed), naming the hyperparameter.
@@ -158,9 +186,11 @@ class Optimizer {
   /// "Adam::apply": built only when an error is thrown, so steps allocate no strings.
   std::string op_name(std::string_view method) const { return std::string(name()) + "::" + std::string(method); }
   static const void* key(const Variable& v) { return static_cast<const Tensor&>(v).impl()->variable; }
-  void check_lr(double lr, const std::source_location& loc) const {
+  /// lr, or throws ValueError unless it is finite and >= 0.
+  static double check_lr(double lr, const std::source_location& loc) {
     if (!(lr >= 0 && std::isfinite(lr)))
       stagecraft::detail::fail<ValueError>("optimizer", loc, "learning rate must be finite and >= 0, got ", lr);
+    return lr;
   }
   /// True when vars is exactly the built list, in order (the common case: no lookups).
   bool same_as_built(const std::vector<Variable>& vars) const {
@@ -175,7 +205,8 @@ class Optimizer {
   std::vector<Variable> slots_;  // slots_[index * slot_names_.size() + s]
   std::unordered_map<const void*, std::size_t> index_;
   Variable iterations_;
-  double lr_;
+  Tensor one_;   // the counter's increment (i64 scalar 1), made once
+  Variable lr_;  // "learning_rate": f64 scalar
 };
 
 }  // namespace stagecraft::optim

@@ -30,10 +30,11 @@ class SGD : public Optimizer {
   bool nesterov() const { return nesterov_; }
 
  protected:
-  void update(const Tensor& g, Variable& var, Variable* slots, std::int64_t /*t*/,
+  // lr: the learning-rate variable's value in var's dtype (see Optimizer::apply).
+  void update(const Tensor& g, Variable& var, Variable* slots, const Tensor& lr,
               const std::source_location& loc) override {
-    const Tensor step = mul(g, learning_rate(), loc);  // lr * g
-    if (momentum_ == 0) {                              // 2 ops
+    const Tensor step = mul(g, lr, loc);  // lr * g
+    if (momentum_ == 0) {                 // 2 ops
       var.assign_sub(step, loc);
       return;
     }

@@ -1,6 +1,7 @@
 // Variable: named, mutable state (weights, optimizer slots) that ops read as a Tensor.
 #pragma once
 #include <memory>
+#include <mutex>
 #include <source_location>
 #include <string>
 #include <utility>
@@ -11,6 +12,35 @@
 #include "../ops/cast.hpp"
 
 namespace stagecraft {
+namespace detail {
+
+/// A variable's shared state. Its value is replaced, never written in place (tensors are
+/// immutable), so a tensor read from it stays valid. `mu` guards the value for plans that read
+/// and assign it on several threads; eager reads and assigns are for one thread at a time.
+struct VariableState : VariableInfo {
+  Tensor value;
+  mutable std::mutex mu;
+  VariableState() = default;
+  VariableState(const VariableState&) = delete;
+  VariableState& operator=(const VariableState&) = delete;
+  // The value can outlive the variable (a user or a tape holds it); it must not keep
+  // pointing here, or the next tape that sees it reads freed memory.
+  ~VariableState() override {
+    if (value.defined()) value.impl()->variable = nullptr;
+  }
+  /// Stores v under a fresh tensor identity (sharing v's storage: tensors are immutable), so
+  /// the tape can tell this variable's value from the tensor it came from.
+  void set(const Tensor& v) {
+    Tensor fresh = alias_tensor(v, v.shape());
+    fresh.impl()->variable = this;
+    // The old value is a plain tensor from now on (not watched automatically, and it must not
+    // point at this variable once the variable is gone).
+    if (value.defined()) value.impl()->variable = nullptr;
+    value = std::move(fresh);
+  }
+};
+
+}  // namespace detail
 
 /// A named tensor that can be reassigned. Copies of a Variable are handles to the same
 /// state. Every op accepts a Variable where it accepts a Tensor (it reads the current value),
@@ -22,35 +52,51 @@ class Variable {
   /// A variable holding `initial` (its shape and dtype are fixed from now on).
   Variable(const Tensor& initial, std::string name = "", bool trainable = true,
            std::source_location loc = std::source_location::current())
-      : impl_(std::make_shared<Impl>()) {
+      : impl_(std::make_shared<detail::VariableState>()) {
+    detail::require_defined(initial, "Variable", loc);
+    if (detail::TraceState* tr = detail::context().trace; SC_UNLIKELY(tr != nullptr)) {
+      if (!tr->may_create_variables())
+        detail::fail<StagingError>("Variable", loc, "variable '", name, "' is created inside a traced function on a "
+                                   "later trace; variables must be created once: create it outside the function, or "
+                                   "inside `{ sc::init_scope lift; ... }`, or only on the first call");
+      if (initial.is_symbolic())
+        detail::fail<StagingError>("Variable", loc, "the initial value of variable '", name, "' is computed inside a "
+                                   "traced function (symbolic); compute it inside `{ sc::init_scope lift; ... }`");
+    }
     detail::require_concrete(initial, "Variable", loc);
     impl_->name = std::move(name);
     impl_->trainable = trainable;
     set(initial);
   }
 
-  /// The current value.
-  const Tensor& value() const { return impl_->value; }
+  /// The current value. While a function is traced, after an assignment inside the trace, the
+  /// value assigned (a symbolic tensor of the trace).
+  const Tensor& value() const {
+    if (detail::TraceState* tr = detail::context().trace; SC_UNLIKELY(tr != nullptr && impl_))
+      if (const Tensor* s = tr->shadow(impl_.get())) return *s;
+    return impl_->value;
+  }
   /// Reads the current value wherever a Tensor is expected.
-  operator const Tensor&() const { return impl_->value; }  // NOLINT: implicit by design
+  operator const Tensor&() const { return value(); }  // NOLINT: implicit by design
 
-  /// Replaces the value; t must have the variable's shape (its dtype is converted).
+  /// Replaces the value; t must have the variable's shape (its dtype is converted). Inside a
+  /// traced function the assignment becomes part of the graph and runs at every call.
   void assign(const Tensor& t, std::source_location loc = std::source_location::current()) {
     check(t, "Variable::assign", loc);
     GradientTape::StopRecording quiet;  // state updates are not part of any gradient
-    set(t.dtype() == dtype() ? t : cast(t, dtype(), loc));
+    store(t.dtype() == dtype() ? t : cast(t, dtype(), loc), loc);
   }
   /// value += t.
   void assign_add(const Tensor& t, std::source_location loc = std::source_location::current()) {
     check(t, "Variable::assign_add", loc);
     GradientTape::StopRecording quiet;
-    set(cast(add(impl_->value, t, loc), dtype(), loc));  // the variable keeps its dtype
+    store(cast(add(value(), t, loc), dtype(), loc), loc);  // the variable keeps its dtype
   }
   /// value -= t.
   void assign_sub(const Tensor& t, std::source_location loc = std::source_location::current()) {
     check(t, "Variable::assign_sub", loc);
     GradientTape::StopRecording quiet;
-    set(cast(sub(impl_->value, t, loc), dtype(), loc));
+    store(cast(sub(value(), t, loc), dtype(), loc), loc);
   }
 
   const std::string& name() const { return impl_->name; }
@@ -63,18 +109,27 @@ class Variable {
   /// True when both handles are the same variable.
   bool same(const Variable& o) const { return impl_ == o.impl_; }
 
+  /// The shared state (for the graph layer, which reads and assigns variables by reference).
+  const std::shared_ptr<detail::VariableState>& state() const { return impl_; }
+  /// The handle of an existing state (the graph layer hands variables back to users this way).
+  static Variable from_state(std::shared_ptr<detail::VariableState> s) {
+    Variable v;
+    v.impl_ = std::move(s);
+    return v;
+  }
+
  private:
-  struct Impl : detail::VariableInfo {
-    Tensor value;
-    Impl() = default;
-    Impl(const Impl&) = delete;
-    Impl& operator=(const Impl&) = delete;
-    // The value can outlive the variable (a user or a tape holds it); it must not keep
-    // pointing here, or the next tape that sees it reads freed memory.
-    ~Impl() {
-      if (value.defined()) value.impl()->variable = nullptr;
+  void store(const Tensor& v, const std::source_location& loc) {
+    detail::Context& ctx = detail::context();
+    if (SC_UNLIKELY(ctx.trace != nullptr || v.is_symbolic())) {
+      if (ctx.trace == nullptr)
+        detail::fail<StagingError>("Variable::assign", loc, "variable '", name(), "' is assigned a symbolic tensor "
+                                   "outside the trace that made it (it escaped an sc::function)");
+      ctx.trace->assign(impl_.get(), v, loc);
+      return;
     }
-  };
+    set(v);
+  }
   void check(const Tensor& t, std::string_view op, const std::source_location& loc) const {
     detail::require_defined(t, op, loc);
     if (!impl_) detail::fail<ValueError>(op, loc, "the variable is empty (default-constructed)");
@@ -83,16 +138,9 @@ class Variable {
   }
   /// Stores v under a fresh tensor identity (sharing v's storage: tensors are immutable), so
   /// the tape can tell this variable's value from the tensor it came from.
-  void set(const Tensor& v) {
-    Tensor fresh = detail::alias_tensor(v, v.shape());
-    fresh.impl()->variable = impl_.get();
-    // The old value is a plain tensor from now on (not watched automatically, and it must not
-    // point at this variable once the variable is gone).
-    if (impl_->value.defined()) impl_->value.impl()->variable = nullptr;
-    impl_->value = std::move(fresh);
-  }
+  void set(const Tensor& v) { impl_->set(v); }
 
-  std::shared_ptr<Impl> impl_;
+  std::shared_ptr<detail::VariableState> impl_;
 };
 
 }  // namespace stagecraft

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# CTest: --mode staged trains like --mode eager (same per-epoch losses to float tolerance, same
+# accuracy within a point) and reports its speed.
+# usage: test_staged.sh <fashion_mnist binary> <data dir> [model]; exits 77 (skip) without the data.
+set -euo pipefail
+bin=$1 data=$2 model=${3:-mlp}
+if [[ ! -f $data/train-images-idx3-ubyte.gz ]]; then
+  echo "SKIP: no Fashion-MNIST under $data (apt-get install dataset-fashion-mnist)"
+  exit 77
+fi
+common=(--data "$data" --model "$model" --limit 3000 --batch 64 --seed 11 --epochs 2)
+eager=$("$bin" "${common[@]}" --mode eager 2>/dev/null)
+staged=$("$bin" "${common[@]}" --mode staged 2>/dev/null)
+echo "eager:"; echo "$eager"
+echo "staged:"; echo "$staged"
+field() { grep -o "$1=[0-9.]*" | cut -d= -f2; }
+paste <(echo "$eager" | grep '^epoch' | field loss) <(echo "$staged" | grep '^epoch' | field loss) |
+  awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-3 * (1 + $1)) { print "FAIL: losses differ: " $1 " vs " $2; bad = 1 } }
+       END { exit bad }'
+ae=$(echo "$eager" | tail -1 | field test_accuracy)
+as=$(echo "$staged" | tail -1 | field test_accuracy)
+awk -v a="$ae" -v b="$as" 'BEGIN { d = a - b; if (d < 0) d = -d; if (d > 0.01) { print "FAIL: accuracy " a " vs " b; exit 1 } }'
+[[ $(echo "$eager" | grep -c '^epoch') -eq 2 && $(echo "$staged" | grep -c '^epoch') -eq 2 ]] || { echo "FAIL: epoch lines"; exit 1; }
+echo PASS

@@ -1,0 +1,405 @@
+// Staged control flow: sc::cond and sc::while_loop. With a concrete predicate they are plain C++
+// control flow; while tracing they record cond/while nodes holding traced bodies, with gradients.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "../autodiff/tape.hpp"
+#include "../core/creation.hpp"
+#include "interpret.hpp"
+#include "structure.hpp"
+#include "trace.hpp"
+
+namespace stagecraft {
+namespace graph::detail_cf {
+
+using Tensors = std::vector<Tensor>;
+using Thunk = std::function<Tensors()>;
+
+/// A traced body: its graph and the enclosing values it captured (its extra inputs).
+struct Body {
+  std::shared_ptr<const Graph> graph;
+  Tensors captured;  ///< the enclosing graph's tensors, in the body's capture order
+  std::vector<std::shared_ptr<stagecraft::detail::VariableState>> assigned;
+};
+
+/// Traces fn(args) as a body of the current trace. Arguments become its first inputs.
+inline Body trace_body(const std::string& name, const std::vector<TensorSpec>& arg_specs, const std::vector<Device>& devs,
+                       const std::function<Tensors(const Tensors&)>& fn, const std::source_location& loc) {
+  GraphBuilder b(name, /*may_create_vars=*/false);
+  {
+    TapeIsolation isolate;
+    TraceScope scope(b);
+    Tensors args;
+    for (std::size_t i = 0; i < arg_specs.size(); ++i) args.push_back(b.add_input(arg_specs[i], devs[i], SrcLoc::from(loc)));
+    const Tensors outs = fn(args);
+    for (const Tensor& t : outs) stagecraft::detail::require_defined(t, name, loc);
+    b.set_outputs(outs, loc);
+  }
+  return {std::make_shared<const Graph>(std::move(b.graph)), b.captured_outer, b.assigned()};
+}
+
+inline std::vector<TensorSpec> specs_of(const Graph& g, const std::vector<int>& vals) {
+  std::vector<TensorSpec> s;
+  for (int v : vals) s.push_back({g.values[v].shape, g.values[v].dtype});
+  return s;
+}
+
+inline std::string spec_text(const TensorSpec& s) { return std::string(name(s.dtype)) + s.shape.str(); }
+
+/// After a body assigned variables, the enclosing trace reads them afresh.
+inline void forget_assigned(GraphBuilder& parent, const Body& b) {
+  for (const auto& v : b.assigned) parent.forget(v.get());
+}
+
+/// Lifts tensors into the current trace.
+inline Tensors lifted(const Tensors& ts, const std::source_location& loc) {
+  Tensors out;
+  current_builder()->lift(ts, out, loc);
+  return out;
+}
+
+/// Zeros shaped like t (a placeholder gradient).
+inline Tensor zeros_like(const Tensor& t, const std::source_location& loc) { return zeros(t.shape(), t.dtype(), loc); }
+
+/// sum_k sum(outs[k] * seeds[k]) over the float outputs with a seed: a scalar whose gradient is
+/// the vector-Jacobian product of all outputs at once.
+inline Tensor weighted_total(const Tensors& outs, const Tensors& seeds, const std::source_location& loc) {
+  Tensor total;
+  for (std::size_t k = 0; k < outs.size(); ++k) {
+    if (!seeds[k].defined() || !is_floating(outs[k].dtype())) continue;
+    Tensor t = sum(outs[k] * seeds[k], {}, false, loc);
+    if (t.dtype() != DType::f64) t = cast(t, DType::f64, loc);
+    total = total.defined() ? total + t : t;
+  }
+  return total;
+}
+
+/// Gradients of weighted_total(body(args)) with respect to args (undefined for non-float ones,
+/// zeros when unconnected); args are lifted into the current trace first.
+inline Tensors body_vjp(const Graph& body, const Tensors& args, const Tensors& seeds, const std::source_location& loc,
+                        bool side_effects = true) {
+  const Tensors local = current_builder() ? lifted(args, loc) : args;
+  GradientTape tape;
+  Tensors sources;
+  for (const Tensor& a : local)
+    if (is_floating(a.dtype())) {
+      tape.watch(a);
+      sources.push_back(a);
+    }
+  const Tensors outs = interpret(body, local, side_effects);
+  const Tensor total = weighted_total(outs, seeds, loc);
+  Tensors gs;
+  if (total.defined() && !sources.empty()) gs = tape.gradient(total, sources, loc);
+  Tensors res;
+  std::size_t j = 0;
+  for (const Tensor& a : local) {
+    if (!is_floating(a.dtype())) res.push_back(zeros_like(a, loc));
+    else res.push_back(gs.empty() ? zeros_like(a, loc) : gs[j++]);
+  }
+  return res;
+}
+
+Tensors cond_impl(const Tensor& pred, const Thunk& then_fn, const Thunk& else_fn, const std::source_location& loc);
+Tensors while_impl(const std::function<Tensor(const Tensors&)>& cond_fn, const std::function<Tensors(const Tensors&)>& body_fn,
+                   const Tensors& vars, const std::source_location& loc, bool with_count = false);
+
+/// Records the gradient of a staged cond's outputs on the tapes watching its captures.
+inline void record_cond_gradient(const Tensor& pred, const Body& then_b, const Body& else_b, const Tensors& outs,
+                                 const std::source_location& loc) {
+  Tensors caps = then_b.captured;
+  caps.insert(caps.end(), else_b.captured.begin(), else_b.captured.end());
+  for (std::size_t k = 0; k < outs.size(); ++k) {
+    if (!is_floating(outs[k].dtype())) continue;
+    auto vjp = [pred, then_b, else_b, k, n = outs.size(), loc](const Tensor& g) {
+      auto branch = [&](int which) {
+        return [&, which]() {
+          const Body& b = which == 0 ? then_b : else_b;
+          Tensors seeds(n);
+          seeds[k] = g;
+          Tensors gb = body_vjp(*b.graph, b.captured, seeds, loc);
+          Tensors all;
+          for (const Tensor& c : then_b.captured) all.push_back(zeros_like(c, loc));
+          for (const Tensor& c : else_b.captured) all.push_back(zeros_like(c, loc));
+          const std::size_t off = which == 0 ? 0 : then_b.captured.size();
+          for (std::size_t i = 0; i < gb.size(); ++i) all[off + i] = gb[i];
+          return all;
+        };
+      };
+      Tensors gs = cond_impl(pred, branch(0), branch(1), loc);
+      for (std::size_t i = 0; i < gs.size(); ++i) {
+        const Tensor& c = i < then_b.captured.size() ? then_b.captured[i] : else_b.captured[i - then_b.captured.size()];
+        if (!is_floating(c.dtype())) gs[i] = Tensor();
+      }
+      return gs;
+    };
+    stagecraft::detail::record_custom("cond", caps, outs[k], vjp, loc);
+  }
+}
+
+inline Tensors cond_impl(const Tensor& pred, const Thunk& then_fn, const Thunk& else_fn, const std::source_location& loc) {
+  stagecraft::detail::require_defined(pred, "cond", loc);
+  if (pred.numel() != 1)
+    stagecraft::detail::fail<ShapeError>("cond", loc, "the predicate must have one element, it has shape ", pred.shape());
+  if (!pred.is_symbolic()) {  // plain C++ control flow (a tape records the branch's ops)
+    stagecraft::detail::require_concrete(pred, "cond", loc);
+    return stagecraft::detail::load_as<bool>(pred.raw_data(), pred.dtype(), 0) ? then_fn() : else_fn();
+  }
+  GraphBuilder* parent = current_builder();
+  if (parent == nullptr || !parent->owns(pred.impl()->symbolic))
+    stagecraft::detail::fail<StagingError>("cond", loc, "the predicate is a symbolic tensor from a finished trace (it escaped its sc::function)");
+  const Tensor p = pred.dtype() == DType::b8 ? pred : cast(pred, DType::b8, loc);
+  const Tensor p1 = p.rank() == 0 ? p : reshape(p, Shape{}, loc);
+  auto wrap = [](const Thunk& f) { return [&f](const Tensors&) { return f(); }; };
+  Body then_b = trace_body("then", {}, {}, wrap(then_fn), loc);
+  Body else_b = trace_body("else", {}, {}, wrap(else_fn), loc);
+  const auto ts = specs_of(*then_b.graph, then_b.graph->outputs), es = specs_of(*else_b.graph, else_b.graph->outputs);
+  if (ts.size() != es.size())
+    stagecraft::detail::fail<StagingError>("cond", loc, "then_fn returns ", ts.size(), " tensors and else_fn ", es.size(),
+                                           "; both branches must return the same number");
+  for (std::size_t k = 0; k < ts.size(); ++k)
+    if (!(ts[k] == es[k]))
+      stagecraft::detail::fail<StagingError>("cond", loc, "output ", k, " is ", spec_text(ts[k]), " in then_fn but ",
+                                             spec_text(es[k]), " in else_fn; both branches must give the same shapes and dtypes");
+  Node n;
+  n.kind = NodeKind::cond;
+  Tensors ins{p1};
+  for (const Tensor& t : then_b.captured) ins.push_back(t);
+  for (const Tensor& t : else_b.captured) ins.push_back(t);
+  for (const Tensor& t : lifted(ins, loc)) n.inputs.push_back(parent->value_of(t));
+  n.attrs.i0 = static_cast<std::int64_t>(then_b.captured.size());
+  n.bodies = {then_b.graph, else_b.graph};
+  const Device dev = then_b.graph->outputs.empty() ? Device::cpu() : then_b.graph->values[then_b.graph->outputs[0]].device;
+  Tensors outs = parent->append_node(std::move(n), ts, dev, loc);
+  forget_assigned(*parent, then_b);
+  forget_assigned(*parent, else_b);
+  if (stagecraft::detail::context().tapes != nullptr) record_cond_gradient(p1, then_b, else_b, outs, loc);
+  return outs;
+}
+
+/// Records the gradient of a staged while loop's outputs: for each float output, a backward
+/// loop over the iterations in reverse, recomputing each iteration's inputs from the initial
+/// values (time O(n^2) in the iteration count, memory O(1) in it).
+inline void record_while_gradient(const Tensors& init, const Body& cond_b, const Body& body_b, const Tensors& outs,
+                                  const std::source_location& loc) {
+  const std::size_t n = init.size();
+  Tensors ins = init;
+  ins.insert(ins.end(), cond_b.captured.begin(), cond_b.captured.end());
+  ins.insert(ins.end(), body_b.captured.begin(), body_b.captured.end());
+  const Tensor count = outs[n];
+  for (std::size_t k = 0; k < n; ++k) {
+    if (!is_floating(outs[k].dtype())) continue;
+    auto vjp = [init, cond_b, body_b, count, k, n, loc](const Tensor& g) {
+      const Tensors& caps = body_b.captured;
+      // State: i, then gradients of the loop variables at iteration i, then of the captures.
+      Tensors state{count - std::int64_t{1}};
+      for (std::size_t j = 0; j < n; ++j) state.push_back(j == k ? g : zeros_like(init[j], loc));
+      for (const Tensor& c : caps) state.push_back(zeros_like(c, loc));
+      auto back_cond = [](const Tensors& st) { return st[0] >= std::int64_t{0}; };
+      auto back_body = [&](const Tensors& st) {
+        const Tensor& i = st[0];
+        // The loop variables entering iteration i: the body applied i times to the initial values.
+        Tensors fwd{zeros(Shape{}, DType::i64, loc)};
+        fwd.insert(fwd.end(), init.begin(), init.end());
+        auto rc = [&i](const Tensors& v) { return v[0] < i; };
+        auto rb = [&](const Tensors& v) {
+          Tensors args(v.begin() + 1, v.end());
+          args.insert(args.end(), caps.begin(), caps.end());
+          Tensors next{v[0] + std::int64_t{1}};
+          for (const Tensor& t : interpret(*body_b.graph, args)) next.push_back(t);
+          return next;
+        };
+        const Tensors xs = while_impl(rc, rb, fwd, loc);
+        Tensors args(xs.begin() + 1, xs.end());
+        args.insert(args.end(), caps.begin(), caps.end());
+        const Tensors seeds(st.begin() + 1, st.begin() + 1 + static_cast<std::ptrdiff_t>(n));
+        const Tensors d = body_vjp(*body_b.graph, args, seeds, loc);
+        Tensors next{i - std::int64_t{1}};
+        for (std::size_t j = 0; j < n; ++j) next.push_back(d[j]);
+        for (std::size_t c = 0; c < caps.size(); ++c)
+          next.push_back(is_floating(caps[c].dtype()) ? st[1 + n + c] + d[n + c] : st[1 + n + c]);
+        return next;
+      };
+      const Tensors fin = while_impl(back_cond, back_body, state, loc);
+      Tensors gs;
+      for (std::size_t j = 0; j < n; ++j) gs.push_back(is_floating(init[j].dtype()) ? fin[1 + j] : Tensor());
+      for (std::size_t c = 0; c < cond_b.captured.size(); ++c) gs.push_back(Tensor());
+      for (std::size_t c = 0; c < caps.size(); ++c)
+        gs.push_back(is_floating(caps[c].dtype()) ? fin[1 + n + c] : Tensor());
+      return gs;
+    };
+    stagecraft::detail::record_custom("while_loop", ins, outs[k], vjp, loc);
+  }
+}
+
+inline Tensors while_impl(const std::function<Tensor(const Tensors&)>& cond_fn,
+                          const std::function<Tensors(const Tensors&)>& body_fn, const Tensors& vars,
+                          const std::source_location& loc, bool with_count) {
+  for (const Tensor& v : vars) stagecraft::detail::require_defined(v, "while_loop", loc);
+  bool symbolic = stagecraft::detail::context().trace != nullptr;
+  for (const Tensor& v : vars) symbolic |= v.is_symbolic();
+  if (!symbolic) {  // plain C++ loop (a tape records every iteration's ops)
+    Tensors v = vars;
+    std::int64_t iterations = 0;
+    for (;; ++iterations) {
+      const Tensor c = cond_fn(v);
+      if (c.is_symbolic() || c.numel() != 1)
+        stagecraft::detail::fail<ValueError>("while_loop", loc, "cond_fn must return a one-element tensor, got shape ", c.shape());
+      if (!c) break;
+      Tensors next = body_fn(v);
+      if (next.size() != v.size())
+        stagecraft::detail::fail<ValueError>("while_loop", loc, "body_fn returns ", next.size(), " tensors for ", v.size(), " loop variables");
+      v = std::move(next);
+    }
+    if (with_count) v.push_back(scalar(iterations));
+    return v;
+  }
+  GraphBuilder* parent = current_builder();
+  if (parent == nullptr)
+    stagecraft::detail::fail<StagingError>("while_loop", loc, "a loop variable is a symbolic tensor from a finished trace (it escaped its sc::function)");
+  const Tensors lv = lifted(vars, loc);
+  std::vector<TensorSpec> specs;
+  std::vector<Device> devs;
+  for (const Tensor& v : lv) {
+    specs.push_back({v.shape(), v.dtype()});
+    devs.push_back(v.device());
+  }
+  Body cond_b = trace_body("while_cond", specs, devs, [&](const Tensors& a) {
+    Tensor c = cond_fn(a);
+    stagecraft::detail::require_defined(c, "while_loop", loc);
+    if (c.numel() != 1)
+      stagecraft::detail::fail<ShapeError>("while_loop", loc, "cond_fn must return a one-element tensor, got shape ", c.shape());
+    if (c.dtype() != DType::b8) c = cast(c, DType::b8, loc);
+    return Tensors{c.rank() == 0 ? c : reshape(c, Shape{}, loc)};
+  }, loc);
+  Body body_b = trace_body("while_body", specs, devs, body_fn, loc);
+  const auto outs_spec = specs_of(*body_b.graph, body_b.graph->outputs);
+  if (outs_spec.size() != specs.size())
+    stagecraft::detail::fail<StagingError>("while_loop", loc, "body_fn returns ", outs_spec.size(), " tensors for ", specs.size(), " loop variables");
+  for (std::size_t k = 0; k < specs.size(); ++k)
+    if (!(outs_spec[k] == specs[k]))
+      stagecraft::detail::fail<StagingError>("while_loop", loc, "loop variable ", k, " enters as ", spec_text(specs[k]),
+                                             " but body_fn returns ", spec_text(outs_spec[k]),
+                                             "; loop variables must keep their shape and dtype");
+  Node n;
+  n.kind = NodeKind::while_loop;
+  Tensors ins = lv;
+  ins.insert(ins.end(), cond_b.captured.begin(), cond_b.captured.end());
+  ins.insert(ins.end(), body_b.captured.begin(), body_b.captured.end());
+  for (const Tensor& t : lifted(ins, loc)) n.inputs.push_back(parent->value_of(t));
+  n.attrs.i0 = static_cast<std::int64_t>(cond_b.captured.size());
+  n.num_loop_vars = static_cast<int>(specs.size());
+  n.bodies = {cond_b.graph, body_b.graph};
+  std::vector<TensorSpec> out_specs = specs;
+  out_specs.push_back({Shape{}, DType::i64});  // the iteration count (for the gradient)
+  Tensors outs = parent->append_node(std::move(n), out_specs, devs.empty() ? Device::cpu() : devs[0], loc);
+  forget_assigned(*parent, cond_b);
+  forget_assigned(*parent, body_b);
+  if (stagecraft::detail::context().tapes != nullptr) record_while_gradient(vars, cond_b, body_b, outs, loc);
+  if (!with_count) outs.pop_back();
+  return outs;
+}
+
+}  // namespace graph::detail_cf
+
+/// if (pred) then_fn() else else_fn(), staged: with a concrete predicate it is C++ control flow;
+/// with a symbolic one (inside sc::function) both branches are traced into a cond node, so one
+/// trace serves both paths. Branches take no arguments (capture what they use) and return the
+/// same kind of result (Tensor, std::vector<Tensor> or std::tuple of Tensors) with the same
+/// shapes and dtypes. Gradients flow to the tensors the branches use.
+template <class Then, class Else>
+auto cond(const Tensor& pred, Then&& then_fn, Else&& else_fn, std::source_location loc = std::source_location::current()) {
+  using R = std::invoke_result_t<Then&>;
+  static_assert(std::is_same_v<R, std::invoke_result_t<Else&>>, "sc::cond: then_fn and else_fn must return the same type");
+  std::vector<std::size_t> lens;
+  graph::detail_cf::Thunk t = [&]() {
+    R r = then_fn();
+    lens.clear();
+    detail_fn::vector_lengths(r, lens);
+    std::vector<Tensor> out;
+    detail_fn::flatten(r, out);
+    return out;
+  };
+  graph::detail_cf::Thunk e = [&]() {
+    R r = else_fn();
+    std::vector<std::size_t> el;
+    detail_fn::vector_lengths(r, el);
+    if (!lens.empty() && el != lens)
+      stagecraft::detail::fail<StagingError>("cond", loc, "then_fn and else_fn return vectors of different lengths");
+    if (lens.empty()) lens = el;
+    std::vector<Tensor> out;
+    detail_fn::flatten(r, out);
+    return out;
+  };
+  std::vector<Tensor> flat = graph::detail_cf::cond_impl(pred, t, e, loc);
+  std::size_t pos = 0, li = 0;
+  return detail_fn::unflatten<R>(flat, pos, lens, li);
+}
+
+namespace detail_cf_api {
+template <class T>
+struct is_tensor_tuple : std::false_type {};
+template <class... T>
+struct is_tensor_tuple<std::tuple<T...>> : std::bool_constant<(std::is_same_v<T, Tensor> && ...)> {};
+}  // namespace detail_cf_api
+
+/// while (cond_fn(vars...)) vars = body_fn(vars...), staged: outside a trace on concrete tensors
+/// it is a C++ loop; inside sc::function it records a while node, so the iteration count may
+/// depend on data. loop_vars is a Tensor or a std::tuple of Tensors (passed to cond_fn and
+/// body_fn as separate arguments); body_fn returns the same kind, with the same shapes and
+/// dtypes. Returns the final loop variables. Gradients flow to the initial values and to the
+/// tensors the body uses.
+template <class C, class B, class V>
+V while_loop(C&& cond_fn, B&& body_fn, const V& loop_vars, std::source_location loc = std::source_location::current()) {
+  static_assert(std::is_same_v<V, Tensor> || detail_cf_api::is_tensor_tuple<V>::value,
+                "sc::while_loop: loop_vars must be a Tensor or a std::tuple of Tensors");
+  using graph::detail_cf::Tensors;
+  auto to_vec = [](const V& v) {
+    Tensors out;
+    detail_fn::flatten(v, out);
+    return out;
+  };
+  auto from_vec = [](const Tensors& t) {
+    std::size_t pos = 0, li = 0;
+    return detail_fn::unflatten<V>(t, pos, {}, li);
+  };
+  auto c = [&](const Tensors& v) -> Tensor {
+    if constexpr (std::is_same_v<V, Tensor>) return cond_fn(v[0]);
+    else return std::apply(cond_fn, from_vec(v));
+  };
+  auto b = [&](const Tensors& v) -> Tensors {
+    if constexpr (std::is_same_v<V, Tensor>) return {body_fn(v[0])};
+    else return to_vec(std::apply(body_fn, from_vec(v)));
+  };
+  return from_vec(graph::detail_cf::while_impl(c, b, to_vec(loop_vars), loc));
+}
+
+namespace graph::detail_interp {
+inline std::vector<Tensor> replay_cond(const Node& n, const std::vector<Tensor>& ins) {
+  const std::source_location loc = std::source_location::current();
+  const auto k = static_cast<std::ptrdiff_t>(n.attrs.i0);
+  const std::vector<Tensor> then_args(ins.begin() + 1, ins.begin() + 1 + k), else_args(ins.begin() + 1 + k, ins.end());
+  return detail_cf::cond_impl(
+      ins[0], [&] { return interpret(*n.bodies[0], then_args); }, [&] { return interpret(*n.bodies[1], else_args); }, loc);
+}
+inline std::vector<Tensor> replay_while(const Node& n, const std::vector<Tensor>& ins) {
+  const std::source_location loc = std::source_location::current();
+  const auto nv = static_cast<std::ptrdiff_t>(n.num_loop_vars), k = static_cast<std::ptrdiff_t>(n.attrs.i0);
+  const std::vector<Tensor> vars(ins.begin(), ins.begin() + nv);
+  const std::vector<Tensor> ccaps(ins.begin() + nv, ins.begin() + nv + k), bcaps(ins.begin() + nv + k, ins.end());
+  auto with = [](std::vector<Tensor> a, const std::vector<Tensor>& extra) {
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  return detail_cf::while_impl(
+      [&](const std::vector<Tensor>& v) { return interpret(*n.bodies[0], with(v, ccaps))[0]; },
+      [&](const std::vector<Tensor>& v) { return interpret(*n.bodies[1], with(v, bcaps)); }, vars, loc,
+      /*with_count=*/true);
+}
+}  // namespace graph::detail_interp
+
+}  // namespace stagecraft

@@ -1,0 +1,470 @@
+// sc::function (the tracing JIT: one optimized plan per input signature) and
+// sc::ConcreteFunction (one traced, optimized graph with its plan).
+#pragma once
+#include <algorithm>
+#include <array>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "control_flow.hpp"
+#include "structure.hpp"
+#include "host_fn.hpp"
+#include "interpret.hpp"
+#include "passes/pipeline.hpp"
+#include "plan.hpp"
+#include "trace.hpp"
+
+namespace stagecraft {
+
+/// What tracing and optimizing made of a function (ConcreteFunction::stats()).
+struct FunctionStats {
+  int traced_nodes = 0;                        ///< compute nodes as traced
+  std::vector<graph::PassReport> passes;       ///< nodes before and after each pass
+  int optimized_nodes = 0;                     ///< compute nodes after the passes
+  graph::PlanStats plan;                       ///< kernels, fused groups, memory
+  /// A few lines for people.
+  std::string str() const {
+    std::ostringstream os;
+    os << "traced nodes: " << traced_nodes << "\n";
+    for (const auto& p : passes) os << "  " << p.pass << ": " << p.nodes_before << " -> " << p.nodes_after << "\n";
+    os << "optimized nodes: " << optimized_nodes << "\n"
+       << "plan: " << plan.steps << " steps, " << plan.kernels << " kernels, " << plan.fused_groups
+       << " fused groups (" << plan.fused_nodes << " nodes)\n"
+       << "memory: " << plan.peak_bytes << " bytes planned in " << plan.buffers << " buffers (intermediates: "
+       << plan.intermediate_bytes << " bytes)\n";
+    return os.str();
+  }
+};
+inline std::ostream& operator<<(std::ostream& os, const FunctionStats& s) { return os << s.str(); }
+
+/// The results of calling a ConcreteFunction: a Tensor when there is one, or a list.
+class FunctionOutputs {
+ public:
+  explicit FunctionOutputs(std::vector<Tensor> v) : v_(std::move(v)) {}
+  /// The one result (ValueError when there are several).
+  operator Tensor() const {  // NOLINT: `Tensor y = g(x);`
+    if (v_.size() != 1) throw ValueError("[ConcreteFunction] returns " + std::to_string(v_.size()) + " tensors; index them");
+    return v_[0];
+  }
+  operator std::vector<Tensor>() const { return v_; }  // NOLINT
+  const Tensor& operator[](std::size_t i) const { return v_.at(i); }
+  std::size_t size() const { return v_.size(); }
+  auto begin() const { return v_.begin(); }
+  auto end() const { return v_.end(); }
+
+ private:
+  std::vector<Tensor> v_;
+};
+
+/// One traced function for one input signature: its graph (as traced and optimized), its plan,
+/// and its statistics. Callable with tensors of the traced shapes and dtypes; cheap to copy.
+class ConcreteFunction {
+ public:
+  ConcreteFunction() = default;
+  /// Optimizes `traced` and lowers it to a plan.
+  explicit ConcreteFunction(std::shared_ptr<const graph::Graph> traced, bool optimize = true) {
+    auto impl = std::make_shared<Impl>();
+    impl->traced = traced;
+    impl->stats.traced_nodes = traced->num_compute_nodes();
+    impl->optimized = optimize ? std::make_shared<const graph::Graph>(graph::optimize(*traced, &impl->stats.passes))
+                               : traced;
+    impl->stats.optimized_nodes = impl->optimized->num_compute_nodes();
+    impl->plan = std::make_shared<const graph::Plan>(impl->optimized);
+    impl->stats.plan = impl->plan->stats();
+    impl_ = std::move(impl);
+  }
+
+  bool defined() const { return impl_ != nullptr; }
+  /// The optimized graph (printable: `std::cout << cf.graph()`).
+  const graph::Graph& graph() const { return *impl_->optimized; }
+  /// The graph as traced, before the passes.
+  const graph::Graph& traced_graph() const { return *impl_->traced; }
+  const graph::Plan& plan() const { return *impl_->plan; }
+  FunctionStats stats() const { return impl_->stats; }
+  /// What each argument must be.
+  std::vector<TensorSpec> input_specs() const {
+    std::vector<TensorSpec> s;
+    for (int v : graph().inputs) s.push_back({graph().values[v].shape, graph().values[v].dtype});
+    return s;
+  }
+
+  /// Runs the plan on tensors (checked against the traced signature). Inside another trace the
+  /// graph is inlined into it; under a recording tape the call is differentiable (its backward is
+  /// a staged function too, traced on first need).
+  std::vector<Tensor> call(const std::vector<Tensor>& args,
+                           std::source_location loc = std::source_location::current()) const {
+    check_args(args, loc);
+    stagecraft::detail::Context& ctx = stagecraft::detail::context();
+    bool symbolic = ctx.trace != nullptr;
+    for (const Tensor& a : args) symbolic |= a.is_symbolic();
+    if (symbolic) return graph::interpret(graph(), args);
+    return run(args, loc);
+  }
+  /// As call(), for arguments known to match the signature (sc::function checked it).
+  std::vector<Tensor> run(const std::vector<Tensor>& args, const std::source_location& loc) const {
+    const stagecraft::detail::Context& ctx = stagecraft::detail::context();
+    std::vector<Tensor> outs = impl_->plan->run(args);
+    if (ctx.tapes != nullptr && ctx.no_record == 0) record_gradient(args, outs, loc);
+    return outs;
+  }
+  /// g(x, y): tensors (or variables) in, FunctionOutputs out.
+  template <class... A>
+    requires(std::convertible_to<const A&, const Tensor&> && ...)
+  FunctionOutputs operator()(const A&... args) const {
+    return FunctionOutputs(call(std::vector<Tensor>{static_cast<const Tensor&>(args)...}));
+  }
+
+  /// Writes the optimized graph and the variables it reads (see graph/serialize.hpp).
+  void save(const std::string& path, std::source_location loc = std::source_location::current()) const;
+
+ private:
+  struct Impl {
+    std::shared_ptr<const graph::Graph> traced, optimized;
+    std::shared_ptr<const graph::Plan> plan;
+    FunctionStats stats;
+    mutable std::mutex grad_mu;
+    mutable std::shared_ptr<const ConcreteFunction> backward;  ///< (args..., output seeds...) -> arg gradients
+  };
+
+  /// The staged backward function, traced on first need.
+  const ConcreteFunction& backward() const {
+    std::lock_guard<std::mutex> lock(impl_->grad_mu);
+    if (!impl_->backward) {
+      const graph::Graph& g = graph();
+      graph::GraphBuilder b(g.name + "_grad", false);
+      {
+        graph::TapeIsolation isolate;
+        graph::TraceScope scope(b);
+        std::vector<Tensor> args, seeds;
+        for (int v : g.inputs) args.push_back(b.add_input({g.values[v].shape, g.values[v].dtype}, g.values[v].device));
+        for (int v : g.outputs) seeds.push_back(b.add_input({g.values[v].shape, g.values[v].dtype}, g.values[v].device));
+        std::vector<Tensor> gs = graph::detail_cf::body_vjp(g, args, seeds, std::source_location::current(), false);
+        b.set_outputs(gs, std::source_location::current());
+      }
+      impl_->backward = std::make_shared<const ConcreteFunction>(std::make_shared<const graph::Graph>(std::move(b.graph)));
+    }
+    return *impl_->backward;
+  }
+
+  /// Records each float output's gradient on the tapes watching an argument.
+  void record_gradient(const std::vector<Tensor>& args, const std::vector<Tensor>& outs,
+                       const std::source_location& loc) const {
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      if (!is_floating(outs[k].dtype())) continue;
+      ConcreteFunction self = *this;
+      auto vjp = [self, args, outs, k](const Tensor& g) {
+        std::vector<Tensor> in = args;
+        for (std::size_t j = 0; j < outs.size(); ++j)
+          in.push_back(j == k ? g : zeros(outs[j].shape(), outs[j].dtype()));
+        std::vector<Tensor> gs = self.backward().call(in);
+        for (std::size_t j = 0; j < args.size(); ++j)
+          if (!is_floating(args[j].dtype())) gs[j] = Tensor();
+        return gs;
+      };
+      stagecraft::detail::record_custom("function", args, outs[k], vjp, loc);
+    }
+  }
+  void check_args(const std::vector<Tensor>& args, const std::source_location& loc) const {
+    if (!impl_) stagecraft::detail::fail<ValueError>("ConcreteFunction", loc, "is empty (default-constructed)");
+    const graph::Graph& g = graph();
+    if (args.size() != g.inputs.size())
+      stagecraft::detail::fail<ValueError>("ConcreteFunction", loc, "'", g.name, "' takes ", g.inputs.size(), " tensors, got ",
+                               args.size());
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      stagecraft::detail::require_concrete(args[i], "ConcreteFunction", loc);
+      const graph::Value& v = g.values[g.inputs[i]];
+      if (args[i].shape() != v.shape || args[i].dtype() != v.dtype || args[i].device() != v.device)
+        stagecraft::detail::fail<ShapeError>("ConcreteFunction", loc, "argument ", i, " of '", g.name, "' must be ",
+                                 name(v.dtype), v.shape, " on ", v.device.str(), ", got ", name(args[i].dtype()),
+                                 args[i].shape(), " on ", args[i].device().str());
+    }
+  }
+  std::shared_ptr<const Impl> impl_;
+};
+
+/// Where retrace notices go (default: one line on std::cerr). Replace it to capture them.
+inline std::function<void(const std::string&)>& staging_log() {
+  static std::function<void(const std::string&)> sink = [](const std::string& s) { std::cerr << s << "\n"; };
+  return sink;
+}
+
+namespace detail_fn {
+
+template <class T>
+concept PlainArg = std::is_arithmetic_v<T> || std::is_enum_v<T> || std::same_as<T, std::string> ||
+                   std::same_as<T, const char*> || std::same_as<T, Shape> || std::same_as<T, DType>;
+template <class T>
+concept TensorArg = std::same_as<T, Tensor>;
+template <class T>
+concept VariableArg = std::same_as<T, Variable>;
+template <class T>
+concept TensorListArg = std::same_as<T, std::vector<Tensor>>;
+
+template <class T>
+concept SupportedArg = PlainArg<T> || TensorArg<T> || VariableArg<T> || TensorListArg<T>;
+
+/// What a tensor argument contributes to a signature.
+struct TensorSig {
+  DType dtype = DType::f32;
+  Shape shape;
+  Device device;
+  friend bool operator==(const TensorSig&, const TensorSig&) = default;
+  std::string text() const {
+    return std::string(name(dtype)) + shape.str() + (device.is_cpu() ? "" : "@" + device.str());
+  }
+};
+inline TensorSig sig_of(const Tensor& t) { return {t.dtype(), t.shape(), t.device()}; }
+
+/// One argument's part of the signature: compared field by field at every call (no strings are
+/// built on a hit), described in words only for retrace notices.
+struct ArgKey {
+  char kind = 0;  ///< 'T' tensor, 'V' variable, 'L' tensor list, 'N' number, 'S' string/DType/Shape
+  TensorSig tensor;
+  std::vector<TensorSig> list;
+  const void* id = nullptr;  ///< a variable's identity
+  double number = 0;
+  long long integer = 0;
+  std::string str;  ///< variable name, or a printed plain value
+  friend bool operator==(const ArgKey& a, const ArgKey& b) {
+    if (a.kind != b.kind) return false;
+    switch (a.kind) {
+      case 'T': return a.tensor == b.tensor;
+      case 'V': return a.id == b.id;
+      case 'L': return a.list == b.list;
+      case 'N': return a.integer == b.integer && (a.number == b.number || (a.number != a.number && b.number != b.number));
+      default: return a.str == b.str;
+    }
+  }
+  std::string text() const {
+    switch (kind) {
+      case 'T': return tensor.text();
+      case 'V': return "variable '" + str + "'";
+      case 'L': {
+        std::string t = "[";
+        for (std::size_t i = 0; i < list.size(); ++i) t += (i ? ", " : "") + list[i].text();
+        return t + "]";
+      }
+      case 'N': {
+        std::ostringstream os;
+        os.precision(17);
+        if (number == static_cast<double>(integer)) os << integer;
+        else os << number;
+        return os.str();
+      }
+      default: return str;
+    }
+  }
+};
+
+template <class T>
+ArgKey key_of(const T& a) {
+  using D = std::decay_t<T>;
+  ArgKey k;
+  if constexpr (TensorArg<D>) {
+    k.kind = 'T';
+    if (a.defined()) k.tensor = sig_of(a);
+  } else if constexpr (VariableArg<D>) {
+    k.kind = 'V';
+    k.id = a.state().get();
+    if (a.defined()) k.str = a.name();
+  } else if constexpr (TensorListArg<D>) {
+    k.kind = 'L';
+    for (const Tensor& x : a)
+      if (x.defined()) k.list.push_back(sig_of(x));
+  } else if constexpr (std::same_as<D, DType>) {
+    k.kind = 'S';
+    k.str = name(a);
+  } else if constexpr (std::is_arithmetic_v<D> || std::is_enum_v<D>) {
+    k.kind = 'N';
+    if constexpr (std::is_enum_v<D>) k.integer = static_cast<long long>(a);
+    else if constexpr (std::is_integral_v<D>) k.integer = static_cast<long long>(a);
+    k.number = static_cast<double>(a);
+  } else {
+    k.kind = 'S';
+    std::ostringstream os;
+    os << a;
+    k.str = os.str();
+  }
+  return k;
+}
+
+/// The value the traced call receives in place of an argument.
+template <class T>
+auto traced_arg(const T& a, graph::GraphBuilder& b, const std::source_location& loc) {
+  using D = std::decay_t<T>;
+  if constexpr (TensorArg<D>) {
+    stagecraft::detail::require_defined(a, "function", loc);
+    return b.add_input({a.shape(), a.dtype()}, a.device(), graph::SrcLoc::from(loc));
+  } else if constexpr (TensorListArg<D>) {
+    std::vector<Tensor> v;
+    for (const Tensor& x : a) v.push_back(b.add_input({x.shape(), x.dtype()}, x.device(), graph::SrcLoc::from(loc)));
+    return v;
+  } else {
+    return a;  // variables by reference (reads become graph nodes), plain values as they are
+  }
+}
+
+/// True when an argument holds a symbolic tensor.
+template <class T>
+bool any_symbolic(const T& a) {
+  using D = std::decay_t<T>;
+  if constexpr (TensorArg<D>) return a.defined() && a.is_symbolic();
+  else if constexpr (TensorListArg<D>) {
+    for (const Tensor& x : a)
+      if (x.defined() && x.is_symbolic()) return true;
+    return false;
+  } else return false;
+}
+
+/// Appends the tensors an argument binds to the plan's inputs.
+template <class T>
+void bind_arg(const T& a, std::vector<Tensor>& out) {
+  using D = std::decay_t<T>;
+  if constexpr (TensorArg<D>) out.push_back(a);
+  else if constexpr (TensorListArg<D>) out.insert(out.end(), a.begin(), a.end());
+}
+
+}  // namespace detail_fn
+
+/// The tracing JIT. `auto f = sc::function(fn)`: each call looks up its input signature (dtype,
+/// shape and device of every tensor argument, identity of every Variable, value of every plain
+/// argument); the first call with a signature traces fn with symbolic tensors, optimizes the graph
+/// and builds a plan; later calls run the plan. Copies share their traces; calls from several
+/// threads are safe.
+template <class F>
+class Function {
+ public:
+  explicit Function(F f, std::string name = "f") : s_(std::make_shared<Shared>(std::move(f), std::move(name))) {}
+
+  template <class... A>
+  auto operator()(const A&... args) const {
+    static_assert((detail_fn::SupportedArg<std::decay_t<A>> && ...),
+                  "sc::function: arguments must be sc::Tensor, sc::Variable, std::vector<sc::Tensor>, or plain "
+                  "values (arithmetic, enum, std::string, Shape, DType)");
+    using R = std::invoke_result_t<F&, const A&...>;
+    bool symbolic = stagecraft::detail::context().trace != nullptr;
+    ((symbolic = symbolic || detail_fn::any_symbolic(args)), ...);
+    if (symbolic) return s_->f(args...);  // called inside another trace: inline it
+    const Entry& e = entry_for(std::source_location::current(), args...);
+    std::vector<Tensor> flat;
+    (detail_fn::bind_arg(args, flat), ...);
+    std::vector<Tensor> outs = e.cf.run(flat, std::source_location::current());
+    if constexpr (std::is_void_v<R>) {
+      return;
+    } else {
+      std::size_t pos = 0, li = 0;
+      return detail_fn::unflatten<R>(outs, pos, e.lengths, li);
+    }
+  }
+
+  /// Traces (if needed) for these arguments and returns the concrete function.
+  template <class... A>
+  ConcreteFunction get_concrete(const A&... args) const {
+    return entry_for(std::source_location::current(), args...).cf;
+  }
+  /// How many times fn was traced (one per distinct signature).
+  int trace_count() const {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return static_cast<int>(s_->entries.size());
+  }
+  /// Traces after which a retracing warning is printed (default 5).
+  void set_retrace_warning(int n) { s_->warn_at = n; }
+
+ private:
+  struct Entry {
+    std::vector<detail_fn::ArgKey> sig;
+    ConcreteFunction cf;
+    std::vector<std::size_t> lengths;
+  };
+  struct Shared {
+    Shared(F fn, std::string n) : f(std::move(fn)), name(std::move(n)) {}
+    F f;
+    std::string name;
+    std::mutex mu;
+    std::vector<std::unique_ptr<Entry>> entries;
+    int warn_at = 5;
+    bool warned = false;
+  };
+
+  template <class... A>
+  const Entry& entry_for(const std::source_location& loc, const A&... args) const {
+    const std::array<detail_fn::ArgKey, sizeof...(A)> sig{detail_fn::key_of(args)...};
+    std::lock_guard<std::mutex> lock(s_->mu);
+    for (const auto& e : s_->entries)
+      if (std::equal(sig.begin(), sig.end(), e->sig.begin(), e->sig.end())) return *e;
+    std::vector<detail_fn::ArgKey> sigv(sig.begin(), sig.end());
+    if (!s_->entries.empty()) note_retrace(sigv);
+    auto e = std::make_unique<Entry>();
+    e->sig = std::move(sigv);
+    trace_into(*e, loc, args...);
+    s_->entries.push_back(std::move(e));
+    return *s_->entries.back();
+  }
+
+  void note_retrace(const std::vector<detail_fn::ArgKey>& sig) const {
+    // Against the closest earlier signature (fewest differing arguments, latest on ties).
+    const std::vector<detail_fn::ArgKey>* prev = nullptr;
+    std::size_t best = sig.size() + 1;
+    for (const auto& e : s_->entries) {
+      std::size_t d = 0;
+      for (std::size_t i = 0; i < sig.size(); ++i) d += !(sig[i] == e->sig[i]);
+      if (d <= best) best = d, prev = &e->sig;
+    }
+    std::string why;
+    for (std::size_t i = 0; i < sig.size(); ++i)
+      if (!(sig[i] == (*prev)[i])) {
+        why += (why.empty() ? "" : "; ") + std::string("argument ") + std::to_string(i) + " changed from " +
+               (*prev)[i].text() + " to " + sig[i].text();
+      }
+    const int n = static_cast<int>(s_->entries.size()) + 1;
+    staging_log()("[sc::function] retracing '" + s_->name + "' (trace " + std::to_string(n) + "): " + why);
+    if (n >= s_->warn_at && !s_->warned) {
+      s_->warned = true;
+      staging_log()("[sc::function] warning: '" + s_->name + "' has been traced " + std::to_string(n) +
+                    " times; each trace builds a new graph. Call it with fewer distinct shapes, and pass values "
+                    "that change as tensors rather than C++ values");
+    }
+  }
+
+  template <class... A>
+  void trace_into(Entry& e, const std::source_location& loc, const A&... args) const {
+    using R = std::invoke_result_t<F&, const A&...>;
+    graph::GraphBuilder b(s_->name, /*may_create_vars=*/s_->entries.empty());
+    {
+      graph::TapeIsolation isolate;  // tapes outside the function do not see its symbolic ops
+      graph::TraceScope scope(b);
+      // Braces: list-initialization evaluates left to right, so inputs are declared in order.
+      std::tuple<decltype(detail_fn::traced_arg(args, b, loc))...> targs{detail_fn::traced_arg(args, b, loc)...};
+      std::vector<Tensor> outs;
+      if constexpr (std::is_void_v<R>) {
+        std::apply(s_->f, targs);
+      } else {
+        R r = std::apply(s_->f, targs);
+        detail_fn::flatten(r, outs);
+        detail_fn::vector_lengths(r, e.lengths);
+      }
+      b.set_outputs(outs, loc);
+    }
+    e.cf = ConcreteFunction(std::make_shared<const graph::Graph>(std::move(b.graph)));
+  }
+
+  std::shared_ptr<Shared> s_;
+};
+
+/// Stages fn: `auto f = sc::function([&](sc::Tensor x) { ... }); f(x);`
+template <class F>
+Function<std::decay_t<F>> function(F&& fn, std::string name = "f") {
+  return Function<std::decay_t<F>>(std::forward<F>(fn), std::move(name));
+}
+
+}  // namespace stagecraft
+
+#include "serialize.hpp"  // defines ConcreteFunction::save; sc::load_function

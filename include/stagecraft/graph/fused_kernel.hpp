@@ -1,0 +1,610 @@
+// The evaluator of one fused elementwise group: a register program over one dtype, run tile by
+// tile (numexpr's idea) so every intermediate stays in L1, each instruction by its op's own rule.
+//
+// An instruction runs its op's SIMD rule (`Op::simd`, as the eager kernels do) over a whole tile,
+// or its scalar rule where the op has no SIMD rule for the dtype. Kernels come from a table built
+// from STAGECRAFT_OP_LIST, so a new elementwise op is fusible without an edit here. Numerics:
+// - every element of a vector register goes through the SIMD rule (a tile's last partial batch
+//   through one zero-padded batch), so results equal the eager op's bit for bit except where the
+//   eager loop sends its own last partial batch through the scalar rule;
+// - a value computed from single-element inputs only is computed once per run with the scalar
+//   rule, as the eager op on one-element tensors computes it.
+#pragma once
+#include <algorithm>
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../backend/cpu/elementwise.hpp"
+#include "../backend/cpu/parallel.hpp"
+#include "../ops/registry.hpp"
+
+namespace stagecraft::graph {
+
+/// One instruction: reg[num_inputs + k] = op(reg[a]) or op(reg[a], reg[b]) (b = -1 for unary).
+struct FusedInstr {
+  ops::OpId op;
+  int a;
+  int b = -1;
+};
+
+/// A fused elementwise program over one dtype: registers 0..input_shapes.size()-1 are the inputs,
+/// each broadcast (NumPy rules) to out_shape; register input_shapes.size() + k is instruction k's result.
+struct FusedProgram {
+  DType dtype = DType::f32;
+  Shape out_shape;
+  std::vector<Shape> input_shapes;
+  std::vector<FusedInstr> code;
+  std::vector<int> outputs;  ///< registers written out, each to a tensor of out_shape and dtype
+};
+
+namespace detail_fused {
+
+using backend::cpu::batch;
+
+/// A kernel: y[i] = op(a[i], b[i]) for i < n (b unused by unary ops); a and y may be the same buffer.
+template <class T>
+using Kernel = void (*)(const T* a, const T* b, T* y, std::int64_t n);
+
+/// How an instruction's operands arrive. vv: both per element (unary: its one operand); sv / vs:
+/// the first / second operand is one value (a pointer to it), read by every element; scalar: the
+/// scalar rule over per-element operands (single-element registers, computed once per run).
+enum Mode : int { vv = 0, sv = 1, vs = 2, scalar = 3, num_modes = 4 };
+
+// The elementwise family an op derives from, found by deduction (nothing to declare per op).
+template <class Op, ops::UnaryKind K>
+std::integral_constant<ops::UnaryKind, K> unary_kind_of(const ops::Unary<Op, K>*);
+template <class Op, ops::BinaryKind K>
+std::integral_constant<ops::BinaryKind, K> binary_kind_of(const ops::Binary<Op, K>*);
+
+template <class Op>
+concept UnaryOp = requires(const Op* p) { unary_kind_of(p); };
+template <class Op>
+concept BinaryOp = requires(const Op* p) { binary_kind_of(p); };
+
+/// Op keeps dtype T: an elementwise unary/binary op whose result has its inputs' dtype T (not
+/// predicates, comparisons or logical ops; floating-only ops only for floating T), with a scalar
+/// rule of T (so its eager kernel is the Unary/Binary loop over Op::scalar / Op::simd).
+template <class Op, class T>
+constexpr bool keeps_dtype() {
+  if constexpr (std::is_same_v<T, bool> || !std::is_arithmetic_v<T>) {
+    return false;
+  } else if constexpr (UnaryOp<Op>) {
+    constexpr ops::UnaryKind k = decltype(unary_kind_of(std::declval<const Op*>()))::value;
+    return k != ops::UnaryKind::predicate && (k == ops::UnaryKind::numeric || std::is_floating_point_v<T>) &&
+           requires(T x) { { Op::scalar(x) } -> std::same_as<T>; };
+  } else if constexpr (BinaryOp<Op>) {
+    constexpr ops::BinaryKind k = decltype(binary_kind_of(std::declval<const Op*>()))::value;
+    return (k == ops::BinaryKind::arithmetic || (k == ops::BinaryKind::floating && std::is_floating_point_v<T>)) &&
+           requires(T x) { { Op::scalar(x, x) } -> std::same_as<T>; };
+  } else {
+    return false;
+  }
+}
+
+/// The op's SIMD rule is used for T exactly when the eager loop uses it.
+template <class Op, class T>
+constexpr bool has_simd() {
+  if constexpr (Op::arity == 1) return backend::cpu::HasSimd1<Op, T>;
+  else return backend::cpu::HasSimd2<Op, T>;
+}
+
+/// One SIMD step at a[i], b[i] (va / vb: the broadcast single value in modes sv / vs).
+template <class Op, class T, int M>
+SC_ALWAYS_INLINE batch<T> simd_at(const T* a, const T* b, std::int64_t i, const batch<T>& va, const batch<T>& vb) {
+  using B = batch<T>;
+  if constexpr (Op::arity == 1) {
+    return B(Op::simd(B::load_unaligned(a + i)));
+  } else {
+    return B(Op::simd(M == sv ? va : B::load_unaligned(a + i), M == vs ? vb : B::load_unaligned(b + i)));
+  }
+}
+
+/// The SIMD rule over n elements; the last partial batch goes through one zero-padded batch.
+template <class Op, class T, int M>
+void simd_kernel(const T* a, const T* b, T* y, std::int64_t n) {
+  using B = batch<T>;
+  constexpr std::int64_t W = B::size;
+  // Single values are read once, before any store (y may be any buffer).
+  const B va = M == sv ? B(a[0]) : B(T(0)), vb = M == vs ? B(b[0]) : B(T(0));
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) simd_at<Op, T, M>(a, b, i, va, vb).store_unaligned(y + i);
+  if (i < n) {
+    alignas(sizeof(B)) T ta[W] = {}, tb[W] = {}, ty[W];
+    const std::int64_t r = n - i;
+    if constexpr (M != sv) std::copy_n(a + i, r, ta);
+    if constexpr (Op::arity == 2 && M != vs) std::copy_n(b + i, r, tb);
+    simd_at<Op, T, M>(ta, tb, 0, va, vb).store_aligned(ty);
+    std::copy_n(ty, r, y + i);
+  }
+}
+
+/// The scalar rule over n elements (ops without a SIMD rule for T, and single-element registers).
+template <class Op, class T, int M>
+void scalar_kernel(const T* a, const T* b, T* y, std::int64_t n) {
+  if constexpr (Op::arity == 1) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = Op::scalar(a[i]);
+  } else {
+    const T ca = M == sv ? a[0] : T(0), cb = M == vs ? b[0] : T(0);
+    for (std::int64_t i = 0; i < n; ++i) y[i] = Op::scalar(M == sv ? ca : a[i], M == vs ? cb : b[i]);
+  }
+}
+
+/// Everything the evaluator needs of one (op, dtype): a kernel per mode (null: not available)
+/// and the op's relative cost (for the parallel grain).
+template <class T>
+struct OpKernels {
+  std::array<Kernel<T>, num_modes> k{};
+  int cost = 1;
+};
+
+template <class Op, class T, int M>
+constexpr Kernel<T> pick() {
+  if constexpr (M != scalar && has_simd<Op, T>()) return &simd_kernel<Op, T, M>;
+  else return &scalar_kernel<Op, T, M>;
+}
+
+template <class Op, class T>
+constexpr OpKernels<T> kernels_of() {
+  OpKernels<T> r;
+  if constexpr (keeps_dtype<Op, T>()) {
+    r.k[vv] = pick<Op, T, vv>();
+    r.k[scalar] = pick<Op, T, scalar>();
+    if constexpr (Op::arity == 2) {
+      r.k[sv] = pick<Op, T, sv>();
+      r.k[vs] = pick<Op, T, vs>();
+    }
+    r.cost = static_cast<int>(std::max<std::int64_t>(1, backend::cpu::grain_cheap / Op::grain()));
+  }
+  return r;
+}
+
+/// Every op's kernels over T, in op-list order (all null for ops that cannot be instructions).
+template <class T>
+inline constexpr std::array<OpKernels<T>, ops::num_ops> kernel_table = {{
+#define STAGECRAFT_FUSED_KERNELS(S) kernels_of<ops::S, T>(),
+    STAGECRAFT_OP_LIST(STAGECRAFT_FUSED_KERNELS)
+#undef STAGECRAFT_FUSED_KERNELS
+}};
+
+template <class T>
+constexpr const OpKernels<T>& kernels(ops::OpId op) {
+  return kernel_table<T>[static_cast<std::size_t>(op)];
+}
+
+/// Bytes of one register's tile. The current tile of every register and buffer, and the next
+/// tile's prefetched inputs, must stay in L1: bench_fusion's sweep (9-op chain, 5 buffers) found
+/// 2 KiB best at 256K elements and within 5% of 1 KiB at 16M; 4 KiB 15-40% slower, 16 KiB 70%.
+inline constexpr std::int64_t tile_bytes = 2048;
+/// Elements per tile (prepare's default; PreparedFused::tile may be changed before a run).
+template <class T>
+inline constexpr std::int64_t tile_elems = tile_bytes / static_cast<std::int64_t>(sizeof(T));
+
+/// Where a register lives during a tile.
+enum class Home : std::uint8_t { scalar, input, slot, output };
+struct Reg {
+  Home home = Home::slot;
+  int index = -1;  ///< scalar: its value's index; input: the input; output: the output written directly
+  int slot = -1;   ///< scratch slot: slot results, and inputs when gathered (broadcast or aliased)
+  bool scalar_value() const { return home == Home::scalar; }
+};
+/// One kernel call per tile (or per run for single-element results): fn(reg a, reg b, reg y).
+struct Step {
+  void (*fn)() = nullptr;  ///< a Kernel<T> of the program's dtype, cast back before the call
+  int a = -1, b = -1, y = -1;
+};
+/// An input read per element: in place (same numel as the output) or gathered by `plan`.
+struct VectorInput {
+  int input = -1;
+  bool broadcast = false;
+  backend::cpu::StridedPlan<1> plan;  ///< the input's strides over the output, axes merged
+};
+/// An output not written by its instruction (an input or single value, or a register written twice).
+struct CopyOut {
+  int output = -1, reg = -1;
+};
+
+/// Where a register is for the tile starting at t0: (ptr, or the thread's scratch) + off + t0 * stride.
+struct Loc {
+  std::byte* ptr = nullptr;
+  std::int64_t off = 0, stride = 0;
+};
+/// A gather for one tile: a broadcast input by its plan, or an aliased input copied in place.
+struct Gather {
+  const std::byte* src = nullptr;
+  const backend::cpu::StridedPlan<1>* plan = nullptr;  ///< null: a linear copy
+  std::int64_t off = 0;                                  ///< its slot's offset in the scratch
+};
+
+}  // namespace detail_fused
+
+/// A FusedProgram with its kernels, register homes and broadcast walks resolved (see prepare()):
+/// running it does no lookup and, after a thread's first run, no allocation.
+struct PreparedFused {
+  FusedProgram program;                                 ///< the program as given
+  std::vector<detail_fused::Reg> regs;                  ///< one per register
+  std::vector<detail_fused::Step> once, per_tile;       ///< single-value steps; steps per tile
+  std::vector<int> scalar_inputs;                       ///< inputs read as one value
+  std::vector<detail_fused::VectorInput> vector_inputs; ///< inputs read per element
+  std::vector<detail_fused::CopyOut> copies;             ///< outputs copied at the end of a tile
+  int num_slots = 0, num_scalars = 0;
+  std::int64_t numel = 0, grain = 0;
+  std::int64_t tile = 0;  ///< elements per tile, any positive count (default: tile_bytes of the dtype)
+};
+
+/// True when `op` can be an instruction of a program over dtype d: an elementwise unary or binary op
+/// whose inputs and output all have dtype d (arithmetic/floating kinds; not comparisons or logical ops,
+/// which change the dtype; not where/cast).
+inline bool fusible(ops::OpId op, DType d) {
+  if (static_cast<int>(op) >= ops::num_ops) return false;
+  return visit_dtype(d, [&](auto tag) {
+    return detail_fused::kernels<typename decltype(tag)::type>(op).k[detail_fused::vv] != nullptr;
+  });
+}
+
+namespace detail_fused {
+
+[[noreturn]] SC_COLD inline void fail_program(const std::string& what) {
+  throw ValueError("[fused] invalid program: " + what);
+}
+
+/// Checks p: operands precede their use, arities and dtypes fit, inputs broadcast to out_shape.
+inline void validate(const FusedProgram& p) {
+  const int nin = static_cast<int>(p.input_shapes.size());
+  for (int i = 0; i < nin; ++i) {
+    Shape b;
+    if (!broadcast_shapes(p.input_shapes[i], p.out_shape, b) || !(b == p.out_shape))
+      fail_program("input " + std::to_string(i) + " of shape " + p.input_shapes[i].str() +
+                   " does not broadcast to the output shape " + p.out_shape.str());
+  }
+  for (int k = 0; k < static_cast<int>(p.code.size()); ++k) {
+    const FusedInstr& c = p.code[k];
+    const std::string at = "instruction " + std::to_string(k);
+    if (!fusible(c.op, p.dtype))
+      fail_program(at + ": op '" + std::string(static_cast<int>(c.op) < ops::num_ops ? ops::op_info(c.op).name : "?") +
+                   "' is not an elementwise op that keeps the dtype " + std::string(name(p.dtype)));
+    const int arity = ops::op_info(c.op).arity;
+    if ((arity == 1) != (c.b < 0)) fail_program(at + ": " + std::string(ops::op_info(c.op).name) +
+                                                " takes " + std::to_string(arity) + " operand(s)");
+    if (c.a < 0 || c.a >= nin + k || (arity == 2 && c.b >= nin + k))
+      fail_program(at + ": an operand is not an input or an earlier result");
+  }
+  for (int r : p.outputs)
+    if (r < 0 || r >= nin + static_cast<int>(p.code.size())) fail_program("output register " + std::to_string(r) + " does not exist");
+}
+
+/// Registers an output or a live instruction reads (dead instructions are skipped).
+inline std::vector<char> live_registers(const FusedProgram& p) {
+  const int nin = static_cast<int>(p.input_shapes.size());
+  std::vector<char> live(p.input_shapes.size() + p.code.size(), 0);
+  for (int r : p.outputs) live[r] = 1;
+  for (int k = static_cast<int>(p.code.size()) - 1; k >= 0; --k) {
+    if (!live[nin + k]) continue;
+    live[p.code[k].a] = 1;
+    if (p.code[k].b >= 0) live[p.code[k].b] = 1;
+  }
+  return live;
+}
+
+template <class T>
+Step step_of(const FusedInstr& c, int y, Mode m) {
+  return {reinterpret_cast<void (*)()>(kernels<T>(c.op).k[m]), c.a, c.b, y};
+}
+
+/// Homes of the input registers: one value, in place, or gathered into a dedicated slot.
+inline void place_inputs(PreparedFused& pf, const std::vector<char>& live) {
+  const FusedProgram& p = pf.program;
+  for (int i = 0; i < static_cast<int>(p.input_shapes.size()); ++i) {
+    Reg& r = pf.regs[i];
+    if (p.input_shapes[i].numel() == 1) {
+      r = {Home::scalar, pf.num_scalars++, -1};
+      if (live[i]) pf.scalar_inputs.push_back(i);
+    } else if (live[i]) {
+      r = {Home::input, i, pf.num_slots++};  // the slot is used when gathered
+      VectorInput v{i, p.input_shapes[i].numel() != pf.numel, {}};
+      if (v.broadcast) {
+        const Shape* in[1] = {&p.input_shapes[i]};
+        v.plan = backend::cpu::collapse<1>(p.out_shape, in);
+      }
+      pf.vector_inputs.push_back(v);
+    }
+  }
+}
+
+/// Homes of the results and the steps: single values once per run; per-element results written
+/// straight into their first output, else into scratch slots reused once their last reader ran.
+template <class T>
+void place_results(PreparedFused& pf, const std::vector<char>& live) {
+  const FusedProgram& p = pf.program;
+  const int nin = static_cast<int>(p.input_shapes.size()), nk = static_cast<int>(p.code.size());
+  const int end = nk;  // "read at the end of the tile" (copied outputs)
+  std::vector<int> last(nin + nk, -1), direct(nin + nk, -1);
+  for (int k = 0; k < nk; ++k)
+    if (live[nin + k]) {
+      last[p.code[k].a] = k;
+      if (p.code[k].b >= 0) last[p.code[k].b] = k;
+    }
+  for (int j = 0; j < static_cast<int>(p.outputs.size()); ++j) {
+    const int r = p.outputs[j];
+    if (r >= nin && direct[r] < 0) direct[r] = j;
+    else last[r] = end;
+  }
+  std::vector<int> free_slots;
+  for (int k = 0; k < nk; ++k) {
+    const int y = nin + k;
+    if (!live[y]) continue;
+    const FusedInstr& c = p.code[k];
+    const bool sa = pf.regs[c.a].scalar_value(), sb = c.b < 0 || pf.regs[c.b].scalar_value();
+    if (sa && sb) {  // from single values only: once per run, by the scalar rule
+      pf.regs[y] = {Home::scalar, pf.num_scalars++, -1};
+      pf.once.push_back(step_of<T>(c, y, scalar));
+      continue;
+    }
+    for (int o : {c.a, c.b == c.a ? -1 : c.b})  // operands read for the last time free their slots first (y may reuse one)
+      if (o >= nin && last[o] == k && pf.regs[o].home == Home::slot) free_slots.push_back(pf.regs[o].slot);
+    if (direct[y] >= 0) {
+      pf.regs[y] = {Home::output, direct[y], -1};
+    } else {
+      int s = pf.num_slots;
+      if (free_slots.empty()) ++pf.num_slots;
+      else s = free_slots.back(), free_slots.pop_back();
+      pf.regs[y] = {Home::slot, -1, s};
+    }
+    pf.per_tile.push_back(step_of<T>(c, y, c.b < 0 ? vv : (sa ? sv : (sb ? vs : vv))));
+  }
+  for (int j = 0; j < static_cast<int>(p.outputs.size()); ++j) {
+    const int r = p.outputs[j];
+    if (!(pf.regs[r].home == Home::output && pf.regs[r].index == j)) pf.copies.push_back({j, r});
+  }
+}
+
+template <class T>
+std::int64_t grain_of(const FusedProgram& p, const std::vector<char>& live) {
+  const int nin = static_cast<int>(p.input_shapes.size());
+  std::int64_t cost = 0;
+  for (int k = 0; k < static_cast<int>(p.code.size()); ++k)
+    if (live[nin + k]) cost += kernels<T>(p.code[k].op).cost;
+  return std::max<std::int64_t>(backend::cpu::grain_costly, backend::cpu::grain_cheap / std::max<std::int64_t>(1, cost));
+}
+
+}  // namespace detail_fused
+
+/// Validates p (ValueError "[fused] invalid program: ..." otherwise) and resolves, once, each
+/// instruction's kernel, each register's home and each broadcast input's walk.
+inline PreparedFused prepare(const FusedProgram& p) {
+  namespace f = detail_fused;
+  f::validate(p);
+  PreparedFused pf;
+  pf.program = p;
+  pf.numel = p.out_shape.numel();
+  pf.tile = f::tile_bytes / static_cast<std::int64_t>(itemsize(p.dtype));
+  pf.regs.resize(p.input_shapes.size() + p.code.size());
+  const std::vector<char> live = f::live_registers(p);
+  f::place_inputs(pf, live);
+  visit_dtype(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    f::place_results<T>(pf, live);
+    pf.grain = f::grain_of<T>(p, live);
+  });
+  return pf;
+}
+
+namespace detail_fused {
+
+/// Per-thread scratch, kept between runs: grows, never shrinks, so steady runs allocate nothing.
+struct Scratch {
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { ::operator delete(data, std::align_val_t{64}); }
+  std::byte* get(std::size_t want) {
+    if (want > bytes) {
+      ::operator delete(data, std::align_val_t{64});
+      data = nullptr, bytes = 0;
+      data = static_cast<std::byte*>(::operator new(want, std::align_val_t{64}));
+      std::memset(data, 0, want);  // padding lanes start as zeros, not indeterminate bytes
+      bytes = want;
+    }
+    return data;
+  }
+};
+inline Scratch& thread_scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+/// Bytes between scratch slots: a tile plus a cache line, so slots are not a multiple of 4 KiB
+/// apart (loads from one slot and stores to the next would falsely alias in the L1).
+inline std::int64_t slot_stride(const PreparedFused& pf) {
+  return (pf.tile * static_cast<std::int64_t>(itemsize(pf.program.dtype)) + 63) / 64 * 64 + 64;
+}
+
+/// A run's register locations, gathers and single values (the calling thread's, reused).
+struct RunState {
+  std::vector<Loc> locs;
+  std::vector<Gather> gathers;
+  std::vector<std::byte> values;
+  std::vector<std::pair<const std::byte*, bool>> streams;  ///< buffers walked tile by tile (true: written)
+};
+inline RunState& run_state() {
+  thread_local RunState s;
+  return s;
+}
+
+/// Fills dst[0, len) with the input's elements at output positions [t0, t0 + len): one memcpy
+/// or fill per run of the innermost merged axis, the outer index advanced as an odometer.
+template <class T>
+void gather(const T* src, const backend::cpu::StridedPlan<1>& p, std::int64_t t0, std::int64_t len, T* dst) {
+  const int r = p.shape.rank();
+  const std::int64_t inner = p.shape[r - 1], si = p.strides[0][r - 1];
+  std::int64_t idx[max_rank] = {}, off = 0, rem = t0 / inner, pos = t0 % inner;
+  for (int d = r - 2; d >= 0; --d) {
+    idx[d] = rem % p.shape[d];
+    rem /= p.shape[d];
+    off += idx[d] * p.strides[0][d];
+  }
+  while (len > 0) {
+    const std::int64_t run = std::min(inner - pos, len);
+    const T* s = src + off + pos * si;
+    if (si == 1) std::memcpy(dst, s, static_cast<std::size_t>(run) * sizeof(T));
+    else if (si == 0) std::fill_n(dst, run, *s);
+    else for (std::int64_t i = 0; i < run; ++i) dst[i] = s[i * si];
+    dst += run, len -= run, pos = 0;
+    for (int d = r - 2; d >= 0; --d) {
+      ++idx[d];
+      off += p.strides[0][d];
+      if (idx[d] < p.shape[d]) break;
+      off -= idx[d] * p.strides[0][d];
+      idx[d] = 0;
+    }
+  }
+}
+
+/// Asks for lines [from, to) of the next tile of every buffer (at byte offset off) while this
+/// tile computes, a few lines before each step: a tile reads each buffer in one short burst,
+/// which the hardware prefetchers, stopping at every 4 KiB page, do not hide (bench_fusion, 9-op
+/// chain over 5 buffers of 16M floats, 1 thread: 43 ms without, 30 ms with). Always inlined: as a
+/// function of its own, GCC 12 finds it free of side effects and deletes every call to it.
+SC_ALWAYS_INLINE void prefetch(const RunState& st, std::int64_t off, std::int64_t from, std::int64_t to) {
+  for (const auto& [base, write] : st.streams) {
+    const std::byte* p = base + off;
+    if (write)
+      for (std::int64_t l = from; l < to; ++l) __builtin_prefetch(p + l * 64, 1, 3);
+    else
+      for (std::int64_t l = from; l < to; ++l) __builtin_prefetch(p + l * 64, 0, 3);
+  }
+}
+
+/// Runs the tiles of output elements [b, e) on this thread.
+template <class T>
+void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std::int64_t e) {
+  const std::int64_t tile = pf.tile;
+  std::byte* ws = thread_scratch().get(static_cast<std::size_t>(std::max(pf.num_slots, 1) * slot_stride(pf)));
+  const Loc* locs = st.locs.data();
+  const auto at = [&](int r, std::int64_t t0) -> T* {
+    const Loc& l = locs[r];
+    return reinterpret_cast<T*>((l.ptr ? l.ptr : ws) + l.off + t0 * l.stride);
+  };
+  const std::int64_t nsteps = static_cast<std::int64_t>(pf.per_tile.size()) + 1;
+  for (std::int64_t t0 = b; t0 < e; t0 += tile) {
+    const std::int64_t len = std::min(tile, e - t0);
+    // lines of each buffer in the next tile, and where that tile starts
+    const std::int64_t lines = t0 + tile < e ? (std::min(tile, e - t0 - tile) * std::int64_t{sizeof(T)} + 63) / 64 : 0;
+    const std::int64_t off = (t0 + tile) * std::int64_t{sizeof(T)};
+    std::int64_t k = 0;
+    prefetch(st, off, 0, lines / nsteps);
+    for (const Gather& g : st.gathers) {
+      T* dst = reinterpret_cast<T*>(ws + g.off);
+      const T* src = reinterpret_cast<const T*>(g.src);
+      if (g.plan) gather(src, *g.plan, t0, len, dst);
+      else std::memcpy(dst, src + t0, static_cast<std::size_t>(len) * sizeof(T));
+    }
+    for (const Step& s : pf.per_tile) {
+      ++k;
+      prefetch(st, off, lines * k / nsteps, lines * (k + 1) / nsteps);
+      reinterpret_cast<Kernel<T>>(s.fn)(at(s.a, t0), s.b >= 0 ? at(s.b, t0) : nullptr, at(s.y, t0), len);
+    }
+    for (const CopyOut& c : pf.copies) {
+      const T* src = at(c.reg, t0);
+      T* dst = reinterpret_cast<T*>(locs[pf.regs.size() + c.output].ptr) + t0;
+      if (pf.regs[c.reg].scalar_value()) std::fill_n(dst, len, *src);
+      else std::memcpy(dst, src, static_cast<std::size_t>(len) * sizeof(T));
+    }
+  }
+}
+
+inline bool overlaps(const Tensor& a, const Tensor& b) {
+  const auto* pa = static_cast<const std::byte*>(a.raw_data());
+  const auto* pb = static_cast<const std::byte*>(b.raw_data());
+  return pa && pb && pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+/// Throws, naming the tensor, unless t is a concrete CPU tensor of the program's dtype and shape `want`.
+inline void check_tensor(const Tensor& t, const PreparedFused& pf, const Shape& want, const char* what, std::size_t i) {
+  const bool concrete = t.defined() && !t.is_symbolic() && t.device().is_cpu();
+  if (SC_LIKELY(concrete && t.dtype() == pf.program.dtype && t.shape() == want)) return;
+  const std::string at = std::string("[fused] ") + what + " " + std::to_string(i);
+  if (!concrete) throw ValueError(at + " must be a concrete CPU tensor");
+  if (t.dtype() != pf.program.dtype)
+    throw DTypeError(at + " has dtype " + std::string(name(t.dtype())) + ", the program runs over " +
+                     std::string(name(pf.program.dtype)));
+  throw ShapeError(at + " has shape " + t.shape().str() + ", the program expects " + want.str());
+}
+
+/// Fills st for this run: single values computed, every register's location, the gathers.
+template <class T>
+void bind(const PreparedFused& pf, std::span<const Tensor> in, std::span<Tensor> out, RunState& st) {
+  st.values.resize(static_cast<std::size_t>(std::max(pf.num_scalars, 1)) * sizeof(T));
+  T* values = reinterpret_cast<T*>(st.values.data());
+  st.locs.assign(pf.regs.size() + out.size(), Loc{});
+  for (std::size_t r = 0; r < pf.regs.size(); ++r) {
+    const Reg& g = pf.regs[r];
+    Loc& l = st.locs[r];
+    if (g.home == Home::scalar) l = {reinterpret_cast<std::byte*>(values + g.index), 0, 0};
+    else if (g.home == Home::input) l = {static_cast<std::byte*>(in[g.index].raw_data()), 0, sizeof(T)};
+    else if (g.home == Home::output) l = {static_cast<std::byte*>(out[g.index].raw_data()), 0, sizeof(T)};
+    else l = {nullptr, g.slot * slot_stride(pf), 0};
+  }
+  for (std::size_t j = 0; j < out.size(); ++j) st.locs[pf.regs.size() + j] = {static_cast<std::byte*>(out[j].raw_data()), 0, sizeof(T)};
+  for (int i : pf.scalar_inputs) values[pf.regs[i].index] = *static_cast<const T*>(in[i].raw_data());
+  for (const Step& s : pf.once)
+    reinterpret_cast<Kernel<T>>(s.fn)(values + pf.regs[s.a].index, s.b >= 0 ? values + pf.regs[s.b].index : nullptr,
+                                      values + pf.regs[s.y].index, 1);
+  st.gathers.clear();
+  st.streams.clear();
+  for (const Tensor& o : out) st.streams.emplace_back(static_cast<const std::byte*>(o.raw_data()), true);
+  for (const VectorInput& v : pf.vector_inputs) {
+    bool aliased = false;
+    for (const Tensor& o : out) aliased = aliased || overlaps(in[v.input], o);
+    if (v.broadcast && aliased)
+      throw ValueError("[fused] input " + std::to_string(v.input) + " is broadcast and shares memory with an output; "
+                       "only an input of the output's shape may");
+    if (!v.broadcast) st.streams.emplace_back(static_cast<const std::byte*>(in[v.input].raw_data()), false);
+    if (!v.broadcast && !aliased) continue;  // read in place
+    const std::int64_t off = pf.regs[v.input].slot * slot_stride(pf);
+    st.gathers.push_back({static_cast<const std::byte*>(in[v.input].raw_data()), v.broadcast ? &v.plan : nullptr, off});
+    st.locs[v.input] = {nullptr, off, 0};
+  }
+}
+
+}  // namespace detail_fused
+
+/// Runs a prepared program (see run_fused); the tensors are checked, nothing is looked up.
+inline void run(const PreparedFused& pf, std::span<const Tensor> inputs, std::span<Tensor> outputs) {
+  namespace f = detail_fused;
+  const FusedProgram& p = pf.program;
+  if (SC_UNLIKELY(inputs.size() != p.input_shapes.size() || outputs.size() != p.outputs.size()))
+    throw ValueError("[fused] the program takes " + std::to_string(p.input_shapes.size()) + " inputs and " +
+                     std::to_string(p.outputs.size()) + " outputs, got " + std::to_string(inputs.size()) + " and " +
+                     std::to_string(outputs.size()));
+  for (std::size_t i = 0; i < inputs.size(); ++i) f::check_tensor(inputs[i], pf, p.input_shapes[i], "input", i);
+  for (std::size_t j = 0; j < outputs.size(); ++j) f::check_tensor(outputs[j], pf, p.out_shape, "output", j);
+  if (SC_UNLIKELY(pf.tile < 1)) throw ValueError("[fused] the tile must hold at least one element");
+  if (pf.numel == 0) return;
+  visit_dtype(p.dtype, [&](auto tag) {  // (over bool no op is fusible: outputs are copied inputs)
+    using T = typename decltype(tag)::type;
+    f::RunState& st = f::run_state();
+    f::bind<T>(pf, inputs, outputs, st);
+    backend::cpu::parallel_for(pf.numel, pf.grain, [&](std::int64_t b, std::int64_t e) { f::run_tiles<T>(pf, st, b, e); });
+  });
+}
+
+/// Runs p: inputs are concrete CPU tensors of dtype p.dtype and shapes p.input_shapes (contiguous,
+/// row-major); outputs are preallocated with p.out_shape and p.dtype. An output may share its buffer
+/// with an input of the same shape (in-place), so read each tile of the inputs before writing it.
+/// Runs on all threads (backend::cpu::parallel_for) for large outputs, one thread for small ones.
+inline void run_fused(const FusedProgram& p, std::span<const Tensor> inputs, std::span<Tensor> outputs) {
+  run(prepare(p), inputs, outputs);
+}
+
+}  // namespace stagecraft::graph

@@ -1,0 +1,112 @@
+// sc::host_fn: arbitrary C++ on concrete tensors inside a staged function (TensorFlow's
+// py_func), run at every call of the plan, with an optional gradient.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "control_flow.hpp"
+#include "trace.hpp"
+
+namespace stagecraft {
+namespace graph::detail_host {
+
+inline void check_outputs(const std::vector<Tensor>& res, const std::vector<TensorSpec>& specs,
+                          const std::source_location& loc) {
+  if (res.size() != specs.size())
+    stagecraft::detail::fail<ValueError>("host_fn", loc, "the function returned ", res.size(),
+                                         " tensors, its output specs promise ", specs.size());
+  for (std::size_t k = 0; k < res.size(); ++k)
+    if (!res[k].defined() || res[k].is_symbolic() || res[k].shape() != specs[k].shape || res[k].dtype() != specs[k].dtype)
+      stagecraft::detail::fail<ValueError>("host_fn", loc, "output ", k, " is ",
+                                           res[k].defined() ? std::string(name(res[k].dtype())) + res[k].shape().str()
+                                                            : std::string("undefined"),
+                                           ", its spec says ", name(specs[k].dtype), specs[k].shape);
+}
+
+std::vector<Tensor> call(const std::shared_ptr<const HostFn>& h, const std::vector<Tensor>& inputs,
+                         const std::source_location& loc);
+
+/// Records h's gradient (when it has one) for each float output on the tapes watching inputs.
+inline void record_gradient(const std::shared_ptr<const HostFn>& h, const std::vector<Tensor>& inputs,
+                            const std::vector<Tensor>& outs, const std::source_location& loc) {
+  if (!h->grad || stagecraft::detail::context().tapes == nullptr) return;
+  const std::size_t ni = inputs.size(), no = outs.size();
+  for (std::size_t k = 0; k < no; ++k) {
+    if (!is_floating(outs[k].dtype())) continue;
+    auto vjp = [h, inputs, outs, k, ni, no, loc](const Tensor& g) {
+      // The gradient is host code too: a host_fn over (inputs, outputs, g).
+      auto grad_fn = std::make_shared<HostFn>();
+      grad_fn->fn = [h, k, ni, no](const std::vector<Tensor>& a) {
+        const std::vector<Tensor> in(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(ni));
+        const std::vector<Tensor> out(a.begin() + static_cast<std::ptrdiff_t>(ni), a.begin() + static_cast<std::ptrdiff_t>(ni + no));
+        std::vector<Tensor> og(no);
+        for (std::size_t j = 0; j < no; ++j) og[j] = j == k ? a.back() : zeros(out[j].shape(), out[j].dtype());
+        std::vector<Tensor> gi = h->grad(in, out, og);
+        gi.resize(ni);
+        for (std::size_t j = 0; j < ni; ++j)
+          if (!gi[j].defined()) gi[j] = zeros(in[j].shape(), in[j].dtype());
+        return gi;
+      };
+      for (const Tensor& t : inputs) grad_fn->outputs.push_back({t.shape(), t.dtype()});
+      std::vector<Tensor> args = inputs;
+      args.insert(args.end(), outs.begin(), outs.end());
+      args.push_back(g);
+      std::vector<Tensor> gi = call(grad_fn, args, loc);
+      for (std::size_t j = 0; j < ni; ++j)
+        if (!is_floating(inputs[j].dtype())) gi[j] = Tensor();
+      return gi;
+    };
+    stagecraft::detail::record_custom("host_fn", inputs, outs[k], vjp, loc);
+  }
+}
+
+inline std::vector<Tensor> call(const std::shared_ptr<const HostFn>& h, const std::vector<Tensor>& inputs,
+                                const std::source_location& loc) {
+  for (const Tensor& t : inputs) stagecraft::detail::require_defined(t, "host_fn", loc);
+  bool symbolic = stagecraft::detail::context().trace != nullptr;
+  for (const Tensor& t : inputs) symbolic |= t.is_symbolic();
+  std::vector<Tensor> outs;
+  if (!symbolic) {
+    outs = h->fn(inputs);
+    check_outputs(outs, h->outputs, loc);
+  } else {
+    GraphBuilder* b = current_builder();
+    if (b == nullptr)
+      stagecraft::detail::fail<StagingError>("host_fn", loc, "an input is a symbolic tensor from a finished trace (it escaped its sc::function)");
+    Node n;
+    n.kind = NodeKind::host_fn;
+    n.host = h;
+    for (const Tensor& t : detail_cf::lifted(inputs, loc)) n.inputs.push_back(b->value_of(t));
+    outs = b->append_node(std::move(n), h->outputs, Device::cpu(), loc);
+  }
+  record_gradient(h, inputs, outs, loc);
+  return outs;
+}
+
+}  // namespace graph::detail_host
+
+/// Runs fn (any C++) on concrete CPU tensors; inside sc::function it becomes a node that runs fn
+/// at every call of the plan. `outputs` describes what fn returns (checked at every call).
+/// `grad(inputs, outputs, output_grads)` -> input gradients (undefined: none) makes it
+/// differentiable. A graph holding a host_fn cannot be saved.
+inline std::vector<Tensor> host_fn(std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn,
+                                   std::vector<Tensor> inputs, std::vector<TensorSpec> outputs,
+                                   graph::HostFn::Grad grad = {},
+                                   std::source_location loc = std::source_location::current()) {
+  if (!fn) stagecraft::detail::fail<ValueError>("host_fn", loc, "the function is empty");
+  auto h = std::make_shared<graph::HostFn>();
+  h->fn = std::move(fn);
+  h->grad = std::move(grad);
+  h->outputs = std::move(outputs);
+  return graph::detail_host::call(h, inputs, loc);
+}
+
+namespace graph::detail_interp {
+inline std::vector<Tensor> replay_host_fn(const Node& n, const std::vector<Tensor>& ins) {
+  return detail_host::call(n.host, ins, std::source_location::current());
+}
+}  // namespace graph::detail_interp
+
+}  // namespace stagecraft

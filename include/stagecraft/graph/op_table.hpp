@@ -1,0 +1,65 @@
+// Every op's functions by OpId, built from the op list: how graphs re-infer, run, view and
+// re-dispatch a node without naming any op (transformations stay generic).
+#pragma once
+#include <array>
+#include <source_location>
+
+#include "../autodiff/tape.hpp"
+#include "../eager/dispatch.hpp"
+#include "../ops/registry.hpp"
+
+namespace stagecraft::graph {
+
+/// What a graph needs of an op, as plain function pointers.
+struct OpFns {
+  ops::OutMeta (*infer)(ops::Inputs, const ops::Attrs&, const std::source_location&);
+  void (*cpu)(ops::Inputs, Tensor&, const ops::Attrs&);  ///< null for views
+  Tensor (*alias)(const Tensor&, const ops::OutMeta&);   ///< views: no kernel, shares storage
+  Tensor (*call)(ops::Inputs, const ops::Attrs&, const std::source_location&);  ///< full dispatch
+  bool elementwise_unary;   ///< one input, output of the input's shape
+  bool elementwise_binary;  ///< two broadcasting inputs
+};
+
+namespace detail_ops {
+template <class Op>
+void cpu_of(ops::Inputs in, Tensor& out, const ops::Attrs& a) {
+  Op::cpu(in, out, a);
+}
+template <class Op>
+Tensor alias_of(const Tensor& t, const ops::OutMeta& m) {
+  return Op::alias(t, m);
+}
+template <class Op>
+Tensor call_of(ops::Inputs in, const ops::Attrs& a, const std::source_location& loc) {
+  return stagecraft::detail::dispatch<Op>(in, a, loc);
+}
+template <class Op>
+constexpr OpFns fns_of() {
+  OpFns f{&Op::infer, nullptr, nullptr, &call_of<Op>, false, false};
+  if constexpr (stagecraft::detail::ViewOp<Op>) f.alias = &alias_of<Op>;
+  else f.cpu = &cpu_of<Op>;
+  if constexpr (requires { Op::grain(); }) {  // the Unary/Binary families of elementwise_rules.hpp
+    f.elementwise_unary = Op::arity == 1;
+    f.elementwise_binary = Op::arity == 2;
+  }
+  return f;
+}
+}  // namespace detail_ops
+
+/// op_fns[id]: the functions of OpId id.
+inline constexpr std::array<OpFns, ops::num_ops> op_fns = {{
+#define STAGECRAFT_OP_FNS(S) detail_ops::fns_of<ops::S>(),
+    STAGECRAFT_OP_LIST(STAGECRAFT_OP_FNS)
+#undef STAGECRAFT_OP_FNS
+}};
+
+inline const OpFns& fns(ops::OpId id) { return op_fns[static_cast<std::size_t>(id)]; }
+
+/// Calls op `id` through dispatch (eagerly, or appending to the current trace), with the nodes
+/// it makes carrying `loc`.
+inline Tensor call_op(ops::OpId id, ops::Inputs in, const ops::Attrs& attrs, const SrcLoc& loc) {
+  const stagecraft::detail::LocOverride at(loc);
+  return fns(id).call(in, attrs, std::source_location::current());
+}
+
+}  // namespace graph

@@ -1,0 +1,130 @@
+// Elementwise fusion: groups chains of same-shape, same-dtype elementwise nodes (with
+// broadcasting inputs) into one FusedProgram each, run as one pass over the data.
+#pragma once
+#include <algorithm>
+#include <vector>
+
+#include "../fused_kernel.hpp"
+#include "../ir.hpp"
+#include "../op_table.hpp"
+
+namespace stagecraft::graph {
+
+/// One fused group: its nodes (program order), the values it reads and the values it writes
+/// (those used outside it), and the program that computes them.
+struct FusionGroup {
+  std::vector<int> nodes;
+  std::vector<int> inputs;
+  std::vector<int> outputs;
+  FusedProgram program;
+};
+
+/// Every group of a graph; group_of[node] is the node's group or -1.
+struct FusionGroups {
+  FusionGroups() = default;
+  explicit FusionGroups(std::size_t num_nodes) : group_of(num_nodes, -1) {}
+  std::vector<int> group_of;
+  std::vector<FusionGroup> groups;
+};
+
+namespace detail_fuse {
+
+/// Nodes that read each value (in program order).
+inline std::vector<std::vector<int>> users_of(const Graph& g) {
+  std::vector<std::vector<int>> users(g.values.size());
+  for (std::size_t i = 0; i < g.nodes.size(); ++i)
+    for (int v : g.nodes[i].inputs) users[v].push_back(static_cast<int>(i));
+  return users;
+}
+
+/// True when node n can be an instruction of a program over its output dtype.
+inline bool candidate(const Graph& g, const Node& n) {
+  if (n.kind != NodeKind::op || n.outputs.size() != 1) return false;
+  const OpFns& f = fns(n.op);
+  if (!f.elementwise_unary && !f.elementwise_binary) return false;
+  const Value& out = g.values[n.outputs[0]];
+  if (!out.device.is_cpu() || !fusible(n.op, out.dtype) || out.shape.numel() == 0) return false;
+  for (int v : n.inputs)
+    if (g.values[v].dtype != out.dtype) return false;
+  return true;
+}
+
+}  // namespace detail_fuse
+
+/// Finds the fusion groups (two nodes or more). A node joins the group of an input's producer
+/// when it has the group's shape and dtype and no node outside the group, placed before it,
+/// reads a value of the group (the group runs at its last node).
+inline FusionGroups find_fusion_groups(const Graph& g) {
+  FusionGroups r(g.nodes.size());
+  const auto users = detail_fuse::users_of(g);
+  std::vector<std::vector<int>> members;  // tentative groups
+  std::vector<int> tentative(g.nodes.size(), -1);
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (!detail_fuse::candidate(g, n)) continue;
+    const Value& out = g.values[n.outputs[0]];
+    int join = -1;
+    for (int v : n.inputs) {
+      const int p = g.values[v].node;
+      const int grp = tentative[p];
+      if (grp < 0) continue;
+      const Value& gv = g.values[g.nodes[members[grp][0]].outputs[0]];
+      if (gv.shape != out.shape || gv.dtype != out.dtype) continue;
+      bool ok = true;  // every reader of the group so far, placed before i, is in the group
+      for (int m : members[grp])
+        for (int u : users[g.nodes[m].outputs[0]])
+          if (u < static_cast<int>(i) && tentative[u] != grp) ok = false;
+      if (ok) {
+        join = grp;
+        break;
+      }
+    }
+    if (join < 0) {
+      join = static_cast<int>(members.size());
+      members.emplace_back();
+    }
+    members[join].push_back(static_cast<int>(i));
+    tentative[i] = join;
+  }
+  std::vector<char> is_output(g.values.size(), 0);
+  for (int v : g.outputs) is_output[v] = 1;
+  for (std::vector<int>& ms : members) {
+    if (ms.size() < 2) continue;
+    const int gid = static_cast<int>(r.groups.size());
+    FusionGroup fg;
+    fg.nodes = ms;
+    for (int m : ms) r.group_of[m] = gid;
+    const Value& first = g.values[g.nodes[ms[0]].outputs[0]];
+    fg.program.dtype = first.dtype;
+    fg.program.out_shape = first.shape;
+    std::vector<int> reg(g.values.size(), -1);
+    // External inputs first (registers 0..k), then one register per instruction.
+    for (int m : ms)
+      for (int v : g.nodes[m].inputs)
+        if (r.group_of[g.values[v].node] != gid && reg[v] < 0) {
+          reg[v] = static_cast<int>(fg.inputs.size());
+          fg.inputs.push_back(v);
+          fg.program.input_shapes.push_back(g.values[v].shape);
+        }
+    const int base = static_cast<int>(fg.inputs.size());
+    for (std::size_t k = 0; k < ms.size(); ++k) {
+      const Node& n = g.nodes[ms[k]];
+      FusedInstr ins{n.op, reg[n.inputs[0]], n.inputs.size() > 1 ? reg[n.inputs[1]] : -1};
+      fg.program.code.push_back(ins);
+      reg[n.outputs[0]] = base + static_cast<int>(k);
+    }
+    for (int m : ms) {
+      const int v = g.nodes[m].outputs[0];
+      bool outside = is_output[v] != 0;
+      for (int u : users[v]) outside |= r.group_of[u] != gid;
+      if (outside) {
+        fg.outputs.push_back(v);
+        fg.program.outputs.push_back(reg[v]);
+      }
+    }
+    r.groups.push_back(std::move(fg));
+  }
+  return r;
+}
+
+}  // namespace stagecraft::graph

@@ -1,0 +1,117 @@
+// Memory planning: gives every intermediate a buffer, reusing buffers whose values are dead
+// (liveness over the plan's steps) and writing elementwise results in place of a dying input.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "../ir.hpp"
+#include "../op_table.hpp"
+
+namespace stagecraft::graph {
+
+/// Buffers and which value lives in which.
+struct MemoryPlan {
+  /// What one step reads and writes (the plan's view of it).
+  struct StepUse {
+    std::vector<int> in;
+    std::vector<int> out;     ///< values it writes into planned memory (empty: none)
+    bool views = false;       ///< its output shares the storage of in[0]
+    bool in_place_ok = false; ///< elementwise: an output may reuse a dying same-size input's buffer
+  };
+  std::vector<int> buffer_of;              ///< per value: its buffer, -1 when not planned
+  std::vector<std::int64_t> buffer_bytes;  ///< per buffer: its size
+  std::int64_t total_bytes() const {
+    std::int64_t t = 0;
+    for (std::int64_t b : buffer_bytes) t += b;
+    return t;
+  }
+};
+
+namespace detail_mem {
+inline std::int64_t bytes_of(const Value& v) { return v.shape.numel() * static_cast<std::int64_t>(itemsize(v.dtype)); }
+inline std::int64_t rounded(std::int64_t b) { return (b + 63) / 64 * 64; }
+}  // namespace detail_mem
+
+/// Plans buffers for the values steps write. A value that leaves the plan (a result, a value
+/// assigned to a variable, an argument of a host function or a control-flow body), or whose
+/// view does, is not planned: it gets fresh storage at every run.
+inline MemoryPlan plan_memory(const Graph& g, const std::vector<MemoryPlan::StepUse>& steps) {
+  const std::size_t nv = g.values.size();
+  MemoryPlan mp;
+  mp.buffer_of.assign(nv, -1);
+  // The value whose storage each value shares (itself unless it is a view's output).
+  std::vector<int> root(nv);
+  for (std::size_t v = 0; v < nv; ++v) root[v] = static_cast<int>(v);
+  std::vector<char> escapes(nv, 0);
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.kind == NodeKind::op && !n.outputs.empty() && !fns(n.op).cpu)  // a view
+      root[n.outputs[0]] = root[n.inputs[0]];
+    const bool leaves = n.kind == NodeKind::assign_var || n.kind == NodeKind::host_fn ||
+                        n.kind == NodeKind::cond || n.kind == NodeKind::while_loop;
+    if (leaves)
+      for (int v : n.inputs) escapes[root[v]] = 1;
+  }
+  for (int v : g.outputs) escapes[root[v]] = 1;
+  // Last step reading each storage root.
+  std::vector<int> last(nv, -1);
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    for (int v : steps[i].in) last[root[v]] = std::max(last[root[v]], static_cast<int>(i));
+  std::vector<int> free_list;  // buffers free now
+  auto release = [&](int b) { free_list.push_back(b); };
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const auto& s = steps[i];
+    std::vector<int> dying;  // planned roots whose last read is this step
+    for (int v : s.in) {
+      const int r = root[v];
+      if (last[r] == static_cast<int>(i) && mp.buffer_of[r] >= 0 &&
+          std::find(dying.begin(), dying.end(), r) == dying.end())
+        dying.push_back(r);
+    }
+    std::vector<int> taken;  // dying inputs whose buffer an output took in place
+    for (int o : s.out) {
+      if (escapes[o]) continue;
+      const std::int64_t need = detail_mem::rounded(detail_mem::bytes_of(g.values[o]));
+      int b = -1;
+      if (s.in_place_ok)
+        for (int r : dying)
+          if (std::find(taken.begin(), taken.end(), r) == taken.end() &&
+              detail_mem::bytes_of(g.values[r]) == detail_mem::bytes_of(g.values[o]) &&
+              g.values[r].shape == g.values[o].shape) {
+            b = mp.buffer_of[r];
+            taken.push_back(r);
+            break;
+          }
+      if (b < 0) {  // best fit among free buffers, else the largest grown, else a new one
+        int best = -1;
+        for (std::size_t k = 0; k < free_list.size(); ++k) {
+          const int c = free_list[k];
+          const bool fits = mp.buffer_bytes[c] >= need;
+          if (best < 0) best = static_cast<int>(k);
+          else {
+            const int bb = free_list[best];
+            const bool best_fits = mp.buffer_bytes[bb] >= need;
+            if (fits && (!best_fits || mp.buffer_bytes[c] < mp.buffer_bytes[bb])) best = static_cast<int>(k);
+            else if (!fits && !best_fits && mp.buffer_bytes[c] > mp.buffer_bytes[bb]) best = static_cast<int>(k);
+          }
+        }
+        if (best >= 0) {
+          b = free_list[best];
+          free_list.erase(free_list.begin() + best);
+          mp.buffer_bytes[b] = std::max(mp.buffer_bytes[b], need);
+        } else {
+          b = static_cast<int>(mp.buffer_bytes.size());
+          mp.buffer_bytes.push_back(need);
+        }
+      }
+      mp.buffer_of[o] = b;
+      if (last[o] < 0) release(b);  // never read (a dead result): free at once
+    }
+    for (int r : dying)
+      if (std::find(taken.begin(), taken.end(), r) == taken.end()) release(mp.buffer_of[r]);
+  }
+  return mp;
+}
+
+}  // namespace stagecraft::graph

@@ -1,0 +1,202 @@
+// Algebraic simplification: a small table of rewrite rules (x*1 -> x, neg(neg(x)) -> x,
+// reshape/transpose chains, casts to the same dtype). The one pass that names ops: it is a table.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "../ir.hpp"
+#include "../op_table.hpp"
+#include "compact.hpp"
+
+namespace stagecraft::graph {
+
+namespace detail_simplify {
+
+/// What a rule makes of a node: nothing, "the node's output is value v", or a new node
+/// (same output value and line) that the rules then see again.
+struct Rewrite {
+  enum class Kind : std::uint8_t { keep, value, node };
+  Kind kind = Kind::keep;
+  int value = -1;
+  Node node;
+  static Rewrite to_value(int v) { return {Kind::value, v, {}}; }
+  static Rewrite to_node(Node n) { return {Kind::node, -1, std::move(n)}; }
+};
+
+/// The graph as the rules see it: earlier nodes already rewritten, inputs read through the
+/// replacements made so far.
+struct View {
+  const Graph& g;
+  const std::vector<int>& replace;
+  int in(const Node& n, std::size_t k) const { return resolve_value(replace, n.inputs[k]); }
+  const Node& producer(int v) const { return g.nodes[g.values[v].node]; }
+  const Value& value(int v) const { return g.values[v]; }
+};
+
+/// True when value v is `x` everywhere: a CPU constant all of whose elements equal x exactly
+/// (in its own dtype: -0.0 counts as 0), or a fill op node of value x.
+inline bool is_all(const View& s, int v, double x) {
+  const Node& p = s.producer(v);
+  if (p.kind == NodeKind::op && p.op == ops::OpId::Fill) return p.attrs.scalar == x;
+  if (p.kind != NodeKind::constant || !p.constant.device().is_cpu()) return false;
+  const Tensor& t = p.constant;
+  return visit_dtype(t.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T want = static_cast<T>(x);
+    const T* d = static_cast<const T*>(t.raw_data());
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      if (!(d[i] == want)) return false;
+    return true;
+  });
+}
+
+/// Node n's result is operand x: x itself when shape and dtype agree, a broadcast_to of x
+/// when only the shape differs (the other operand broadcast it), else nothing.
+inline Rewrite becomes_operand(const View& s, const Node& n, int x) {
+  const Value& out = s.value(n.outputs[0]);
+  const Value& xv = s.value(x);
+  if (xv.dtype != out.dtype || xv.device != out.device) return {};
+  if (xv.shape == out.shape) return Rewrite::to_value(x);
+  Node b = n;
+  b.op = ops::OpId::BroadcastTo;
+  b.inputs = {x};
+  b.attrs = {};
+  b.attrs.ints = out.shape;
+  return Rewrite::to_node(std::move(b));
+}
+
+/// op(x, c) -> x when c is all `E` (x*1, x+0, x-0, x/1).
+template <int E>
+Rewrite right_identity(const View& s, const Node& n) {
+  return is_all(s, s.in(n, 1), E) ? becomes_operand(s, n, s.in(n, 0)) : Rewrite{};
+}
+/// op(c, x) -> x when c is all `E` (1*x, 0+x).
+template <int E>
+Rewrite left_identity(const View& s, const Node& n) {
+  return is_all(s, s.in(n, 0), E) ? becomes_operand(s, n, s.in(n, 1)) : Rewrite{};
+}
+
+/// f(f(x)) -> x for an involution f (neg).
+inline Rewrite involution(const View& s, const Node& n) {
+  const Node& p = s.producer(s.in(n, 0));
+  if (p.kind != NodeKind::op || p.op != n.op) return {};
+  return becomes_operand(s, n, s.in(p, 0));
+}
+
+/// op(x) -> x when the result has x's shape and dtype (reshape, broadcast_to, cast).
+inline Rewrite no_op_when_same_type(const View& s, const Node& n) {
+  const Value& out = s.value(n.outputs[0]);
+  const Value& x = s.value(s.in(n, 0));
+  return x.shape == out.shape && x.dtype == out.dtype ? Rewrite::to_value(s.in(n, 0)) : Rewrite{};
+}
+
+/// reshape(reshape(x)) -> reshape(x), to the outer result's (resolved) shape.
+inline Rewrite reshape_reshape(const View& s, const Node& n) {
+  const Node& p = s.producer(s.in(n, 0));
+  if (p.kind != NodeKind::op || p.op != ops::OpId::Reshape) return {};
+  Node r = n;
+  r.inputs = {s.in(p, 0)};
+  r.attrs.ints = s.value(n.outputs[0]).shape;
+  return Rewrite::to_node(std::move(r));
+}
+
+/// The permutation a transpose node applies (empty and negative entries resolved).
+inline Shape perm_of(const View& s, const Node& n) {
+  return ops::Transpose::resolve(s.value(s.in(n, 0)).shape, n.attrs.ints);
+}
+/// True when p maps every axis to itself.
+inline bool is_identity(const Shape& p) {
+  for (int k = 0; k < p.rank(); ++k)
+    if (p[k] != k) return false;
+  return true;
+}
+
+/// transpose(x, p) -> x when p is the identity.
+inline Rewrite transpose_identity(const View& s, const Node& n) {
+  return is_identity(perm_of(s, n)) ? Rewrite::to_value(s.in(n, 0)) : Rewrite{};
+}
+
+/// transpose(transpose(x, p), q) -> transpose(x, r) with r[k] = p[q[k]] (output axis k is the
+/// inner result's axis q[k], which is x's axis p[q[k]]); the identity rule then removes it
+/// when r is the identity.
+inline Rewrite transpose_transpose(const View& s, const Node& n) {
+  const Node& p = s.producer(s.in(n, 0));
+  if (p.kind != NodeKind::op || p.op != ops::OpId::Transpose) return {};
+  const Shape inner = perm_of(s, p), outer = perm_of(s, n);
+  Shape r;
+  for (int k = 0; k < outer.rank(); ++k) r.push_back(inner[static_cast<int>(outer[k])]);
+  Node t = n;
+  t.inputs = {s.in(p, 0)};
+  t.attrs.ints = r;
+  return Rewrite::to_node(std::move(t));
+}
+
+/// One rewrite rule: the op it matches and what it does. Rules of one op are tried in order.
+struct Rule {
+  ops::OpId op;
+  const char* what;  ///< the rule, as documentation and for debugging
+  Rewrite (*apply)(const View&, const Node&);
+};
+
+// MatMul has no transpose attributes (it is NumPy's matmul, no attrs), so there is no
+// "transpose folded into matmul" rule.
+inline const Rule rules[] = {
+    {ops::OpId::Mul, "x*1 -> x", &right_identity<1>},
+    {ops::OpId::Mul, "1*x -> x", &left_identity<1>},
+    {ops::OpId::Add, "x+0 -> x", &right_identity<0>},
+    {ops::OpId::Add, "0+x -> x", &left_identity<0>},
+    {ops::OpId::Sub, "x-0 -> x", &right_identity<0>},
+    {ops::OpId::Div, "x/1 -> x", &right_identity<1>},
+    {ops::OpId::Neg, "neg(neg(x)) -> x", &involution},
+    {ops::OpId::Reshape, "reshape(x, shape of x) -> x", &no_op_when_same_type},
+    {ops::OpId::Reshape, "reshape(reshape(x)) -> reshape(x)", &reshape_reshape},
+    {ops::OpId::Transpose, "transpose(x, identity) -> x", &transpose_identity},
+    {ops::OpId::Transpose, "transpose(transpose(x, p), q) -> transpose(x, p o q)", &transpose_transpose},
+    {ops::OpId::Cast, "cast(x, dtype of x) -> x", &no_op_when_same_type},
+    {ops::OpId::BroadcastTo, "broadcast_to(x, shape of x) -> x", &no_op_when_same_type},
+};
+
+/// Rewrites node i of r until no rule applies (a bounded number of times); returns the value
+/// its output stands for, or -1 when the node stays (possibly rewritten).
+inline int simplify_node(Graph& r, std::size_t i, const std::vector<int>& replace) {
+  const View s{r, replace};
+  for (int round = 0; round < 8; ++round) {
+    const Node& n = r.nodes[i];
+    if (n.kind != NodeKind::op || n.outputs.size() != 1) return -1;
+    Rewrite w;
+    for (const Rule& rule : rules) {
+      if (rule.op != n.op) continue;
+      w = rule.apply(s, n);
+      if (w.kind != Rewrite::Kind::keep) break;
+    }
+    if (w.kind == Rewrite::Kind::keep) return -1;
+    if (w.kind == Rewrite::Kind::value) return w.value;
+    w.node.outputs = n.outputs;
+    w.node.loc = n.loc;
+    r.nodes[i] = std::move(w.node);
+  }
+  return -1;
+}
+
+}  // namespace detail_simplify
+
+/// Algebraic simplification, pure, by the rule table above (detail_simplify::rules): identity
+/// elements (x*1, 1*x, x+0, 0+x, x-0, x/1, where the constant is all ones or zeros, or a fill
+/// of that value; kept when the op changes x's dtype, a broadcast_to when it only changes its
+/// shape), neg(neg(x)), reshape and transpose chains, and reshape/cast/broadcast_to that change
+/// nothing. Nodes it bypasses are left for dce. x+0 -> x keeps a -0.0 element of x as -0.0
+/// where the kernel would give +0.0 (equal values; the only bitwise difference it can make).
+inline Graph simplify(const Graph& g) {
+  Graph r = g;
+  std::vector<char> keep(r.nodes.size(), 1);
+  std::vector<int> replace(r.values.size(), -1);
+  for (std::size_t i = 0; i < r.nodes.size(); ++i) {
+    const int v = detail_simplify::simplify_node(r, i, replace);
+    if (v < 0) continue;
+    replace[r.nodes[i].outputs[0]] = v;
+    keep[i] = 0;
+  }
+  return with_bodies(compact(r, keep, replace), [](const Graph& b) { return simplify(b); });
+}
+
+}  // namespace stagecraft::graph

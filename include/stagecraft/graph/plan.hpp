@@ -1,0 +1,360 @@
+// The executor: a Graph lowered to a flat plan of steps with kernels resolved, fused groups
+// prepared and buffers planned ahead; running it allocates only the results' storage.
+#pragma once
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "fused_kernel.hpp"
+#include "ir.hpp"
+#include "op_table.hpp"
+#include "passes/fuse.hpp"
+#include "passes/memory.hpp"
+
+namespace stagecraft::graph {
+
+/// What lowering made of a graph (ConcreteFunction::stats() reports it with the passes').
+struct PlanStats {
+  int steps = 0;                      ///< steps the plan runs
+  int kernels = 0;                    ///< kernel launches per run (a fused group counts once)
+  int fused_groups = 0;               ///< fused elementwise groups
+  int fused_nodes = 0;                ///< nodes inside them
+  std::int64_t peak_bytes = 0;        ///< planned buffer memory (with reuse)
+  std::int64_t intermediate_bytes = 0;  ///< every intermediate in its own buffer
+  int buffers = 0;                    ///< planned buffers
+};
+
+class Plan;
+
+namespace detail_plan {
+
+enum class StepKind : std::uint8_t { kernel, view, read_var, assign_var, cond, while_loop, host_fn, fused };
+
+struct Step {
+  StepKind kind = StepKind::kernel;
+  int node = -1;  ///< the graph node (the last one of a fused group)
+  const OpFns* fns = nullptr;
+  ops::Attrs attrs;
+  std::vector<int> in, out;
+  std::shared_ptr<const Plan> sub[2];            ///< cond: then/else; while: cond/body
+  std::shared_ptr<const PreparedFused> fused;    ///< fused group
+  int num_loop_vars = 0;
+};
+
+}  // namespace detail_plan
+
+/// A graph ready to run. Thread-safe: concurrent runs each take their own run state (values and
+/// buffers), made on first need and reused.
+class Plan {
+ public:
+  explicit Plan(std::shared_ptr<const Graph> g, bool fuse = true) : g_(std::move(g)) { lower(fuse); }
+
+  const Graph& graph() const { return *g_; }
+  const PlanStats& stats() const { return stats_; }
+  /// Number of fused groups and the nodes each holds (for printing).
+  const FusionGroups& fusion() const { return groups_; }
+
+  /// Runs the graph on args (already checked against the graph's inputs); returns its outputs
+  /// (new handles: they stay valid whatever later runs do).
+  std::vector<Tensor> run(std::span<const Tensor> args) const;
+
+ private:
+  using Step = detail_plan::Step;
+  using StepKind = detail_plan::StepKind;
+
+  struct RunState {
+    std::vector<Tensor> vals;               ///< one handle per value; impls persist across runs
+    std::vector<std::vector<Tensor>> ins;   ///< per step: its inputs (sharing vals' impls)
+    std::vector<std::vector<Tensor>> outs;  ///< per fused step: its outputs
+    std::vector<stagecraft::detail::Ref<stagecraft::detail::Storage>> buffers;
+  };
+
+  void lower(bool fuse);
+  void add_step(Step s) { steps_.push_back(std::move(s)); }
+  std::unique_ptr<RunState> make_state() const;
+  void run_step(const Step& s, std::size_t i, RunState& st) const;
+  void release(RunState& st) const;
+
+  std::shared_ptr<const Graph> g_;
+  std::vector<Step> steps_;
+  FusionGroups groups_;
+  MemoryPlan mem_;
+  PlanStats stats_;
+  mutable std::mutex mu_;
+  mutable std::vector<std::unique_ptr<RunState>> free_;
+};
+
+inline void Plan::lower(bool fuse) {
+  const Graph& g = *g_;
+  groups_ = fuse ? find_fusion_groups(g) : FusionGroups(g.nodes.size());
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    Step s;
+    s.node = static_cast<int>(i);
+    s.in = n.inputs;
+    s.out = n.outputs;
+    switch (n.kind) {
+      case NodeKind::input:
+      case NodeKind::constant: continue;
+      case NodeKind::op: {
+        const int grp = groups_.group_of[i];
+        if (grp >= 0) {
+          if (groups_.groups[grp].nodes.back() != static_cast<int>(i)) continue;  // runs with its last node
+          const FusionGroup& fg = groups_.groups[grp];
+          s.kind = StepKind::fused;
+          s.in = fg.inputs;
+          s.out = fg.outputs;
+          s.fused = std::make_shared<const PreparedFused>(prepare(fg.program));
+          break;
+        }
+        s.fns = &fns(n.op);
+        s.attrs = n.attrs;
+        s.kind = s.fns->cpu ? StepKind::kernel : StepKind::view;
+        break;
+      }
+      case NodeKind::read_var: s.kind = StepKind::read_var; break;
+      case NodeKind::assign_var: s.kind = StepKind::assign_var; break;
+      case NodeKind::host_fn: s.kind = StepKind::host_fn; break;
+      case NodeKind::cond:
+        s.kind = StepKind::cond;
+        s.sub[0] = std::make_shared<const Plan>(n.bodies[0], fuse);
+        s.sub[1] = std::make_shared<const Plan>(n.bodies[1], fuse);
+        break;
+      case NodeKind::while_loop:
+        s.kind = StepKind::while_loop;
+        s.sub[0] = std::make_shared<const Plan>(n.bodies[0], fuse);
+        s.sub[1] = std::make_shared<const Plan>(n.bodies[1], fuse);
+        s.num_loop_vars = n.num_loop_vars;
+        break;
+    }
+    add_step(std::move(s));
+  }
+  // Buffers: values whose storage the plan owns get a planned buffer, reused by liveness.
+  std::vector<MemoryPlan::StepUse> uses;
+  for (const Step& s : steps_) {
+    MemoryPlan::StepUse u;
+    u.in = s.in;
+    u.out = s.kind == StepKind::kernel || s.kind == StepKind::fused ? s.out : std::vector<int>{};
+    u.views = s.kind == StepKind::view;
+    u.in_place_ok = s.kind == StepKind::fused ||
+                    (s.kind == StepKind::kernel && (s.fns->elementwise_unary || s.fns->elementwise_binary));
+    uses.push_back(std::move(u));
+  }
+  mem_ = plan_memory(g, uses);
+  stats_.steps = static_cast<int>(steps_.size());
+  for (const Step& s : steps_) stats_.kernels += s.kind == StepKind::kernel || s.kind == StepKind::fused;
+  stats_.fused_groups = static_cast<int>(groups_.groups.size());
+  for (const FusionGroup& fg : groups_.groups) stats_.fused_nodes += static_cast<int>(fg.nodes.size());
+  stats_.peak_bytes = mem_.total_bytes();
+  stats_.intermediate_bytes = g.intermediate_bytes();
+  stats_.buffers = static_cast<int>(mem_.buffer_bytes.size());
+}
+
+inline std::unique_ptr<Plan::RunState> Plan::make_state() const {
+  const Graph& g = *g_;
+  auto st = std::make_unique<RunState>();
+  for (std::int64_t b : mem_.buffer_bytes)
+    st->buffers.push_back(stagecraft::detail::Storage::allocate(static_cast<std::size_t>(b), Device::cpu()));
+  st->vals.resize(g.values.size());
+  for (std::size_t v = 0; v < g.values.size(); ++v) {
+    const Node& n = g.nodes[g.values[v].node];
+    if (n.kind == NodeKind::constant) {
+      st->vals[v] = n.constant;
+      continue;
+    }
+    auto* impl = new stagecraft::detail::TensorImpl();
+    impl->shape = g.values[v].shape;
+    impl->dtype = g.values[v].dtype;
+    impl->device = g.values[v].device;
+    if (mem_.buffer_of[v] >= 0) impl->storage = st->buffers[mem_.buffer_of[v]];
+    st->vals[v] = Tensor(stagecraft::detail::Ref<stagecraft::detail::TensorImpl>::adopt(impl));
+  }
+  st->ins.resize(steps_.size());
+  st->outs.resize(steps_.size());
+  for (std::size_t i = 0; i < steps_.size(); ++i) {
+    for (int v : steps_[i].in) st->ins[i].push_back(st->vals[v]);
+    if (steps_[i].kind == StepKind::fused)
+      for (int v : steps_[i].out) st->outs[i].push_back(st->vals[v]);
+  }
+  return st;
+}
+
+namespace detail_plan {
+/// Rethrows a kernel's error (same kind) with the user's line of the node that raised it, when
+/// the message does not name a line yet.
+[[noreturn]] inline void rethrow_at(const Error& e, const SrcLoc& loc) {
+  std::string m = e.what();
+  const std::string at = detail_ir::loc_text(loc);
+  // Already located when it ends in " at file:line".
+  const std::size_t p = m.rfind(" at "), colon = m.rfind(':');
+  const bool located = p != std::string::npos && colon != std::string::npos && colon > p && colon + 1 < m.size() &&
+                       m.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+  if (!at.empty() && !located) m += " at " + at + " (while running a staged function)";
+  if (dynamic_cast<const ShapeError*>(&e)) throw ShapeError(m);
+  if (dynamic_cast<const DTypeError*>(&e)) throw DTypeError(m);
+  if (dynamic_cast<const DeviceError*>(&e)) throw DeviceError(m);
+  if (dynamic_cast<const StagingError*>(&e)) throw StagingError(m);
+  if (dynamic_cast<const IOError*>(&e)) throw IOError(m);
+  if (dynamic_cast<const ValueError*>(&e)) throw ValueError(m);
+  throw Error(m);
+}
+
+/// A new handle over a run value's current storage (what leaves the plan: results, assigned
+/// variable values, host_fn arguments).
+inline Tensor detach(const Tensor& slot) {
+  auto* impl = new stagecraft::detail::TensorImpl();
+  impl->shape = slot.shape();
+  impl->dtype = slot.dtype();
+  impl->device = slot.device();
+  impl->storage = slot.impl()->storage;
+  return Tensor(stagecraft::detail::Ref<stagecraft::detail::TensorImpl>::adopt(impl));
+}
+inline void rebind(const Tensor& slot, const Tensor& src) { slot.impl()->storage = src.impl()->storage; }
+}  // namespace detail_plan
+
+inline std::vector<Tensor> Plan::run(std::span<const Tensor> args) const {
+  std::unique_ptr<RunState> st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!free_.empty()) {
+      st = std::move(free_.back());
+      free_.pop_back();
+    }
+  }
+  if (!st) st = make_state();
+  struct GiveBack {
+    const Plan* p;
+    std::unique_ptr<RunState>& st;
+    ~GiveBack() {
+      p->release(*st);
+      std::lock_guard<std::mutex> lock(p->mu_);
+      p->free_.push_back(std::move(st));
+    }
+  } give_back{this, st};
+  const Graph& g = *g_;
+  for (std::size_t i = 0; i < g.inputs.size(); ++i) detail_plan::rebind(st->vals[g.inputs[i]], args[i]);
+  for (std::size_t i = 0; i < steps_.size(); ++i) {
+    try {
+      run_step(steps_[i], i, *st);
+    } catch (const Error& e) {
+      detail_plan::rethrow_at(e, g.nodes[steps_[i].node].loc);
+    }
+  }
+  std::vector<Tensor> out;
+  out.reserve(g.outputs.size());
+  for (int v : g.outputs) {
+    const Tensor& slot = st->vals[v];
+    out.push_back(g.nodes[g.values[v].node].kind == NodeKind::constant ? slot : detail_plan::detach(slot));
+  }
+  return out;
+}
+
+inline void Plan::release(RunState& st) const {
+  // Drop what the plan does not own, so it keeps no user tensor or old variable value alive.
+  for (std::size_t v = 0; v < st.vals.size(); ++v)
+    if (mem_.buffer_of[v] < 0 && g_->nodes[g_->values[v].node].kind != NodeKind::constant)
+      st.vals[v].impl()->storage = {};
+}
+
+namespace detail_plan {
+/// A cond node's inputs after the predicate: then-branch captures (attrs.i0 of them), then
+/// else-branch captures; branch b's arguments.
+inline std::vector<Tensor> select_branch_args(const std::vector<Tensor>& args, const Node& n, int b) {
+  const auto k = static_cast<std::ptrdiff_t>(n.attrs.i0);
+  if (b == 0) return {args.begin(), args.begin() + k};
+  return {args.begin() + k, args.end()};
+}
+/// Runs a while node: loop variables, then cond captures (attrs.i0), then body captures.
+inline std::int64_t run_while(const Plan& cond, const Plan& body, const Node& n, std::vector<Tensor>& vars,
+                              const std::vector<Tensor>& caps) {
+  const auto k = static_cast<std::ptrdiff_t>(n.attrs.i0);
+  std::vector<Tensor> args;
+  std::int64_t count = 0;
+  for (;; ++count) {
+    args.assign(vars.begin(), vars.end());
+    args.insert(args.end(), caps.begin(), caps.begin() + k);
+    if (!cond.run(args)[0].item<bool>()) break;
+    args.assign(vars.begin(), vars.end());
+    args.insert(args.end(), caps.begin() + k, caps.end());
+    vars = body.run(args);
+  }
+  return count;
+}
+}  // namespace detail_plan
+
+inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
+  const Graph& g = *g_;
+  const Node& n = g.nodes[s.node];
+  auto fresh = [&](int v) {
+    if (mem_.buffer_of[v] < 0) {
+      const Tensor& t = st.vals[v];
+      t.impl()->storage = stagecraft::detail::Storage::allocate(t.nbytes(), t.device());
+    }
+  };
+  switch (s.kind) {
+    case StepKind::kernel: {
+      fresh(s.out[0]);
+      s.fns->cpu(st.ins[i], st.vals[s.out[0]], s.attrs);
+      break;
+    }
+    case StepKind::fused: {
+      for (int v : s.out) fresh(v);
+      graph::run(*s.fused, st.ins[i], st.outs[i]);
+      break;
+    }
+    case StepKind::view: detail_plan::rebind(st.vals[s.out[0]], st.vals[s.in[0]]); break;
+    case StepKind::read_var: {
+      std::lock_guard<std::mutex> lock(n.var->mu);
+      if (SC_UNLIKELY(n.var->value.shape() != g.values[s.out[0]].shape || n.var->value.dtype() != g.values[s.out[0]].dtype))
+        stagecraft::detail::fail_at<StagingError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name, "' changed shape or dtype since it was traced");
+      detail_plan::rebind(st.vals[s.out[0]], n.var->value);
+      break;
+    }
+    case StepKind::assign_var: {
+      Tensor v = detail_plan::detach(st.vals[s.in[0]]);
+      std::lock_guard<std::mutex> lock(n.var->mu);
+      n.var->set(v);
+      break;
+    }
+    case StepKind::host_fn: {
+      std::vector<Tensor> args;
+      for (int v : s.in) args.push_back(detail_plan::detach(st.vals[v]));
+      std::vector<Tensor> res = n.host->fn(args);
+      const auto& specs = n.host->outputs;
+      if (res.size() != specs.size())
+        stagecraft::detail::fail_at<ValueError>("host_fn", n.loc.file, n.loc.line, "the function returned ", res.size(),
+                                    " tensors, its output specs promise ", specs.size());
+      for (std::size_t k = 0; k < res.size(); ++k) {
+        if (!res[k].defined() || res[k].is_symbolic() || res[k].shape() != specs[k].shape || res[k].dtype() != specs[k].dtype)
+          stagecraft::detail::fail_at<ValueError>("host_fn", n.loc.file, n.loc.line, "output ", k, " is ",
+                                      res[k].defined() ? std::string(name(res[k].dtype())) + res[k].shape().str() : std::string("undefined"),
+                                      ", its spec says ", name(specs[k].dtype), specs[k].shape);
+        detail_plan::rebind(st.vals[s.out[k]], res[k]);
+      }
+      break;
+    }
+    case StepKind::cond: {
+      const bool p = st.vals[s.in[0]].item<bool>();
+      std::vector<Tensor> args;
+      for (std::size_t k = 1; k < s.in.size(); ++k) args.push_back(st.vals[s.in[k]]);
+      const Plan& body = *s.sub[p ? 0 : 1];
+      std::vector<Tensor> res = body.run(detail_plan::select_branch_args(args, n, p ? 0 : 1));
+      for (std::size_t k = 0; k < res.size(); ++k) detail_plan::rebind(st.vals[s.out[k]], res[k]);
+      break;
+    }
+    case StepKind::while_loop: {
+      std::vector<Tensor> vars, captured;
+      for (int k = 0; k < s.num_loop_vars; ++k) vars.push_back(st.vals[s.in[k]]);
+      for (std::size_t k = s.num_loop_vars; k < s.in.size(); ++k) captured.push_back(st.vals[s.in[k]]);
+      const std::int64_t count = detail_plan::run_while(*s.sub[0], *s.sub[1], n, vars, captured);
+      for (std::size_t k = 0; k < vars.size(); ++k) detail_plan::rebind(st.vals[s.out[k]], vars[k]);
+      if (s.out.size() > vars.size()) detail_plan::rebind(st.vals[s.out.back()], scalar(count));
+      break;
+    }
+  }
+}
+
+}  // namespace stagecraft::graph

@@ -1,0 +1,291 @@
+// Tracing: GraphBuilder (the TraceState dispatch appends to) and TraceScope, its RAII guard;
+// sc::init_scope, which runs its body eagerly, outside every trace.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "../autodiff/record.hpp"
+#include "ir.hpp"
+
+namespace stagecraft {
+namespace graph {
+
+/// A new trace serial (never 0, never reused).
+inline std::uint64_t next_trace_serial() {
+  static std::atomic<std::uint64_t> n{0};
+  return ++n;
+}
+
+/// Builds a Graph from the op calls made while it is the thread's innermost trace.
+class GraphBuilder final : public stagecraft::detail::TraceState {
+ public:
+  explicit GraphBuilder(std::string name = "f", bool may_create_vars = true) : may_create_vars_(may_create_vars) {
+    graph.name = std::move(name);
+    serial = next_trace_serial();
+  }
+
+  Graph graph;
+
+  /// Declares the next argument; returns its symbolic tensor.
+  Tensor add_input(const TensorSpec& spec, Device dev, const SrcLoc& loc = {}) {
+    Node n;
+    n.kind = NodeKind::input;
+    n.index = static_cast<int>(graph.inputs.size());
+    n.loc = loc;
+    const int id = graph.add_node(std::move(n), {spec}, dev);
+    graph.inputs.push_back(graph.out(id));
+    return handle(graph.out(id));
+  }
+
+  /// The value a lifted tensor stands for in this graph.
+  int value_of(const Tensor& t) const { return t.impl()->symbolic.id; }
+
+  /// The canonical symbolic tensor of value v.
+  Tensor handle(int v) {
+    if (static_cast<int>(handles_.size()) <= v) handles_.resize(v + 1);
+    if (!handles_[v].defined()) handles_[v] = make_symbolic(v);
+    return handles_[v];
+  }
+
+  /// Marks the results: each is lifted into the graph (a constant or a variable read is fine).
+  void set_outputs(const std::vector<Tensor>& outs, const std::source_location& loc) {
+    std::vector<Tensor> lifted;
+    lift(outs, lifted, loc);
+    graph.outputs.clear();
+    for (const Tensor& t : lifted) graph.outputs.push_back(value_of(t));
+  }
+
+  // ---- TraceState ---------------------------------------------------------------------
+
+  void lift(std::span<const Tensor> in, std::vector<Tensor>& out, const std::source_location& loc) override {
+    out.clear();
+    out.reserve(in.size());
+    for (const Tensor& t : in) out.push_back(lift_one(t, loc));
+  }
+
+  Tensor append(ops::OpId op, std::span<const Tensor> lifted, const ops::Attrs& attrs, const ops::OutMeta& meta,
+                const std::source_location& loc) override {
+    Node n;
+    n.kind = NodeKind::op;
+    n.op = op;
+    n.attrs = attrs;
+    n.loc = here(loc);
+    for (const Tensor& t : lifted) n.inputs.push_back(value_of(t));
+    const Device dev = lifted.empty() ? current_device() : lifted[0].device();
+    const int id = graph.add_node(std::move(n), {TensorSpec{meta.shape, meta.dtype}}, dev);
+    return handle(graph.out(id));
+  }
+
+  const Tensor* shadow(const stagecraft::detail::VariableInfo* var) override {
+    auto it = vars_.find(var);
+    if (it != vars_.end()) return &it->second.shadow;
+    return parent != nullptr ? parent->shadow(var) : nullptr;
+  }
+
+  /// Appends a node of the graph's own kinds (cond, while, host_fn) on lifted inputs; returns
+  /// its outputs as symbolic tensors.
+  std::vector<Tensor> append_node(Node n, const std::vector<TensorSpec>& outs, Device dev,
+                                  const std::source_location& loc) {
+    n.loc = here(loc);
+    const int id = graph.add_node(std::move(n), outs, dev);
+    std::vector<Tensor> r;
+    for (int v : graph.nodes[id].outputs) r.push_back(handle(v));
+    return r;
+  }
+
+  void assign(const stagecraft::detail::VariableInfo* var, const Tensor& value, const std::source_location& loc) override {
+    if (value.is_symbolic() && !owns(value.impl()->symbolic))
+      stagecraft::detail::fail<StagingError>("Variable::assign", loc, "variable '", var->name, "' is assigned a symbolic tensor "
+                                 "from a trace that has finished (it escaped its sc::function)");
+    auto state = state_of(var);
+    read_of(state, loc);  // a handle read before the assignment keeps reading the old value
+    const Tensor v = lift_one(value, loc);
+    Node n;
+    n.kind = NodeKind::assign_var;
+    n.var = state;
+    n.inputs = {value_of(v)};
+    n.loc = here(loc);
+    graph.add_node(std::move(n), {});
+    // The value under a fresh identity that knows its variable (as an eager assign makes).
+    Tensor s = stagecraft::detail::alias_tensor(v, v.shape());
+    s.impl()->variable = state.get();
+    vars_[var].shadow = std::move(s);
+    assigned_.push_back(state);
+  }
+
+  bool may_create_variables() const override { return may_create_vars_; }
+
+  /// Variables assigned in this trace (an enclosing trace re-reads them after a cond/while).
+  const std::vector<std::shared_ptr<stagecraft::detail::VariableState>>& assigned() const { return assigned_; }
+  /// Forgets what this trace knows of a variable's value (it changed in a nested body).
+  void forget(const stagecraft::detail::VariableInfo* var) { vars_.erase(var); }
+
+  /// Values of enclosing traces used here, in order of first use: `captured_outer[k]` (the
+  /// outer tensor) is this graph's input `captured_inputs[k]`.
+  std::vector<Tensor> captured_outer;
+  std::vector<int> captured_inputs;
+
+ private:
+  SrcLoc here(const std::source_location& loc) const {
+    const stagecraft::detail::Context& ctx = stagecraft::detail::context();
+    return ctx.loc_override ? *ctx.loc_override : SrcLoc::from(loc);
+  }
+
+  Tensor make_symbolic(int v) const {
+    auto* impl = new stagecraft::detail::TensorImpl();
+    impl->shape = graph.values[v].shape;
+    impl->dtype = graph.values[v].dtype;
+    impl->device = graph.values[v].device;
+    impl->symbolic = {serial, v};
+    return Tensor(stagecraft::detail::Ref<stagecraft::detail::TensorImpl>::adopt(impl));
+  }
+
+  static std::shared_ptr<stagecraft::detail::VariableState> state_of(const stagecraft::detail::VariableInfo* var) {
+    auto* mutable_var = const_cast<stagecraft::detail::VariableInfo*>(var);
+    return std::static_pointer_cast<stagecraft::detail::VariableState>(mutable_var->shared_from_this());
+  }
+
+  /// The read of a variable's value at its first use in this trace.
+  Tensor read_of(const std::shared_ptr<stagecraft::detail::VariableState>& state, const std::source_location& loc) {
+    VarEntry& e = vars_[state.get()];
+    if (e.read.defined()) return e.read;
+    Node n;
+    n.kind = NodeKind::read_var;
+    n.var = state;
+    n.loc = here(loc);
+    const Tensor& cur = state->value;
+    const int id = graph.add_node(std::move(n), {TensorSpec{cur.shape(), cur.dtype()}}, cur.device());
+    Tensor r = stagecraft::detail::alias_tensor(handle(graph.out(id)), cur.shape());
+    r.impl()->variable = state.get();  // tapes watch it as they watch the variable
+    e.read = r;
+    if (!e.shadow.defined()) e.shadow = r;
+    return r;
+  }
+
+  Tensor lift_one(const Tensor& t, const std::source_location& loc) {
+    stagecraft::detail::TensorImpl* p = t.impl();
+    if (p->symbolic.trace == serial) return t;
+    if (p->symbolic.trace != 0) return capture(t, loc);
+    if (p->variable != nullptr) {
+      if (parent != nullptr) {  // a body reads variables through its enclosing graph (a capture)
+        std::vector<Tensor> outer;
+        parent->lift({&t, 1}, outer, loc);
+        return capture(outer[0], loc);
+      }
+      return read_of(state_of(p->variable), loc);
+    }
+    auto it = constants_.find(p);
+    if (it != constants_.end()) return it->second;
+    Node n;
+    n.kind = NodeKind::constant;
+    n.constant = t;
+    n.loc = here(loc);
+    const int id = graph.add_node(std::move(n), {TensorSpec{t.shape(), t.dtype()}}, t.device());
+    Tensor c = handle(graph.out(id));
+    constants_.emplace(p, c);
+    return c;
+  }
+
+  /// A value of an enclosing trace: becomes an extra input of this graph.
+  Tensor capture(const Tensor& outer, const std::source_location& loc) {
+    if (!owns(outer.impl()->symbolic))
+      stagecraft::detail::fail<StagingError>("trace", loc, "a symbolic tensor from a finished trace was used (it escaped its "
+                                 "sc::function); return it from the function instead of storing it");
+    const std::uint64_t key = (outer.impl()->symbolic.trace << 32) ^ static_cast<std::uint64_t>(outer.impl()->symbolic.id);
+    if (auto it = captures_.find(key); it != captures_.end()) return it->second;
+    Node n;
+    n.kind = NodeKind::input;
+    n.index = static_cast<int>(graph.inputs.size());
+    n.loc = here(loc);
+    const int id = graph.add_node(std::move(n), {TensorSpec{outer.shape(), outer.dtype()}}, outer.device());
+    graph.inputs.push_back(graph.out(id));
+    captured_outer.push_back(outer);
+    captured_inputs.push_back(graph.out(id));
+    Tensor h = handle(graph.out(id));
+    captures_.emplace(key, h);
+    return h;
+  }
+
+  struct VarEntry {
+    Tensor read;    ///< the read_var value (first read)
+    Tensor shadow;  ///< what value() returns now
+  };
+  bool may_create_vars_;
+  std::vector<Tensor> handles_;
+  std::unordered_map<const stagecraft::detail::TensorImpl*, Tensor> constants_;
+  std::unordered_map<const stagecraft::detail::VariableInfo*, VarEntry> vars_;
+  std::unordered_map<std::uint64_t, Tensor> captures_;
+  std::vector<std::shared_ptr<stagecraft::detail::VariableState>> assigned_;
+};
+
+/// RAII: hides the thread's gradient tapes for the guard's lifetime (a traced body records only
+/// on tapes made inside it; its gradient reaches outer tapes as one recorded call).
+class TapeIsolation {
+ public:
+  TapeIsolation() {
+    stagecraft::detail::Context& ctx = stagecraft::detail::context();
+    saved_.swap(stagecraft::detail::tape_stack().tapes);
+    saved_ptr_ = ctx.tapes;
+    saved_no_record_ = ctx.no_record;
+    ctx.tapes = nullptr;
+    ctx.no_record = 0;
+  }
+  ~TapeIsolation() {
+    stagecraft::detail::Context& ctx = stagecraft::detail::context();
+    stagecraft::detail::tape_stack().tapes.swap(saved_);
+    ctx.tapes = saved_ptr_;
+    ctx.no_record = saved_no_record_;
+  }
+  TapeIsolation(const TapeIsolation&) = delete;
+  TapeIsolation& operator=(const TapeIsolation&) = delete;
+
+ private:
+  std::vector<stagecraft::detail::TapeRecorder*> saved_;
+  stagecraft::detail::TapeStack* saved_ptr_ = nullptr;
+  int saved_no_record_ = 0;
+};
+
+/// The thread's innermost trace as a GraphBuilder (null outside every trace).
+inline GraphBuilder* current_builder() { return static_cast<GraphBuilder*>(stagecraft::detail::context().trace); }
+
+/// RAII: makes a builder the thread's innermost trace for the guard's lifetime.
+class TraceScope {
+ public:
+  explicit TraceScope(GraphBuilder& b) : b_(b) {
+    stagecraft::detail::Context& ctx = stagecraft::detail::context();
+    b_.parent = ctx.trace;
+    ctx.trace = &b_;
+  }
+  ~TraceScope() { stagecraft::detail::context().trace = b_.parent; }
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+
+ private:
+  GraphBuilder& b_;
+};
+
+}  // namespace graph
+
+/// RAII: while alive, this thread runs eagerly, outside every trace, and records on no tape
+/// (TensorFlow's init_scope): create variables and compute their initial values here.
+class init_scope {
+ public:
+  init_scope() : saved_(stagecraft::detail::context().trace) {
+    stagecraft::detail::context().trace = nullptr;
+    ++stagecraft::detail::context().no_record;
+  }
+  ~init_scope() {
+    stagecraft::detail::context().trace = saved_;
+    --stagecraft::detail::context().no_record;
+  }
+  init_scope(const init_scope&) = delete;
+  init_scope& operator=(const init_scope&) = delete;
+
+ private:
+  stagecraft::detail::TraceState* saved_;
+};
+
+}  // namespace stagecraft

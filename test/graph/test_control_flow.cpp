@@ -1,0 +1,167 @@
+// sc::cond, sc::while_loop and sc::host_fn: eager == traced, one trace serving every path,
+// gradients through staged control flow against eager tapes, and the errors of misuse.
+#include <catch2/catch.hpp>
+#include <stagecraft/stagecraft.hpp>
+
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "testing.hpp"
+
+namespace {
+
+using sctest::error_of;
+
+void check_close(const sc::Tensor& a, const sc::Tensor& b, double tol = 1e-6) {
+  REQUIRE(a.shape() == b.shape());
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    INFO("element " << i << ": " << x[i] << " vs " << y[i]);
+    CHECK(std::abs(x[i] - y[i]) <= tol * (1 + std::abs(y[i])));
+  }
+}
+
+sc::Tensor piecewise(const sc::Tensor& x) {
+  return sc::cond(sc::sum(x) > 0.f, [&] { return sc::tanh(x) * 3.f; }, [&] { return x * x - 1.f; });
+}
+
+/// Collatz-like loop: halves x until its sum drops below a limit, counting steps.
+std::tuple<sc::Tensor, sc::Tensor> shrink(const sc::Tensor& x) {
+  return sc::while_loop([](sc::Tensor v, sc::Tensor) { return sc::sum(v) > 1.f; },
+                        [](sc::Tensor v, sc::Tensor n) { return std::make_tuple(v * 0.5f, n + std::int64_t{1}); },
+                        std::make_tuple(x, sc::scalar(std::int64_t{0})));
+}
+
+}  // namespace
+
+TEST_CASE("cond: eager picks a branch, traced serves both with one trace", "[cond]") {
+  const sc::Tensor pos = sc::tensor({0.5f, 1.f, -0.2f}), neg = sc::tensor({-0.5f, -1.f, 0.2f});
+  auto f = sc::function([](sc::Tensor x) { return piecewise(x); });
+  check_close(f(pos), sc::tanh(pos) * 3.f);
+  check_close(f(neg), neg * neg - 1.f);
+  check_close(f(pos), piecewise(pos));
+  check_close(f(neg), piecewise(neg));
+  CHECK(f.trace_count() == 1);
+  const std::string g = f.get_concrete(pos).graph().str();
+  CHECK_THAT(g, Catch::Contains("cond("));
+  CHECK_THAT(g, Catch::Contains("graph then"));
+}
+
+TEST_CASE("cond: branches with different shapes are a StagingError", "[cond][errors]") {
+  auto f = sc::function([](sc::Tensor x) {
+    return sc::cond(sc::sum(x) > 0.f, [&] { return x; }, [&] { return sc::sum(x); });
+  });
+  const std::string m = error_of<sc::StagingError>([&] { f(sc::ones({3})); });
+  CHECK_THAT(m, Catch::Contains("[cond]"));
+  CHECK_THAT(m, Catch::Contains("f32[3]"));
+  CHECK_THAT(m, Catch::Contains("test_control_flow.cpp"));
+}
+
+TEST_CASE("cond: gradients through a staged cond equal eager ones", "[cond][grad]") {
+  auto grad_of = [](const sc::Tensor& x) {
+    sc::GradientTape tape;
+    tape.watch(x);
+    const sc::Tensor y = sc::sum(piecewise(x) * x);
+    return tape.gradient(y, x);
+  };
+  auto staged = sc::function([&](sc::Tensor x) { return grad_of(x); });
+  for (const sc::Tensor& x : {sc::tensor({0.5f, 1.f, -0.2f}), sc::tensor({-0.5f, -1.f, 0.2f})}) check_close(staged(x), grad_of(x));
+  CHECK(staged.trace_count() == 1);
+}
+
+TEST_CASE("cond: variables read and assigned in branches", "[cond][variables]") {
+  sc::Variable w(sc::full({2}, 2.f), "w"), hits(sc::scalar(0.f), "hits", false);
+  auto f = sc::function([&](sc::Tensor x) {
+    return sc::cond(sc::sum(x) > 0.f,
+                    [&] {
+                      hits.assign_add(sc::scalar(1.f));
+                      return x * w;
+                    },
+                    [&] { return x - w; });
+  });
+  check_close(f(sc::ones({2})), sc::full({2}, 2.f));
+  check_close(f(-sc::ones({2})), sc::full({2}, -3.f));
+  w.assign(sc::full({2}, 4.f));
+  check_close(f(sc::ones({2})), sc::full({2}, 4.f));
+  CHECK(hits.value().item<float>() == 2.f);
+}
+
+TEST_CASE("while_loop: eager and traced agree; the count depends on data", "[while]") {
+  auto f = sc::function([](sc::Tensor x) { return shrink(x); });
+  for (float start : {3.f, 40.f, 0.5f}) {
+    const sc::Tensor x = sc::full({4}, start);
+    auto [ve, ne] = shrink(x);
+    auto [vt, nt] = f(x);
+    check_close(vt, ve);
+    CHECK(nt.item<std::int64_t>() == ne.item<std::int64_t>());
+  }
+  CHECK(f.trace_count() == 1);
+}
+
+TEST_CASE("while_loop: gradients through a staged loop equal eager ones", "[while][grad]") {
+  const sc::Tensor a = sc::tensor({0.3f, -0.2f});
+  auto grads = [&](const sc::Tensor& x, const sc::Tensor& scale) {
+    sc::GradientTape tape;
+    tape.watch(x);
+    tape.watch(scale);
+    auto [fin, count] = sc::while_loop([](sc::Tensor, sc::Tensor n) { return n < std::int64_t{3}; },
+                                 [&](sc::Tensor v, sc::Tensor n) { return std::make_tuple(sc::tanh(v * scale + a), n + std::int64_t{1}); },
+                                 std::make_tuple(x, sc::scalar(std::int64_t{0})));
+    (void)count;
+    const sc::Tensor loss = sc::sum(fin * fin);
+    return tape.gradient(loss, std::vector<sc::Tensor>{x, scale});
+  };
+  auto staged = sc::function([&](sc::Tensor x, sc::Tensor s) { return grads(x, s); });
+  const sc::Tensor x = sc::tensor({0.7f, -1.1f}), s = sc::tensor({1.3f, 0.9f});
+  const auto ge = grads(x, s), gt = staged(x, s);
+  check_close(gt[0], ge[0], 1e-5);
+  check_close(gt[1], ge[1], 1e-5);
+}
+
+TEST_CASE("while_loop: a body that changes a shape is a StagingError", "[while][errors]") {
+  auto f = sc::function([](sc::Tensor x) {
+    return sc::while_loop([](sc::Tensor v) { return sc::sum(v) > 1.f; }, [](sc::Tensor v) { return sc::sum(v, {0}, true); }, x);
+  });
+  const std::string m = error_of<sc::StagingError>([&] { f(sc::ones({3, 2})); });
+  CHECK_THAT(m, Catch::Contains("loop variable 0"));
+}
+
+TEST_CASE("host_fn: runs at every call, outputs are checked, gradient optional", "[host_fn]") {
+  int calls = 0;
+  auto twice = [&](const std::vector<sc::Tensor>& in) {
+    ++calls;
+    return std::vector<sc::Tensor>{in[0] * 2.f};
+  };
+  auto grad = [](const std::vector<sc::Tensor>&, const std::vector<sc::Tensor>&, const std::vector<sc::Tensor>& og) {
+    return std::vector<sc::Tensor>{og[0] * 2.f};
+  };
+  auto f = sc::function([&](sc::Tensor x) {
+    sc::GradientTape tape;
+    tape.watch(x);
+    sc::Tensor y = sc::host_fn(twice, {x + 1.f}, {sc::TensorSpec{x.shape(), x.dtype()}}, grad)[0];
+    sc::Tensor loss = sc::sum(y * y);
+    return std::make_tuple(y, tape.gradient(loss, x));
+  });
+  auto [y, g] = f(sc::ones({3}));
+  check_close(y, sc::full({3}, 4.f));
+  check_close(g, sc::full({3}, 16.f));  // d/dx (2(x+1))^2 = 8(x+1)
+  f(sc::ones({3}));
+  CHECK(calls == 2);  // at each call of the plan; tracing does not run it
+  auto bad = sc::function([&](sc::Tensor x) { return sc::host_fn(twice, {x}, {sc::TensorSpec{sc::Shape{5}, sc::f32}})[0]; });
+  const std::string m = error_of<sc::ValueError>([&] { bad(sc::ones({3})); });
+  CHECK_THAT(m, Catch::Contains("[host_fn] output 0 is f32[3]"));
+}
+
+TEST_CASE("concrete function: differentiable under an eager tape (staged backward)", "[function][grad]") {
+  auto body = [](sc::Tensor x, sc::Tensor w) { return sc::sum(sc::tanh(sc::matmul(x, w)) * 2.f); };
+  auto f = sc::function(body);
+  const sc::Tensor x = sc::random::normal({3, 4}, 7), w = sc::random::normal({4, 2}, 8);
+  sc::GradientTape t1, t2;
+  t1.watch(w);
+  t2.watch(w);
+  const sc::Tensor ys = f(x, w);
+  const sc::Tensor ye = body(x, w);
+  check_close(t1.gradient(ys, w), t2.gradient(ye, w), 1e-5);
+}

@@ -1,0 +1,236 @@
+// sc::function: eager == traced for plain functions, variables by reference and assigned inside,
+// training steps with a tape inside, retrace counting and notices, misuse errors, threads.
+#include <catch2/catch.hpp>
+#include <stagecraft/stagecraft.hpp>
+#include <stagecraft/graph/function.hpp>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "testing.hpp"
+
+namespace {
+
+using sctest::error_of;
+
+void check_same(const sc::Tensor& a, const sc::Tensor& b, double tol = 0) {
+  REQUIRE(a.shape() == b.shape());
+  REQUIRE(a.dtype() == b.dtype());
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    INFO("element " << i << ": " << x[i] << " vs " << y[i]);
+    if (tol == 0) CHECK(x[i] == y[i]);
+    else CHECK(std::abs(x[i] - y[i]) <= tol * (1 + std::abs(y[i])));
+  }
+}
+
+/// Captures retrace notices for the test's lifetime.
+struct LogCapture {
+  std::vector<std::string> lines;
+  std::function<void(const std::string&)> saved = sc::staging_log();
+  LogCapture() {
+    sc::staging_log() = [this](const std::string& s) { lines.push_back(s); };
+  }
+  ~LogCapture() { sc::staging_log() = saved; }
+};
+
+}  // namespace
+
+TEST_CASE("function: traced results equal eager ones", "[function]") {
+  auto body = [](sc::Tensor x, sc::Tensor y) { return sc::tanh(x * y) + 2.f * x - sc::sum(y, {0}); };
+  auto f = sc::function(body);
+  const sc::Tensor x = sc::random::normal({4, 3}, 1), y = sc::random::normal({4, 3}, 2);
+  check_same(f(x, y), body(x, y));
+  CHECK(f.trace_count() == 1);
+  const sc::Tensor x2 = sc::random::normal({4, 3}, 3);
+  check_same(f(x2, y), body(x2, y));
+  CHECK(f.trace_count() == 1);  // same signature: no retrace
+}
+
+TEST_CASE("function: retraces on a new signature and says why", "[function]") {
+  LogCapture log;
+  auto f = sc::function([](sc::Tensor x, int k) { return x * static_cast<float>(k); }, "scale");
+  f(sc::ones({2, 3}), 2);
+  f(sc::ones({2, 3}), 2);
+  CHECK(f.trace_count() == 1);
+  f(sc::ones({4, 3}), 2);
+  CHECK(f.trace_count() == 2);
+  REQUIRE(log.lines.size() == 1);
+  CHECK_THAT(log.lines[0], Catch::Contains("argument 0 changed from f32[2, 3] to f32[4, 3]"));
+  check_same(f(sc::ones({2, 3}), 3), sc::full({2, 3}, 3.f));
+  CHECK(f.trace_count() == 3);
+  CHECK_THAT(log.lines[1], Catch::Contains("argument 1 changed from 2 to 3"));
+  f.set_retrace_warning(4);
+  f(sc::ones({2, 3}, sc::f64), 3);
+  CHECK(f.trace_count() == 4);
+  CHECK_THAT(log.lines.back(), Catch::Contains("traced 4 times"));
+}
+
+TEST_CASE("function: tuple and vector results", "[function]") {
+  auto f = sc::function([](sc::Tensor x) { return std::make_tuple(x + 1.f, std::vector<sc::Tensor>{x * 2.f, -x}); });
+  auto [a, v] = f(sc::ones({2}));
+  check_same(a, sc::full({2}, 2.f));
+  REQUIRE(v.size() == 2);
+  check_same(v[0], sc::full({2}, 2.f));
+  check_same(v[1], sc::full({2}, -1.f));
+}
+
+TEST_CASE("function: results stay valid across later calls", "[function]") {
+  auto f = sc::function([](sc::Tensor x) { return sc::exp(x) * 2.f + x; });
+  const sc::Tensor r1 = f(sc::zeros({1000}));
+  const sc::Tensor r2 = f(sc::ones({1000}));
+  CHECK(r1.to_vector<float>()[7] == 2.f);
+  CHECK(r2.to_vector<float>()[7] == Approx(2 * std::exp(1.f) + 1));
+}
+
+TEST_CASE("function: variables are read by reference", "[function][variables]") {
+  sc::Variable w(sc::full({3}, 2.f), "w");
+  auto f = sc::function([&](sc::Tensor x) { return x * w; });
+  check_same(f(sc::ones({3})), sc::full({3}, 2.f));
+  w.assign(sc::full({3}, 5.f));
+  check_same(f(sc::ones({3})), sc::full({3}, 5.f));
+  CHECK(f.trace_count() == 1);
+}
+
+TEST_CASE("function: assignments run at every call, in program order", "[function][variables]") {
+  sc::Variable counter(sc::scalar(0.f), "counter", false);
+  auto f = sc::function([&](sc::Tensor x) {
+    sc::Tensor before = counter.value();
+    counter.assign_add(x);
+    sc::Tensor after = counter.value();
+    counter.assign(after * 2.f);
+    return std::make_tuple(before, after, counter.value());
+  });
+  auto [b1, a1, c1] = f(sc::scalar(1.f));
+  CHECK(b1.item<float>() == 0.f);
+  CHECK(a1.item<float>() == 1.f);
+  CHECK(c1.item<float>() == 2.f);
+  CHECK(counter.value().item<float>() == 2.f);
+  auto [b2, a2, c2] = f(sc::scalar(1.f));
+  CHECK(b2.item<float>() == 2.f);
+  CHECK(a2.item<float>() == 3.f);
+  CHECK(c2.item<float>() == 6.f);
+  CHECK(counter.value().item<float>() == 6.f);
+  CHECK(b1.item<float>() == 0.f);  // earlier results unchanged
+}
+
+TEST_CASE("function: a training step with a tape inside matches eager steps", "[function][train]") {
+  auto make = [](sc::Variable& w1, sc::Variable& b1, sc::Variable& w2) {
+    w1 = sc::Variable(sc::random::normal({8, 16}, 5, 0, 0.3), "w1");
+    b1 = sc::Variable(sc::zeros({16}), "b1");
+    w2 = sc::Variable(sc::random::normal({16, 4}, 6, 0, 0.3), "w2");
+  };
+  sc::Variable ew1, eb1, ew2, tw1, tb1, tw2;
+  make(ew1, eb1, ew2);
+  make(tw1, tb1, tw2);
+  auto step = [](sc::Variable& w1, sc::Variable& b1, sc::Variable& w2, const sc::Tensor& x, const sc::Tensor& y) {
+    sc::GradientTape tape;
+    sc::Tensor h = sc::relu(sc::matmul(x, w1) + b1);
+    sc::Tensor loss = sc::nn::cross_entropy(sc::matmul(h, w2), y);
+    std::vector<sc::Variable> vars{w1, b1, w2};
+    auto g = tape.gradient(loss, vars);
+    for (std::size_t i = 0; i < vars.size(); ++i) vars[i].assign_sub(g[i] * 0.1f);
+    return loss;
+  };
+  auto staged = sc::function([&](sc::Tensor x, sc::Tensor y) { return step(tw1, tb1, tw2, x, y); });
+  for (int s = 0; s < 4; ++s) {
+    const sc::Tensor x = sc::random::normal({5, 8}, 100 + s);
+    const sc::Tensor y = sc::tensor(std::vector<std::int64_t>{0, 1, 2, 3, s % 4}, sc::Shape{5});
+    const sc::Tensor le = step(ew1, eb1, ew2, x, y);
+    const sc::Tensor lt = staged(x, y);
+    check_same(lt, le, 1e-6);
+  }
+  check_same(tw1.value(), ew1.value(), 1e-5);
+  check_same(tb1.value(), eb1.value(), 1e-5);
+  check_same(tw2.value(), ew2.value(), 1e-5);
+  CHECK(staged.trace_count() == 1);
+}
+
+TEST_CASE("function: misuse is a StagingError naming the fix", "[function][errors]") {
+  sc::Tensor leaked;
+  auto f = sc::function([&](sc::Tensor x) {
+    leaked = x * 2.f;
+    return x;
+  });
+  f(sc::ones({2}));
+  const std::string m = error_of<sc::StagingError>([&] { (void)(leaked + 1.f); });
+  CHECK_THAT(m, Catch::Contains("escaped"));
+  CHECK_THAT(m, Catch::Contains("test_function.cpp"));
+
+  auto g = sc::function([](sc::Tensor x) { return x * x.item<float>(); });
+  const std::string m2 = error_of<sc::StagingError>([&] { g(sc::ones({2})); });
+  CHECK_THAT(m2, Catch::Contains("sc::cond"));
+  CHECK_THAT(m2, Catch::Contains("test_function.cpp"));
+
+  auto h = sc::function([](sc::Tensor x) {
+    if (x.numel() > 0 && bool(sc::sum(x) > 0.f)) return x;
+    return -x;
+  });
+  CHECK_THAT(error_of<sc::StagingError>([&] { h(sc::ones({2})); }), Catch::Contains("sc::cond"));
+}
+
+TEST_CASE("function: variables may be created on the first trace only", "[function][variables]") {
+  std::vector<sc::Variable> made;
+  auto f = sc::function([&](sc::Tensor x) {
+    made.emplace_back(sc::zeros(x.shape()), "v");
+    return x + made.back();
+  });
+  f(sc::ones({2}));
+  CHECK(made.size() == 1);
+  const std::string m = error_of<sc::StagingError>([&] { f(sc::ones({3})); });
+  CHECK_THAT(m, Catch::Contains("sc::init_scope"));
+
+  std::vector<sc::Variable> lifted;
+  auto g = sc::function([&](sc::Tensor x) {
+    if (lifted.empty()) {
+      sc::init_scope lift;
+      lifted.emplace_back(sc::full(x.shape(), 3.f), "v");
+    }
+    return x * lifted.back();
+  });
+  check_same(g(sc::ones({2})), sc::full({2}, 3.f));
+}
+
+TEST_CASE("function: the graph prints with the user's lines", "[function][graph]") {
+  auto f = sc::function([](sc::Tensor x) { return sc::exp(x) + 1.f; }, "expp1");
+  auto cf = f.get_concrete(sc::ones({2, 2}));
+  const std::string text = cf.graph().str();
+  CHECK_THAT(text, Catch::Contains("graph expp1(%0: f32[2, 2])"));
+  CHECK_THAT(text, Catch::Contains("exp(%0)"));
+  CHECK_THAT(text, Catch::Contains("test_function.cpp:"));
+  CHECK_THAT(cf.graph().to_dot(), Catch::Contains("digraph"));
+  check_same(cf(sc::ones({2, 2})), sc::exp(sc::ones({2, 2})) + 1.f);
+  CHECK_THAT(error_of<sc::ShapeError>([&] { cf(sc::ones({3})); }), Catch::Contains("argument 0"));
+}
+
+TEST_CASE("function: several threads call one function", "[function][threads]") {
+  sc::Variable w(sc::full({64}, 0.5f), "w");
+  auto f = sc::function([&](sc::Tensor x) { return sc::tanh(x * w) + x; });
+  std::vector<sc::Tensor> inputs;
+  std::vector<std::vector<float>> expect;
+  for (int t = 0; t < 4; ++t) {
+    inputs.push_back(sc::random::normal({64}, 50 + t));
+    expect.push_back((sc::tanh(inputs.back() * w.value()) + inputs.back()).to_vector<float>());
+  }
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < 200; ++k)
+        if (f(inputs[t]).to_vector<float>() != expect[t]) ++bad;
+    });
+  for (auto& th : threads) th.join();
+  CHECK(bad == 0);
+  CHECK(f.trace_count() == 1);
+}
+
+TEST_CASE("function: a bad label in a staged step is an error naming the user's line", "[function][errors]") {
+  auto f = sc::function([](sc::Tensor logits, sc::Tensor labels) { return sc::nn::cross_entropy(logits, labels); });
+  const sc::Tensor logits = sc::zeros({2, 3});
+  CHECK(f(logits, sc::tensor(std::vector<std::int64_t>{0, 2}, sc::Shape{2})).item<float>() == Approx(std::log(3.f)));
+  const std::string m = error_of<sc::ValueError>([&] { f(logits, sc::tensor(std::vector<std::int64_t>{0, 7}, sc::Shape{2})); });
+  CHECK_THAT(m, Catch::Contains("out of range"));
+  CHECK_THAT(m, Catch::Contains("test_function.cpp"));
+}

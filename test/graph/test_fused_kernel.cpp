@@ -1,0 +1,441 @@
+// The fused elementwise evaluator (graph/fused_kernel.hpp) against the eager ops, op by op:
+// single ops, random chains, broadcasting, in-place outputs, tile and SIMD boundaries.
+// (Only the headers it uses: the evaluator must build without the rest of the graph layer.)
+#include <catch2/catch.hpp>
+#include <stagecraft/backend/cpu/parallel.hpp>
+#include <stagecraft/core/creation.hpp>
+#include <stagecraft/fwd.hpp>
+#include <stagecraft/graph/fused_kernel.hpp>
+#include <stagecraft/ops/broadcast_to.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+namespace g = sc::graph;
+using sc::ops::OpId;
+
+/// Deterministic pseudo-random numbers (xorshift64*, as test/testing.hpp's).
+struct Rng {
+  std::uint64_t s;
+  explicit Rng(std::uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  std::uint64_t next() {
+    s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+    return s * 2685821657736338717ull;
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
+};
+
+OpId op(std::string_view name) {
+  const sc::ops::OpInfo* info = sc::ops::find_op(name);
+  REQUIRE(info != nullptr);
+  return info->id;
+}
+
+// ---- the eager reference: each op through dispatch, by id (a table from the op list) -------
+template <class Op>
+sc::Tensor eager_call(const sc::Tensor& a, const sc::Tensor& b) {
+  namespace f = g::detail_fused;
+  const auto loc = std::source_location::current();
+  if constexpr (f::keeps_dtype<Op, float>() || f::keeps_dtype<Op, std::int32_t>()) {
+    if constexpr (Op::arity == 1) return sc::detail::dispatch<Op>({&a, 1}, {}, loc);
+    else return sc::detail::dispatch2<Op>(a, b, {}, loc);
+  } else {
+    (void)a, (void)b, (void)loc;
+    FAIL("not an elementwise op");
+    return {};
+  }
+}
+using EagerFn = sc::Tensor (*)(const sc::Tensor&, const sc::Tensor&);
+constexpr std::array<EagerFn, sc::ops::num_ops> eager_table = {{
+#define TEST_EAGER(S) &eager_call<sc::ops::S>,
+    STAGECRAFT_OP_LIST(TEST_EAGER)
+#undef TEST_EAGER
+}};
+
+/// The program run op by op through the eager ops, each output broadcast to out_shape.
+std::vector<sc::Tensor> eager_run(const g::FusedProgram& p, const std::vector<sc::Tensor>& in) {
+  std::vector<sc::Tensor> regs = in;
+  for (const g::FusedInstr& c : p.code)
+    regs.push_back(eager_table[static_cast<std::size_t>(c.op)](regs[c.a], c.b >= 0 ? regs[c.b] : sc::Tensor()));
+  std::vector<sc::Tensor> out;
+  for (int r : p.outputs) out.push_back(regs[r].shape() == p.out_shape ? regs[r] : sc::broadcast_to(regs[r], p.out_shape));
+  return out;
+}
+
+/// The program through run_fused, into outputs filled with a poison value first.
+std::vector<sc::Tensor> fused_run(const g::FusedProgram& p, const std::vector<sc::Tensor>& in) {
+  std::vector<sc::Tensor> out;
+  for (std::size_t j = 0; j < p.outputs.size(); ++j) out.push_back(sc::full(p.out_shape, -7.0, p.dtype));
+  g::run_fused(p, in, out);
+  return out;
+}
+
+// ---- data and comparisons ------------------------------------------------------------------
+/// n values of T: floats in [-3, 3), integers in [-4, 4].
+template <class T>
+std::vector<T> values(std::int64_t n, std::uint64_t seed) {
+  Rng r(seed);
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (T& x : v) {
+    if constexpr (std::is_floating_point_v<T>) x = static_cast<T>(-3 + 6 * r.uniform());
+    else x = static_cast<T>(static_cast<int>(r.next() % 9) - 4);
+  }
+  return v;
+}
+template <class T>
+sc::Tensor make(const sc::Shape& s, std::uint64_t seed) {
+  return sc::tensor(values<T>(s.numel(), seed), s);
+}
+
+/// SIMD width the eager loops use for T (1: no SIMD type).
+template <class T>
+constexpr std::int64_t lanes() {
+  if constexpr (sc::backend::cpu::Vectorizable<T>) return sc::backend::cpu::batch<T>::size;
+  else return 1;
+}
+
+/// got equals want bit for bit, except that the last n % W elements (where the eager loop
+/// used the scalar rule) need only be close.
+template <class T>
+void check_matches(const sc::Tensor& got, const sc::Tensor& want) {
+  REQUIRE(got.shape() == want.shape());
+  REQUIRE(got.dtype() == want.dtype());
+  const std::vector<T> a = got.to_vector<T>(), b = want.to_vector<T>();
+  const std::size_t n = a.size(), exact = n - n % static_cast<std::size_t>(lanes<T>());
+  std::size_t bad = 0, first = n;
+  for (std::size_t i = 0; i < n; ++i) {
+    bool ok = std::memcmp(&a[i], &b[i], sizeof(T)) == 0;
+    if constexpr (std::is_floating_point_v<T>) {
+      if (!ok && i >= exact) {
+        const double x = a[i], y = b[i], tol = std::is_same_v<T, float> ? 1e-5 : 1e-13;
+        ok = (std::isnan(x) && std::isnan(y)) || x == y || std::fabs(x - y) <= tol * std::max(1.0, std::fabs(y));
+      }
+    }
+    if (!ok && bad++ == 0) first = i;
+  }
+  INFO("elements that differ: " << bad << " of " << n << "; first at " << first << ": fused "
+                                << (first < n ? +a[first] : T()) << " eager " << (first < n ? +b[first] : T()));
+  CHECK(bad == 0);
+}
+
+template <class T>
+void check_program(const g::FusedProgram& p, const std::vector<sc::Tensor>& in) {
+  const std::vector<sc::Tensor> got = fused_run(p, in), want = eager_run(p, in);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t j = 0; j < got.size(); ++j) {
+    INFO("output " << j);
+    check_matches<T>(got[j], want[j]);
+  }
+}
+
+/// Every op fusible over dtype d, in op-list order.
+std::vector<OpId> fusible_ops(sc::DType d) {
+  std::vector<OpId> ops;
+  for (int i = 0; i < sc::ops::num_ops; ++i)
+    if (g::fusible(static_cast<OpId>(i), d)) ops.push_back(static_cast<OpId>(i));
+  return ops;
+}
+
+std::string name_of(OpId id) { return std::string(sc::ops::op_info(id).name); }
+
+}  // namespace
+
+TEST_CASE("fusible: elementwise ops that keep the dtype, nothing else", "[fused]") {
+  for (sc::DType d : {sc::f32, sc::f64})
+    for (const char* n : {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "abs", "exp", "log",
+                          "sqrt", "tanh", "sigmoid", "relu", "square", "sign", "sin", "cos"}) {
+      INFO(n << " over " << sc::name(d));
+      CHECK(g::fusible(op(n), d));
+    }
+  for (sc::DType d : {sc::i32, sc::i64}) {
+    for (const char* n : {"add", "sub", "mul", "pow", "maximum", "minimum", "neg", "abs", "relu", "square", "sign"})
+      CHECK(g::fusible(op(n), d));
+    for (const char* n : {"div", "exp", "log", "sqrt", "tanh", "sigmoid", "sin", "cos"})  // these return floats
+      CHECK_FALSE(g::fusible(op(n), d));
+  }
+  for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64, sc::boolean})
+    for (const char* n : {"less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "logical_and",
+                          "logical_or", "logical_not", "where", "cast", "sum", "matmul", "reshape", "broadcast_to"}) {
+      INFO(n << " over " << sc::name(d));
+      CHECK_FALSE(g::fusible(op(n), d));
+    }
+  CHECK(fusible_ops(sc::boolean).empty());
+  CHECK_FALSE(g::fusible(static_cast<OpId>(sc::ops::num_ops), sc::f32));
+  for (OpId id : fusible_ops(sc::f32)) CHECK((sc::ops::op_info(id).arity == 1 || sc::ops::op_info(id).arity == 2));
+}
+
+TEMPLATE_TEST_CASE("every fusible op alone equals the eager op", "[fused]", float, double, std::int32_t, std::int64_t) {
+  using T = TestType;
+  const sc::DType d = sc::dtype_of<T>();
+  const std::int64_t tile = g::detail_fused::tile_elems<T>;
+  const std::vector<OpId> ops = fusible_ops(d);
+  REQUIRE(!ops.empty());
+  for (std::int64_t n : {std::int64_t{1}, std::int64_t{7}, std::int64_t{67}, tile - 1, tile, tile + 1, 3 * tile + 5,
+                         std::int64_t{100003}}) {
+    const sc::Tensor x = make<T>({n}, 1), y = make<T>({n}, 2), s = make<T>({}, 3);
+    for (OpId id : ops) {
+      INFO(name_of(id) << " over " << sc::name(d) << ", n = " << n);
+      if (sc::ops::op_info(id).arity == 1) {
+        check_program<T>({d, {n}, {{n}}, {{id, 0}}, {1}}, {x});
+        continue;
+      }
+      check_program<T>({d, {n}, {{n}, {n}}, {{id, 0, 1}}, {2}}, {x, y});
+      check_program<T>({d, {n}, {{n}, {}}, {{id, 0, 1}}, {2}}, {x, s});   // a weak scalar on the right
+      check_program<T>({d, {n}, {{}, {n}}, {{id, 0, 1}}, {2}}, {s, y});   // ... and on the left
+      check_program<T>({d, {n}, {{n}}, {{id, 0, 0}}, {1}}, {x});          // one register twice
+    }
+  }
+}
+
+namespace {
+/// A random program of `len` instructions over inputs x, y [R,C], s [] and, with `broadcast`,
+/// w [C] and col [R,1]: each instruction reads one of the last few registers (so values chain)
+/// and any other register.
+template <class T>
+g::FusedProgram random_program(int len, std::int64_t R, std::int64_t C, bool broadcast, std::uint64_t seed) {
+  const sc::DType d = sc::dtype_of<T>();
+  std::vector<OpId> ops;
+  for (OpId id : fusible_ops(d)) {
+    const std::string n = name_of(id);
+    // Integer chains: no products, which overflow (undefined behaviour in the scalar rule).
+    if (!std::is_floating_point_v<T> && (n == "mul" || n == "square" || n == "pow")) continue;
+    // xsimd's sin and cos choose their argument reduction per batch (by the batch's largest
+    // lane), so a lane's value depends on its neighbours; values of a broadcast input are
+    // batched differently by the eager op (over the input's own shape): close, not bitwise.
+    if (broadcast && (n == "sin" || n == "cos")) continue;
+    ops.push_back(id);
+  }
+  g::FusedProgram p{d, {R, C}, {{R, C}, {R, C}, {}}, {}, {}};
+  if (broadcast) p.input_shapes.insert(p.input_shapes.end(), {{C}, {R, 1}});
+  const int nin = static_cast<int>(p.input_shapes.size());
+  Rng r(seed);
+  for (int k = 0; k < len; ++k) {
+    const int nreg = nin + k;
+    const OpId id = ops[r.next() % ops.size()];
+    const int a = k == 0 ? static_cast<int>(r.next() % nin) : nreg - 1 - static_cast<int>(r.next() % std::min(3, k));
+    const int b = static_cast<int>(r.next() % nreg);
+    p.code.push_back({id, a, sc::ops::op_info(id).arity == 2 ? b : -1});
+  }
+  p.outputs = {nin + len - 1, nin + static_cast<int>(r.next() % len)};
+  return p;
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("chains of 2 to 16 ops equal the eager ops step by step", "[fused]", float, double, std::int32_t,
+                   std::int64_t) {
+  using T = TestType;
+  // Extents are multiples of 64, so no eager loop has a scalar tail and every element must match.
+  for (auto [R, C] : {std::pair<std::int64_t, std::int64_t>{64, 64}, {512, 128}})
+    for (bool broadcast : {false, true}) {
+      std::vector<sc::Tensor> in = {make<T>({R, C}, 11), make<T>({R, C}, 12), make<T>({}, 13)};
+      if (broadcast) in.insert(in.end(), {make<T>({C}, 14), make<T>({R, 1}, 15)});
+      for (int len = 2; len <= 16; ++len)
+        for (std::uint64_t seed = 0; seed < 6; ++seed) {
+          const g::FusedProgram p = random_program<T>(len, R, C, broadcast, seed * 100 + static_cast<std::uint64_t>(len));
+          std::string code;
+          for (const g::FusedInstr& c : p.code)
+            code += name_of(c.op) + "(" + std::to_string(c.a) + (c.b >= 0 ? "," + std::to_string(c.b) : "") + ") ";
+          INFO("[" << R << "," << C << "] " << code);
+          check_program<T>(p, in);
+        }
+    }
+}
+
+namespace {
+/// tanh(x*a + b)*c - x/(1 + exp(-x)): registers x=0 a=1 b=2 c=3 one=4, result 13.
+g::FusedProgram nine_op_chain(sc::DType d, sc::Shape out, sc::Shape abc) {
+  return {d, out, {out, abc, abc, abc, {}},
+          {{op("mul"), 0, 1}, {op("add"), 5, 2}, {op("tanh"), 6}, {op("mul"), 7, 3}, {op("neg"), 0},
+           {op("exp"), 9}, {op("add"), 4, 10}, {op("div"), 0, 11}, {op("sub"), 8, 12}},
+          {13}};
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("the 9-op chain matches a plain loop and the eager ops", "[fused]", float, double) {
+  using T = TestType;
+  const sc::DType d = sc::dtype_of<T>();
+  const std::int64_t tile = g::detail_fused::tile_elems<T>;
+  for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, tile - 1, tile + 1, std::int64_t{100000}})
+    for (bool scalars : {false, true}) {
+      INFO("n = " << n << (scalars ? ", a b c scalars" : ", a b c tensors"));
+      const sc::Shape abc = scalars ? sc::Shape{} : sc::Shape{n};
+      const std::vector<sc::Tensor> in = {make<T>({n}, 1), make<T>(abc, 2), make<T>(abc, 3), make<T>(abc, 4),
+                                          sc::full({}, 1.0, d)};
+      const g::FusedProgram p = nine_op_chain(d, {n}, abc);
+      const std::vector<T> got = fused_run(p, in)[0].template to_vector<T>();
+      const std::vector<T> x = in[0].to_vector<T>(), a = in[1].to_vector<T>(), b = in[2].to_vector<T>(),
+                           c = in[3].to_vector<T>();
+      REQUIRE(got.size() == static_cast<std::size_t>(n));
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        const std::size_t j = scalars ? 0 : i;
+        const double xi = x[i], want = std::tanh(xi * a[j] + b[j]) * c[j] - xi / (1 + std::exp(-xi));
+        INFO("element " << i);
+        CHECK(got[i] == Approx(want).epsilon(std::is_same_v<T, float> ? 2e-6 : 1e-13).margin(std::is_same_v<T, float> ? 2e-6 : 1e-13));
+      }
+      check_program<T>(p, in);
+    }
+}
+
+TEMPLATE_TEST_CASE("broadcast inputs: rows, columns, scalars, rank 0 and empty outputs", "[fused]", float, double) {
+  using T = TestType;
+  const sc::DType d = sc::dtype_of<T>();
+  const OpId add = op("add"), mul = op("mul"), sub = op("sub"), mx = op("maximum"), tanh = op("tanh");
+  // (out, inputs): the output shape and four inputs broadcast to it.
+  const std::vector<std::pair<sc::Shape, std::vector<sc::Shape>>> cases = {
+      {{5, 7}, {{5, 7}, {7}, {5, 1}, {}}},
+      {{128, 256}, {{128, 256}, {256}, {128, 1}, {1, 256}}},
+      {{300, 257}, {{257}, {300, 1}, {1}, {300, 257}}},           // rows that straddle tiles
+      {{3, 4, 5}, {{3, 4, 5}, {4, 1}, {3, 1, 5}, {1, 1, 1}}},      // a column of a 3-D output
+      {{2, 3, 1, 4}, {{3, 1, 1}, {2, 1, 1, 4}, {4}, {2, 3, 1, 4}}},
+      {{64, 1000}, {{1000}, {64, 1}, {}, {1, 1000}}},              // no input of the output's shape
+      {{1, 1, 9}, {{9}, {1, 9}, {1, 1, 1}, {1, 1, 9}}},
+  };
+  for (const auto& [out, shapes] : cases) {
+    INFO("output " << out);
+    std::vector<sc::Tensor> in;
+    for (std::size_t i = 0; i < shapes.size(); ++i) in.push_back(make<T>(shapes[i], 20 + i));
+    // ((in0 + in1) * in2 - in3), max with in1, tanh of that, and every input itself as an output.
+    const g::FusedProgram p{d, out, shapes, {{add, 0, 1}, {mul, 4, 2}, {sub, 5, 3}, {mx, 6, 1}, {tanh, 7}},
+                            {8, 6, 0, 1, 2, 3}};
+    check_program<T>(p, in);
+  }
+  SECTION("rank-0 output: the scalar rule, as the eager ops on one element") {
+    const std::vector<sc::Tensor> in = {make<T>({}, 1), make<T>({}, 2)};
+    const g::FusedProgram p{d, {}, {{}, {}}, {{mul, 0, 1}, {tanh, 2}, {add, 3, 0}}, {4, 3}};
+    const auto got = fused_run(p, in), want = eager_run(p, in);
+    CHECK(got[0].shape() == sc::Shape{});
+    CHECK(got[0].item<T>() == want[0].item<T>());
+    CHECK(got[1].item<T>() == want[1].item<T>());
+  }
+  SECTION("one-element inputs against a larger output") {
+    const std::vector<sc::Tensor> in = {make<T>({1}, 1), make<T>({1, 1}, 2), make<T>({2, 37}, 3)};
+    const g::FusedProgram p{d, {2, 37}, {{1}, {1, 1}, {2, 37}}, {{tanh, 0}, {mul, 3, 1}, {add, 4, 2}}, {5, 4, 3}};
+    check_program<T>(p, in);
+  }
+  SECTION("empty outputs") {
+    const std::vector<sc::Tensor> in = {make<T>({0, 5}, 1), make<T>({5}, 2), make<T>({}, 3)};
+    const g::FusedProgram p{d, {0, 5}, {{0, 5}, {5}, {}}, {{add, 0, 1}, {mul, 3, 2}}, {4}};
+    const auto got = fused_run(p, in);
+    CHECK(got[0].shape() == sc::Shape{0, 5});
+  }
+}
+
+TEMPLATE_TEST_CASE("an output may share its buffer with an input of the same shape", "[fused]", float, double) {
+  using T = TestType;
+  const sc::DType d = sc::dtype_of<T>();
+  const std::int64_t tile = g::detail_fused::tile_elems<T>;
+  for (std::int64_t n : {std::int64_t{7}, tile + 3, std::int64_t{200000}}) {
+    INFO("n = " << n);
+    std::vector<sc::Tensor> in = {make<T>({n}, 1), make<T>({n}, 2), make<T>({n}, 3), make<T>({n}, 4),
+                                  sc::full({}, 1.0, d)};
+    const g::FusedProgram p = nine_op_chain(d, {n}, {n});  // reads x (input 0) in its first and last steps
+    const std::vector<T> want = fused_run(p, in)[0].template to_vector<T>();
+    const std::vector<T> x0 = in[0].to_vector<T>(), c0 = in[3].to_vector<T>();
+    SECTION("into x") {
+      std::vector<sc::Tensor> out = {in[0]};
+      g::run_fused(p, in, out);
+      CHECK(in[0].to_vector<T>() == want);
+    }
+    SECTION("into c, with x copied out too, and the result written twice") {
+      g::FusedProgram q = p;
+      q.outputs = {13, 0, 13, 3};
+      std::vector<sc::Tensor> out = {in[3], sc::zeros({n}, d), in[0], sc::zeros({n}, d)};
+      g::run_fused(q, in, out);
+      CHECK(out[0].to_vector<T>() == want);
+      CHECK(out[1].to_vector<T>() == x0);
+      CHECK(out[2].to_vector<T>() == want);
+      CHECK(out[3].to_vector<T>() == c0);
+    }
+  }
+  SECTION("a broadcast input may not share the output's memory") {
+    std::vector<T> buf(20);
+    const sc::Tensor whole = sc::from_blob(buf.data(), {4, 5}, d), row = sc::from_blob(buf.data(), {5}, d);
+    std::vector<sc::Tensor> out = {whole};
+    const g::FusedProgram p{d, {4, 5}, {{5}}, {{op("neg"), 0}}, {1}};
+    CHECK_THROWS_WITH(g::run_fused(p, {&row, 1}, out), Catch::Contains("[fused] input 0 is broadcast"));
+  }
+}
+
+TEST_CASE("a prepared program runs many times, on one thread or all", "[fused]") {
+  const g::FusedProgram p = nine_op_chain(sc::f32, {50000}, {});
+  const g::PreparedFused pf = g::prepare(p);
+  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+    const std::vector<sc::Tensor> in = {make<float>({50000}, seed), make<float>({}, seed + 1),
+                                        make<float>({}, seed + 2), make<float>({}, seed + 3), sc::full({}, 1.0, sc::f32)};
+    std::vector<sc::Tensor> out = {sc::zeros({50000})};
+    g::run(pf, in, out);
+    const auto want = eager_run(p, in);
+    check_matches<float>(out[0], want[0]);
+    const int threads = sc::num_threads();
+    sc::set_num_threads(1);
+    std::vector<sc::Tensor> out1 = {sc::zeros({50000})};
+    g::run(pf, in, out1);
+    sc::set_num_threads(threads);
+    CHECK(out1[0].to_vector<float>() == out[0].to_vector<float>());
+    for (std::int64_t tile : {1, 100, 64, 100000}) {  // any tile size gives the same elements
+      g::PreparedFused q = pf;
+      q.tile = tile;
+      std::vector<sc::Tensor> out2 = {sc::zeros({50000})};
+      g::run(q, in, out2);
+      INFO("tile " << tile);
+      CHECK(out2[0].to_vector<float>() == out[0].to_vector<float>());
+    }
+  }
+}
+
+TEST_CASE("integer and bool programs", "[fused]") {
+  SECTION("i32: the scalar rule where an op has no SIMD rule (pow, sign)") {
+    const std::vector<sc::Tensor> in = {make<std::int32_t>({1000}, 1), make<std::int32_t>({1000}, 2),
+                                        sc::full({}, 3.0, sc::i32)};
+    const g::FusedProgram p{sc::i32, {1000}, {{1000}, {1000}, {}},
+                            {{op("pow"), 0, 2}, {op("sign"), 1}, {op("mul"), 3, 4}, {op("abs"), 5}, {op("sub"), 6, 0}},
+                            {7}};
+    check_program<std::int32_t>(p, in);
+  }
+  SECTION("bool: no instruction, but inputs copied and broadcast to outputs") {
+    const sc::Tensor a = sc::tensor({true, false, true}), b = sc::tensor({{true}, {false}});
+    const g::FusedProgram p{sc::boolean, {2, 3}, {{3}, {2, 1}}, {}, {0, 1}};
+    std::vector<sc::Tensor> out = {sc::zeros({2, 3}, sc::boolean), sc::zeros({2, 3}, sc::boolean)};
+    g::run_fused(p, std::vector<sc::Tensor>{a, b}, out);
+    CHECK(out[0].to_vector<bool>() == std::vector<bool>{true, false, true, true, false, true});
+    CHECK(out[1].to_vector<bool>() == std::vector<bool>{true, true, true, false, false, false});
+  }
+}
+
+TEST_CASE("invalid programs and tensors are named errors", "[fused][errors]") {
+  const OpId add = op("add"), neg = op("neg");
+  auto bad = [](const g::FusedProgram& p) -> std::string {
+    try {
+      g::prepare(p);
+    } catch (const sc::ValueError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  CHECK_THAT(bad({sc::f32, {4}, {{4}}, {{add, 0, 1}}, {1}}), Catch::Contains("instruction 0: an operand"));
+  CHECK_THAT(bad({sc::f32, {4}, {{4}}, {{neg, 0, 0}}, {1}}), Catch::Contains("neg takes 1 operand"));
+  CHECK_THAT(bad({sc::f32, {4}, {{4}}, {{add, 0}}, {1}}), Catch::Contains("add takes 2 operand"));
+  CHECK_THAT(bad({sc::f32, {4}, {{4}}, {{op("less"), 0, 0}}, {1}}),
+             Catch::Contains("op 'less' is not an elementwise op that keeps the dtype f32"));
+  CHECK_THAT(bad({sc::i32, {4}, {{4}}, {{op("exp"), 0}}, {1}}),
+             Catch::Contains("'exp' is not an elementwise op that keeps the dtype i32"));
+  CHECK_THAT(bad({sc::f32, {4}, {{3}}, {{neg, 0}}, {1}}), Catch::Contains("input 0 of shape [3] does not broadcast"));
+  CHECK_THAT(bad({sc::f32, {4}, {{4, 1}}, {}, {0}}), Catch::Contains("does not broadcast to the output shape [4]"));
+  CHECK_THAT(bad({sc::f32, {4}, {{4}}, {{neg, 0}}, {2}}), Catch::Contains("output register 2 does not exist"));
+
+  const g::FusedProgram p{sc::f32, {4}, {{4}}, {{neg, 0}}, {1}};
+  std::vector<sc::Tensor> out = {sc::zeros({4})};
+  CHECK_THROWS_AS(g::run_fused(p, std::vector<sc::Tensor>{sc::zeros({4}, sc::f64)}, out), sc::DTypeError);
+  CHECK_THROWS_AS(g::run_fused(p, std::vector<sc::Tensor>{sc::zeros({5})}, out), sc::ShapeError);
+  CHECK_THROWS_AS(g::run_fused(p, std::vector<sc::Tensor>{}, out), sc::ValueError);
+  std::vector<sc::Tensor> wrong = {sc::zeros({2, 2})};
+  CHECK_THROWS_WITH(g::run_fused(p, std::vector<sc::Tensor>{sc::zeros({4})}, wrong),
+                    Catch::Contains("[fused] output 0 has shape [2, 2], the program expects [4]"));
+}

@@ -1,0 +1,540 @@
+// Tests of the graph passes (simplify, fold, cse, dce, the pipeline) and the verifier: printed
+// graphs, node counts, the verifier on every result and on broken graphs, and equal results.
+#include <catch2/catch.hpp>
+#include <stagecraft/core/creation.hpp>
+#include <stagecraft/fwd.hpp>
+#include <stagecraft/graph/passes/pipeline.hpp>
+#include <stagecraft/graph/plan.hpp>
+#include <stagecraft/graph/trace.hpp>
+#include <stagecraft/ops/registry.hpp>
+#include <stagecraft/state/variable.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <random>
+#include <source_location>
+#include <string>
+#include <vector>
+
+namespace {
+
+using sc::graph::Graph;
+using sc::graph::Node;
+using sc::graph::NodeKind;
+using Tensors = std::vector<sc::Tensor>;
+using Fn = std::function<Tensors(const Tensors&)>;
+
+/// f traced on symbolic arguments of the given specs.
+Graph trace(const std::vector<sc::TensorSpec>& specs, const Fn& f, std::string name = "f") {
+  sc::graph::GraphBuilder b(std::move(name));
+  {
+    sc::graph::TraceScope s(b);
+    Tensors xs;
+    for (const sc::TensorSpec& sp : specs) xs.push_back(b.add_input(sp, sc::Device::cpu()));
+    b.set_outputs(f(xs), std::source_location::current());
+  }
+  return b.graph;
+}
+
+/// Nodes of g (top level) printed with this name ("exp", "const", "read_var").
+int count(const Graph& g, std::string_view name) {
+  int n = 0;
+  for (const Node& x : g.nodes) n += x.name() == name;
+  return n;
+}
+
+/// A tensor of the spec's shape and dtype with values from mt19937(seed) in [-2, 2].
+sc::Tensor random_arg(const sc::TensorSpec& s, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> d(-2, 2);
+  std::vector<double> v(static_cast<std::size_t>(s.shape.numel()));
+  for (double& x : v) x = d(gen);
+  return sc::tensor(v, s.shape).astype(s.dtype);
+}
+
+Tensors run(const Graph& g, const Tensors& args) {
+  const sc::graph::Plan p(std::make_shared<const Graph>(g));
+  return p.run(args);
+}
+
+/// a and b give the same results on random arguments (within float rounding: a fused kernel
+/// may round transcendentals differently from a folded eager one).
+void check_same_results(const Graph& a, const Graph& b, unsigned seed = 7) {
+  Tensors args;
+  for (int v : a.inputs) args.push_back(random_arg({a.values[v].shape, a.values[v].dtype}, seed++));
+  const Tensors ra = run(a, args), rb = run(b, args);
+  REQUIRE(ra.size() == rb.size());
+  for (std::size_t k = 0; k < ra.size(); ++k) {
+    REQUIRE(ra[k].shape() == rb[k].shape());
+    REQUIRE(ra[k].dtype() == rb[k].dtype());
+    const auto x = ra[k].to_vector<double>(), y = rb[k].to_vector<double>();
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      INFO("result " << k << ", element " << i);
+      CHECK(x[i] == Approx(y[i]).epsilon(1e-6).margin(1e-6));
+    }
+  }
+}
+
+const sc::TensorSpec f23{sc::Shape{2, 3}, sc::f32};
+
+}  // namespace
+
+TEST_CASE("simplify removes identity elements", "[passes][simplify]") {
+  const Graph g = trace({f23}, [](const Tensors& x) { return Tensors{x[0] * 1.f + 0.f - 0.f}; });
+  CHECK(g.num_compute_nodes() == 3);
+  const Graph s = sc::graph::dce(sc::graph::simplify(g));
+  sc::graph::verify(s, "simplify+dce");
+  CHECK(s.num_compute_nodes() == 0);
+  CHECK(s.outputs == s.inputs);
+  CHECK(s.str() == "graph f(%0: f32[2, 3]) {\n  return %0\n}\n");
+  check_same_results(g, s);
+}
+
+TEST_CASE("simplify: identities on the left, division, and fills", "[passes][simplify]") {
+  const Graph g = trace({f23}, [](const Tensors& x) {
+    sc::Tensor y = 1.f * x[0];
+    y = 0.f + y;
+    y = y / 1.f;
+    y = y * sc::detail::fill(sc::Shape{2, 3}, 1.0, sc::f32);  // a fill of ones is one too
+    return Tensors{y};
+  });
+  const Graph s = sc::graph::dce(sc::graph::simplify(g));
+  sc::graph::verify(s, "simplify");
+  CHECK(s.num_compute_nodes() == 0);
+  check_same_results(g, s);
+}
+
+TEST_CASE("simplify keeps a broadcast when the identity operand is larger", "[passes][simplify]") {
+  const Graph g = trace({{sc::Shape{3}, sc::f32}}, [](const Tensors& x) { return Tensors{x[0] * sc::ones({2, 3})}; });
+  const Graph s = sc::graph::dce(sc::graph::simplify(g));
+  sc::graph::verify(s, "simplify");
+  CHECK(count(s, "mul") == 0);
+  CHECK(count(s, "broadcast_to") == 1);
+  CHECK(count(s, "const") == 0);
+  CHECK(s.values[s.outputs[0]].shape == sc::Shape{2, 3});
+  check_same_results(g, s);
+}
+
+TEST_CASE("simplify leaves non-identities alone", "[passes][simplify]") {
+  const Graph g = trace({f23}, [](const Tensors& x) {
+    return Tensors{x[0] * 2.f, x[0] + sc::tensor({0.f, 1.f, 0.f}), 1.f - x[0], 1.f / x[0], x[0] * std::nanf("")};
+  });
+  const Graph s = sc::graph::simplify(g);
+  sc::graph::verify(s, "simplify");
+  CHECK(s.str() == g.str());
+}
+
+TEST_CASE("simplify: neg, reshape, transpose and cast chains", "[passes][simplify]") {
+  const sc::TensorSpec f234{sc::Shape{2, 3, 4}, sc::f32};
+  SECTION("neg(neg(x)) and neg(neg(neg(x)))") {
+    const Graph g = trace({f23}, [](const Tensors& x) { return Tensors{-(-x[0]), -(-(-x[0]))}; });
+    const Graph s = sc::graph::optimize(g, nullptr, true);
+    CHECK(count(s, "neg") == 1);
+    CHECK(s.outputs[0] == s.inputs[0]);
+    check_same_results(g, s);
+  }
+  SECTION("reshape(reshape(x)) is one reshape, or x") {
+    const Graph g = trace({f234}, [](const Tensors& x) {
+      return Tensors{sc::reshape(sc::reshape(x[0], {6, 4}), {-1, 2}), sc::reshape(sc::reshape(x[0], {24}), {2, 3, 4}),
+                     sc::reshape(x[0], {2, 3, 4})};
+    });
+    const Graph s = sc::graph::dce(sc::graph::simplify(g));
+    sc::graph::verify(s, "simplify");
+    CHECK(count(s, "reshape") == 1);
+    CHECK(s.str().find("reshape(%0) {ints=[12, 2]}") != std::string::npos);
+    CHECK(s.outputs[1] == s.inputs[0]);
+    CHECK(s.outputs[2] == s.inputs[0]);
+    check_same_results(g, s);
+  }
+  SECTION("transpose(transpose(x)) composes, or vanishes") {
+    const Graph g = trace({f234}, [](const Tensors& x) {
+      const sc::Tensor t = sc::transpose(x[0], {1, 2, 0});
+      return Tensors{sc::transpose(t, {1, 2, 0}), sc::transpose(t, {2, 0, 1}), sc::transpose(x[0], {0, 1, 2}),
+                     sc::transpose(sc::transpose(x[0]), {-1, -2, -3})};
+    });
+    const Graph s = sc::graph::dce(sc::graph::simplify(g));
+    sc::graph::verify(s, "simplify");
+    CHECK(count(s, "transpose") == 1);
+    CHECK(s.str().find("transpose(%0) {ints=[2, 0, 1]}") != std::string::npos);
+    CHECK(s.outputs[1] == s.inputs[0]);
+    CHECK(s.outputs[2] == s.inputs[0]);
+    CHECK(s.outputs[3] == s.inputs[0]);
+    check_same_results(g, s);
+  }
+  SECTION("cast and broadcast_to that change nothing") {
+    const Graph g = trace({f23}, [](const Tensors& x) {
+      sc::ops::Attrs a;
+      a.dtype = sc::f32;
+      const sc::Tensor c = sc::detail::dispatch<sc::ops::Cast>({&x[0], 1}, a, std::source_location::current());
+      return Tensors{sc::broadcast_to(c, {2, 3}), sc::cast(x[0], sc::f64)};
+    });
+    CHECK(count(g, "cast") == 2);
+    const Graph s = sc::graph::dce(sc::graph::simplify(g));
+    CHECK(count(s, "cast") == 1);
+    CHECK(count(s, "broadcast_to") == 0);
+    CHECK(s.outputs[0] == s.inputs[0]);
+    check_same_results(g, s);
+  }
+}
+
+TEST_CASE("fold runs constant subgraphs now", "[passes][fold]") {
+  const Graph g = trace({{sc::Shape{3}, sc::f32}}, [](const Tensors& x) {
+    const sc::Tensor c = sc::tensor({1.f, 2.f, 3.f});
+    return Tensors{x[0] + sc::exp(c) * 2.f};
+  });
+  CHECK(g.num_compute_nodes() == 3);
+  const Graph f = sc::graph::fold(g);
+  sc::graph::verify(f, "fold");
+  CHECK(f.num_compute_nodes() == 1);
+  const Graph d = sc::graph::dce(f);
+  CHECK(count(d, "const") == 1);
+  CHECK(d.str().find("const <3 values>") != std::string::npos);
+  check_same_results(g, d);
+  // Folding happened outside the trace: no trace is left active, and it leaks no node.
+  CHECK(sc::detail::context().trace == nullptr);
+}
+
+TEST_CASE("fold keeps large fills and expanding ops as ops", "[passes][fold]") {
+  const sc::TensorSpec big{sc::Shape{128, 128}, sc::f32};
+  const Graph g = trace({big, f23}, [](const Tensors& x) {
+    return Tensors{x[0] + sc::detail::fill(sc::Shape{128, 128}, 2.0, sc::f32),  // expanding: stays a fill
+                   x[1] + sc::detail::fill(sc::Shape{2, 3}, 3.0, sc::f32),      // small: a constant
+                   x[0] - sc::broadcast_to(sc::scalar(1.f), {128, 128}),        // expanding: stays
+                   x[1] + sc::sum(sc::transpose(sc::ones({300, 300})))};        // too big to fold
+  });
+  const Graph f = sc::graph::dce(sc::graph::fold(g));
+  sc::graph::verify(f, "fold");
+  CHECK(count(f, "fill") == 1);
+  CHECK(count(f, "broadcast_to") == 1);
+  CHECK(count(f, "transpose") == 1);
+  CHECK(count(f, "sum") == 1);
+  CHECK(f.str().find("const <6 values>") != std::string::npos);
+  check_same_results(g, f);
+}
+
+TEST_CASE("fold leaves a failing op for run time", "[passes][fold]") {
+  Graph g = trace({f23}, [](const Tensors& x) {
+    return Tensors{x[0], sc::gather(sc::tensor({1.f, 2.f}), sc::tensor({std::int64_t{1}}))};
+  });
+  for (Node& n : g.nodes)  // an index the trace did not see: out of range
+    if (n.kind == NodeKind::constant && n.constant.dtype() == sc::i64) n.constant = sc::tensor({std::int64_t{5}});
+  const Graph f = sc::graph::fold(g);
+  sc::graph::verify(f, "fold");
+  CHECK(count(f, "gather") == 1);
+}
+
+TEST_CASE("cse merges equal ops and constants", "[passes][cse]") {
+  const Graph g = trace({f23}, [](const Tensors& x) {
+    const sc::Tensor a = sc::exp(x[0]), b = sc::exp(x[0]);
+    return Tensors{(a + b) + (x[0] * 2.f + x[0] * 2.f), sc::sum(a, {1}), sc::sum(b, {0})};
+  });
+  const Graph c = sc::graph::dce(sc::graph::cse(g));
+  sc::graph::verify(c, "cse");
+  CHECK(count(c, "exp") == 1);
+  CHECK(count(c, "mul") == 1);
+  CHECK(count(c, "const") == 1);
+  CHECK(count(c, "sum") == 2);  // different attrs: kept apart
+  check_same_results(g, c);
+}
+
+TEST_CASE("cse keeps constants that differ, even in the sign of zero", "[passes][cse]") {
+  const Graph g = trace({f23}, [](const Tensors& x) { return Tensors{x[0] * 0.f, x[0] * -0.f, x[0] * 0.f}; });
+  const Graph c = sc::graph::dce(sc::graph::cse(g));
+  CHECK(count(c, "const") == 2);
+  CHECK(count(c, "mul") == 2);
+  CHECK(c.outputs[0] == c.outputs[2]);
+  check_same_results(g, c);
+}
+
+TEST_CASE("cse merges reads of a variable only when nothing assigns it between", "[passes][cse]") {
+  sc::Variable v(sc::ones({2, 3}), "v");
+  sc::Variable w(sc::ones({2, 3}), "w");
+  Graph g = trace({f23}, [&](const Tensors& x) {
+    w.assign(x[0] + v);
+    return Tensors{v.value() * x[0]};
+  });
+  // The tracer reads each variable once; add second reads of v and w by hand, around an assign.
+  auto read = [&](const sc::Variable& var) {
+    Node n;
+    n.kind = NodeKind::read_var;
+    n.var = var.state();
+    return g.out(g.add_node(std::move(n), {{var.shape(), var.dtype()}}));
+  };
+  const int v2 = read(v), w2 = read(w);
+  Node as;
+  as.kind = NodeKind::assign_var;
+  as.var = w.state();
+  as.inputs = {v2};
+  g.add_node(std::move(as), {});
+  const int w3 = read(w);
+  g.outputs.push_back(v2);
+  g.outputs.push_back(w2);
+  g.outputs.push_back(w3);
+  sc::graph::verify(g, "hand-made");
+  CHECK(count(g, "read_var") == 5);  // the trace's reads of v and w (before assigning it), and ours
+  const Graph c = sc::graph::dce(sc::graph::cse(g));
+  sc::graph::verify(c, "cse");
+  CHECK(count(c, "read_var") == 3);  // v once; w between the assignments and after them
+  CHECK(count(c, "assign_var") == 2);
+  const Node& mul = c.nodes[c.values[c.outputs[0]].node];
+  CHECK(std::find(mul.inputs.begin(), mul.inputs.end(), c.outputs[1]) != mul.inputs.end());  // one read of v
+  CHECK(c.outputs[2] != c.outputs[3]);
+}
+
+TEST_CASE("dce drops what feeds nothing, keeps side effects", "[passes][dce]") {
+  sc::Variable v(sc::zeros({2, 3}), "v");
+  sc::Variable u(sc::zeros({2, 3}), "u");
+  const Graph g = trace({f23}, [&](const Tensors& x) {
+    (void)sc::exp(x[0]);                    // dead
+    (void)(u.value() + 1.f);                // dead, and so is the read of u
+    v.assign(x[0] * 3.f);                   // a side effect: kept with its inputs
+    return Tensors{sc::tanh(x[0])};
+  });
+  const Graph d = sc::graph::dce(g);
+  sc::graph::verify(d, "dce");
+  CHECK(count(d, "exp") == 0);
+  CHECK(count(d, "add") == 0);
+  CHECK(count(d, "assign_var") == 1);
+  CHECK(count(d, "mul") == 1);
+  CHECK(count(d, "tanh") == 1);
+  for (const Node& n : d.nodes)
+    if (n.kind == NodeKind::read_var) CHECK(n.var.get() != u.state().get());
+  CHECK(d.inputs.size() == 1);
+}
+
+TEST_CASE("dce keeps unused arguments", "[passes][dce]") {
+  const Graph g = trace({f23, f23}, [](const Tensors& x) { return Tensors{x[1]}; });
+  const Graph d = sc::graph::dce(g);
+  sc::graph::verify(d, "dce");
+  CHECK(d.inputs.size() == 2);
+  CHECK(d.outputs[0] == d.inputs[1]);
+}
+
+namespace {
+
+/// A cond node on (pred, x) whose branches compute then_fn(x) and else_fn(x) (x captured by each).
+Graph with_cond(const Fn& then_fn, const Fn& else_fn) {
+  const Graph then_g = trace({f23}, then_fn, "then"), else_g = trace({f23}, else_fn, "else");
+  Graph g;
+  sc::graph::GraphBuilder b;
+  {
+    sc::graph::TraceScope s(b);
+    const sc::Tensor p = b.add_input({sc::Shape{}, sc::boolean}, sc::Device::cpu());
+    const sc::Tensor x = b.add_input(f23, sc::Device::cpu());
+    b.set_outputs({p, x}, std::source_location::current());
+  }
+  g = b.graph;
+  const int x = g.inputs[1];
+  Node n;
+  n.kind = NodeKind::cond;
+  n.inputs = {g.inputs[0], x, x};
+  n.attrs.i0 = 1;
+  n.bodies = {std::make_shared<const Graph>(then_g), std::make_shared<const Graph>(else_g)};
+  const int id = g.add_node(std::move(n), {f23});
+  g.outputs = {g.out(id)};
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("passes reach into cond bodies", "[passes][bodies]") {
+  const Graph g = with_cond([](const Tensors& x) { return Tensors{sc::exp(x[0]) * 1.f + sc::exp(x[0])}; },
+                            [](const Tensors& x) { return Tensors{-(-x[0]) + (sc::tensor({1.f}) * 2.f)}; });
+  sc::graph::verify(g, "hand-made");
+  std::vector<sc::graph::PassReport> report;
+  const Graph o = sc::graph::optimize(g, &report, true);
+  const Node& c = o.nodes[o.values[o.outputs[0]].node];
+  REQUIRE(c.kind == NodeKind::cond);
+  CHECK(c.bodies[0]->num_compute_nodes() == 2);  // one exp, one add
+  CHECK(count(*c.bodies[1], "neg") == 0);
+  CHECK(count(*c.bodies[1], "mul") == 0);      // folded
+  CHECK(c.bodies[1]->num_compute_nodes() == 1);
+  // The original bodies are untouched (passes are pure).
+  CHECK(g.nodes.back().bodies[0]->num_compute_nodes() == 4);
+  for (bool pred : {true, false}) {
+    const Tensors args{sc::scalar(pred), random_arg(f23, 3)};
+    const Tensors a = run(g, args), b = run(o, args);
+    CHECK(a[0].to_vector<float>() == b[0].to_vector<float>());
+  }
+}
+
+TEST_CASE("passes reach into while bodies, and verify checks them", "[passes][bodies]") {
+  const sc::TensorSpec i32{sc::Shape{}, sc::i32};
+  const Graph cond = trace({i32}, [](const Tensors& x) { return Tensors{x[0] < 5}; }, "cond");
+  const Graph body = trace({i32}, [](const Tensors& x) { return Tensors{(x[0] * 1 + 0) + 2}; }, "body");
+  sc::graph::GraphBuilder b;
+  {
+    sc::graph::TraceScope s(b);
+    b.set_outputs({b.add_input(i32, sc::Device::cpu())}, std::source_location::current());
+  }
+  Graph g = b.graph;
+  Node n;
+  n.kind = NodeKind::while_loop;
+  n.inputs = {g.inputs[0]};
+  n.num_loop_vars = 1;
+  n.bodies = {std::make_shared<const Graph>(cond), std::make_shared<const Graph>(body)};
+  // Results: the final loop variable, then the iteration count (an i64 scalar).
+  g.outputs = {g.out(g.add_node(std::move(n), {i32, sc::TensorSpec{sc::Shape{}, sc::i64}}))};
+  sc::graph::verify(g, "hand-made");
+  const Graph o = sc::graph::optimize(g, nullptr, true);
+  CHECK(o.nodes.back().bodies[1]->num_compute_nodes() == 1);
+  const Tensors args{sc::scalar(std::int32_t{0})};
+  CHECK(run(o, args)[0].item<int>() == 6);
+  CHECK(run(g, args)[0].item<int>() == 6);
+  Graph bad = g;
+  const Graph two = trace({i32}, [](const Tensors& x) { return Tensors{x[0] < 5, x[0] < 6}; }, "cond");
+  bad.nodes.back().bodies[0] = std::make_shared<const Graph>(two);
+  CHECK_THROWS_WITH(sc::graph::verify(bad, "p"), Catch::Contains("its cond body must return one single-element"));
+  Graph bad2 = g;
+  bad2.nodes.back().num_loop_vars = 0;
+  CHECK_THROWS_WITH(sc::graph::verify(bad2, "p"), Catch::Contains("(while): cond argument: 0 values, the body has 1"));
+}
+
+TEST_CASE("verify rejects broken graphs, naming the pass, node and line", "[passes][verify]") {
+  const Graph g = trace({f23}, [](const Tensors& x) { return Tensors{sc::exp(x[0]) + x[0]}; });
+  sc::graph::verify(g, "trace");
+  auto message = [](const Graph& bad) {
+    try {
+      sc::graph::verify(bad, "mypass");
+    } catch (const sc::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const int add = g.values[g.outputs[0]].node;
+  SECTION("a value with the wrong shape") {
+    Graph bad = g;
+    bad.values[bad.outputs[0]].shape = sc::Shape{3, 2};
+    const std::string m = message(bad);
+    CHECK(m.find("[verify] after mypass: node " + std::to_string(add) + " (add)") == 0);
+    CHECK(m.find("f32[3, 2], but the op gives f32[2, 3]") != std::string::npos);
+    CHECK(m.find("test_passes.cpp:") != std::string::npos);
+  }
+  SECTION("a value with the wrong dtype") {
+    Graph bad = g;
+    bad.values[bad.outputs[0]].dtype = sc::f64;
+    CHECK(message(bad).find("but the op gives f32[2, 3]") != std::string::npos);
+  }
+  SECTION("an input used before it is defined") {
+    Graph bad = g;
+    std::swap(bad.nodes[1], bad.nodes[2]);  // add before exp
+    for (std::size_t i = 0; i < bad.nodes.size(); ++i)
+      for (int v : bad.nodes[i].outputs) bad.values[v].node = static_cast<int>(i);
+    CHECK(message(bad).find("before it is defined") != std::string::npos);
+  }
+  SECTION("a value nobody defines, a result that does not exist") {
+    Graph bad = g;
+    bad.values.push_back(bad.values[0]);
+    CHECK(message(bad).find("is defined by no node") != std::string::npos);
+    Graph bad2 = g;
+    bad2.outputs = {99};
+    CHECK(message(bad2).find("result 0 is %99, which does not exist") != std::string::npos);
+  }
+  SECTION("a constant that does not match its value") {
+    Graph bad = trace({f23}, [](const Tensors& x) { return Tensors{x[0] + sc::tensor({1.f, 2.f, 3.f})}; });
+    for (Node& n : bad.nodes)
+      if (n.kind == NodeKind::constant) n.constant = sc::tensor({1.f, 2.f});
+    CHECK(message(bad).find("(const): holds a f32[2] tensor, but") != std::string::npos);
+  }
+  SECTION("graph inputs that are not the input nodes") {
+    Graph bad = g;
+    bad.inputs = {bad.outputs[0]};
+    CHECK(message(bad).find("is the graph's input 0 but is not input node 0") != std::string::npos);
+  }
+  SECTION("an op with the wrong number of inputs, or rejecting its inputs") {
+    Graph bad = g;
+    bad.nodes[add].inputs.pop_back();
+    CHECK(message(bad).find("has 1 inputs, the op takes 2") != std::string::npos);
+    Graph bad2 = g;
+    bad2.nodes[add].op = sc::ops::OpId::MatMul;
+    CHECK(message(bad2).find("its op rejects its inputs: [matmul] inner dimensions") != std::string::npos);
+  }
+  SECTION("a read_var without its variable, a cond without bodies, nested errors") {
+    sc::Variable v(sc::zeros({2, 3}), "v");
+    Graph bad = trace({f23}, [&](const Tensors& x) { return Tensors{x[0] + v}; });
+    for (Node& n : bad.nodes)
+      if (n.kind == NodeKind::read_var) n.var = nullptr;
+    CHECK(message(bad).find("(read_var): has no variable") != std::string::npos);
+    Graph c = with_cond([](const Tensors& x) { return Tensors{sc::exp(x[0])}; },
+                        [](const Tensors& x) { return Tensors{x[0]}; });
+    Graph body = *c.nodes.back().bodies[0];
+    body.values[body.outputs[0]].shape = sc::Shape{6};
+    Graph nested = c;
+    nested.nodes.back().bodies[0] = std::make_shared<const Graph>(body);
+    const std::string m = message(nested);
+    CHECK(m.find("result (then) 0 is f32[2, 3], the body's is f32[6]") != std::string::npos);
+    Graph inner_only = body;
+    inner_only.outputs = {inner_only.inputs[0]};
+    nested.nodes.back().bodies[0] = std::make_shared<const Graph>(inner_only);
+    CHECK(message(nested).find("in body 0 of node 2 (cond): node 1 (exp)") != std::string::npos);
+    Graph no_body = c;
+    no_body.nodes.back().bodies.pop_back();
+    CHECK(message(no_body).find("needs two bodies") != std::string::npos);
+  }
+}
+
+TEST_CASE("compact remaps values and refuses dangling uses", "[passes][compact]") {
+  const Graph g = trace({f23}, [](const Tensors& x) { return Tensors{sc::tanh(sc::exp(x[0]))}; });
+  std::vector<char> keep(g.nodes.size(), 1);
+  keep[1] = 0;  // the exp
+  std::vector<int> replace(g.values.size(), -1);
+  replace[g.out(1)] = g.inputs[0];
+  const Graph c = sc::graph::compact(g, keep, replace);
+  sc::graph::verify(c, "compact");
+  CHECK(c.str().find("%1 = tanh(%0)") != std::string::npos);
+  CHECK(c.nodes.size() == 2);
+  CHECK(c.nodes[1].inputs[0] == 0);
+  CHECK(c.name == "f");
+  CHECK_THROWS_AS(sc::graph::compact(g, keep), sc::Error);  // tanh would read a removed node
+}
+
+TEST_CASE("optimize: fixed point, reports, verified results, same numbers", "[passes][pipeline]") {
+  const sc::TensorSpec w{sc::Shape{3, 4}, sc::f32};
+  const Fn mlp = [](const Tensors& x) {
+    const sc::Tensor bias = sc::tensor({0.5f, -1.f, 2.f, 0.f}) * 1.f + 0.f;         // folds
+    const sc::Tensor h = sc::matmul(x[0], sc::transpose(sc::transpose(x[1]))) + bias;  // transposes vanish
+    const sc::Tensor a = sc::tanh(h) + sc::tanh(h);                                   // cse
+    (void)sc::exp(a);                                                                 // dce
+    const sc::Tensor r = sc::reshape(sc::reshape(a, {8}), {4, 2});
+    return Tensors{sc::sum(-(-r), {1}) * 1.f, sc::reshape(r, {2, 4})};
+  };
+  const Graph g = trace({f23, w}, mlp);
+  std::vector<sc::graph::PassReport> report;
+  const Graph o = sc::graph::optimize(g, &report, true);
+  REQUIRE(report.size() >= 4);
+  CHECK(report[0].pass == "simplify");
+  CHECK(report[0].nodes_before == g.num_compute_nodes());
+  CHECK(report.back().nodes_after == o.num_compute_nodes());
+  CHECK(report.size() % 4 == 0);
+  CHECK(count(o, "transpose") == 0);
+  CHECK(count(o, "tanh") == 1);
+  CHECK(count(o, "exp") == 0);
+  CHECK(count(o, "neg") == 0);
+  CHECK(count(o, "reshape") == 1);  // reshape(reshape(a, [4, 2]), [2, 4]) is a itself
+  CHECK(o.num_compute_nodes() == 6);  // matmul, add, tanh, add, reshape, sum
+  // A fixed point: optimizing again changes nothing.
+  CHECK(sc::graph::optimize(o, nullptr, true).str() == o.str());
+  check_same_results(g, o);
+  // Each pass alone is verified and keeps the numbers.
+  using Pass = Graph (*)(const Graph&);
+  for (Pass p : {Pass{&sc::graph::simplify}, Pass{&sc::graph::fold}, Pass{&sc::graph::cse}, Pass{&sc::graph::dce}}) {
+    const Graph r = p(g);
+    sc::graph::verify(r, "one pass");
+    check_same_results(g, r, 11);
+  }
+}
+
+TEST_CASE("optimize keeps random ops deterministic and merges equal draws", "[passes][pipeline]") {
+  const Graph g = trace({f23}, [](const Tensors& x) {
+    const sc::Tensor state = sc::detail::random_state(42);
+    const sc::Tensor a = sc::detail::random_normal(state, {2, 3}, 0, 1, sc::f32);
+    const sc::Tensor b = sc::detail::random_normal(state, {2, 3}, 0, 1, sc::f32);
+    const sc::Tensor c = sc::detail::random_uniform(state, {2, 3}, 0, 1, sc::f32);
+    return Tensors{x[0] + a, x[0] + b, x[0] + c};
+  });
+  const Graph o = sc::graph::optimize(g, nullptr, true);
+  CHECK(o.outputs[0] == o.outputs[1]);
+  CHECK(o.outputs[0] != o.outputs[2]);
+  check_same_results(g, o);
+}
