@@ -234,3 +234,58 @@ TEST_CASE("function: a bad label in a staged step is an error naming the user's 
   CHECK_THAT(m, Catch::Contains("out of range"));
   CHECK_THAT(m, Catch::Contains("test_function.cpp"));
 }
+
+TEST_CASE("function: an Adam step staged equals it eager; each variable's update is one fused group",
+          "[function][train]") {
+  auto run = [](bool staged) {
+    sc::manual_seed(3);
+    sc::nn::Dense l1(6, 8), l2(8, 3);
+    sc::optim::Adam opt(0.01);
+    std::vector<sc::Variable> vars = l1.trainable_variables();
+    for (const auto& v : l2.trainable_variables()) vars.push_back(v);
+    auto step = [&](const sc::Tensor& x, const sc::Tensor& y) {
+      sc::GradientTape tape;
+      const sc::Tensor loss = sc::nn::cross_entropy(l2(sc::relu(l1(x))), y);
+      opt.apply(tape.gradient(loss, vars), vars);
+      return loss;
+    };
+    auto f = sc::function(step);
+    std::vector<float> losses;
+    for (int s = 0; s < 3; ++s) {
+      const sc::Tensor x = sc::random::normal({4, 6}, 40 + s);
+      const sc::Tensor y = sc::tensor(std::vector<std::int64_t>{0, 1, 2, s % 3}, sc::Shape{4});
+      losses.push_back((staged ? f(x, y) : step(x, y)).item<float>());
+    }
+    std::vector<std::vector<float>> w;
+    for (const auto& v : vars) w.push_back(v.value().to_vector<float>());
+    if (staged) {
+      const auto st = f.get_concrete(sc::random::normal({4, 6}, 1), sc::tensor(std::vector<std::int64_t>{0, 1, 2, 0}, sc::Shape{4})).stats();
+      CHECK(st.plan.fused_groups >= 4);  // at least one per variable's update (m, v and the weight in one pass)
+    }
+    return std::make_pair(losses, w);
+  };
+  const auto [le, we] = run(false);
+  const auto [lt, wt] = run(true);
+  for (std::size_t i = 0; i < le.size(); ++i) CHECK(lt[i] == Approx(le[i]).epsilon(1e-5));
+  for (std::size_t k = 0; k < we.size(); ++k)
+    for (std::size_t i = 0; i < we[k].size(); ++i) CHECK(wt[k][i] == Approx(we[k][i]).margin(1e-5));
+}
+
+TEST_CASE("function: nested tapes inside a traced function give second derivatives", "[function][grad]") {
+  auto second = [](const sc::Tensor& x) {
+    sc::GradientTape outer;
+    outer.watch(x);
+    sc::Tensor dy;
+    {
+      sc::GradientTape inner;
+      inner.watch(x);
+      const sc::Tensor y = sc::sum(sc::tanh(x) * x * x);
+      dy = inner.gradient(y, x);
+    }
+    return outer.gradient(sc::sum(dy), x);
+  };
+  auto f = sc::function(second);
+  const sc::Tensor x = sc::tensor({0.3, -1.2, 2.0});
+  const auto e = second(x).to_vector<double>(), t = f(x).to_vector<double>();
+  for (std::size_t i = 0; i < e.size(); ++i) CHECK(t[i] == Approx(e[i]).epsilon(1e-12));
+}

@@ -302,10 +302,10 @@ auto traced_arg(const T& a, graph::GraphBuilder& b, const std::source_location& 
   using D = std::decay_t<T>;
   if constexpr (TensorArg<D>) {
     stagecraft::detail::require_defined(a, "function", loc);
-    return b.add_input({a.shape(), a.dtype()}, a.device(), graph::SrcLoc::from(loc));
+    return b.add_input({a.shape(), a.dtype()}, a.device());  // arguments have no line of their own
   } else if constexpr (TensorListArg<D>) {
     std::vector<Tensor> v;
-    for (const Tensor& x : a) v.push_back(b.add_input({x.shape(), x.dtype()}, x.device(), graph::SrcLoc::from(loc)));
+    for (const Tensor& x : a) v.push_back(b.add_input({x.shape(), x.dtype()}, x.device()));
     return v;
   } else {
     return a;  // variables by reference (reads become graph nodes), plain values as they are

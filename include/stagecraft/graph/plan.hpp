@@ -90,6 +90,8 @@ class Plan {
 inline void Plan::lower(bool fuse) {
   const Graph& g = *g_;
   groups_ = fuse ? find_fusion_groups(g) : FusionGroups(g.nodes.size());
+  // Assignments of a group's value placed before the group's last node run right after it.
+  std::vector<std::vector<Step>> deferred(groups_.groups.size());
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     Step s;
@@ -116,7 +118,15 @@ inline void Plan::lower(bool fuse) {
         break;
       }
       case NodeKind::read_var: s.kind = StepKind::read_var; break;
-      case NodeKind::assign_var: s.kind = StepKind::assign_var; break;
+      case NodeKind::assign_var: {
+        s.kind = StepKind::assign_var;
+        const int src = g.values[n.inputs[0]].node, grp = groups_.group_of[src];
+        if (grp >= 0 && groups_.groups[grp].nodes.back() > static_cast<int>(i)) {
+          deferred[grp].push_back(std::move(s));
+          continue;
+        }
+        break;
+      }
       case NodeKind::host_fn: s.kind = StepKind::host_fn; break;
       case NodeKind::cond:
         s.kind = StepKind::cond;
@@ -130,7 +140,10 @@ inline void Plan::lower(bool fuse) {
         s.num_loop_vars = n.num_loop_vars;
         break;
     }
+    const int grp = s.kind == StepKind::fused ? groups_.group_of[i] : -1;
     add_step(std::move(s));
+    if (grp >= 0)
+      for (Step& d : deferred[grp]) add_step(std::move(d));
   }
   // Buffers: values whose storage the plan owns get a planned buffer, reused by liveness.
   std::vector<MemoryPlan::StepUse> uses;

@@ -49,11 +49,26 @@ inline bool candidate(const Graph& g, const Node& n) {
   return true;
 }
 
+/// True when node u (placed before i) is an assignment that can run after node i instead: no
+/// node in between reads that variable or has effects of its own. The plan then runs it right
+/// after the group (so an optimizer's whole update of one variable is one group).
+inline bool deferrable(const Graph& g, int u, int i) {
+  const Node& a = g.nodes[u];
+  if (a.kind != NodeKind::assign_var) return false;
+  for (int k = u + 1; k < i; ++k) {
+    const Node& n = g.nodes[k];
+    if (n.kind == NodeKind::cond || n.kind == NodeKind::while_loop || n.kind == NodeKind::host_fn) return false;
+    if ((n.kind == NodeKind::read_var || n.kind == NodeKind::assign_var) && n.var == a.var) return false;
+  }
+  return true;
+}
+
 }  // namespace detail_fuse
 
 /// Finds the fusion groups (two nodes or more). A node joins the group of an input's producer
 /// when it has the group's shape and dtype and no node outside the group, placed before it,
-/// reads a value of the group (the group runs at its last node).
+/// reads a value of the group (the group runs at its last node), except assignments that can be
+/// deferred until after it (see deferrable()).
 inline FusionGroups find_fusion_groups(const Graph& g) {
   FusionGroups r(g.nodes.size());
   const auto users = detail_fuse::users_of(g);
@@ -73,7 +88,8 @@ inline FusionGroups find_fusion_groups(const Graph& g) {
       bool ok = true;  // every reader of the group so far, placed before i, is in the group
       for (int m : members[grp])
         for (int u : users[g.nodes[m].outputs[0]])
-          if (u < static_cast<int>(i) && tentative[u] != grp) ok = false;
+          if (u < static_cast<int>(i) && tentative[u] != grp && !detail_fuse::deferrable(g, u, static_cast<int>(i)))
+            ok = false;
       if (ok) {
         join = grp;
         break;
