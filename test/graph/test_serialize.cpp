@@ -19,6 +19,7 @@
 
 #include <unistd.h>
 
+#include "files.hpp"
 #include "testing.hpp"
 
 namespace fs = std::filesystem;
@@ -27,34 +28,9 @@ namespace {
 
 using sctest::error_of;
 
-/// A fresh directory, removed with everything in it at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("sc_ser_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-  std::vector<std::string> files() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-};
-
-std::string read_bytes(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-void write_bytes(const std::string& p, const std::string& bytes) {
-  fs::remove(p);
-  std::ofstream out(p, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using sctest::read_bytes;
+using sctest::TempDir;
+using sctest::write_bytes;
 
 /// Same shape, dtype and bytes.
 void check_bitwise(const sc::Tensor& a, const sc::Tensor& b) {
@@ -108,7 +84,7 @@ std::string load_error(const std::string& path) {
 }  // namespace
 
 TEST_CASE("save/load: elementwise functions with constants and several results", "[serialize]") {
-  TempDir dir;
+  TempDir dir("sc_ser");
   const sc::Tensor c = sc::tensor({{1.f, -2.f, 3.f}, {0.5f, 0.f, -0.25f}});
   auto f = sc::function([&](sc::Tensor x, sc::Tensor y) {
     return std::make_tuple(sc::tanh(x * y) + 2.f * x - sc::exp(-y) / (1.f + sc::abs(x)), sc::sqrt(sc::abs(x * c)) - 0.f);
@@ -130,7 +106,7 @@ TEST_CASE("save/load: elementwise functions with constants and several results",
 }
 
 TEST_CASE("save/load: matmul, reductions, layout and conv graphs", "[serialize]") {
-  TempDir dir;
+  TempDir dir("sc_ser");
   auto dense = sc::function([](sc::Tensor a, sc::Tensor b) {
     const sc::Tensor h = sc::relu(sc::matmul(sc::reshape(a, {8, 3}), b));
     return std::make_tuple(sc::sum(h, {1}, true), sc::mean(h), sc::max(sc::transpose(h), {0}), sc::argmax(h, 1),
@@ -150,7 +126,7 @@ TEST_CASE("save/load: matmul, reductions, layout and conv graphs", "[serialize]"
 }
 
 TEST_CASE("save/load: variables are saved by value and owned by the loaded function", "[serialize][variables]") {
-  TempDir dir;
+  TempDir dir("sc_ser");
   sc::Variable w(sc::random::normal({3, 2}, 8), "w"), b(sc::tensor({0.5f, -0.5f}), "b", /*trainable=*/false);
   sc::Variable w2(sc::ones({3, 2}), "w");  // the same name twice: the file keeps both
   auto f = sc::function([&](sc::Tensor x) {
@@ -183,7 +159,7 @@ TEST_CASE("save/load: variables are saved by value and owned by the loaded funct
 }
 
 TEST_CASE("save/load: a function that assigns variables updates its own state", "[serialize][variables]") {
-  TempDir dir;
+  TempDir dir("sc_ser");
   sc::Variable total(sc::zeros({2}), "total", false), calls(sc::scalar(std::int64_t{0}), "calls", false);
   auto f = sc::function([&](sc::Tensor x) {
     total.assign_add(x);
@@ -206,7 +182,7 @@ TEST_CASE("save/load: a function that assigns variables updates its own state", 
 
 #ifdef SC_TEST_CONTROL_FLOW
 TEST_CASE("save/load: cond and while_loop bodies", "[serialize][control]") {
-  TempDir dir;
+  TempDir dir("sc_ser");
   sc::Variable scale(sc::full({3}, 1.5f), "scale");
   auto f = sc::function([&](sc::Tensor x) {
     const sc::Tensor y = sc::cond(sc::sum(x) > 0.f, [&] { return sc::tanh(x) * scale; }, [&] { return x * x - 1.f; });
@@ -228,7 +204,7 @@ TEST_CASE("save/load: cond and while_loop bodies", "[serialize][control]") {
 #endif
 
 TEST_CASE("save: a host_fn cannot be saved; empty functions neither", "[serialize][errors]") {
-  TempDir dir;
+  TempDir dir("sc_ser");
   auto g = std::make_shared<sc::graph::Graph>();
   sc::graph::Node in;
   in.kind = sc::graph::NodeKind::input;
@@ -254,7 +230,7 @@ TEST_CASE("save: a host_fn cannot be saved; empty functions neither", "[serializ
 }
 
 TEST_CASE("save is atomic", "[serialize][errors]") {
-  TempDir dir;
+  TempDir dir("sc_ser");
   const sc::ConcreteFunction cf = small_function();
   // Into a missing directory: IOError, nothing created.
   const std::string m = error_of<sc::IOError>([&] { cf.save(dir / "no/such/dir/f.scg"); });
@@ -274,7 +250,7 @@ TEST_CASE("save is atomic", "[serialize][errors]") {
 }
 
 TEST_CASE("load: missing, truncated and byte-flipped files are IOErrors", "[serialize][errors]") {
-  TempDir dir;
+  TempDir dir("sc_ser");
   const std::string path = dir / "f.scg";
   CHECK_THAT(load_error(path), Catch::StartsWith("[load_function]") && Catch::Contains("no such file"));
   small_function().save(path);
@@ -316,7 +292,7 @@ TEST_CASE("load: missing, truncated and byte-flipped files are IOErrors", "[seri
 }
 
 TEST_CASE("load: wrong format, wrong version and bad graph text are IOErrors", "[serialize][errors]") {
-  TempDir dir;
+  TempDir dir("sc_ser");
   const std::string path = dir / "f.scg";
   const auto fresh = [&] { small_function().save(path); };
   const auto check = [&](const std::string& fragment) {
@@ -396,7 +372,7 @@ TEST_CASE("load: wrong format, wrong version and bad graph text are IOErrors", "
 }
 
 TEST_CASE("save/load: the text is readable and stable", "[serialize]") {
-  TempDir dir;
+  TempDir dir("sc_ser");
   small_function().save(dir / "f.scg");
   const sc::SafetensorsFile f = sc::load_safetensors(dir / "f.scg");
   CHECK(f.metadata.at("format") == "stagecraft.function");

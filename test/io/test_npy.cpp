@@ -14,6 +14,8 @@
 #include <stagecraft/fwd.hpp>
 #include <stagecraft/io/npy.hpp>
 
+#include "files.hpp"
+
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 
@@ -31,34 +33,9 @@ std::string error_of(F&& f) {
   return "";
 }
 
-/// A fresh directory, removed with everything in it at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("sc_npy_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-  std::vector<std::string> files() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-};
-
-std::string read_bytes(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-void write_bytes(const std::string& p, const std::string& bytes) {
-  fs::remove(p);
-  std::ofstream out(p, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using sctest::read_bytes;
+using sctest::TempDir;
+using sctest::write_bytes;
 
 /// An .npy file built by hand: magic, version major.0, the header's length (2 bytes for 1.0,
 /// 4 for 2.0 and 3.0, little-endian), the header text exactly as given, then the data.
@@ -107,7 +84,7 @@ bool same_bytes(const sc::Tensor& a, const sc::Tensor& b) {
 }  // namespace
 
 TEST_CASE("npy round trip: every dtype, ranks 0..4, empty tensors", "[npy]") {
-  TempDir dir;
+  TempDir dir("sc_npy");
   const std::vector<sc::Shape> shapes = {{}, {3}, {0}, {2, 3}, {2, 0, 4}, {2, 1, 3}, {1, 2, 3, 4}, {3, 0, 1, 2}};
   for (sc::DType d : {sc::boolean, sc::i32, sc::i64, sc::f32, sc::f64}) {
     for (const sc::Shape& s : shapes) {
@@ -159,7 +136,7 @@ TEST_CASE("npy writes the bytes NumPy writes", "[npy]") {
             "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 100000000000, 100000000000, 10000000000), }" +
             std::string(84, ' ') + "\n");
   // save_npy writes the same bytes.
-  TempDir dir;
+  TempDir dir("sc_npy");
   sc::io::save_npy(dir / "a.npy", sc::tensor({{0.f, 1.f, 2.f}, {3.f, 4.f, 5.f}}));
   CHECK(read_bytes(dir / "a.npy") == want);
 }
@@ -257,13 +234,13 @@ TEST_CASE("npy reads fortran_order True into row-major tensors", "[npy]") {
   CHECK(sc::io::from_npy_bytes(npy(1, dict("|b1", "()", true), "\x01"), "f").item<bool>());
   CHECK(sc::io::from_npy_bytes(npy(1, dict("<f4", "(0, 3)", true), ""), "f").shape() == sc::Shape{0, 3});
 
-  TempDir dir;  // the file reader takes the same path
+  TempDir dir("sc_npy");  // the file reader takes the same path
   write_bytes(dir / "f.npy", npy(1, dict("<i4", "(2, 3)", true), data));
   CHECK(sc::io::load_npy(dir / "f.npy").to_vector<std::int32_t>() == std::vector<std::int32_t>{0, 1, 2, 3, 4, 5});
 }
 
 TEST_CASE("npy: a truncated or overlong file is an IOError", "[npy]") {
-  TempDir dir;
+  TempDir dir("sc_npy");
   const std::string bytes = sc::io::to_npy_bytes(filled({2, 3}, sc::f32));
   for (std::size_t n = 0; n < bytes.size(); ++n) {
     INFO("truncated to " << n << " of " << bytes.size() << " bytes");
@@ -381,13 +358,13 @@ TEST_CASE("npy: data that does not fit the shape is an IOError", "[npy]") {
              Contains("bool data holds the byte 2 at element 2"));
   CHECK_THAT(err(npy(1, dict("|b1", "(2, 2)", true), std::string("\x01\x00\x00\xff", 4))),
              Contains("bool data holds the byte 255 at element 3"));
-  TempDir dir;
+  TempDir dir("sc_npy");
   write_bytes(dir / "b.npy", npy(1, dict("|b1", "(3,)"), std::string("\x01\x00\x80", 3)));
   CHECK_THAT(error_of<sc::IOError>([&] { sc::io::load_npy(dir / "b.npy"); }), Contains("holds the byte 128"));
 }
 
 TEST_CASE("npy: missing files and non-files are IOErrors", "[npy]") {
-  TempDir dir;
+  TempDir dir("sc_npy");
   CHECK_THAT(error_of<sc::IOError>([&] { sc::io::load_npy(dir / "nope.npy"); }),
              Contains("no such file") && Contains("[load_npy]") && Contains("nope.npy") && Contains("test_npy.cpp"));
   CHECK_THAT(error_of<sc::IOError>([&] { sc::io::load_npy(dir.path.string()); }), Contains("is not a regular file"));
@@ -418,7 +395,7 @@ TEST_CASE("npy: byte mutations never crash (IOError or a clean load)", "[npy]") 
 }
 
 TEST_CASE("npy saves are atomic: a failed save leaves the old file intact", "[npy][atomic]") {
-  TempDir dir;
+  TempDir dir("sc_npy");
   const std::string p = dir / "x.npy";
   sc::io::save_npy(p, filled({3}, sc::f64));
   const std::string old = read_bytes(p);
@@ -448,7 +425,7 @@ TEST_CASE("npy saves are atomic: a failed save leaves the old file intact", "[np
 }
 
 TEST_CASE("npy writers need a defined, concrete tensor", "[npy]") {
-  TempDir dir;
+  TempDir dir("sc_npy");
   CHECK_THAT(error_of<sc::ValueError>([&] { sc::io::save_npy(dir / "u.npy", sc::Tensor()); }),
              Contains("[save_npy] got an undefined tensor") && Contains("test_npy.cpp"));
   CHECK_THAT(error_of<sc::ValueError>([&] { sc::io::to_npy_bytes(sc::Tensor()); }), Contains("[to_npy_bytes]"));
