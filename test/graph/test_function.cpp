@@ -264,6 +264,11 @@ TEST_CASE("function: an Adam step staged equals it eager; each variable's update
     }
     return std::make_pair(losses, w);
   };
+  struct FuseSmall {  // the layers here are small: fuse them anyway, to test the fused update
+    std::int64_t saved = sc::graph::fusion_min_elements();
+    FuseSmall() { sc::graph::fusion_min_elements() = 1; }
+    ~FuseSmall() { sc::graph::fusion_min_elements() = saved; }
+  } fuse_small;
   const auto [le, we] = run(false);
   const auto [lt, wt] = run(true);
   for (std::size_t i = 0; i < le.size(); ++i) CHECK(lt[i] == Approx(le[i]).epsilon(1e-5));
@@ -288,4 +293,12 @@ TEST_CASE("function: nested tapes inside a traced function give second derivativ
   const sc::Tensor x = sc::tensor({0.3, -1.2, 2.0});
   const auto e = second(x).to_vector<double>(), t = f(x).to_vector<double>();
   for (std::size_t i = 0; i < e.size(); ++i) CHECK(t[i] == Approx(e[i]).epsilon(1e-12));
+}
+
+TEST_CASE("function: small elementwise chains are not fused (the tile evaluator costs more there)", "[function][fusion]") {
+  auto f = sc::function([](sc::Tensor x) { return sc::tanh(x * 2.f + 1.f); });
+  CHECK(f.get_concrete(sc::ones({64})).stats().plan.fused_groups == 0);
+  CHECK(f.get_concrete(sc::ones({4096})).stats().plan.fused_groups == 1);
+  const sc::Tensor x = sc::random::normal({4096}, 9);
+  CHECK(f(x).to_vector<float>() == sc::tanh(x * 2.f + 1.f).to_vector<float>());
 }
