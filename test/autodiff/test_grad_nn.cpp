@@ -89,6 +89,29 @@ TEST_CASE("matmul: gradients for 2-D, batched, broadcast and 1-D operands", "[au
   check_rows(rows);
 }
 
+TEST_CASE("matmul: gradients with transpose flags", "[autodiff][grad][matmul]") {
+  // Stored shapes: a is [..., K, M] when transposed, b is [..., N, K].
+  struct Case {
+    Shape a, b;
+    bool ta, tb;
+  };
+  const std::vector<Case> cases = {
+      {{4, 3}, {4, 2}, true, false},          {{3, 4}, {2, 4}, false, true},       {{4, 3}, {2, 4}, true, true},
+      {{2, 4, 3}, {2, 4, 5}, true, false},    {{2, 3, 4}, {5, 4}, false, true},     {{2, 4, 3}, {5, 4}, true, true},
+      {{2, 1, 4, 3}, {3, 5, 4}, true, true},  {{4, 3}, {2, 5, 4}, true, true},      {{4}, {3, 4}, true, true},
+      {{4, 3}, {4}, true, true},              {{1, 4}, {1, 4}, false, true},
+  };
+  std::vector<Row> rows;
+  std::uint64_t seed = 70;
+  for (const Case& c : cases) {
+    const bool ta = c.ta, tb = c.tb;
+    rows.push_back({"matmul " + str(c.a) + (ta ? "^T" : "") + " x " + str(c.b) + (tb ? "^T" : ""),
+                    [ta, tb](const std::vector<Tensor>& x) { return sc::matmul(x[0], x[1], ta, tb); },
+                    {vals(c.a, ++seed), vals(c.b, ++seed)}});
+  }
+  check_rows(rows);
+}
+
 TEST_CASE("matmul: gradients keep each operand's dtype and shape", "[autodiff][grad][matmul]") {
   SECTION("f32 gradients agree with f64 ones") {
     const Tensor a = vals({2, 3, 4}, 60), b = vals({4, 5}, 61);

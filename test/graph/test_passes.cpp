@@ -162,6 +162,26 @@ TEST_CASE("simplify: neg, reshape, transpose and cast chains", "[passes][simplif
     CHECK(s.outputs[3] == s.inputs[0]);
     check_same_results(g, s);
   }
+  SECTION("a transpose of the last two axes folds into the matmul reading it") {
+    const sc::TensorSpec f34{sc::Shape{3, 4}, sc::f32}, f243{sc::Shape{2, 4, 3}, sc::f32};
+    const Graph g = trace({f34, f34, f234, f243}, [](const Tensors& x) {
+      return Tensors{sc::matmul(sc::transpose(x[0]), x[1]),                          // a^T b
+                     sc::matmul(x[0], sc::transpose(x[1])),                          // a b^T
+                     sc::matmul(sc::transpose(x[0]), sc::transpose(x[1]), true, false),  // a's flag flips back
+                     sc::matmul(sc::transpose(x[2], {0, 2, 1}), sc::transpose(x[3], {0, 2, 1})),
+                     sc::matmul(sc::transpose(x[2], {1, 0, 2}), sc::transpose(x[0]))};  // first kept
+    });
+    const Graph s = sc::graph::dce(sc::graph::simplify(g));
+    sc::graph::verify(s, "simplify");
+    CHECK(count(s, "transpose") == 1);
+    CHECK(count(s, "matmul") == 5);
+    const std::string text = s.str();
+    CHECK(text.find("matmul(%0, %1) {i0=1}") != std::string::npos);
+    CHECK(text.find("matmul(%0, %1) {i1=1}") != std::string::npos);
+    CHECK(text.find("i0=0") == std::string::npos);
+    CHECK(text.find("matmul(%2, %3) {i0=1, i1=1}") != std::string::npos);
+    check_same_results(g, s);
+  }
   SECTION("cast and broadcast_to that change nothing") {
     const Graph g = trace({f23}, [](const Tensors& x) {
       sc::ops::Attrs a;

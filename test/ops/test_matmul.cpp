@@ -93,6 +93,76 @@ TEMPLATE_TEST_CASE("matmul matches a triple loop", "[matmul]", float, double, st
   for (const auto& [sa, sb] : cases) check_case<TestType>(sa, sb, seed += 2);
 }
 
+namespace {
+
+/// x (row-major, shape s) with its last two axes swapped by index arithmetic; s is updated.
+std::vector<double> swap_last_two(const std::vector<double>& x, std::vector<std::int64_t>& s) {
+  const std::size_t r = s.size();
+  const std::int64_t R = s[r - 2], C = s[r - 1], mats = static_cast<std::int64_t>(x.size()) / std::max<std::int64_t>(1, R * C);
+  std::vector<double> y(x.size());
+  for (std::int64_t t = 0; t < mats; ++t)
+    for (std::int64_t i = 0; i < R; ++i)
+      for (std::int64_t j = 0; j < C; ++j) y[static_cast<std::size_t>(t * R * C + j * R + i)] = x[static_cast<std::size_t>(t * R * C + i * C + j)];
+  std::swap(s[r - 2], s[r - 1]);
+  return y;
+}
+
+/// matmul(a, b, ta, tb) on operands stored transposed (shapes sa, sb as stored) against the
+/// triple loop on explicitly transposed copies.
+template <class T>
+void check_flags(std::vector<std::int64_t> sa, std::vector<std::int64_t> sb, bool ta, bool tb, unsigned seed) {
+  const sc::Shape shape_a(sa), shape_b(sb);
+  const auto va = random_values<T>(shape_a.numel(), seed), vb = random_values<T>(shape_b.numel(), seed + 1);
+  const sc::Tensor c = sc::matmul(sc::tensor(va, shape_a), sc::tensor(vb, shape_b), ta, tb);
+  std::vector<double> da(va.begin(), va.end()), db(vb.begin(), vb.end());
+  if (ta && sa.size() >= 2) da = swap_last_two(da, sa);
+  if (tb && sb.size() >= 2) db = swap_last_two(db, sb);
+  std::vector<std::int64_t> want_shape;
+  const auto want = reference(da, sa, db, sb, want_shape);
+  INFO(shape_a << (ta ? "^T" : "") << " x " << shape_b << (tb ? "^T" : "") << " as " << sc::name(sc::dtype_of<T>()));
+  REQUIRE(c.dtype() == sc::dtype_of<T>());
+  REQUIRE(c.shape() == sc::Shape(want_shape));
+  const auto got = c.to_vector<double>();
+  const double tol = std::is_same_v<T, float> ? 1e-5 * (sa.back() + 1) : 1e-12 * (sa.back() + 1);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if constexpr (std::is_floating_point_v<T>) REQUIRE(got[i] == Approx(want[i]).margin(tol));
+    else REQUIRE(got[i] == want[i]);
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("matmul with transpose flags matches the triple loop on transposed copies", "[matmul]", float,
+                   double, std::int32_t, std::int64_t) {
+  // Stored shapes: with ta, a is [..., K, M]; with tb, b is [..., N, K]. Sizes cover the plain
+  // loop (tiny), gemv (one row or column), GEMM, batches folded or not, and 1-D operands
+  // (flags ignored).
+  struct Case {
+    std::vector<std::int64_t> a, b;
+    bool ta, tb;
+  };
+  const std::vector<Case> flag_cases = {
+      {{4, 3}, {4, 5}, true, false},      {{3, 4}, {5, 4}, false, true},      {{4, 3}, {5, 4}, true, true},
+      {{300, 64}, {300, 129}, true, false}, {{64, 300}, {129, 300}, false, true}, {{300, 64}, {129, 300}, true, true},
+      {{1, 784}, {256, 784}, false, true}, {{784, 1}, {784, 256}, true, false}, {{70, 90}, {1, 90}, false, true},
+      {{90, 70}, {90, 1}, true, false},   {{2, 4, 3}, {4, 5}, true, false},    {{2, 3, 4}, {5, 4}, false, true},
+      {{2, 3, 4}, {2, 5, 4}, false, true}, {{2, 1, 4, 3}, {3, 5, 4}, true, true}, {{5}, {6, 5}, true, true},
+      {{6, 5}, {5}, false, true},          {{0, 3}, {0, 4}, true, false},       {{3, 0}, {4, 0}, false, true},
+  };
+  unsigned seed = 100;
+  for (const Case& c : flag_cases) check_flags<TestType>(c.a, c.b, c.ta, c.tb, seed += 2);
+}
+
+TEST_CASE("matmul transpose flags: errors name the transposed operand", "[matmul][errors]") {
+  CHECK_THROWS_WITH(sc::matmul(sc::ones({2, 3}), sc::ones({2, 3}), false, false),
+                    Catch::Contains("[matmul] inner dimensions do not match: [2, 3] x [2, 3] (3 != 2)"));
+  CHECK(sc::matmul(sc::ones({2, 3}), sc::ones({2, 3}), true, false).shape() == sc::Shape{3, 3});
+  CHECK(sc::matmul(sc::ones({2, 3}), sc::ones({2, 3}), false, true).shape() == sc::Shape{2, 2});
+  CHECK_THROWS_WITH(sc::matmul(sc::ones({2, 3}), sc::ones({2, 3}), true, true),
+                    Catch::Contains("[matmul] inner dimensions do not match: [2, 3]^T x [2, 3]^T (2 != 3)"));
+  CHECK_THROWS_AS(sc::matmul(sc::ones({2, 3}), sc::ones({2, 3}), true, true), sc::ShapeError);
+}
+
 TEST_CASE("matmul shapes of 1-D operands and batch broadcasting", "[matmul]") {
   CHECK(sc::matmul(sc::ones({4}), sc::ones({4})).shape() == sc::Shape{});
   CHECK(sc::matmul(sc::ones({4}), sc::ones({4})).item<float>() == 4.f);

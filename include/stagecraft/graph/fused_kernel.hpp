@@ -5,10 +5,11 @@
 // or its scalar rule where the op has no SIMD rule for the dtype. Kernels come from a table built
 // from STAGECRAFT_OP_LIST, so a new elementwise op is fusible without an edit here. Numerics:
 // - every element of a vector register goes through the SIMD rule (a tile's last partial batch
-//   through one zero-padded batch), so results equal the eager op's bit for bit except where the
-//   eager loop sends its own last partial batch through the scalar rule;
-// - a value computed from single-element inputs only is computed once per run with the scalar
-//   rule, as the eager op on one-element tensors computes it.
+//   through one zero-padded batch), as the eager loops do for floating types: results equal the
+//   eager op's bit for bit (integer ops: the eager tail uses the scalar rule, which for them
+//   gives the same numbers);
+// - a value computed from single-element inputs only is computed once per run, by the rule the
+//   eager op on one-element tensors uses (a padded batch for floating types).
 #pragma once
 #include <algorithm>
 #include <array>
@@ -149,6 +150,8 @@ struct OpKernels {
 template <class Op, class T, int M>
 constexpr Kernel<T> pick() {
   if constexpr (M != scalar && has_simd<Op, T>()) return &simd_kernel<Op, T, M>;
+  // Single values of a floating type go through one padded batch, as the eager loop's tail does.
+  else if constexpr (M == scalar && has_simd<Op, T>() && backend::cpu::padded_tail<T, T>) return &simd_kernel<Op, T, vv>;
   else return &scalar_kernel<Op, T, M>;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "parallel.hpp"
 
@@ -17,26 +18,59 @@ namespace blas_detail {
 
 inline blasint bi(std::int64_t v) { return static_cast<blasint>(v); }
 
-/// C[M,N] = A[M,K] B[K,N]; row-major, leading dimensions K, N, N. M, K, N > 0.
-inline void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const float* A, const float* B, float* C) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(M), bi(N), bi(K), 1.f, A, bi(K), B, bi(N), 0.f, C, bi(N));
+inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
+
+/// C[M,N] = op(A) op(B), row-major, op(X) = X or X^T: A is [M,K] (ta: [K,M]), B is [K,N]
+/// (tb: [N,K]); leading dimensions are the stored row lengths. M, K, N > 0.
+inline void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const float* A, const float* B, float* C, bool ta,
+                 bool tb) {
+  cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), bi(M), bi(N), bi(K), 1.f, A, bi(ta ? M : K), B, bi(tb ? K : N), 0.f, C,
+              bi(N));
 }
-inline void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const double* A, const double* B, double* C) {
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(M), bi(N), bi(K), 1.0, A, bi(K), B, bi(N), 0.0, C, bi(N));
+inline void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const double* A, const double* B, double* C, bool ta,
+                 bool tb) {
+  cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), bi(M), bi(N), bi(K), 1.0, A, bi(ta ? M : K), B, bi(tb ? K : N), 0.0, C,
+              bi(N));
 }
-/// y[N] = x[K] B[K,N], i.e. B^T x on row-major B (the batch-1 inference product).
-inline void vecmat(std::int64_t N, std::int64_t K, const float* x, const float* B, float* y) {
-  cblas_sgemv(CblasRowMajor, CblasTrans, bi(K), bi(N), 1.f, B, bi(N), x, 1, 0.f, y, 1);
+/// y = op(A) x with A stored [rows, cols] row-major: y[rows] = A x, or (t) y[cols] = A^T x.
+inline void gemv(std::int64_t rows, std::int64_t cols, const float* A, const float* x, float* y, bool t) {
+  cblas_sgemv(CblasRowMajor, tr(t), bi(rows), bi(cols), 1.f, A, bi(cols), x, 1, 0.f, y, 1);
 }
-inline void vecmat(std::int64_t N, std::int64_t K, const double* x, const double* B, double* y) {
-  cblas_dgemv(CblasRowMajor, CblasTrans, bi(K), bi(N), 1.0, B, bi(N), x, 1, 0.0, y, 1);
+inline void gemv(std::int64_t rows, std::int64_t cols, const double* A, const double* x, double* y, bool t) {
+  cblas_dgemv(CblasRowMajor, tr(t), bi(rows), bi(cols), 1.0, A, bi(cols), x, 1, 0.0, y, 1);
 }
-/// y[M] = A[M,K] x[K].
-inline void matvec(std::int64_t M, std::int64_t K, const float* A, const float* x, float* y) {
-  cblas_sgemv(CblasRowMajor, CblasNoTrans, bi(M), bi(K), 1.f, A, bi(K), x, 1, 0.f, y, 1);
-}
-inline void matvec(std::int64_t M, std::int64_t K, const double* A, const double* x, double* y) {
-  cblas_dgemv(CblasRowMajor, CblasNoTrans, bi(M), bi(K), 1.0, A, bi(K), x, 1, 0.0, y, 1);
+
+/// Products this small cost less as a plain loop than OpenBLAS's call overhead (argument
+/// checks, thread dispatch, packing): the batch-1 layers of small models. Measured in
+/// bench_matmul (matmul/tiny): a [1,2]x[2,10] product is several times faster as a loop.
+inline constexpr std::int64_t tiny_flops = 4096;
+
+/// C = op(A) op(B) by plain loops: dot products along rows of A and B when B is transposed
+/// (both contiguous), otherwise k outer so the inner loop runs along rows of B and C.
+template <class T>
+void tiny_gemm(std::int64_t M, std::int64_t N, std::int64_t K, const T* A, const T* B, T* C, bool ta, bool tb) {
+  if (tb && !ta) {
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < N; ++n) {
+        T s = T(0);
+        for (std::int64_t k = 0; k < K; ++k) s += A[m * K + k] * B[n * K + k];
+        C[m * N + n] = s;
+      }
+    return;
+  }
+  for (std::int64_t m = 0; m < M; ++m) {
+    T* c = C + m * N;
+    for (std::int64_t n = 0; n < N; ++n) c[n] = T(0);
+    for (std::int64_t k = 0; k < K; ++k) {
+      const T a = ta ? A[k * M + m] : A[m * K + k];
+      if (tb) {
+        for (std::int64_t n = 0; n < N; ++n) c[n] += a * B[n * K + k];
+      } else {
+        const T* b = B + k * N;
+        for (std::int64_t n = 0; n < N; ++n) c[n] += a * b[n];
+      }
+    }
+  }
 }
 
 /// Integer C = A B, blocked over K and N so a panel of B stays in cache while rows of A
@@ -68,27 +102,65 @@ void int_gemm(std::int64_t M, std::int64_t N, std::int64_t K, const T* A, const 
 
 }  // namespace blas_detail
 
-/// C[M,N] = A[M,K] B[K,N] for contiguous row-major buffers, overwriting C. K == 0 gives
-/// zeros. Floats go to OpenBLAS (gemv when M or N is 1: at batch 1 sgemm pays for packing
-/// it cannot amortise), integers to a blocked loop. Threads come from OpenBLAS / parallel_for.
+/// C[M,N] = op(A) op(B) for contiguous row-major buffers, overwriting C; op(X) is X, or X^T
+/// when its flag is set (A then stored [K,M], B [N,K]). K == 0 gives zeros. Floats go to
+/// OpenBLAS (gemv when M or N is 1: at batch 1 sgemm pays for packing it cannot amortise; a
+/// plain loop below tiny_flops), integers to a blocked loop over a transposed copy where needed.
+/// Threads come from OpenBLAS / parallel_for.
 template <class T>
-void matmul_2d(std::int64_t M, std::int64_t N, std::int64_t K, const T* A, const T* B, T* C) {
+void matmul_2d(std::int64_t M, std::int64_t N, std::int64_t K, const T* A, const T* B, T* C, bool ta = false,
+               bool tb = false) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // BLAS rejects lda = 0; the empty sum is 0
     std::memset(C, 0, static_cast<std::size_t>(M * N) * sizeof(T));
     return;
   }
   if constexpr (std::is_floating_point_v<T>) {
-    // BLAS takes 32-bit sizes: split very tall products into row blocks (N and K are
-    // checked to fit by the op's inference).
+    if (M * N * K <= blas_detail::tiny_flops) {
+      blas_detail::tiny_gemm(M, N, K, A, B, C, ta, tb);
+      return;
+    }
+    // A vector operand reads the same either way: [1,K] and [K,1] hold the same K numbers.
+    if (M == 1) {
+      // y[N] = a op(B): B stored [K,N] needs B^T a; stored [N,K] needs B a.
+      blas_detail::gemv(tb ? N : K, tb ? K : N, B, A, C, !tb);
+      return;
+    }
+    if (N == 1) {
+      // y[M] = op(A) b: A stored [M,K] needs A b; stored [K,M] needs A^T b.
+      blas_detail::gemv(ta ? K : M, ta ? M : K, A, B, C, ta);
+      return;
+    }
+    // BLAS takes 32-bit sizes: split very tall products into row blocks (N and K are checked
+    // to fit by the op's inference). A transposed A has M columns, so M must fit as well.
     constexpr std::int64_t max_rows = INT_MAX;
+    if (ta) {
+      blas_detail::gemm(M, N, K, A, B, C, true, tb);
+      return;
+    }
     for (std::int64_t r0 = 0; r0 < M; r0 += max_rows) {
       const std::int64_t m = std::min(max_rows, M - r0);
-      if (m == 1) blas_detail::vecmat(N, K, A + r0 * K, B, C + r0 * N);
-      else if (N == 1) blas_detail::matvec(m, K, A + r0 * K, B, C + r0 * N);
-      else blas_detail::gemm(m, N, K, A + r0 * K, B, C + r0 * N);
+      blas_detail::gemm(m, N, K, A + r0 * K, B, C + r0 * N, false, tb);
     }
   } else {
+    if (!ta && !tb) {
+      blas_detail::int_gemm(M, N, K, A, B, C);
+      return;
+    }
+    // Integer products are rare and never hot: transpose into row-major copies first.
+    std::vector<T> at, bt;
+    if (ta) {
+      at.resize(static_cast<std::size_t>(M * K));
+      for (std::int64_t k = 0; k < K; ++k)
+        for (std::int64_t m = 0; m < M; ++m) at[static_cast<std::size_t>(m * K + k)] = A[k * M + m];
+      A = at.data();
+    }
+    if (tb) {
+      bt.resize(static_cast<std::size_t>(K * N));
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t k = 0; k < K; ++k) bt[static_cast<std::size_t>(k * N + n)] = B[n * K + k];
+      B = bt.data();
+    }
     blas_detail::int_gemm(M, N, K, A, B, C);
   }
 }

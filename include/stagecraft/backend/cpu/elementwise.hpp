@@ -83,6 +83,25 @@ inline void stream_fence() {
 #endif
 }
 
+// ---- tails ---------------------------------------------------------------------------------
+
+/// Floating ops send the last partial batch through the SIMD rule too, on one zero-padded
+/// batch: a small tensor (a batch-1 layer of 10 units) then costs one vector op instead of
+/// ten libm calls, and every element is computed by the same rule, as the fused evaluator
+/// computes it (eager and staged results agree bit for bit). Integer ops keep the scalar
+/// tail (a padded lane of an integer division would divide by zero).
+template <class T, class R>
+inline constexpr bool padded_tail = std::is_floating_point_v<T> && std::is_same_v<T, R>;
+
+/// y[0, r) = f(the batch of x[0, r) zero-padded), r < the batch size.
+template <class T, class F>
+SC_ALWAYS_INLINE void padded_batch(const T* x, T* y, std::int64_t r, F&& f) {
+  alignas(sizeof(batch<T>)) T tx[batch<T>::size] = {}, ty[batch<T>::size];
+  for (std::int64_t k = 0; k < r; ++k) tx[k] = x[k];
+  batch<T>(f(batch<T>::load_aligned(tx))).store_aligned(ty);
+  for (std::int64_t k = 0; k < r; ++k) y[k] = ty[k];
+}
+
 // ---- unary -------------------------------------------------------------------------------
 
 /// y = Op(x) over n elements; nt: stream the stores (y must then satisfy can_stream).
@@ -96,6 +115,10 @@ void unary_range(const T* __restrict x, R* __restrict y, std::int64_t n, bool nt
       stream_fence();
     } else {
       for (; i + W <= n; i += W) Op::simd(batch<T>::load_unaligned(x + i)).store_unaligned(y + i);
+    }
+    if constexpr (padded_tail<T, R>) {
+      if (i < n) padded_batch(x + i, y + i, n - i, [](const batch<T>& v) { return Op::simd(v); });
+      return;
     }
   }
   for (; i < n; ++i) y[i] = static_cast<R>(Op::scalar(x[i]));
@@ -138,6 +161,25 @@ void binary_row(const T* __restrict a, const T* __restrict b, R* __restrict y, s
     } else if (sa) {
       const batch<T> vb(b[0]);
       for (; i + W <= n; i += W) Op::simd(batch<T>::load_unaligned(a + i), vb).store_unaligned(y + i);
+    }
+    if constexpr (padded_tail<T, R>) {
+      if (i < n && sa && sb) {
+        alignas(sizeof(batch<T>)) T tb[W] = {};
+        for (std::int64_t k = 0; k < n - i; ++k) tb[k] = b[i + k];
+        const batch<T> vb = batch<T>::load_aligned(tb);
+        padded_batch(a + i, y + i, n - i, [&](const batch<T>& va) { return Op::simd(va, vb); });
+        return;
+      }
+      if (i < n && sb) {
+        const batch<T> va(a[0]);
+        padded_batch(b + i, y + i, n - i, [&](const batch<T>& vb) { return Op::simd(va, vb); });
+        return;
+      }
+      if (i < n && sa) {
+        const batch<T> vb(b[0]);
+        padded_batch(a + i, y + i, n - i, [&](const batch<T>& va) { return Op::simd(va, vb); });
+        return;
+      }
     }
   }
   if (sa && sb) {
@@ -223,12 +265,26 @@ void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t gra
   const std::int64_t n = out.numel();
   if (n == 0) return;
   const Shape& os = out.shape();
-  const bool fa = a.shape() == os, fb = b.shape() == os;
+  // An operand with as many elements as the output has its layout, whatever size-1 axes its
+  // shape adds or lacks ([10] against [1, 10]).
+  const bool fa = a.numel() == n, fb = b.numel() == n;
   if ((fa || a.numel() == 1) && (fb || b.numel() == 1)) {  // linear: no broadcasting walk
     const int sa = fa ? 1 : 0, sb = fb ? 1 : 0;
     const bool nt = fa && fb && stream_output(py, n);
     parallel_for(n, grain, [&](std::int64_t s, std::int64_t e) {
       binary_row<Op, T, R>(pa + sa * s, pb + sb * s, py + s, e - s, sa, sb, nt);
+    });
+    return;
+  }
+  // One operand full, the other one row repeated ([B, N] + [N], a dense layer's bias): rows
+  // without planning a strided walk.
+  const std::int64_t last = os.back();
+  const bool row_a = fb && a.numel() == last && a.shape().back() == last;
+  const bool row_b = fa && b.numel() == last && b.shape().back() == last;
+  if (row_a || row_b) {
+    parallel_for(n / last, std::max<std::int64_t>(1, grain / last), [&](std::int64_t rb, std::int64_t re) {
+      for (std::int64_t r = rb; r < re; ++r)
+        binary_row<Op, T, R>(row_a ? pa : pa + r * last, row_b ? pb : pb + r * last, py + r * last, last, 1, 1);
     });
     return;
   }

@@ -1,5 +1,5 @@
 // Algebraic simplification: a small table of rewrite rules (x*1 -> x, neg(neg(x)) -> x,
-// reshape/transpose chains, casts to the same dtype). The one pass that names ops: it is a table.
+// reshape/transpose chains, casts to the same dtype, transposes folded into matmul). The one pass that names ops: it is a table.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -131,6 +131,33 @@ inline Rewrite transpose_transpose(const View& s, const Node& n) {
   return Rewrite::to_node(std::move(t));
 }
 
+/// True when p swaps the last two axes and keeps the others (rank >= 2).
+inline bool swaps_last_two(const Shape& p) {
+  const int r = p.rank();
+  if (r < 2 || p[r - 1] != r - 2 || p[r - 2] != r - 1) return false;
+  for (int k = 0; k < r - 2; ++k)
+    if (p[k] != k) return false;
+  return true;
+}
+
+/// matmul(transpose(x), y) -> matmul(x, y) with x's transpose flag flipped, when the transpose
+/// swaps x's last two axes only (likewise for y): BLAS reads x transposed, no copy is made.
+inline Rewrite transpose_into_matmul(const View& s, const Node& n) {
+  for (std::size_t k = 0; k < 2; ++k) {
+    const int v = s.in(n, k);
+    const Node& p = s.producer(v);
+    if (p.kind != NodeKind::op || p.op != ops::OpId::Transpose || !swaps_last_two(perm_of(s, p))) continue;
+    if (s.value(s.in(p, 0)).device != s.value(v).device) continue;
+    Node m = n;
+    m.inputs = {s.in(n, 0), s.in(n, 1)};
+    m.inputs[k] = s.in(p, 0);
+    std::int64_t& flag = k == 0 ? m.attrs.i0 : m.attrs.i1;
+    flag = flag != 0 ? 0 : 1;
+    return Rewrite::to_node(std::move(m));
+  }
+  return {};
+}
+
 /// One rewrite rule: the op it matches and what it does. Rules of one op are tried in order.
 struct Rule {
   ops::OpId op;
@@ -138,8 +165,6 @@ struct Rule {
   Rewrite (*apply)(const View&, const Node&);
 };
 
-// MatMul has no transpose attributes (it is NumPy's matmul, no attrs), so there is no
-// "transpose folded into matmul" rule.
 inline const Rule rules[] = {
     {ops::OpId::Mul, "x*1 -> x", &right_identity<1>},
     {ops::OpId::Mul, "1*x -> x", &left_identity<1>},
@@ -154,6 +179,7 @@ inline const Rule rules[] = {
     {ops::OpId::Transpose, "transpose(transpose(x, p), q) -> transpose(x, p o q)", &transpose_transpose},
     {ops::OpId::Cast, "cast(x, dtype of x) -> x", &no_op_when_same_type},
     {ops::OpId::BroadcastTo, "broadcast_to(x, shape of x) -> x", &no_op_when_same_type},
+    {ops::OpId::MatMul, "matmul(transpose(x), y) -> matmul[transposed x](x, y)", &transpose_into_matmul},
 };
 
 /// Rewrites node i of r until no rule applies (a bounded number of times); returns the value
@@ -183,8 +209,8 @@ inline int simplify_node(Graph& r, std::size_t i, const std::vector<int>& replac
 /// Algebraic simplification, pure, by the rule table above (detail_simplify::rules): identity
 /// elements (x*1, 1*x, x+0, 0+x, x-0, x/1, where the constant is all ones or zeros, or a fill
 /// of that value; kept when the op changes x's dtype, a broadcast_to when it only changes its
-/// shape), neg(neg(x)), reshape and transpose chains, and reshape/cast/broadcast_to that change
-/// nothing. Nodes it bypasses are left for dce. x+0 -> x keeps a -0.0 element of x as -0.0
+/// shape), neg(neg(x)), reshape and transpose chains, reshape/cast/broadcast_to that change
+/// nothing, and a transpose of the last two axes folded into the matmul reading it. Nodes it bypasses are left for dce. x+0 -> x keeps a -0.0 element of x as -0.0
 /// where the kernel would give +0.0 (equal values; the only bitwise difference it can make).
 inline Graph simplify(const Graph& g) {
   Graph r = g;
