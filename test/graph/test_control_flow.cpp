@@ -165,3 +165,76 @@ TEST_CASE("concrete function: differentiable under an eager tape (staged backwar
   const sc::Tensor ye = body(x, w);
   check_close(t1.gradient(ys, w), t2.gradient(ye, w), 1e-5);
 }
+
+TEST_CASE("concrete function under one tape: the forward runs once and keeps what the backward needs",
+          "[function][grad]") {
+  int calls = 0;
+  auto count = [&](const std::vector<sc::Tensor>& in) {
+    ++calls;
+    return std::vector<sc::Tensor>{in[0] * 1.f};
+  };
+  auto body = [&](sc::Tensor x, sc::Tensor w) {
+    const sc::Tensor h = sc::tanh(sc::matmul(x, w));
+    const sc::Tensor c = sc::host_fn(count, {h}, {sc::TensorSpec{h.shape(), h.dtype()}},
+                                     [](const auto&, const auto&, const auto& g) { return std::vector<sc::Tensor>{g[0]}; })[0];
+    return std::make_tuple(sc::sum(c * c), sc::exp(h) * 2.f);
+  };
+  auto f = sc::function(body);
+  const sc::Tensor x = sc::random::normal({5, 4}, 7), w = sc::random::normal({4, 3}, 8);
+  f(x, w);  // traced and run once
+  calls = 0;
+  sc::Tensor ys, ye, zs, ze;
+  sc::GradientTape t1;
+  t1.watch(w);
+  {
+    auto [y, z] = f(x, w);
+    ys = y, zs = z;
+  }
+  const sc::Tensor gs = t1.gradient(ys + sc::sum(zs * zs), w);
+  CHECK(calls == 1);  // not run again by the backward pass
+  sc::GradientTape t2;
+  t2.watch(w);
+  {
+    auto [y, z] = body(x, w);
+    ye = y, ze = z;
+  }
+  const sc::Tensor ge = t2.gradient(ye + sc::sum(ze * ze), w);
+  check_close(ys, ye, 1e-6);
+  check_close(gs, ge, 1e-5);
+  // The pair: forward returns outputs and residuals; backward takes residuals and seeds.
+  const sc::ConcreteFunction cf = f.get_concrete(x, w);
+  sc::GradientTape t3;
+  t3.watch(x);
+  const sc::Tensor y3 = cf(x, w)[0];
+  check_close(t3.gradient(y3, x), [&] {
+    sc::GradientTape t;
+    t.watch(x);
+    return t.gradient(std::get<0>(body(x, w)), x);
+  }(), 1e-5);
+}
+
+TEST_CASE("split_forward_backward: residuals, seeds and constants land where they belong", "[function][grad]") {
+  // Joint graph of y = exp(x) * c: (x, seed) -> (y, dx) with dx = seed * c * exp(x).
+  sc::graph::GraphBuilder b("joint", false);
+  {
+    sc::graph::TraceScope s(b);
+    const sc::Tensor x = b.add_input({sc::Shape{3}, sc::f32}, sc::Device::cpu());
+    const sc::Tensor seed = b.add_input({sc::Shape{3}, sc::f32}, sc::Device::cpu());
+    const sc::Tensor c = sc::tensor({1.f, 2.f, 3.f});
+    const sc::Tensor e = sc::exp(x);
+    b.set_outputs({e * c, seed * c * e}, std::source_location::current());
+  }
+  const sc::graph::SplitGraphs p = sc::graph::split_forward_backward(b.graph, 1, 1);
+  CHECK(p.num_residuals == 1);  // exp(x); the constant is copied, not passed
+  CHECK(p.forward.inputs.size() == 1);
+  CHECK(p.forward.outputs.size() == 2);
+  CHECK(p.backward.inputs.size() == 2);
+  CHECK(p.backward.outputs.size() == 1);
+  sc::graph::verify(p.forward, "split");
+  sc::graph::verify(p.backward, "split");
+  const sc::Tensor x = sc::tensor({0.1f, -0.5f, 2.f}), seed = sc::tensor({1.f, 0.5f, -2.f});
+  const auto fo = sc::graph::Plan(std::make_shared<const sc::graph::Graph>(p.forward)).run(std::vector<sc::Tensor>{x});
+  const auto bo = sc::graph::Plan(std::make_shared<const sc::graph::Graph>(p.backward)).run(std::vector<sc::Tensor>{fo[1], seed});
+  check_close(fo[0], sc::exp(x) * sc::tensor({1.f, 2.f, 3.f}));
+  check_close(bo[0], seed * sc::tensor({1.f, 2.f, 3.f}) * sc::exp(x));
+}

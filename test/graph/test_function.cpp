@@ -302,3 +302,62 @@ TEST_CASE("function: small elementwise chains are not fused (the tile evaluator 
   const sc::Tensor x = sc::random::normal({4096}, 9);
   CHECK(f(x).to_vector<float>() == sc::tanh(x * 2.f + 1.f).to_vector<float>());
 }
+
+TEST_CASE("function: a matmul's bias and activation run as its epilogue, in the matmul's step", "[function][fusion]") {
+  const sc::Tensor w = sc::random::normal({64, 48}, 1), b = sc::random::normal({48}, 2);
+  auto layer = [&](const sc::Tensor& x) { return sc::relu(sc::matmul(x, w) + b); };
+  auto f = sc::function(layer);
+  const sc::Tensor x = sc::random::normal({100, 64}, 3);  // 4800 outputs: fused
+  const auto st = f.get_concrete(x).stats();
+  CHECK(st.plan.epilogues == 1);
+  CHECK(st.plan.fused_groups == 1);
+  CHECK(st.plan.steps == 1);    // matmul + add + relu: one step
+  CHECK(st.plan.kernels == 2);  // the GEMM and one pass over its result
+  check_same(f(x), layer(x));
+  // The matmul's result is also needed elsewhere (returned): still one step, kept whole.
+  auto g = sc::function([&](const sc::Tensor& in) {
+    const sc::Tensor h = sc::matmul(in, w);
+    return std::make_tuple(sc::tanh(h + b), h);
+  });
+  const auto [y, h] = g(x);
+  check_same(y, sc::tanh(sc::matmul(x, w) + b));
+  check_same(h, sc::matmul(x, w));
+  CHECK(g.get_concrete(x).stats().plan.epilogues == 1);
+  // Read by another node before the group runs: no epilogue, same numbers.
+  auto k = sc::function([&](const sc::Tensor& in) {
+    const sc::Tensor m = sc::matmul(in, w);
+    const sc::Tensor s = sc::sum(m);             // reads m before the group below
+    return sc::exp(-(m + b)) * s;
+  });
+  check_same(k(x), [&] {
+    const sc::Tensor m = sc::matmul(x, w);
+    return sc::exp(-(m + b)) * sc::sum(m);
+  }(), 1e-6);
+}
+
+TEST_CASE("function: a sum, max or min over trailing axes consumes the fused group", "[function][fusion]") {
+  const sc::Tensor x = sc::random::normal({64, 300}, 4), y = sc::random::normal({64, 300}, 5);
+  auto mse = [](const sc::Tensor& a, const sc::Tensor& b) { return sc::sum(sc::square(a - b) * 0.5f); };
+  auto f = sc::function(mse);
+  const auto st = f.get_concrete(x, y).stats();
+  CHECK(st.plan.fused_reductions == 1);
+  CHECK(st.plan.steps == 1);
+  check_same(f(x, y), mse(x, y), 1e-6);
+  // Row reductions (softmax's max and sum) and a value also used after the reduction.
+  auto rows = [](const sc::Tensor& a) {
+    const sc::Tensor e = sc::exp(a * 2.f - 1.f);
+    return std::make_tuple(sc::max(sc::tanh(a) + 1.f, {-1}), sc::sum(e, {-1}, true), e * 3.f);
+  };
+  auto g = sc::function(rows);
+  const auto [m, s, e3] = g(x);
+  const auto [m0, s0, e30] = rows(x);
+  check_same(m, m0);  // max: exactly
+  check_same(s, s0, 1e-6);
+  check_same(e3, e30);
+  CHECK(g.get_concrete(x).stats().plan.fused_reductions == 2);
+  // Leading axes (a bias gradient's sum over the batch) are not fused, and stay right.
+  auto lead = [](const sc::Tensor& a) { return sc::sum(sc::relu(a) * 2.f, {0}); };
+  auto h = sc::function(lead);
+  CHECK(h.get_concrete(x).stats().plan.fused_reductions == 0);
+  check_same(h(x), lead(x), 1e-6);
+}

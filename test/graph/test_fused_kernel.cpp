@@ -424,3 +424,156 @@ TEST_CASE("invalid programs and tensors are named errors", "[fused][errors]") {
   CHECK_THROWS_WITH(g::run_fused(p, std::vector<sc::Tensor>{sc::zeros({4})}, wrong),
                     Catch::Contains("[fused] output 0 has shape [2, 2], the program expects [4]"));
 }
+
+// ---- a reduction as the consumer ------------------------------------------------------------
+
+namespace {
+
+/// The reference: reg's values (from the eager ops) reduced over the trailing `inner` elements by
+/// plain loops in long double (sum) or by comparisons (max, min; NaN wins).
+template <class T>
+std::vector<T> reduce_reference(const std::vector<T>& x, std::int64_t inner, OpId rop) {
+  std::vector<T> out;
+  for (std::size_t r0 = 0; r0 < x.size(); r0 += static_cast<std::size_t>(inner)) {
+    long double s = 0;
+    T m = x[r0];
+    for (std::int64_t k = 0; k < inner; ++k) {
+      const T v = x[r0 + static_cast<std::size_t>(k)];
+      s += v;
+      if (std::isnan(v) || std::isnan(m)) m = std::isnan(m) ? m : v;
+      else if (rop == op("max") ? v > m : v < m) m = v;
+    }
+    out.push_back(rop == op("sum") ? static_cast<T>(s) : m);
+  }
+  return out;
+}
+
+/// p's elementwise outputs equal the eager ops bit for bit; its reduction equals the reference
+/// (max/min exactly, sums within rounding of the row's absolute sum).
+template <class T>
+void check_reduction(const g::FusedProgram& p, const std::vector<sc::Tensor>& in) {
+  const g::FusedReduction& rd = *p.reduction;
+  std::vector<sc::Tensor> out;
+  for (std::size_t j = 0; j < p.outputs.size(); ++j) out.push_back(sc::full(p.out_shape, -7.0, p.dtype));
+  out.push_back(sc::full(rd.out_shape, -7.0, p.dtype));
+  g::run_fused(p, in, out);
+  g::FusedProgram q = p;  // the reduced register's values, through the eager ops
+  q.reduction.reset();
+  q.outputs.push_back(rd.reg);
+  const std::vector<sc::Tensor> want = eager_run(q, in);
+  for (std::size_t j = 0; j < p.outputs.size(); ++j) check_matches<T>(out[j], want[j]);
+  const std::vector<T> x = want.back().to_vector<T>();
+  const std::vector<T> ref = reduce_reference<T>(x, rd.inner, rd.op);
+  const std::vector<T> got = out.back().to_vector<T>();
+  REQUIRE(got.size() == ref.size());
+  for (std::size_t r = 0; r < ref.size(); ++r) {
+    INFO("row " << r << " of " << ref.size() << ", inner " << rd.inner);
+    if (rd.op == op("sum")) {
+      double abs_sum = 0;
+      for (std::int64_t k = 0; k < rd.inner; ++k) abs_sum += std::fabs(static_cast<double>(x[r * rd.inner + k]));
+      const double eps = std::is_same_v<T, float> ? 1e-6 : 1e-14;
+      CHECK(std::fabs(static_cast<double>(got[r]) - static_cast<double>(ref[r])) <= eps * (abs_sum + 1));
+    } else {
+      CHECK((std::memcmp(&got[r], &ref[r], sizeof(T)) == 0 || (std::isnan(got[r]) && std::isnan(ref[r]))));
+    }
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("a reduction consumes the program's register tile by tile", "[fused][reduce]", float, double) {
+  using T = TestType;
+  const sc::DType d = sc::dtype_of<T>();
+  // tanh(x * a) - b, reduced over trailing axes: rows shorter than a tile, rows of many tiles
+  // and several reduction chunks, one row (a full reduction), a broadcast input.
+  struct Case {
+    sc::Shape shape, b_shape;
+    std::int64_t inner;
+  };
+  const std::vector<Case> cases = {
+      {{64, 10}, {64, 10}, 10},         {{64, 10}, {10}, 640},         {{3, 5000}, {3, 1}, 5000},
+      {{2, 40000}, {2, 40000}, 40000}, {{100000}, {1}, 100000},       {{4, 3, 700}, {3, 700}, 2100},
+      {{5, 7}, {5, 7}, 7},              {{1, 1}, {1, 1}, 1},
+  };
+  std::uint64_t seed = 40;
+  for (const Case& c : cases)
+    for (const char* rname : {"sum", "max", "min"}) {
+      const std::vector<sc::Tensor> in = {make<T>(c.shape, ++seed), make<T>(c.shape, ++seed), make<T>(c.b_shape, ++seed)};
+      g::FusedProgram p{d, c.shape, {c.shape, c.shape, c.b_shape}, {{op("mul"), 0, 1}, {op("tanh"), 3}, {op("sub"), 4, 2}}, {}};
+      sc::Shape rows_shape;
+      std::int64_t rows = c.shape.numel() / c.inner;
+      rows_shape.push_back(rows);
+      p.reduction = g::FusedReduction{op(rname), 5, c.inner, rows_shape};
+      INFO(rname << " over " << c.inner << " trailing elements of " << c.shape);
+      check_reduction<T>(p, in);
+      p.outputs = {3, 5};  // the reduced register written out as well, and another one
+      check_reduction<T>(p, in);
+    }
+}
+
+TEST_CASE("a fused max or min propagates NaN like the eager reduction", "[fused][reduce]") {
+  std::vector<float> x(3000, 1.f);
+  x[1700] = std::nanf("");
+  const sc::Tensor in = sc::tensor(x, sc::Shape{3, 1000});
+  for (const char* rname : {"max", "min"}) {
+    g::FusedProgram p{sc::f32, {3, 1000}, {{3, 1000}}, {{op("neg"), 0}}, {}};
+    p.reduction = g::FusedReduction{op(rname), 1, 1000, {3}};
+    std::vector<sc::Tensor> out = {sc::zeros({3})};
+    g::run_fused(p, std::vector<sc::Tensor>{in}, out);
+    const auto r = out[0].to_vector<float>();
+    CHECK(r[0] == -1.f);
+    CHECK(std::isnan(r[1]));
+    CHECK(r[2] == -1.f);
+  }
+}
+
+TEST_CASE("a reduction's results do not depend on the thread count", "[fused][reduce]") {
+  const std::vector<sc::Tensor> in = {make<float>({300000}, 5)};
+  g::FusedProgram p{sc::f32, {300000}, {{300000}}, {{op("exp"), 0}}, {}};
+  p.reduction = g::FusedReduction{op("sum"), 1, 300000, {}};
+  std::vector<float> got;
+  const int threads = sc::num_threads();
+  for (int t : {1, 2, 3}) {
+    sc::set_num_threads(t);
+    std::vector<sc::Tensor> out = {sc::zeros({})};
+    g::run_fused(p, in, out);
+    got.push_back(out[0].item<float>());
+  }
+  sc::set_num_threads(threads);
+  CHECK(got[0] == got[1]);
+  CHECK(got[0] == got[2]);
+}
+
+TEST_CASE("invalid reductions are named errors", "[fused][reduce][errors]") {
+  auto bad = [](const g::FusedProgram& p) -> std::string {
+    try {
+      g::prepare(p);
+    } catch (const sc::ValueError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  g::FusedProgram p{sc::f32, {4, 6}, {{4, 6}}, {{op("neg"), 0}}, {}};
+  p.reduction = g::FusedReduction{op("sum"), 1, 6, {4}};
+  CHECK(bad(p) == "no error");
+  p.reduction->op = op("neg");
+  CHECK_THAT(bad(p), Catch::Contains("a reduction is sum, max or min"));
+  p.reduction->op = op("sum");
+  p.reduction->inner = 5;
+  CHECK_THAT(bad(p), Catch::Contains("a reduction over 5 trailing elements of [4, 6] cannot give shape [4]"));
+  p.reduction->inner = 6;
+  p.reduction->reg = 9;
+  CHECK_THAT(bad(p), Catch::Contains("the reduced register 9 does not exist"));
+  p.reduction->reg = 1;
+  g::FusedProgram q{sc::f32, {4, 6}, {{1}}, {{op("neg"), 0}}, {}};
+  q.reduction = g::FusedReduction{op("sum"), 1, 6, {4}};
+  CHECK_THAT(bad(q), Catch::Contains("the reduced register is one value"));
+  g::FusedProgram ints{sc::i32, {4}, {{4}}, {{op("neg"), 0}}, {}};
+  ints.reduction = g::FusedReduction{op("sum"), 1, 4, {}};
+  CHECK_THAT(bad(ints), Catch::Contains("floating dtypes only"));
+  // The reduction's output tensor is checked like the others.
+  std::vector<sc::Tensor> out = {sc::zeros({5})};
+  CHECK_THROWS_AS(g::run_fused(p, std::vector<sc::Tensor>{sc::zeros({4, 6})}, out), sc::ShapeError);
+  std::vector<sc::Tensor> none;
+  CHECK_THROWS_AS(g::run_fused(p, std::vector<sc::Tensor>{sc::zeros({4, 6})}, none), sc::ValueError);
+}

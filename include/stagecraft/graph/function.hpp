@@ -20,6 +20,7 @@
 #include "interpret.hpp"
 #include "passes/pipeline.hpp"
 #include "plan.hpp"
+#include "split.hpp"
 #include "trace.hpp"
 
 namespace stagecraft {
@@ -97,8 +98,11 @@ class ConcreteFunction {
   }
 
   /// Runs the plan on tensors (checked against the traced signature). Inside another trace the
-  /// graph is inlined into it; under a recording tape the call is differentiable (its backward is
-  /// a staged function too, traced on first need).
+  /// graph is inlined into it; under a recording tape the call is differentiable: it runs a
+  /// forward plan that also returns what the backward pass needs (the residuals), and the
+  /// backward is a staged function of those (both traced on first need). Under nested tapes
+  /// the backward recomputes the forward from the arguments instead, so outer tapes see
+  /// through it (second derivatives).
   std::vector<Tensor> call(const std::vector<Tensor>& args,
                            std::source_location loc = std::source_location::current()) const {
     check_args(args, loc);
@@ -111,8 +115,17 @@ class ConcreteFunction {
   /// As call(), for arguments known to match the signature (sc::function checked it).
   std::vector<Tensor> run(const std::vector<Tensor>& args, const std::source_location& loc) const {
     const stagecraft::detail::Context& ctx = stagecraft::detail::context();
+    const bool recording = ctx.tapes != nullptr && ctx.no_record == 0;
+    if (recording && ctx.tapes->tapes.size() == 1) {
+      const Split& sp = split();
+      std::vector<Tensor> all = sp.forward->plan().run(args);
+      const auto nout = static_cast<std::ptrdiff_t>(graph().outputs.size());
+      std::vector<Tensor> outs(all.begin(), all.begin() + nout), residuals(all.begin() + nout, all.end());
+      record_split_gradient(args, outs, std::move(residuals), loc);
+      return outs;
+    }
     std::vector<Tensor> outs = impl_->plan->run(args);
-    if (ctx.tapes != nullptr && ctx.no_record == 0) record_gradient(args, outs, loc);
+    if (recording) record_gradient(args, outs, loc);
     return outs;
   }
   /// g(x, y): tensors (or variables) in, FunctionOutputs out.
@@ -132,7 +145,75 @@ class ConcreteFunction {
     FunctionStats stats;
     mutable std::mutex grad_mu;
     mutable std::shared_ptr<const ConcreteFunction> backward;  ///< (args..., output seeds...) -> arg gradients
+    /// forward: args -> (outputs..., residuals...); backward: (residuals..., output seeds...) -> arg gradients.
+    mutable std::shared_ptr<const ConcreteFunction> split_forward, split_backward;
   };
+  struct Split {
+    const ConcreteFunction* forward;
+    const ConcreteFunction* backward;
+  };
+
+  /// The forward/backward pair, traced on first need: the forward pass and its gradient traced
+  /// as one graph, then cut where the output gradients (seeds) come in (graph/split.hpp).
+  Split split() const {
+    std::lock_guard<std::mutex> lock(impl_->grad_mu);
+    if (!impl_->split_forward) {
+      const graph::Graph& g = graph();
+      graph::GraphBuilder b(g.name + "_joint", false);
+      {
+        graph::TapeIsolation isolate;
+        graph::TraceScope scope(b);
+        std::vector<Tensor> args, seeds, sources;
+        for (int v : g.inputs) args.push_back(b.add_input({g.values[v].shape, g.values[v].dtype}, g.values[v].device));
+        for (int v : g.outputs) seeds.push_back(b.add_input({g.values[v].shape, g.values[v].dtype}, g.values[v].device));
+        const auto loc = std::source_location::current();
+        GradientTape tape;
+        for (const Tensor& a : args)
+          if (is_floating(a.dtype())) {
+            tape.watch(a);
+            sources.push_back(a);
+          }
+        std::vector<Tensor> res = graph::interpret(g, args, true);
+        const Tensor total = graph::detail_cf::weighted_total(res, seeds, loc);
+        std::vector<Tensor> gs;
+        if (total.defined() && !sources.empty()) gs = tape.gradient(total, sources, loc);
+        std::size_t j = 0;
+        for (const Tensor& a : args)
+          res.push_back(!is_floating(a.dtype()) || gs.empty() ? zeros_like(a) : gs[j++]);
+        b.set_outputs(res, loc);
+      }
+      graph::SplitGraphs parts = graph::split_forward_backward(b.graph, static_cast<int>(g.inputs.size()),
+                                                               static_cast<int>(g.outputs.size()));
+      impl_->split_backward = std::make_shared<const ConcreteFunction>(std::make_shared<const graph::Graph>(std::move(parts.backward)));
+      impl_->split_forward = std::make_shared<const ConcreteFunction>(std::make_shared<const graph::Graph>(std::move(parts.forward)));
+    }
+    return {impl_->split_forward.get(), impl_->split_backward.get()};
+  }
+
+  /// Records each float output's gradient: the staged backward run on the residuals this call's
+  /// forward pass kept and the output's gradient (zeros for the other outputs).
+  void record_split_gradient(const std::vector<Tensor>& args, const std::vector<Tensor>& outs,
+                             std::vector<Tensor> residuals, const std::source_location& loc) const {
+    auto kept = std::make_shared<const std::vector<Tensor>>(std::move(residuals));
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      if (!is_floating(outs[k].dtype())) continue;
+      ConcreteFunction self = *this;
+      std::vector<TensorSpec> out_specs;
+      for (const Tensor& o : outs) out_specs.push_back({o.shape(), o.dtype()});
+      std::vector<DType> arg_dtypes;
+      for (const Tensor& a : args) arg_dtypes.push_back(a.dtype());
+      auto vjp = [self, kept, out_specs, arg_dtypes, k](const Tensor& g) {
+        std::vector<Tensor> in = *kept;
+        for (std::size_t j = 0; j < out_specs.size(); ++j)
+          in.push_back(j == k ? g : zeros(out_specs[j].shape, out_specs[j].dtype));
+        std::vector<Tensor> gs = self.split().backward->call(in);
+        for (std::size_t j = 0; j < arg_dtypes.size(); ++j)
+          if (!is_floating(arg_dtypes[j])) gs[j] = Tensor();
+        return gs;
+      };
+      stagecraft::detail::record_custom("function", args, outs[k], vjp, loc);
+    }
+  }
 
   /// The staged backward function, traced on first need.
   const ConcreteFunction& backward() const {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -26,6 +27,7 @@
 
 #include "../backend/cpu/elementwise.hpp"
 #include "../backend/cpu/parallel.hpp"
+#include "../backend/cpu/reduce.hpp"
 #include "../ops/registry.hpp"
 
 namespace stagecraft::graph {
@@ -37,6 +39,16 @@ struct FusedInstr {
   int b = -1;
 };
 
+/// The reduction a program feeds (its consumer): register `reg` reduced over its trailing `inner`
+/// elements by sum, max or min (op is OpId::Sum, Max or Min), giving numel / inner results of
+/// shape out_shape. The register is reduced tile by tile as it is computed, never stored whole.
+struct FusedReduction {
+  ops::OpId op = ops::OpId::Sum;
+  int reg = -1;
+  std::int64_t inner = 1;
+  Shape out_shape;
+};
+
 /// A fused elementwise program over one dtype: registers 0..input_shapes.size()-1 are the inputs,
 /// each broadcast (NumPy rules) to out_shape; register input_shapes.size() + k is instruction k's result.
 struct FusedProgram {
@@ -45,6 +57,7 @@ struct FusedProgram {
   std::vector<Shape> input_shapes;
   std::vector<FusedInstr> code;
   std::vector<int> outputs;  ///< registers written out, each to a tensor of out_shape and dtype
+  std::optional<FusedReduction> reduction = std::nullopt;  ///< written to one more output tensor, after `outputs`
 };
 
 namespace detail_fused {
@@ -282,6 +295,29 @@ inline void validate(const FusedProgram& p) {
   }
   for (int r : p.outputs)
     if (r < 0 || r >= nin + static_cast<int>(p.code.size())) fail_program("output register " + std::to_string(r) + " does not exist");
+  if (p.reduction) {
+    const FusedReduction& rd = *p.reduction;
+    const std::int64_t n = p.out_shape.numel();
+    if (rd.op != ops::OpId::Sum && rd.op != ops::OpId::Max && rd.op != ops::OpId::Min)
+      fail_program("a reduction is sum, max or min");
+    if (!is_floating(p.dtype)) fail_program("reductions run over floating dtypes only");
+    if (rd.reg < 0 || rd.reg >= nin + static_cast<int>(p.code.size()))
+      fail_program("the reduced register " + std::to_string(rd.reg) + " does not exist");
+    if (n == 0 || rd.inner < 1 || n % rd.inner != 0 || rd.out_shape.numel() != n / rd.inner)
+      fail_program("a reduction over " + std::to_string(rd.inner) + " trailing elements of " + p.out_shape.str() +
+                   " cannot give shape " + rd.out_shape.str());
+  }
+}
+
+/// Registers whose value is one element for the whole run (computed from single-element inputs
+/// only): computed once per run, not per tile.
+inline std::vector<char> single_valued(const FusedProgram& p) {
+  const int nin = static_cast<int>(p.input_shapes.size());
+  std::vector<char> one(p.input_shapes.size() + p.code.size(), 0);
+  for (int i = 0; i < nin; ++i) one[i] = p.input_shapes[i].numel() == 1;
+  for (std::size_t k = 0; k < p.code.size(); ++k)
+    one[nin + k] = one[p.code[k].a] && (p.code[k].b < 0 || one[p.code[k].b]);
+  return one;
 }
 
 /// Registers an output or a live instruction reads (dead instructions are skipped).
@@ -289,6 +325,7 @@ inline std::vector<char> live_registers(const FusedProgram& p) {
   const int nin = static_cast<int>(p.input_shapes.size());
   std::vector<char> live(p.input_shapes.size() + p.code.size(), 0);
   for (int r : p.outputs) live[r] = 1;
+  if (p.reduction) live[p.reduction->reg] = 1;
   for (int k = static_cast<int>(p.code.size()) - 1; k >= 0; --k) {
     if (!live[nin + k]) continue;
     live[p.code[k].a] = 1;
@@ -340,6 +377,7 @@ void place_results(PreparedFused& pf, const std::vector<char>& live) {
     if (r >= nin && direct[r] < 0) direct[r] = j;
     else last[r] = end;
   }
+  if (p.reduction) last[p.reduction->reg] = end;  // reduced after the tile's last step
   std::vector<int> free_slots;
   for (int k = 0; k < nk; ++k) {
     const int y = nin + k;
@@ -391,6 +429,8 @@ inline PreparedFused prepare(const FusedProgram& p) {
   pf.tile = f::tile_bytes / static_cast<std::int64_t>(itemsize(p.dtype));
   pf.regs.resize(p.input_shapes.size() + p.code.size());
   const std::vector<char> live = f::live_registers(p);
+  if (p.reduction && p.out_shape.numel() > 1 && f::single_valued(p)[p.reduction->reg])
+    f::fail_program("the reduced register is one value for the whole run (reduce its input instead)");
   f::place_inputs(pf, live);
   visit_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -438,6 +478,7 @@ struct RunState {
   std::vector<Gather> gathers;
   std::vector<std::byte> values;
   std::vector<std::pair<const std::byte*, bool>> streams;  ///< buffers walked tile by tile (true: written)
+  std::vector<std::byte> partials;  ///< a reduction's partial results, one per chunk
 };
 inline RunState& run_state() {
   thread_local RunState s;
@@ -488,9 +529,10 @@ SC_ALWAYS_INLINE void prefetch(const RunState& st, std::int64_t off, std::int64_
   }
 }
 
-/// Runs the tiles of output elements [b, e) on this thread.
-template <class T>
-void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std::int64_t e) {
+/// Runs the tiles of output elements [b, e) on this thread; after each, after_tile(register
+/// pointer function, t0, len) (a reduction reads its register there).
+template <class T, class AfterTile>
+void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std::int64_t e, AfterTile&& after_tile) {
   const std::int64_t tile = pf.tile;
   std::byte* ws = thread_scratch().get(static_cast<std::size_t>(std::max(pf.num_slots, 1) * slot_stride(pf)));
   const Loc* locs = st.locs.data();
@@ -523,6 +565,40 @@ void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std:
       if (pf.regs[c.reg].scalar_value()) std::fill_n(dst, len, *src);
       else std::memcpy(dst, src, static_cast<std::size_t>(len) * sizeof(T));
     }
+    after_tile(at, t0, len);
+  }
+}
+
+/// Elements one reduction task covers (a whole number of tiles, from the shape only, so results
+/// do not depend on the thread count).
+inline constexpr std::int64_t reduce_chunk_tiles = 32;
+
+template <class Rd, class T>
+void run_reduction(const PreparedFused& pf, RunState& st, T* out) {
+  const FusedReduction& rd = *pf.program.reduction;
+  const std::int64_t rows = pf.numel / rd.inner, chunk = pf.tile * reduce_chunk_tiles;
+  const std::int64_t per_row = (rd.inner + chunk - 1) / chunk, tasks = rows * per_row;
+  st.partials.resize(static_cast<std::size_t>(tasks) * sizeof(T));
+  T* part = reinterpret_cast<T*>(st.partials.data());
+  const std::int64_t grain = std::max<std::int64_t>(1, pf.grain / std::min(chunk, rd.inner));
+  backend::cpu::parallel_tasks(tasks, grain, [&](std::int64_t tb, std::int64_t te) {
+    for (std::int64_t t = tb; t < te; ++t) {
+      const std::int64_t row = t / per_row, c = t % per_row;
+      const std::int64_t b = row * rd.inner + c * chunk, e = std::min(b + chunk, (row + 1) * rd.inner);
+      bool first = true;
+      T acc = T(0);
+      run_tiles<T>(pf, st, b, e, [&](const auto& at, std::int64_t t0, std::int64_t len) {
+        const T v = backend::cpu::reduce_row<Rd, T, T>(at(rd.reg, t0), len);
+        acc = first ? v : Rd::combine(acc, v);
+        first = false;
+      });
+      part[t] = acc;
+    }
+  });
+  for (std::int64_t row = 0; row < rows; ++row) {
+    T acc = part[row * per_row];
+    for (std::int64_t c = 1; c < per_row; ++c) acc = Rd::combine(acc, part[row * per_row + c]);
+    out[row] = acc;
   }
 }
 
@@ -586,24 +662,41 @@ void bind(const PreparedFused& pf, std::span<const Tensor> in, std::span<Tensor>
 inline void run(const PreparedFused& pf, std::span<const Tensor> inputs, std::span<Tensor> outputs) {
   namespace f = detail_fused;
   const FusedProgram& p = pf.program;
-  if (SC_UNLIKELY(inputs.size() != p.input_shapes.size() || outputs.size() != p.outputs.size()))
+  const std::size_t nout = p.outputs.size() + (p.reduction ? 1 : 0);
+  if (SC_UNLIKELY(inputs.size() != p.input_shapes.size() || outputs.size() != nout))
     throw ValueError("[fused] the program takes " + std::to_string(p.input_shapes.size()) + " inputs and " +
-                     std::to_string(p.outputs.size()) + " outputs, got " + std::to_string(inputs.size()) + " and " +
+                     std::to_string(nout) + " outputs, got " + std::to_string(inputs.size()) + " and " +
                      std::to_string(outputs.size()));
   for (std::size_t i = 0; i < inputs.size(); ++i) f::check_tensor(inputs[i], pf, p.input_shapes[i], "input", i);
-  for (std::size_t j = 0; j < outputs.size(); ++j) f::check_tensor(outputs[j], pf, p.out_shape, "output", j);
+  for (std::size_t j = 0; j < p.outputs.size(); ++j) f::check_tensor(outputs[j], pf, p.out_shape, "output", j);
+  if (p.reduction) f::check_tensor(outputs[nout - 1], pf, p.reduction->out_shape, "output", nout - 1);
   if (SC_UNLIKELY(pf.tile < 1)) throw ValueError("[fused] the tile must hold at least one element");
   if (pf.numel == 0) return;
+  const std::span<Tensor> elementwise = outputs.first(p.outputs.size());
   visit_dtype(p.dtype, [&](auto tag) {  // (over bool no op is fusible: outputs are copied inputs)
     using T = typename decltype(tag)::type;
     f::RunState& st = f::run_state();
-    f::bind<T>(pf, inputs, outputs, st);
-    backend::cpu::parallel_for(pf.numel, pf.grain, [&](std::int64_t b, std::int64_t e) { f::run_tiles<T>(pf, st, b, e); });
+    f::bind<T>(pf, inputs, elementwise, st);
+    if (!p.reduction) {
+      backend::cpu::parallel_for(pf.numel, pf.grain, [&](std::int64_t b, std::int64_t e) {
+        f::run_tiles<T>(pf, st, b, e, [](const auto&, std::int64_t, std::int64_t) {});
+      });
+      return;
+    }
+    if constexpr (std::is_floating_point_v<T>) {
+      T* out = static_cast<T*>(outputs[nout - 1].raw_data());
+      switch (p.reduction->op) {
+        case ops::OpId::Max: f::run_reduction<backend::cpu::MaxReducer, T>(pf, st, out); break;
+        case ops::OpId::Min: f::run_reduction<backend::cpu::MinReducer, T>(pf, st, out); break;
+        default: f::run_reduction<backend::cpu::SumReducer, T>(pf, st, out); break;
+      }
+    }
   });
 }
 
 /// Runs p: inputs are concrete CPU tensors of dtype p.dtype and shapes p.input_shapes (contiguous,
-/// row-major); outputs are preallocated with p.out_shape and p.dtype. An output may share its buffer
+/// row-major); outputs are preallocated with p.out_shape and p.dtype, then (with a reduction) one
+/// of the reduction's out_shape. An output may share its buffer
 /// with an input of the same shape (in-place), so read each tile of the inputs before writing it.
 /// Runs on all threads (backend::cpu::parallel_for) for large outputs, one thread for small ones.
 inline void run_fused(const FusedProgram& p, std::span<const Tensor> inputs, std::span<Tensor> outputs) {

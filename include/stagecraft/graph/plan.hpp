@@ -21,7 +21,9 @@ struct PlanStats {
   int steps = 0;                      ///< steps the plan runs
   int kernels = 0;                    ///< kernel launches per run (a fused group counts once)
   int fused_groups = 0;               ///< fused elementwise groups
-  int fused_nodes = 0;                ///< nodes inside them
+  int fused_nodes = 0;                ///< nodes inside them (matmul heads and reductions included)
+  int epilogues = 0;                  ///< groups run as a matmul's epilogue
+  int fused_reductions = 0;           ///< groups ending in a reduction
   std::int64_t peak_bytes = 0;        ///< planned buffer memory (with reuse)
   std::int64_t intermediate_bytes = 0;  ///< every intermediate in its own buffer
   int buffers = 0;                    ///< planned buffers
@@ -42,6 +44,10 @@ struct Step {
   std::shared_ptr<const Plan> sub[2];            ///< cond: then/else; while: cond/body
   std::shared_ptr<const PreparedFused> fused;    ///< fused group
   int num_loop_vars = 0;
+  const OpFns* head_fns = nullptr;  ///< fused group: its matmul head, run first
+  ops::Attrs head_attrs;
+  std::vector<int> head_in;
+  int head_out = -1;
 };
 
 }  // namespace detail_plan
@@ -69,6 +75,7 @@ class Plan {
     std::vector<Tensor> vals;               ///< one handle per value; impls persist across runs
     std::vector<std::vector<Tensor>> ins;   ///< per step: its inputs (sharing vals' impls)
     std::vector<std::vector<Tensor>> outs;  ///< per fused step: its outputs
+    std::vector<std::vector<Tensor>> head_ins;  ///< per fused step with a matmul head: its inputs
     std::vector<stagecraft::detail::Ref<stagecraft::detail::Storage>> buffers;
   };
 
@@ -110,6 +117,13 @@ inline void Plan::lower(bool fuse) {
           s.in = fg.inputs;
           s.out = fg.outputs;
           s.fused = std::make_shared<const PreparedFused>(prepare(fg.program));
+          if (fg.head >= 0) {
+            const Node& h = g.nodes[fg.head];
+            s.head_fns = &fns(h.op);
+            s.head_attrs = h.attrs;
+            s.head_in = h.inputs;
+            s.head_out = h.outputs[0];
+          }
           break;
         }
         s.fns = &fns(n.op);
@@ -149,7 +163,9 @@ inline void Plan::lower(bool fuse) {
   std::vector<MemoryPlan::StepUse> uses;
   for (const Step& s : steps_) {
     MemoryPlan::StepUse u;
-    u.in = s.in;
+    u.in = s.head_in;
+    u.in.insert(u.in.end(), s.in.begin(), s.in.end());
+    if (s.head_out >= 0) u.first_out = {s.head_out};
     u.out = s.kind == StepKind::kernel || s.kind == StepKind::fused ? s.out : std::vector<int>{};
     u.views = s.kind == StepKind::view;
     u.in_place_ok = s.kind == StepKind::fused ||
@@ -158,9 +174,14 @@ inline void Plan::lower(bool fuse) {
   }
   mem_ = plan_memory(g, uses);
   stats_.steps = static_cast<int>(steps_.size());
-  for (const Step& s : steps_) stats_.kernels += s.kind == StepKind::kernel || s.kind == StepKind::fused;
+  for (const Step& s : steps_)
+    stats_.kernels += (s.kind == StepKind::kernel || s.kind == StepKind::fused) + (s.head_fns != nullptr);
   stats_.fused_groups = static_cast<int>(groups_.groups.size());
-  for (const FusionGroup& fg : groups_.groups) stats_.fused_nodes += static_cast<int>(fg.nodes.size());
+  for (const FusionGroup& fg : groups_.groups) {
+    stats_.fused_nodes += static_cast<int>(fg.nodes.size()) + (fg.head >= 0);
+    stats_.epilogues += fg.head >= 0;
+    stats_.fused_reductions += fg.reduce >= 0;
+  }
   stats_.peak_bytes = mem_.total_bytes();
   stats_.intermediate_bytes = g.intermediate_bytes();
   stats_.buffers = static_cast<int>(mem_.buffer_bytes.size());
@@ -187,8 +208,10 @@ inline std::unique_ptr<Plan::RunState> Plan::make_state() const {
   }
   st->ins.resize(steps_.size());
   st->outs.resize(steps_.size());
+  st->head_ins.resize(steps_.size());
   for (std::size_t i = 0; i < steps_.size(); ++i) {
     for (int v : steps_[i].in) st->ins[i].push_back(st->vals[v]);
+    for (int v : steps_[i].head_in) st->head_ins[i].push_back(st->vals[v]);
     if (steps_[i].kind == StepKind::fused)
       for (int v : steps_[i].out) st->outs[i].push_back(st->vals[v]);
   }
@@ -314,6 +337,10 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
       break;
     }
     case StepKind::fused: {
+      if (s.head_fns) {
+        fresh(s.head_out);
+        s.head_fns->cpu(st.head_ins[i], st.vals[s.head_out], s.head_attrs);
+      }
       for (int v : s.out) fresh(v);
       graph::run(*s.fused, st.ins[i], st.outs[i]);
       break;

@@ -1,5 +1,7 @@
 // Elementwise fusion: groups chains of same-shape, same-dtype elementwise nodes (with
-// broadcasting inputs) into one FusedProgram each, run as one pass over the data.
+// broadcasting inputs) into one FusedProgram each, run as one pass over the data; a matmul whose
+// result the group reads runs in the same step (its epilogue: bias, activation), and a sum, max
+// or min over trailing axes of a group's value consumes it tile by tile (never stored whole).
 #pragma once
 #include <algorithm>
 #include <vector>
@@ -10,13 +12,17 @@
 
 namespace stagecraft::graph {
 
-/// One fused group: its nodes (program order), the values it reads and the values it writes
-/// (those used outside it), and the program that computes them.
+/// One fused group: its nodes (program order; a reduction consumer last), the values it reads and
+/// the values it writes (those used outside it; a reduction's result last), and the program that
+/// computes them. head: a matmul node run first in the group's step, whose result the program
+/// reads as an input (-1: none); reduce: the reduction node, or -1.
 struct FusionGroup {
   std::vector<int> nodes;
   std::vector<int> inputs;
   std::vector<int> outputs;
   FusedProgram program;
+  int head = -1;
+  int reduce = -1;
 };
 
 /// Every group of a graph; group_of[node] is the node's group or -1.
@@ -73,6 +79,49 @@ inline bool deferrable(const Graph& g, int u, int i) {
   return true;
 }
 
+/// True when every reader of the values `vals` placed before node `at` is a node of the group
+/// `grp` (by `tentative`) or an assignment that can be deferred until after `at`.
+inline bool readers_ok(const Graph& g, const std::vector<std::vector<int>>& users, const std::vector<int>& tentative,
+                       const std::vector<int>& vals, int grp, int at) {
+  for (int v : vals)
+    for (int u : users[v])
+      if (u < at && tentative[u] != grp && !deferrable(g, u, at)) return false;
+  return true;
+}
+
+/// The trailing element count a reduction node reduces (its axes a suffix of its input's), or 0.
+inline std::int64_t trailing_inner(const Graph& g, const Node& r) {
+  const Shape& s = g.values[r.inputs[0]].shape;
+  Shape axes;
+  for (std::int64_t a : r.attrs.ints) axes.push_back(a < 0 ? a + s.rank() : a);
+  if (r.attrs.ints.empty())
+    for (int k = 0; k < s.rank(); ++k) axes.push_back(k);
+  std::sort(axes.begin(), axes.end());
+  std::int64_t inner = 1;
+  for (int k = 0; k < axes.rank(); ++k) {
+    if (axes[k] != s.rank() - axes.rank() + k) return 0;
+    inner *= s[static_cast<int>(axes[k])];
+  }
+  return inner;
+}
+
+/// True when node n is a sum/max/min that can consume a group's value of dtype d.
+inline bool reduction_candidate(const Graph& g, const Node& n) {
+  if (n.kind != NodeKind::op || n.outputs.size() != 1 || n.inputs.size() != 1) return false;
+  if (n.op != ops::OpId::Sum && n.op != ops::OpId::Max && n.op != ops::OpId::Min) return false;
+  const Value& in = g.values[n.inputs[0]];
+  const Value& out = g.values[n.outputs[0]];
+  return in.device.is_cpu() && is_floating(in.dtype) && out.dtype == in.dtype && in.shape.numel() > 0 &&
+         trailing_inner(g, n) > 0;
+}
+
+/// True when node p is a matmul that can head a group of shape `shape` and dtype d.
+inline bool head_candidate(const Graph& g, const Node& p, const Shape& shape, DType d) {
+  if (p.kind != NodeKind::op || p.op != ops::OpId::MatMul || p.outputs.size() != 1) return false;
+  const Value& v = g.values[p.outputs[0]];
+  return v.device.is_cpu() && v.dtype == d && is_floating(d) && v.shape == shape;
+}
+
 }  // namespace detail_fuse
 
 /// Finds the fusion groups (two nodes or more). A node joins the group of an input's producer
@@ -112,13 +161,52 @@ inline FusionGroups find_fusion_groups(const Graph& g) {
     members[join].push_back(static_cast<int>(i));
     tentative[i] = join;
   }
+  // Values of each tentative group.
+  const auto values_of = [&](int grp) {
+    std::vector<int> vs;
+    for (int m : members[grp]) vs.push_back(g.nodes[m].outputs[0]);
+    return vs;
+  };
+  // A reduction consumes a group's value when the group can run at the reduction's place.
+  std::vector<int> reduce_of(members.size(), -1), head_of(members.size(), -1), last_of(members.size());
+  for (std::size_t k = 0; k < members.size(); ++k) last_of[k] = members[k].back();
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (!detail_fuse::reduction_candidate(g, n)) continue;
+    const int p = g.values[n.inputs[0]].node, grp = tentative[p];
+    if (grp < 0 || reduce_of[grp] >= 0) continue;
+    if (!detail_fuse::readers_ok(g, users, tentative, values_of(grp), grp, static_cast<int>(i))) continue;
+    reduce_of[grp] = static_cast<int>(i);
+    last_of[grp] = static_cast<int>(i);
+    tentative[i] = grp;
+  }
+  // A matmul heads a group that reads its result when nothing outside the group reads that
+  // result before the group runs.
+  std::vector<char> heads(g.nodes.size(), 0);
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    const Value& gv = g.values[g.nodes[members[k][0]].outputs[0]];
+    for (int m : members[k]) {
+      for (int v : g.nodes[m].inputs) {
+        const int p = g.values[v].node;
+        if (heads[p] || !detail_fuse::head_candidate(g, g.nodes[p], gv.shape, gv.dtype)) continue;
+        if (!detail_fuse::readers_ok(g, users, tentative, {v}, static_cast<int>(k), last_of[k])) continue;
+        head_of[k] = p;
+        heads[p] = 1;
+        break;
+      }
+      if (head_of[k] >= 0) break;
+    }
+  }
   std::vector<char> is_output(g.values.size(), 0);
   for (int v : g.outputs) is_output[v] = 1;
-  for (std::vector<int>& ms : members) {
-    if (ms.size() < 2) continue;
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    const std::vector<int>& ms = members[k];
+    if (ms.size() < 2 && head_of[k] < 0 && reduce_of[k] < 0) continue;
     const int gid = static_cast<int>(r.groups.size());
     FusionGroup fg;
     fg.nodes = ms;
+    fg.head = head_of[k];
+    fg.reduce = reduce_of[k];
     for (int m : ms) r.group_of[m] = gid;
     const Value& first = g.values[g.nodes[ms[0]].outputs[0]];
     fg.program.dtype = first.dtype;
@@ -133,12 +221,20 @@ inline FusionGroups find_fusion_groups(const Graph& g) {
           fg.program.input_shapes.push_back(g.values[v].shape);
         }
     const int base = static_cast<int>(fg.inputs.size());
-    for (std::size_t k = 0; k < ms.size(); ++k) {
-      const Node& n = g.nodes[ms[k]];
+    for (std::size_t j = 0; j < ms.size(); ++j) {
+      const Node& n = g.nodes[ms[j]];
       FusedInstr ins{n.op, reg[n.inputs[0]], n.inputs.size() > 1 ? reg[n.inputs[1]] : -1};
       fg.program.code.push_back(ins);
-      reg[n.outputs[0]] = base + static_cast<int>(k);
+      reg[n.outputs[0]] = base + static_cast<int>(j);
     }
+    if (fg.reduce >= 0) {
+      const Node& rn = g.nodes[fg.reduce];
+      r.group_of[fg.reduce] = gid;
+      fg.nodes.push_back(fg.reduce);
+      fg.program.reduction = FusedReduction{rn.op, reg[rn.inputs[0]], detail_fuse::trailing_inner(g, rn),
+                                            g.values[rn.outputs[0]].shape};
+    }
+    if (fg.head >= 0) r.group_of[fg.head] = gid;
     for (int m : ms) {
       const int v = g.nodes[m].outputs[0];
       bool outside = is_output[v] != 0;
@@ -148,6 +244,7 @@ inline FusionGroups find_fusion_groups(const Graph& g) {
         fg.program.outputs.push_back(reg[v]);
       }
     }
+    if (fg.reduce >= 0) fg.outputs.push_back(g.nodes[fg.reduce].outputs[0]);
     r.groups.push_back(std::move(fg));
   }
   return r;

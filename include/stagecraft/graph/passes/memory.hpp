@@ -16,6 +16,7 @@ struct MemoryPlan {
   struct StepUse {
     std::vector<int> in;
     std::vector<int> out;     ///< values it writes into planned memory (empty: none)
+    std::vector<int> first_out;  ///< values it writes first and then reads itself (a fused group's matmul head)
     bool views = false;       ///< its output shares the storage of in[0]
     bool in_place_ok = false; ///< elementwise: an output may reuse a dying same-size input's buffer
   };
@@ -60,8 +61,34 @@ inline MemoryPlan plan_memory(const Graph& g, const std::vector<MemoryPlan::Step
     for (int v : steps[i].in) last[root[v]] = std::max(last[root[v]], static_cast<int>(i));
   std::vector<int> free_list;  // buffers free now
   auto release = [&](int b) { free_list.push_back(b); };
+  // A buffer for value o (need bytes): best fit among free buffers, else the largest grown, else a new one.
+  auto fresh_buffer = [&](std::int64_t need) {
+    int best = -1;
+    for (std::size_t k = 0; k < free_list.size(); ++k) {
+      const int c = free_list[k];
+      const bool fits = mp.buffer_bytes[c] >= need;
+      if (best < 0) best = static_cast<int>(k);
+      else {
+        const int bb = free_list[best];
+        const bool best_fits = mp.buffer_bytes[bb] >= need;
+        if (fits && (!best_fits || mp.buffer_bytes[c] < mp.buffer_bytes[bb])) best = static_cast<int>(k);
+        else if (!fits && !best_fits && mp.buffer_bytes[c] > mp.buffer_bytes[bb]) best = static_cast<int>(k);
+      }
+    }
+    if (best >= 0) {
+      const int b = free_list[best];
+      free_list.erase(free_list.begin() + best);
+      mp.buffer_bytes[b] = std::max(mp.buffer_bytes[b], need);
+      return b;
+    }
+    mp.buffer_bytes.push_back(need);
+    return static_cast<int>(mp.buffer_bytes.size()) - 1;
+  };
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const auto& s = steps[i];
+    // Written first, read by the rest of the step: a buffer now, and then like any input.
+    for (int o : s.first_out)
+      if (!escapes[o]) mp.buffer_of[o] = fresh_buffer(detail_mem::rounded(detail_mem::bytes_of(g.values[o])));
     std::vector<int> dying;  // planned roots whose last read is this step
     for (int v : s.in) {
       const int r = root[v];
@@ -83,28 +110,7 @@ inline MemoryPlan plan_memory(const Graph& g, const std::vector<MemoryPlan::Step
             taken.push_back(r);
             break;
           }
-      if (b < 0) {  // best fit among free buffers, else the largest grown, else a new one
-        int best = -1;
-        for (std::size_t k = 0; k < free_list.size(); ++k) {
-          const int c = free_list[k];
-          const bool fits = mp.buffer_bytes[c] >= need;
-          if (best < 0) best = static_cast<int>(k);
-          else {
-            const int bb = free_list[best];
-            const bool best_fits = mp.buffer_bytes[bb] >= need;
-            if (fits && (!best_fits || mp.buffer_bytes[c] < mp.buffer_bytes[bb])) best = static_cast<int>(k);
-            else if (!fits && !best_fits && mp.buffer_bytes[c] > mp.buffer_bytes[bb]) best = static_cast<int>(k);
-          }
-        }
-        if (best >= 0) {
-          b = free_list[best];
-          free_list.erase(free_list.begin() + best);
-          mp.buffer_bytes[b] = std::max(mp.buffer_bytes[b], need);
-        } else {
-          b = static_cast<int>(mp.buffer_bytes.size());
-          mp.buffer_bytes.push_back(need);
-        }
-      }
+      if (b < 0) b = fresh_buffer(need);
       mp.buffer_of[o] = b;
       if (last[o] < 0) release(b);  // never read (a dead result): free at once
     }
