@@ -84,6 +84,8 @@ const std::vector<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>
     {{64, 300}, {300, 129}},   {{3, 1, 2}, {2, 1}},       {{2, 2, 1, 6}, {2, 6, 3}}, {{1, 9}, {4, 9, 2}},
     {{3, 0}, {0, 4}},          {{0, 3, 4}, {4, 5}},       {{0, 4}, {4, 5}},        {{3, 4}, {4, 0}},
     {{2, 0, 4}, {2, 4, 3}},    {{0}, {0}},                {{1, 2, 5}, {0, 5, 2}},
+    // one row below the BLAS threshold (the SIMD row loop): several batches of N, masked ends
+    {{1, 20}, {20, 30}},       {{3, 1, 7}, {7, 33}},      {{1, 2}, {2, 10}},
 };
 
 }  // namespace
@@ -148,6 +150,8 @@ TEMPLATE_TEST_CASE("matmul with transpose flags matches the triple loop on trans
       {{90, 70}, {90, 1}, true, false},   {{2, 4, 3}, {4, 5}, true, false},    {{2, 3, 4}, {5, 4}, false, true},
       {{2, 3, 4}, {2, 5, 4}, false, true}, {{2, 1, 4, 3}, {3, 5, 4}, true, true}, {{5}, {6, 5}, true, true},
       {{6, 5}, {5}, false, true},          {{0, 3}, {0, 4}, true, false},       {{3, 0}, {4, 0}, false, true},
+      {{1, 40}, {50, 40}, false, true},    {{40, 1}, {50, 40}, true, true},     {{20, 1}, {20, 30}, true, false},
+      {{1, 10}, {2, 10}, false, true},
   };
   unsigned seed = 100;
   for (const Case& c : flag_cases) check_flags<TestType>(c.a, c.b, c.ta, c.tb, seed += 2);

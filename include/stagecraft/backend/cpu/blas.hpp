@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "elementwise.hpp"  // batch, load_partial, store_partial
 #include "parallel.hpp"
 
 namespace stagecraft::backend::cpu {
@@ -45,10 +46,40 @@ inline void gemv(std::int64_t rows, std::int64_t cols, const double* A, const do
 /// bench_matmul (matmul/tiny): a [1,2]x[2,10] product is several times faster as a loop.
 inline constexpr std::int64_t tiny_flops = 4096;
 
-/// C = op(A) op(B) by plain loops: dot products along rows of A and B when B is transposed
-/// (both contiguous), otherwise k outer so the inner loop runs along rows of B and C.
+/// c[N] = a[K] op(B) for one row a (a batch-1 layer), in SIMD batches with masked ends: B
+/// stored [K,N] (rows of B scaled and added), or [N,K] (tb: one dot product per column).
+template <class T>
+void tiny_row(std::int64_t N, std::int64_t K, const T* a, const T* B, T* c, bool tb) {
+  using V = batch<T>;
+  constexpr std::int64_t W = V::size;
+  if (!tb) {
+    for (std::int64_t n0 = 0; n0 < N; n0 += W) {
+      const std::int64_t r = std::min(W, N - n0);
+      V acc(T(0));
+      for (std::int64_t k = 0; k < K; ++k) acc = xsimd::fma(V(a[k]), load_partial(B + k * N + n0, r), acc);
+      store_partial(c + n0, acc, r);
+    }
+    return;
+  }
+  for (std::int64_t n = 0; n < N; ++n) {
+    V acc(T(0));
+    for (std::int64_t k0 = 0; k0 < K; k0 += W) {
+      const std::int64_t r = std::min(W, K - k0);
+      acc = xsimd::fma(load_partial(a + k0, r), load_partial(B + n * K + k0, r), acc);
+    }
+    c[n] = xsimd::hadd(acc);
+  }
+}
+
+/// C = op(A) op(B) by plain loops: one row by tiny_row; else dot products along rows of A and B
+/// when B is transposed (both contiguous), otherwise k outer so the inner loop runs along rows
+/// of B and C.
 template <class T>
 void tiny_gemm(std::int64_t M, std::int64_t N, std::int64_t K, const T* A, const T* B, T* C, bool ta, bool tb) {
+  if (M == 1) {  // [1,K] and [K,1] hold the same K numbers: ta does not matter
+    tiny_row(N, K, A, B, C, tb);
+    return;
+  }
   if (tb && !ta) {
     for (std::int64_t m = 0; m < M; ++m)
       for (std::int64_t n = 0; n < N; ++n) {

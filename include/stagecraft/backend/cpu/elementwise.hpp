@@ -93,13 +93,38 @@ inline void stream_fence() {
 template <class T, class R>
 inline constexpr bool padded_tail = std::is_floating_point_v<T> && std::is_same_v<T, R>;
 
+/// The first r lanes of a batch loaded from p, the others zero (0 <= r <= the batch size); only
+/// p[0, r) is read (AVX-512: one masked load, which touches no other memory).
+template <class T>
+SC_ALWAYS_INLINE batch<T> load_partial(const T* p, std::int64_t r) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(batch<T>) == 64 && std::is_same_v<T, float>)
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << r) - 1u), p);
+  if constexpr (sizeof(batch<T>) == 64 && std::is_same_v<T, double>)
+    return _mm512_maskz_loadu_pd(static_cast<__mmask8>((1u << r) - 1u), p);
+#endif
+  alignas(sizeof(batch<T>)) T t[batch<T>::size] = {};
+  for (std::int64_t k = 0; k < r; ++k) t[k] = p[k];
+  return batch<T>::load_aligned(t);
+}
+/// Stores the first r lanes of v to p[0, r) (0 <= r <= the batch size); nothing else is written.
+template <class T>
+SC_ALWAYS_INLINE void store_partial(T* p, const batch<T>& v, std::int64_t r) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(batch<T>) == 64 && std::is_same_v<T, float>)
+    return _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << r) - 1u), v);
+  if constexpr (sizeof(batch<T>) == 64 && std::is_same_v<T, double>)
+    return _mm512_mask_storeu_pd(p, static_cast<__mmask8>((1u << r) - 1u), v);
+#endif
+  alignas(sizeof(batch<T>)) T t[batch<T>::size];
+  v.store_aligned(t);
+  for (std::int64_t k = 0; k < r; ++k) p[k] = t[k];
+}
+
 /// y[0, r) = f(the batch of x[0, r) zero-padded), r < the batch size.
 template <class T, class F>
 SC_ALWAYS_INLINE void padded_batch(const T* x, T* y, std::int64_t r, F&& f) {
-  alignas(sizeof(batch<T>)) T tx[batch<T>::size] = {}, ty[batch<T>::size];
-  for (std::int64_t k = 0; k < r; ++k) tx[k] = x[k];
-  batch<T>(f(batch<T>::load_aligned(tx))).store_aligned(ty);
-  for (std::int64_t k = 0; k < r; ++k) y[k] = ty[k];
+  store_partial(y, batch<T>(f(load_partial(x, r))), r);
 }
 
 // ---- unary -------------------------------------------------------------------------------
@@ -164,9 +189,7 @@ void binary_row(const T* __restrict a, const T* __restrict b, R* __restrict y, s
     }
     if constexpr (padded_tail<T, R>) {
       if (i < n && sa && sb) {
-        alignas(sizeof(batch<T>)) T tb[W] = {};
-        for (std::int64_t k = 0; k < n - i; ++k) tb[k] = b[i + k];
-        const batch<T> vb = batch<T>::load_aligned(tb);
+        const batch<T> vb = load_partial(b + i, n - i);
         padded_batch(a + i, y + i, n - i, [&](const batch<T>& va) { return Op::simd(va, vb); });
         return;
       }
