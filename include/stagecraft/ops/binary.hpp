@@ -10,92 +10,52 @@
 namespace stagecraft {
 namespace ops {
 
-/// Lanes of a that are NaN (never any for integer batches).
-template <class B>
-auto nan_mask(const B& a) {
-  if constexpr (std::is_floating_point_v<typename B::value_type>) return xsimd::isnan(a);
-  else return a != a;
-}
-
-struct Add : Binary<Add, BinaryKind::arithmetic> {
+struct Add : Binary<Add, BinaryKind::arithmetic>, rules::Add {
   SC_OP_HEAD(Add, "add")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T a, T b) { return static_cast<T>(a + b); }
-  template <class B> static B simd(const B& a, const B& b) { return a + b; }
 };
-struct Sub : Binary<Sub, BinaryKind::arithmetic> {
+struct Sub : Binary<Sub, BinaryKind::arithmetic>, rules::Sub {
   SC_OP_HEAD(Sub, "sub")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T a, T b) { return static_cast<T>(a - b); }
-  template <class B> static B simd(const B& a, const B& b) { return a - b; }
 };
-struct Mul : Binary<Mul, BinaryKind::arithmetic> {
+struct Mul : Binary<Mul, BinaryKind::arithmetic>, rules::Mul {
   SC_OP_HEAD(Mul, "mul")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T a, T b) { return static_cast<T>(a * b); }
-  template <class B> static B simd(const B& a, const B& b) { return a * b; }
 };
 /// True division: integer inputs are promoted to f32 first (as in PyTorch).
-struct Div : Binary<Div, BinaryKind::floating> {
+struct Div : Binary<Div, BinaryKind::floating>, rules::Div {
   SC_OP_HEAD(Div, "div")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T a, T b) { return a / b; }
-  template <class B> static B simd(const B& a, const B& b) { return a / b; }
 };
 /// a^b; for integers by repeated squaring (a negative exponent gives 0 unless |a| is 1).
-struct Pow : Binary<Pow, BinaryKind::arithmetic> {
+struct Pow : Binary<Pow, BinaryKind::arithmetic>, rules::Pow {
   SC_OP_HEAD(Pow, "pow")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) {
-      return std::pow(a, b);
-    } else {
-      if (b < 0) return a == 1 ? T(1) : (a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0));
-      T r = 1;
-      for (; b; b >>= 1, a = static_cast<T>(a * a))
-        if (b & 1) r = static_cast<T>(r * a);
-      return r;
-    }
-  }
-  // No SIMD rule: xsimd::pow returns 0 for 0^negative (IEEE and std::pow say inf).
 };
 /// Larger of a and b; NaN in either gives NaN (as NumPy's maximum).
-struct Maximum : Binary<Maximum, BinaryKind::arithmetic> {
+struct Maximum : Binary<Maximum, BinaryKind::arithmetic>, rules::Maximum {
   SC_OP_HEAD(Maximum, "maximum")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T a, T b) { return (a > b || a != a) ? a : b; }
-  // xsimd's != is an ordered compare on AVX (NaN != NaN is false), so test NaN explicitly.
-  template <class B> static B simd(const B& a, const B& b) { return xsimd::select((a > b) || nan_mask(a), a, b); }
 };
 /// Smaller of a and b; NaN in either gives NaN (as NumPy's minimum).
-struct Minimum : Binary<Minimum, BinaryKind::arithmetic> {
+struct Minimum : Binary<Minimum, BinaryKind::arithmetic>, rules::Minimum {
   SC_OP_HEAD(Minimum, "minimum")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T a, T b) { return (a < b || a != a) ? a : b; }
-  template <class B> static B simd(const B& a, const B& b) { return xsimd::select((a < b) || nan_mask(a), a, b); }
 };
 
-#define SC_COMPARE_OP(S, str, expr)                                \
-  struct S : Binary<S, BinaryKind::compare> {                      \
-    SC_OP_HEAD(S, str)                                             \
-    template <class T> static bool scalar(T a, T b) { return expr; } \
+#define SC_COMPARE_OP(S, str, kind)                            \
+  struct S : Binary<S, BinaryKind::kind>, rules::S {           \
+    SC_OP_HEAD(S, str)                                         \
   };
-SC_COMPARE_OP(Less, "less", a < b)
-SC_COMPARE_OP(LessEqual, "less_equal", a <= b)
-SC_COMPARE_OP(Greater, "greater", a > b)
-SC_COMPARE_OP(GreaterEqual, "greater_equal", a >= b)
-SC_COMPARE_OP(Equal, "equal", a == b)
-SC_COMPARE_OP(NotEqual, "not_equal", a != b)
+SC_COMPARE_OP(Less, "less", compare)
+SC_COMPARE_OP(LessEqual, "less_equal", compare)
+SC_COMPARE_OP(Greater, "greater", compare)
+SC_COMPARE_OP(GreaterEqual, "greater_equal", compare)
+SC_COMPARE_OP(Equal, "equal", compare)
+SC_COMPARE_OP(NotEqual, "not_equal", compare)
+SC_COMPARE_OP(LogicalAnd, "logical_and", logical)
+SC_COMPARE_OP(LogicalOr, "logical_or", logical)
 #undef SC_COMPARE_OP
-
-struct LogicalAnd : Binary<LogicalAnd, BinaryKind::logical> {
-  SC_OP_HEAD(LogicalAnd, "logical_and")
-  template <class T> static bool scalar(T a, T b) { return a != T(0) && b != T(0); }
-};
-struct LogicalOr : Binary<LogicalOr, BinaryKind::logical> {
-  SC_OP_HEAD(LogicalOr, "logical_or")
-  template <class T> static bool scalar(T a, T b) { return a != T(0) || b != T(0); }
-};
 
 }  // namespace ops
 

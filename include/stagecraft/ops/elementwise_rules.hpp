@@ -3,6 +3,7 @@
 #pragma once
 #include "../backend/cpu/elementwise.hpp"
 #include "op.hpp"
+#include "rules.hpp"
 
 namespace stagecraft::ops {
 
@@ -13,9 +14,21 @@ enum class UnaryKind {
   predicate  ///< any dtype in, bool out
 };
 
+/// The scalar and SIMD forms of an op whose math is a rule (rules.hpp): both call Op::f, so an
+/// op's math is written once. SIMD only where the rule allows it (Rule::vectorizes).
 template <class Op, UnaryKind K>
 struct Unary {
   static constexpr int arity = 1;
+  template <class T>
+    requires requires(T x) { Op::f(x); }
+  static std::conditional_t<K == UnaryKind::predicate, bool, T> scalar(T x) {
+    return Op::f(x);
+  }
+  template <class B>
+    requires(Op::vectorizes && K != UnaryKind::predicate)
+  static B simd(const B& x) {
+    return Op::f(x);
+  }
   static constexpr bool float_inputs = K == UnaryKind::floating;
   static constexpr bool differentiable = K != UnaryKind::predicate;
 
@@ -62,6 +75,16 @@ inline Shape broadcast_or_throw(const Tensor& a, const Tensor& b, std::string_vi
 template <class Op, BinaryKind K>
 struct Binary {
   static constexpr int arity = 2;
+  template <class T>
+    requires requires(T x) { Op::f(x, x); }
+  static std::conditional_t<K == BinaryKind::compare || K == BinaryKind::logical, bool, T> scalar(T a, T b) {
+    return Op::f(a, b);
+  }
+  template <class B>
+    requires(Op::vectorizes && K != BinaryKind::compare && K != BinaryKind::logical)
+  static B simd(const B& a, const B& b) {
+    return Op::f(a, b);
+  }
   static constexpr int promote_from = 0;
   static constexpr bool float_inputs = K == BinaryKind::floating;
   static constexpr bool differentiable = K == BinaryKind::arithmetic || K == BinaryKind::floating;

@@ -9,85 +9,56 @@
 namespace stagecraft {
 namespace ops {
 
-struct Neg : Unary<Neg, UnaryKind::numeric> {
+struct Neg : Unary<Neg, UnaryKind::numeric>, rules::Neg {
   SC_OP_HEAD(Neg, "neg")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T x) { return static_cast<T>(-x); }
-  template <class B> static B simd(const B& x) { return -x; }
 };
-struct Abs : Unary<Abs, UnaryKind::numeric> {
+struct Abs : Unary<Abs, UnaryKind::numeric>, rules::Abs {
   SC_OP_HEAD(Abs, "abs")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T x) { return x < T(0) ? static_cast<T>(-x) : x; }
-  template <class B> static B simd(const B& x) { return xsimd::abs(x); }
 };
-struct Square : Unary<Square, UnaryKind::numeric> {
+struct Square : Unary<Square, UnaryKind::numeric>, rules::Square {
   SC_OP_HEAD(Square, "square")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T x) { return static_cast<T>(x * x); }
-  template <class B> static B simd(const B& x) { return x * x; }
 };
-struct Relu : Unary<Relu, UnaryKind::numeric> {
+struct Relu : Unary<Relu, UnaryKind::numeric>, rules::Relu {
   SC_OP_HEAD(Relu, "relu")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  // x < 0 ? 0 : x keeps NaN as NaN (as PyTorch does).
-  template <class T> static T scalar(T x) { return x < T(0) ? T(0) : x; }
-  template <class B> static B simd(const B& x) { return xsimd::select(x < B(0), B(0), x); }
 };
-struct Sign : Unary<Sign, UnaryKind::numeric> {
+struct Sign : Unary<Sign, UnaryKind::numeric>, rules::Sign {
   SC_OP_HEAD(Sign, "sign")
   static constexpr bool differentiable = false;  // piecewise constant: no gradient flows through
-  template <class T> static T scalar(T x) {
-    if constexpr (std::is_floating_point_v<T>) if (x != x) return x;
-    return static_cast<T>((T(0) < x) - (x < T(0)));
-  }
 };
-struct Exp : Unary<Exp, UnaryKind::floating> {
+struct Exp : Unary<Exp, UnaryKind::floating>, rules::Exp {
   SC_OP_HEAD(Exp, "exp")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T x) { return std::exp(x); }
-  template <class B> static B simd(const B& x) { return xsimd::exp(x); }
 };
-struct Log : Unary<Log, UnaryKind::floating> {
+struct Log : Unary<Log, UnaryKind::floating>, rules::Log {
   SC_OP_HEAD(Log, "log")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T x) { return std::log(x); }
-  template <class B> static B simd(const B& x) { return xsimd::log(x); }
 };
-struct Sqrt : Unary<Sqrt, UnaryKind::floating> {
+struct Sqrt : Unary<Sqrt, UnaryKind::floating>, rules::Sqrt {
   SC_OP_HEAD(Sqrt, "sqrt")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T x) { return std::sqrt(x); }
-  template <class B> static B simd(const B& x) { return xsimd::sqrt(x); }
 };
-struct Tanh : Unary<Tanh, UnaryKind::floating> {
+struct Tanh : Unary<Tanh, UnaryKind::floating>, rules::Tanh {
   SC_OP_HEAD(Tanh, "tanh")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T x) { return std::tanh(x); }
-  template <class B> static B simd(const B& x) { return xsimd::tanh(x); }
 };
-struct Sigmoid : Unary<Sigmoid, UnaryKind::floating> {
+struct Sigmoid : Unary<Sigmoid, UnaryKind::floating>, rules::Sigmoid {
   SC_OP_HEAD(Sigmoid, "sigmoid")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  // 1 / (1 + e^-x): e^-x overflows to inf for very negative x, giving exactly 0.
-  template <class T> static T scalar(T x) { return T(1) / (T(1) + std::exp(-x)); }
-  template <class B> static B simd(const B& x) { return B(1) / (B(1) + xsimd::exp(-x)); }
 };
-struct Sin : Unary<Sin, UnaryKind::floating> {
+struct Sin : Unary<Sin, UnaryKind::floating>, rules::Sin {
   SC_OP_HEAD(Sin, "sin")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T x) { return std::sin(x); }
-  template <class B> static B simd(const B& x) { return xsimd::sin(x); }
 };
-struct Cos : Unary<Cos, UnaryKind::floating> {
+struct Cos : Unary<Cos, UnaryKind::floating>, rules::Cos {
   SC_OP_HEAD(Cos, "cos")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
-  template <class T> static T scalar(T x) { return std::cos(x); }
-  template <class B> static B simd(const B& x) { return xsimd::cos(x); }
 };
-struct LogicalNot : Unary<LogicalNot, UnaryKind::predicate> {
+struct LogicalNot : Unary<LogicalNot, UnaryKind::predicate>, rules::LogicalNot {
   SC_OP_HEAD(LogicalNot, "logical_not")
-  template <class T> static bool scalar(T x) { return x == T(0); }
 };
 
 }  // namespace ops

@@ -1,0 +1,226 @@
+// Each elementwise op's math, written once: a functor `f` generic over the value type V, which is a
+// scalar (float, double, an integer), an xsimd batch, and (next) a staged expression or a CUDA
+// value. The eager loops, the fused evaluator and the staged evaluator all call these; an op's
+// struct in unary.hpp / binary.hpp derives from its rule and adds only its name, kind and gradient.
+//
+// Dependency-free on purpose (only <cmath>): the functions a rule calls are found by argument-
+// dependent lookup, so a batch finds xsimd's exp/select/isnan in xsimd's namespace, and scalars
+// find the forms in rules::math below. Including this header pulls in no SIMD library, no tensor
+// and no dispatch.
+#pragma once
+#include <cmath>
+#include <type_traits>
+
+namespace stagecraft::rules {
+
+/// Scalar forms of what the rules call; other value types bring theirs (found by ADL).
+namespace math {
+using std::cos;
+using std::exp;
+using std::log;
+using std::sin;
+using std::sqrt;
+using std::tanh;
+/// m ? a : b.
+template <class T>
+  requires std::is_arithmetic_v<T>
+constexpr T select(bool m, T a, T b) {
+  return m ? a : b;
+}
+/// x != x for floating x; never for integers.
+template <class T>
+  requires std::is_arithmetic_v<T>
+constexpr bool isnan(T x) {
+  if constexpr (std::is_floating_point_v<T>) return x != x;
+  else return false;
+}
+/// |x| for floating x (fabs: +0 for -0).
+template <class T>
+  requires std::is_floating_point_v<T>
+T abs(T x) {
+  return std::fabs(x);
+}
+}  // namespace math
+
+/// The element type of V: V itself for a scalar, V::value_type for a vector (a SIMD batch).
+template <class V>
+struct element {
+  using type = V;
+};
+template <class V>
+  requires requires { typename V::value_type; }
+struct element<V> {
+  using type = typename V::value_type;
+};
+template <class V>
+using element_t = typename element<V>::type;
+
+/// What every rule has: `vectorizes` false marks a rule that SIMD batches must not use (the
+/// loops then fall back to the scalar form).
+struct Rule {
+  static constexpr bool vectorizes = true;
+};
+
+// ---- unary ---------------------------------------------------------------------------------
+
+/// -x. Floating values are multiplied by -1, which flips the sign bit exactly (-(+0) is -0):
+/// SIMD negation in xsimd is 0 - x, which gives +0.
+struct Neg : Rule {
+  template <class V> static V f(const V& x) {
+    if constexpr (std::is_floating_point_v<element_t<V>>) return V(x * V(-1));
+    else return V(-x);
+  }
+};
+struct Abs : Rule {
+  template <class V> static V f(const V& x) {
+    using math::abs, math::select;
+    if constexpr (std::is_floating_point_v<element_t<V>>) return abs(x);
+    else return select(x < V(0), V(-x), x);
+  }
+};
+struct Square : Rule {
+  template <class V> static V f(const V& x) { return V(x * x); }
+};
+/// x < 0 ? 0 : x keeps NaN as NaN (as PyTorch does).
+struct Relu : Rule {
+  template <class V> static V f(const V& x) {
+    using math::select;
+    return select(x < V(0), V(0), x);
+  }
+};
+/// -1, 0 or 1; NaN stays NaN.
+struct Sign : Rule {
+  template <class V> static V f(const V& x) {
+    using math::isnan, math::select;
+    const V s = V(select(V(0) < x, V(1), V(0)) - select(x < V(0), V(1), V(0)));
+    if constexpr (std::is_floating_point_v<element_t<V>>) return select(isnan(x), x, s);
+    else return s;
+  }
+};
+struct Exp : Rule {
+  template <class V> static V f(const V& x) {
+    using math::exp;
+    return exp(x);
+  }
+};
+struct Log : Rule {
+  template <class V> static V f(const V& x) {
+    using math::log;
+    return log(x);
+  }
+};
+struct Sqrt : Rule {
+  template <class V> static V f(const V& x) {
+    using math::sqrt;
+    return sqrt(x);
+  }
+};
+struct Tanh : Rule {
+  template <class V> static V f(const V& x) {
+    using math::tanh;
+    return tanh(x);
+  }
+};
+/// 1 / (1 + e^-x): e^-x overflows to inf for very negative x, giving exactly 0.
+struct Sigmoid : Rule {
+  template <class V> static V f(const V& x) {
+    using math::exp;
+    return V(1) / (V(1) + exp(-x));
+  }
+};
+struct Sin : Rule {
+  template <class V> static V f(const V& x) {
+    using math::sin;
+    return sin(x);
+  }
+};
+struct Cos : Rule {
+  template <class V> static V f(const V& x) {
+    using math::cos;
+    return cos(x);
+  }
+};
+
+// ---- binary --------------------------------------------------------------------------------
+
+struct Add : Rule {
+  template <class V> static V f(const V& a, const V& b) { return V(a + b); }
+};
+struct Sub : Rule {
+  template <class V> static V f(const V& a, const V& b) { return V(a - b); }
+};
+struct Mul : Rule {
+  template <class V> static V f(const V& a, const V& b) { return V(a * b); }
+};
+struct Div : Rule {
+  template <class V> static V f(const V& a, const V& b) { return V(a / b); }
+};
+/// a^b; for integers by repeated squaring (a negative exponent gives 0 unless |a| is 1). Scalars
+/// only: xsimd::pow returns 0 for 0^negative (IEEE and std::pow say inf).
+struct Pow {
+  static constexpr bool vectorizes = false;
+  template <class V> static V f(V a, V b) {
+    if constexpr (std::is_floating_point_v<V>) {
+      return std::pow(a, b);
+    } else {
+      if (b < 0) return a == 1 ? V(1) : (a == -1 ? ((b & 1) ? V(-1) : V(1)) : V(0));
+      V r = 1;
+      for (; b; b >>= 1, a = static_cast<V>(a * a))
+        if (b & 1) r = static_cast<V>(r * a);
+      return r;
+    }
+  }
+};
+/// Larger of a and b; NaN in either gives NaN (as NumPy's maximum).
+struct Maximum : Rule {
+  template <class V> static V f(const V& a, const V& b) {
+    using math::isnan, math::select;
+    if constexpr (std::is_floating_point_v<element_t<V>>) return select((a > b) || isnan(a), a, b);
+    else return select(a > b, a, b);
+  }
+};
+/// Smaller of a and b; NaN in either gives NaN (as NumPy's minimum).
+struct Minimum : Rule {
+  template <class V> static V f(const V& a, const V& b) {
+    using math::isnan, math::select;
+    if constexpr (std::is_floating_point_v<element_t<V>>) return select((a < b) || isnan(a), a, b);
+    else return select(a < b, a, b);
+  }
+};
+
+// ---- comparisons and logical ops: a bool for scalars, a lane mask for batches ----------------
+
+struct Less : Rule {
+  template <class V> static auto f(const V& a, const V& b) { return a < b; }
+};
+struct LessEqual : Rule {
+  template <class V> static auto f(const V& a, const V& b) { return a <= b; }
+};
+struct Greater : Rule {
+  template <class V> static auto f(const V& a, const V& b) { return a > b; }
+};
+struct GreaterEqual : Rule {
+  template <class V> static auto f(const V& a, const V& b) { return a >= b; }
+};
+struct Equal : Rule {
+  template <class V> static auto f(const V& a, const V& b) { return a == b; }
+};
+/// a != b, true when either is NaN. Written !(a == b): xsimd's != is an ordered compare on AVX
+/// (NaN != NaN false there).
+struct NotEqual : Rule {
+  template <class V> static auto f(const V& a, const V& b) { return !(a == b); }
+};
+/// Both nonzero (NaN counts as nonzero, as in C++).
+struct LogicalAnd : Rule {
+  template <class V> static auto f(const V& a, const V& b) { return !(a == V(0)) && !(b == V(0)); }
+};
+/// Either nonzero.
+struct LogicalOr : Rule {
+  template <class V> static auto f(const V& a, const V& b) { return !(a == V(0)) || !(b == V(0)); }
+};
+/// x == 0.
+struct LogicalNot : Rule {
+  template <class V> static auto f(const V& x) { return x == V(0); }
+};
+
+}  // namespace stagecraft::rules
