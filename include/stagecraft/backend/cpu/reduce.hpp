@@ -9,6 +9,7 @@
 
 #include "../../core/shape.hpp"
 #include "../../core/tensor.hpp"
+#include "../../ops/rules.hpp"  // the max/min math
 #include "elementwise.hpp"
 #include "parallel.hpp"
 
@@ -45,27 +46,20 @@ struct SumReducer {
   }
   template <class B> static B simd(const B& a, const B& b) { return a + b; }
 };
-/// Max: a NaN anywhere wins and stays (once the accumulator is NaN nothing replaces it).
+/// Max: a NaN anywhere wins and stays (once the accumulator is NaN nothing replaces it). The
+/// math is the maximum op's rule (ops/rules.hpp), with the new element first.
 struct MaxReducer {
   static constexpr bool is_sum = false;
   template <class In> using out_t = In;
-  template <class T> static T combine(T a, T b) { return (b > a || is_nan(b)) ? b : a; }
-  template <class B> static B simd(const B& a, const B& b) {
-    // xsimd's != on AVX is an ordered compare (NaN != NaN is false), so ask isnan directly.
-    if constexpr (std::is_floating_point_v<typename B::value_type>) return xsimd::select((b > a) || xsimd::isnan(b), b, a);
-    else return xsimd::select(a > b, a, b);  // not xsimd::max: GCC 12 warns inside its AVX-512 form
-  }
+  template <class T> static T combine(T a, T b) { return rules::Maximum::f(b, a); }
+  template <class B> static B simd(const B& a, const B& b) { return rules::Maximum::f(b, a); }
 };
-/// Min: as Max, NaN propagates.
+/// Min: as Max, NaN propagates (the minimum op's rule).
 struct MinReducer {
   static constexpr bool is_sum = false;
   template <class In> using out_t = In;
-  template <class T> static T combine(T a, T b) { return (b < a || is_nan(b)) ? b : a; }
-  template <class B> static B simd(const B& a, const B& b) {
-    // xsimd's != on AVX is an ordered compare (NaN != NaN is false), so ask isnan directly.
-    if constexpr (std::is_floating_point_v<typename B::value_type>) return xsimd::select((b < a) || xsimd::isnan(b), b, a);
-    else return xsimd::select(a < b, a, b);
-  }
+  template <class T> static T combine(T a, T b) { return rules::Minimum::f(b, a); }
+  template <class B> static B simd(const B& a, const B& b) { return rules::Minimum::f(b, a); }
 };
 
 /// Runs f(task_begin, task_end) over n heavy tasks. parallel_for rounds ranges to multiples
