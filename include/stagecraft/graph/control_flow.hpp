@@ -6,6 +6,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../autodiff/tape.hpp"
@@ -79,10 +80,10 @@ inline Tensor weighted_total(const Tensors& outs, const Tensors& seeds, const st
   return total;
 }
 
-/// Gradients of weighted_total(body(args)) with respect to args (undefined for non-float ones,
-/// zeros when unconnected); args are lifted into the current trace first.
-inline Tensors body_vjp(const Graph& body, const Tensors& args, const Tensors& seeds, const std::source_location& loc,
-                        bool side_effects = true) {
+/// body(args) and the gradients of weighted_total(body(args)) with respect to args (zeros for
+/// non-float and unconnected ones); args are lifted into the current trace first.
+inline std::pair<Tensors, Tensors> body_outputs_and_vjp(const Graph& body, const Tensors& args, const Tensors& seeds,
+                                                        const std::source_location& loc, bool side_effects = true) {
   const Tensors local = current_builder() ? lifted(args, loc) : args;
   GradientTape tape;
   Tensors sources;
@@ -91,7 +92,7 @@ inline Tensors body_vjp(const Graph& body, const Tensors& args, const Tensors& s
       tape.watch(a);
       sources.push_back(a);
     }
-  const Tensors outs = interpret(body, local, side_effects);
+  Tensors outs = interpret(body, local, side_effects);
   const Tensor total = weighted_total(outs, seeds, loc);
   Tensors gs;
   if (total.defined() && !sources.empty()) gs = tape.gradient(total, sources, loc);
@@ -101,7 +102,13 @@ inline Tensors body_vjp(const Graph& body, const Tensors& args, const Tensors& s
     if (!is_floating(a.dtype())) res.push_back(zeros_like(a, loc));
     else res.push_back(gs.empty() ? zeros_like(a, loc) : gs[j++]);
   }
-  return res;
+  return {std::move(outs), std::move(res)};
+}
+
+/// The gradients of body_outputs_and_vjp alone.
+inline Tensors body_vjp(const Graph& body, const Tensors& args, const Tensors& seeds, const std::source_location& loc,
+                        bool side_effects = true) {
+  return body_outputs_and_vjp(body, args, seeds, loc, side_effects).second;
 }
 
 Tensors cond_impl(const Tensor& pred, const Thunk& then_fn, const Thunk& else_fn, const std::source_location& loc);

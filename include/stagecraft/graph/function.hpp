@@ -163,23 +163,11 @@ class ConcreteFunction {
       {
         graph::TapeIsolation isolate;
         graph::TraceScope scope(b);
-        std::vector<Tensor> args, seeds, sources;
-        for (int v : g.inputs) args.push_back(b.add_input({g.values[v].shape, g.values[v].dtype}, g.values[v].device));
-        for (int v : g.outputs) seeds.push_back(b.add_input({g.values[v].shape, g.values[v].dtype}, g.values[v].device));
+        std::vector<Tensor> args, seeds;
+        add_signature_inputs(b, args, seeds);
         const auto loc = std::source_location::current();
-        GradientTape tape;
-        for (const Tensor& a : args)
-          if (is_floating(a.dtype())) {
-            tape.watch(a);
-            sources.push_back(a);
-          }
-        std::vector<Tensor> res = graph::interpret(g, args, true);
-        const Tensor total = graph::detail_cf::weighted_total(res, seeds, loc);
-        std::vector<Tensor> gs;
-        if (total.defined() && !sources.empty()) gs = tape.gradient(total, sources, loc);
-        std::size_t j = 0;
-        for (const Tensor& a : args)
-          res.push_back(!is_floating(a.dtype()) || gs.empty() ? zeros_like(a) : gs[j++]);
+        auto [res, gs] = graph::detail_cf::body_outputs_and_vjp(g, args, seeds, loc, true);
+        res.insert(res.end(), gs.begin(), gs.end());
         b.set_outputs(res, loc);
       }
       graph::SplitGraphs parts = graph::split_forward_backward(b.graph, static_cast<int>(g.inputs.size()),
@@ -215,6 +203,13 @@ class ConcreteFunction {
     }
   }
 
+  /// Adds to b one input per argument of this function, then one per output (its gradient seed).
+  void add_signature_inputs(graph::GraphBuilder& b, std::vector<Tensor>& args, std::vector<Tensor>& seeds) const {
+    const graph::Graph& g = graph();
+    for (int v : g.inputs) args.push_back(b.add_input({g.values[v].shape, g.values[v].dtype}, g.values[v].device));
+    for (int v : g.outputs) seeds.push_back(b.add_input({g.values[v].shape, g.values[v].dtype}, g.values[v].device));
+  }
+
   /// The staged backward function, traced on first need.
   const ConcreteFunction& backward() const {
     std::lock_guard<std::mutex> lock(impl_->grad_mu);
@@ -225,8 +220,7 @@ class ConcreteFunction {
         graph::TapeIsolation isolate;
         graph::TraceScope scope(b);
         std::vector<Tensor> args, seeds;
-        for (int v : g.inputs) args.push_back(b.add_input({g.values[v].shape, g.values[v].dtype}, g.values[v].device));
-        for (int v : g.outputs) seeds.push_back(b.add_input({g.values[v].shape, g.values[v].dtype}, g.values[v].device));
+        add_signature_inputs(b, args, seeds);
         std::vector<Tensor> gs = graph::detail_cf::body_vjp(g, args, seeds, std::source_location::current(), false);
         b.set_outputs(gs, std::source_location::current());
       }

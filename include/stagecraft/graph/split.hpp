@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ir.hpp"
+#include "passes/compact.hpp"  // append_node
 
 namespace stagecraft::graph {
 
@@ -23,16 +24,8 @@ namespace detail_split {
 /// Appends node n to out with its inputs renumbered by new_id (which gains its outputs).
 inline void copy_node(Graph& out, const Graph& g, const Node& n, std::vector<int>& new_id) {
   Node m = n;
-  m.outputs.clear();
   for (int& v : m.inputs) v = new_id[v];
-  std::vector<TensorSpec> specs;
-  for (int v : n.outputs) specs.push_back({g.values[v].shape, g.values[v].dtype});
-  const Device dev = n.outputs.empty() ? Device::cpu() : g.values[n.outputs[0]].device;
-  const int id = out.add_node(std::move(m), specs, dev);
-  for (std::size_t k = 0; k < n.outputs.size(); ++k) {
-    new_id[n.outputs[k]] = out.nodes[id].outputs[k];
-    out.values[out.nodes[id].outputs[k]].device = g.values[n.outputs[k]].device;
-  }
+  append_node(out, g, std::move(m), new_id);
 }
 
 /// Appends an input node (argument `index`) of value v's type; returns its value.

@@ -30,6 +30,22 @@ inline int resolve_value(const std::vector<int>& replace, int v) {
   return v;
 }
 
+/// Appends node n of graph g to out: n's inputs must already be out's values; its outputs get new
+/// values of the same types and devices, recorded in new_id (indexed by g's values).
+inline void append_node(Graph& out, const Graph& g, Node n, std::vector<int>& new_id) {
+  const std::vector<int> old_outputs = std::move(n.outputs);
+  n.outputs.clear();
+  std::vector<TensorSpec> specs;
+  specs.reserve(old_outputs.size());
+  for (int v : old_outputs) specs.push_back({g.values[v].shape, g.values[v].dtype});
+  const Device dev = old_outputs.empty() ? Device::cpu() : g.values[old_outputs[0]].device;
+  const int id = out.add_node(std::move(n), specs, dev);
+  for (std::size_t k = 0; k < old_outputs.size(); ++k) {
+    new_id[old_outputs[k]] = out.nodes[id].outputs[k];
+    out.values[out.nodes[id].outputs[k]].device = g.values[old_outputs[k]].device;
+  }
+}
+
 /// A new graph holding the nodes i with keep[i] != 0 (input nodes always: they are the
 /// arguments), in program order, with values renumbered densely. Every use of a value v (node
 /// inputs, graph outputs) reads resolve_value(replace, v) instead; replace may be empty or
@@ -53,17 +69,8 @@ inline Graph compact(const Graph& g, const std::vector<char>& keep, const std::v
     const Node& n = g.nodes[i];
     if (n.kind != NodeKind::input && (i >= keep.size() || !keep[i])) continue;
     Node m = n;
-    m.outputs.clear();
     for (int& v : m.inputs) v = use(v, &n);
-    std::vector<TensorSpec> specs;
-    specs.reserve(n.outputs.size());
-    for (int v : n.outputs) specs.push_back({g.values[v].shape, g.values[v].dtype});
-    const Device dev = n.outputs.empty() ? Device::cpu() : g.values[n.outputs[0]].device;
-    const int id = out.add_node(std::move(m), specs, dev);
-    for (std::size_t k = 0; k < n.outputs.size(); ++k) {
-      new_id[n.outputs[k]] = out.nodes[id].outputs[k];
-      out.values[out.nodes[id].outputs[k]].device = g.values[n.outputs[k]].device;
-    }
+    append_node(out, g, std::move(m), new_id);
   }
   out.inputs.reserve(g.inputs.size());
   for (int v : g.inputs) out.inputs.push_back(new_id[v]);
