@@ -68,3 +68,32 @@ TEST_CASE("op registry mirrors the op structs", "[conformance][coverage]") {
   CHECK(sc::ops::find_op("max_pool2d") == &sc::ops::op_info(sc::ops::OpId::MaxPool2d));
   CHECK(sc::ops::find_op("no_such_op") == nullptr);
 }
+
+TEST_CASE("op registry: the elementwise kind of every op", "[conformance][coverage]") {
+  using sc::ops::ElementwiseKind, sc::ops::OpId, sc::ops::op_info;
+  STATIC_REQUIRE(op_info(OpId::Tanh).elementwise == ElementwiseKind::unary_floating);
+  STATIC_REQUIRE(op_info(OpId::Neg).elementwise == ElementwiseKind::unary_numeric);
+  STATIC_REQUIRE(op_info(OpId::LogicalNot).elementwise == ElementwiseKind::predicate);
+  STATIC_REQUIRE(op_info(OpId::Add).elementwise == ElementwiseKind::arithmetic);
+  STATIC_REQUIRE(op_info(OpId::Pow).elementwise == ElementwiseKind::arithmetic);
+  STATIC_REQUIRE(op_info(OpId::Div).elementwise == ElementwiseKind::floating);
+  STATIC_REQUIRE(op_info(OpId::NotEqual).elementwise == ElementwiseKind::compare);
+  STATIC_REQUIRE(op_info(OpId::LogicalOr).elementwise == ElementwiseKind::logical);
+  STATIC_REQUIRE(op_info(OpId::Where).elementwise == ElementwiseKind::where);
+  STATIC_REQUIRE(op_info(OpId::Cast).elementwise == ElementwiseKind::cast);
+  STATIC_REQUIRE(op_info(OpId::Sum).elementwise == ElementwiseKind::none);
+  STATIC_REQUIRE(op_info(OpId::MatMul).elementwise == ElementwiseKind::none);
+  // The conformance table of elementwise ops holds exactly the ops with a kind, and the kinds
+  // agree with arity and differentiability.
+  std::set<std::string> table;
+  for (const conf::OpEntry& e : conf::elementwise_table()) table.insert(e.op);
+  for (const sc::ops::OpInfo& info : sc::ops::op_registry) {
+    INFO("op '" << info.name << "'");
+    const ElementwiseKind k = info.elementwise;
+    CHECK((k != ElementwiseKind::none) == (table.count(std::string(info.name)) == 1));
+    if (sc::ops::unary_family(k) || k == ElementwiseKind::cast) CHECK(info.arity == 1);
+    if (sc::ops::binary_family(k)) CHECK(info.arity == 2);
+    if (k == ElementwiseKind::where) CHECK(info.arity == 3);
+    if (sc::ops::bool_result(k)) CHECK_FALSE(info.differentiable);
+  }
+}

@@ -37,3 +37,57 @@ TEST_CASE("maximum and minimum propagate NaN in the SIMD part of a row too", "[e
   CHECK(sc::maximum(sc::tensor(a), sc::tensor(b)).to_vector<float>()[5] == 2.f);
   CHECK(sc::minimum(sc::tensor(a), sc::tensor(b)).to_vector<float>()[5] == 1.f);
 }
+
+// Comparisons, logical ops, where and cast run their SIMD rules (lane masks stored as bools, bool
+// masks read as lanes); results equal the scalar rule at every length (tails) and broadcast form.
+static_assert(sc::backend::cpu::HasMask2<sc::ops::Less, float> && sc::backend::cpu::HasMask2<sc::ops::LogicalOr, std::int64_t>);
+static_assert(sc::backend::cpu::HasMask1<sc::ops::LogicalNot, double> && sc::backend::cpu::HasMask1<sc::ops::CastTo<bool>, std::int32_t>);
+static_assert(!sc::backend::cpu::HasMask2<sc::ops::Less, bool> && !sc::backend::cpu::HasSimd2<sc::ops::Equal, float>);
+static_assert(sc::backend::cpu::HasConvert<sc::ops::CastTo<float>, std::int32_t, float> ==
+              sc::backend::cpu::exact_batch_cast<std::int32_t, float>);
+
+TEMPLATE_TEST_CASE("comparisons, logical ops, where and cast agree with the scalar rules at every length", "[elementwise]",
+                   float, double, std::int32_t, std::int64_t) {
+  using T = TestType;
+  const T nan = std::is_floating_point_v<T> ? std::numeric_limits<T>::quiet_NaN() : T(0);
+  const std::vector<T> pool = {T(0), T(1), nan, T(-1), -T(0), T(2), T(1), nan, T(-3), T(0), T(5)};
+  for (std::int64_t n = 1; n <= 40; ++n) {
+    std::vector<T> a(n), b(n);
+    for (std::int64_t i = 0; i < n; ++i) a[i] = pool[i % pool.size()], b[i] = pool[(3 * i + 1) % pool.size()];
+    const sc::Tensor ta = sc::tensor(a), tb = sc::tensor(b), t1 = sc::tensor(std::vector<T>{b[0]});
+    auto check = [&](auto rule, const sc::Tensor& got, const char* what) {
+      const std::vector<bool> v = got.to_vector<bool>();
+      for (std::int64_t i = 0; i < n; ++i) {
+        INFO(what << " n " << n << " at " << i << ": " << a[i] << ", " << b[i]);
+        CHECK(v[i] == decltype(rule)::f(a[i], b[i]));
+      }
+    };
+    check(sc::rules::Less{}, sc::less(ta, tb), "less");
+    check(sc::rules::GreaterEqual{}, ta >= tb, "greater_equal");
+    check(sc::rules::NotEqual{}, ta != tb, "not_equal");
+    check(sc::rules::Equal{}, sc::equal(ta, tb), "equal");
+    check(sc::rules::LogicalAnd{}, sc::logical_and(ta, tb), "logical_and");
+    check(sc::rules::LogicalOr{}, sc::logical_or(ta, tb), "logical_or");
+    // One operand a single element, on either side, and a row broadcast over two rows.
+    const std::vector<bool> lt1 = sc::less(ta, t1).to_vector<bool>(), gt1 = sc::greater(t1, ta).to_vector<bool>();
+    const std::vector<bool> rows = sc::less_equal(sc::tensor(a, {1, n}), sc::tensor(std::vector<T>(2 * n, b[0]), {2, n}))
+                                       .template to_vector<bool>();
+    const std::vector<bool> lnot = sc::logical_not(ta).to_vector<bool>(), cb = sc::cast(ta, sc::boolean).to_vector<bool>();
+    const sc::Tensor cond = sc::less(ta, tb);
+    const std::vector<T> w = sc::where(cond, ta, tb).template to_vector<T>();
+    const std::vector<T> w1 = sc::where(cond, ta, t1).template to_vector<T>();
+    const std::vector<bool> cv = cond.to_vector<bool>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      INFO("n " << n << " at " << i << ": " << a[i] << ", " << b[i]);
+      CHECK(lt1[i] == sc::rules::Less::f(a[i], b[0]));
+      CHECK(gt1[i] == sc::rules::Greater::f(b[0], a[i]));
+      CHECK(rows[i] == sc::rules::LessEqual::f(a[i], b[0]));
+      CHECK(rows[n + i] == sc::rules::LessEqual::f(a[i], b[0]));
+      CHECK(lnot[i] == sc::rules::LogicalNot::f(a[i]));
+      CHECK(cb[i] == sc::rules::Cast<bool>::f(a[i]));
+      const T want = cv[i] ? a[i] : b[i], want1 = cv[i] ? a[i] : b[0];
+      CHECK(std::memcmp(&w[i], &want, sizeof(T)) == 0);  // bit for bit: -0 and NaN payloads kept
+      CHECK(std::memcmp(&w1[i], &want1, sizeof(T)) == 0);
+    }
+  }
+}

@@ -145,3 +145,237 @@ TEMPLATE_TEST_CASE("rules: comparisons and logical ops give the same truth on sc
   CHECK(r::LogicalNot::f(T(0)));
   CHECK_FALSE(r::LogicalNot::f(nan));
 }
+
+// ---- where and cast rules, and the loops that store lane masks as bools ------------------------
+
+namespace {
+
+namespace cpu = sc::backend::cpu;
+
+/// The loops' view of a rule, as ops::Unary / ops::Binary / ops::CastTo give it.
+template <class Rule>
+struct Loop : Rule {
+  template <class... V>
+    requires requires(V... x) { Rule::f(x...); }
+  static auto scalar(V... x) {
+    return Rule::f(x...);
+  }
+  template <class... Bs>
+    requires requires(const Bs&... x) { Rule::f(x...); }
+  static auto simd(const Bs&... x) {
+    return Rule::f(x...);
+  }
+};
+template <class To>
+struct LoopCast : r::Cast<To> {
+  template <class S> static To scalar(S x) { return r::Cast<To>::f(x); }
+  template <class Bs>
+    requires(std::is_same_v<To, bool> || cpu::exact_batch_cast<typename Bs::value_type, To>)
+  static auto simd(const Bs& x) {
+    return r::Cast<To>::f(x);
+  }
+};
+
+/// n values cycling through the specials (NaN, +-0, +-inf, ...), from offset `from`.
+template <class T>
+std::vector<T> cycle(std::size_t n, std::size_t from) {
+  std::vector<T> s;
+  if constexpr (std::is_floating_point_v<T>) s = specials<T>();
+  else s = {T(0), T(1), T(-1), T(7), T(-100), std::numeric_limits<T>::max(), std::numeric_limits<T>::min(), T(0)};
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = s[(i + from) % s.size()];
+  return v;
+}
+
+/// Bools written after the n results must stay untouched.
+constexpr std::size_t guard = 70;
+
+template <class T, class Rule>
+void binary_mask_loop_agrees() {
+  constexpr std::int64_t W = B<T>::size;
+  const int strides[4][2] = {{1, 1}, {0, 1}, {1, 0}, {0, 0}};
+  for (std::int64_t n = 0; n <= 2 * W + 1; ++n)
+    for (const auto& s : strides)
+      for (std::size_t from = 0; from < 5; ++from) {
+        const std::vector<T> a = cycle<T>(static_cast<std::size_t>(n) + 1, from), b = cycle<T>(static_cast<std::size_t>(n) + 1, 3 * from + 1);
+        std::vector<unsigned char> y(static_cast<std::size_t>(n) + guard, 0xAB);
+        cpu::binary_row<Loop<Rule>, T, bool>(a.data(), b.data(), reinterpret_cast<bool*>(y.data()), n, s[0], s[1]);
+        for (std::int64_t i = 0; i < n; ++i) {
+          const T ai = a[s[0] ? i : 0], bi = b[s[1] ? i : 0];
+          INFO(typeid(Rule).name() << " n " << n << " strides " << s[0] << s[1] << " at " << i << ": " << ai << ", " << bi);
+          CHECK(y[i] == (Rule::f(ai, bi) ? 1 : 0));
+        }
+        for (std::size_t g = static_cast<std::size_t>(n); g < y.size(); ++g) CHECK(y[g] == 0xAB);
+      }
+}
+
+template <class T, class Rule>
+void unary_mask_loop_agrees() {
+  constexpr std::int64_t W = B<T>::size;
+  for (std::int64_t n = 0; n <= 2 * W + 1; ++n)
+    for (std::size_t from = 0; from < 5; ++from) {
+      const std::vector<T> x = cycle<T>(static_cast<std::size_t>(n), from);
+      std::vector<unsigned char> y(static_cast<std::size_t>(n) + guard, 0xAB);
+      cpu::unary_range<Rule, T, bool>(x.data(), reinterpret_cast<bool*>(y.data()), n);
+      for (std::int64_t i = 0; i < n; ++i) {
+        INFO("n " << n << " at " << i << ": " << x[i]);
+        CHECK(y[i] == (Rule::scalar(x[i]) ? 1 : 0));
+      }
+      for (std::size_t g = static_cast<std::size_t>(n); g < y.size(); ++g) CHECK(y[g] == 0xAB);
+    }
+}
+
+template <class T>
+void select_loop_agrees() {
+  constexpr std::int64_t W = B<T>::size;
+  for (int s = 0; s < 8; ++s)
+    for (std::int64_t n = 0; n <= 2 * W + 1; ++n) {
+      const std::int64_t s0 = (s >> 2) & 1, s1 = (s >> 1) & 1, s2 = s & 1;
+      std::vector<unsigned char> cb(static_cast<std::size_t>(n) + 1);
+      for (std::size_t i = 0; i < cb.size(); ++i) cb[i] = ((i * 7 + static_cast<std::size_t>(n)) % 3) == 0;
+      const bool* c = reinterpret_cast<const bool*>(cb.data());
+      const std::vector<T> a = cycle<T>(static_cast<std::size_t>(n) + 1, 1), b = cycle<T>(static_cast<std::size_t>(n) + 1, 4);
+      std::vector<T> y(static_cast<std::size_t>(n) + guard, T(42));
+      cpu::select_row<r::Where>(c, a.data(), b.data(), y.data(), n, s0, s1, s2);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const T want = r::Where::f(c[s0 * i], a[s1 * i], b[s2 * i]);
+        INFO("where n " << n << " strides " << s0 << s1 << s2 << " at " << i << ": want " << want << " got " << y[i]);
+        CHECK(same(static_cast<double>(want), static_cast<double>(y[i])));
+        if constexpr (std::is_floating_point_v<T>) CHECK(std::signbit(want) == std::signbit(y[i]));
+      }
+      for (std::size_t g = static_cast<std::size_t>(n); g < y.size(); ++g) CHECK(y[g] == T(42));
+    }
+}
+
+/// The cast loop from S to To equals static_cast (to bool: x != 0) on every length, tails included.
+template <class S, class To>
+void cast_loop_agrees(const std::vector<S>& values) {
+  constexpr std::int64_t W = B<S>::size;
+  for (std::int64_t n = 0; n <= 2 * W + 1; ++n) {
+    std::vector<S> x(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = values[i % values.size()];
+    using Store = std::conditional_t<std::is_same_v<To, bool>, unsigned char, To>;  // no vector<bool>
+    std::vector<Store> y(static_cast<std::size_t>(n) + guard, Store(3));
+    cpu::unary_range<LoopCast<To>, S, To>(x.data(), reinterpret_cast<To*>(y.data()), n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      INFO("cast n " << n << " at " << i << ": " << x[i]);
+      if constexpr (std::is_same_v<To, bool>) CHECK(y[i] == (x[i] == S(0) ? 0 : 1));
+      else CHECK(same(static_cast<double>(y[i]), static_cast<double>(static_cast<To>(x[i]))));
+    }
+    for (std::size_t g = static_cast<std::size_t>(n); g < y.size(); ++g) CHECK(y[g] == Store(3));
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("rules: where selects the same bits on scalars and lanes", "[rules]", float, double) {
+  using T = TestType;
+  const std::vector<T> x = specials<T>();
+  constexpr std::size_t W = B<T>::size;
+  for (std::size_t j = 0; j < x.size(); ++j)
+    for (std::size_t i = 0; i < x.size(); i += W) {
+      alignas(64) bool m[W];
+      for (std::size_t k = 0; k < W; ++k) m[k] = (i + k + j) % 3 != 0;
+      alignas(64) T out[W];
+      r::Where::f(cpu::mask<T>::load_aligned(m), B<T>::load_unaligned(x.data() + i), B<T>(x[j])).store_aligned(out);
+      for (std::size_t k = 0; k < W; ++k) {
+        INFO("where(" << m[k] << ", " << x[i + k] << ", " << x[j] << ")");
+        const T want = r::Where::f(m[k], x[i + k], x[j]);
+        CHECK(same(static_cast<double>(want), static_cast<double>(out[k])));
+        CHECK(std::signbit(want) == std::signbit(out[k]));
+      }
+    }
+  CHECK(std::signbit(r::Where::f(true, -T(0), T(0))));
+  CHECK(std::isnan(r::Where::f(false, T(1), std::numeric_limits<T>::quiet_NaN())));
+}
+
+TEST_CASE("rules: cast converts as static_cast, to bool as x != 0", "[rules]") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK(r::Cast<bool>::f(nan));
+  CHECK_FALSE(r::Cast<bool>::f(-0.0));
+  CHECK(r::Cast<std::int32_t>::f(-2.7f) == -2);
+  CHECK(r::Cast<float>::f(true) == 1.f);
+  CHECK(r::Cast<double>::f(std::int64_t{1} << 60) == 1152921504606846976.0);
+  // Lanes: to bool on specials, int32 <-> float on ordinary values.
+  const std::vector<float> x = specials<float>();
+  for (std::size_t i = 0; i < x.size(); i += B<float>::size) {
+    alignas(64) bool m[B<float>::size];
+    cpu::store_mask<float>(m, r::Cast<bool>::f(B<float>::load_unaligned(x.data() + i)));
+    for (std::size_t k = 0; k < B<float>::size; ++k) CHECK(m[k] == r::Cast<bool>::f(x[i + k]));
+  }
+  const B<float> v = B<float>::load_unaligned(cycle<float>(B<float>::size, 11).data()) * B<float>(1e3f);
+  alignas(64) float vf[B<float>::size];
+  alignas(64) std::int32_t vi[B<float>::size];
+  v.store_aligned(vf);
+  r::Cast<std::int32_t>::f(v).store_aligned(vi);
+  for (std::size_t k = 0; k < B<float>::size; ++k)
+    if (std::isfinite(vf[k]) && std::fabs(vf[k]) < 2e9f) CHECK(vi[k] == r::Cast<std::int32_t>::f(vf[k]));
+}
+
+TEMPLATE_TEST_CASE("masks: bools to lane masks and back, every partial length", "[rules][masks]", float, double,
+                   std::int32_t, std::int64_t) {
+  using T = TestType;
+  constexpr std::int64_t W = B<T>::size;
+  for (int pattern = 0; pattern < 6; ++pattern)
+    for (std::int64_t r = 0; r <= W; ++r) {
+      alignas(64) bool in[64] = {};
+      for (std::int64_t k = 0; k < W; ++k) in[k] = ((k * (pattern + 1)) ^ pattern) % 3 == 0;
+      const cpu::mask<T> m = cpu::load_mask<T>(in, r);
+      alignas(64) unsigned char out[64 + guard];
+      std::memset(out, 0xAB, sizeof out);
+      cpu::store_mask<T>(reinterpret_cast<bool*>(out), m, W);
+      for (std::int64_t k = 0; k < W; ++k) CHECK(out[k] == (k < r && in[k] ? 1 : 0));
+      CHECK(out[W] == 0xAB);
+      std::memset(out, 0xAB, sizeof out);
+      if (r > 0) cpu::store_mask<T>(reinterpret_cast<bool*>(out), cpu::load_mask<T>(in), r);
+      for (std::int64_t k = 0; k < r; ++k) CHECK(out[k] == (in[k] ? 1 : 0));
+      for (std::int64_t k = r; k < W + 1; ++k) CHECK(out[k] == 0xAB);
+      CHECK(cpu::mask_bits<T>(cpu::load_mask<T>(in)) == [&] {
+        std::uint64_t b = 0;
+        for (std::int64_t k = 0; k < W; ++k) b |= std::uint64_t{in[k]} << k;
+        return b;
+      }());
+    }
+}
+
+TEMPLATE_TEST_CASE("loops: comparisons and logical ops store the scalar rule's bools, every length and stride",
+                   "[rules][loops]", float, double, std::int32_t, std::int64_t) {
+  using T = TestType;
+  STATIC_REQUIRE(cpu::HasMask2<Loop<r::Less>, T>);
+  STATIC_REQUIRE(!cpu::HasSimd2<Loop<r::Less>, T>);
+  binary_mask_loop_agrees<T, r::Less>();
+  binary_mask_loop_agrees<T, r::LessEqual>();
+  binary_mask_loop_agrees<T, r::Greater>();
+  binary_mask_loop_agrees<T, r::GreaterEqual>();
+  binary_mask_loop_agrees<T, r::Equal>();
+  binary_mask_loop_agrees<T, r::NotEqual>();
+  binary_mask_loop_agrees<T, r::LogicalAnd>();
+  binary_mask_loop_agrees<T, r::LogicalOr>();
+  unary_mask_loop_agrees<T, Loop<r::LogicalNot>>();
+  unary_mask_loop_agrees<T, LoopCast<bool>>();
+}
+
+TEMPLATE_TEST_CASE("loops: where selects as the scalar rule, every length and stride", "[rules][loops]", float,
+                   double, std::int32_t, std::int64_t) {
+  select_loop_agrees<TestType>();
+}
+
+TEST_CASE("loops: cast equals static_cast on every length", "[rules][loops]") {
+  const std::vector<float> f = {0.f, -0.f, 1.5f, -1.5f, 2.5f, -2.7f, 123456.8f, -16777217.f, 1e9f, -2e9f, 0.49f};
+  const std::vector<std::int32_t> i = {0, 1, -1, 16777217, -16777217, 2147483647, -2147483647 - 1, 33554431, 7};
+  const std::vector<std::int64_t> l = {0, 1, -1, (std::int64_t{1} << 53) + 1, -(std::int64_t{1} << 60) - 3,
+                                       std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min()};
+  const std::vector<double> d = {0.0, -0.0, 2.5, -2.5, 9007199254740993.0, -4.6e18, 1e-300, 0.999999};
+  STATIC_REQUIRE(cpu::HasConvert<LoopCast<float>, std::int32_t, float> == cpu::exact_batch_cast<std::int32_t, float>);
+  cast_loop_agrees<float, std::int32_t>(f);
+  cast_loop_agrees<std::int32_t, float>(i);
+  cast_loop_agrees<std::int64_t, double>(l);
+  cast_loop_agrees<double, std::int64_t>(d);
+  cast_loop_agrees<float, double>(f);
+  cast_loop_agrees<double, float>(d);
+  cast_loop_agrees<std::int32_t, std::int64_t>(i);
+  cast_loop_agrees<float, bool>(specials<float>());
+  cast_loop_agrees<double, bool>(specials<double>());
+  cast_loop_agrees<std::int32_t, bool>(i);
+  cast_loop_agrees<std::int64_t, bool>(l);
+}

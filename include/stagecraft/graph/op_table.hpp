@@ -16,8 +16,8 @@ struct OpFns {
   void (*cpu)(ops::Inputs, Tensor&, const ops::Attrs&);  ///< null for views
   Tensor (*alias)(const Tensor&, const ops::OutMeta&);   ///< views: no kernel, shares storage
   Tensor (*call)(ops::Inputs, const ops::Attrs&, const std::source_location&);  ///< full dispatch
-  bool elementwise_unary;   ///< one input, output of the input's shape
-  bool elementwise_binary;  ///< two broadcasting inputs
+  bool elementwise_unary;   ///< the Unary family: one input, output of its shape
+  bool elementwise_binary;  ///< the Binary family: two broadcasting inputs
 };
 
 namespace detail_ops {
@@ -38,10 +38,8 @@ constexpr OpFns fns_of() {
   OpFns f{&Op::infer, nullptr, nullptr, &call_of<Op>, false, false};
   if constexpr (stagecraft::detail::ViewOp<Op>) f.alias = &alias_of<Op>;
   else f.cpu = &cpu_of<Op>;
-  if constexpr (requires { Op::grain(); }) {  // the Unary/Binary families of elementwise_rules.hpp
-    f.elementwise_unary = Op::arity == 1;
-    f.elementwise_binary = Op::arity == 2;
-  }
+  f.elementwise_unary = ops::unary_family(ops::op_elementwise_kind<Op>());
+  f.elementwise_binary = ops::binary_family(ops::op_elementwise_kind<Op>());
   return f;
 }
 }  // namespace detail_ops

@@ -8,10 +8,26 @@
 namespace stagecraft {
 namespace ops {
 
+/// Cast's kernel to To: rules::Cast<To> as a scalar form and, where the backend's batch
+/// conversion gives the scalar numbers (to bool: a lane mask, x != 0; int32 <-> float), a SIMD form.
+template <class To>
+struct CastTo : rules::Cast<To> {
+  template <class S>
+  static To scalar(S x) {
+    return rules::Cast<To>::f(x);
+  }
+  template <class B>
+    requires(std::is_same_v<To, bool> || backend::cpu::exact_batch_cast<typename B::value_type, To>)
+  static auto simd(const B& x) {
+    return rules::Cast<To>::f(x);
+  }
+};
+
 /// Reads attrs.dtype (the target).
 struct Cast {
   SC_OP_HEAD(Cast, "cast")
   static constexpr int arity = 1;
+  static constexpr ElementwiseKind elementwise_kind = ElementwiseKind::cast;
 
   static OutMeta infer(Inputs in, const Attrs& a, const std::source_location&) {
     return {in[0].shape(), a.dtype};
@@ -29,14 +45,8 @@ struct Cast {
       using S = typename decltype(from)::type;
       visit_dtype(out.dtype(), [&](auto to) {
         using T = typename decltype(to)::type;
-        const S* x = static_cast<const S*>(in[0].raw_data());
-        T* y = static_cast<T*>(out.raw_data());
-        backend::cpu::parallel_for(n, backend::cpu::grain_cheap, [&](std::int64_t b, std::int64_t e) {
-          for (std::int64_t i = b; i < e; ++i) {
-            if constexpr (std::is_same_v<T, bool>) y[i] = x[i] != S(0);
-            else y[i] = static_cast<T>(x[i]);
-          }
-        });
+        backend::cpu::unary_loop<CastTo<T>, S, T>(static_cast<const S*>(in[0].raw_data()),
+                                                   static_cast<T*>(out.raw_data()), n, backend::cpu::grain_cheap);
       });
     });
   }

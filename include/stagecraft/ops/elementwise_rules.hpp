@@ -7,6 +7,34 @@
 
 namespace stagecraft::ops {
 
+/// Which elementwise family an op belongs to, as the registry records it (OpInfo::elementwise):
+/// the Unary and Binary kinds below, where, cast, or none (not elementwise).
+enum class ElementwiseKind : std::uint8_t {
+  none,
+  unary_floating,   ///< Unary, UnaryKind::floating
+  unary_numeric,    ///< Unary, UnaryKind::numeric
+  predicate,        ///< Unary, UnaryKind::predicate (bool out)
+  arithmetic,       ///< Binary, BinaryKind::arithmetic
+  floating,         ///< Binary, BinaryKind::floating
+  compare,          ///< Binary, BinaryKind::compare (bool out)
+  logical,          ///< Binary, BinaryKind::logical (bool out)
+  where,            ///< where(cond, a, b)
+  cast              ///< cast(x, dtype)
+};
+/// An op of the Unary family (one input, output of its shape; kernels from its rule).
+constexpr bool unary_family(ElementwiseKind k) {
+  return k == ElementwiseKind::unary_floating || k == ElementwiseKind::unary_numeric ||
+         k == ElementwiseKind::predicate;
+}
+/// An op of the Binary family (two broadcasting inputs; kernels from its rule).
+constexpr bool binary_family(ElementwiseKind k) {
+  return k >= ElementwiseKind::arithmetic && k <= ElementwiseKind::logical;
+}
+/// An elementwise op whose result is bool whatever its inputs (no gradient flows through it).
+constexpr bool bool_result(ElementwiseKind k) {
+  return k == ElementwiseKind::predicate || k == ElementwiseKind::compare || k == ElementwiseKind::logical;
+}
+
 /// What a unary op accepts and returns.
 enum class UnaryKind {
   floating,  ///< float in, same float out (ints are promoted to f32 by dispatch)
@@ -15,19 +43,24 @@ enum class UnaryKind {
 };
 
 /// The scalar and SIMD forms of an op whose math is a rule (rules.hpp): both call Op::f, so an
-/// op's math is written once. SIMD only where the rule allows it (Rule::vectorizes).
+/// op's math is written once. SIMD only where the rule allows it (Rule::vectorizes); a
+/// predicate's SIMD form gives a lane mask (the loops store it as bools).
 template <class Op, UnaryKind K>
 struct Unary {
   static constexpr int arity = 1;
+  static constexpr ElementwiseKind elementwise_kind = K == UnaryKind::floating  ? ElementwiseKind::unary_floating
+                                                      : K == UnaryKind::numeric ? ElementwiseKind::unary_numeric
+                                                                                : ElementwiseKind::predicate;
   template <class T>
     requires requires(T x) { Op::f(x); }
   static std::conditional_t<K == UnaryKind::predicate, bool, T> scalar(T x) {
     return Op::f(x);
   }
   template <class B>
-    requires(Op::vectorizes && K != UnaryKind::predicate)
-  static B simd(const B& x) {
-    return Op::f(x);
+    requires(Op::vectorizes)
+  static auto simd(const B& x) {
+    if constexpr (K == UnaryKind::predicate) return Op::f(x);
+    else return B(Op::f(x));
   }
   static constexpr bool float_inputs = K == UnaryKind::floating;
   static constexpr bool differentiable = K != UnaryKind::predicate;
@@ -72,18 +105,24 @@ inline Shape broadcast_or_throw(const Tensor& a, const Tensor& b, std::string_vi
   return out;
 }
 
+/// As Unary, for two inputs; a comparison's or logical op's SIMD form gives a lane mask.
 template <class Op, BinaryKind K>
 struct Binary {
   static constexpr int arity = 2;
+  static constexpr ElementwiseKind elementwise_kind = K == BinaryKind::arithmetic ? ElementwiseKind::arithmetic
+                                                      : K == BinaryKind::floating ? ElementwiseKind::floating
+                                                      : K == BinaryKind::compare  ? ElementwiseKind::compare
+                                                                                  : ElementwiseKind::logical;
   template <class T>
     requires requires(T x) { Op::f(x, x); }
   static std::conditional_t<K == BinaryKind::compare || K == BinaryKind::logical, bool, T> scalar(T a, T b) {
     return Op::f(a, b);
   }
   template <class B>
-    requires(Op::vectorizes && K != BinaryKind::compare && K != BinaryKind::logical)
-  static B simd(const B& a, const B& b) {
-    return Op::f(a, b);
+    requires(Op::vectorizes)
+  static auto simd(const B& a, const B& b) {
+    if constexpr (K == BinaryKind::compare || K == BinaryKind::logical) return Op::f(a, b);
+    else return B(Op::f(a, b));
   }
   static constexpr int promote_from = 0;
   static constexpr bool float_inputs = K == BinaryKind::floating;

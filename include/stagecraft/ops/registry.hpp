@@ -35,6 +35,7 @@ struct OpInfo {
   std::string_view name;  ///< as printed in errors and graphs ("add")
   int arity;              ///< number of inputs, -1 for a list (concat)
   bool differentiable;    ///< false for integer-valued results (comparisons, argmax, one_hot)
+  ElementwiseKind elementwise = ElementwiseKind::none;  ///< its elementwise family, none if not elementwise
 };
 
 /// Op's `differentiable` flag; ops that do not state one are differentiable.
@@ -44,9 +45,17 @@ constexpr bool op_is_differentiable() {
   else return true;
 }
 
+/// Op's elementwise family: stated by the Unary/Binary bases (from their kind), where and cast;
+/// none for the others.
+template <class Op>
+constexpr ElementwiseKind op_elementwise_kind() {
+  if constexpr (requires { Op::elementwise_kind; }) return Op::elementwise_kind;
+  else return ElementwiseKind::none;
+}
+
 /// Every op in op-list order: op_registry[static_cast<size_t>(id)] describes OpId id.
 inline constexpr std::array<OpInfo, num_ops> op_registry = {{
-#define STAGECRAFT_OP_INFO(S) OpInfo{S::id, S::name, S::arity, op_is_differentiable<S>()},
+#define STAGECRAFT_OP_INFO(S) OpInfo{S::id, S::name, S::arity, op_is_differentiable<S>(), op_elementwise_kind<S>()},
     STAGECRAFT_OP_LIST(STAGECRAFT_OP_INFO)
 #undef STAGECRAFT_OP_INFO
 }};

@@ -40,6 +40,13 @@ template <class T>
 T abs(T x) {
   return std::fabs(x);
 }
+/// x converted to To (float to integer truncates). Named as xsimd's batch_cast, which batches
+/// find by ADL; the backend uses that only where it gives the scalar conversion's numbers.
+template <class To, class T>
+  requires std::is_arithmetic_v<T>
+constexpr To batch_cast(T x) {
+  return static_cast<To>(x);
+}
 }  // namespace math
 
 /// The element type of V: V itself for a scalar, V::value_type for a vector (a SIMD batch).
@@ -221,6 +228,26 @@ struct LogicalOr : Rule {
 /// x == 0.
 struct LogicalNot : Rule {
   template <class V> static auto f(const V& x) { return x == V(0); }
+};
+
+// ---- selection and conversion --------------------------------------------------------------
+
+/// m ? a : b, lane by lane: m is a bool for scalars, a lane mask (of V's lanes) for batches.
+struct Where : Rule {
+  template <class M, class V> static V f(const M& m, const V& a, const V& b) {
+    using math::select;
+    return select(m, a, b);
+  }
+};
+/// x as To. To bool means x != 0 (NaN is true, as in C++), so it gives a bool for scalars and a
+/// lane mask for batches; to a number it is static_cast (float to integer truncates).
+template <class To>
+struct Cast : Rule {
+  template <class V> static auto f(const V& x) {
+    using math::batch_cast;
+    if constexpr (std::is_same_v<To, bool>) return !(x == V(0));
+    else return batch_cast<To>(x);
+  }
 };
 
 }  // namespace stagecraft::rules

@@ -8,31 +8,12 @@
 namespace stagecraft {
 namespace ops {
 
-/// cond (any dtype, read as truth) selects between a and b (promoted to a common dtype).
-struct Where {
+/// cond (any dtype, read as truth) selects between a and b (promoted to a common dtype). The
+/// math is rules::Where (a select), run by the backend's select rows.
+struct Where : rules::Where {
   SC_OP_HEAD(Where, "where")
-
-  /// One row with each operand's stride 0 (repeated) or 1; the strides become template
-  /// constants so the compiler vectorises the select.
-  template <int S0, int S1, int S2, class T>
-  static void where_row_fixed(const bool* c, const T* a, const T* b, T* y, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) y[i] = c[i * S0] ? a[i * S1] : b[i * S2];
-  }
-  template <class T>
-  static void where_row(const bool* c, const T* a, const T* b, T* y, std::int64_t n, std::int64_t s0,
-                        std::int64_t s1, std::int64_t s2) {
-    switch ((s0 ? 4 : 0) | (s1 ? 2 : 0) | (s2 ? 1 : 0)) {
-      case 7: return where_row_fixed<1, 1, 1>(c, a, b, y, n);
-      case 6: return where_row_fixed<1, 1, 0>(c, a, b, y, n);
-      case 5: return where_row_fixed<1, 0, 1>(c, a, b, y, n);
-      case 4: return where_row_fixed<1, 0, 0>(c, a, b, y, n);
-      case 3: return where_row_fixed<0, 1, 1>(c, a, b, y, n);
-      case 2: return where_row_fixed<0, 1, 0>(c, a, b, y, n);
-      case 1: return where_row_fixed<0, 0, 1>(c, a, b, y, n);
-      default: return where_row_fixed<0, 0, 0>(c, a, b, y, n);
-    }
-  }
   static constexpr int arity = 3;
+  static constexpr ElementwiseKind elementwise_kind = ElementwiseKind::where;
   static constexpr int promote_from = 1;
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 
@@ -64,7 +45,7 @@ struct Where {
           const bool* cc = pc + off[0];
           const T* aa = pa + off[1];
           const T* bb = pb + off[2];
-          where_row(cc, aa, bb, py + o, l, s0, s1, s2);
+          backend::cpu::select_row<Where>(cc, aa, bb, py + o, l, s0, s1, s2);
         });
       });
     });

@@ -13,6 +13,7 @@
 
 #include "../../core/shape.hpp"
 #include "../../core/tensor.hpp"
+#include "masks.hpp"
 #include "parallel.hpp"
 
 namespace stagecraft::backend::cpu {
@@ -32,6 +33,40 @@ template <class Op, class T>
 concept HasSimd2 = Vectorizable<T> && requires(const batch<T>& a, const batch<T>& b) {
   { Op::simd(a, b) } -> std::convertible_to<batch<T>>;
 };
+/// Op's SIMD rule gives a lane mask (predicates, comparisons, logical ops): stored as bools.
+template <class Op, class T>
+concept HasMask1 = Vectorizable<T> && requires(const batch<T>& a) {
+  { Op::simd(a) } -> std::same_as<mask<T>>;
+};
+template <class Op, class T>
+concept HasMask2 = Vectorizable<T> && requires(const batch<T>& a, const batch<T>& b) {
+  { Op::simd(a, b) } -> std::same_as<mask<T>>;
+};
+/// Op's SIMD rule converts batches of T to batches of R of as many lanes (cast between widths).
+template <class Op, class T, class R>
+concept HasConvert = Vectorizable<T> && Vectorizable<R> && !std::is_same_v<T, R> &&
+                     batch<T>::size == batch<R>::size && requires(const batch<T>& a) {
+  { Op::simd(a) } -> std::same_as<batch<R>>;
+};
+
+/// xsimd::batch_cast from S to T gives static_cast's numbers here: int32 <-> float everywhere on
+/// x86 (cvtdq2ps / cvttps2dq, the scalar conversions' vector forms); int64 <-> double only with
+/// AVX512DQ's instructions (xsimd emulates them elsewhere, not exactly over the whole range).
+template <class S, class T>
+inline constexpr bool exact_batch_cast = [] {
+  if constexpr (std::is_same_v<S, T>) return true;
+#if defined(__SSE2__)
+  constexpr bool i32_f32 = (std::is_same_v<S, std::int32_t> && std::is_same_v<T, float>) ||
+                           (std::is_same_v<S, float> && std::is_same_v<T, std::int32_t>);
+  if constexpr (i32_f32) return true;
+#endif
+#if defined(__AVX512DQ__)
+  constexpr bool i64_f64 = (std::is_same_v<S, std::int64_t> && std::is_same_v<T, double>) ||
+                           (std::is_same_v<S, double> && std::is_same_v<T, std::int64_t>);
+  if constexpr (i64_f64) return sizeof(batch<S>) == 64;
+#endif
+  return false;
+}();
 
 // ---- streaming stores ----------------------------------------------------------------------
 
@@ -102,6 +137,10 @@ SC_ALWAYS_INLINE batch<T> load_partial(const T* p, std::int64_t r) {
     return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << r) - 1u), p);
   if constexpr (sizeof(batch<T>) == 64 && std::is_same_v<T, double>)
     return _mm512_maskz_loadu_pd(static_cast<__mmask8>((1u << r) - 1u), p);
+  if constexpr (sizeof(batch<T>) == 64 && std::is_integral_v<T> && sizeof(T) == 4)
+    return _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << r) - 1u), p);
+  if constexpr (sizeof(batch<T>) == 64 && std::is_integral_v<T> && sizeof(T) == 8)
+    return _mm512_maskz_loadu_epi64(static_cast<__mmask8>((1u << r) - 1u), p);
 #endif
   alignas(sizeof(batch<T>)) T t[batch<T>::size] = {};
   for (std::int64_t k = 0; k < r; ++k) t[k] = p[k];
@@ -115,6 +154,10 @@ SC_ALWAYS_INLINE void store_partial(T* p, const batch<T>& v, std::int64_t r) {
     return _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << r) - 1u), v);
   if constexpr (sizeof(batch<T>) == 64 && std::is_same_v<T, double>)
     return _mm512_mask_storeu_pd(p, static_cast<__mmask8>((1u << r) - 1u), v);
+  if constexpr (sizeof(batch<T>) == 64 && std::is_integral_v<T> && sizeof(T) == 4)
+    return _mm512_mask_storeu_epi32(p, static_cast<__mmask16>((1u << r) - 1u), v);
+  if constexpr (sizeof(batch<T>) == 64 && std::is_integral_v<T> && sizeof(T) == 8)
+    return _mm512_mask_storeu_epi64(p, static_cast<__mmask8>((1u << r) - 1u), v);
 #endif
   alignas(sizeof(batch<T>)) T t[batch<T>::size];
   v.store_aligned(t);
@@ -145,6 +188,21 @@ void unary_range(const T* __restrict x, R* __restrict y, std::int64_t n, bool nt
       if (i < n) padded_batch(x + i, y + i, n - i, [](const batch<T>& v) { return Op::simd(v); });
       return;
     }
+  } else if constexpr (std::is_same_v<R, bool> && HasMask1<Op, T>) {
+    // Lane masks stored as bools; the last partial batch zero-padded (a comparison of padding
+    // cannot trap, and its lanes are never stored).
+    constexpr std::int64_t W = batch<T>::size;
+    for (; i + W <= n; i += W) store_mask<T>(y + i, Op::simd(batch<T>::load_unaligned(x + i)));
+    if (i < n) store_mask<T>(y + i, Op::simd(load_partial(x + i, n - i)), n - i);
+    return;
+  } else if constexpr (HasConvert<Op, T, R>) {
+    constexpr std::int64_t W = batch<T>::size;
+    if (nt) {
+      for (; i + W <= n; i += W) store_stream(y + i, Op::simd(batch<T>::load_unaligned(x + i)));
+      stream_fence();
+    } else {
+      for (; i + W <= n; i += W) Op::simd(batch<T>::load_unaligned(x + i)).store_unaligned(y + i);
+    }
   }
   for (; i < n; ++i) y[i] = static_cast<R>(Op::scalar(x[i]));
 }
@@ -164,6 +222,29 @@ void unary_loop(const T* x, R* y, std::int64_t n, std::int64_t grain) {
 }
 
 // ---- binary ------------------------------------------------------------------------------
+
+/// binary_row for ops whose SIMD rule gives a lane mask (comparisons, logical ops), at least one
+/// operand contiguous: bools out, the last partial batch zero-padded (its padding never stored).
+template <class Op, class T>
+void binary_mask_row(const T* __restrict a, const T* __restrict b, bool* __restrict y, std::int64_t n, int sa,
+                     int sb) {
+  using B = batch<T>;
+  constexpr std::int64_t W = B::size;
+  const std::int64_t r = n % W, full = n - r;
+  std::int64_t i = 0;
+  if (sa && sb) {
+    for (; i < full; i += W) store_mask<T>(y + i, Op::simd(B::load_unaligned(a + i), B::load_unaligned(b + i)));
+    if (r) store_mask<T>(y + i, Op::simd(load_partial(a + i, r), load_partial(b + i, r)), r);
+  } else if (sb) {
+    const B va(a[0]);
+    for (; i < full; i += W) store_mask<T>(y + i, Op::simd(va, B::load_unaligned(b + i)));
+    if (r) store_mask<T>(y + i, Op::simd(va, load_partial(b + i, r)), r);
+  } else {
+    const B vb(b[0]);
+    for (; i < full; i += W) store_mask<T>(y + i, Op::simd(B::load_unaligned(a + i), vb));
+    if (r) store_mask<T>(y + i, Op::simd(load_partial(a + i, r), vb), r);
+  }
+}
 
 /// One contiguous row: sa, sb are 0 (the operand is one repeated element) or 1; nt: stream
 /// the stores (y must then satisfy can_stream; only the both-contiguous case does).
@@ -204,6 +285,8 @@ void binary_row(const T* __restrict a, const T* __restrict b, R* __restrict y, s
         return;
       }
     }
+  } else if constexpr (std::is_same_v<R, bool> && HasMask2<Op, T>) {
+    if (sa || sb) return binary_mask_row<Op, T>(a, b, y, n, sa, sb);
   }
   if (sa && sb) {
     for (; i < n; ++i) y[i] = static_cast<R>(Op::scalar(a[i], b[i]));
@@ -321,6 +404,52 @@ void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t gra
       binary_row<Op, T, R>(pa + off[0], pb + off[1], py + o, l, sa, sb);
     });
   });
+}
+
+// ---- select (where) ------------------------------------------------------------------------
+
+/// One row of y = Op::f(c, a, b) (Op a select rule: c ? a : b), each operand's stride a template
+/// constant, 0 (one repeated element) or 1. Batches of T read c's bools as a lane mask; bool T
+/// and ISAs without batches of T take the scalar rule.
+template <class Op, int S0, int S1, int S2, class T>
+void select_row_fixed(const bool* __restrict c, const T* __restrict a, const T* __restrict b, T* __restrict y,
+                      std::int64_t n) {
+  if (n <= 0) return;
+  std::int64_t i = 0;
+  if constexpr (Vectorizable<T> && Op::vectorizes) {
+    using B = batch<T>;
+    constexpr std::int64_t W = B::size;
+    const mask<T> mc(S0 ? false : c[0]);
+    const B va = S1 ? B(T(0)) : B(a[0]), vb = S2 ? B(T(0)) : B(b[0]);
+    for (; i + W <= n; i += W) {
+      const mask<T> m = S0 ? load_mask<T>(c + i) : mc;
+      const B x = S1 ? B::load_unaligned(a + i) : va, z = S2 ? B::load_unaligned(b + i) : vb;
+      Op::f(m, x, z).store_unaligned(y + i);
+    }
+    if (i < n) {  // the last partial batch, padded: only y[i, n) is written
+      const std::int64_t r = n - i;
+      const mask<T> m = S0 ? load_mask<T>(c + i, r) : mc;
+      const B x = S1 ? load_partial(a + i, r) : va, z = S2 ? load_partial(b + i, r) : vb;
+      store_partial(y + i, B(Op::f(m, x, z)), r);
+    }
+    return;
+  }
+  for (; i < n; ++i) y[i] = Op::f(c[i * S0], a[i * S1], b[i * S2]);
+}
+/// select_row_fixed with strides s0, s1, s2 (each 0 or 1) known at run time.
+template <class Op, class T>
+void select_row(const bool* c, const T* a, const T* b, T* y, std::int64_t n, std::int64_t s0, std::int64_t s1,
+                std::int64_t s2) {
+  switch ((s0 ? 4 : 0) | (s1 ? 2 : 0) | (s2 ? 1 : 0)) {
+    case 7: return select_row_fixed<Op, 1, 1, 1>(c, a, b, y, n);
+    case 6: return select_row_fixed<Op, 1, 1, 0>(c, a, b, y, n);
+    case 5: return select_row_fixed<Op, 1, 0, 1>(c, a, b, y, n);
+    case 4: return select_row_fixed<Op, 1, 0, 0>(c, a, b, y, n);
+    case 3: return select_row_fixed<Op, 0, 1, 1>(c, a, b, y, n);
+    case 2: return select_row_fixed<Op, 0, 1, 0>(c, a, b, y, n);
+    case 1: return select_row_fixed<Op, 0, 0, 1>(c, a, b, y, n);
+    default: return select_row_fixed<Op, 0, 0, 0>(c, a, b, y, n);
+  }
 }
 
 }  // namespace stagecraft::backend::cpu
