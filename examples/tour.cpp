@@ -39,6 +39,13 @@ int main() {
     std::cout << "staged step: loss " << step(sc::ones({2, 3})) << " then " << step(sc::ones({2, 3})) << "\n";
     std::cout << step.get_concrete(sc::ones({2, 3})).graph();
   }
+  {  // compile-time staging: the graph is the lambda's return type, evaluated as one fused loop
+    auto f = [](auto x, auto y) { return sc::tanh(x * y) + 2.f * x; };
+    const sc::Tensor x = sc::tensor({0.5f, -1.f, 2.f}), y = sc::tensor({1.f, 2.f, 3.f});
+    auto g = sc::compile(f);
+    std::cout << "eager " << f(x, y) << "\ncompiled " << g(x, y) << "\nd/dx " << sc::grad<0>(g)(x, y) << "\n";
+    std::cout << g.graph(x, y);
+  }
   try {
     auto bad = a + sc::ones({4});
     (void)bad;

@@ -46,6 +46,7 @@
 #include "state/variable.hpp"
 
 #include "graph/function.hpp"
+#include "staged/staged.hpp"
 
 #include "nn/init.hpp"
 #include "nn/layers.hpp"

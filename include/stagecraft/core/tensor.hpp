@@ -100,12 +100,13 @@ class Tensor {
 };
 
 /// A tensor operand of an operator: it remembers the user's line, since operators cannot
-/// take a defaulted std::source_location. Anything convertible to a Tensor (a Variable) fits.
+/// take a defaulted std::source_location. Anything convertible to a Tensor (a Variable) fits;
+/// a staged expression does not (it would bind to a temporary: staged operators take it).
 struct Operand {
   const Tensor& t;
   std::source_location loc;
   template <class T>
-    requires std::convertible_to<const T&, const Tensor&>
+    requires(std::convertible_to<const T&, const Tensor&> && !requires { typename T::staged_tag; })
   Operand(const T& x, std::source_location l = std::source_location::current())  // NOLINT
       : t(x), loc(l) {}
 };

@@ -185,6 +185,12 @@ struct Maximum : Rule {
     if constexpr (std::is_floating_point_v<element_t<V>>) return select((a > b) || isnan(a), a, b);
     else return select(a > b, a, b);
   }
+  /// The same result when b is not NaN (a constant, checked once): one compare and one blend
+  /// instead of two compares, a mask or and a blend. Ties and signed zeros give b, as f does.
+  template <class V> static V f_ordered_b(const V& a, const V& b) {
+    using math::select;
+    return select(a <= b, b, a);
+  }
 };
 /// Smaller of a and b; NaN in either gives NaN (as NumPy's minimum).
 struct Minimum : Rule {
@@ -192,6 +198,11 @@ struct Minimum : Rule {
     using math::isnan, math::select;
     if constexpr (std::is_floating_point_v<element_t<V>>) return select((a < b) || isnan(a), a, b);
     else return select(a < b, a, b);
+  }
+  /// As Maximum::f_ordered_b: f's result when b is not NaN.
+  template <class V> static V f_ordered_b(const V& a, const V& b) {
+    using math::select;
+    return select(a >= b, b, a);
   }
 };
 

@@ -1,0 +1,186 @@
+// sc::compile(generic_lambda): calling the result with Tensors instantiates the lambda with
+// staged placeholders, so the whole graph is the lambda's deduced return type, then binds the
+// tensors and evaluates it as one fused loop. g.graph(x, ...) lowers the type to the runtime IR
+// (graph/ir.hpp) by tracing its op-by-op form; sc::grad<I>(g) is the compiled derivative.
+#pragma once
+#include <array>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "../graph/function.hpp"
+#include "api.hpp"
+#include "grad.hpp"
+
+namespace stagecraft {
+
+template <class F>
+class Compiled;
+
+namespace staging {
+/// The derivative of sum(f(args...)) with respect to argument I, as a staged function.
+template <int I, class F>
+struct GradFn {
+  F f;
+  template <class... X>
+  auto operator()(const X&... x) const {
+    static_assert(I < static_cast<int>(sizeof...(X)), "stagecraft: sc::grad<I>: I is not an argument of the function");
+    const auto e = f(x...);
+    return wrap(make_grad<I>(e.node));
+  }
+};
+}  // namespace staging
+
+/// A function compiled at compile time (see sc::compile).
+template <class F>
+class Compiled {
+ public:
+  explicit Compiled(F f, std::source_location loc = std::source_location::current()) : f_(std::move(f)), loc_(loc) {}
+
+  Tensor operator()(Operand a) const { return call<1>({a.t}, a.loc); }
+  Tensor operator()(Operand a, const Tensor& b) const { return call<2>({a.t, b}, a.loc); }
+  Tensor operator()(Operand a, const Tensor& b, const Tensor& c) const { return call<3>({a.t, b, c}, a.loc); }
+  Tensor operator()(Operand a, const Tensor& b, const Tensor& c, const Tensor& d) const {
+    return call<4>({a.t, b, c, d}, a.loc);
+  }
+  Tensor operator()(Operand a, const Tensor& b, const Tensor& c, const Tensor& d, const Tensor& e) const {
+    return call<5>({a.t, b, c, d, e}, a.loc);
+  }
+  Tensor operator()(Operand a, const Tensor& b, const Tensor& c, const Tensor& d, const Tensor& e,
+                    const Tensor& f) const {
+    return call<6>({a.t, b, c, d, e, f}, a.loc);
+  }
+
+  /// The staged expression the function builds from N placeholder arguments: its type is the
+  /// graph (`decltype(g.expression<2>())`).
+  template <int N>
+  auto expression() const {
+    return [&]<int... I>(std::integer_sequence<int, I...>) {
+      return f_(staged<staging::Arg<I>>{}...);
+    }(std::make_integer_sequence<int, N>{});
+  }
+
+  /// The graph lowered to the runtime IR for arguments like xs (shapes and dtypes): printing,
+  /// DOT, saving and the GPU path read it.
+  template <class... T>
+    requires(sizeof...(T) > 0 && (std::convertible_to<const T&, const Tensor&> && ...))
+  graph::Graph graph(const T&... xs) const {
+    return concrete(xs...).graph();
+  }
+  /// The graph for the arguments of the latest call (StagingError before the first call).
+  graph::Graph graph(std::source_location loc = std::source_location::current()) const {
+    std::vector<Tensor> like;
+    {
+      std::lock_guard<std::mutex> lock(last_->mu);
+      for (const auto& [shape, dtype] : last_->specs) like.push_back(zeros(shape, dtype));
+    }
+    if (like.empty())
+      detail::fail<StagingError>("compile", loc, "graph() needs example arguments before the first call: "
+                                             "write g.graph(x, ...)");
+    return graph_for(like, std::make_integer_sequence<int, 6>{});
+  }
+  /// The traced function (graph, plan, save) of the expression for arguments like xs.
+  template <class... T>
+  ConcreteFunction concrete(const T&... xs) const {
+    constexpr int N = sizeof...(T);
+    auto e = expression<N>();
+    // the graph's nodes carry the line that called sc::compile
+    auto body = [e, loc = loc_](const auto&... ts) -> Tensor {
+      const detail::LocOverride at(loc);
+      return staging::run<N>(e.node, staging::Env<N>{{Tensor(ts)...}, loc});
+    };
+    return function(body, "compiled").get_concrete(Tensor(xs)...);
+  }
+
+  /// Whether the function takes N staged arguments.
+  template <int N>
+  static constexpr bool takes() {
+    return []<int... I>(std::integer_sequence<int, I...>) {
+      return std::is_invocable_v<const F&, staged<staging::Arg<I>>...>;
+    }(std::make_integer_sequence<int, N>{});
+  }
+
+  /// The line that called sc::compile (the lowered graph's nodes carry it).
+  std::source_location location() const { return loc_; }
+
+  /// The generic function this was compiled from.
+  const F& function_object() const { return f_; }
+
+ private:
+  template <int... K>
+  graph::Graph graph_for(const std::vector<Tensor>& like, std::integer_sequence<int, K...>) const {
+    graph::Graph out;
+    auto one = [&]<int N>(std::integral_constant<int, N>) {
+      if constexpr (takes<N>()) {
+        if (like.size() == static_cast<std::size_t>(N))
+          out = [&]<int... I>(std::integer_sequence<int, I...>) { return graph(like[I]...); }(std::make_integer_sequence<int, N>{});
+      }
+    };
+    (one(std::integral_constant<int, K + 1>{}), ...);
+    return out;
+  }
+
+  template <int N>
+  Tensor call(std::array<Tensor, N> args, const std::source_location& loc) const {
+    if constexpr (!takes<N>()) {
+      static_assert(takes<N>(), "stagecraft: sc::compile: the function does not take this many tensors");
+      return Tensor();
+    } else {
+      return call_bound<N>(std::move(args), loc);
+    }
+  }
+  template <int N>
+  Tensor call_bound(std::array<Tensor, N> args, const std::source_location& loc) const {
+    using E = decltype(expression<N>());
+    if constexpr (!staging::Staged<E>) {
+      static_assert(staging::Staged<E>,
+                    "stagecraft: sc::compile: the function must return a staged expression of its "
+                    "arguments (it returned something else)");
+      return Tensor();
+    } else {
+      return call_staged<N, E>(std::move(args), loc);
+    }
+  }
+  template <int N, class E>
+  Tensor call_staged(std::array<Tensor, N> args, const std::source_location& loc) const {
+    static_assert(staging::arg_count<typename E::node_type>::value <= N,
+                  "stagecraft: sc::compile: the expression reads more arguments than the call passes");
+    for (int k = 0; k < N; ++k) detail::require_defined(args[static_cast<std::size_t>(k)], "compile", loc);
+    {
+      std::lock_guard<std::mutex> lock(last_->mu);
+      last_->specs.resize(N);
+      for (int k = 0; k < N; ++k) {
+        const Tensor& t = args[static_cast<std::size_t>(k)];
+        last_->specs[static_cast<std::size_t>(k)] = {t.shape(), t.dtype()};
+      }
+    }
+    const auto e = expression<N>();
+    return staging::run<N>(e.node, staging::Env<N>{std::move(args), loc});
+  }
+
+  struct Last {
+    std::mutex mu;
+    std::vector<std::pair<Shape, DType>> specs;  // the latest call's arguments, for graph()
+  };
+  F f_;
+  std::source_location loc_;
+  std::shared_ptr<Last> last_ = std::make_shared<Last>();
+};
+
+/// Compiles a generic function at compile time: calling the result with Tensors instantiates it
+/// with staged placeholders (the graph is its return type) and evaluates the graph fused.
+template <class F>
+Compiled<std::decay_t<F>> compile(F&& f, std::source_location loc = std::source_location::current()) {
+  return Compiled<std::decay_t<F>>(std::forward<F>(f), loc);
+}
+
+/// The derivative of the sum of g's output with respect to argument I, itself compiled (so
+/// sc::grad<0>(sc::grad<0>(g)) is the second derivative).
+template <int I, class F>
+Compiled<staging::GradFn<I, F>> grad(const Compiled<F>& g) {
+  static_assert(I >= 0, "stagecraft: sc::grad<I>: I is an argument index");
+  return Compiled<staging::GradFn<I, F>>(staging::GradFn<I, F>{g.function_object()}, g.location());
+}
+
+}  // namespace stagecraft

@@ -1,0 +1,120 @@
+// Compile-time staging, elementwise: every unary, binary, comparison and logical op, where and
+// cast, on every dtype, same-shape, broadcasting and with weak scalars, gives the same result
+// (or the same error) eager, traced, staged and compiled; same-dtype graphs bit for bit.
+#include "staged/staged_testing.hpp"
+
+using sc::Tensor;
+using sctest::check_stages;
+using sctest::values;
+
+namespace {
+
+const sc::DType all_dtypes[] = {sc::f32, sc::f64, sc::i32, sc::i64, sc::boolean};
+
+#define UNARY(fn) std::pair<const char*, std::function<void(const Tensor&, double)>>{#fn, [](const Tensor& x, double tol) { \
+  check_stages([](const auto& a) { return sc::fn(a); }, tol, std::string(#fn) + " " + std::string(sc::name(x.dtype())) + " " + sctest::str(x.shape()), x); }}
+
+}  // namespace
+
+TEST_CASE("staged unary ops equal eager, traced and compiled on every dtype", "[staged][ops]") {
+  const std::vector<std::pair<const char*, std::function<void(const Tensor&, double)>>> ops = {
+      UNARY(neg), UNARY(abs), UNARY(square), UNARY(relu), UNARY(sign), UNARY(exp), UNARY(log),
+      UNARY(sqrt), UNARY(tanh), UNARY(sigmoid), UNARY(sin), UNARY(cos), UNARY(logical_not)};
+  for (const auto& [name, check] : ops) {
+    for (sc::DType d : all_dtypes) {
+      for (const sc::Shape& s : {sc::Shape{37}, sc::Shape{3, 5}, sc::Shape{}, sc::Shape{0}, sc::Shape{70001}}) {
+        const Tensor x = values(d, s, 11);
+        // Same-dtype floating graphs run the same SIMD rule as eager: bit for bit. Integer inputs
+        // of floating ops compute in f32 one element at a time: within an ulp.
+        const bool exact = sc::is_floating(d);
+        check(x, exact ? 0.0 : 1e-6);
+      }
+    }
+  }
+  CHECK(ops.size() == 13);
+}
+
+#undef UNARY
+
+TEST_CASE("weak scalars take the tensor's dtype, as eager", "[staged][ops]") {
+  for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64}) {
+    const Tensor x = values(d, {2, 9}, 8);
+    const std::string dn(sc::name(d));
+    check_stages([](const auto& a) { return a * 0.5 + 1; }, 1e-6, "a * 0.5 + 1 on " + dn, x);
+    check_stages([](const auto& a) { return 2 - a; }, 0.0, "2 - a on " + dn, x);
+    check_stages([](const auto& a) { return 3.f / (a + 5); }, 1e-6, "3 / (a + 5) on " + dn, x);
+    check_stages([](const auto& a) { return sc::maximum(a, 0) * 2.f; }, 1e-6, "maximum(a, 0) * 2 on " + dn, x);
+    check_stages([](const auto& a) { return (a > 0) && (a < 2.5); }, 0.0, "range mask on " + dn, x);
+    check_stages([](const auto& a) { return !(a == 1); }, 0.0, "!(a == 1) on " + dn, x);
+    check_stages([](const auto& a) { return -a; }, 0.0, "-a on " + dn, x);
+  }
+  // a bool tensor with an integer scalar becomes i64; with a float scalar f32
+  const Tensor m = values(sc::boolean, {7}, 2);
+  check_stages([](const auto& a) { return a + 1; }, 0.0, "bool + 1", m);
+  check_stages([](const auto& a) { return a * 1.5; }, 0.0, "bool * 1.5", m);
+}
+
+TEST_CASE("staged where and cast equal eager", "[staged][ops]") {
+  for (sc::DType d : all_dtypes) {
+    const std::string dn(sc::name(d));
+    const Tensor c = values(sc::boolean, {4, 1}, 1), a = values(d, {4, 6}, 2), b = values(d, {6}, 3);
+    check_stages([](const auto& cc, const auto& x, const auto& y) { return sc::where(cc, x, y); }, 0.0,
+                 "where " + dn, c, a, b);
+    check_stages([](const auto& x, const auto& y) { return sc::where(x > y, x, 0); }, 0.0, "where(x > y, x, 0) " + dn, a,
+                 b);
+    check_stages([](const auto& x) { return sc::where(x, 2.5, x); }, 0.0, "where(x, 2.5, x) " + dn, a);
+    check_stages([](const auto& x) { return sc::cast<sc::f32>(x); }, 0.0, "cast f32 " + dn, a);
+    check_stages([](const auto& x) { return sc::cast<sc::i32>(x) * 2; }, 0.0, "cast i32 " + dn, a);
+    check_stages([](const auto& x) { return sc::cast<sc::boolean>(x); }, 0.0, "cast bool " + dn, a);
+    check_stages([](const auto& x) { return sc::cast<sc::f64>(x) + 0.25; }, 0.0, "cast f64 " + dn, a);
+  }
+  // a float condition is read as truth (NaN is true)
+  const Tensor f = sc::tensor(std::vector<float>{0.f, 1.f, NAN, -2.f, 0.f}, sc::Shape{5});
+  check_stages([](const auto& cc) { return sc::where(cc, cc, 7.f); }, 0.0, "where on a float condition", f);
+}
+
+TEST_CASE("long staged chains equal eager on SIMD, tail and threaded sizes", "[staged][ops]") {
+  for (std::int64_t n : {1, 15, 16, 17, 100, 70000, 300001}) {
+    const Tensor x = values(sc::f32, {n}, 21), w = values(sc::f32, {n}, 22);
+    check_stages(
+        [](const auto& a, const auto& b) {
+          const auto h = sc::tanh(a * b + 0.5f) * sc::sigmoid(a) - b / (1 + sc::exp(-a));
+          return sc::where(h > 0, sc::sqrt(sc::abs(h)), sc::square(h)) + sc::maximum(a, b) * sc::sin(b);
+        },
+        // within an ulp, not bit for bit: in one fused loop the compiler may contract a * b + c
+        // into a fused multiply-add (GCC's default outside strict ISO mode), and sqrt near 0
+        // magnifies that last bit
+        2e-5, "chain of 16 ops, n=" + std::to_string(n), x, w);
+  }
+}
+
+TEST_CASE("an expression kept in auto owns its tensors", "[staged][lifetime]") {
+  auto make = [] {
+    const Tensor a = sc::ones({1000}) * 3.f;  // dies with this scope; the expression holds a handle
+    return sc::tanh(sc::stage(a)) * 2.f + sc::stage(sc::ones({1000}));
+  };
+  auto e = make();
+  const Tensor y = sc::eval(e);
+  const Tensor want = sc::tanh(sc::ones({1000}) * 3.f) * 2.f + 1.f;
+  sctest::check_same(y, want, 0.0, "expression outliving its inputs");
+  const Tensor again = e;  // converting evaluates again, from the same handles
+  sctest::check_same(again, want, 0.0, "second evaluation");
+}
+
+TEST_CASE("staged errors name the op, the shapes and the user's line", "[staged][errors]") {
+  const Tensor a = sc::ones({2, 3}), b = sc::ones({4});
+  const std::string msg = sctest::error_of<sc::ShapeError>([&] { (void)sc::eval(sc::stage(a) + b); });
+  CHECK(msg.find("add") != std::string::npos);
+  CHECK(msg.find("[2, 3]") != std::string::npos);
+  CHECK(msg.find("[4]") != std::string::npos);
+  CHECK(msg.find("test_staged_ops.cpp") != std::string::npos);
+  const Tensor m = sc::ones({3}) > 0;
+  const std::string dmsg = sctest::error_of<sc::DTypeError>([&] { (void)sc::eval(sc::stage(m) * m); });
+  CHECK(dmsg.find("mul") != std::string::npos);
+  CHECK(dmsg.find("bool") != std::string::npos);
+  auto g = sc::compile([](auto x, auto y) { return x - y; });
+  const std::string cmsg = sctest::error_of<sc::ShapeError>([&] { (void)g(a, b); });
+  CHECK(cmsg.find("sub") != std::string::npos);
+  CHECK(cmsg.find("test_staged_ops.cpp") != std::string::npos);
+  CHECK_THROWS_AS(sc::stage(Tensor()), sc::Error);
+}
