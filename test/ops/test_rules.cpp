@@ -58,7 +58,31 @@ void binary_agrees() {
     }
 }
 
+/// Rule::f_ordered_b (for a b known not to be NaN) equals Rule::f, bit for bit, on scalars and
+/// batches, for every special a and every non-NaN special b.
+template <class T, class Rule>
+void ordered_b_agrees() {
+  const std::vector<T> x = specials<T>();
+  for (std::size_t j = 0; j < x.size(); ++j) {
+    if (std::isnan(static_cast<double>(x[j]))) continue;
+    for (std::size_t i = 0; i < x.size(); i += B<T>::size) {
+      alignas(64) T out[B<T>::size];
+      Rule::f_ordered_b(B<T>::load_unaligned(x.data() + i), B<T>(x[j])).store_aligned(out);
+      for (std::size_t k = 0; k < B<T>::size; ++k) {
+        INFO("a = " << x[i + k] << ", b = " << x[j]);
+        CHECK(same(static_cast<double>(Rule::f(x[i + k], x[j])), static_cast<double>(out[k])));
+        CHECK(same(static_cast<double>(Rule::f(x[i + k], x[j])), static_cast<double>(Rule::f_ordered_b(x[i + k], x[j]))));
+      }
+    }
+  }
+}
+
 }  // namespace
+
+TEMPLATE_TEST_CASE("rules: max/min with a non-NaN b take the short form with the same bits", "[rules]", float, double) {
+  ordered_b_agrees<TestType, r::Maximum>();
+  ordered_b_agrees<TestType, r::Minimum>();
+}
 
 TEMPLATE_TEST_CASE("rules: scalar and SIMD forms agree on special values", "[rules]", float, double) {
   using T = TestType;

@@ -47,6 +47,10 @@ TEST_CASE("weak scalars take the tensor's dtype, as eager", "[staged][ops]") {
     check_stages([](const auto& a) { return (a > 0) && (a < 2.5); }, 0.0, "range mask on " + dn, x);
     check_stages([](const auto& a) { return !(a == 1); }, 0.0, "!(a == 1) on " + dn, x);
     check_stages([](const auto& a) { return -a; }, 0.0, "-a on " + dn, x);
+    // max/min with a scalar take the rule's short form unless the scalar is NaN
+    check_stages([](const auto& a) { return sc::minimum(sc::maximum(a, -1.5f), 2.5) - sc::maximum(a, 0); }, 0.0,
+                 "clamp on " + dn, x);
+    check_stages([](const auto& a) { return sc::maximum(a * 1, NAN) + sc::minimum(a, -NAN); }, 0.0, "max/min with NaN on " + dn, x);
   }
   // a bool tensor with an integer scalar becomes i64; with a float scalar f32
   const Tensor m = values(sc::boolean, {7}, 2);

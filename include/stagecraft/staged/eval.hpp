@@ -294,7 +294,7 @@ SC_ALWAYS_INLINE void range(const E& e, C& c, R* y, std::int64_t b, std::int64_t
     for (; i + W <= end; i += W) store_value<L>(y + i, e.template get<S, D, V, L>(c, i), W, NT);
     if constexpr (NT) backend::cpu::stream_fence();
     if (i < end) {
-      using LT = SimdLane<T, L::dense, true>;
+      using LT = SimdLane<T, L::dense, true, L::ordered>;
       c.r = end - i;
       store_value<LT>(y + i, e.template get<S, D, native_t<LT, OD>, LT>(c, i), c.r, false);
     }
@@ -358,18 +358,28 @@ Tensor fused(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape&
   using T = std::conditional_t<simd, ctype_t<D>, float>;
   if (lay != Layout::strided) {
     const bool nt = simd && lay == Layout::dense && backend::cpu::stream_output(y, n);
-    backend::cpu::parallel_for(n, grain, [&](std::int64_t b, std::int64_t end) {
-      auto cc = c;
-      const X local = shared;
-      if (lay == Layout::dense) {
-        using L = std::conditional_t<simd, SimdLane<T, true>, ScalarLane<true>>;
-        if (nt) range<L, NA, D, true>(local, cc, y, b, end);
-        else range<L, NA, D, false>(local, cc, y, b, end);
-      } else {
-        using L = std::conditional_t<simd, SimdLane<T, false>, ScalarLane<false>>;
-        range<L, NA, D, false>(local, cc, y, b, end);
-      }
-    });
+    auto loop = [&](auto ordered) {
+      constexpr bool O = decltype(ordered)::value;
+      backend::cpu::parallel_for(n, grain, [&](std::int64_t b, std::int64_t end) {
+        auto cc = c;
+        const X local = shared;
+        if (lay == Layout::dense) {
+          using L = std::conditional_t<simd, SimdLane<T, true, false, O>, ScalarLane<true>>;
+          if (nt) range<L, NA, D, true>(local, cc, y, b, end);
+          else range<L, NA, D, false>(local, cc, y, b, end);
+        } else {
+          using L = std::conditional_t<simd, SimdLane<T, false, false, O>, ScalarLane<false>>;
+          range<L, NA, D, false>(local, cc, y, b, end);
+        }
+      });
+    };
+    // a loop without NaN tests for max/min constants, where none is NaN (checked here, once)
+    if constexpr (simd && has_minmax_const<E>()) {
+      if (minmax_consts_ordered(e)) loop(std::true_type{});
+      else loop(std::false_type{});
+    } else {
+      loop(std::false_type{});
+    }
     return out;
   }
   // Broadcasting: rows of the collapsed walk; each slot's row starts at its own offset.

@@ -48,18 +48,20 @@ inline constexpr bool always_false = false;
 
 /// SIMD lanes of T: dense (every slot has the output's layout) or strided (slot stride 0 or 1
 /// per row); tail: the last partial batch (masked loads).
-template <class T, bool Dense, bool Tail = false>
+/// Ordered: every max/min constant of the graph was checked not to be NaN before the loop, so
+/// those ops take their rule's short form (rules::Maximum::f_ordered_b) with no test inside it.
+template <class T, bool Dense, bool Tail = false, bool Ordered = false>
 struct SimdLane {
   using elem = T;
   using value = xsimd::batch<T>;
   using mask = xsimd::batch_bool<T>;
-  static constexpr bool simd = true, dense = Dense, tail = Tail;
+  static constexpr bool simd = true, dense = Dense, tail = Tail, ordered = Ordered;
   static constexpr std::int64_t width = value::size;
 };
 /// One element at a time (dtype mixes SIMD cannot hold in one register width).
 template <bool Dense>
 struct ScalarLane {
-  static constexpr bool simd = false, dense = Dense, tail = false;
+  static constexpr bool simd = false, dense = Dense, tail = false, ordered = false;
   static constexpr std::int64_t width = 1;
 };
 
@@ -336,11 +338,10 @@ struct Map2 : Node {
       return to<V>(Op::f(x, y));
     } else {
       using CV = native_t<L, compute<D>()>;
-      if constexpr (ordered_constant_form<CV>) {
-        // max/min with a scalar: one test of the constant, hoisted out of the loop, picks the
-        // rule's two-instruction form when the constant is not NaN
+      if constexpr (ordered_constant_form<CV> && L::ordered) {
+        // max/min with a constant checked before the loop not to be NaN: the rule's short form
         const CV x = a.template get<S, D, CV, L>(c, i), k = b.template get<S + A::slots, D, CV, L>(c, i);
-        return to<V>(rules::math::isnan(b.v) ? k : CV(Op::f_ordered_b(x, k)));
+        return to<V>(CV(Op::f_ordered_b(x, k)));
       } else {
         const CV x = a.template get<S, D, CV, L>(c, i);
         const CV y = b.template get<S + A::slots, D, CV, L>(c, i);
@@ -524,6 +525,43 @@ struct arg_count<Mat<M, A...>> : std::integral_constant<int, std::max({0, arg_co
 template <int I, class A, class F>
 struct arg_count<GradRoot<I, A, F>>
     : std::integral_constant<int, std::max({I + 1, arg_count<A>::value, arg_count<F>::value})> {};
+
+/// Whether the graph has max/min with a constant operand, and whether every such constant is not
+/// NaN (then the loop takes their short form: SimdLane's Ordered).
+template <class N>
+constexpr bool has_minmax_const() {
+  if constexpr (requires { typename N::op_type; } && requires(const N& n) { n.b; }) {
+    using Op = typename N::op_type;
+    using A = decltype(std::declval<N>().a);
+    using B = decltype(std::declval<N>().b);
+    return ((std::is_same_v<Op, ops::Maximum> || std::is_same_v<Op, ops::Minimum>) && is_const<B>) ||
+           has_minmax_const<A>() || has_minmax_const<B>();
+  } else if constexpr (requires(const N& n) { n.c; }) {
+    return has_minmax_const<decltype(std::declval<N>().c)>() || has_minmax_const<decltype(std::declval<N>().a)>() ||
+           has_minmax_const<decltype(std::declval<N>().b)>();
+  } else if constexpr (requires(const N& n) { n.a; } && !requires(const N& n) { n.m; }) {
+    return has_minmax_const<decltype(std::declval<N>().a)>();
+  } else {
+    return false;
+  }
+}
+template <class N>
+bool minmax_consts_ordered(const N& n) {
+  if constexpr (!has_minmax_const<N>()) {
+    return true;
+  } else if constexpr (requires { typename N::op_type; } && requires { n.b; }) {
+    using Op = typename N::op_type;
+    using B = decltype(n.b);
+    bool ok = minmax_consts_ordered(n.a) && minmax_consts_ordered(n.b);
+    if constexpr ((std::is_same_v<Op, ops::Maximum> || std::is_same_v<Op, ops::Minimum>) && is_const<B>)
+      ok = ok && !rules::math::isnan(n.b.v);
+    return ok;
+  } else if constexpr (requires { n.c; }) {
+    return minmax_consts_ordered(n.c) && minmax_consts_ordered(n.a) && minmax_consts_ordered(n.b);
+  } else {
+    return minmax_consts_ordered(n.a);
+  }
+}
 
 /// A node that reads no tensor at all (a constant expression of scalars).
 template <class N>
