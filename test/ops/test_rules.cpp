@@ -72,6 +72,13 @@ void ordered_b_agrees() {
         INFO("a = " << x[i + k] << ", b = " << x[j]);
         CHECK(same(static_cast<double>(Rule::f(x[i + k], x[j])), static_cast<double>(out[k])));
         CHECK(same(static_cast<double>(Rule::f(x[i + k], x[j])), static_cast<double>(Rule::f_ordered_b(x[i + k], x[j]))));
+        if (x[j] != T(0)) {  // and the one-instruction form when b is not zero either
+          alignas(64) T one[B<T>::size];
+          Rule::f_ordered_nonzero_b(B<T>::load_unaligned(x.data() + i), B<T>(x[j])).store_aligned(one);
+          CHECK(same(static_cast<double>(Rule::f(x[i + k], x[j])), static_cast<double>(one[k])));
+          CHECK(same(static_cast<double>(Rule::f(x[i + k], x[j])),
+                     static_cast<double>(Rule::f_ordered_nonzero_b(x[i + k], x[j]))));
+        }
       }
     }
   }

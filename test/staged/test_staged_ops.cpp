@@ -51,6 +51,8 @@ TEST_CASE("weak scalars take the tensor's dtype, as eager", "[staged][ops]") {
     check_stages([](const auto& a) { return sc::minimum(sc::maximum(a, -1.5f), 2.5) - sc::maximum(a, 0); }, 0.0,
                  "clamp on " + dn, x);
     check_stages([](const auto& a) { return sc::maximum(a * 1, NAN) + sc::minimum(a, -NAN); }, 0.0, "max/min with NaN on " + dn, x);
+    check_stages([](const auto& a) { return sc::minimum(sc::maximum(a * 1, -1.5f), 2.5) + 1; }, 0.0,
+                 "clamp with nonzero constants on " + dn, x);
   }
   // a bool tensor with an integer scalar becomes i64; with a float scalar f32
   const Tensor m = values(sc::boolean, {7}, 2);

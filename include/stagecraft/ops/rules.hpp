@@ -21,6 +21,19 @@ using std::log;
 using std::sin;
 using std::sqrt;
 using std::tanh;
+/// x > y ? x : y: x86's max instruction for scalars (y when either is NaN or on a tie); xsimd's
+/// max on batches is that instruction, or a NaN-propagating one elsewhere.
+template <class T>
+  requires std::is_arithmetic_v<T>
+constexpr T max(T x, T y) {
+  return x > y ? x : y;
+}
+/// x < y ? x : y, as max.
+template <class T>
+  requires std::is_arithmetic_v<T>
+constexpr T min(T x, T y) {
+  return x < y ? x : y;
+}
 /// m ? a : b.
 template <class T>
   requires std::is_arithmetic_v<T>
@@ -191,6 +204,12 @@ struct Maximum : Rule {
     using math::select;
     return select(a <= b, b, a);
   }
+  /// The same result when b is neither NaN nor zero: one max instruction. max(b, a) gives a when
+  /// a is NaN, and on a tie the two are the same value (only zeros tie with a different sign).
+  template <class V> static V f_ordered_nonzero_b(const V& a, const V& b) {
+    using math::max;
+    return max(b, a);
+  }
 };
 /// Smaller of a and b; NaN in either gives NaN (as NumPy's minimum).
 struct Minimum : Rule {
@@ -203,6 +222,11 @@ struct Minimum : Rule {
   template <class V> static V f_ordered_b(const V& a, const V& b) {
     using math::select;
     return select(a >= b, b, a);
+  }
+  /// As Maximum::f_ordered_nonzero_b: one min instruction.
+  template <class V> static V f_ordered_nonzero_b(const V& a, const V& b) {
+    using math::min;
+    return min(b, a);
   }
 };
 

@@ -359,7 +359,7 @@ Tensor fused(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape&
   if (lay != Layout::strided) {
     const bool nt = simd && lay == Layout::dense && backend::cpu::stream_output(y, n);
     auto loop = [&](auto ordered) {
-      constexpr bool O = decltype(ordered)::value;
+      constexpr int O = decltype(ordered)::value;
       backend::cpu::parallel_for(n, grain, [&](std::int64_t b, std::int64_t end) {
         auto cc = c;
         const X local = shared;
@@ -375,10 +375,13 @@ Tensor fused(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape&
     };
     // a loop without NaN tests for max/min constants, where none is NaN (checked here, once)
     if constexpr (simd && has_minmax_const<E>()) {
-      if (minmax_consts_ordered(e)) loop(std::true_type{});
-      else loop(std::false_type{});
+      switch (minmax_consts_ordered(e)) {
+        case 2: loop(std::integral_constant<int, 2>{}); break;
+        case 1: loop(std::integral_constant<int, 1>{}); break;
+        default: loop(std::integral_constant<int, 0>{});
+      }
     } else {
-      loop(std::false_type{});
+      loop(std::integral_constant<int, 0>{});
     }
     return out;
   }

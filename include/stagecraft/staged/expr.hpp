@@ -48,20 +48,23 @@ inline constexpr bool always_false = false;
 
 /// SIMD lanes of T: dense (every slot has the output's layout) or strided (slot stride 0 or 1
 /// per row); tail: the last partial batch (masked loads).
-/// Ordered: every max/min constant of the graph was checked not to be NaN before the loop, so
-/// those ops take their rule's short form (rules::Maximum::f_ordered_b) with no test inside it.
-template <class T, bool Dense, bool Tail = false, bool Ordered = false>
+/// Ordered: what a check before the loop found of the graph's max/min constants: 0 nothing, 1 none
+/// is NaN, 2 none is NaN or zero. Those ops then take their rule's short forms
+/// (rules::Maximum::f_ordered_b, f_ordered_nonzero_b) with no test inside the loop.
+template <class T, bool Dense, bool Tail = false, int Ordered = 0>
 struct SimdLane {
   using elem = T;
   using value = xsimd::batch<T>;
   using mask = xsimd::batch_bool<T>;
-  static constexpr bool simd = true, dense = Dense, tail = Tail, ordered = Ordered;
+  static constexpr bool simd = true, dense = Dense, tail = Tail;
+  static constexpr int ordered = Ordered;
   static constexpr std::int64_t width = value::size;
 };
 /// One element at a time (dtype mixes SIMD cannot hold in one register width).
 template <bool Dense>
 struct ScalarLane {
-  static constexpr bool simd = false, dense = Dense, tail = false, ordered = false;
+  static constexpr bool simd = false, dense = Dense, tail = false;
+  static constexpr int ordered = 0;
   static constexpr std::int64_t width = 1;
 };
 
@@ -338,10 +341,11 @@ struct Map2 : Node {
       return to<V>(Op::f(x, y));
     } else {
       using CV = native_t<L, compute<D>()>;
-      if constexpr (ordered_constant_form<CV> && L::ordered) {
-        // max/min with a constant checked before the loop not to be NaN: the rule's short form
+      if constexpr (ordered_constant_form<CV> && L::ordered > 0) {
+        // max/min with a constant checked before the loop: the rule's short forms
         const CV x = a.template get<S, D, CV, L>(c, i), k = b.template get<S + A::slots, D, CV, L>(c, i);
-        return to<V>(CV(Op::f_ordered_b(x, k)));
+        if constexpr (L::ordered == 2) return to<V>(CV(Op::f_ordered_nonzero_b(x, k)));
+        else return to<V>(CV(Op::f_ordered_b(x, k)));
       } else {
         const CV x = a.template get<S, D, CV, L>(c, i);
         const CV y = b.template get<S + A::slots, D, CV, L>(c, i);
@@ -545,19 +549,22 @@ constexpr bool has_minmax_const() {
     return false;
   }
 }
+/// 2 when no max/min constant of the graph is NaN or zero, 1 when none is NaN, else 0.
 template <class N>
-bool minmax_consts_ordered(const N& n) {
+int minmax_consts_ordered(const N& n) {
   if constexpr (!has_minmax_const<N>()) {
-    return true;
+    return 2;
   } else if constexpr (requires { typename N::op_type; } && requires { n.b; }) {
     using Op = typename N::op_type;
     using B = decltype(n.b);
-    bool ok = minmax_consts_ordered(n.a) && minmax_consts_ordered(n.b);
-    if constexpr ((std::is_same_v<Op, ops::Maximum> || std::is_same_v<Op, ops::Minimum>) && is_const<B>)
-      ok = ok && !rules::math::isnan(n.b.v);
-    return ok;
+    int level = std::min(minmax_consts_ordered(n.a), minmax_consts_ordered(n.b));
+    if constexpr ((std::is_same_v<Op, ops::Maximum> || std::is_same_v<Op, ops::Minimum>) && is_const<B>) {
+      if (rules::math::isnan(n.b.v)) level = 0;
+      else if (n.b.v == 0) level = std::min(level, 1);
+    }
+    return level;
   } else if constexpr (requires { n.c; }) {
-    return minmax_consts_ordered(n.c) && minmax_consts_ordered(n.a) && minmax_consts_ordered(n.b);
+    return std::min({minmax_consts_ordered(n.c), minmax_consts_ordered(n.a), minmax_consts_ordered(n.b)});
   } else {
     return minmax_consts_ordered(n.a);
   }
