@@ -33,11 +33,30 @@ namespace hana = boost::hana;
 /// Bytes of one frame slot: the widest native value (an AVX-512 batch).
 inline constexpr std::size_t frame_bytes = 64;
 
-/// The sub-expression types of N in evaluation order (post-order, operands left to right). A
-/// materialized operand is one value: its operands are another fused loop's.
+/// Worth sharing: a costly node (a transcendental, a division, a power) with a dtype of its own.
+/// Cheap arithmetic is left to be recomputed: sharing it would save less than the frame's store
+/// and load, and keeping the candidates few keeps this search quick to compile.
+template <class N>
+constexpr bool shareable() {
+  if constexpr (requires { typename N::op_type; } && requires(const N& n) { n.a; } && !requires(const N& n) { n.m; }) {
+    using Op = typename N::op_type;
+    if constexpr (N::weak) return false;
+    else if constexpr (requires(const N& n) { n.b; })
+      return std::is_same_v<Op, ops::Div> || std::is_same_v<Op, ops::Pow>;
+    else return N::kind == ops::ElementwiseKind::unary_floating;
+  } else {
+    return false;
+  }
+}
+
+/// The shareable sub-expression types of N in evaluation order (post-order, operands left to
+/// right). A materialized operand is one value: its operands are another fused loop's.
 template <class N>
 constexpr auto subexpressions() {
-  constexpr auto self = hana::make_tuple(hana::type_c<N>);
+  constexpr auto self = [] {
+    if constexpr (shareable<N>()) return hana::make_tuple(hana::type_c<N>);
+    else return hana::make_tuple();
+  }();
   if constexpr (requires { N::arg_index; } || std::is_same_v<N, Leaf> || requires(const N& n) { n.m; }) {
     return self;
   } else if constexpr (requires(const N& n) { n.c; }) {
@@ -53,14 +72,9 @@ constexpr auto subexpressions() {
     using A = decltype(std::declval<N>().a);
     return hana::concat(subexpressions<A>(), self);
   } else {
-    return self;  // Int<K>
+    return self;  // constants
   }
 }
-
-/// Worth sharing: computes something (not a leaf or a constant) and has a dtype of its own.
-template <class N>
-inline constexpr bool shareable =
-    !N::weak && node_count<N>::value >= 2 && !requires { N::grad_arg; } && !requires(const N& n) { n.m; };
 
 /// The shared sub-expression types of E, in evaluation order (each before any that contains it).
 template <class E>
@@ -71,8 +85,7 @@ constexpr auto shared_types() {
     else return hana::append(acc, t);
   });
   return hana::filter(uniq, [](auto t) {
-    using N = typename decltype(t)::type;
-    return hana::bool_c<shareable<N> && decltype(hana::count(subexpressions<E>(), t))::value >= 2>;
+    return hana::bool_c<(decltype(hana::count(subexpressions<E>(), t))::value >= 2)>;
   });
 }
 
@@ -212,6 +225,9 @@ struct CseRewrite {
 /// of frame slots the kernel's context needs.
 template <class E>
 auto cse(const E& e) {
+#ifdef STAGECRAFT_NO_CSE
+  return e;
+#else
   using Shared = decltype(shared_types<E>());
   if constexpr (decltype(hana::size(Shared{}))::value == 0) {
     return e;
@@ -219,8 +235,14 @@ auto cse(const E& e) {
     CseRewrite<Shared> r;
     return r.go(e, hana::make_tuple()).first;
   }
+#endif
 }
+#ifdef STAGECRAFT_NO_CSE
+template <class E>
+inline constexpr int frame_slots = 0;
+#else
 template <class E>
 inline constexpr int frame_slots = static_cast<int>(decltype(hana::size(decltype(shared_types<E>()){}))::value);
+#endif
 
 }  // namespace stagecraft::staging

@@ -280,6 +280,26 @@ SC_ALWAYS_INLINE void store_value(R* y, const V& v, std::int64_t r, bool nt) {
   }
 }
 
+template <class C>
+inline constexpr int NS_of = 0;
+template <int NS, int NF>
+inline constexpr int NS_of<Ctx<NS, NF>> = NS;
+
+/// A context for the r (< W) elements from position i on: each slot that streams (stride 1) is
+/// copied into a zero-padded batch of pad, so the graph's full-batch code reads them at
+/// position 0 (the tail costs no second instantiation of the graph); repeated slots stay.
+template <class T, std::int64_t W, bool Dense, class C>
+SC_ALWAYS_INLINE C padded_tail(const C& c, std::int64_t i, std::int64_t r, T (*pad)[W]) {
+  C tc = c;
+  for (int k = 0; k < NS_of<C>; ++k) {
+    if (c.p[k] == nullptr || (!Dense && c.s[k] == 0)) continue;
+    const T* src = static_cast<const T*>(c.p[k]) + i;
+    for (std::int64_t j = 0; j < W; ++j) pad[k][j] = j < r ? src[j] : T(0);
+    tc.p[k] = pad[k];
+  }
+  return tc;
+}
+
 /// y[b, e) of expression e over SIMD or scalar lanes L (positions relative to the slots' bases);
 /// NT: streaming stores. Callers pass a copy of the expression local to their thread: its
 /// constants then provably do not alias the output, and stay in registers across the loop.
@@ -294,9 +314,11 @@ SC_ALWAYS_INLINE void range(const E& e, C& c, R* y, std::int64_t b, std::int64_t
     for (; i + W <= end; i += W) store_value<L>(y + i, e.template get<S, D, V, L>(c, i), W, NT);
     if constexpr (NT) backend::cpu::stream_fence();
     if (i < end) {
+      // the last partial batch: the same instantiation of the graph, on zero-padded copies
+      alignas(64) T pad[NS_of<C> > 0 ? NS_of<C> : 1][W];
+      C tc = padded_tail<T, W, L::dense>(c, i, end - i, pad);
       using LT = SimdLane<T, L::dense, true, L::ordered>;
-      c.r = end - i;
-      store_value<LT>(y + i, e.template get<S, D, native_t<LT, OD>, LT>(c, i), c.r, false);
+      store_value<LT>(y + i, e.template get<S, D, V, L>(tc, 0), end - i, false);
     }
   } else {
     for (std::int64_t i = b; i < end; ++i) y[i] = e.template get<S, D, R, L>(c, i);
@@ -364,7 +386,7 @@ Tensor fused(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape&
         auto cc = c;
         const X local = shared;
         if (lay == Layout::dense) {
-          using L = std::conditional_t<simd, SimdLane<T, true, false, O>, ScalarLane<true>>;
+          using L = std::conditional_t<simd, SimdLane<T, true, false, O>, ScalarLane<false>>;
           if (nt) range<L, NA, D, true>(local, cc, y, b, end);
           else range<L, NA, D, false>(local, cc, y, b, end);
         } else {
@@ -504,7 +526,6 @@ bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA>& env, Tensor&
     constexpr DType D = dtype_of<T>();
     if constexpr (A::template valid<D>() && A::template uniform<D>() && A::template dtype<D>() == D) {
       using L = SimdLane<T, false>;
-      using LT = SimdLane<T, false, true>;
       using B = xsimd::batch<T>;
       constexpr std::int64_t W = B::size;
       constexpr std::int64_t chunk = std::int64_t{1} << 15;
@@ -540,9 +561,10 @@ bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA>& env, Tensor&
           T s = lanes[0];
           for (std::int64_t k = 1; k < W; ++k) s = combine(s, lanes[k]);
           if (i < end) {
-            cc.r = end - i;
-            local.template get<NA, D, B, LT>(cc, i).store_aligned(lanes);
-            for (std::int64_t k = 0; k < cc.r; ++k) s = combine(s, lanes[k]);
+            alignas(64) T pad[NS > 0 ? NS : 1][W];
+            const auto tc = padded_tail<T, W, false>(cc, i, end - i, pad);
+            local.template get<NA, D, B, L>(tc, 0).store_aligned(lanes);
+            for (std::int64_t k = 0; k < end - i; ++k) s = combine(s, lanes[k]);
           }
           part[static_cast<std::size_t>(u)] = s;
         }
