@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Compile-time benchmark: a one-line user file that includes <stagecraft/stagecraft.hpp>.
+# Compile-time benchmark: a one-line user file that includes <stagecraft/stagecraft.hpp>, and a user
+# file that also compiles a 16-op staged expression (sc::compile) and its derivative (sc::grad<0>).
 # Prints the median of RUNS (default 3) compiles at -O0 and -O2, the preprocessing time and the
 # preprocessed line count. Flags are those stagecraft::stagecraft gives a user (see a build's
 # compile_commands.json), without ccache. Usage: bash bench/compile_time.sh   (CXX=clang++ to switch)
@@ -13,6 +14,17 @@ flags=(-std=gnu++20 -fopenmp -DXTENSOR_USE_XSIMD -I"$root/include"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo '#include <stagecraft/stagecraft.hpp>' > "$tmp/user.cpp"
+cat > "$tmp/staged.cpp" <<'EOF'
+#include <stagecraft/stagecraft.hpp>
+// 16 ops: mul add tanh sigmoid mul neg exp add div sub gt abs sqrt square where add
+sc::Tensor f(const sc::Tensor& x, const sc::Tensor& y) {
+  auto g = sc::compile([](auto a, auto b) {
+    auto h = sc::tanh(a * b + 0.5f) * sc::sigmoid(a) - b / (1 + sc::exp(-a));
+    return sc::where(h > 0, sc::sqrt(sc::abs(h)), sc::square(h)) + a;
+  });
+  return g(x, y) + sc::grad<0>(g)(x, y);
+}
+EOF
 
 # Runs "$@" RUNS times; prints the median wall time in seconds and all the runs.
 measure() {
@@ -33,3 +45,6 @@ echo "compile -O0:   $(measure "$cxx" "${flags[@]}" -O0 -c "$tmp/user.cpp" -o "$
 echo "compile -O2:   $(measure "$cxx" "${flags[@]}" -O2 -c "$tmp/user.cpp" -o "$tmp/user.o")"
 echo "preprocess -E: $(measure "$cxx" "${flags[@]}" -E "$tmp/user.cpp" -o "$tmp/user.ii")"
 echo "preprocessed lines: $(wc -l < "$tmp/user.ii")"
+echo "file: a 16-op sc::compile expression and its sc::grad<0> (see this script)"
+echo "compile -O0:   $(measure "$cxx" "${flags[@]}" -O0 -c "$tmp/staged.cpp" -o "$tmp/staged.o")"
+echo "compile -O2:   $(measure "$cxx" "${flags[@]}" -O2 -c "$tmp/staged.cpp" -o "$tmp/staged.o")"
