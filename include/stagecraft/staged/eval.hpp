@@ -102,6 +102,15 @@ void fill(const GradRoot<I, A, F>& n, const Env<NA>& env, Slots<NS>& sl) {
   fill<S>(n.a, env, sl);
 }
 
+/// The slots of expression e: the arguments, then its leaves and materialized operands.
+template <int NA, class E>
+Slots<NA + E::slots> make_slots(const E& e, const Env<NA>& env) {
+  Slots<NA + E::slots> sl;
+  for (int k = 0; k < NA; ++k) sl[k] = env.args[k];
+  fill<NA>(e, env, sl);
+  return sl;
+}
+
 // ---- shapes (false where eager would raise: the eager run then raises it) -----------------
 
 template <int S, int NA, int NS, int I>
@@ -149,11 +158,7 @@ bool shape_of(const Mat<M, A...>&, const Env<NA>&, const Slots<NS>& sl, Shape& o
 /// shape a gradient's adjoint has.
 template <int NA, class N>
 bool own_shape(const N& n, const Env<NA>& env, Shape& out) {
-  constexpr int NS = NA + N::slots;
-  Slots<NS> sl;
-  for (int k = 0; k < NA; ++k) sl[k] = env.args[k];
-  fill<NA>(n, env, sl);
-  return shape_of<NA>(n, env, sl, out);
+  return shape_of<NA>(n, env, make_slots<NA>(n, env), out);
 }
 
 template <int NA, int I, class A, class F>
@@ -452,9 +457,7 @@ bool fusable(const Slots<NS>& sl, const Used<NS>& used, DType& d) {
 template <int NA, class E>
 Tensor run_elementwise(const E& e, const Env<NA>& env) {
   constexpr int NS = NA + E::slots;
-  Slots<NS> sl;
-  for (int k = 0; k < NA; ++k) sl[k] = env.args[k];
-  fill<NA>(e, env, sl);
+  const Slots<NS> sl = make_slots<NA>(e, env);
   constexpr Used<NS> used = used_slots<NA, E>();
   DType d{};
   Shape shape;
@@ -494,9 +497,7 @@ struct ReduceOp {
 template <int NA, ReduceKind K, class A>
 bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA>& env, Tensor& out) {
   constexpr int NS = NA + A::slots;
-  Slots<NS> sl;
-  for (int k = 0; k < NA; ++k) sl[k] = env.args[k];
-  fill<NA>(a, env, sl);
+  const Slots<NS> sl = make_slots<NA>(a, env);
   constexpr Used<NS> used = used_slots<NA, A>();
   DType d{};
   Shape shape;

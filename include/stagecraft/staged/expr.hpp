@@ -107,13 +107,11 @@ SC_ALWAYS_INLINE V constant(S c) {
   else return static_cast<V>(c);
 }
 
-/// The kernel's view of the slots: base pointers, per-row strides (0 or 1) and the tail length;
-/// and NF frame slots, where shared sub-expressions keep their value for the batch (cse.hpp).
+/// The kernel's view of the slots: base pointers and per-row strides (0 or 1); and NF frame slots, where shared sub-expressions keep their value for the batch (cse.hpp).
 template <int NS, int NF = 0>
 struct Ctx {
   const void* p[NS > 0 ? NS : 1] = {};
   std::int64_t s[NS > 0 ? NS : 1] = {};
-  std::int64_t r = 0;
   alignas(64) mutable unsigned char frame[NF > 0 ? NF : 1][64] = {};
 };
 
@@ -124,14 +122,10 @@ SC_ALWAYS_INLINE native_t<L, X> load_slot(const C& c, std::int64_t i) {
   const T* p = static_cast<const T*>(c.p[K]);
   if constexpr (L::simd) {
     using B = typename L::value;
-    if constexpr (L::dense) {
-      if constexpr (L::tail) return backend::cpu::load_partial(p + i, c.r);
-      else return B::load_unaligned(p + i);
-    } else {
+    if constexpr (!L::dense) {
       if (c.s[K] == 0) return B(p[0]);
-      if constexpr (L::tail) return backend::cpu::load_partial(p + i, c.r);
-      else return B::load_unaligned(p + i);
     }
+    return B::load_unaligned(p + i);
   } else {
     if constexpr (L::dense) return p[i];
     else return p[i * c.s[K]];
@@ -476,39 +470,32 @@ struct GradRoot : Node {
 
 // ---- structure ---------------------------------------------------------------------------
 
+/// Whether node N uses argument I: in its own fused loop only (Deep false), or also through a
+/// materialized operand (Deep true).
+template <int I, class N, bool Deep>
+struct uses_arg : std::false_type {};
+template <int I, bool Deep>
+struct uses_arg<I, Arg<I>, Deep> : std::true_type {};
+template <int I, class Op, class A, bool Deep>
+struct uses_arg<I, Map1<Op, A>, Deep> : uses_arg<I, A, Deep> {};
+template <int I, class Op, class A, class B, bool Deep>
+struct uses_arg<I, Map2<Op, A, B>, Deep> : std::bool_constant<uses_arg<I, A, Deep>::value || uses_arg<I, B, Deep>::value> {};
+template <int I, class Cn, class A, class B, bool Deep>
+struct uses_arg<I, Select<Cn, A, B>, Deep>
+    : std::bool_constant<uses_arg<I, Cn, Deep>::value || uses_arg<I, A, Deep>::value || uses_arg<I, B, Deep>::value> {};
+template <int I, DType X, class A, bool Deep>
+struct uses_arg<I, Convert<X, A>, Deep> : uses_arg<I, A, Deep> {};
+template <int I, int J, class A, class F, bool Deep>
+struct uses_arg<I, GradRoot<J, A, F>, Deep> : uses_arg<I, A, Deep> {};
+template <int I, class M, class... A>
+struct uses_arg<I, Mat<M, A...>, true> : std::bool_constant<(uses_arg<I, A, true>::value || ...)> {};
+
 /// Whether node N reads argument I in its own fused loop (not through a materialized operand).
 template <int I, class N>
-struct reads_arg : std::false_type {};
-template <int I>
-struct reads_arg<I, Arg<I>> : std::true_type {};
-template <int I, class Op, class A>
-struct reads_arg<I, Map1<Op, A>> : reads_arg<I, A> {};
-template <int I, class Op, class A, class B>
-struct reads_arg<I, Map2<Op, A, B>> : std::bool_constant<reads_arg<I, A>::value || reads_arg<I, B>::value> {};
-template <int I, class Cn, class A, class B>
-struct reads_arg<I, Select<Cn, A, B>>
-    : std::bool_constant<reads_arg<I, Cn>::value || reads_arg<I, A>::value || reads_arg<I, B>::value> {};
-template <int I, DType X, class A>
-struct reads_arg<I, Convert<X, A>> : reads_arg<I, A> {};
-template <int I, int J, class A, class F>
-struct reads_arg<I, GradRoot<J, A, F>> : reads_arg<I, A> {};
-
+using reads_arg = uses_arg<I, N, false>;
 /// Whether node N depends on argument I at all (through materialized operands too).
 template <int I, class N>
-struct depends_on : reads_arg<I, N> {};
-template <int I, class M, class... A>
-struct depends_on<I, Mat<M, A...>> : std::bool_constant<(depends_on<I, A>::value || ...)> {};
-template <int I, class Op, class A>
-struct depends_on<I, Map1<Op, A>> : depends_on<I, A> {};
-template <int I, class Op, class A, class B>
-struct depends_on<I, Map2<Op, A, B>> : std::bool_constant<depends_on<I, A>::value || depends_on<I, B>::value> {};
-template <int I, class Cn, class A, class B>
-struct depends_on<I, Select<Cn, A, B>>
-    : std::bool_constant<depends_on<I, Cn>::value || depends_on<I, A>::value || depends_on<I, B>::value> {};
-template <int I, DType X, class A>
-struct depends_on<I, Convert<X, A>> : depends_on<I, A> {};
-template <int I, int J, class A, class F>
-struct depends_on<I, GradRoot<J, A, F>> : depends_on<I, A> {};
+using depends_on = uses_arg<I, N, true>;
 
 /// Number of compiled-function arguments an expression reads (1 + the highest index).
 template <class N>
