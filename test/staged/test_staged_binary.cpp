@@ -52,3 +52,29 @@ TEST_CASE("staged ops on mixed dtypes promote as eager does", "[staged][ops]") {
     for (const auto& [da, db] : pairs) check(values(da, {3, 4}, 5), values(db, {4}, 6), 1e-6);
 }
 
+
+TEST_CASE("staged broadcasting walks: long rows, size-1 operands and splits across threads", "[staged][ops]") {
+  // A size-1 operand, or one repeated along the innermost axis, is read from a buffer of copies
+  // refilled per segment (eval.hpp's Walker): rows longer than a segment, rows whose repeated
+  // value changes, tails, and outputs large enough to split over threads mid-row.
+  struct Case {
+    sc::Shape a, b, c;
+  };
+  const Case cases[] = {{{300, 1}, {1, 700}, {300, 700}},
+                        {{1}, {100003}, {100003}},
+                        {{64, 1, 3000}, {5, 1}, {1}},
+                        {{7, 1, 1}, {1, 1, 33}, {7, 6, 33}},
+                        {{2000, 1}, {2000, 3}, {1, 3}},
+                        {{1, 1}, {1, 1}, {513, 257}}};
+  for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64}) {
+    for (const Case& k : cases) {
+      const Tensor a = values(d, k.a, 7), b = values(d, k.b, 8), c = values(d, k.c, 9);
+      const std::string label = std::string(sc::name(d)) + sctest::str(k.a) + sctest::str(k.b) + sctest::str(k.c);
+      check_stages([](const auto& x, const auto& y, const auto& z) { return sc::maximum(x * y, z) - x + y * z; },
+                   sc::is_floating(d) ? 1e-6 : 0.0, label, a, b, c);
+      if (sc::is_floating(d))
+        check_stages([](const auto& x, const auto& y, const auto& z) { return sc::where(x > y, sc::tanh(z * x), y - z); },
+                     1e-6, label + " where/tanh", a, b, c);
+    }
+  }
+}

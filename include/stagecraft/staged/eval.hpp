@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -305,28 +306,26 @@ SC_ALWAYS_INLINE C padded_tail(const C& c, std::int64_t i, std::int64_t r, T (*p
   return tc;
 }
 
-/// y[b, e) of expression e over SIMD or scalar lanes L (positions relative to the slots' bases);
-/// NT: streaming stores. Callers pass a copy of the expression local to their thread: its
-/// constants then provably do not alias the output, and stay in registers across the loop.
-template <class L, int S, DType D, bool NT, class E, class C, class R>
-SC_ALWAYS_INLINE void range(const E& e, C& c, R* y, std::int64_t b, std::int64_t end) {
+/// y[0, n) of expression e over SIMD or scalar lanes L, every slot advancing one element per
+/// position (the Walker below gives each segment that form); nt: streaming stores.
+template <class L, int S, DType D, class E, class C, class R>
+SC_ALWAYS_INLINE void range(const E& e, C& c, R* y, std::int64_t n, bool nt) {
   constexpr DType OD = E::template dtype<D>();
   if constexpr (L::simd) {
     using T = typename L::elem;
     using V = native_t<L, OD>;
     constexpr std::int64_t W = L::width;
-    std::int64_t i = b;
-    for (; i + W <= end; i += W) store_value<L>(y + i, e.template get<S, D, V, L>(c, i), W, NT);
-    if constexpr (NT) backend::cpu::stream_fence();
-    if (i < end) {
+    std::int64_t i = 0;
+    for (; i + W <= n; i += W) store_value<L>(y + i, e.template get<S, D, V, L>(c, i), W, nt);
+    if (i < n) {
       // the last partial batch: the same instantiation of the graph, on zero-padded copies
       alignas(64) T pad[NS_of<C> > 0 ? NS_of<C> : 1][W];
-      C tc = padded_tail<T, W, L::dense>(c, i, end - i, pad);
-      using LT = SimdLane<T, L::dense, true, L::ordered>;
-      store_value<LT>(y + i, e.template get<S, D, V, L>(tc, 0), end - i, false);
+      C tc = padded_tail<T, W, true>(c, i, n - i, pad);
+      using LT = SimdLane<T, true, true, L::ordered>;
+      store_value<LT>(y + i, e.template get<S, D, V, L>(tc, 0), n - i, false);
     }
   } else {
-    for (std::int64_t i = b; i < end; ++i) y[i] = e.template get<S, D, R, L>(c, i);
+    for (std::int64_t i = 0; i < n; ++i) y[i] = e.template get<S, D, R, L>(c, i);
   }
 }
 
@@ -363,77 +362,175 @@ Layout layout_of(const Slots<NS>& sl, const Used<NS>& used, std::int64_t n) {
   return l;
 }
 
+/// Elements per segment of a broadcasting walk.
+inline constexpr std::int64_t walk_segment = 256;
+
+/// Cuts one thread's share of the output into segments in which every slot advances one element
+/// per position, so a single (dense) instantiation of the graph serves every layout: a slot that
+/// repeats one element along a segment (a size-1 slot, or stride 0 on the innermost axis) is read
+/// from a buffer of walk_segment copies of that element, refilled only when the element changes.
+/// Segments come from [b, end) of the output (dense and linear layouts) or from rows [b, end) of
+/// a broadcasting plan (strided).
+template <int NS, class T>
+class Walker {
+ public:
+  Walker(const void* const* base, const std::int64_t* step, const Used<NS>& used, std::int64_t b,
+         std::int64_t end, const backend::cpu::StridedPlan<NS>* plan)
+      : plan_(plan), pos_(b) {
+    for (int k = 0; k < NS; ++k) {
+      base_[k] = static_cast<const T*>(base[k]);
+      used_[k] = used[k];
+      step_[k] = step[k];
+    }
+    if (plan_ == nullptr) {
+      for (int k = 0; k < NS; ++k) off_[k] = step_[k] * b;
+      row_left_ = end - b;
+      split_ = false;
+      for (int k = 0; k < NS; ++k) split_ |= used_[k] && step_[k] == 0;
+    } else {
+      const int r = plan_->shape.rank();
+      len_ = plan_->shape[r - 1];
+      for (int k = 0; k < NS; ++k) step_[k] = plan_->strides[k][r - 1];
+      split_ = false;
+      for (int k = 0; k < NS; ++k) split_ |= used_[k] && step_[k] == 0;
+      std::int64_t rem = b;  // unravel row b over the outer axes
+      for (int d = r - 2; d >= 0; --d) {
+        idx_[d] = rem % plan_->shape[d];
+        rem /= plan_->shape[d];
+      }
+      for (int k = 0; k < NS; ++k) {
+        off_[k] = 0;
+        for (int d = 0; d < r - 1; ++d) off_[k] += idx_[d] * plan_->strides[k][d];
+      }
+      rows_left_ = end - b;
+      row_left_ = rows_left_ > 0 ? len_ : 0;
+      pos_ = b * len_;  // output position of the row's start
+    }
+  }
+
+  /// The next segment: sets p[k] to where slot k's elements are, returns the segment's length
+  /// (0 when done) and its output offset in o.
+  std::int64_t next(const void** p, std::int64_t& o) {
+    if (row_left_ == 0 && !next_row()) return 0;
+    const std::int64_t len = split_ ? std::min(row_left_, walk_segment) : row_left_;
+    for (int k = 0; k < NS; ++k) {
+      if (!used_[k]) continue;
+      if (step_[k] != 0) {
+        p[k] = base_[k] + off_[k];
+        off_[k] += len;
+      } else {
+        const T v = base_[k][off_[k]];
+        if (!filled_[k] || !same(last_[k], v)) {
+          std::fill_n(buf_[k], walk_segment, v);
+          last_[k] = v;
+          filled_[k] = true;
+        }
+        p[k] = buf_[k];
+      }
+    }
+    o = pos_;
+    pos_ += len;
+    row_left_ -= len;
+    return len;
+  }
+
+ private:
+  // Advances to the next row of the plan (the odometer of backend::cpu::for_each_row).
+  bool next_row() {
+    if (plan_ == nullptr || --rows_left_ <= 0) return false;
+    const int r = plan_->shape.rank();
+    for (int k = 0; k < NS; ++k) off_[k] -= len_ * step_[k];  // back to the row's start
+    for (int d = r - 2; d >= 0; --d) {
+      ++idx_[d];
+      for (int k = 0; k < NS; ++k) off_[k] += plan_->strides[k][d];
+      if (idx_[d] < plan_->shape[d]) break;
+      for (int k = 0; k < NS; ++k) off_[k] -= idx_[d] * plan_->strides[k][d];
+      idx_[d] = 0;
+    }
+    row_left_ = len_;
+    return true;
+  }
+  static bool same(const T& a, const T& b) { return std::memcmp(&a, &b, sizeof(T)) == 0; }
+
+  const backend::cpu::StridedPlan<NS>* plan_;
+  const T* base_[NS > 0 ? NS : 1] = {};
+  std::int64_t step_[NS > 0 ? NS : 1] = {};
+  std::int64_t off_[NS > 0 ? NS : 1] = {};
+  bool used_[NS > 0 ? NS : 1] = {};
+  bool filled_[NS > 0 ? NS : 1] = {};
+  T last_[NS > 0 ? NS : 1] = {};
+  std::int64_t idx_[max_rank] = {};
+  std::int64_t pos_ = 0, row_left_ = 0, rows_left_ = 0, len_ = 0;
+  bool split_ = false;
+  alignas(64) T buf_[NS > 0 ? NS : 1][walk_segment];
+};
+
+/// One thread's share of the fused loop: the graph's one instantiation for dtype D and lanes L,
+/// run over the walker's segments. Its own copies of the expression and the context keep the
+/// graph's constants and frame provably apart from the output, so they stay in registers.
+template <class L, int S, DType D, class T, class E, class C, class R>
+SC_NOINLINE void fused_share(const E& shared, const C& c0, R* y, Walker<NS_of<C>, T>& walk, bool nt) {
+  const E e = shared;
+  C c = c0;
+  std::int64_t o = 0;
+  while (const std::int64_t len = walk.next(c.p, o)) range<L, S, D>(e, c, y + o, len, nt);
+  if (nt) backend::cpu::stream_fence();
+}
+
 template <DType D, int NA, class E, int NS = NA + E::slots>
 Tensor fused(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape& shape) {
   constexpr DType OD = E::template dtype<D>();
   using R = ctype_t<OD>;
+  using T = ctype_t<D>;  // every slot's dtype
   Tensor out = detail::empty_tensor(shape, OD, Device::cpu());
   const std::int64_t n = out.numel();
   if (n == 0) return out;
   R* y = static_cast<R*>(out.raw_data());
   // shared sub-expressions bound once per batch (cse.hpp); the kernel runs the rewritten graph
   const auto shared = cse(e);
-  using X = std::remove_cvref_t<decltype(shared)>;
   Ctx<NS, frame_slots<E>> c;
+  const void* base[NS > 0 ? NS : 1] = {};
+  std::int64_t step[NS > 0 ? NS : 1] = {};
+  for (int k = 0; k < NS; ++k) {
+    base[k] = used[k] ? sl[k].raw_data() : nullptr;
+    step[k] = used[k] && sl[k].numel() == n ? 1 : 0;
+  }
   const Layout lay = layout_of<NS>(sl, used, n);
-  for (int k = 0; k < NS; ++k) {
-    c.p[k] = used[k] ? sl[k].raw_data() : nullptr;
-    c.s[k] = used[k] && sl[k].numel() == n ? 1 : 0;
-  }
-  const std::int64_t grain = E::costly ? backend::cpu::grain_costly : backend::cpu::grain_cheap;
-  constexpr bool simd = E::template uniform<D>() && simd_dtype(D);
-  using T = std::conditional_t<simd, ctype_t<D>, float>;
-  if (lay != Layout::strided) {
-    const bool nt = simd && lay == Layout::dense && backend::cpu::stream_output(y, n);
-    auto loop = [&](auto ordered) {
-      constexpr int O = decltype(ordered)::value;
-      backend::cpu::parallel_for(n, grain, [&](std::int64_t b, std::int64_t end) {
-        auto cc = c;
-        const X local = shared;
-        if (lay == Layout::dense) {
-          using L = std::conditional_t<simd, SimdLane<T, true, false, O>, ScalarLane<false>>;
-          if (nt) range<L, NA, D, true>(local, cc, y, b, end);
-          else range<L, NA, D, false>(local, cc, y, b, end);
-        } else {
-          using L = std::conditional_t<simd, SimdLane<T, false, false, O>, ScalarLane<false>>;
-          range<L, NA, D, false>(local, cc, y, b, end);
-        }
-      });
-    };
-    // a loop without NaN tests for max/min constants, where none is NaN (checked here, once)
-    if constexpr (simd && has_minmax_const<E>()) {
-      switch (minmax_consts_ordered(e)) {
-        case 2: loop(std::integral_constant<int, 2>{}); break;
-        case 1: loop(std::integral_constant<int, 1>{}); break;
-        default: loop(std::integral_constant<int, 0>{});
-      }
-    } else {
-      loop(std::integral_constant<int, 0>{});
+  std::int64_t grain = E::costly ? backend::cpu::grain_costly : backend::cpu::grain_cheap;
+  std::int64_t units = n;
+  backend::cpu::StridedPlan<NS> plan;
+  if (lay == Layout::strided) {  // rows of the collapsed broadcasting walk
+    std::array<Shape, NS> shapes;
+    const Shape* ins[NS];
+    for (int k = 0; k < NS; ++k) {
+      shapes[k] = used[k] ? sl[k].shape() : shape;
+      ins[k] = &shapes[k];
     }
-    return out;
+    plan = backend::cpu::collapse<NS>(shape, ins);
+    const std::int64_t len = plan.shape[plan.shape.rank() - 1];
+    units = n / len;
+    grain = std::max<std::int64_t>(1, grain / len);
   }
-  // Broadcasting: rows of the collapsed walk; each slot's row starts at its own offset.
-  std::array<Shape, NS> shapes;
-  const Shape* ins[NS];
-  for (int k = 0; k < NS; ++k) {
-    shapes[k] = used[k] ? sl[k].shape() : shape;
-    ins[k] = &shapes[k];
-  }
-  const backend::cpu::StridedPlan<NS> p = backend::cpu::collapse<NS>(shape, ins);
-  const int r = p.shape.rank();
-  const std::int64_t len = p.shape[r - 1], rows = n / len;
-  for (int k = 0; k < NS; ++k) c.s[k] = p.strides[k][r - 1];
-  constexpr std::size_t item = itemsize(D);
-  backend::cpu::parallel_for(rows, std::max<std::int64_t>(1, grain / len), [&](std::int64_t rb, std::int64_t re) {
-    auto cc = c;
-    const X local = shared;
-    backend::cpu::for_each_row<NS>(p, rb, re, [&](const std::int64_t* off, std::int64_t o, std::int64_t l) {
-      for (int k = 0; k < NS; ++k)
-        if (used[k]) cc.p[k] = static_cast<const char*>(c.p[k]) + off[k] * static_cast<std::int64_t>(item);
-      using L = std::conditional_t<simd, SimdLane<T, false>, ScalarLane<false>>;
-      range<L, NA, D, false>(local, cc, y + o, 0, l);
+  constexpr bool simd = E::template uniform<D>() && simd_dtype(D);
+  const bool nt = simd && lay == Layout::dense && backend::cpu::stream_output(y, n);
+  auto loop = [&](auto ordered) {
+    constexpr int O = decltype(ordered)::value;
+    using L = std::conditional_t<simd, SimdLane<T, true, false, O>, ScalarLane<true>>;
+    backend::cpu::parallel_for(units, grain, [&](std::int64_t b, std::int64_t end) {
+      Walker<NS, T> walk(base, step, used, b, end, lay == Layout::strided ? &plan : nullptr);
+      fused_share<L, NA, D>(shared, c, y, walk, nt);
     });
-  });
+  };
+  // a loop without NaN tests for max/min constants, where none is NaN (checked here, once)
+  if constexpr (simd && has_minmax_const<E>()) {
+    switch (minmax_consts_ordered(e)) {
+      case 2: loop(std::integral_constant<int, 2>{}); break;
+      case 1: loop(std::integral_constant<int, 1>{}); break;
+      default: loop(std::integral_constant<int, 0>{});
+    }
+  } else {
+    loop(std::integral_constant<int, 0>{});
+  }
   return out;
 }
 
