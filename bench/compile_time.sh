@@ -2,7 +2,8 @@
 # Compile-time benchmark: a one-line user file that includes <stagecraft/stagecraft.hpp>, and a user
 # file that also compiles a 16-op staged expression (sc::compile) and its derivative (sc::grad<0>).
 # Prints the median of RUNS (default 3) compiles at -O0 and -O2, the preprocessing time and the
-# preprocessed line count. Flags are those stagecraft::stagecraft gives a user (see a build's
+# preprocessed line count; then both files again as built against stagecraft::precompiled
+# (-DSTAGECRAFT_PRECOMPILED: every op's kernels are extern templates, compiled once in its archive). Flags are those stagecraft::stagecraft gives a user (see a build's
 # compile_commands.json), without ccache. Usage: bash bench/compile_time.sh   (CXX=clang++ to switch)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,3 +49,8 @@ echo "preprocessed lines: $(wc -l < "$tmp/user.ii")"
 echo "file: a 16-op sc::compile expression and its sc::grad<0> (see this script)"
 echo "compile -O0:   $(measure "$cxx" "${flags[@]}" -O0 -c "$tmp/staged.cpp" -o "$tmp/staged.o")"
 echo "compile -O2:   $(measure "$cxx" "${flags[@]}" -O2 -c "$tmp/staged.cpp" -o "$tmp/staged.o")"
+echo "with -DSTAGECRAFT_PRECOMPILED (a target linked to stagecraft::precompiled):"
+echo "umbrella -O2:  $(measure "$cxx" "${flags[@]}" -DSTAGECRAFT_PRECOMPILED -O2 -c "$tmp/user.cpp" -o "$tmp/user.o")"
+echo "staged -O0:    $(measure "$cxx" "${flags[@]}" -DSTAGECRAFT_PRECOMPILED -O0 -c "$tmp/staged.cpp" -o "$tmp/staged.o")"
+echo "staged -O2:    $(measure "$cxx" "${flags[@]}" -DSTAGECRAFT_PRECOMPILED -O2 -c "$tmp/staged.cpp" -o "$tmp/staged.o")"
+echo "the archive itself (src/precompiled.cpp, once per build) -O2: $(RUNS=1; measure "$cxx" "${flags[@]}" -DSTAGECRAFT_PRECOMPILED -O2 -c "$root/src/precompiled.cpp" -o "$tmp/pre.o")"

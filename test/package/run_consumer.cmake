@@ -43,3 +43,6 @@ run("${CMAKE_COMMAND}" -S "${CMAKE_CURRENT_LIST_DIR}/consumer" -B "${WORK_DIR}" 
     "-DSTAGECRAFT_CONSUMER_MODE=${STEP}" ${mode_args})
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}" -j2)
 run("${WORK_DIR}/consumer")
+if(STEP STREQUAL "installed")
+  run("${WORK_DIR}/consumer_precompiled")
+endif()

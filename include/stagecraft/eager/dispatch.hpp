@@ -27,6 +27,22 @@ concept FloatInputs = requires { requires Op::float_inputs; };
 template <class Op>
 Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_location& loc);
 
+#if defined(STAGECRAFT_PRECOMPILED)
+}  // namespace detail
+namespace ops {
+#define SC_DECLARE_OP(S) struct S;
+STAGECRAFT_OP_LIST(SC_DECLARE_OP)
+#undef SC_DECLARE_OP
+}  // namespace ops
+namespace detail {
+// Linked with stagecraft::precompiled (src/precompiled.cpp): every op's dispatch, kernels included,
+// is compiled there once, so a user's file does not instantiate them (see README, compile time).
+#define SC_EXTERN_DISPATCH(S) \
+  extern template Tensor dispatch<ops::S>(ops::Inputs, const ops::Attrs&, const std::source_location&);
+STAGECRAFT_OP_LIST(SC_EXTERN_DISPATCH)
+#undef SC_EXTERN_DISPATCH
+#endif
+
 /// Converts t to dtype d through the Cast op (so a trace records the conversion).
 Tensor cast_to(const Tensor& t, DType d, const std::source_location& loc);
 

@@ -406,6 +406,13 @@ void place_results(PreparedFused& pf, const std::vector<char>& live) {
     if (!(pf.regs[r].home == Home::output && pf.regs[r].index == j)) pf.copies.push_back({j, r});
   }
 }
+#if defined(STAGECRAFT_PRECOMPILED)  // compiled in stagecraft::precompiled, with every op's kernels
+extern template void place_results<bool>(PreparedFused&, const std::vector<char>&);
+extern template void place_results<std::int32_t>(PreparedFused&, const std::vector<char>&);
+extern template void place_results<std::int64_t>(PreparedFused&, const std::vector<char>&);
+extern template void place_results<float>(PreparedFused&, const std::vector<char>&);
+extern template void place_results<double>(PreparedFused&, const std::vector<char>&);
+#endif
 
 template <class T>
 std::int64_t grain_of(const FusedProgram& p, const std::vector<char>& live) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <array>
 #include <source_location>
+#include <string>
 
 #include "../autodiff/tape.hpp"
 #include "../eager/dispatch.hpp"
@@ -23,8 +24,15 @@ struct OpFns {
 namespace detail_ops {
 template <class Op>
 void cpu_of(ops::Inputs in, Tensor& out, const ops::Attrs& a) {
-  Op::cpu(in, out, a);
+  if constexpr (stagecraft::detail::ViewOp<Op>)  // never called: a view's entry has no cpu
+    throw ValueError(std::string("[") + std::string(Op::name) + "] is a view and has no kernel");
+  else Op::cpu(in, out, a);
 }
+#if defined(STAGECRAFT_PRECOMPILED)  // compiled in stagecraft::precompiled, as dispatch<Op> is
+#define SC_EXTERN_CPU_OF(S) extern template void cpu_of<ops::S>(ops::Inputs, Tensor&, const ops::Attrs&);
+STAGECRAFT_OP_LIST(SC_EXTERN_CPU_OF)
+#undef SC_EXTERN_CPU_OF
+#endif
 template <class Op>
 Tensor alias_of(const Tensor& t, const ops::OutMeta& m) {
   return Op::alias(t, m);
