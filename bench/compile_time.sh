@@ -53,4 +53,6 @@ echo "with -DSTAGECRAFT_PRECOMPILED (a target linked to stagecraft::precompiled)
 echo "umbrella -O2:  $(measure "$cxx" "${flags[@]}" -DSTAGECRAFT_PRECOMPILED -O2 -c "$tmp/user.cpp" -o "$tmp/user.o")"
 echo "staged -O0:    $(measure "$cxx" "${flags[@]}" -DSTAGECRAFT_PRECOMPILED -O0 -c "$tmp/staged.cpp" -o "$tmp/staged.o")"
 echo "staged -O2:    $(measure "$cxx" "${flags[@]}" -DSTAGECRAFT_PRECOMPILED -O2 -c "$tmp/staged.cpp" -o "$tmp/staged.o")"
+sed 's/sc::compile(/sc::compile<sc::f32>(/' "$tmp/staged.cpp" > "$tmp/staged_f32.cpp"
+echo "staged, sc::compile<sc::f32> -O2: $(measure "$cxx" "${flags[@]}" -DSTAGECRAFT_PRECOMPILED -O2 -c "$tmp/staged_f32.cpp" -o "$tmp/staged.o")"
 echo "the archive itself (src/precompiled.cpp, once per build) -O2: $(RUNS=1; measure "$cxx" "${flags[@]}" -DSTAGECRAFT_PRECOMPILED -O2 -c "$root/src/precompiled.cpp" -o "$tmp/pre.o")"

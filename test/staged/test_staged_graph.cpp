@@ -104,3 +104,29 @@ TEST_CASE("one generic function runs eager, traced and compiled with the same nu
   check_same(compiled, eager, 1e-6, "compiled vs eager");
   check_same(traced, eager, 1e-6, "traced vs eager");
 }
+
+TEST_CASE("compile<dtypes...> fuses those dtypes only, with the same numbers on every dtype", "[staged][graph]") {
+  auto f = [](const auto& x, const auto& y) { return sc::maximum(x * y, y) - sc::sum(x * x, {-1}, true) + 2 * x; };
+  auto all = sc::compile(f);
+  auto only_f32 = sc::compile<sc::f32>(f);
+  auto floats = sc::compile<sc::f32, sc::f64>(f);
+  STATIC_REQUIRE(std::is_same_v<decltype(only_f32), sc::Compiled<decltype(f), 1u << static_cast<unsigned>(sc::f32)>>);
+  STATIC_REQUIRE(std::is_same_v<decltype(all), sc::Compiled<decltype(f)>>);
+  // the set carries over to the derivative
+  STATIC_REQUIRE(std::is_same_v<decltype(sc::grad<0>(only_f32)),
+                                sc::Compiled<sc::staging::GradFn<0, decltype(f)>, 1u << static_cast<unsigned>(sc::f32)>>);
+  for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64}) {
+    const Tensor x = values(d, {33, 70}, 11), y = values(d, {70}, 12);
+    const Tensor eager = f(x, y);
+    INFO(sc::name(d));
+    check_same(all(x, y), eager, 1e-5, "compile");
+    check_same(only_f32(x, y), eager, 1e-5, "compile<f32>");  // other dtypes: op by op
+    check_same(floats(x, y), eager, 1e-5, "compile<f32, f64>");
+    if (sc::is_floating(d)) {  // the derivative of an elementwise h, on the fused and unfused dtypes
+      auto h = [](const auto& a, const auto& b) { return sc::tanh(a * b) + a * a; };
+      const Tensor want = sc::grad<0>(sc::compile(h))(x, y);
+      check_same(sc::grad<0>(sc::compile<sc::f32>(h))(x, y), want, 1e-6, "grad<0>(compile<f32>)");
+      check_same(sc::grad<0>(sc::compile<sc::f64>(h))(x, y), want, 1e-6, "grad<0>(compile<f64>)");
+    }
+  }
+}

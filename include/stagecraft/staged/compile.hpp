@@ -15,7 +15,7 @@
 
 namespace stagecraft {
 
-template <class F>
+template <class F, unsigned DS = staging::all_dtypes>
 class Compiled;
 
 namespace staging {
@@ -32,8 +32,9 @@ struct GradFn {
 };
 }  // namespace staging
 
-/// A function compiled at compile time (see sc::compile).
-template <class F>
+/// A function compiled at compile time (see sc::compile); DS: the dtypes its fused loop is
+/// instantiated for (one bit per DType, all by default).
+template <class F, unsigned DS>
 class Compiled {
  public:
   explicit Compiled(F f, std::source_location loc = std::source_location::current()) : f_(std::move(f)), loc_(loc) {}
@@ -88,7 +89,7 @@ class Compiled {
     // the graph's nodes carry the line that called sc::compile
     auto body = [e, loc = loc_](const auto&... ts) -> Tensor {
       const detail::LocOverride at(loc);
-      return staging::run<N>(e.node, staging::Env<N>{{Tensor(ts)...}, loc});
+      return staging::run<N>(e.node, staging::Env<N, DS>{{Tensor(ts)...}, loc});
     };
     return function(body, "compiled").get_concrete(Tensor(xs)...);
   }
@@ -156,7 +157,7 @@ class Compiled {
       }
     }
     const auto e = expression<N>();
-    return staging::run<N>(e.node, staging::Env<N>{std::move(args), loc});
+    return staging::run<N>(e.node, staging::Env<N, DS>{std::move(args), loc});
   }
 
   struct Last {
@@ -168,19 +169,30 @@ class Compiled {
   std::shared_ptr<Last> last_ = std::make_shared<Last>();
 };
 
+namespace staging {
+template <DType... Ds>
+constexpr unsigned dtype_set() {
+  if constexpr (sizeof...(Ds) == 0) return all_dtypes;
+  else return ((1u << static_cast<unsigned>(Ds)) | ...);
+}
+}  // namespace staging
+
 /// Compiles a generic function at compile time: calling the result with Tensors instantiates it
 /// with staged placeholders (the graph is its return type) and evaluates the graph fused.
-template <class F>
-Compiled<std::decay_t<F>> compile(F&& f, std::source_location loc = std::source_location::current()) {
-  return Compiled<std::decay_t<F>>(std::forward<F>(f), loc);
+/// `sc::compile<sc::f32>(f)` (any list of dtypes) instantiates the fused loop for those dtypes
+/// only, which compiles faster; tensors of another dtype then run op by op, with the same numbers.
+template <DType... Ds, class F>
+Compiled<std::decay_t<F>, staging::dtype_set<Ds...>()> compile(F&& f,
+                                                               std::source_location loc = std::source_location::current()) {
+  return Compiled<std::decay_t<F>, staging::dtype_set<Ds...>()>(std::forward<F>(f), loc);
 }
 
 /// The derivative of the sum of g's output with respect to argument I, itself compiled (so
 /// sc::grad<0>(sc::grad<0>(g)) is the second derivative).
-template <int I, class F>
-Compiled<staging::GradFn<I, F>> grad(const Compiled<F>& g) {
+template <int I, class F, unsigned DS>
+Compiled<staging::GradFn<I, F>, DS> grad(const Compiled<F, DS>& g) {
   static_assert(I >= 0, "stagecraft: sc::grad<I>: I is an argument index");
-  return Compiled<staging::GradFn<I, F>>(staging::GradFn<I, F>{g.function_object()}, g.location());
+  return Compiled<staging::GradFn<I, F>, DS>(staging::GradFn<I, F>{g.function_object()}, g.location());
 }
 
 }  // namespace stagecraft

@@ -28,8 +28,13 @@
 
 namespace stagecraft::staging {
 
-/// The arguments of a compiled call (none for sc::eval) and the user's line.
-template <int NA>
+/// The dtypes the fused loop is instantiated for, one bit per DType (sc::compile<sc::f32>(f)
+/// narrows it: tensors of other dtypes run op by op, with the same numbers).
+inline constexpr unsigned all_dtypes = (1u << (static_cast<unsigned>(DType::f64) + 1)) - 1;
+constexpr bool fuses(unsigned ds, DType d) { return (ds >> static_cast<unsigned>(d)) & 1u; }
+
+/// The arguments of a compiled call (none for sc::eval) and the user's line; DS: the fused dtypes.
+template <int NA, unsigned DS = all_dtypes>
 struct Env {
   std::array<Tensor, NA> args;
   std::source_location loc;
@@ -42,70 +47,70 @@ struct Slots {
   const Tensor& operator[](int k) const { return t[static_cast<std::size_t>(k)]; }
 };
 
-template <int NA, class E>
-Tensor run(const E& e, const Env<NA>& env);
+template <int NA, class E, unsigned DS>
+Tensor run(const E& e, const Env<NA, DS>& env);
 
 // ---- materialized operands ---------------------------------------------------------------
 
 /// A node evaluated on its own (an operand of a materializing op).
-template <int NA, class N>
-Tensor evaluate(const N& n, const Env<NA>& env) {
+template <int NA, class N, unsigned DS>
+Tensor evaluate(const N& n, const Env<NA, DS>& env) {
   if constexpr (requires { n.t; }) return n.t;
   else return run<NA>(n, env);
 }
-template <int I, int NA>
-Tensor evaluate(const Arg<I>&, const Env<NA>& env) {
+template <int I, int NA, unsigned DS>
+Tensor evaluate(const Arg<I>&, const Env<NA, DS>& env) {
   return env.args[I];
 }
 
-template <int NA, class M, class... A>
-Tensor materialize(const Mat<M, A...>& n, const Env<NA>& env) {
+template <int NA, class M, class... A, unsigned DS>
+Tensor materialize(const Mat<M, A...>& n, const Env<NA, DS>& env) {
   return std::apply([&](const auto&... a) { return n.m.run(env.loc, evaluate<NA>(a, env)...); }, n.args);
 }
 
 // ---- slots -------------------------------------------------------------------------------
 
-template <int S, int NA, int NS, int I>
-void fill(const Arg<I>&, const Env<NA>&, Slots<NS>&) {}
-template <int S, int NA, int NS>
-void fill(const Leaf& n, const Env<NA>&, Slots<NS>& sl) {
+template <int S, int NA, int NS, int I, unsigned DS>
+void fill(const Arg<I>&, const Env<NA, DS>&, Slots<NS>&) {}
+template <int S, int NA, int NS, unsigned DS>
+void fill(const Leaf& n, const Env<NA, DS>&, Slots<NS>& sl) {
   sl[S] = n.t;
 }
-template <int S, int NA, int NS, class V>
-void fill(const Const<V>&, const Env<NA>&, Slots<NS>&) {}
-template <int S, int NA, int NS, int K>
-void fill(const Int<K>&, const Env<NA>&, Slots<NS>&) {}
-template <int S, int NA, int NS, class Op, class A>
-void fill(const Map1<Op, A>& n, const Env<NA>& env, Slots<NS>& sl) {
+template <int S, int NA, int NS, class V, unsigned DS>
+void fill(const Const<V>&, const Env<NA, DS>&, Slots<NS>&) {}
+template <int S, int NA, int NS, int K, unsigned DS>
+void fill(const Int<K>&, const Env<NA, DS>&, Slots<NS>&) {}
+template <int S, int NA, int NS, class Op, class A, unsigned DS>
+void fill(const Map1<Op, A>& n, const Env<NA, DS>& env, Slots<NS>& sl) {
   fill<S>(n.a, env, sl);
 }
-template <int S, int NA, int NS, class Op, class A, class B>
-void fill(const Map2<Op, A, B>& n, const Env<NA>& env, Slots<NS>& sl) {
+template <int S, int NA, int NS, class Op, class A, class B, unsigned DS>
+void fill(const Map2<Op, A, B>& n, const Env<NA, DS>& env, Slots<NS>& sl) {
   fill<S>(n.a, env, sl);
   fill<S + A::slots>(n.b, env, sl);
 }
-template <int S, int NA, int NS, class Cn, class A, class B>
-void fill(const Select<Cn, A, B>& n, const Env<NA>& env, Slots<NS>& sl) {
+template <int S, int NA, int NS, class Cn, class A, class B, unsigned DS>
+void fill(const Select<Cn, A, B>& n, const Env<NA, DS>& env, Slots<NS>& sl) {
   fill<S>(n.c, env, sl);
   fill<S + Cn::slots>(n.a, env, sl);
   fill<S + Cn::slots + A::slots>(n.b, env, sl);
 }
-template <int S, int NA, int NS, DType X, class A>
-void fill(const Convert<X, A>& n, const Env<NA>& env, Slots<NS>& sl) {
+template <int S, int NA, int NS, DType X, class A, unsigned DS>
+void fill(const Convert<X, A>& n, const Env<NA, DS>& env, Slots<NS>& sl) {
   fill<S>(n.a, env, sl);
 }
-template <int S, int NA, int NS, class M, class... A>
-void fill(const Mat<M, A...>& n, const Env<NA>& env, Slots<NS>& sl) {
+template <int S, int NA, int NS, class M, class... A, unsigned DS>
+void fill(const Mat<M, A...>& n, const Env<NA, DS>& env, Slots<NS>& sl) {
   sl[S] = materialize<NA>(n, env);
 }
-template <int S, int NA, int NS, int I, class A, class F>
-void fill(const GradRoot<I, A, F>& n, const Env<NA>& env, Slots<NS>& sl) {
+template <int S, int NA, int NS, int I, class A, class F, unsigned DS>
+void fill(const GradRoot<I, A, F>& n, const Env<NA, DS>& env, Slots<NS>& sl) {
   fill<S>(n.a, env, sl);
 }
 
 /// The slots of expression e: the arguments, then its leaves and materialized operands.
-template <int NA, class E>
-Slots<NA + E::slots> make_slots(const E& e, const Env<NA>& env) {
+template <int NA, class E, unsigned DS>
+Slots<NA + E::slots> make_slots(const E& e, const Env<NA, DS>& env) {
   Slots<NA + E::slots> sl;
   for (int k = 0; k < NA; ++k) sl[k] = env.args[k];
   fill<NA>(e, env, sl);
@@ -114,64 +119,64 @@ Slots<NA + E::slots> make_slots(const E& e, const Env<NA>& env) {
 
 // ---- shapes (false where eager would raise: the eager run then raises it) -----------------
 
-template <int S, int NA, int NS, int I>
-bool shape_of(const Arg<I>&, const Env<NA>& env, const Slots<NS>&, Shape& out) {
+template <int S, int NA, int NS, int I, unsigned DS>
+bool shape_of(const Arg<I>&, const Env<NA, DS>& env, const Slots<NS>&, Shape& out) {
   out = env.args[I].shape();
   return true;
 }
-template <int S, int NA, int NS>
-bool shape_of(const Leaf&, const Env<NA>&, const Slots<NS>& sl, Shape& out) {
+template <int S, int NA, int NS, unsigned DS>
+bool shape_of(const Leaf&, const Env<NA, DS>&, const Slots<NS>& sl, Shape& out) {
   out = sl[S].shape();
   return true;
 }
-template <int S, int NA, int NS, class N>
+template <int S, int NA, int NS, class N, unsigned DS>
   requires(constant_node<N> && N::weak)
-bool shape_of(const N&, const Env<NA>&, const Slots<NS>&, Shape& out) {
+bool shape_of(const N&, const Env<NA, DS>&, const Slots<NS>&, Shape& out) {
   out = Shape{};
   return true;
 }
-template <int S, int NA, int NS, class Op, class A>
-bool shape_of(const Map1<Op, A>& n, const Env<NA>& env, const Slots<NS>& sl, Shape& out) {
+template <int S, int NA, int NS, class Op, class A, unsigned DS>
+bool shape_of(const Map1<Op, A>& n, const Env<NA, DS>& env, const Slots<NS>& sl, Shape& out) {
   return shape_of<S>(n.a, env, sl, out);
 }
-template <int S, int NA, int NS, class Op, class A, class B>
-bool shape_of(const Map2<Op, A, B>& n, const Env<NA>& env, const Slots<NS>& sl, Shape& out) {
+template <int S, int NA, int NS, class Op, class A, class B, unsigned DS>
+bool shape_of(const Map2<Op, A, B>& n, const Env<NA, DS>& env, const Slots<NS>& sl, Shape& out) {
   Shape a, b;
   return shape_of<S>(n.a, env, sl, a) && shape_of<S + A::slots>(n.b, env, sl, b) && broadcast_shapes(a, b, out);
 }
-template <int S, int NA, int NS, class Cn, class A, class B>
-bool shape_of(const Select<Cn, A, B>& n, const Env<NA>& env, const Slots<NS>& sl, Shape& out) {
+template <int S, int NA, int NS, class Cn, class A, class B, unsigned DS>
+bool shape_of(const Select<Cn, A, B>& n, const Env<NA, DS>& env, const Slots<NS>& sl, Shape& out) {
   Shape c, a, b, ab;
   return shape_of<S>(n.c, env, sl, c) && shape_of<S + Cn::slots>(n.a, env, sl, a) &&
          shape_of<S + Cn::slots + A::slots>(n.b, env, sl, b) && broadcast_shapes(a, b, ab) &&
          broadcast_shapes(c, ab, out);
 }
-template <int S, int NA, int NS, DType X, class A>
-bool shape_of(const Convert<X, A>& n, const Env<NA>& env, const Slots<NS>& sl, Shape& out) {
+template <int S, int NA, int NS, DType X, class A, unsigned DS>
+bool shape_of(const Convert<X, A>& n, const Env<NA, DS>& env, const Slots<NS>& sl, Shape& out) {
   return shape_of<S>(n.a, env, sl, out);
 }
-template <int S, int NA, int NS, class M, class... A>
-bool shape_of(const Mat<M, A...>&, const Env<NA>&, const Slots<NS>& sl, Shape& out) {
+template <int S, int NA, int NS, class M, class... A, unsigned DS>
+bool shape_of(const Mat<M, A...>&, const Env<NA, DS>&, const Slots<NS>& sl, Shape& out) {
   out = sl[S].shape();
   return true;
 }
 /// The shape of a node evaluated on its own (a materialized operand is computed for it): the
 /// shape a gradient's adjoint has.
-template <int NA, class N>
-bool own_shape(const N& n, const Env<NA>& env, Shape& out) {
+template <int NA, class N, unsigned DS>
+bool own_shape(const N& n, const Env<NA, DS>& env, Shape& out) {
   return shape_of<NA>(n, env, make_slots<NA>(n, env), out);
 }
 
-template <int NA, int I, class A, class F>
-bool own_shape(const GradRoot<I, A, F>&, const Env<NA>& env, Shape& out) {
+template <int NA, int I, class A, class F, unsigned DS>
+bool own_shape(const GradRoot<I, A, F>&, const Env<NA, DS>& env, Shape& out) {
   out = env.args[I].shape();
   return true;
 }
 
 /// A gradient fuses when its adjoint, which has the differentiated expression's shape, broadcasts
 /// up to the argument's shape without summing.
-template <int S, int NA, int NS, int I, class A, class F>
-bool shape_of(const GradRoot<I, A, F>& n, const Env<NA>& env, const Slots<NS>& sl, Shape& out) {
+template <int S, int NA, int NS, int I, class A, class F, unsigned DS>
+bool shape_of(const GradRoot<I, A, F>& n, const Env<NA, DS>& env, const Slots<NS>& sl, Shape& out) {
   Shape a, f, af, b;
   out = env.args[I].shape();
   return shape_of<S>(n.a, env, sl, a) && own_shape<NA>(n.fwd, env, f) && broadcast_shapes(a, f, af) && af == f &&
@@ -180,12 +185,12 @@ bool shape_of(const GradRoot<I, A, F>& n, const Env<NA>& env, const Slots<NS>& s
 
 // ---- the eager path ----------------------------------------------------------------------
 
-template <int S, int NA, int NS, class N>
-Tensor eager_of(const N& n, const Env<NA>& env, const Slots<NS>& sl);
+template <int S, int NA, int NS, class N, unsigned DS>
+Tensor eager_of(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl);
 
 /// A weak node as a tensor of dtype d (a scalar, or where the node reads tensors, their shape).
-template <int S, int NA, int NS, class N>
-Tensor eager_weak(const N& n, const Env<NA>& env, const Slots<NS>& sl, DType d) {
+template <int S, int NA, int NS, class N, unsigned DS>
+Tensor eager_weak(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl, DType d) {
   const auto& loc = env.loc;
   if constexpr (constant_node<N>) {
     return visit_dtype(d, [&](auto tag) {
@@ -209,8 +214,8 @@ Tensor eager_weak(const N& n, const Env<NA>& env, const Slots<NS>& sl, DType d) 
   }
 }
 
-template <int S, int NA, int NS, class N>
-Tensor eager_of(const N& n, const Env<NA>& env, const Slots<NS>& sl) {
+template <int S, int NA, int NS, class N, unsigned DS>
+Tensor eager_of(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl) {
   const auto& loc = env.loc;
   if constexpr (requires { N::arg_index; }) {
     return env.args[N::arg_index];
@@ -551,8 +556,8 @@ bool fusable(const Slots<NS>& sl, const Used<NS>& used, DType& d) {
   return have;
 }
 
-template <int NA, class E>
-Tensor run_elementwise(const E& e, const Env<NA>& env) {
+template <int NA, class E, unsigned DS>
+Tensor run_elementwise(const E& e, const Env<NA, DS>& env) {
   constexpr int NS = NA + E::slots;
   const Slots<NS> sl = make_slots<NA>(e, env);
   constexpr Used<NS> used = used_slots<NA, E>();
@@ -562,7 +567,7 @@ Tensor run_elementwise(const E& e, const Env<NA>& env) {
     Tensor out;
     visit_dtype(d, [&](auto tag) {
       constexpr DType D = dtype_of<typename decltype(tag)::type>();
-      if constexpr (E::template valid<D>()) out = fused<D, NA>(e, sl, used, shape);
+      if constexpr (fuses(DS, D) && E::template valid<D>()) out = fused<D, NA>(e, sl, used, shape);
     });
     if (out.defined()) return out;
   }
@@ -591,8 +596,8 @@ struct ReduceOp {
 /// Reduces a floating expression over its trailing axes while evaluating it, in chunks whose
 /// partial results combine in a fixed order (the same figures on any thread count). False
 /// where this does not apply (the caller then evaluates the operand and reduces it).
-template <int NA, ReduceKind K, class A>
-bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA>& env, Tensor& out) {
+template <int NA, ReduceKind K, class A, unsigned DS>
+bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Tensor& out) {
   constexpr int NS = NA + A::slots;
   const Slots<NS> sl = make_slots<NA>(a, env);
   constexpr Used<NS> used = used_slots<NA, A>();
@@ -622,7 +627,7 @@ bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA>& env, Tensor&
   visit_floating(d, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr DType D = dtype_of<T>();
-    if constexpr (A::template valid<D>() && A::template uniform<D>() && A::template dtype<D>() == D) {
+    if constexpr (fuses(DS, D) && A::template valid<D>() && A::template uniform<D>() && A::template dtype<D>() == D) {
       using L = SimdLane<T, false>;
       using B = xsimd::batch<T>;
       constexpr std::int64_t W = B::size;
@@ -691,8 +696,8 @@ template <class M, class... A>
 inline constexpr bool is_materializing<Mat<M, A...>> = true;
 
 /// Evaluates expression e with the compiled function's arguments in env.
-template <int NA, class E>
-Tensor run(const E& e, const Env<NA>& env) {
+template <int NA, class E, unsigned DS>
+Tensor run(const E& e, const Env<NA, DS>& env) {
   if constexpr (requires { E::arg_index; }) {
     return env.args[E::arg_index];
   } else if constexpr (std::is_same_v<E, Leaf>) {
