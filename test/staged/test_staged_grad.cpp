@@ -147,3 +147,57 @@ TEST_CASE("a compiled function runs fused eagerly, traced and under a tape", "[s
   auto f = sc::function([&g](const Tensor& a, const Tensor& b) { return g(a, b) * 2.f; });
   check_same(f(x, y), sc::tanh(x) * y * 2.f, 1e-6, "compiled call inside sc::function");
 }
+
+TEST_CASE("grad<I> through matmul, reductions, softmax, logsumexp and conv2d equals the tape", "[staged][grad]") {
+  // The materialized ops differentiate by their eager gradient rules (staged/grad.hpp, VjpOp);
+  // f64 cases are also checked against finite differences.
+  for (sc::DType d : {sc::f32, sc::f64}) {
+    const std::string at = std::string(" ") + std::string(sc::name(d));
+    const Tensor x = away_from_zero({5, 7}, 11, d), w = away_from_zero({7, 3}, 12, d);
+    const Tensor sq = away_from_zero({4, 4}, 13, d), sq2 = away_from_zero({4, 4}, 14, d);
+    const Tensor row = away_from_zero({7}, 15, d);
+    check_grads([](const auto& a, const auto& b) { return sc::tanh(sc::matmul(a, b)); }, "tanh(matmul)" + at, x, w);
+    check_grads([](const auto& a, const auto& b) { return 0.5f * sc::matmul(a, b) + 1; }, "a constant seed" + at, x, w);
+    check_grads([](const auto& a, const auto& b) { return sc::matmul(a, b, true, false) * sc::matmul(b, a); },
+                "transposed, and an argument in both operands" + at, sq, sq2);
+    check_grads([](const auto& a, const auto&) { return sc::matmul(a, a); }, "matmul(x, x)" + at, sq, sq2);
+    check_grads([](const auto& a, const auto& b) { return sc::sum(a * a, {-1}, true) * b + sc::mean(sc::exp(a) * b, {0}); },
+                "sum and mean inside" + at, x, row);
+    check_grads([](const auto& a, const auto& b) { return sc::max(a * b, {-1}, true) - sc::min(a, {0}) * b; },
+                "max and min inside" + at, x, row);
+    check_grads([](const auto& a, const auto& b) { return sc::nn::softmax(a * b) * a + sc::nn::log_softmax(a - b, 0); },
+                "softmax, log_softmax" + at, x, row);
+    check_grads([](const auto& a, const auto& b) { return sc::logsumexp(a * b, {-1}, true) * sc::tanh(a); },
+                "logsumexp" + at, x, row);
+    check_grads([](const auto& a, const auto& b) { return sc::sum(sc::tanh(sc::matmul(a, b)), {0}); },
+                "a reduction of a matmul" + at, x, w);
+    // the uses of x around and inside a reduction: each region's adjoint has its own shape
+    const Tensor x3 = away_from_zero({3, 1, 1}, 18, d);
+    check_grads([](const auto& a, const auto& b) { return sc::sum(a, {-1}, true) * b + a; }, "regions" + at, x, x3);
+    check_grads([](const auto& a, const auto& b) { return sc::mean(sc::tanh(a) * b, {0}) * a + b; },
+                "a reduction over a broadcast" + at, x, x3);
+    const Tensor img = away_from_zero({2, 2, 6, 6}, 16, d), k = away_from_zero({3, 2, 3, 3}, 17, d);
+    check_grads([](const auto& a, const auto& b) { return sc::relu(sc::nn::conv2d(a, b, 1, 1)) * 0.25f; },
+                "conv2d" + at, img, k);
+  }
+}
+
+TEST_CASE("second order through matmul equals nested tapes", "[staged][grad]") {
+  const Tensor x = away_from_zero({3, 4}, 21, sc::f64), w = away_from_zero({4, 2}, 22, sc::f64);
+  auto f = [](const auto& a, const auto& b) { return sc::tanh(sc::matmul(a, b)); };
+  Tensor want;
+  {
+    sc::GradientTape outer;
+    outer.watch(x);
+    Tensor dx;
+    {
+      sc::GradientTape inner;
+      inner.watch(x);
+      dx = inner.gradient(sc::sum(f(x, w)), x);
+    }
+    want = outer.gradient(sc::sum(dx), x);
+  }
+  const auto g = sc::compile(f);
+  check_same(sc::grad<0>(sc::grad<0>(g))(x, w), want, 1e-9, "d2/dx2 sum tanh(xw)");
+}
+

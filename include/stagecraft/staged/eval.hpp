@@ -560,18 +560,24 @@ template <int NA, class E, unsigned DS>
 Tensor run_elementwise(const E& e, const Env<NA, DS>& env) {
   constexpr int NS = NA + E::slots;
   const Slots<NS> sl = make_slots<NA>(e, env);
-  constexpr Used<NS> used = used_slots<NA, E>();
-  DType d{};
-  Shape shape;
-  if (fusable<NS>(sl, used, d) && shape_of<NA>(e, env, sl, shape)) {
-    Tensor out;
-    visit_dtype(d, [&](auto tag) {
-      constexpr DType D = dtype_of<typename decltype(tag)::type>();
-      if constexpr (fuses(DS, D) && E::template valid<D>()) out = fused<D, NA>(e, sl, used, shape);
-    });
-    if (out.defined()) return out;
+  if constexpr (E::weak) {
+    // no tensor fixes the dtype (a gradient's adjoint such as where(x > 0, 0.25f, 0) evaluated on
+    // its own): the scalars' own dtype, as eager gives where(x > 0, 0.25f, 0)
+    return eager_weak<NA>(e, env, sl, promote_scalar(DType::b8, E::skind));
+  } else {
+    constexpr Used<NS> used = used_slots<NA, E>();
+    DType d{};
+    Shape shape;
+    if (fusable<NS>(sl, used, d) && shape_of<NA>(e, env, sl, shape)) {
+      Tensor out;
+      visit_dtype(d, [&](auto tag) {
+        constexpr DType D = dtype_of<typename decltype(tag)::type>();
+        if constexpr (fuses(DS, D) && E::template valid<D>()) out = fused<D, NA>(e, sl, used, shape);
+      });
+      if (out.defined()) return out;
+    }
+    return eager_of<NA>(e, env, sl);
   }
-  return eager_of<NA>(e, env, sl);
 }
 
 // ---- reductions at the root --------------------------------------------------------------

@@ -4,7 +4,12 @@
 // written over staged nodes. Zero and One are types, so multiplying by one, adding zero and
 // every branch that does not depend on argument I disappear while the type is built.
 #pragma once
+#include <array>
+#include <cstddef>
+#include <string_view>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "expr.hpp"
 #include "eval.hpp"
@@ -50,6 +55,11 @@ auto sdiv(const A& a, const B& b) {
   if constexpr (is_zero<A>) return Zero{};
   else if constexpr (is_one<B>) return a;
   else return m2<ops::Div>(a, b);
+}
+template <class A, class B, class... C>
+auto sadd_all(const A& a, const B& b, const C&... c) {
+  if constexpr (sizeof...(C) == 0) return sadd(a, b);
+  else return sadd_all(sadd(a, b), c...);
 }
 template <class Cn, class A, class B>
 auto sselect(const Cn& c, const A& a, const B& b) {
@@ -111,42 +121,158 @@ auto adjoint(const Map2<Op, A, B>& n, const G& g) {
   }
 }
 
-/// The contribution to d sum / d argument I of node n whose adjoint is g.
-template <int I, class N, class G>
-auto backprop(const N& n, const G& g) {
+// ---- materialized ops ----------------------------------------------------------------------
+//
+// Through a materialized op (matmul, a reduction, softmax, logsumexp, conv2d) the gradient takes
+// the eager op's own rule: its adjoint and operands are materialized and the rule runs under a
+// tape (VjpOp). An adjoint in the elementwise region around such an op has that region's shape
+// (the region's root: the whole expression, or the operand of the enclosing materialized op),
+// which a constant or smaller adjoint cannot tell; so each op's VjpOp, and each use of argument I
+// inside an operand (SumToOp), also reads the region's root for its shape. The uses of argument
+// I in the top region stay one fused GradRoot; the others are added to it, already reduced.
+
+/// Adjoint g (or the constant `seed`) with region r's shape, reduced to `like`'s shape and dtype.
+inline Tensor region_adjoint(const std::source_location& loc, const Tensor& g, bool constant, double seed,
+                             const Tensor& r, const Tensor& like) {
+  Tensor s = constant ? full(r.shape(), seed, like.dtype(), loc) : g;
+  if (s.dtype() != like.dtype()) s = cast(s, like.dtype(), loc);
+  Shape full_shape;
+  if (!broadcast_shapes(s.shape(), r.shape(), full_shape))
+    detail::fail<ShapeError>("grad", loc, "adjoint of shape ", s.shape(), " for a region of shape ", r.shape());
+  if (s.shape() != full_shape) s = broadcast_to(s, full_shape, loc);
+  return full_shape == like.shape() ? s : detail::sum_to(s, like.shape(), "grad", loc);
+}
+
+/// The vector-Jacobian product of materialized op M for its operand K: operands (adjoint, region
+/// root, M's operands...), or without the adjoint where it is the constant `seed`. The forward
+/// op runs again under the tape; the tape nests in outer tapes, so this differentiates again.
+template <class M, int K, bool ConstSeed>
+struct VjpOp {
+  M m;
+  double seed = 1.0;
+  static constexpr std::string_view name = "vjp";
+  template <class... T>
+  Tensor run(const std::source_location& loc, const T&... t) const {
+    std::array<Tensor, sizeof...(T)> in{t...};
+    constexpr std::size_t first = ConstSeed ? 1 : 2;  // where M's operands start
+    std::array<Tensor, sizeof...(T) - first> xs;
+    for (std::size_t k = 0; k < xs.size(); ++k) xs[k] = in[k + first];
+    // a handle of its own for operand K, so a tensor passed in several places counts once here
+    xs[K] = reshape(xs[K], xs[K].shape(), loc);
+    GradientTape tape;
+    tape.watch(xs[K], loc);
+    const Tensor out = std::apply([&](const auto&... a) { return m.run(loc, a...); }, xs);
+    const Tensor g = region_adjoint(loc, ConstSeed ? Tensor() : in[0], ConstSeed, seed, in[first - 1], out);
+    return tape.gradient(out, xs[K], g, loc);
+  }
+};
+
+/// A use of argument I inside a materialized op's operand: operands (adjoint, region root, the
+/// argument), or without the adjoint where it is the constant `seed`; the adjoint reduced to the
+/// argument's shape and dtype.
+template <bool ConstSeed>
+struct SumToOp {
+  double seed = 1.0;
+  static constexpr std::string_view name = "sum_to";
+  Tensor run(const std::source_location& loc, const Tensor& g, const Tensor& r, const Tensor& x) const
+    requires(!ConstSeed) {
+    return region_adjoint(loc, g, false, 0.0, r, x);
+  }
+  Tensor run(const std::source_location& loc, const Tensor& r, const Tensor& x) const
+    requires(ConstSeed) {
+    return region_adjoint(loc, Tensor(), true, seed, r, x);
+  }
+};
+
+/// Whether argument I reaches n through a materialized op.
+template <int I, class N>
+constexpr bool mat_dep() {
+  if constexpr (requires(const N& n) { n.m; }) return depends_on<I, N>::value;
+  else if constexpr (requires { N::arg_index; }) return false;
+  else if constexpr (requires(const N& n) { n.c; })
+    return mat_dep<I, decltype(N::c)>() || mat_dep<I, decltype(N::a)>() || mat_dep<I, decltype(N::b)>();
+  else if constexpr (requires(const N& n) { n.b; }) return mat_dep<I, decltype(N::a)>() || mat_dep<I, decltype(N::b)>();
+  else if constexpr (requires(const N& n) { n.a; }) return mat_dep<I, decltype(N::a)>();
+  else return false;
+}
+
+/// Modes of backprop: the uses of argument I in the top region only (materialized ops give
+/// nothing), the uses inside materialized ops only, seen from the top region, and inside the
+/// operand region R of a materialized op.
+enum class Pass { top, inner_from_top, inner };
+
+template <int I, Pass P, class N, class G, class R>
+auto backprop(const N& n, const G& g, const R& r);
+
+/// Materialized node n with adjoint g in region r: each operand J that depends on argument I gets
+/// the op's VjpOp, and is differentiated in its own region.
+template <int I, class M, class... A, class G, class R, std::size_t... K>
+auto backprop_mat(const Mat<M, A...>& n, const G& g, const R& r, std::index_sequence<K...>) {
+  auto one = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) {
+    using AJ = std::tuple_element_t<J, std::tuple<A...>>;
+    const AJ& aj = std::get<J>(n.args);
+    if constexpr (!depends_on<I, AJ>::value) {
+      return Zero{};
+    } else if constexpr (constant_node<G>) {
+      using V = Mat<VjpOp<M, static_cast<int>(J), true>, R, A...>;
+      const double seed = g.template get<0, DType::f64, double, ScalarLane<true>>(Ctx<1>{}, 0);
+      const V adj{{}, {n.m, seed}, std::apply([&](const auto&... a) { return std::tuple<R, A...>{r, a...}; }, n.args)};
+      return backprop<I, Pass::inner>(aj, adj, aj);
+    } else {
+      using V = Mat<VjpOp<M, static_cast<int>(J), false>, G, R, A...>;
+      const V adj{{}, {n.m}, std::apply([&](const auto&... a) { return std::tuple<G, R, A...>{g, r, a...}; }, n.args)};
+      return backprop<I, Pass::inner>(aj, adj, aj);
+    }
+  };
+  return [&](auto... c) {
+    if constexpr (sizeof...(c) == 1) return (c, ...);
+    else return sadd_all(c...);
+  }(one(std::integral_constant<std::size_t, K>{})...);
+}
+
+/// The contribution to d sum / d argument I of node n whose adjoint is g (pass P, region r).
+template <int I, Pass P, class N, class G, class R>
+auto backprop(const N& n, const G& g, const R& r) {
   if constexpr (!depends_on<I, N>::value || is_zero<G>) {
     return Zero{};
-  } else if constexpr (requires { N::arg_index; }) {
-    return g;
-  } else if constexpr (requires { n.m; }) {
-    static_assert(always_false<N>,
-                  "stagecraft: sc::grad cannot yet differentiate through matmul, reductions (other than a "
-                  "sum at the root), softmax or conv2d at compile time; use sc::GradientTape, or an "
-                  "sc::function with a tape");
+  } else if constexpr (P == Pass::inner_from_top && !mat_dep<I, N>()) {
     return Zero{};
+  } else if constexpr (requires { N::arg_index; }) {
+    if constexpr (P == Pass::top) {
+      return g;
+    } else if constexpr (constant_node<G>) {
+      const double seed = g.template get<0, DType::f64, double, ScalarLane<true>>(Ctx<1>{}, 0);
+      return Mat<SumToOp<true>, R, Arg<I>>{{}, {seed}, {r, Arg<I>{}}};
+    } else {
+      return Mat<SumToOp<false>, G, R, Arg<I>>{{}, {}, {g, r, Arg<I>{}}};
+    }
+  } else if constexpr (requires { n.m; }) {
+    if constexpr (P == Pass::top) return Zero{};
+    else return backprop_mat<I>(n, g, r, std::make_index_sequence<std::tuple_size_v<decltype(n.args)>>{});
   } else if constexpr (requires { N::grad_arg; } || requires { N::convert_to; }) {
-    return backprop<I>(n.a, g);
+    return backprop<I, P>(n.a, g, r);
   } else if constexpr (requires { n.c; }) {
-    return sadd(backprop<I>(n.a, sselect(n.c, g, Zero{})), backprop<I>(n.b, sselect(n.c, Zero{}, g)));
+    return sadd(backprop<I, P>(n.a, sselect(n.c, g, Zero{}), r), backprop<I, P>(n.b, sselect(n.c, Zero{}, g), r));
   } else if constexpr (requires { n.b; }) {
     using A = decltype(n.a);
     using B = decltype(n.b);
     auto ga = [&] {
-      if constexpr (depends_on<I, A>::value) return backprop<I>(n.a, adjoint<0>(n, g));
+      if constexpr (depends_on<I, A>::value) return backprop<I, P>(n.a, adjoint<0>(n, g), r);
       else return Zero{};
     };
     auto gb = [&] {
-      if constexpr (depends_on<I, B>::value) return backprop<I>(n.b, adjoint<1>(n, g));
+      if constexpr (depends_on<I, B>::value) return backprop<I, P>(n.b, adjoint<1>(n, g), r);
       else return Zero{};
     };
     return sadd(ga(), gb());
   } else {
-    return backprop<I>(n.a, adjoint(n, g));
+    return backprop<I, P>(n.a, adjoint(n, g), r);
   }
 }
 
-/// d sum(e) / d argument I, as an expression rooted at GradRoot (argument I's shape and dtype).
-/// A sum at the root changes nothing (the sum of a sum is the sum).
+/// d sum(e) / d argument I: the uses in the top region as one fused GradRoot (argument I's shape
+/// and dtype), plus those inside materialized ops, each already reduced to that shape. A sum at
+/// the root changes nothing (the sum of a sum is the sum).
 template <class E>
 struct sum_root : std::false_type {};
 template <class A>
@@ -157,8 +283,15 @@ auto make_grad(const E& e) {
   if constexpr (sum_root<E>::value) {
     return make_grad<I>(std::get<0>(e.args));
   } else {
-    using Adj = decltype(backprop<I>(e, One{}));
-    return GradRoot<I, Adj, E>{{}, backprop<I>(e, One{}), e};
+    auto top = backprop<I, Pass::top>(e, One{}, e);
+    using Root = GradRoot<I, decltype(top), E>;
+    if constexpr (!mat_dep<I, E>()) {
+      return Root{{}, top, e};
+    } else {
+      auto inner = backprop<I, Pass::inner_from_top>(e, One{}, e);
+      if constexpr (is_zero<decltype(top)>) return inner;
+      else return m2<ops::Add>(Root{{}, top, e}, inner);
+    }
   }
 }
 
