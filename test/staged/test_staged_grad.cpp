@@ -55,6 +55,20 @@ Tensor away_from_zero(const sc::Shape& s, std::uint64_t seed, sc::DType d) {
   return sc::cast(sctest::uniform_tensor(s, seed, -2, 2, 0.2), d);
 }
 
+/// d/d(wrt) of sum(d sum(f(x, y)) / dx) by nested tapes (wrt is x or y).
+template <class F>
+Tensor nested_second(const F& f, const Tensor& x, const Tensor& y, const Tensor& wrt) {
+  sc::GradientTape outer;
+  outer.watch(wrt);
+  Tensor dx;
+  {
+    sc::GradientTape inner;
+    inner.watch(x);
+    dx = inner.gradient(sc::sum(f(x, y)), x);
+  }
+  return outer.gradient(sc::sum(dx), wrt);
+}
+
 }  // namespace
 
 TEST_CASE("grad<I> equals the tape for every differentiable elementwise op", "[staged][grad]") {
@@ -94,33 +108,9 @@ TEST_CASE("second order: grad<0>(grad<0>(g)) equals nested tapes", "[staged][gra
   auto check2 = [&](auto f, const std::string& what) {
     INFO(what);
     const auto g = sc::compile(f);
-    Tensor want;
-    {
-      sc::GradientTape outer;
-      outer.watch(x);
-      Tensor dx;
-      {
-        sc::GradientTape inner;
-        inner.watch(x);
-        dx = inner.gradient(sc::sum(f(x, y)), x);
-      }
-      want = outer.gradient(sc::sum(dx), x);
-    }
-    check_same(sc::grad<0>(sc::grad<0>(g))(x, y), want, 1e-6, what);
+    check_same(sc::grad<0>(sc::grad<0>(g))(x, y), nested_second(f, x, y, x), 1e-6, what);
     // d/dy of sum(d/dx): the mixed second derivative
-    Tensor want_xy;
-    {
-      sc::GradientTape outer;
-      outer.watch(y);
-      Tensor dx;
-      {
-        sc::GradientTape inner;
-        inner.watch(x);
-        dx = inner.gradient(sc::sum(f(x, y)), x);
-      }
-      want_xy = outer.gradient(sc::sum(dx), y);
-    }
-    check_same(sc::grad<1>(sc::grad<0>(g))(x, y), want_xy, 1e-6, what + " (mixed)");
+    check_same(sc::grad<1>(sc::grad<0>(g))(x, y), nested_second(f, x, y, y), 1e-6, what + " (mixed)");
   };
   check2([](const auto& a, const auto& b) { return sc::tanh(a * b) + a * a * a; }, "tanh(xy) + x^3");
   check2([](const auto& a, const auto& b) { return sc::sin(a) * sc::exp(b * a) / (a * a + 1); }, "sin, exp, div");
@@ -185,19 +175,7 @@ TEST_CASE("grad<I> through matmul, reductions, softmax, logsumexp and conv2d equ
 TEST_CASE("second order through matmul equals nested tapes", "[staged][grad]") {
   const Tensor x = away_from_zero({3, 4}, 21, sc::f64), w = away_from_zero({4, 2}, 22, sc::f64);
   auto f = [](const auto& a, const auto& b) { return sc::tanh(sc::matmul(a, b)); };
-  Tensor want;
-  {
-    sc::GradientTape outer;
-    outer.watch(x);
-    Tensor dx;
-    {
-      sc::GradientTape inner;
-      inner.watch(x);
-      dx = inner.gradient(sc::sum(f(x, w)), x);
-    }
-    want = outer.gradient(sc::sum(dx), x);
-  }
   const auto g = sc::compile(f);
-  check_same(sc::grad<0>(sc::grad<0>(g))(x, w), want, 1e-9, "d2/dx2 sum tanh(xw)");
+  check_same(sc::grad<0>(sc::grad<0>(g))(x, w), nested_second(f, x, w, x), 1e-9, "d2/dx2 sum tanh(xw)");
 }
 

@@ -390,14 +390,10 @@ class Walker {
     if (plan_ == nullptr) {
       for (int k = 0; k < NS; ++k) off_[k] = step_[k] * b;
       row_left_ = end - b;
-      split_ = false;
-      for (int k = 0; k < NS; ++k) split_ |= used_[k] && step_[k] == 0;
     } else {
       const int r = plan_->shape.rank();
       len_ = plan_->shape[r - 1];
       for (int k = 0; k < NS; ++k) step_[k] = plan_->strides[k][r - 1];
-      split_ = false;
-      for (int k = 0; k < NS; ++k) split_ |= used_[k] && step_[k] == 0;
       std::int64_t rem = b;  // unravel row b over the outer axes
       for (int d = r - 2; d >= 0; --d) {
         idx_[d] = rem % plan_->shape[d];
@@ -411,6 +407,7 @@ class Walker {
       row_left_ = rows_left_ > 0 ? len_ : 0;
       pos_ = b * len_;  // output position of the row's start
     }
+    for (int k = 0; k < NS; ++k) split_ |= used_[k] && step_[k] == 0;
   }
 
   /// The next segment: sets p[k] to where slot k's elements are, returns the segment's length

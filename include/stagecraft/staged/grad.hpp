@@ -131,6 +131,12 @@ auto adjoint(const Map2<Op, A, B>& n, const G& g) {
 // inside an operand (SumToOp), also reads the region's root for its shape. The uses of argument
 // I in the top region stay one fused GradRoot; the others are added to it, already reduced.
 
+/// The value of a constant node (a seed of ones, a scaled one).
+template <class N>
+double constant_value(const N& n) {
+  return n.template get<0, DType::f64, double, ScalarLane<true>>(Ctx<1>{}, 0);
+}
+
 /// Adjoint g (or the constant `seed`) with region r's shape, reduced to `like`'s shape and dtype.
 inline Tensor region_adjoint(const std::source_location& loc, const Tensor& g, bool constant, double seed,
                              const Tensor& r, const Tensor& like) {
@@ -215,7 +221,7 @@ auto backprop_mat(const Mat<M, A...>& n, const G& g, const R& r, std::index_sequ
       return Zero{};
     } else if constexpr (constant_node<G>) {
       using V = Mat<VjpOp<M, static_cast<int>(J), true>, R, A...>;
-      const double seed = g.template get<0, DType::f64, double, ScalarLane<true>>(Ctx<1>{}, 0);
+      const double seed = constant_value(g);
       const V adj{{}, {n.m, seed}, std::apply([&](const auto&... a) { return std::tuple<R, A...>{r, a...}; }, n.args)};
       return backprop<I, Pass::inner>(aj, adj, aj);
     } else {
@@ -241,7 +247,7 @@ auto backprop(const N& n, const G& g, const R& r) {
     if constexpr (P == Pass::top) {
       return g;
     } else if constexpr (constant_node<G>) {
-      const double seed = g.template get<0, DType::f64, double, ScalarLane<true>>(Ctx<1>{}, 0);
+      const double seed = constant_value(g);
       return Mat<SumToOp<true>, R, Arg<I>>{{}, {seed}, {r, Arg<I>{}}};
     } else {
       return Mat<SumToOp<false>, G, R, Arg<I>>{{}, {}, {g, r, Arg<I>{}}};
