@@ -3,8 +3,10 @@
 # file that also compiles a 16-op staged expression (sc::compile) and its derivative (sc::grad<0>).
 # Prints the median of RUNS (default 3) compiles at -O0 and -O2, the preprocessing time and the
 # preprocessed line count; then both files again as built against stagecraft::precompiled
-# (-DSTAGECRAFT_PRECOMPILED: every op's kernels are extern templates, compiled once in its archive). Flags are those stagecraft::stagecraft gives a user (see a build's
-# compile_commands.json), without ccache. Usage: bash bench/compile_time.sh   (CXX=clang++ to switch)
+# (-DSTAGECRAFT_PRECOMPILED: every op's kernels are extern templates, compiled once in its archive),
+# and last with the umbrella header as a precompiled header (what CMake's target_precompile_headers
+# does). Flags are those stagecraft::stagecraft gives a user (see a build's compile_commands.json),
+# without ccache. Usage: bash bench/compile_time.sh   (CXX=clang++ to switch)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cxx=${CXX:-g++}
@@ -56,3 +58,11 @@ echo "staged -O2:    $(measure "$cxx" "${flags[@]}" -DSTAGECRAFT_PRECOMPILED -O2
 sed 's/sc::compile(/sc::compile<sc::f32>(/' "$tmp/staged.cpp" > "$tmp/staged_f32.cpp"
 echo "staged, sc::compile<sc::f32> -O2: $(measure "$cxx" "${flags[@]}" -DSTAGECRAFT_PRECOMPILED -O2 -c "$tmp/staged_f32.cpp" -o "$tmp/staged.o")"
 echo "the archive itself (src/precompiled.cpp, once per build) -O2: $(RUNS=1; measure "$cxx" "${flags[@]}" -DSTAGECRAFT_PRECOMPILED -O2 -c "$root/src/precompiled.cpp" -o "$tmp/pre.o")"
+echo "with the umbrella as a precompiled header too (built once per target, then read by every file):"
+mkdir -p "$tmp/pch"
+echo '#include <stagecraft/stagecraft.hpp>' > "$tmp/pch/sc.hpp"
+pch=(-DSTAGECRAFT_PRECOMPILED -O2)
+echo "the header itself -O2: $(RUNS=1; measure "$cxx" "${flags[@]}" "${pch[@]}" -x c++-header "$tmp/pch/sc.hpp" -o "$tmp/pch/sc.hpp.gch")"
+echo "umbrella -O2:  $(measure "$cxx" "${flags[@]}" "${pch[@]}" -Winvalid-pch -include "$tmp/pch/sc.hpp" -c "$tmp/user.cpp" -o "$tmp/user.o")"
+echo "staged -O2:    $(measure "$cxx" "${flags[@]}" "${pch[@]}" -Winvalid-pch -include "$tmp/pch/sc.hpp" -c "$tmp/staged.cpp" -o "$tmp/staged.o")"
+echo "staged, sc::compile<sc::f32> -O2: $(measure "$cxx" "${flags[@]}" "${pch[@]}" -Winvalid-pch -include "$tmp/pch/sc.hpp" -c "$tmp/staged_f32.cpp" -o "$tmp/staged.o")"

@@ -1,34 +1,26 @@
 // Common sub-expressions of a staged expression, evaluated once per batch.
 //
 // A sub-expression type that occurs more than once in the graph (a derivative reuses the forward
-// nodes: d tanh(u) = 1 - tanh(u)^2 next to tanh(u) itself) is found at compile time with Boost.Hana:
-// the post-order list of sub-expression types, de-duplicated, filtered to those counted twice or
-// more. The expression is then rewritten: the first occurrence to be evaluated becomes Bind<k>
-// (evaluates, keeps the value in frame slot k of the kernel's context), the later ones Ref<k>
-// (read slot k). Equal types can hold different values (two scalars, two tensors), so each Ref
-// checks once, when the rewrite runs, that its values equal the bound occurrence's, and evaluates
-// its own sub-expression otherwise.
+// nodes: d tanh(u) = 1 - tanh(u)^2 next to tanh(u) itself) is found at compile time: the
+// post-order list of the graph's shareable node types, as a constexpr array of type ids, in which
+// a type counted twice or more is shared. The expression is then rewritten: the first occurrence
+// to be evaluated becomes Bind<k> (evaluates, keeps the value in frame slot k of the kernel's
+// context), the later ones Ref<k> (read slot k). Equal types can hold different values (two
+// scalars, two tensors), so each Ref checks once, when the rewrite runs, that its values equal
+// the bound occurrence's, and evaluates its own sub-expression otherwise.
+//
+// Written as constexpr loops over type ids rather than type lists (Boost.Hana did this before):
+// the 16-op gradient's list has dozens of entries, and building, de-duplicating and counting
+// them as tuple types cost about 3 s of compile time; the array costs next to nothing.
 #pragma once
+#include <array>
 #include <cstring>
 #include <type_traits>
 #include <utility>
 
-#include <boost/hana/append.hpp>
-#include <boost/hana/concat.hpp>
-#include <boost/hana/contains.hpp>
-#include <boost/hana/count.hpp>
-#include <boost/hana/filter.hpp>
-#include <boost/hana/fold_left.hpp>
-#include <boost/hana/for_each.hpp>
-#include <boost/hana/size.hpp>
-#include <boost/hana/tuple.hpp>
-#include <boost/hana/type.hpp>
-
 #include "expr.hpp"
 
 namespace stagecraft::staging {
-
-namespace hana = boost::hana;
 
 /// Bytes of one frame slot: the widest native value (an AVX-512 batch).
 inline constexpr std::size_t frame_bytes = 64;
@@ -49,55 +41,87 @@ constexpr bool shareable() {
   }
 }
 
-/// The shareable sub-expression types of N in evaluation order (post-order, operands left to
-/// right). A materialized operand is one value: its operands are another fused loop's.
+/// A constant that identifies type T: the address of a variable of its own.
+template <class T>
+inline constexpr char type_tag = 0;
+using TypeId = const void*;
+template <class T>
+constexpr TypeId type_id() {
+  return &type_tag<T>;
+}
+
+/// Whether the search stops at N: a leaf, or a materialized operand (one value: its operands are
+/// another fused loop's).
 template <class N>
-constexpr auto subexpressions() {
-  constexpr auto self = [] {
-    if constexpr (shareable<N>()) return hana::make_tuple(hana::type_c<N>);
-    else return hana::make_tuple();
-  }();
-  if constexpr (requires { N::arg_index; } || std::is_same_v<N, Leaf> || requires(const N& n) { n.m; }) {
-    return self;
-  } else if constexpr (requires(const N& n) { n.c; }) {
-    using C = decltype(std::declval<N>().c);
-    using A = decltype(std::declval<N>().a);
-    using B = decltype(std::declval<N>().b);
-    return hana::concat(hana::concat(hana::concat(subexpressions<C>(), subexpressions<A>()), subexpressions<B>()), self);
-  } else if constexpr (requires(const N& n) { n.b; }) {
-    using A = decltype(std::declval<N>().a);
-    using B = decltype(std::declval<N>().b);
-    return hana::concat(hana::concat(subexpressions<A>(), subexpressions<B>()), self);
-  } else if constexpr (requires(const N& n) { n.a; }) {
-    using A = decltype(std::declval<N>().a);
-    return hana::concat(subexpressions<A>(), self);
-  } else {
-    return self;  // constants
+constexpr bool cse_leaf() {
+  return requires { N::arg_index; } || std::is_same_v<N, Leaf> || requires(const N& n) { n.m; } ||
+         !requires(const N& n) { n.a; };
+}
+
+/// Number of shareable nodes in N's subtree (the length of its part of the post-order list).
+template <class N>
+constexpr int shareable_count() {
+  constexpr int self = shareable<N>() ? 1 : 0;
+  if constexpr (cse_leaf<N>()) return self;
+  else if constexpr (requires(const N& n) { n.c; })
+    return shareable_count<decltype(N::c)>() + shareable_count<decltype(N::a)>() + shareable_count<decltype(N::b)>() + self;
+  else if constexpr (requires(const N& n) { n.b; })
+    return shareable_count<decltype(N::a)>() + shareable_count<decltype(N::b)>() + self;
+  else return shareable_count<decltype(N::a)>() + self;
+}
+
+/// Writes the shareable node types of N's subtree in evaluation order (post-order, operands left
+/// to right) to out[k...], advancing k.
+template <class N>
+constexpr void collect(TypeId* out, int& k) {
+  if constexpr (!cse_leaf<N>()) {
+    if constexpr (requires(const N& n) { n.c; }) collect<decltype(N::c)>(out, k);
+    collect<decltype(N::a)>(out, k);
+    if constexpr (requires(const N& n) { n.b; }) collect<decltype(N::b)>(out, k);
   }
+  if constexpr (shareable<N>()) out[k++] = type_id<N>();
 }
 
-/// The shared sub-expression types of E, in evaluation order (each before any that contains it).
+/// The shared sub-expressions of E: list is the post-order list of its shareable types; a type
+/// that occurs twice or more gets a frame slot, numbered in the order of first occurrence.
 template <class E>
-constexpr auto shared_types() {
-  constexpr auto all = subexpressions<E>();
-  constexpr auto uniq = hana::fold_left(all, hana::make_tuple(), [](auto acc, auto t) {
-    if constexpr (decltype(hana::contains(acc, t))::value) return acc;
-    else return hana::append(acc, t);
-  });
-  return hana::filter(uniq, [](auto t) {
-    return hana::bool_c<(decltype(hana::count(subexpressions<E>(), t))::value >= 2)>;
-  });
-}
-
-template <class Shared, class N>
-constexpr int shared_index() {
-  int k = -1, pos = 0;
-  hana::for_each(Shared{}, [&](auto t) {
-    if (k < 0 && std::is_same_v<typename decltype(t)::type, N>) k = pos;
-    ++pos;
-  });
-  return k;
-}
+struct CseTable {
+  static constexpr int size = shareable_count<E>();
+  static constexpr std::array<TypeId, (size > 0 ? size : 1)> list = [] {
+    std::array<TypeId, (size > 0 ? size : 1)> a{};
+    int k = 0;
+    collect<E>(a.data(), k);
+    return a;
+  }();
+  /// The first position of type t in the list (-1 when absent).
+  static constexpr int first(TypeId t) {
+    for (int i = 0; i < size; ++i)
+      if (list[static_cast<std::size_t>(i)] == t) return i;
+    return -1;
+  }
+  /// Whether the type at position i occurs again later.
+  static constexpr bool repeated(int i) {
+    for (int j = i + 1; j < size; ++j)
+      if (list[static_cast<std::size_t>(j)] == list[static_cast<std::size_t>(i)]) return true;
+    return false;
+  }
+  /// Frame slot of type t: the number of shared types whose first occurrence precedes t's (-1
+  /// when t is not shared).
+  static constexpr int slot(TypeId t) {
+    const int f = first(t);
+    if (f < 0 || !repeated(f)) return -1;
+    int k = 0;
+    for (int i = 0; i < f; ++i)
+      if (first(list[static_cast<std::size_t>(i)]) == i && repeated(i)) ++k;
+    return k;
+  }
+  static constexpr int slots = [] {
+    int k = 0;
+    for (int i = 0; i < size; ++i)
+      if (first(list[static_cast<std::size_t>(i)]) == i && repeated(i)) ++k;
+    return k;
+  }();
+};
 
 /// Whether two nodes of one type hold the same values (the same scalars, the same tensors).
 template <class N>
@@ -161,51 +185,57 @@ struct Ref : Node {
   }
 };
 
-/// The rewrite: returns {the new node, the types bound so far}. first[k] is the bound (first)
-/// occurrence of shared type k, which later occurrences compare their values with.
-template <class Shared>
+/// The rewrite. P is the list position of the first shareable node of n's subtree, so a shareable
+/// node's own position is P + its subtree's count - 1: the first occurrence of a shared type
+/// becomes Bind, the later ones Ref. first[k] is the bound occurrence of slot k, which later
+/// occurrences compare their values with (it is rewritten before them: the order is evaluation
+/// order).
+template <class E>
 struct CseRewrite {
-  const void* first[decltype(hana::size(Shared{}))::value > 0 ? decltype(hana::size(Shared{}))::value : 1] = {};
+  using Table = CseTable<E>;
+  const void* first[Table::slots > 0 ? Table::slots : 1] = {};
 
-  template <class N, class Seen>
-  auto go(const N& n, Seen seen) {
-    constexpr int k = shared_index<Shared, N>();
-    if constexpr (k >= 0 && decltype(hana::contains(seen, hana::type_c<N>))::value) {
-      return std::pair{Ref<k, N>{{}, n, same_values(n, *static_cast<const N*>(first[k]))}, seen};
+  template <int P, class N>
+  auto go(const N& n) {
+    constexpr int k = shareable<N>() ? Table::slot(type_id<N>()) : -1;
+    if constexpr (k >= 0 && P + shareable_count<N>() - 1 != Table::first(type_id<N>())) {
+      return Ref<k, N>{{}, n, same_values(n, *static_cast<const N*>(first[k]))};
     } else {
-      auto [m, after] = children(n, seen);
+      auto m = children<P>(n);
       if constexpr (k >= 0) {
         first[k] = &n;
-        return std::pair{Bind<k, decltype(m)>{{}, m}, hana::append(after, hana::type_c<N>)};
+        return Bind<k, decltype(m)>{{}, m};
       } else {
-        return std::pair{m, after};
+        return m;
       }
     }
   }
 
-  template <class N, class Seen>
-  auto children(const N& n, Seen seen) {
-    if constexpr (requires { n.m; } || requires { N::arg_index; } || std::is_same_v<N, Leaf> || !requires { n.a; }) {
-      return std::pair{n, seen};
+  template <int P, class N>
+  auto children(const N& n) {
+    if constexpr (cse_leaf<N>()) {
+      return n;
     } else if constexpr (requires { n.c; }) {
-      auto [c, s1] = go(n.c, seen);
-      auto [a, s2] = go(n.a, s1);
-      auto [b, s3] = go(n.b, s2);
+      constexpr int pa = P + shareable_count<decltype(N::c)>();
+      constexpr int pb = pa + shareable_count<decltype(N::a)>();
+      auto c = go<P>(n.c);
+      auto a = go<pa>(n.a);
+      auto b = go<pb>(n.b);
       using R = typename rebind3<N, decltype(c), decltype(a), decltype(b)>::type;
-      return std::pair{R{{}, c, a, b}, s3};
+      return R{{}, c, a, b};
     } else if constexpr (requires { n.b; }) {
-      auto [a, s1] = go(n.a, seen);
-      auto [b, s2] = go(n.b, s1);
+      auto a = go<P>(n.a);
+      auto b = go<P + shareable_count<decltype(N::a)>()>(n.b);
       using R = typename rebind2<N, decltype(a), decltype(b)>::type;
-      return std::pair{R{{}, a, b}, s2};
+      return R{{}, a, b};
     } else if constexpr (requires { n.fwd; }) {
-      auto [a, s1] = go(n.a, seen);
+      auto a = go<P>(n.a);
       using R = typename rebind1<N, decltype(a)>::type;
-      return std::pair{R{{}, a, n.fwd}, s1};
+      return R{{}, a, n.fwd};
     } else {
-      auto [a, s1] = go(n.a, seen);
+      auto a = go<P>(n.a);
       using R = typename rebind1<N, decltype(a)>::type;
-      return std::pair{R{{}, a}, s1};
+      return R{{}, a};
     }
   }
 
@@ -228,12 +258,11 @@ auto cse(const E& e) {
 #ifdef STAGECRAFT_NO_CSE
   return e;
 #else
-  using Shared = decltype(shared_types<E>());
-  if constexpr (decltype(hana::size(Shared{}))::value == 0) {
+  if constexpr (CseTable<E>::slots == 0) {
     return e;
   } else {
-    CseRewrite<Shared> r;
-    return r.go(e, hana::make_tuple()).first;
+    CseRewrite<E> r;
+    return r.template go<0>(e);
   }
 #endif
 }
@@ -242,7 +271,7 @@ template <class E>
 inline constexpr int frame_slots = 0;
 #else
 template <class E>
-inline constexpr int frame_slots = static_cast<int>(decltype(hana::size(decltype(shared_types<E>()){}))::value);
+inline constexpr int frame_slots = CseTable<E>::slots;
 #endif
 
 }  // namespace stagecraft::staging
