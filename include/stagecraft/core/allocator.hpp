@@ -1,5 +1,6 @@
 // The CPU caching allocator: size classes, free lists reused across ops, public counters.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -52,6 +53,8 @@ class CachingAllocator {
   static constexpr int sub_classes = 4;
   static constexpr int num_classes = 64 * sub_classes;
   static constexpr std::size_t max_cached_block = std::size_t{1} << 32;
+  /// Largest request served (2^62 bytes, as max_tensor_bytes): round() stays exact below it.
+  static constexpr std::size_t max_request = std::size_t{1} << 62;
 
   /// Rounded size and class index of a request of n > 0 bytes.
   static constexpr std::size_t round(std::size_t n, int* cls = nullptr) {
@@ -69,6 +72,7 @@ class CachingAllocator {
   /// A 64-byte-aligned block of at least n bytes (nullptr for n == 0).
   void* allocate(std::size_t n) {
     if (n == 0) return nullptr;
+    if (n > max_request) throw std::bad_alloc();  // round() would overflow; no machine has it
     int cls = 0;
     const std::size_t size = round(n, &cls);
     {
@@ -84,13 +88,19 @@ class CachingAllocator {
         return p;
       }
       ++stats_.allocation_calls;
+      peak_before_miss_ = stats_.peak_bytes_in_use;
       add_in_use(size);
     }
     // aligned_alloc needs a multiple of the alignment (size classes like 80 bytes are not).
     void* p = std::aligned_alloc(config::alignment, (size + config::alignment - 1) / config::alignment * config::alignment);
     if (!p) {
+      empty_cache();  // the cached blocks may make room: give them back and try once more
+      p = std::aligned_alloc(config::alignment, (size + config::alignment - 1) / config::alignment * config::alignment);
+    }
+    if (!p) {
       std::lock_guard<SpinLock> lock(mu_);
       stats_.bytes_in_use -= size;
+      stats_.peak_bytes_in_use = std::max(peak_before_miss_, stats_.bytes_in_use);  // the failed size never counted
       throw std::bad_alloc();
     }
     return p;
@@ -142,6 +152,7 @@ class CachingAllocator {
     if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
   }
   mutable SpinLock mu_;
+  std::size_t peak_before_miss_ = 0;  // the peak before the latest miss, restored if it fails
   std::array<std::vector<void*>, num_classes> free_{};
   MemoryStats stats_{};
   std::size_t cache_limit_ = std::size_t{8} << 30;

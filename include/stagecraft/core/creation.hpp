@@ -14,8 +14,9 @@ namespace detail {
 
 /// A fresh tensor on the current device filled by fill(T* data) on the host.
 template <class T, class Fill>
-Tensor make_host(const Shape& shape, Fill&& fill) {
-  Tensor t = empty_tensor(shape, dtype_of<T>(), Device::cpu());
+Tensor make_host(const Shape& shape, Fill&& fill, std::string_view op = "tensor",
+                 const std::source_location& loc = std::source_location::current()) {
+  Tensor t = empty_tensor(shape, dtype_of<T>(), Device::cpu(), op, loc);
   fill(static_cast<T*>(t.raw_data()));
   const Device d = current_device();
   return d.is_cpu() ? t : t.to(d);
@@ -85,12 +86,12 @@ Tensor tensor(std::initializer_list<std::initializer_list<std::initializer_list<
 /// A tensor of the given shape holding a copy of `values` (row-major; sizes must match).
 template <Element T>
 Tensor tensor(const std::vector<T>& values, Shape shape, std::source_location loc = std::source_location::current()) {
-  if (static_cast<std::int64_t>(values.size()) != shape.numel())
-    detail::fail<ShapeError>("tensor", loc, values.size(), " values do not fill shape ", shape, " (",
-                             shape.numel(), " elements)");
-  return detail::make_host<T>(shape, [&](T* p) {
-    if (!values.empty()) std::memcpy(p, values.data(), values.size() * sizeof(T));
-  });
+  const std::int64_t n = detail::checked_numel(shape, itemsize(dtype_of<T>()), "tensor", loc);
+  if (static_cast<std::int64_t>(values.size()) != n)
+    detail::fail<ShapeError>("tensor", loc, values.size(), " values do not fill shape ", shape, " (", n, " elements)");
+  return detail::make_host<T>(
+      shape, [&](T* p) { if (!values.empty()) std::memcpy(p, values.data(), values.size() * sizeof(T)); }, "tensor",
+      loc);
 }
 /// A 1-D tensor holding a copy of `values`.
 template <Element T>
@@ -103,21 +104,24 @@ Tensor scalar(T v) {
   return detail::make_host<T>(Shape{}, [&](T* p) { *p = v; });
 }
 
-/// Checks that every extent is non-negative.
-inline void check_shape(const Shape& s, std::string_view op, const std::source_location& loc) {
-  for (auto d : s)
-    if (d < 0) detail::fail<ShapeError>(op, loc, "negative extent in shape ", s);
+/// Checks that every extent is non-negative and the tensor fits (see detail::checked_numel).
+inline void check_shape(const Shape& s, std::string_view op, const std::source_location& loc,
+                        DType d = DType::b8) {
+  detail::checked_numel(s, itemsize(d), op, loc);
 }
 
 /// A tensor of the given shape with every element `value` converted to dtype d.
 inline Tensor full(Shape shape, double value, DType d, std::source_location loc = std::source_location::current()) {
-  check_shape(shape, "full", loc);
+  check_shape(shape, "full", loc, d);
   return visit_dtype(d, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return detail::make_host<T>(shape, [&](T* p) {
-      const T v = static_cast<T>(value);
-      for (std::int64_t i = 0, n = shape.numel(); i < n; ++i) p[i] = v;
-    });
+    return detail::make_host<T>(
+        shape,
+        [&](T* p) {
+          const T v = static_cast<T>(value);
+          for (std::int64_t i = 0, n = shape.numel(); i < n; ++i) p[i] = v;
+        },
+        "full", loc);
   });
 }
 /// A tensor of the given shape with every element `value`; the dtype is value's (7.f → f32).
@@ -142,13 +146,21 @@ inline Tensor ones_like(const Tensor& x) { return ones(x.shape(), x.dtype()); }
 inline Tensor arange(double start, double stop, double step, DType d,
                      std::source_location loc = std::source_location::current()) {
   if (step == 0) detail::fail<ValueError>("arange", loc, "step must not be zero");
-  const double span = (stop - start) / step;
-  const std::int64_t n = span > 0 ? static_cast<std::int64_t>(std::ceil(span)) : 0;
+  if (!std::isfinite(start) || !std::isfinite(stop) || !std::isfinite(step))
+    detail::fail<ValueError>("arange", loc, "start, stop and step must be finite, got ", start, ", ", stop, ", ", step);
+  const double span = std::ceil((stop - start) / step);
+  if (span > static_cast<double>(max_tensor_bytes))  // also an inf from a tiny step
+    detail::fail<ShapeError>("arange", loc, "[", start, ", ", stop, ") in steps of ", step, " has ", span,
+                             " elements: too many");
+  const std::int64_t n = span > 0 ? static_cast<std::int64_t>(span) : 0;
   return visit_dtype(d, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return detail::make_host<T>(Shape{n}, [&](T* p) {
-      for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start + static_cast<double>(i) * step);
-    });
+    return detail::make_host<T>(
+        Shape{n},
+        [&](T* p) {
+          for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start + static_cast<double>(i) * step);
+        },
+        "arange", loc);
   });
 }
 /// 0, 1, ..., stop-1 as i64 (as NumPy's and PyTorch's arange of integers).
@@ -176,7 +188,7 @@ inline Tensor eye(std::int64_t n, DType d = DType::f32, std::source_location loc
 /// A zero-copy view of user memory (row-major, contiguous). The caller keeps `data` alive
 /// and unchanged for as long as the tensor or anything reshaped from it is used.
 inline Tensor from_blob(void* data, Shape shape, DType d, std::source_location loc = std::source_location::current()) {
-  check_shape(shape, "from_blob", loc);
+  check_shape(shape, "from_blob", loc, d);
   if (!data && shape.numel() > 0) detail::fail<ValueError>("from_blob", loc, "null pointer for shape ", shape);
   auto* impl = new detail::TensorImpl();
   impl->shape = shape;

@@ -121,6 +121,29 @@ constexpr Shape broadcast_strides(const Shape& in, const Shape& out) {
   return st;
 }
 
+/// Most bytes one tensor may hold (2^62): beyond any machine, and low enough that byte counts,
+/// allocator size classes and element offsets computed from a valid shape never overflow.
+inline constexpr std::int64_t max_tensor_bytes = std::int64_t{1} << 62;
+
+namespace detail {
+/// The elements of a tensor of shape s whose elements take `item` bytes. ShapeError naming op
+/// when an extent is negative or the tensor would take more than max_tensor_bytes; the extents
+/// of an empty tensor count too (a [0, 5, 2^62] tensor would overflow its strides). Shape::numel
+/// does not check: it is on every op's path, and every new tensor's shape comes through here.
+inline std::int64_t checked_numel(const Shape& s, std::int64_t item, std::string_view op,
+                                  const std::source_location& loc) {
+  std::int64_t bytes = item, n = 1;
+  for (std::int64_t d : s) {
+    if (d < 0) fail<ShapeError>(op, loc, "negative extent in shape ", s);
+    if (d != 0 && (__builtin_mul_overflow(bytes, d, &bytes) || bytes > max_tensor_bytes))
+      fail<ShapeError>(op, loc, "shape ", s, " is too large: more than 2^62 bytes at ", item,
+                       " bytes an element");
+    n *= d;  // cannot overflow: |n| <= bytes
+  }
+  return n;
+}
+}  // namespace detail
+
 /// Turns a possibly negative axis into [0, rank); throws ShapeError naming the op otherwise.
 /// (Ops that insert an axis, like expand_dims and stack, pass rank + 1.)
 inline int normalize_axis(std::int64_t axis, int rank, std::string_view op,

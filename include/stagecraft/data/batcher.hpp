@@ -34,7 +34,8 @@ class Batcher {
   std::int64_t size() const { return x_.shape()[0]; }
   /// Batches per epoch.
   std::int64_t batches_per_epoch() const {
-    return drop_last_ ? size() / batch_ : (size() + batch_ - 1) / batch_;
+    const std::int64_t full = size() / batch_;  // (size + batch - 1) / batch would overflow
+    return drop_last_ || size() % batch_ == 0 ? full : full + 1;
   }
   /// Restarts at the beginning of `epoch` (its order depends only on seed and epoch).
   void start_epoch(std::int64_t epoch) {

@@ -74,7 +74,11 @@ inline IdxFile read_idx(const std::string& path) {
   const std::size_t header = 4 + 4 * static_cast<std::size_t>(rank);
   if (bytes.size() < header) throw IOError("[read_idx] " + path + " is truncated (header)");
   for (int d = 0; d < rank; ++d) f.shape.push_back(detail::be32(&bytes[4 + 4 * d]));
-  const std::size_t want = static_cast<std::size_t>(f.shape.numel()) * item;
+  // the extents come from the file: their product may wrap, so it is checked before any use
+  std::size_t want = item;
+  for (std::int64_t d : f.shape)
+    if (__builtin_mul_overflow(want, static_cast<std::size_t>(d), &want) || want > (std::size_t{1} << 62))
+      throw IOError("[read_idx] " + path + " is corrupt: its header " + f.shape.str() + " describes more than 2^62 bytes");
   if (bytes.size() - header != want)
     throw IOError("[read_idx] " + path + " holds " + std::to_string(bytes.size() - header) +
                   " payload bytes, its header " + f.shape.str() + " says " + std::to_string(want));

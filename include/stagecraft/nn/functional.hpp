@@ -49,15 +49,17 @@ inline Tensor softmax(const Tensor& x, std::int64_t axis = -1,
   return div(e, sum(e, {ax}, true, loc), loc);
 }
 
-/// log(softmax(x)) along axis, as x - logsumexp(x): stable for large values and exact
-/// where softmax would underflow to 0. Integer inputs become f32.
+/// log(softmax(x)) along axis, as (x - shift) - log(sum(exp(x - shift))) with shift = max(x):
+/// stable for large values, exact where softmax would underflow to 0, and no cancellation when
+/// x is large (x - (shift + log sum) loses log 2 next to 1e7 in f32). Integer inputs become f32.
 inline Tensor log_softmax(const Tensor& x, std::int64_t axis = -1,
                           std::source_location loc = std::source_location::current()) {
   stagecraft::detail::require_defined(x, "log_softmax", loc);
   const std::int64_t ax = normalize_axis(axis, x.rank(), "log_softmax", loc);
   const Tensor xf = functional_detail::as_floating(x, loc);
   if (x.shape()[static_cast<int>(ax)] == 0) return xf;
-  return sub(xf, logsumexp(xf, {ax}, true, loc), loc);
+  const Tensor z = sub(xf, stagecraft::detail::logsumexp_shift(xf, {ax}, loc), loc);
+  return sub(z, log(sum(exp(z, loc), {ax}, true, loc), loc), loc);
 }
 
 /// Mean over the batch of -log_softmax(logits)[i, labels[i]]: logits [N, C] (f32/f64),

@@ -300,15 +300,20 @@ inline Tensor uniform(Shape shape, double lo, double hi, Generator& gen, DType d
 /// A random permutation of 0..n-1 (i64), from a seeded Philox-driven Fisher–Yates shuffle.
 /// Made on the host, not by an op: it is an integer shuffle for the data batcher, outside any
 /// traced function (traced, it would be a constant: the same order at every call).
-inline Tensor permutation(std::int64_t n, std::uint64_t seed = 0) {
-  return detail::make_host<std::int64_t>(Shape{n}, [&](std::int64_t* p) {
-    for (std::int64_t i = 0; i < n; ++i) p[i] = i;
-    for (std::int64_t i = n - 1; i > 0; --i) {
-      const auto w = detail::random_block(seed, static_cast<std::uint64_t>(i));
-      const std::uint64_t r = (std::uint64_t{w[0]} << 32) | w[1];
-      std::swap(p[i], p[r % static_cast<std::uint64_t>(i + 1)]);
-    }
-  });
+inline Tensor permutation(std::int64_t n, std::uint64_t seed = 0,
+                          std::source_location loc = std::source_location::current()) {
+  if (n < 0) detail::fail<ShapeError>("random::permutation", loc, "n must be non-negative, got ", n);
+  return detail::make_host<std::int64_t>(
+      Shape{n},
+      [&](std::int64_t* p) {
+        for (std::int64_t i = 0; i < n; ++i) p[i] = i;
+        for (std::int64_t i = n - 1; i > 0; --i) {
+          const auto w = detail::random_block(seed, static_cast<std::uint64_t>(i));
+          const std::uint64_t r = (std::uint64_t{w[0]} << 32) | w[1];
+          std::swap(p[i], p[r % static_cast<std::uint64_t>(i + 1)]);
+        }
+      },
+      "random::permutation", loc);
 }
 
 }  // namespace random

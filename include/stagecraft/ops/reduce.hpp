@@ -177,6 +177,17 @@ inline Tensor mean(const Tensor& x, std::vector<std::int64_t> axes = {}, bool ke
   return cast(div(sum(cast(x, DType::f64, loc), std::move(axes), keepdims, loc), count, loc), DType::f32, loc);
 }
 
+namespace detail {
+/// The shift that keeps exp(x - shift) from overflowing: max(x) over axes, kept, or 0 where that
+/// max is not finite. A constant to the tape (read from a stop_gradient view, so the max is not
+/// even recorded): the results it shifts do not depend on its value.
+inline Tensor logsumexp_shift(const Tensor& xf, const std::vector<std::int64_t>& axes,
+                              const std::source_location& loc) {
+  const Tensor m = max(stop_gradient(xf, loc), axes, true, loc);
+  return where(less(abs(m, loc), std::numeric_limits<double>::infinity(), loc), m, 0.0, loc);
+}
+}  // namespace detail
+
 /// log(sum(exp(x))) over axes ({} = all), computed stably: the max is subtracted first (0 where
 /// it is not finite, so rows of -inf give -inf and +inf/NaN pass through). Integers give f32.
 /// An empty reduced axis gives -inf.
@@ -187,11 +198,8 @@ inline Tensor logsumexp(const Tensor& x, std::vector<std::int64_t> axes = {}, bo
   const Tensor xf = is_floating(x.dtype()) ? x : cast(x, DType::f32, loc);
   if (empty)  // no max to shift by; log(0) = -inf
     return log(sum(exp(xf, loc), std::move(axes), keepdims, loc), loc);
-  // The result does not depend on the shift's value, so it is a constant to the tape (taken
-  // from a stop_gradient view, so the max is not even recorded): the gradient is softmax(x)
-  // exactly, at every order, and no work is spent on max's gradient.
-  const Tensor m = max(stop_gradient(xf, loc), axes, true, loc);
-  const Tensor shift = where(less(abs(m, loc), std::numeric_limits<double>::infinity(), loc), m, 0.0, loc);
+  // The shift is a constant to the tape: the gradient is softmax(x) exactly, at every order.
+  const Tensor shift = detail::logsumexp_shift(xf, axes, loc);
   const Tensor s = sum(exp(sub(xf, shift, loc), loc), axes, keepdims, loc);
   // Without keepdims the shift loses its size-1 axes by a sum over them (a copy; no reshape).
   return add(log(s, loc), keepdims ? shift : sum(shift, std::move(axes), false, loc), loc);

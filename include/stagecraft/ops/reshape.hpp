@@ -72,8 +72,9 @@ struct Reshape {
       } else if (SC_UNLIKELY(to[i] < 0)) {
         detail::fail<ShapeError>(name, loc, "negative extent in target shape ", a.ints,
                                  " for input shape ", from);
-      } else {
-        known *= to[i];
+      } else if (SC_UNLIKELY(__builtin_mul_overflow(known, to[i], &known))) {
+        detail::fail<ShapeError>(name, loc, "target shape ", a.ints, " has more elements than an int64 holds",
+                                 " (input shape ", from, ")");
       }
     }
     const std::int64_t n = from.numel();
@@ -87,6 +88,7 @@ struct Reshape {
       detail::fail<ShapeError>(name, loc, "cannot reshape ", from, " (", n, " elements) into ", to,
                                " (", known, " elements)");
     }
+    detail::checked_numel(to, itemsize(in[0].dtype()), name, loc);  // a 0 extent can hide huge ones
     return {to, in[0].dtype()};
   }
   /// Tensors are contiguous row-major, so any reshape is a view.

@@ -23,7 +23,7 @@ struct Slice {
     Shape out;
     for (int k = 0; k < xs.rank(); ++k) {
       const std::int64_t b = start(xs, a, k), s = a.ints2[k] == -1 ? xs[k] - b : a.ints2[k];
-      if (SC_UNLIKELY(b < 0 || b > xs[k] || s < 0 || b + s > xs[k]))
+      if (SC_UNLIKELY(b < 0 || b > xs[k] || s < 0 || s > xs[k] - b))  // b + s could overflow
         detail::fail<ShapeError>(name, loc, "begin ", a.ints, " and size ", a.ints2,
                                  " are out of range for shape ", xs, " (axis ", k, ")");
       out.push_back(s);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../core/error.hpp"
@@ -68,14 +69,18 @@ struct Header {
   std::map<std::string, std::string> metadata;
 };
 
-/// Bytes of numel(shape) * itemsize, or false when that does not fit in int64 (checked in the
-/// order Shape::numel multiplies, so numel() never overflows on an accepted shape).
+/// Bytes of numel(shape) * itemsize, or false when the shape is not one a tensor may have
+/// (detail::checked_numel's rule: the extents of an empty tensor count too, so [0, 5, 2^62] is
+/// refused: its strides would overflow).
 inline bool checked_nbytes(const Shape& s, DType d, std::uint64_t& out) {
-  std::int64_t n = 1;
-  for (std::int64_t e : s)
-    if (__builtin_mul_overflow(n, e, &n)) return false;
-  std::int64_t bytes = 0;
-  if (__builtin_mul_overflow(n, static_cast<std::int64_t>(itemsize(d)), &bytes)) return false;
+  std::int64_t n = 1, extent_bytes = static_cast<std::int64_t>(itemsize(d));
+  for (std::int64_t e : s) {
+    if (e < 0) return false;
+    if (e != 0 && (__builtin_mul_overflow(extent_bytes, e, &extent_bytes) || extent_bytes > max_tensor_bytes))
+      return false;
+    n *= e;
+  }
+  const std::int64_t bytes = n * static_cast<std::int64_t>(itemsize(d));
   out = static_cast<std::uint64_t>(bytes);
   return true;
 }
@@ -403,16 +408,21 @@ inline std::string quote(std::string_view s) {
 }
 
 /// A file written under a temporary name beside its target and renamed over the target
-/// only by commit(); destroyed before commit(), it removes the temporary file.
+/// only by commit(); destroyed before commit(), it removes the temporary file. A symlink is
+/// written through (the file it names is replaced, the link stays), and a file that exists
+/// keeps its permission bits (a 0600 checkpoint stays 0600).
 class AtomicFile {
  public:
   AtomicFile(std::filesystem::path target, std::string_view op, const std::source_location& loc)
-      : target_(std::move(target)), op_(op), loc_(loc) {
+      : target_(through_links(std::move(target))), op_(op), loc_(loc) {
     static std::atomic<unsigned> counter{0};  // distinct names for threads of one process
     tmp_ = target_;
     tmp_ += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd_ < 0) fail_errno("cannot create the temporary file");
+    struct ::stat st {};
+    if (::stat(target_.c_str(), &st) == 0 && ::fchmod(fd_, st.st_mode & 07777) != 0)
+      fail_errno("cannot give the temporary file the target's mode");
   }
   ~AtomicFile() {
     if (fd_ >= 0) ::close(fd_);
@@ -457,6 +467,16 @@ class AtomicFile {
   }
 
  private:
+  /// The file a chain of symlinks ends at (p itself when it is not a link).
+  static std::filesystem::path through_links(std::filesystem::path p) {
+    std::error_code ec;
+    for (int hops = 0; hops < 40 && std::filesystem::is_symlink(p, ec); ++hops) {
+      const std::filesystem::path t = std::filesystem::read_symlink(p, ec);
+      if (ec) break;
+      p = t.is_absolute() ? t : p.parent_path() / t;
+    }
+    return p;
+  }
   template <class... Parts>
   [[noreturn]] void fail(const Parts&... parts) const {
     detail::fail<IOError>(op_, loc_, "cannot write '", target_.string(), "': ", parts...);

@@ -1,0 +1,168 @@
+// Regression tests for hostile and extreme inputs (issue 9): sizes that overflow, negative extents,
+// untrusted files, allocation failures, numerically hard cases, and file modes kept on save.
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <string>
+
+#include <stagecraft/stagecraft.hpp>
+#include <stagecraft/data/batcher.hpp>
+#include <stagecraft/data/idx.hpp>
+
+#include "files.hpp"
+#include "testing.hpp"
+
+namespace {
+constexpr std::int64_t big = std::int64_t{1} << 62;
+
+/// An IDX file of unsigned bytes with these extents in its header and `payload` bytes after it.
+std::string idx_bytes(const std::vector<std::uint32_t>& dims, std::size_t payload) {
+  std::string s = {0, 0, 0x08, static_cast<char>(dims.size())};
+  for (std::uint32_t d : dims)
+    for (int k = 3; k >= 0; --k) s += static_cast<char>((d >> (8 * k)) & 0xff);
+  return s + std::string(payload, '\1');
+}
+
+/// A safetensors file whose only entry has this shape (as JSON) and these data offsets.
+std::string safetensors_bytes(const std::string& shape, std::uint64_t begin, std::uint64_t end, std::size_t data) {
+  std::string json = "{\"t\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[" + std::to_string(begin) +
+                     "," + std::to_string(end) + "]}}";
+  std::string s(8, '\0');
+  for (int k = 0; k < 8; ++k) s[static_cast<std::size_t>(k)] = static_cast<char>((json.size() >> (8 * k)) & 0xff);
+  return s + json + std::string(data, '\0');
+}
+}  // namespace
+
+TEST_CASE("shapes whose size overflows are ShapeErrors in every creation path", "[hardening]") {
+  CHECK_THROWS_AS(sc::zeros({big + 1}), sc::ShapeError);
+  CHECK_THROWS_AS(sc::zeros({std::int64_t{1} << 40, std::int64_t{1} << 40}), sc::ShapeError);
+  CHECK_THROWS_AS(sc::ones({std::int64_t{1} << 61}, sc::f64), sc::ShapeError);  // 2^64 bytes
+  CHECK_THROWS_AS(sc::full({0, 5, big}, 1.f), sc::ShapeError);  // empty, but its strides overflow
+  CHECK_THROWS_WITH(sc::zeros({big + 1}), Catch::Contains("[full]") && Catch::Contains("too large"));
+  CHECK_THROWS_AS(sc::reshape(sc::zeros({16}), {big + 4, 4}), sc::ShapeError);
+  CHECK_THROWS_AS(sc::reshape(sc::zeros({0}), {0, big, 8}), sc::ShapeError);
+  CHECK_THROWS_AS(sc::slice(sc::zeros({4}), {1}, {std::numeric_limits<std::int64_t>::max()}), sc::ShapeError);
+  float x = 0;
+  CHECK_THROWS_AS(sc::from_blob(&x, sc::Shape{big, 4}, sc::f32), sc::ShapeError);
+  // what stays valid
+  CHECK(sc::zeros({0, 5, 7}).numel() == 0);
+  CHECK(sc::reshape(sc::zeros({16}), {4, -1}).shape() == sc::Shape{4, 4});
+  CHECK(sc::slice(sc::arange(4), {1}, {-1}).to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 2, 3});
+}
+
+TEST_CASE("negative extents are ShapeErrors", "[hardening]") {
+  CHECK_THROWS_AS(sc::tensor(std::vector<float>{1, 2, 3, 4}, sc::Shape{-2, -2}), sc::ShapeError);
+  CHECK_THROWS_WITH(sc::tensor(std::vector<float>{1, 2, 3, 4}, sc::Shape{-2, -2}),
+                    Catch::Contains("[tensor]") && Catch::Contains("negative extent") &&
+                        Catch::Contains("test_hardening.cpp"));
+  CHECK_THROWS_AS(sc::random::permutation(-5), sc::ShapeError);
+  CHECK_THROWS_AS(sc::zeros({3, -1}), sc::ShapeError);
+  CHECK_THROWS_AS(sc::eye(-1), sc::ShapeError);
+}
+
+TEST_CASE("arange with an infinite or huge count is an error, not an allocation", "[hardening]") {
+  CHECK_THROWS_AS(sc::arange(0.0, INFINITY, 1.0, sc::f64), sc::ValueError);
+  CHECK_THROWS_AS(sc::arange(0.0, 1.0, NAN, sc::f64), sc::ValueError);
+  CHECK_THROWS_AS(sc::arange(0.0, 1e300, 1.0, sc::f64), sc::ShapeError);
+  CHECK_THROWS_AS(sc::arange(0.0, 1.0, 1e-300, sc::f64), sc::ShapeError);
+  CHECK(sc::arange(0.0, 3.0, 1.0, sc::f64).numel() == 3);
+}
+
+TEST_CASE("a failed allocation is a DeviceError, leaks nothing and leaves the peak", "[hardening]") {
+  const std::size_t peak = sc::memory_stats().peak_bytes_in_use, in_use = sc::memory_stats().bytes_in_use;
+  // 2^61 bytes: a valid shape, more memory than any machine has
+  CHECK_THROWS_AS(sc::zeros({std::int64_t{1} << 59}), sc::DeviceError);
+  CHECK_THROWS_WITH(sc::zeros({std::int64_t{1} << 59}),
+                    Catch::Contains("[full] out of memory") && Catch::Contains("[576460752303423488]"));
+  CHECK(sc::memory_stats().peak_bytes_in_use == peak);
+  CHECK(sc::memory_stats().bytes_in_use == in_use);
+  // the allocator itself: a request whose size class would wrap
+  CHECK_THROWS_AS(sc::detail::CachingAllocator::instance().allocate(std::numeric_limits<std::size_t>::max()),
+                  std::bad_alloc);
+  CHECK(sc::detail::CachingAllocator::round(std::size_t{1} << 62) == std::size_t{1} << 62);
+  CHECK(sc::sum(sc::zeros({3})).item<float>() == 0.f);  // still works afterwards
+}
+
+TEST_CASE("IDX headers whose extents overflow are IOErrors", "[hardening]") {
+  sctest::TempDir dir;
+  const std::string p = dir / "evil.idx";
+  // the product of these extents wraps to a small number in 64 bits
+  sctest::write_bytes(p, idx_bytes({32, 3, 2833, 37171, 1824726041u}, 16));
+  CHECK_THROWS_AS(sc::data::read_idx(p), sc::IOError);
+  CHECK_THROWS_WITH(sc::data::read_idx(p), Catch::Contains("corrupt"));
+  sctest::write_bytes(p, idx_bytes({2, 3}, 6));
+  CHECK(sc::data::read_idx(p).shape == sc::Shape{2, 3});
+}
+
+TEST_CASE("safetensors entries with overflowing or huge empty shapes are IOErrors", "[hardening]") {
+  sctest::TempDir dir;
+  const std::string p = dir / "evil.safetensors";
+  sctest::write_bytes(p, safetensors_bytes("[0,5,4611686018427387904]", 0, 0, 0));
+  CHECK_THROWS_AS(sc::load_safetensors(p), sc::IOError);
+  sctest::write_bytes(p, safetensors_bytes("[4294967296,4294967296]", 0, 0, 0));
+  CHECK_THROWS_AS(sc::load_safetensors(p), sc::IOError);
+  sctest::write_bytes(p, safetensors_bytes("[0,5]", 0, 0, 0));
+  CHECK(sc::load_safetensors(p).tensors.at("t").shape() == sc::Shape{0, 5});
+}
+
+TEST_CASE("Batcher with a huge batch size has one batch", "[hardening]") {
+  const sc::Tensor x = sc::zeros({5, 2}), y = sc::zeros({5}, sc::i64);
+  sc::data::Batcher b(x, y, std::numeric_limits<std::int64_t>::max());
+  CHECK(b.batches_per_epoch() == 1);
+  const auto batch = b.next();
+  REQUIRE(batch.has_value());
+  CHECK(batch->x.shape() == sc::Shape{5, 2});
+  CHECK_FALSE(b.next().has_value());
+  sc::data::Batcher d(x, y, 2, 0, true, /*drop_last=*/true);
+  CHECK(d.batches_per_epoch() == 2);
+  CHECK(sc::data::Batcher(x, y, 2).batches_per_epoch() == 3);
+}
+
+TEST_CASE("log_softmax and cross_entropy keep their precision for large logits", "[hardening]") {
+  const sc::Tensor x = sc::tensor({1e7f, 1e7f});
+  const auto v = sc::nn::log_softmax(x).to_vector<float>();
+  CHECK(v[0] == Approx(-std::log(2.0)).epsilon(1e-6));
+  CHECK(v[1] == Approx(-std::log(2.0)).epsilon(1e-6));
+  const sc::Tensor logits = sc::tensor({{1e7f, 1e7f, 1e7f - 1.f}});
+  const double lse = std::log(2.0 + std::exp(-1.0));
+  CHECK(sc::nn::cross_entropy(logits, sc::tensor(std::vector<std::int64_t>{0})).item<float>() ==
+        Approx(lse).epsilon(1e-5));
+  CHECK(sc::nn::cross_entropy(logits, sc::tensor(std::vector<std::int64_t>{2})).item<float>() ==
+        Approx(lse + 1.0).epsilon(1e-5));
+  // the gradient is still softmax - one_hot
+  sc::Tensor z = sc::tensor({{1.f, 2.f, 3.f}});
+  sc::GradientTape tape;
+  tape.watch(z);
+  const sc::Tensor loss = sc::nn::cross_entropy(z, sc::tensor(std::vector<std::int64_t>{1}));
+  const auto g = tape.gradient(loss, z).to_vector<float>();
+  const double e1 = std::exp(1.0), e2 = std::exp(2.0), e3 = std::exp(3.0), s = e1 + e2 + e3;
+  CHECK(g[0] == Approx(e1 / s));
+  CHECK(g[1] == Approx(e2 / s - 1.0));
+  CHECK(g[2] == Approx(e3 / s));
+}
+
+TEST_CASE("saving a checkpoint keeps the file's mode and writes through a symlink", "[hardening]") {
+  sctest::TempDir dir;
+  const std::string real = dir / "real.safetensors", link = dir / "link.safetensors";
+  sc::save_safetensors(real, {{"a", sc::ones({2})}});
+  REQUIRE(::chmod(real.c_str(), 0600) == 0);
+  std::filesystem::create_symlink("real.safetensors", link);
+  sc::save_safetensors(link, {{"a", sc::full({3}, 2.f)}});
+  CHECK(std::filesystem::is_symlink(link));
+  struct ::stat st {};
+  REQUIRE(::stat(real.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0600);
+  CHECK(sc::load_safetensors(real).tensors.at("a").to_vector<float>() == std::vector<float>{2, 2, 2});
+  // the same through sc::Checkpoint
+  sc::Variable v(sc::ones({2}), "v");
+  sc::Checkpoint ck;
+  ck.track("v", v);
+  ck.save(link);
+  CHECK(std::filesystem::is_symlink(link));
+  REQUIRE(::stat(real.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0600);
+  CHECK(dir.files() == std::vector<std::string>{"link.safetensors", "real.safetensors"});
+}
