@@ -166,3 +166,21 @@ TEST_CASE("saving a checkpoint keeps the file's mode and writes through a symlin
   CHECK((st.st_mode & 07777) == 0600);
   CHECK(dir.files() == std::vector<std::string>{"link.safetensors", "real.safetensors"});
 }
+
+TEST_CASE("undefined tensors and empty variables raise ValueError instead of crashing", "[hardening]") {
+  sc::Tensor t;
+  CHECK_THROWS_AS(t.shape(), sc::ValueError);
+  CHECK_THROWS_AS(t.dtype(), sc::ValueError);
+  CHECK_THROWS_AS(t.numel(), sc::ValueError);
+  CHECK_THROWS_AS(t.rank(), sc::ValueError);
+  CHECK_THROWS_AS(t.device(), sc::ValueError);
+  CHECK_THROWS_AS(t + 1.f, sc::ValueError);
+  CHECK_THROWS_AS(sc::exp(t), sc::ValueError);
+  CHECK(t.raw_data() == nullptr);
+  sc::Variable v;
+  CHECK_THROWS_AS(v + 1.f, sc::ValueError);
+  CHECK_THROWS_AS(v.shape(), sc::ValueError);
+  CHECK_THROWS_AS(v.name(), sc::ValueError);
+  CHECK_THROWS_WITH(v.value(), Catch::Contains("[Variable]") && Catch::Contains("empty"));
+  CHECK_THROWS_AS(v.assign(sc::ones({2})), sc::ValueError);
+}

@@ -47,14 +47,16 @@ class Tensor {
   explicit Tensor(detail::Ref<detail::TensorImpl> impl) : impl_(std::move(impl)) {}
 
   bool defined() const noexcept { return static_cast<bool>(impl_); }
-  const Shape& shape() const { return impl_->shape; }
-  DType dtype() const { return impl_->dtype; }
-  Device device() const { return impl_->device; }
-  std::int64_t numel() const { return impl_->shape.numel(); }
-  int rank() const { return impl_->shape.rank(); }
+  /// The extents; on an undefined tensor (as shape(), dtype(), device(), numel() and rank())
+  /// a ValueError, never a crash.
+  const Shape& shape() const { return checked().shape; }
+  DType dtype() const { return checked().dtype; }
+  Device device() const { return checked().device; }
+  std::int64_t numel() const { return checked().shape.numel(); }
+  int rank() const { return checked().shape.rank(); }
   /// Extent of one axis (negative counts from the end).
   std::int64_t size(std::int64_t axis, std::source_location loc = std::source_location::current()) const {
-    return impl_->shape[normalize_axis(axis, rank(), "size", loc)];
+    return shape()[normalize_axis(axis, rank(), "size", loc)];
   }
   /// True while this is a value in a graph being traced (it has no data yet).
   bool is_symbolic() const noexcept { return impl_ && impl_->symbolic.trace != 0; }
@@ -81,7 +83,7 @@ class Tensor {
     return static_cast<T*>(raw_data());
   }
   /// Untyped pointer to the first element (nullptr when symbolic or empty).
-  void* raw_data() const noexcept { return impl_->storage ? impl_->storage->data() : nullptr; }
+  void* raw_data() const noexcept { return impl_ && impl_->storage ? impl_->storage->data() : nullptr; }
   /// Bytes of the elements (numel * itemsize).
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * itemsize(dtype()); }
   /// True when both tensors read the same memory (reshape results, from_blob of one buffer).
@@ -96,6 +98,13 @@ class Tensor {
   bool same(const Tensor& o) const noexcept { return impl_ == o.impl_; }
 
  private:
+  const detail::TensorImpl& checked() const {
+    if (SC_UNLIKELY(!impl_)) undefined();
+    return *impl_;
+  }
+  [[noreturn]] SC_COLD static void undefined() {
+    throw ValueError("[tensor] the tensor is undefined (default-constructed or moved from); give it a value first");
+  }
   detail::Ref<detail::TensorImpl> impl_;
 };
 

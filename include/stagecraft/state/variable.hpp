@@ -72,7 +72,8 @@ class Variable {
   /// The current value. While a function is traced, after an assignment inside the trace, the
   /// value assigned (a symbolic tensor of the trace).
   const Tensor& value() const {
-    if (detail::TraceState* tr = detail::context().trace; SC_UNLIKELY(tr != nullptr && impl_))
+    if (SC_UNLIKELY(!impl_)) empty();
+    if (detail::TraceState* tr = detail::context().trace; SC_UNLIKELY(tr != nullptr))
       if (const Tensor* s = tr->shadow(impl_.get())) return *s;
     return impl_->value;
   }
@@ -99,12 +100,12 @@ class Variable {
     store(cast(sub(value(), t, loc), dtype(), loc), loc);
   }
 
-  const std::string& name() const { return impl_->name; }
-  bool trainable() const { return impl_->trainable; }
-  const Shape& shape() const { return impl_->value.shape(); }
-  DType dtype() const { return impl_->value.dtype(); }
-  Device device() const { return impl_->value.device(); }
-  std::int64_t numel() const { return impl_->value.numel(); }
+  const std::string& name() const { return state_or_throw().name; }
+  bool trainable() const { return state_or_throw().trainable; }
+  const Shape& shape() const { return state_or_throw().value.shape(); }
+  DType dtype() const { return state_or_throw().value.dtype(); }
+  Device device() const { return state_or_throw().value.device(); }
+  std::int64_t numel() const { return state_or_throw().value.numel(); }
   bool defined() const { return impl_ != nullptr; }
   /// True when both handles are the same variable.
   bool same(const Variable& o) const { return impl_ == o.impl_; }
@@ -119,6 +120,14 @@ class Variable {
   }
 
  private:
+  [[noreturn]] SC_COLD static void empty() {
+    throw ValueError("[Variable] the variable is empty (default-constructed); assign a constructed sc::Variable to it "
+                     "first");
+  }
+  const detail::VariableState& state_or_throw() const {
+    if (SC_UNLIKELY(!impl_)) empty();
+    return *impl_;
+  }
   void store(const Tensor& v, const std::source_location& loc) {
     detail::Context& ctx = detail::context();
     if (SC_UNLIKELY(ctx.trace != nullptr || v.is_symbolic())) {
