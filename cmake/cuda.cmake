@@ -1,12 +1,16 @@
-# STAGECRAFT_CUDA = AUTO | ON | OFF. The CUDA kernels arrive with the CUDA issue; today this
-# only detects the toolkit and reports what a CUDA build would use.
-# OFF skips detection entirely; AUTO never fails the configure.
+# STAGECRAFT_CUDA = AUTO | ON | OFF: the compiled CUDA kernels (kernels/*.cu) as the static library
+# stagecraft::cuda, which stagecraft::stagecraft then links (STAGECRAFT_WITH_CUDA=1 in its users).
+# AUTO builds them when a CUDA compiler is found and never fails the configure; OFF skips detection.
 include(CheckLanguage)
 if(NOT STAGECRAFT_CUDA MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "STAGECRAFT_CUDA must be AUTO, ON or OFF (got '${STAGECRAFT_CUDA}')")
 endif()
 set(STAGECRAFT_WITH_CUDA OFF)
 if(NOT STAGECRAFT_CUDA STREQUAL "OFF")
+  # nvcc compiles the kernels' host code with our C++ compiler, so both sides share one ABI.
+  if(NOT DEFINED CMAKE_CUDA_HOST_COMPILER AND NOT DEFINED ENV{CUDAHOSTCXX})
+    set(CMAKE_CUDA_HOST_COMPILER "${CMAKE_CXX_COMPILER}" CACHE FILEPATH "Host compiler of nvcc")
+  endif()
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     set(STAGECRAFT_WITH_CUDA ON)
@@ -14,4 +18,27 @@ if(NOT STAGECRAFT_CUDA STREQUAL "OFF")
     message(FATAL_ERROR "STAGECRAFT_CUDA=ON but no CUDA compiler was found (set CMAKE_CUDA_COMPILER)")
   endif()
 endif()
-message(STATUS "stagecraft: CUDA toolkit ${STAGECRAFT_WITH_CUDA} (STAGECRAFT_CUDA=${STAGECRAFT_CUDA}); no CUDA kernels yet")
+
+if(STAGECRAFT_WITH_CUDA)
+  # H100/H200 unless the user picked architectures (set before enable_language, which would pick one).
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
+    set(CMAKE_CUDA_ARCHITECTURES 90 CACHE STRING "GPU architectures of the CUDA kernels")
+  endif()
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  file(GLOB _sc_kernels CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/kernels/*.cu)
+  add_library(stagecraft_cuda STATIC ${_sc_kernels})
+  add_library(stagecraft::cuda ALIAS stagecraft_cuda)
+  set_target_properties(stagecraft_cuda PROPERTIES EXPORT_NAME cuda POSITION_INDEPENDENT_CODE ON
+    CUDA_RUNTIME_LIBRARY None)
+  # The kernels see only the dependency-free headers (rules, abi, philox): no Hana, no xtensor.
+  target_include_directories(stagecraft_cuda PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/include)
+  # C++20 by flag: CMake 3.25 knows no CUDA20 dialect for nvcc 13. std::array's constexpr members
+  # are called from device code (the Philox rounds).
+  target_compile_options(stagecraft_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr>)
+  target_link_libraries(stagecraft_cuda PUBLIC CUDA::cudart CUDA::cublas)
+  message(STATUS "stagecraft: CUDA kernels ON (${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}; "
+                 "-DSTAGECRAFT_CUDA=OFF builds without them)")
+else()
+  message(STATUS "stagecraft: CUDA kernels OFF (STAGECRAFT_CUDA=${STAGECRAFT_CUDA})")
+endif()

@@ -3,6 +3,9 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 install(DIRECTORY include/stagecraft DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS stagecraft stagecraft_precompiled EXPORT stagecraftTargets)
+if(STAGECRAFT_WITH_CUDA)
+  install(TARGETS stagecraft_cuda EXPORT stagecraftTargets)
+endif()
 install(EXPORT stagecraftTargets NAMESPACE stagecraft:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/stagecraft)
 configure_package_config_file(cmake/stagecraftConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/stagecraftConfig.cmake

@@ -137,11 +137,8 @@ inline std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (!t.defined()) return os << "Tensor(undefined)";
   if (t.is_symbolic()) return os << "Tensor(symbolic, shape=" << t.shape() << ", dtype=" << t.dtype() << ")";
   os << "Tensor(";
-  if (t.device().is_cpu()) {
-    detail::Printer(t, print_options()).print(os, 7);
-  } else {
-    os << "<on " << t.device() << ">";
-  }
+  // A device tensor prints its host copy: printing is one of the places the host waits.
+  detail::Printer(detail::on_host(t, "print", std::source_location::current()), print_options()).print(os, 7);
   os << ", shape=" << t.shape() << ", dtype=" << t.dtype();
   if (!t.device().is_cpu()) os << ", device=" << t.device();
   return os << ")";

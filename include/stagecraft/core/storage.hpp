@@ -6,6 +6,7 @@
 #include <new>
 #include <utility>
 
+#include "../backend/cuda/allocator.hpp"
 #include "allocator.hpp"
 #include "device.hpp"
 
@@ -132,8 +133,8 @@ class Storage : public RefCounted, public Pooled {
  public:
   /// nbytes of fresh, uninitialised memory from the device's caching allocator.
   static Ref<Storage> allocate(std::size_t nbytes, Device device) {
-    // The CUDA allocator arrives with the CUDA issue; only the host allocates today.
-    void* p = CachingAllocator::instance().allocate(nbytes);
+    void* p = device.is_cpu() ? CachingAllocator::instance().allocate(nbytes)
+                              : cuda::detail::DeviceAllocator::instance().allocate(nbytes, device);
     return Ref<Storage>::adopt(new Storage(p, nbytes, device, true));
   }
   /// A view of memory the caller owns and keeps alive.
@@ -141,7 +142,9 @@ class Storage : public RefCounted, public Pooled {
     return Ref<Storage>::adopt(new Storage(p, nbytes, device, false));
   }
   ~Storage() {
-    if (owned_) CachingAllocator::instance().deallocate(data_, nbytes_);
+    if (!owned_) return;
+    if (device_.is_cpu()) CachingAllocator::instance().deallocate(data_, nbytes_);
+    else cuda::detail::DeviceAllocator::instance().deallocate(data_, nbytes_, device_);
   }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

@@ -182,10 +182,19 @@ inline void require_concrete(const Tensor& t, std::string_view op, const std::so
     fail<DeviceError>(op, loc, "reads values on the host; call .to(sc::Device::cpu()) first");
 }
 
+/// The tensor itself on the host, or its copy there (the host waits for the device's work).
+inline Tensor on_host(const Tensor& t, std::string_view op, const std::source_location& loc) {
+  require_defined(t, op, loc);
+  if (t.is_symbolic() || t.device().is_cpu()) return t;
+  const cuda::detail::ScopedCallSite site(op, loc);
+  return t.to(Device::cpu(), loc);
+}
+
 }  // namespace detail
 
 template <Element T>
 T Tensor::item(std::source_location loc) const {
+  if (defined() && device().is_cuda() && !is_symbolic()) return detail::on_host(*this, "item", loc).item<T>(loc);
   detail::require_concrete(*this, "item", loc);
   if (numel() != 1)
     detail::fail<ShapeError>("item", loc, "needs exactly one element, tensor has shape ", shape());
@@ -194,6 +203,8 @@ T Tensor::item(std::source_location loc) const {
 
 template <Element T>
 std::vector<T> Tensor::to_vector(std::source_location loc) const {
+  if (defined() && device().is_cuda() && !is_symbolic())
+    return detail::on_host(*this, "to_vector", loc).to_vector<T>(loc);
   detail::require_concrete(*this, "to_vector", loc);
   std::vector<T> out(static_cast<std::size_t>(numel()));
   if constexpr (!std::is_same_v<T, bool>) {  // std::vector<bool> has no data()
@@ -209,9 +220,15 @@ std::vector<T> Tensor::to_vector(std::source_location loc) const {
 inline Tensor Tensor::to(Device d, std::source_location loc) const {
   detail::require_defined(*this, "to", loc);
   if (device() == d) return *this;
-  // Host <-> CUDA copies arrive with the CUDA backend.
-  detail::fail<DeviceError>("to", loc, "cannot move a tensor from ", device().str(), " to ", d.str(),
-                            ": CUDA support is not built in");
+  if (SC_UNLIKELY(is_symbolic()))
+    detail::fail<DeviceError>("to", loc, "cannot move a traced (symbolic) tensor from ", device().str(), " to ",
+                              d.str(), ": move its inputs before the sc::function instead");
+  for (const Device x : {device(), d})
+    if (x.is_cuda()) cuda::detail::require_device(x, "to", loc);
+  const cuda::detail::ScopedCallSite site("to", loc);
+  Tensor out = detail::empty_tensor(shape(), dtype(), d);
+  cuda::detail::copy(out.raw_data(), d, raw_data(), device(), nbytes(), "to", loc);
+  return out;
 }
 
 inline Tensor::operator bool() const {
@@ -220,6 +237,7 @@ inline Tensor::operator bool() const {
   if (is_symbolic())
     throw StagingError("[bool] a symbolic tensor has no truth value while tracing; "
                        "use sc::cond(pred, then_fn, else_fn) or sc::while_loop instead of if/while");
+  if (device().is_cuda()) return static_cast<bool>(detail::on_host(*this, "bool", loc));
   if (numel() != 1)
     throw ShapeError("[bool] the truth value of a tensor with shape " + shape().str() +
                      " is ambiguous; reduce it first (sc::sum, sc::max, ...)");

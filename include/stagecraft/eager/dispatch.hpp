@@ -23,6 +23,11 @@ template <class Op>
 concept Promoting = requires { Op::promote_from; };
 template <class Op>
 concept FloatInputs = requires { requires Op::float_inputs; };
+/// An op with a CUDA kernel: `static void cuda(Inputs, Tensor& out, const Attrs&, const std::source_location&)`.
+template <class Op>
+concept CudaOp = requires(ops::Inputs in, Tensor& out, const ops::Attrs& a, const std::source_location& loc) {
+  Op::cuda(in, out, a, loc);
+};
 
 template <class Op>
 Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_location& loc);
@@ -88,8 +93,17 @@ Tensor run_eager(ops::Inputs in, const ops::Attrs& attrs, const ops::OutMeta& me
   if constexpr (ViewOp<Op>) {
     return Op::alias(in[0], meta);
   } else {
-    if (SC_UNLIKELY(!dev.is_cpu()))
+    if (SC_UNLIKELY(!dev.is_cpu())) {
+#if defined(STAGECRAFT_WITH_CUDA)
+      if constexpr (CudaOp<Op>) {
+        const cuda::detail::ScopedCallSite site(Op::name, loc);  // names the op in an out-of-memory error
+        Tensor out = empty_tensor(meta.shape, meta.dtype, dev);
+        Op::cuda(in, out, attrs, loc);
+        return out;
+      }
+#endif
       fail<DeviceError>(Op::name, loc, "has no kernel for ", dev.str(), " in this build");
+    }
     Tensor out = empty_tensor(meta.shape, meta.dtype, dev);
     Op::cpu(in, out, attrs);
     return out;
@@ -127,6 +141,7 @@ template <class Op>
 Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_location& loc) {
   for (const Tensor& t : in) require_defined(t, Op::name, loc);
   const Device dev = choose_device(in, Op::name, loc);
+  if (SC_UNLIKELY(dev.is_cuda())) cuda::detail::require_device(dev, Op::name, loc);
   if constexpr (Promoting<Op> || FloatInputs<Op>) {
     DType want = in.empty() ? DType::f32 : in[0].dtype();
     if (SC_UNLIKELY(wanted_dtype<Op>(in, want))) {

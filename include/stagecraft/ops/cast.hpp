@@ -39,6 +39,9 @@ struct Cast {
     if (!is_floating(in[0].dtype()) || !is_floating(out.dtype())) return {Tensor()};
     return {detail::cast_to(g, in[0].dtype(), std::source_location::current())};
   }
+  static void cuda(Inputs in, Tensor& out, const Attrs&, const std::source_location& loc) {
+    backend::cuda::cast(in[0], out, name, loc);
+  }
   static void cpu(Inputs in, Tensor& out, const Attrs&) {
     const std::int64_t n = out.numel();
     visit_dtype(in[0].dtype(), [&](auto from) {

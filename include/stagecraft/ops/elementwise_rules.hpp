@@ -82,6 +82,9 @@ struct Unary {
       }
     });
   }
+  static void cuda(Inputs in, Tensor& out, const Attrs&, const std::source_location& loc) {
+    backend::cuda::unary<Op>(in, out, loc);
+  }
   static constexpr std::int64_t grain() {
     return K == UnaryKind::floating ? backend::cpu::grain_costly : backend::cpu::grain_cheap;
   }
@@ -143,6 +146,9 @@ struct Binary {
         backend::cpu::binary_loop<Op, T, T>(in[0], in[1], out, grain());
       }
     });
+  }
+  static void cuda(Inputs in, Tensor& out, const Attrs&, const std::source_location& loc) {
+    backend::cuda::binary<Op>(in, out, loc);
   }
   static constexpr std::int64_t grain() {
     return K == BinaryKind::floating ? backend::cpu::grain_costly : backend::cpu::grain_cheap;

@@ -21,6 +21,9 @@ struct Fill {
     check_shape(a.ints, name, loc);
     return {a.ints, a.dtype};
   }
+  static void cuda(Inputs, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    backend::cuda::fill(out, a.scalar, name, loc);
+  }
   static void cpu(Inputs, Tensor& out, const Attrs& a) {
     visit_dtype(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;

@@ -69,6 +69,11 @@ struct MatMul {
     return {out, in[0].dtype()};
   }
 
+  static void cuda(Inputs in, Tensor& out, const Attrs& at, const std::source_location& loc) {
+    if (out.numel() == 0) return;
+    const MatMulGeometry g = geometry(in[0].shape(), in[1].shape(), at, loc);
+    backend::cuda::gemm(in[0], in[1], out, g.M, g.N, g.K, g.ta, g.tb, g.a_batch, g.b_batch, g.batch, name, loc);
+  }
   static void cpu(Inputs in, Tensor& out, const Attrs& at) {
     if (out.numel() == 0) return;
     const Shape &sa = in[0].shape(), &sb = in[1].shape();

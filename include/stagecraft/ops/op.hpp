@@ -6,6 +6,8 @@
 //   static constexpr int arity;               // number of inputs, -1 for a list (concat)
 //   static OutMeta infer(Inputs, const Attrs&, const std::source_location&);  // checks + shape/dtype
 //   static void cpu(Inputs, Tensor& out, const Attrs&);                      // the CPU kernel
+// and, for a CUDA kernel (backend/cuda/kernels.hpp; without it a CUDA call is a DeviceError):
+//   static void cuda(Inputs, Tensor& out, const Attrs&, const std::source_location&);
 // and optionally:
 //   static Tensor alias(const Tensor& in, const OutMeta&)   // a view: no kernel, shares storage
 //   static constexpr int promote_from = k;   // inputs k.. are cast to their common dtype first
@@ -24,6 +26,7 @@
 
 #include "../core/dtype.hpp"
 #include "../core/shape.hpp"
+#include "../backend/cuda/kernels.hpp"
 #include "../core/tensor.hpp"
 #include "op_list.hpp"
 

@@ -23,32 +23,12 @@
 
 #include "../backend/cpu/parallel.hpp"
 #include "../core/creation.hpp"
+#include "../detail/philox.hpp"
 #include "../eager/dispatch.hpp"
 #include "../state/variable.hpp"  // a generator's state is a Variable (read by reference when traced)
 
 namespace stagecraft {
 namespace detail {
-
-/// Philox4x32 with 10 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3").
-inline std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> ctr, std::array<std::uint32_t, 2> key) {
-  constexpr std::uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
-  for (int r = 0; r < 10; ++r) {
-    const std::uint64_t p0 = std::uint64_t{M0} * ctr[0], p1 = std::uint64_t{M1} * ctr[2];
-    ctr = {static_cast<std::uint32_t>(p1 >> 32) ^ ctr[1] ^ key[0], static_cast<std::uint32_t>(p1),
-           static_cast<std::uint32_t>(p0 >> 32) ^ ctr[3] ^ key[1], static_cast<std::uint32_t>(p0)};
-    key[0] += W0;
-    key[1] += W1;
-  }
-  return ctr;
-}
-
-/// Four uniform 32-bit words: block `block` of the stream with key `seed`.
-inline std::array<std::uint32_t, 4> random_block(std::uint64_t seed, std::uint64_t block) {
-  return philox4x32({static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32), 0u, 0u},
-                    {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
-}
-/// A float in (0, 1) from a 32-bit word (never 0, so log() is safe).
-inline double unit_open(std::uint32_t w) { return (static_cast<double>(w) + 0.5) * (1.0 / 4294967296.0); }
 
 /// Philox blocks (4 values each) a draw of n values uses: how far it advances a generator.
 constexpr std::int64_t random_blocks(std::int64_t n) { return (n + 3) / 4; }
@@ -116,15 +96,13 @@ struct RandomNormal {
     detail::check_random(a.ints, a.dtype, name, loc);
     return {a.ints, a.dtype};
   }
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    backend::cuda::philox(true, in[0], out, a.scalar, a.scalar2, name, loc);
+  }
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     const double mean = a.scalar, stddev = a.scalar2;
     detail::philox_fill(in[0], out, [&]<class F>(const std::array<std::uint32_t, 4>& w, F* v) {
-      for (int k = 0; k < 4; k += 2) {
-        const double r = std::sqrt(-2.0 * std::log(detail::unit_open(w[k])));
-        const double th = 2.0 * std::numbers::pi * detail::unit_open(w[k + 1]);
-        v[k] = static_cast<F>(mean + stddev * r * std::cos(th));
-        v[k + 1] = static_cast<F>(mean + stddev * r * std::sin(th));
-      }
+      detail::normal4(w, mean, stddev, v);
     });
   }
 };
@@ -142,15 +120,13 @@ struct RandomUniform {
     detail::check_range(a.scalar, a.scalar2, name, loc);
     return {a.ints, a.dtype};
   }
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    backend::cuda::philox(false, in[0], out, a.scalar, a.scalar2, name, loc);
+  }
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     const double lo = a.scalar, hi = a.scalar2;
     detail::philox_fill(in[0], out, [&]<class F>(const std::array<std::uint32_t, 4>& w, F* v) {
-      // The clamp is in the result's type: an f32 value just below hi in double can round up to it.
-      const F top = static_cast<F>(hi), bottom = static_cast<F>(lo);
-      for (int k = 0; k < 4; ++k) {
-        v[k] = static_cast<F>(lo + (hi - lo) * (static_cast<double>(w[k]) * (1.0 / 4294967296.0)));
-        if (v[k] >= top && bottom < top) v[k] = std::nextafter(top, bottom);
-      }
+      detail::uniform4(w, lo, hi, v);
     });
   }
 };

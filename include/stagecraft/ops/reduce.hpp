@@ -54,6 +54,14 @@ struct AxisReduce {
     reduced_mask(a.ints, in[0].shape(), Op::name, std::source_location::current(), mask);
     backend::cpu::reduce<Rd>(in[0], out, mask);
   }
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    bool mask[max_rank];
+    reduced_mask(a.ints, in[0].shape(), Op::name, loc, mask);
+    constexpr auto rule = Rd::is_sum                                           ? backend::cuda::abi::ReduceRule::sum
+                          : std::is_same_v<Rd, backend::cpu::MaxReducer> ? backend::cuda::abi::ReduceRule::max
+                                                                           : backend::cuda::abi::ReduceRule::min;
+    backend::cuda::reduce(rule, in[0], out, mask, Op::name, loc);
+  }
 };
 
 /// Sum over axes; bool sums as i64, integers keep their dtype (and wrap), empty axes give 0.

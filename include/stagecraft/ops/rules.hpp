@@ -6,10 +6,13 @@
 // Dependency-free on purpose (only <cmath>): the functions a rule calls are found by argument-
 // dependent lookup, so a batch finds xsimd's exp/select/isnan in xsimd's namespace, and scalars
 // find the forms in rules::math below. Including this header pulls in no SIMD library, no tensor
-// and no dispatch.
+// and no dispatch. Every function is SC_HOST_DEVICE, so the CUDA kernels (kernels/*.cu) call the
+// very same rules; host compilers see no change.
 #pragma once
 #include <cmath>
 #include <type_traits>
+
+#include "../detail/host_device.hpp"
 
 namespace stagecraft::rules {
 
@@ -25,39 +28,39 @@ using std::tanh;
 /// max on batches is that instruction, or a NaN-propagating one elsewhere.
 template <class T>
   requires std::is_arithmetic_v<T>
-constexpr T max(T x, T y) {
+SC_HOST_DEVICE constexpr T max(T x, T y) {
   return x > y ? x : y;
 }
 /// x < y ? x : y, as max.
 template <class T>
   requires std::is_arithmetic_v<T>
-constexpr T min(T x, T y) {
+SC_HOST_DEVICE constexpr T min(T x, T y) {
   return x < y ? x : y;
 }
 /// m ? a : b.
 template <class T>
   requires std::is_arithmetic_v<T>
-constexpr T select(bool m, T a, T b) {
+SC_HOST_DEVICE constexpr T select(bool m, T a, T b) {
   return m ? a : b;
 }
 /// x != x for floating x; never for integers.
 template <class T>
   requires std::is_arithmetic_v<T>
-constexpr bool isnan(T x) {
+SC_HOST_DEVICE constexpr bool isnan(T x) {
   if constexpr (std::is_floating_point_v<T>) return x != x;
   else return false;
 }
 /// |x| for floating x (fabs: +0 for -0).
 template <class T>
   requires std::is_floating_point_v<T>
-T abs(T x) {
+SC_HOST_DEVICE T abs(T x) {
   return std::fabs(x);
 }
 /// x converted to To (float to integer truncates). Named as xsimd's batch_cast, which batches
 /// find by ADL; the backend uses that only where it gives the scalar conversion's numbers.
 template <class To, class T>
   requires std::is_arithmetic_v<T>
-constexpr To batch_cast(T x) {
+SC_HOST_DEVICE constexpr To batch_cast(T x) {
   return static_cast<To>(x);
 }
 }  // namespace math
@@ -86,31 +89,31 @@ struct Rule {
 /// -x. Floating values are multiplied by -1, which flips the sign bit exactly (-(+0) is -0):
 /// SIMD negation in xsimd is 0 - x, which gives +0.
 struct Neg : Rule {
-  template <class V> static V f(const V& x) {
+  template <class V> SC_HOST_DEVICE static V f(const V& x) {
     if constexpr (std::is_floating_point_v<element_t<V>>) return V(x * V(-1));
     else return V(-x);
   }
 };
 struct Abs : Rule {
-  template <class V> static V f(const V& x) {
+  template <class V> SC_HOST_DEVICE static V f(const V& x) {
     using math::abs, math::select;
     if constexpr (std::is_floating_point_v<element_t<V>>) return abs(x);
     else return select(x < V(0), V(-x), x);
   }
 };
 struct Square : Rule {
-  template <class V> static V f(const V& x) { return V(x * x); }
+  template <class V> SC_HOST_DEVICE static V f(const V& x) { return V(x * x); }
 };
 /// x < 0 ? 0 : x keeps NaN as NaN (as PyTorch does).
 struct Relu : Rule {
-  template <class V> static V f(const V& x) {
+  template <class V> SC_HOST_DEVICE static V f(const V& x) {
     using math::select;
     return select(x < V(0), V(0), x);
   }
 };
 /// -1, 0 or 1; NaN stays NaN.
 struct Sign : Rule {
-  template <class V> static V f(const V& x) {
+  template <class V> SC_HOST_DEVICE static V f(const V& x) {
     using math::isnan, math::select;
     const V s = V(select(V(0) < x, V(1), V(0)) - select(x < V(0), V(1), V(0)));
     if constexpr (std::is_floating_point_v<element_t<V>>) return select(isnan(x), x, s);
@@ -118,44 +121,44 @@ struct Sign : Rule {
   }
 };
 struct Exp : Rule {
-  template <class V> static V f(const V& x) {
+  template <class V> SC_HOST_DEVICE static V f(const V& x) {
     using math::exp;
     return exp(x);
   }
 };
 struct Log : Rule {
-  template <class V> static V f(const V& x) {
+  template <class V> SC_HOST_DEVICE static V f(const V& x) {
     using math::log;
     return log(x);
   }
 };
 struct Sqrt : Rule {
-  template <class V> static V f(const V& x) {
+  template <class V> SC_HOST_DEVICE static V f(const V& x) {
     using math::sqrt;
     return sqrt(x);
   }
 };
 struct Tanh : Rule {
-  template <class V> static V f(const V& x) {
+  template <class V> SC_HOST_DEVICE static V f(const V& x) {
     using math::tanh;
     return tanh(x);
   }
 };
 /// 1 / (1 + e^-x): e^-x overflows to inf for very negative x, giving exactly 0.
 struct Sigmoid : Rule {
-  template <class V> static V f(const V& x) {
+  template <class V> SC_HOST_DEVICE static V f(const V& x) {
     using math::exp;
     return V(1) / (V(1) + exp(-x));
   }
 };
 struct Sin : Rule {
-  template <class V> static V f(const V& x) {
+  template <class V> SC_HOST_DEVICE static V f(const V& x) {
     using math::sin;
     return sin(x);
   }
 };
 struct Cos : Rule {
-  template <class V> static V f(const V& x) {
+  template <class V> SC_HOST_DEVICE static V f(const V& x) {
     using math::cos;
     return cos(x);
   }
@@ -164,22 +167,22 @@ struct Cos : Rule {
 // ---- binary --------------------------------------------------------------------------------
 
 struct Add : Rule {
-  template <class V> static V f(const V& a, const V& b) { return V(a + b); }
+  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) { return V(a + b); }
 };
 struct Sub : Rule {
-  template <class V> static V f(const V& a, const V& b) { return V(a - b); }
+  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) { return V(a - b); }
 };
 struct Mul : Rule {
-  template <class V> static V f(const V& a, const V& b) { return V(a * b); }
+  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) { return V(a * b); }
 };
 struct Div : Rule {
-  template <class V> static V f(const V& a, const V& b) { return V(a / b); }
+  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) { return V(a / b); }
 };
 /// a^b; for integers by repeated squaring (a negative exponent gives 0 unless |a| is 1). Scalars
 /// only: xsimd::pow returns 0 for 0^negative (IEEE and std::pow say inf).
 struct Pow {
   static constexpr bool vectorizes = false;
-  template <class V> static V f(V a, V b) {
+  template <class V> SC_HOST_DEVICE static V f(V a, V b) {
     if constexpr (std::is_floating_point_v<V>) {
       return std::pow(a, b);
     } else {
@@ -193,38 +196,38 @@ struct Pow {
 };
 /// Larger of a and b; NaN in either gives NaN (as NumPy's maximum).
 struct Maximum : Rule {
-  template <class V> static V f(const V& a, const V& b) {
+  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) {
     using math::isnan, math::select;
     if constexpr (std::is_floating_point_v<element_t<V>>) return select((a > b) || isnan(a), a, b);
     else return select(a > b, a, b);
   }
   /// The same result when b is not NaN (a constant, checked once): one compare and one blend
   /// instead of two compares, a mask or and a blend. Ties and signed zeros give b, as f does.
-  template <class V> static V f_ordered_b(const V& a, const V& b) {
+  template <class V> SC_HOST_DEVICE static V f_ordered_b(const V& a, const V& b) {
     using math::select;
     return select(a <= b, b, a);
   }
   /// The same result when b is neither NaN nor zero: one max instruction. max(b, a) gives a when
   /// a is NaN, and on a tie the two are the same value (only zeros tie with a different sign).
-  template <class V> static V f_ordered_nonzero_b(const V& a, const V& b) {
+  template <class V> SC_HOST_DEVICE static V f_ordered_nonzero_b(const V& a, const V& b) {
     using math::max;
     return max(b, a);
   }
 };
 /// Smaller of a and b; NaN in either gives NaN (as NumPy's minimum).
 struct Minimum : Rule {
-  template <class V> static V f(const V& a, const V& b) {
+  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) {
     using math::isnan, math::select;
     if constexpr (std::is_floating_point_v<element_t<V>>) return select((a < b) || isnan(a), a, b);
     else return select(a < b, a, b);
   }
   /// As Maximum::f_ordered_b: f's result when b is not NaN.
-  template <class V> static V f_ordered_b(const V& a, const V& b) {
+  template <class V> SC_HOST_DEVICE static V f_ordered_b(const V& a, const V& b) {
     using math::select;
     return select(a >= b, b, a);
   }
   /// As Maximum::f_ordered_nonzero_b: one min instruction.
-  template <class V> static V f_ordered_nonzero_b(const V& a, const V& b) {
+  template <class V> SC_HOST_DEVICE static V f_ordered_nonzero_b(const V& a, const V& b) {
     using math::min;
     return min(b, a);
   }
@@ -233,43 +236,43 @@ struct Minimum : Rule {
 // ---- comparisons and logical ops: a bool for scalars, a lane mask for batches ----------------
 
 struct Less : Rule {
-  template <class V> static auto f(const V& a, const V& b) { return a < b; }
+  template <class V> SC_HOST_DEVICE static auto f(const V& a, const V& b) { return a < b; }
 };
 struct LessEqual : Rule {
-  template <class V> static auto f(const V& a, const V& b) { return a <= b; }
+  template <class V> SC_HOST_DEVICE static auto f(const V& a, const V& b) { return a <= b; }
 };
 struct Greater : Rule {
-  template <class V> static auto f(const V& a, const V& b) { return a > b; }
+  template <class V> SC_HOST_DEVICE static auto f(const V& a, const V& b) { return a > b; }
 };
 struct GreaterEqual : Rule {
-  template <class V> static auto f(const V& a, const V& b) { return a >= b; }
+  template <class V> SC_HOST_DEVICE static auto f(const V& a, const V& b) { return a >= b; }
 };
 struct Equal : Rule {
-  template <class V> static auto f(const V& a, const V& b) { return a == b; }
+  template <class V> SC_HOST_DEVICE static auto f(const V& a, const V& b) { return a == b; }
 };
 /// a != b, true when either is NaN. Written !(a == b): xsimd's != is an ordered compare on AVX
 /// (NaN != NaN false there).
 struct NotEqual : Rule {
-  template <class V> static auto f(const V& a, const V& b) { return !(a == b); }
+  template <class V> SC_HOST_DEVICE static auto f(const V& a, const V& b) { return !(a == b); }
 };
 /// Both nonzero (NaN counts as nonzero, as in C++).
 struct LogicalAnd : Rule {
-  template <class V> static auto f(const V& a, const V& b) { return !(a == V(0)) && !(b == V(0)); }
+  template <class V> SC_HOST_DEVICE static auto f(const V& a, const V& b) { return !(a == V(0)) && !(b == V(0)); }
 };
 /// Either nonzero.
 struct LogicalOr : Rule {
-  template <class V> static auto f(const V& a, const V& b) { return !(a == V(0)) || !(b == V(0)); }
+  template <class V> SC_HOST_DEVICE static auto f(const V& a, const V& b) { return !(a == V(0)) || !(b == V(0)); }
 };
 /// x == 0.
 struct LogicalNot : Rule {
-  template <class V> static auto f(const V& x) { return x == V(0); }
+  template <class V> SC_HOST_DEVICE static auto f(const V& x) { return x == V(0); }
 };
 
 // ---- selection and conversion --------------------------------------------------------------
 
 /// m ? a : b, lane by lane: m is a bool for scalars, a lane mask (of V's lanes) for batches.
 struct Where : Rule {
-  template <class M, class V> static V f(const M& m, const V& a, const V& b) {
+  template <class M, class V> SC_HOST_DEVICE static V f(const M& m, const V& a, const V& b) {
     using math::select;
     return select(m, a, b);
   }
@@ -278,7 +281,7 @@ struct Where : Rule {
 /// lane mask for batches; to a number it is static_cast (float to integer truncates).
 template <class To>
 struct Cast : Rule {
-  template <class V> static auto f(const V& x) {
+  template <class V> SC_HOST_DEVICE static auto f(const V& x) {
     using math::batch_cast;
     if constexpr (std::is_same_v<To, bool>) return !(x == V(0));
     else return batch_cast<To>(x);

@@ -25,6 +25,10 @@ struct Where : rules::Where {
                                in[1].shape(), " and ", in[2].shape());
     return {out, in[1].dtype()};
   }
+  static void cuda(Inputs in, Tensor& out, const Attrs&, const std::source_location& loc) {
+    const Tensor c = in[0].dtype() == DType::b8 ? in[0] : detail::cast_to(in[0], DType::b8, loc);
+    backend::cuda::where(c, in[1], in[2], out, name, loc);
+  }
   static void cpu(Inputs in, Tensor& out, const Attrs&) {
     if (out.numel() == 0) return;
     const Tensor c = in[0].dtype() == DType::b8 ? in[0] : detail::cast_to(in[0], DType::b8, std::source_location::current());

@@ -1,0 +1,120 @@
+// The plain C++ interface of the compiled CUDA kernels (kernels/*.cu): no CUDA header is needed to
+// include it. Every call returns a Status (a cudaError_t value, 0 for success) and runs on `stream`.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace stagecraft::cuda::abi {
+
+/// A cudaError_t (0 = success); error_string() names it.
+using Status = int;
+/// A cudaStream_t, opaque here.
+using Stream = void*;
+
+/// The element types, numbered as stagecraft::DType (b8 i32 i64 f32 f64).
+enum class DT : int { b8 = 0, i32 = 1, i64 = 2, f32 = 3, f64 = 4 };
+
+/// Ranks up to core/shape.hpp's max_rank.
+inline constexpr int max_rank = 8;
+
+/// Up to three operands read over a contiguous row-major output of `shape`: operand k's element
+/// for output index (i0..ir-1) is at sum(i_j * strides[k][j]) elements; a broadcast axis has
+/// stride 0.
+struct Geometry {
+  int rank = 0;
+  std::int64_t numel = 0;
+  std::int64_t shape[max_rank] = {};
+  std::int64_t strides[3][max_rank] = {};
+  bool contiguous = false;  ///< every operand is dense in the output's order (a flat loop)
+};
+
+/// The unary rules of ops/rules.hpp the kernels are instantiated from (the list is the only copy
+/// of their names; their math is the rules themselves).
+#define SC_CUDA_UNARY_RULES(X) \
+  X(Neg) X(Abs) X(Square) X(Relu) X(Sign) X(Exp) X(Log) X(Sqrt) X(Tanh) X(Sigmoid) X(Sin) X(Cos) X(LogicalNot)
+/// The binary rules, as SC_CUDA_UNARY_RULES.
+#define SC_CUDA_BINARY_RULES(X)                                                                         \
+  X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(Maximum) X(Minimum) X(Less) X(LessEqual) X(Greater) X(GreaterEqual) \
+  X(Equal) X(NotEqual) X(LogicalAnd) X(LogicalOr)
+
+#define SC_CUDA_ENUM_ITEM(R) R,
+/// Which unary rule a kernel applies.
+enum class UnaryRule : int { SC_CUDA_UNARY_RULES(SC_CUDA_ENUM_ITEM) count };
+/// Which binary rule a kernel applies.
+enum class BinaryRule : int { SC_CUDA_BINARY_RULES(SC_CUDA_ENUM_ITEM) count };
+#undef SC_CUDA_ENUM_ITEM
+
+/// The reductions.
+enum class ReduceRule : int { sum, max, min };
+
+/// x's elements reduced over some axes: output element o (contiguous, `out_numel` of them) reads
+/// the input at offset(o over kept_shape/kept_strides) + offset(r over red_shape/red_strides) for
+/// r in [0, red_numel).
+struct ReduceGeometry {
+  int kept_rank = 0, red_rank = 0;
+  std::int64_t out_numel = 0, red_numel = 0;
+  std::int64_t kept_shape[max_rank] = {}, kept_strides[max_rank] = {};
+  std::int64_t red_shape[max_rank] = {}, red_strides[max_rank] = {};
+};
+
+/// A (batched) row-major product C[b] = op(A[b]) op(B[b]), C of M x N, op(A) M x K, op(B) K x N;
+/// A stored K x M when ta (read transposed, not copied), B stored N x K when tb. Batch b reads A at
+/// a_offsets[b] (elements; or b * a_stride when a_offsets is null), B alike; C[b] at b * M * N.
+struct GemmArgs {
+  std::int64_t M = 0, N = 0, K = 0, batch = 1;
+  bool ta = false, tb = false;
+  std::int64_t a_stride = 0, b_stride = 0;
+  const std::int64_t* a_offsets = nullptr;  ///< host array of `batch` offsets, or null
+  const std::int64_t* b_offsets = nullptr;
+};
+
+// ---- runtime ---------------------------------------------------------------------------------
+/// The number of usable GPUs (0 without a driver or device: never fails).
+int device_count() noexcept;
+/// The message of a Status ("out of memory", ...).
+const char* error_string(Status s) noexcept;
+/// True for the status of a failed allocation (cudaErrorMemoryAllocation).
+bool is_out_of_memory(Status s) noexcept;
+/// The device's stream (created on first use): every kernel and copy of that device runs on it.
+Status stream(int device, Stream* out) noexcept;
+/// Waits until the device's stream has finished its work.
+Status synchronize(int device) noexcept;
+/// The last asynchronous error of a kernel launch, if any, cleared.
+Status last_error() noexcept;
+
+// ---- memory --------------------------------------------------------------------------------
+/// n bytes of device memory, ordered on the device's stream (cudaMallocAsync).
+Status malloc_async(int device, std::size_t n, void** p) noexcept;
+/// Returns memory from malloc_async, ordered on the device's stream.
+Status free_async(int device, void* p) noexcept;
+/// Waits for the device's stream and gives the memory its pool holds back to the driver (what an
+/// out-of-memory retry needs after the caller's cache has been freed).
+Status trim_pool(int device) noexcept;
+/// Host to device: `src` is staged through a pinned buffer, so the call returns before the copy ends.
+Status copy_h2d(int device, void* dst, const void* src, std::size_t n) noexcept;
+/// Device to host: waits for the copy (the host needs the bytes).
+Status copy_d2h(int device, void* dst, const void* src, std::size_t n) noexcept;
+/// Device to device, on the stream of `dst_device` (peer copy when the devices differ).
+Status copy_d2d(int dst_device, void* dst, int src_device, const void* src, std::size_t n) noexcept;
+
+// ---- kernels -------------------------------------------------------------------------------
+/// y = rule(x), elementwise; y is bool for LogicalNot, else of x's dtype.
+Status unary(UnaryRule r, DT dt, const void* x, void* y, const Geometry& g, Stream s) noexcept;
+/// y = rule(a, b) with broadcasting (strides 0, 1 of g); y is bool for comparisons and logical ops.
+Status binary(BinaryRule r, DT dt, const void* a, const void* b, void* y, const Geometry& g, Stream s) noexcept;
+/// y = c ? a : b with broadcasting (strides 0, 1, 2 of g); c is bool, a, b and y of dt.
+Status where(DT dt, const bool* c, const void* a, const void* b, void* y, const Geometry& g, Stream s) noexcept;
+/// y = x converted (rules::Cast), n contiguous elements.
+Status cast(DT from, DT to, const void* x, void* y, std::int64_t n, Stream s) noexcept;
+/// Every element of y = value converted to dt.
+Status fill(DT dt, double value, void* y, std::int64_t n, Stream s) noexcept;
+/// y = reduction of x (sum of bool gives i64, else y has x's dtype).
+Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry& g, Stream s) noexcept;
+/// The product of GemmArgs (cuBLAS for f32 and f64, a plain kernel for integers).
+Status gemm(DT dt, const void* a, const void* b, void* c, const GemmArgs& g, int device, Stream s) noexcept;
+/// n normal (uniform when !normal) samples of dt (f32/f64) from the Philox stream of the device
+/// state {key, offset} (i64 [2]), the same numbers as the CPU op: p0, p1 are mean, stddev (lo, hi).
+Status philox(bool normal, DT dt, const std::int64_t* state, double p0, double p1, void* y, std::int64_t n,
+              Stream s) noexcept;
+
+}  // namespace stagecraft::cuda::abi

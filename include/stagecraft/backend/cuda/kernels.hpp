@@ -1,0 +1,185 @@
+// The ops' CUDA hooks: each builds the kernel's geometry from its tensors and calls the compiled
+// kernel (abi.hpp) on the output's device stream. Launches are asynchronous; a failed one is a
+// DeviceError naming the op and the user's line.
+#pragma once
+#include <initializer_list>
+#include <source_location>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "../../core/tensor.hpp"
+#include "../../ops/rules.hpp"
+#include "abi.hpp"
+#include "runtime.hpp"
+
+namespace stagecraft::backend::cuda {
+
+namespace abi = stagecraft::cuda::abi;
+using stagecraft::cuda::detail::check;
+using stagecraft::cuda::detail::stream;
+
+inline abi::DT dt(DType d) { return static_cast<abi::DT>(d); }
+
+/// Operands of the given shapes read over a contiguous output of shape `out` (NumPy
+/// broadcasting: operands align at the last axis, size-1 and missing axes get stride 0).
+inline abi::Geometry geometry(const Shape& out, std::initializer_list<const Shape*> operands) {
+  abi::Geometry g;
+  g.rank = out.rank();
+  g.numel = out.numel();
+  g.contiguous = true;
+  for (int d = 0; d < g.rank; ++d) g.shape[d] = out[d];
+  int k = 0;
+  for (const Shape* s : operands) {
+    g.contiguous = g.contiguous && *s == out;
+    std::int64_t stride = 1;
+    for (int d = s->rank() - 1, o = g.rank - 1; d >= 0; --d, --o) {
+      g.strides[k][o] = (*s)[d] == 1 ? 0 : stride;
+      stride *= (*s)[d];
+    }
+    ++k;
+  }
+  return g;
+}
+
+/// The abi enumerator of an op deriving from one of the listed rules (count when none).
+template <class Op>
+constexpr abi::UnaryRule unary_rule() {
+#define SC_MATCH(R) \
+  if constexpr (std::is_base_of_v<rules::R, Op>) return abi::UnaryRule::R;
+  SC_CUDA_UNARY_RULES(SC_MATCH)
+#undef SC_MATCH
+  return abi::UnaryRule::count;
+}
+template <class Op>
+constexpr abi::BinaryRule binary_rule() {
+#define SC_MATCH(R) \
+  if constexpr (std::is_base_of_v<rules::R, Op>) return abi::BinaryRule::R;
+  SC_CUDA_BINARY_RULES(SC_MATCH)
+#undef SC_MATCH
+  return abi::BinaryRule::count;
+}
+
+/// out = Op(in[0]) elementwise.
+template <class Op>
+void unary(std::span<const Tensor> in, Tensor& out, const std::source_location& loc) {
+  static_assert(unary_rule<Op>() != abi::UnaryRule::count, "stagecraft: this unary rule has no CUDA kernel");
+  const Device d = out.device();
+  check(abi::unary(unary_rule<Op>(), dt(in[0].dtype()), in[0].raw_data(), out.raw_data(),
+                   geometry(out.shape(), {&in[0].shape()}), stream(d, Op::name, loc)),
+        d, Op::name, loc);
+}
+
+/// out = Op(in[0], in[1]) with broadcasting.
+template <class Op>
+void binary(std::span<const Tensor> in, Tensor& out, const std::source_location& loc) {
+  static_assert(binary_rule<Op>() != abi::BinaryRule::count, "stagecraft: this binary rule has no CUDA kernel");
+  const Device d = out.device();
+  check(abi::binary(binary_rule<Op>(), dt(in[0].dtype()), in[0].raw_data(), in[1].raw_data(), out.raw_data(),
+                    geometry(out.shape(), {&in[0].shape(), &in[1].shape()}), stream(d, Op::name, loc)),
+        d, Op::name, loc);
+}
+
+/// out = c ? a : b with broadcasting; c must be bool.
+inline void where(const Tensor& c, const Tensor& a, const Tensor& b, Tensor& out, std::string_view op,
+                  const std::source_location& loc) {
+  const Device d = out.device();
+  check(abi::where(dt(out.dtype()), static_cast<const bool*>(c.raw_data()), a.raw_data(), b.raw_data(), out.raw_data(),
+                   geometry(out.shape(), {&c.shape(), &a.shape(), &b.shape()}), stream(d, op, loc)),
+        d, op, loc);
+}
+
+/// out = x converted to out's dtype.
+inline void cast(const Tensor& x, Tensor& out, std::string_view op, const std::source_location& loc) {
+  const Device d = out.device();
+  check(abi::cast(dt(x.dtype()), dt(out.dtype()), x.raw_data(), out.raw_data(), out.numel(), stream(d, op, loc)), d, op,
+        loc);
+}
+
+/// Every element of out = value.
+inline void fill(Tensor& out, double value, std::string_view op, const std::source_location& loc) {
+  const Device d = out.device();
+  check(abi::fill(dt(out.dtype()), value, out.raw_data(), out.numel(), stream(d, op, loc)), d, op, loc);
+}
+
+/// out = x reduced over the axes flagged in `mask` (x contiguous).
+inline void reduce(abi::ReduceRule r, const Tensor& x, Tensor& out, const bool* mask, std::string_view op,
+                   const std::source_location& loc) {
+  abi::ReduceGeometry g;
+  const Shape& s = x.shape();
+  std::int64_t stride = 1, strides[max_rank] = {};
+  for (int i = s.rank() - 1; i >= 0; --i) {
+    strides[i] = stride;
+    stride *= s[i];
+  }
+  g.out_numel = out.numel();
+  g.red_numel = 1;
+  for (int i = 0; i < s.rank(); ++i) {
+    if (mask[i]) {
+      g.red_shape[g.red_rank] = s[i];
+      g.red_strides[g.red_rank++] = strides[i];
+      g.red_numel *= s[i];
+    } else {
+      g.kept_shape[g.kept_rank] = s[i];
+      g.kept_strides[g.kept_rank++] = strides[i];
+    }
+  }
+  const Device d = out.device();
+  check(abi::reduce(r, dt(x.dtype()), x.raw_data(), out.raw_data(), g, stream(d, op, loc)), d, op, loc);
+}
+
+/// Offsets (elements) of each broadcast batch's matrix in an operand with batch dims `mine`, for
+/// the broadcast batch dims `all`; a uniform stride when there is one (then `offsets` stays empty).
+inline void batch_offsets(const Shape& mine, const Shape& all, std::int64_t matrix, std::int64_t& stride,
+                          std::vector<std::int64_t>& offsets) {
+  if (mine.numel() == 1) {
+    stride = 0;
+    return;
+  }
+  if (mine == all) {
+    stride = matrix;
+    return;
+  }
+  const abi::Geometry g = geometry(all, {&mine});
+  offsets.resize(static_cast<std::size_t>(all.numel()));
+  for (std::int64_t b = 0; b < all.numel(); ++b) {
+    std::int64_t i = b, off = 0;
+    for (int dd = g.rank - 1; dd >= 0; --dd) {
+      off += (i % g.shape[dd]) * g.strides[0][dd];
+      i /= g.shape[dd];
+    }
+    offsets[static_cast<std::size_t>(b)] = off * matrix;
+  }
+}
+
+/// The op's rank-0 / broadcast-free checks were made by infer(); this only lays out the batches.
+inline void gemm(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t M, std::int64_t N, std::int64_t K,
+                 bool ta, bool tb, const Shape& a_batch, const Shape& b_batch, const Shape& batch, std::string_view op,
+                 const std::source_location& loc) {
+  abi::GemmArgs g;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.ta = ta;
+  g.tb = tb;
+  g.batch = batch.numel();
+  std::vector<std::int64_t> ao, bo;
+  batch_offsets(a_batch, batch, M * K, g.a_stride, ao);
+  batch_offsets(b_batch, batch, K * N, g.b_stride, bo);
+  g.a_offsets = ao.empty() ? nullptr : ao.data();
+  g.b_offsets = bo.empty() ? nullptr : bo.data();
+  const Device d = out.device();
+  check(abi::gemm(dt(out.dtype()), a.raw_data(), b.raw_data(), out.raw_data(), g, d.index(), stream(d, op, loc)), d, op,
+        loc);
+}
+
+/// Philox samples into out from the device state tensor (i64 [2]: key, offset).
+inline void philox(bool normal, const Tensor& state, Tensor& out, double p0, double p1, std::string_view op,
+                   const std::source_location& loc) {
+  const Device d = out.device();
+  check(abi::philox(normal, dt(out.dtype()), static_cast<const std::int64_t*>(state.raw_data()), p0, p1,
+                    out.raw_data(), out.numel(), stream(d, op, loc)),
+        d, op, loc);
+}
+
+}  // namespace stagecraft::backend::cuda

@@ -1,0 +1,62 @@
+// What the kernel files share: the dtype switch, grid-stride launches and strided offsets.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "stagecraft/backend/cuda/abi.hpp"
+
+namespace stagecraft::cuda::kernels {
+
+using abi::DT;
+using abi::Geometry;
+using abi::Status;
+
+inline constexpr int block_threads = 256;
+
+/// Blocks of a grid-stride loop over n elements (capped: each thread then takes several).
+inline unsigned grid_for(std::int64_t n) {
+  const std::int64_t b = (n + block_threads - 1) / block_threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
+}
+
+/// Calls f(T{}) with the C++ type of dt.
+template <class F>
+Status visit(DT dt, F&& f) {
+  switch (dt) {
+    case DT::b8: return f(bool{});
+    case DT::i32: return f(std::int32_t{});
+    case DT::i64: return f(std::int64_t{});
+    case DT::f32: return f(float{});
+    case DT::f64: return f(double{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+/// The launch's own error (bad configuration), if any; execution errors surface later.
+inline Status launched() { return static_cast<Status>(cudaGetLastError()); }
+
+/// Offset of output element i in operand k of g (elements).
+__device__ inline std::int64_t offset_of(const Geometry& g, int k, std::int64_t i) {
+  std::int64_t off = 0;
+  for (int d = g.rank - 1; d >= 0; --d) {
+    const std::int64_t n = g.shape[d];
+    off += (i % n) * g.strides[k][d];
+    i /= n;
+  }
+  return off;
+}
+
+/// Offset of element i of an index space of `shape` laid out with `strides` (elements).
+__device__ inline std::int64_t strided_offset(int rank, const std::int64_t* shape, const std::int64_t* strides,
+                                              std::int64_t i) {
+  std::int64_t off = 0;
+  for (int d = rank - 1; d >= 0; --d) {
+    off += (i % shape[d]) * strides[d];
+    i /= shape[d];
+  }
+  return off;
+}
+
+}  // namespace stagecraft::cuda::kernels

@@ -1,0 +1,166 @@
+// Elementwise kernels: unary and binary rules (ops/rules.hpp, called as they are on the CPU),
+// where, cast and fill, over strided and broadcast operands.
+#include "common.cuh"
+#include "stagecraft/ops/rules.hpp"
+
+namespace stagecraft::cuda::kernels {
+namespace {
+
+// Which dtypes each rule is instantiated for: the ones dispatch can send it (ops/unary.hpp,
+// binary.hpp: floating rules see f32/f64 only, arithmetic ones no bool, predicates every dtype).
+template <class R> constexpr bool floating_only = false;
+template <> constexpr bool floating_only<rules::Exp> = true;
+template <> constexpr bool floating_only<rules::Log> = true;
+template <> constexpr bool floating_only<rules::Sqrt> = true;
+template <> constexpr bool floating_only<rules::Tanh> = true;
+template <> constexpr bool floating_only<rules::Sigmoid> = true;
+template <> constexpr bool floating_only<rules::Sin> = true;
+template <> constexpr bool floating_only<rules::Cos> = true;
+template <> constexpr bool floating_only<rules::Div> = true;
+
+/// A rule whose result is bool (comparisons, logical ops): the only ones that take bool inputs.
+template <class R, class T, class... Args>
+constexpr bool bool_rule = std::is_same_v<decltype(R::f(T{}, Args{}...)), bool>;
+
+template <class R, class T>
+constexpr bool accepts() {
+  if constexpr (floating_only<R>) return std::is_floating_point_v<T>;
+  else return !std::is_same_v<T, bool>;
+}
+
+template <class R, class T, class Out>
+__global__ void unary_kernel(const T* x, Out* y, Geometry g) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < g.numel;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    y[i] = static_cast<Out>(R::f(x[g.contiguous ? i : offset_of(g, 0, i)]));
+}
+
+template <class R, class T, class Out>
+__global__ void binary_kernel(const T* a, const T* b, Out* y, Geometry g) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < g.numel;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t oa = g.contiguous ? i : offset_of(g, 0, i), ob = g.contiguous ? i : offset_of(g, 1, i);
+    y[i] = static_cast<Out>(R::f(a[oa], b[ob]));
+  }
+}
+
+template <class T>
+__global__ void where_kernel(const bool* c, const T* a, const T* b, T* y, Geometry g) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < g.numel;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const bool m = c[g.contiguous ? i : offset_of(g, 0, i)];
+    y[i] = rules::Where::f(m, a[g.contiguous ? i : offset_of(g, 1, i)], b[g.contiguous ? i : offset_of(g, 2, i)]);
+  }
+}
+
+template <class S, class T>
+__global__ void cast_kernel(const S* x, T* y, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+    y[i] = static_cast<T>(rules::Cast<T>::f(x[i]));
+}
+
+template <class T>
+__global__ void fill_kernel(T v, T* y, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+    y[i] = v;
+}
+
+template <class R>
+Status launch_unary(DT dt, const void* x, void* y, const Geometry& g, cudaStream_t s) {
+  return visit(dt, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    if constexpr (bool_rule<R, T>) {
+      unary_kernel<R, T, bool><<<grid_for(g.numel), block_threads, 0, s>>>(static_cast<const T*>(x),
+                                                                            static_cast<bool*>(y), g);
+      return launched();
+    } else if constexpr (accepts<R, T>()) {
+      unary_kernel<R, T, T><<<grid_for(g.numel), block_threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), g);
+      return launched();
+    } else {
+      return cudaErrorNotSupported;
+    }
+  });
+}
+
+template <class R>
+Status launch_binary(DT dt, const void* a, const void* b, void* y, const Geometry& g, cudaStream_t s) {
+  return visit(dt, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    if constexpr (bool_rule<R, T, T>) {
+      binary_kernel<R, T, bool><<<grid_for(g.numel), block_threads, 0, s>>>(
+          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<bool*>(y), g);
+      return launched();
+    } else if constexpr (accepts<R, T>()) {
+      binary_kernel<R, T, T><<<grid_for(g.numel), block_threads, 0, s>>>(
+          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), g);
+      return launched();
+    } else {
+      return cudaErrorNotSupported;
+    }
+  });
+}
+
+}  // namespace
+}  // namespace stagecraft::cuda::kernels
+
+namespace stagecraft::cuda::abi {
+using namespace stagecraft::cuda::kernels;
+
+Status unary(UnaryRule r, DT dt, const void* x, void* y, const Geometry& g, Stream s) noexcept {
+  if (g.numel == 0) return cudaSuccess;
+  const auto st = static_cast<cudaStream_t>(s);
+  switch (r) {
+#define SC_CASE(R) \
+  case UnaryRule::R: return launch_unary<rules::R>(dt, x, y, g, st);
+    SC_CUDA_UNARY_RULES(SC_CASE)
+#undef SC_CASE
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+Status binary(BinaryRule r, DT dt, const void* a, const void* b, void* y, const Geometry& g, Stream s) noexcept {
+  if (g.numel == 0) return cudaSuccess;
+  const auto st = static_cast<cudaStream_t>(s);
+  switch (r) {
+#define SC_CASE(R) \
+  case BinaryRule::R: return launch_binary<rules::R>(dt, a, b, y, g, st);
+    SC_CUDA_BINARY_RULES(SC_CASE)
+#undef SC_CASE
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+Status where(DT dt, const bool* c, const void* a, const void* b, void* y, const Geometry& g, Stream s) noexcept {
+  if (g.numel == 0) return cudaSuccess;
+  return visit(dt, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    where_kernel<T><<<grid_for(g.numel), block_threads, 0, static_cast<cudaStream_t>(s)>>>(
+        c, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), g);
+    return launched();
+  });
+}
+
+Status cast(DT from, DT to, const void* x, void* y, std::int64_t n, Stream s) noexcept {
+  if (n == 0) return cudaSuccess;
+  return visit(from, [&](auto from_tag) -> Status {
+    using S = decltype(from_tag);
+    return visit(to, [&](auto to_tag) -> Status {
+      using T = decltype(to_tag);
+      cast_kernel<S, T><<<grid_for(n), block_threads, 0, static_cast<cudaStream_t>(s)>>>(static_cast<const S*>(x),
+                                                                                           static_cast<T*>(y), n);
+      return launched();
+    });
+  });
+}
+
+Status fill(DT dt, double value, void* y, std::int64_t n, Stream s) noexcept {
+  if (n == 0) return cudaSuccess;
+  return visit(dt, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    fill_kernel<T><<<grid_for(n), block_threads, 0, static_cast<cudaStream_t>(s)>>>(static_cast<T>(value),
+                                                                                    static_cast<T*>(y), n);
+    return launched();
+  });
+}
+
+}  // namespace stagecraft::cuda::abi

@@ -1,0 +1,113 @@
+// Matrix products: cuBLAS for f32/f64 (row-major operands read transposed by flags, never copied),
+// a plain kernel for integers (cuBLAS has none), one cuBLAS handle per device on its stream.
+#include <cublas_v2.h>
+
+#include <mutex>
+
+#include "common.cuh"
+
+namespace stagecraft::cuda::kernels {
+namespace {
+
+/// cuBLAS statuses are reported through the Status channel as the closest CUDA error.
+Status from_cublas(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return cudaSuccess;
+    case CUBLAS_STATUS_ALLOC_FAILED: return cudaErrorMemoryAllocation;
+    case CUBLAS_STATUS_NOT_SUPPORTED: return cudaErrorNotSupported;
+    case CUBLAS_STATUS_INVALID_VALUE: return cudaErrorInvalidValue;
+    default: return cudaErrorUnknown;
+  }
+}
+
+/// The device's handle, created on first use and bound to `s` at every call.
+Status handle_for(int device, cudaStream_t s, cublasHandle_t* out) {
+  constexpr int max_devices = 64;
+  static cublasHandle_t handles[max_devices] = {};
+  static std::mutex mu;
+  if (device < 0 || device >= max_devices) return cudaErrorInvalidDevice;
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    if (!handles[device])
+      if (const Status st = from_cublas(cublasCreate(&handles[device]))) return st;
+  }
+  *out = handles[device];
+  return from_cublas(cublasSetStream(*out, s));
+}
+
+// Row-major C (M x N) is column-major C^T (N x M) = op(B)^T op(A)^T: cuBLAS gets B first. A stored
+// M x K (ld K) is column-major A^T, so it needs no transpose; stored K x M (ta, ld M) it needs one.
+template <class T, class Gemm>
+Status blas(Gemm gemm, cublasHandle_t h, const T* a, const T* b, T* c, const abi::GemmArgs& g) {
+  const T one = 1, zero = 0;
+  const cublasOperation_t opa = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int M = static_cast<int>(g.M), N = static_cast<int>(g.N), K = static_cast<int>(g.K);
+  const int lda = g.ta ? M : K, ldb = g.tb ? K : N;
+  const long long mn = static_cast<long long>(g.M) * g.N;
+  if (!g.a_offsets && !g.b_offsets)
+    return from_cublas(gemm(h, opb, opa, N, M, K, &one, b, ldb, g.b_stride, a, lda, g.a_stride, &zero, c, N, mn,
+                            static_cast<int>(g.batch)));
+  for (std::int64_t i = 0; i < g.batch; ++i) {  // batches broadcast unevenly: one call each
+    const T* ai = a + (g.a_offsets ? g.a_offsets[i] : i * g.a_stride);
+    const T* bi = b + (g.b_offsets ? g.b_offsets[i] : i * g.b_stride);
+    if (const Status st = from_cublas(gemm(h, opb, opa, N, M, K, &one, bi, ldb, 0, ai, lda, 0, &zero, c + i * mn, N, mn, 1)))
+      return st;
+  }
+  return cudaSuccess;
+}
+
+/// One thread per element of C; sums wrap as the CPU's integer products do.
+template <class T>
+__global__ void int_gemm_kernel(const T* a, const T* b, T* c, std::int64_t M, std::int64_t N, std::int64_t K,
+                                bool ta, bool tb) {
+  using U = std::make_unsigned_t<T>;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < M * N;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t m = i / N, n = i % N;
+    U acc = 0;
+    for (std::int64_t k = 0; k < K; ++k)
+      acc += static_cast<U>(a[ta ? k * M + m : m * K + k]) * static_cast<U>(b[tb ? n * K + k : k * N + n]);
+    c[i] = static_cast<T>(acc);
+  }
+}
+
+template <class T>
+Status int_gemm(const T* a, const T* b, T* c, const abi::GemmArgs& g, cudaStream_t s) {
+  for (std::int64_t i = 0; i < g.batch; ++i) {
+    const T* ai = a + (g.a_offsets ? g.a_offsets[i] : i * g.a_stride);
+    const T* bi = b + (g.b_offsets ? g.b_offsets[i] : i * g.b_stride);
+    int_gemm_kernel<T><<<grid_for(g.M * g.N), block_threads, 0, s>>>(ai, bi, c + i * g.M * g.N, g.M, g.N, g.K, g.ta, g.tb);
+    if (const Status st = launched()) return st;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+}  // namespace stagecraft::cuda::kernels
+
+namespace stagecraft::cuda::abi {
+using namespace stagecraft::cuda::kernels;
+
+Status gemm(DT dt, const void* a, const void* b, void* c, const GemmArgs& g, int device, Stream s) noexcept {
+  if (g.M == 0 || g.N == 0 || g.batch == 0) return cudaSuccess;
+  const auto st = static_cast<cudaStream_t>(s);
+  if (g.K == 0) return static_cast<Status>(cudaMemsetAsync(c, 0, g.M * g.N * g.batch * (dt == DT::f32 || dt == DT::i32 ? 4 : 8), st));
+  switch (dt) {
+    case DT::i32: return int_gemm(static_cast<const std::int32_t*>(a), static_cast<const std::int32_t*>(b),
+                                  static_cast<std::int32_t*>(c), g, st);
+    case DT::i64: return int_gemm(static_cast<const std::int64_t*>(a), static_cast<const std::int64_t*>(b),
+                                  static_cast<std::int64_t*>(c), g, st);
+    default: break;
+  }
+  cublasHandle_t h = nullptr;
+  if (const Status e = handle_for(device, st, &h)) return e;
+  if (dt == DT::f32)
+    return blas(cublasSgemmStridedBatched, h, static_cast<const float*>(a), static_cast<const float*>(b),
+                static_cast<float*>(c), g);
+  if (dt == DT::f64)
+    return blas(cublasDgemmStridedBatched, h, static_cast<const double*>(a), static_cast<const double*>(b),
+                static_cast<double*>(c), g);
+  return cudaErrorNotSupported;
+}
+
+}  // namespace stagecraft::cuda::abi

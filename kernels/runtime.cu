@@ -1,0 +1,153 @@
+// The runtime side of the ABI: device count, one non-blocking stream per device, stream-ordered
+// memory, and copies (host to device staged through pinned buffers so the host does not wait).
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "common.cuh"
+
+namespace stagecraft::cuda::kernels {
+namespace {
+
+constexpr int max_devices = 64;
+
+/// A pinned host buffer and the event that marks the end of the last copy out of it.
+struct Pinned {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  cudaEvent_t done = nullptr;
+};
+/// Copies above this size go straight from pageable memory (the driver stages them itself).
+constexpr std::size_t max_staged = std::size_t{16} << 20;
+
+struct DeviceState {
+  std::mutex mu;
+  cudaStream_t stream = nullptr;
+  std::vector<Pinned> pinned;  // host-to-device staging buffers, reused once their copy ended
+};
+DeviceState& state(int device) {
+  static DeviceState states[max_devices];
+  return states[device];
+}
+
+Status check_device(int device) {
+  return device < 0 || device >= max_devices ? cudaErrorInvalidDevice : cudaSuccess;
+}
+
+/// A free staging buffer of at least n bytes (allocated when none is free); the caller holds mu.
+Status staging(DeviceState& d, std::size_t n, Pinned** out) {
+  for (Pinned& b : d.pinned)
+    if (b.bytes >= n && cudaEventQuery(b.done) == cudaSuccess) {
+      *out = &b;
+      return cudaSuccess;
+    }
+  std::size_t bytes = 4096;
+  while (bytes < n) bytes *= 2;
+  Pinned b;
+  b.bytes = bytes;
+  if (const auto e = cudaMallocHost(&b.p, bytes)) return e;
+  if (const auto e = cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming)) {
+    cudaFreeHost(b.p);
+    return e;
+  }
+  d.pinned.push_back(b);
+  *out = &d.pinned.back();
+  return cudaSuccess;
+}
+
+}  // namespace
+}  // namespace stagecraft::cuda::kernels
+
+namespace stagecraft::cuda::abi {
+using namespace stagecraft::cuda::kernels;
+
+int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error to keep
+    return 0;
+  }
+  return n;
+}
+
+const char* error_string(Status s) noexcept { return cudaGetErrorString(static_cast<cudaError_t>(s)); }
+
+bool is_out_of_memory(Status s) noexcept { return s == cudaErrorMemoryAllocation; }
+
+Status stream(int device, Stream* out) noexcept {
+  if (const Status e = check_device(device)) return e;
+  if (const auto e = cudaSetDevice(device)) return e;
+  DeviceState& d = state(device);
+  const std::lock_guard<std::mutex> lock(d.mu);
+  if (!d.stream)
+    if (const auto e = cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking)) return e;
+  *out = d.stream;
+  return cudaSuccess;
+}
+
+Status synchronize(int device) noexcept {
+  Stream s = nullptr;
+  if (const Status e = stream(device, &s)) return e;
+  return cudaStreamSynchronize(static_cast<cudaStream_t>(s));
+}
+
+Status last_error() noexcept { return cudaGetLastError(); }
+
+Status malloc_async(int device, std::size_t n, void** p) noexcept {
+  Stream s = nullptr;
+  if (const Status e = stream(device, &s)) return e;
+  const auto e = cudaMallocAsync(p, n, static_cast<cudaStream_t>(s));
+  if (e == cudaErrorMemoryAllocation) cudaGetLastError();  // not sticky: the caller retries
+  return e;
+}
+
+Status free_async(int device, void* p) noexcept {
+  Stream s = nullptr;
+  if (const Status e = stream(device, &s)) return e;
+  return cudaFreeAsync(p, static_cast<cudaStream_t>(s));
+}
+
+Status trim_pool(int device) noexcept {
+  if (const Status e = synchronize(device)) return e;
+  cudaMemPool_t pool = nullptr;
+  if (const auto e = cudaDeviceGetDefaultMemPool(&pool, device)) return e;
+  return cudaMemPoolTrimTo(pool, 0);
+}
+
+Status copy_h2d(int device, void* dst, const void* src, std::size_t n) noexcept {
+  if (n == 0) return cudaSuccess;
+  Stream s = nullptr;
+  if (const Status e = stream(device, &s)) return e;
+  const auto st = static_cast<cudaStream_t>(s);
+  if (n > max_staged) return cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, st);
+  DeviceState& d = state(device);
+  const std::lock_guard<std::mutex> lock(d.mu);
+  Pinned* b = nullptr;
+  if (const Status e = staging(d, n, &b)) return e;
+  std::memcpy(b->p, src, n);
+  if (const auto e = cudaMemcpyAsync(dst, b->p, n, cudaMemcpyHostToDevice, st)) return e;
+  return cudaEventRecord(b->done, st);
+}
+
+Status copy_d2h(int device, void* dst, const void* src, std::size_t n) noexcept {
+  if (n == 0) return cudaSuccess;
+  Stream s = nullptr;
+  if (const Status e = stream(device, &s)) return e;
+  const auto st = static_cast<cudaStream_t>(s);
+  if (const auto e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, st)) return e;
+  return cudaStreamSynchronize(st);
+}
+
+Status copy_d2d(int dst_device, void* dst, int src_device, const void* src, std::size_t n) noexcept {
+  if (n == 0) return cudaSuccess;
+  if (src_device != dst_device) {  // the source's pending work must finish before the peer copy reads it
+    if (const Status e = synchronize(src_device)) return e;
+  }
+  Stream s = nullptr;
+  if (const Status e = stream(dst_device, &s)) return e;
+  const auto st = static_cast<cudaStream_t>(s);
+  if (src_device == dst_device) return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, st);
+  return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, n, st);
+}
+
+}  // namespace stagecraft::cuda::abi

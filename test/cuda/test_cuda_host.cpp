@@ -1,0 +1,85 @@
+// CUDA backend checks that need no GPU: availability, the DeviceError a CUDA request raises where no
+// device is found, and the kernels' broadcasting geometry. They run on every machine.
+#include "testing.hpp"
+
+using sctest::error_of;
+namespace abi = sc::cuda::abi;
+
+TEST_CASE("cuda: availability agrees with the device count", "[cuda]") {
+  CHECK(sc::cuda::is_available() == (sc::cuda::device_count() > 0));
+  if (!sc::cuda::built) CHECK(sc::cuda::device_count() == 0);
+  sc::cuda::synchronize();  // a no-op without devices, never an error
+}
+
+TEST_CASE("cuda: a request for a missing device is a DeviceError naming the op and the line", "[cuda]") {
+  const sc::Device missing = sc::Device::cuda(sc::cuda::device_count());  // one past the last device
+  const std::string why = sc::cuda::built ? (sc::cuda::device_count() == 0 ? "no CUDA device" : "CUDA device(s) are available")
+                                          : "built without CUDA";
+  const sc::Tensor x = sc::ones({2, 3});
+  const std::string to = error_of<sc::DeviceError>([&] { (void)x.to(missing); });
+  CHECK_THAT(to, Catch::Contains("[to]") && Catch::Contains(missing.str()) && Catch::Contains(why) &&
+                     Catch::Contains("test_cuda_host.cpp:"));
+  const std::string op = error_of<sc::DeviceError>([&] {
+    sc::DeviceScope on(missing);
+    (void)sc::exp(x);
+  });
+  CHECK_THAT(op, Catch::Contains("[exp]") && Catch::Contains("cuda") && Catch::Contains(why) &&
+                     Catch::Contains("test_cuda_host.cpp:"));
+  const std::string fill = error_of<sc::DeviceError>([&] {
+    sc::DeviceScope on(missing);
+    (void)sc::detail::fill({4}, 1.0, sc::f32);
+  });
+  CHECK_THAT(fill, Catch::Contains("[fill]") && Catch::Contains("cuda"));
+}
+
+TEST_CASE("cuda: the abi's dtype numbers are stagecraft's", "[cuda]") {
+  STATIC_REQUIRE(static_cast<int>(abi::DT::b8) == static_cast<int>(sc::DType::b8));
+  STATIC_REQUIRE(static_cast<int>(abi::DT::i32) == static_cast<int>(sc::DType::i32));
+  STATIC_REQUIRE(static_cast<int>(abi::DT::i64) == static_cast<int>(sc::DType::i64));
+  STATIC_REQUIRE(static_cast<int>(abi::DT::f32) == static_cast<int>(sc::DType::f32));
+  STATIC_REQUIRE(static_cast<int>(abi::DT::f64) == static_cast<int>(sc::DType::f64));
+  STATIC_REQUIRE(abi::max_rank == sc::max_rank);
+}
+
+TEST_CASE("cuda: every elementwise op maps to its rule's kernel", "[cuda]") {
+  namespace be = sc::backend::cuda;
+  STATIC_REQUIRE(be::unary_rule<sc::ops::Neg>() == abi::UnaryRule::Neg);
+  STATIC_REQUIRE(be::unary_rule<sc::ops::Sigmoid>() == abi::UnaryRule::Sigmoid);
+  STATIC_REQUIRE(be::unary_rule<sc::ops::LogicalNot>() == abi::UnaryRule::LogicalNot);
+  STATIC_REQUIRE(be::binary_rule<sc::ops::Add>() == abi::BinaryRule::Add);
+  STATIC_REQUIRE(be::binary_rule<sc::ops::LessEqual>() == abi::BinaryRule::LessEqual);
+  STATIC_REQUIRE(be::binary_rule<sc::ops::LogicalOr>() == abi::BinaryRule::LogicalOr);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Exp>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Maximum>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Where>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Cast>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Fill>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Sum>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::MatMul>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::RandomNormal>);
+  STATIC_REQUIRE(!sc::detail::CudaOp<sc::ops::Concat>);  // a later phase
+}
+
+TEST_CASE("cuda: broadcast geometry gives size-1 and missing axes stride 0", "[cuda]") {
+  const sc::Shape out{2, 3, 4}, a{3, 1}, b{2, 3, 4}, s{};
+  const abi::Geometry g = sc::backend::cuda::geometry(out, {&a, &b, &s});
+  CHECK(g.rank == 3);
+  CHECK(g.numel == 24);
+  CHECK_FALSE(g.contiguous);
+  CHECK(std::vector<std::int64_t>(g.strides[0], g.strides[0] + 3) == std::vector<std::int64_t>{0, 1, 0});
+  CHECK(std::vector<std::int64_t>(g.strides[1], g.strides[1] + 3) == std::vector<std::int64_t>{12, 4, 1});
+  CHECK(std::vector<std::int64_t>(g.strides[2], g.strides[2] + 3) == std::vector<std::int64_t>{0, 0, 0});
+  CHECK(sc::backend::cuda::geometry(out, {&b, &b}).contiguous);
+}
+
+TEST_CASE("cuda: uneven batch broadcasting lists each matrix's offset", "[cuda]") {
+  std::int64_t stride = -1;
+  std::vector<std::int64_t> offsets;
+  sc::backend::cuda::batch_offsets(sc::Shape{2, 1}, sc::Shape{2, 3}, 10, stride, offsets);
+  CHECK(offsets == std::vector<std::int64_t>{0, 0, 0, 10, 10, 10});
+  offsets.clear();
+  sc::backend::cuda::batch_offsets(sc::Shape{1}, sc::Shape{5}, 10, stride, offsets);
+  CHECK((stride == 0 && offsets.empty()));
+  sc::backend::cuda::batch_offsets(sc::Shape{5}, sc::Shape{5}, 10, stride, offsets);
+  CHECK((stride == 10 && offsets.empty()));
+}
