@@ -184,3 +184,22 @@ TEST_CASE("undefined tensors and empty variables raise ValueError instead of cra
   CHECK_THROWS_WITH(v.value(), Catch::Contains("[Variable]") && Catch::Contains("empty"));
   CHECK_THROWS_AS(v.assign(sc::ones({2})), sc::ValueError);
 }
+
+TEST_CASE("weak integer scalars that do not fit the tensor's dtype are errors, not wraps", "[hardening]") {
+  const sc::Tensor a = sc::tensor(std::vector<std::int32_t>{1, 2});
+  CHECK_THROWS_AS(a + 3000000000LL, sc::DTypeError);
+  CHECK_THROWS_WITH(a * -3000000000LL, Catch::Contains("3000000000") && Catch::Contains("i32"));
+  CHECK((a + 2000000000LL).to_vector<std::int32_t>() == std::vector<std::int32_t>{2000000001, 2000000002});
+  CHECK((a + -2147483648LL).to_vector<std::int32_t>() == std::vector<std::int32_t>{-2147483647, -2147483646});
+  CHECK_THROWS_AS(a - 2147483648LL, sc::DTypeError);
+  CHECK((sc::tensor(std::vector<std::int64_t>{1}) + 3000000000LL).item<std::int64_t>() == 3000000001LL);
+}
+
+TEST_CASE("random::uniform refuses ranges that overflow or are not numbers", "[hardening]") {
+  CHECK_THROWS_AS(sc::random::uniform({4}, -1e308, 1e308, 1, sc::f64), sc::ValueError);
+  CHECK_THROWS_AS(sc::random::uniform({4}, 0.0, NAN, 1), sc::ValueError);
+  CHECK_THROWS_AS(sc::random::uniform({4}, NAN, 1.0, 1), sc::ValueError);
+  CHECK_THROWS_AS(sc::random::uniform({4}, 0.0, INFINITY, 1), sc::ValueError);
+  const auto u = sc::random::uniform({64}, -1e300, 1e300, 1, sc::f64).to_vector<double>();
+  for (double v : u) CHECK(std::isfinite(v));
+}

@@ -4,6 +4,7 @@
 #include <array>
 #include <new>
 #include <source_location>
+#include <utility>
 #include <vector>
 
 #include "../core/device.hpp"
@@ -202,6 +203,12 @@ Tensor weak_scalar(S value, const Tensor& like, const std::source_location& loc)
   Tensor t = empty_tensor(Shape{}, d, Device::cpu());
   visit_dtype(d, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if constexpr (std::is_integral_v<S> && std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      const T v = static_cast<T>(value);
+      if (SC_UNLIKELY(static_cast<S>(v) != value || (v < T(0)) != (value < S(0))))  // it would wrap silently
+        fail<DTypeError>("scalar", loc, "the integer ", value, " does not fit the tensor's dtype ", d,
+                         "; convert the tensor first (.astype(sc::i64))");
+    }
     *static_cast<T*>(t.raw_data()) = static_cast<T>(value);
   });
   return like.device().is_cpu() ? t : t.to(like.device(), loc);

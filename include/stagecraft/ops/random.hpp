@@ -70,6 +70,8 @@ inline void check_random(const Shape& shape, DType d, std::string_view op, const
 /// uniform's range check.
 inline void check_range(double lo, double hi, std::string_view op, const std::source_location& loc) {
   if (SC_UNLIKELY(!(lo <= hi))) fail<ValueError>(op, loc, "needs lo <= hi, got ", lo, " and ", hi);
+  if (SC_UNLIKELY(!std::isfinite(hi - lo)))  // also an infinite or NaN bound
+    fail<ValueError>(op, loc, "needs a finite range, got [", lo, ", ", hi, ")");
 }
 
 }  // namespace detail
