@@ -36,6 +36,33 @@ void sc_chain3(benchmark::State& state) {
 }
 BENCHMARK(sc_chain3)->Name("dispatch/stagecraft/chain3")->Arg(1)->Arg(100);
 
+// Taping: a tape made, 100 one-element adds recorded on it, the tape dropped (per op: the
+// eager add, its recording and its share of freeing the tape). Items are adds.
+void sc_taped_adds(benchmark::State& state) {
+  const sc::Tensor x = bench::input({1}, 1), b = bench::input({1}, 2);
+  for (auto _ : state) {
+    sc::GradientTape tape;
+    tape.watch(x);
+    sc::Tensor y = x;
+    for (int i = 0; i < 100; ++i) y = y + b;
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  state.SetItemsProcessed(100 * state.iterations());
+}
+BENCHMARK(sc_taped_adds)->Name("dispatch/stagecraft/taped_add_x100");
+
+// The same 100 adds with no tape (the difference is the cost of recording).
+void sc_untaped_adds(benchmark::State& state) {
+  const sc::Tensor x = bench::input({1}, 1), b = bench::input({1}, 2);
+  for (auto _ : state) {
+    sc::Tensor y = x;
+    for (int i = 0; i < 100; ++i) y = y + b;
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  state.SetItemsProcessed(100 * state.iterations());
+}
+BENCHMARK(sc_untaped_adds)->Name("dispatch/stagecraft/untaped_add_x100");
+
 #if STAGECRAFT_BENCH_TORCH
 at::Tensor torch_input(std::int64_t n, std::uint64_t seed, bool grad = false) {
   at::Tensor t = bench::as_torch(bench::input({n}, seed)).clone();
@@ -54,6 +81,19 @@ void torch_add(benchmark::State& state, bool grad) {
 }
 BENCHMARK_CAPTURE(torch_add, plain, false)->Name("dispatch/libtorch/add")->Arg(1)->Arg(100);
 BENCHMARK_CAPTURE(torch_add, grad, true)->Name("dispatch/libtorch_requires_grad/add")->Arg(1)->Arg(100);
+
+// LibTorch's autograd: 100 one-element adds from a leaf that requires grad (the graph is built
+// as they run), the graph dropped with the last result.
+void torch_taped_adds(benchmark::State& state) {
+  const at::Tensor x = torch_input(1, 1, true), b = torch_input(1, 2);
+  for (auto _ : state) {
+    at::Tensor y = x;
+    for (int i = 0; i < 100; ++i) y = at::add(y, b);
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  state.SetItemsProcessed(100 * state.iterations());
+}
+BENCHMARK(torch_taped_adds)->Name("dispatch/libtorch/taped_add_x100");
 
 void torch_add_scalar(benchmark::State& state) {
   const at::Tensor a = torch_input(state.range(0), 1);

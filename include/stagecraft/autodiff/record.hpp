@@ -1,10 +1,12 @@
 // What a gradient tape records, and the hook dispatch calls after each op while tapes exist.
 #pragma once
+#include <algorithm>
+#include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <source_location>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "../eager/context.hpp"
@@ -18,15 +20,82 @@ using VjpFn = std::vector<Tensor> (*)(const Tensor& grad_out, ops::Inputs in, co
 /// A user-supplied gradient (sc::custom_gradient).
 using CustomVjp = std::function<std::vector<Tensor>(const Tensor& grad_out)>;
 
+/// An op's inputs as a recorded entry keeps them: up to three inline (every op but concat and
+/// stack has at most three), more on the heap. Recording allocated a vector per op before.
+class EntryInputs {
+ public:
+  static constexpr std::size_t inline_capacity = 3;
+  EntryInputs() = default;
+  explicit EntryInputs(ops::Inputs in) : n_(in.size()) {
+    if (n_ > inline_capacity) heap_.assign(in.begin(), in.end());
+    else std::copy(in.begin(), in.end(), inline_.begin());
+  }
+  const Tensor* begin() const { return n_ > inline_capacity ? heap_.data() : inline_.data(); }
+  const Tensor* end() const { return begin() + n_; }
+  std::size_t size() const { return n_; }
+  const Tensor& operator[](std::size_t k) const { return begin()[k]; }
+  operator ops::Inputs() const { return {begin(), n_}; }  // NOLINT: what vjp rules take
+
+ private:
+  std::array<Tensor, inline_capacity> inline_{};
+  std::vector<Tensor> heap_;
+  std::size_t n_ = 0;
+};
+
 /// One recorded op call, shared by every tape that watched one of its inputs.
-struct TapeEntry {
+struct TapeEntry : RefCounted {
   std::string_view op;
   VjpFn vjp = nullptr;                     ///< null: no rule (error if reached) or custom
   std::shared_ptr<const CustomVjp> custom; ///< set for sc::custom_gradient
-  std::vector<Tensor> inputs;
+  EntryInputs inputs;
   Tensor output;
   ops::Attrs attrs;
   std::source_location loc;
+};
+
+/// A set of tensor identities with no allocation per insert (open addressing over a
+/// power-of-two table of pointers; recording inserted into a node-based hash map per op). It
+/// does not keep the tensors alive: the tape holds their handles.
+class ImplSet {
+ public:
+  bool contains(const TensorImpl* p) const {
+    if (size_ == 0) return false;
+    for (std::size_t i = slot(p);; i = (i + 1) & mask_) {
+      if (table_[i] == p) return true;
+      if (table_[i] == nullptr) return false;
+    }
+  }
+  /// Adds p; false when it was already there.
+  bool insert(const TensorImpl* p) {
+    if ((size_ + 1) * 4 > table_.size() * 3) grow();
+    for (std::size_t i = slot(p);; i = (i + 1) & mask_) {
+      if (table_[i] == p) return false;
+      if (table_[i] == nullptr) {
+        table_[i] = p;
+        ++size_;
+        return true;
+      }
+    }
+  }
+  void clear() {
+    table_.assign(table_.size(), nullptr);
+    size_ = 0;
+  }
+
+ private:
+  std::size_t slot(const TensorImpl* p) const {
+    return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(p) >> 4) * 0x9E3779B97F4A7C15ull >> 20) & mask_;
+  }
+  void grow() {
+    std::vector<const TensorImpl*> old = std::move(table_);
+    table_.assign(old.empty() ? 64 : old.size() * 2, nullptr);
+    mask_ = table_.size() - 1;
+    size_ = 0;
+    for (const TensorImpl* p : old)
+      if (p != nullptr) insert(p);
+  }
+  std::vector<const TensorImpl*> table_;
+  std::size_t mask_ = 0, size_ = 0;
 };
 
 /// The recording state of one tape (GradientTape derives from it).
@@ -39,25 +108,33 @@ class TapeRecorder {
   /// becomes watched: every recording tape watches trainable variables automatically).
   bool is_watched(const Tensor& t) {
     const TensorImpl* p = t.impl();
-    if (watched_.count(p)) return true;
+    if (watched_.contains(p)) return true;
     if (p->variable != nullptr && p->variable->trainable) {
-      watched_.emplace(p, t);
+      watch(t);
       return true;
     }
     return false;
   }
-  void watch(const Tensor& t) { watched_.emplace(t.impl(), t); }
-  void add(const std::shared_ptr<TapeEntry>& e) {
+  void watch(const Tensor& t) {
+    if (watched_.insert(t.impl())) held_.push_back(t);  // the handle keeps the identity unique
+  }
+  void add(const Ref<TapeEntry>& e) {
     entries_.push_back(e);
-    watched_.emplace(e->output.impl(), e->output);
+    watched_.insert(e->output.impl());  // the entry holds the output
   }
   bool recording() const { return recording_; }
 
  protected:
+  void forget() {
+    entries_.clear();
+    watched_.clear();
+    held_.clear();
+  }
   bool persistent_;
   bool recording_ = true;
-  std::unordered_map<const TensorImpl*, Tensor> watched_;  // the handles keep tensors alive
-  std::vector<std::shared_ptr<TapeEntry>> entries_;
+  ImplSet watched_;            // watched tensors and recorded outputs
+  std::vector<Tensor> held_;   // handles of the watched tensors that are not outputs
+  std::vector<Ref<TapeEntry>> entries_;
 };
 
 /// The thread's live tapes, outermost first; context().tapes points here while non-empty.
@@ -81,13 +158,13 @@ concept NonDifferentiable = requires { requires !Op::differentiable; };
 /// watches one of the inputs; the entry is shared between tapes.
 template <class Make>
 void record_entry(ops::Inputs in, Make&& make) {
-  std::shared_ptr<TapeEntry> e;
+  Ref<TapeEntry> e;
   for (TapeRecorder* t : tape_stack().tapes) {
     if (!t->recording()) continue;
     bool any = false;
     for (const Tensor& x : in) any = t->is_watched(x) || any;  // no short cut: each input may need watching
     if (!any) continue;
-    if (!e) e = std::make_shared<TapeEntry>(make());
+    if (!e) e = Ref<TapeEntry>::adopt(make());
     t->add(e);
   }
 }
@@ -103,7 +180,16 @@ void record_on_tapes(ops::Inputs in, const ops::Attrs& attrs, const Tensor& out,
     // make a loop that counts the gradient twice.
     for (const Tensor& x : in)
       if (x.same(out)) return;
-    record_entry(in, [&] { return TapeEntry{Op::name, vjp_of<Op>(), nullptr, {in.begin(), in.end()}, out, attrs, loc}; });
+    record_entry(in, [&] {
+      auto* e = new TapeEntry;
+      e->op = Op::name;
+      e->vjp = vjp_of<Op>();
+      e->inputs = EntryInputs(in);
+      e->output = out;
+      e->attrs = attrs;
+      e->loc = loc;
+      return e;
+    });
   }
 }
 
@@ -112,7 +198,13 @@ inline void record_custom(std::string_view op, ops::Inputs in, const Tensor& out
                           const std::source_location& loc) {
   if (context().tapes == nullptr || context().no_record > 0) return;
   record_entry(in, [&] {
-    return TapeEntry{op, nullptr, std::make_shared<const CustomVjp>(std::move(fn)), {in.begin(), in.end()}, out, {}, loc};
+    auto* e = new TapeEntry;
+    e->op = op;
+    e->custom = std::make_shared<const CustomVjp>(std::move(fn));
+    e->inputs = EntryInputs(in);
+    e->output = out;
+    e->loc = loc;
+    return e;
   });
 }
 

@@ -137,8 +137,7 @@ class GradientTape : private detail::TapeRecorder {
   bool persistent() const { return persistent_; }
   /// Forgets everything recorded and watched (a persistent tape can then start over).
   void reset() {
-    entries_.clear();
-    watched_.clear();
+    forget();
     used_ = false;
     recording_ = true;
   }
@@ -161,8 +160,7 @@ class GradientTape : private detail::TapeRecorder {
   // A used non-persistent tape lets go of what it recorded, and records nothing more (it can
   // never use it; trainable variables would otherwise be recorded again until it dies).
   void reset_after_use() {
-    entries_.clear();
-    watched_.clear();
+    forget();
     recording_ = false;
   }
 

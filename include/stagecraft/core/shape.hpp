@@ -130,16 +130,22 @@ namespace detail {
 /// when an extent is negative or the tensor would take more than max_tensor_bytes; the extents
 /// of an empty tensor count too (a [0, 5, 2^62] tensor would overflow its strides). Shape::numel
 /// does not check: it is on every op's path, and every new tensor's shape comes through here.
+[[noreturn]] SC_COLD inline void bad_shape(const Shape& s, std::int64_t item, std::string_view op,
+                                           const std::source_location& loc) {
+  for (std::int64_t d : s)
+    if (d < 0) fail<ShapeError>(op, loc, "negative extent in shape ", s);
+  fail<ShapeError>(op, loc, "shape ", s, " is too large: more than 2^62 bytes at ", item, " bytes an element");
+}
 inline std::int64_t checked_numel(const Shape& s, std::int64_t item, std::string_view op,
                                   const std::source_location& loc) {
   std::int64_t bytes = item, n = 1;
+  bool bad = false;  // one test at the end: this is on every new tensor's path
   for (std::int64_t d : s) {
-    if (d < 0) fail<ShapeError>(op, loc, "negative extent in shape ", s);
-    if (d != 0 && (__builtin_mul_overflow(bytes, d, &bytes) || bytes > max_tensor_bytes))
-      fail<ShapeError>(op, loc, "shape ", s, " is too large: more than 2^62 bytes at ", item,
-                       " bytes an element");
-    n *= d;  // cannot overflow: |n| <= bytes
+    bad |= d < 0;
+    if (d != 0) bad |= __builtin_mul_overflow(bytes, d, &bytes);
+    n *= d;  // cannot overflow unless bad: |n| <= bytes
   }
+  if (SC_UNLIKELY(bad || bytes > max_tensor_bytes)) bad_shape(s, item, op, loc);
   return n;
 }
 }  // namespace detail

@@ -122,24 +122,24 @@ struct Operand {
 
 namespace detail {
 
-/// Storage for n bytes of a tensor of this shape; out of memory is a DeviceError naming op.
-SC_NOINLINE inline Ref<Storage> allocate_storage(const Shape& shape, DType dtype, Device device, std::size_t n,
-                                                  std::string_view op, const std::source_location& loc) {
-  try {
-    return Storage::allocate(n, device);
-  } catch (const std::bad_alloc&) {
-    fail<DeviceError>(op, loc, "out of memory: ", n, " bytes for a ", dtype, " tensor of shape ",
-                      shape, " on ", device.str());
-  }
+/// Out of memory for a tensor of this shape: a DeviceError naming op, the shape and the bytes.
+[[noreturn]] SC_COLD inline void out_of_memory(const Shape& shape, DType dtype, Device device, std::size_t n,
+                                               std::string_view op, const std::source_location& loc) {
+  fail<DeviceError>(op, loc, "out of memory: ", n, " bytes for a ", dtype, " tensor of shape ", shape, " on ",
+                    device.str());
 }
 
 /// A new concrete tensor with uninitialised storage from the device's caching allocator. The
 /// shape is checked (no negative extent, at most max_tensor_bytes): a ShapeError naming op.
 inline Tensor empty_tensor(const Shape& shape, DType dtype, Device device, std::string_view op = "allocate",
                            const std::source_location& loc = std::source_location::current()) {
-  const std::int64_t n = checked_numel(shape, itemsize(dtype), op, loc);
-  // the storage first: when it fails, nothing else was made
-  Ref<Storage> storage = allocate_storage(shape, dtype, device, static_cast<std::size_t>(n) * itemsize(dtype), op, loc);
+  const auto n = static_cast<std::size_t>(checked_numel(shape, itemsize(dtype), op, loc)) * itemsize(dtype);
+  Ref<Storage> storage;  // made first: when it fails, nothing else was
+  try {
+    storage = Storage::allocate(n, device);
+  } catch (const std::bad_alloc&) {
+    out_of_memory(shape, dtype, device, n, op, loc);
+  }
   auto* impl = new TensorImpl();
   impl->shape = shape;
   impl->dtype = dtype;
