@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -202,4 +203,64 @@ TEST_CASE("random::uniform refuses ranges that overflow or are not numbers", "[h
   CHECK_THROWS_AS(sc::random::uniform({4}, 0.0, INFINITY, 1), sc::ValueError);
   const auto u = sc::random::uniform({64}, -1e300, 1e300, 1, sc::f64).to_vector<double>();
   for (double v : u) CHECK(std::isfinite(v));
+}
+
+TEST_CASE("exp and sigmoid give the same tiny results at every length (no SIMD-body vs tail split)", "[hardening]") {
+  for (float v : {-88.5f, -87.5f, -100.f, -103.9f}) {
+    const float e1 = sc::exp(sc::tensor({v})).item<float>(), s1 = sc::sigmoid(sc::tensor({v})).item<float>();
+    for (std::int64_t n : {3, 8, 16, 17, 33, 1000, 70001}) {
+      const auto e = sc::exp(sc::full({n}, v)).to_vector<float>();
+      const auto s = sc::sigmoid(sc::full({n}, v)).to_vector<float>();
+      for (std::int64_t i : {std::int64_t{0}, n / 2, n - 1}) {
+        CHECK(std::memcmp(&e[static_cast<std::size_t>(i)], &e1, sizeof e1) == 0);
+        CHECK(std::memcmp(&s[static_cast<std::size_t>(i)], &s1, sizeof s1) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("signed integer overflow wraps the same in SIMD bodies and scalar tails", "[hardening]") {
+  constexpr std::int32_t mx = std::numeric_limits<std::int32_t>::max(), mn = std::numeric_limits<std::int32_t>::min();
+  constexpr std::int64_t mx64 = std::numeric_limits<std::int64_t>::max(), mn64 = std::numeric_limits<std::int64_t>::min();
+  for (std::int64_t n : {1, 7, 17, 1000}) {
+    const sc::Tensor a = sc::full({n}, 0.0, sc::i32) + mx;
+    const sc::Tensor lo = sc::full({n}, 0.0, sc::i32) + mn;
+    const sc::Tensor a64 = sc::full({n}, 0.0, sc::i64) + mx64, lo64 = sc::full({n}, 0.0, sc::i64) + mn64;
+    const auto all = [](const sc::Tensor& t, auto v) {
+      for (auto x : t.to_vector<decltype(v)>())
+        if (x != v) return false;
+      return true;
+    };
+    CHECK(all(a + 1, mn));
+    CHECK(all(lo - 1, mx));
+    CHECK(all(a * 2, std::int32_t{-2}));
+    CHECK(all(-lo, mn));
+    CHECK(all(sc::abs(lo), mn));
+    CHECK(all(sc::square(a), std::int32_t{1}));
+    CHECK(all(sc::pow(a, sc::full({n}, 2.0, sc::i32)), std::int32_t{1}));
+    CHECK(all(a64 + 1, mn64));
+    CHECK(all(lo64 * 3, std::int64_t{mn64}));  // -2^63 * 3 = -3 * 2^63 = 2^63 (mod 2^64) = -2^63
+    CHECK(all(-lo64, mn64));
+  }
+}
+
+TEST_CASE("float to integer casts of NaN, infinities and out-of-range values are defined", "[hardening]") {
+  const std::vector<float> bad = {NAN, INFINITY, -INFINITY, 3e9f, -3e9f, 1e20f, -1e20f, 2147483648.f};
+  for (std::int64_t reps : {1, 3, 100}) {  // scalar and SIMD paths
+    std::vector<float> v;
+    for (std::int64_t r = 0; r < reps; ++r) v.insert(v.end(), bad.begin(), bad.end());
+    const sc::Tensor x = sc::tensor(v);
+    for (std::int32_t i : sc::cast(x, sc::i32).to_vector<std::int32_t>()) CHECK(i == std::numeric_limits<std::int32_t>::min());
+    for (std::int64_t i : sc::cast(x, sc::i64).to_vector<std::int64_t>()) {
+      const bool fits = i == std::int64_t{3000000000} || i == -std::int64_t{3000000000} || i == std::int64_t{2147483648};
+      CHECK((i == std::numeric_limits<std::int64_t>::min() || fits));
+    }
+    const sc::Tensor d = sc::cast(x, sc::f64);
+    for (std::int64_t i : sc::cast(d, sc::i64).to_vector<std::int64_t>()) {
+      const bool fits = i == std::int64_t{3000000000} || i == -std::int64_t{3000000000} || i == std::int64_t{2147483648};
+      CHECK((i == std::numeric_limits<std::int64_t>::min() || fits));
+    }
+  }
+  CHECK(sc::cast(sc::tensor({-2.9f, 2.9f, -2147483648.f}), sc::i32).to_vector<std::int32_t>() ==
+        std::vector<std::int32_t>{-2, 2, std::numeric_limits<std::int32_t>::min()});
 }

@@ -57,11 +57,34 @@ SC_HOST_DEVICE T abs(T x) {
   return std::fabs(x);
 }
 /// x converted to To (float to integer truncates). Named as xsimd's batch_cast, which batches
-/// find by ADL; the backend uses that only where it gives the scalar conversion's numbers.
+/// find by ADL; the backend uses that only where it gives the scalar conversion's numbers. A NaN,
+/// an infinity or a value out of To's range gives To's lowest value (C++ leaves it undefined):
+/// what x86's conversions give, so the SIMD lanes (cvttps2dq, vcvttpd2qq) agree.
 template <class To, class T>
   requires std::is_arithmetic_v<T>
 SC_HOST_DEVICE constexpr To batch_cast(T x) {
+  if constexpr (std::is_floating_point_v<T> && std::is_integral_v<To> && std::is_signed_v<To>) {
+    constexpr To lowest = static_cast<To>(std::make_unsigned_t<To>(1) << (8 * sizeof(To) - 1));
+    constexpr T bound = -static_cast<T>(lowest);  // 2^31 or 2^63: exact in float and double
+    if (!(x >= -bound && x < bound)) return lowest;
+  }
   return static_cast<To>(x);
+}
+/// Whether V is a signed integer scalar: its +, -, * wrap below (two's complement, as SIMD
+/// lanes do) instead of overflowing, which C++ leaves undefined.
+template <class V>
+inline constexpr bool wraps = std::is_integral_v<V> && std::is_signed_v<V>;
+template <class V>
+SC_HOST_DEVICE constexpr V wrap_add(V a, V b) {
+  return static_cast<V>(static_cast<std::make_unsigned_t<V>>(a) + static_cast<std::make_unsigned_t<V>>(b));
+}
+template <class V>
+SC_HOST_DEVICE constexpr V wrap_sub(V a, V b) {
+  return static_cast<V>(static_cast<std::make_unsigned_t<V>>(a) - static_cast<std::make_unsigned_t<V>>(b));
+}
+template <class V>
+SC_HOST_DEVICE constexpr V wrap_mul(V a, V b) {
+  return static_cast<V>(static_cast<std::make_unsigned_t<V>>(a) * static_cast<std::make_unsigned_t<V>>(b));
 }
 }  // namespace math
 
@@ -91,6 +114,7 @@ struct Rule {
 struct Neg : Rule {
   template <class V> SC_HOST_DEVICE static V f(const V& x) {
     if constexpr (std::is_floating_point_v<element_t<V>>) return V(x * V(-1));
+    else if constexpr (math::wraps<V>) return math::wrap_sub(V(0), x);
     else return V(-x);
   }
 };
@@ -98,11 +122,15 @@ struct Abs : Rule {
   template <class V> SC_HOST_DEVICE static V f(const V& x) {
     using math::abs, math::select;
     if constexpr (std::is_floating_point_v<element_t<V>>) return abs(x);
+    else if constexpr (math::wraps<V>) return x < V(0) ? math::wrap_sub(V(0), x) : x;  // abs(INT_MIN) = INT_MIN
     else return select(x < V(0), V(-x), x);
   }
 };
 struct Square : Rule {
-  template <class V> SC_HOST_DEVICE static V f(const V& x) { return V(x * x); }
+  template <class V> SC_HOST_DEVICE static V f(const V& x) {
+    if constexpr (math::wraps<V>) return math::wrap_mul(x, x);
+    else return V(x * x);
+  }
 };
 /// x < 0 ? 0 : x keeps NaN as NaN (as PyTorch does).
 struct Relu : Rule {
@@ -167,13 +195,22 @@ struct Cos : Rule {
 // ---- binary --------------------------------------------------------------------------------
 
 struct Add : Rule {
-  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) { return V(a + b); }
+  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) {
+    if constexpr (math::wraps<V>) return math::wrap_add(a, b);
+    else return V(a + b);
+  }
 };
 struct Sub : Rule {
-  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) { return V(a - b); }
+  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) {
+    if constexpr (math::wraps<V>) return math::wrap_sub(a, b);
+    else return V(a - b);
+  }
 };
 struct Mul : Rule {
-  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) { return V(a * b); }
+  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) {
+    if constexpr (math::wraps<V>) return math::wrap_mul(a, b);
+    else return V(a * b);
+  }
 };
 struct Div : Rule {
   template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) { return V(a / b); }
@@ -188,8 +225,8 @@ struct Pow {
     } else {
       if (b < 0) return a == 1 ? V(1) : (a == -1 ? ((b & 1) ? V(-1) : V(1)) : V(0));
       V r = 1;
-      for (; b; b >>= 1, a = static_cast<V>(a * a))
-        if (b & 1) r = static_cast<V>(r * a);
+      for (; b; b >>= 1, a = math::wrap_mul(a, a))
+        if (b & 1) r = math::wrap_mul(r, a);
       return r;
     }
   }
