@@ -206,7 +206,7 @@ TEST_CASE("safetensors reads files in other writers' style", "[safetensors]") {
   const std::string header =
       "{ \"w\" : {\"shape\": [2], \"dtype\": \"F32\", \"data_offsets\": [0, 8]},\n"
       "  \"a\\\"b\\\\c\\/\\u00e9\\ud83d\\ude00\\t\": {\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[8,16]},\n"
-      "  \"z\": {\"dtype\":\"F64\",\"shape\":[0,9223372036854775807],\"data_offsets\":[16,16]},\n"
+      "  \"z\": {\"dtype\":\"F64\",\"shape\":[0,9],\"data_offsets\":[16,16]},\n"
       "  \"__metadata__\": {\"format\": \"pt\", \"\": \"\"}\r\n}\t";
   const std::string data = w_data + std::string("\x07\x00\x00\x00\x00\x00\x00\x80", 8);
   write_bytes(dir / "x", file_bytes(header, data));
@@ -215,7 +215,8 @@ TEST_CASE("safetensors reads files in other writers' style", "[safetensors]") {
   const std::string odd = "a\"b\\c/\xc3\xa9\xf0\x9f\x98\x80\t";
   REQUIRE(f.tensors.count(odd) == 1);
   CHECK(f.tensors.at(odd).item<std::int64_t>() == std::numeric_limits<std::int64_t>::min() + 7);
-  CHECK(f.tensors.at("z").shape() == sc::Shape{0, std::numeric_limits<std::int64_t>::max()});
+  CHECK(f.tensors.at("z").shape() == sc::Shape{0, 9});  // (an empty tensor with an extent of 2^62 or more
+                                                        // is refused: test/core/test_hardening.cpp)
   CHECK(f.metadata == std::map<std::string, std::string>{{"format", "pt"}, {"", ""}});
   // Names we write with quotes, backslashes and control characters read back the same.
   sc::save_safetensors(dir / "y", {{odd + "\x01\n", sc::scalar(1.f)}});

@@ -76,15 +76,21 @@ template <class V>
 inline constexpr bool wraps = std::is_integral_v<V> && std::is_signed_v<V>;
 template <class V>
 SC_HOST_DEVICE constexpr V wrap_add(V a, V b) {
-  return static_cast<V>(static_cast<std::make_unsigned_t<V>>(a) + static_cast<std::make_unsigned_t<V>>(b));
+  if constexpr (wraps<V>)
+    return static_cast<V>(static_cast<std::make_unsigned_t<V>>(a) + static_cast<std::make_unsigned_t<V>>(b));
+  else return static_cast<V>(a + b);
 }
 template <class V>
 SC_HOST_DEVICE constexpr V wrap_sub(V a, V b) {
-  return static_cast<V>(static_cast<std::make_unsigned_t<V>>(a) - static_cast<std::make_unsigned_t<V>>(b));
+  if constexpr (wraps<V>)
+    return static_cast<V>(static_cast<std::make_unsigned_t<V>>(a) - static_cast<std::make_unsigned_t<V>>(b));
+  else return static_cast<V>(a - b);
 }
 template <class V>
 SC_HOST_DEVICE constexpr V wrap_mul(V a, V b) {
-  return static_cast<V>(static_cast<std::make_unsigned_t<V>>(a) * static_cast<std::make_unsigned_t<V>>(b));
+  if constexpr (wraps<V>)
+    return static_cast<V>(static_cast<std::make_unsigned_t<V>>(a) * static_cast<std::make_unsigned_t<V>>(b));
+  else return static_cast<V>(a * b);
 }
 }  // namespace math
 
