@@ -5,7 +5,7 @@
 # Idempotent: when everything is present it changes nothing and never touches the network.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ libboost-dev xtensor-dev libxsimd-dev xtl-dev libopenblas-openmp-dev
+packages=(cmake ninja-build g++ xtensor-dev libxsimd-dev xtl-dev libopenblas-openmp-dev
           catch2 libbenchmark-dev zlib1g-dev dataset-fashion-mnist pkg-config)
 bench_extras=(libtorch-dev)
 

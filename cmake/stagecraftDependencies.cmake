@@ -15,10 +15,10 @@ macro(_stagecraft_find name)
   endif()
 endmacro()
 
-_stagecraft_find(Boost 1.74)            # Boost.Hana (header-only): Boost::headers
+# Only what the headers include: xsimd (SIMD kernels; its config wants xtl), OpenMP, threads,
+# zlib and OpenBLAS. xtensor is the benchmarks' own comparison, found there.
 _stagecraft_find(xtl)
 _stagecraft_find(xsimd)
-_stagecraft_find(xtensor)
 _stagecraft_find(Threads)
 _stagecraft_find(OpenMP COMPONENTS CXX)
 _stagecraft_find(ZLIB)                  # data/idx.hpp reads gzip-compressed IDX files
@@ -30,6 +30,11 @@ if(NOT TARGET stagecraft::openblas)
     PATHS /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/aarch64-linux-gnu/openblas-openmp
           /usr/include/openblas /usr/include
     NO_DEFAULT_PATH)
+  if(NOT STAGECRAFT_CBLAS_INCLUDE_DIR)  # other layouts (Ubuntu 24.04's pthread build, other prefixes)
+    find_path(STAGECRAFT_CBLAS_INCLUDE_DIR cblas.h
+      PATH_SUFFIXES x86_64-linux-gnu/openblas-openmp x86_64-linux-gnu/openblas-pthread x86_64-linux-gnu
+                    aarch64-linux-gnu/openblas-pthread openblas)
+  endif()
   find_library(STAGECRAFT_OPENBLAS_LIBRARY NAMES openblas
     PATHS /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp
     NO_DEFAULT_PATH)
