@@ -86,11 +86,28 @@ SC_HOST_DEVICE constexpr V wrap_sub(V a, V b) {
     return static_cast<V>(static_cast<std::make_unsigned_t<V>>(a) - static_cast<std::make_unsigned_t<V>>(b));
   else return static_cast<V>(a - b);
 }
+/// A SIMD batch B<T, A> of signed integers as the same batch type of unsigned ones.
 template <class V>
-SC_HOST_DEVICE constexpr V wrap_mul(V a, V b) {
-  if constexpr (wraps<V>)
+struct unsigned_batch {};
+template <template <class, class> class B, class T, class A>
+  requires std::is_integral_v<T> && std::is_signed_v<T>
+struct unsigned_batch<B<T, A>> {
+  using type = B<std::make_unsigned_t<T>, A>;
+};
+template <class V>
+SC_HOST_DEVICE constexpr V wrap_mul(const V& a, const V& b) {
+  if constexpr (wraps<V>) {
     return static_cast<V>(static_cast<std::make_unsigned_t<V>>(a) * static_cast<std::make_unsigned_t<V>>(b));
-  else return static_cast<V>(a * b);
+  } else if constexpr (requires { typename unsigned_batch<V>::type; }) {
+    // where the target has no vector multiply for the width (int32 before SSE4.1, int64 before
+    // AVX-512DQ) the SIMD library multiplies lane by lane in signed arithmetic: go through unsigned
+    using U = typename unsigned_batch<V>::type;
+    using R = typename V::register_type;  // the same register holds both (a reinterpretation)
+    const U p = U(static_cast<R>(a)) * U(static_cast<R>(b));
+    return V(static_cast<R>(p));
+  } else {
+    return static_cast<V>(a * b);
+  }
 }
 }  // namespace math
 
@@ -133,10 +150,7 @@ struct Abs : Rule {
   }
 };
 struct Square : Rule {
-  template <class V> SC_HOST_DEVICE static V f(const V& x) {
-    if constexpr (math::wraps<V>) return math::wrap_mul(x, x);
-    else return V(x * x);
-  }
+  template <class V> SC_HOST_DEVICE static V f(const V& x) { return math::wrap_mul(x, x); }
 };
 /// x < 0 ? 0 : x keeps NaN as NaN (as PyTorch does).
 struct Relu : Rule {
@@ -213,10 +227,7 @@ struct Sub : Rule {
   }
 };
 struct Mul : Rule {
-  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) {
-    if constexpr (math::wraps<V>) return math::wrap_mul(a, b);
-    else return V(a * b);
-  }
+  template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) { return math::wrap_mul(a, b); }
 };
 struct Div : Rule {
   template <class V> SC_HOST_DEVICE static V f(const V& a, const V& b) { return V(a / b); }
