@@ -1,5 +1,6 @@
-// Reductions (sum, max, min) over any axes: one block per output element, CUB's block reduce
-// combining the threads' partials. The combine steps are the CPU reducers' (max/min: the rules).
+// Reductions (sum, max, min; argmax, argmin along one axis) over any axes: one block per output
+// element, CUB's block reduce combining the threads' partials. The combine steps are the CPU
+// reducers' (max/min: the rules; arg: NaN first, then the first index of the extremum).
 #include <cub/block/block_reduce.cuh>
 
 #include "common.cuh"
@@ -64,6 +65,59 @@ Status launch(DT dt, const void* x, void* y, const abi::ReduceGeometry& g, cudaS
   });
 }
 
+/// A candidate of argmax/argmin: its value and its index along the axis.
+template <class T>
+struct Candidate {
+  T value;
+  std::int64_t index;
+};
+/// The CPU's choice (backend/cpu/reduce.hpp arg_reduce): NaN counts as the largest (argmax) or the
+/// smallest (argmin), and among equal values the first index wins; commutative, so any order of
+/// combining gives that answer.
+template <bool IsMax>
+struct ArgOp {
+  template <class T>
+  __device__ Candidate<T> operator()(const Candidate<T>& a, const Candidate<T>& b) const {
+    const bool na = rules::math::isnan(a.value), nb = rules::math::isnan(b.value);
+    if (na || nb) {
+      if (na && nb) return a.index < b.index ? a : b;
+      return na ? a : b;
+    }
+    if (a.value == b.value) return a.index < b.index ? a : b;
+    return (IsMax ? a.value > b.value : a.value < b.value) ? a : b;
+  }
+};
+
+template <bool IsMax, class T>
+__global__ void arg_reduce_kernel(const T* x, std::int64_t* y, abi::ReduceGeometry g) {
+  using C = Candidate<T>;
+  using BlockReduce = cub::BlockReduce<C, block_threads>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  const ArgOp<IsMax> op;
+  for (std::int64_t o = blockIdx.x; o < g.out_numel; o += gridDim.x) {
+    const std::int64_t base = strided_offset(g.kept_rank, g.kept_shape, g.kept_strides, o);
+    C acc{T{}, 0};
+    std::int64_t r = threadIdx.x;
+    if (r < g.red_numel) acc = C{x[base + strided_offset(g.red_rank, g.red_shape, g.red_strides, r)], r};
+    for (r += block_threads; r < g.red_numel; r += block_threads)
+      acc = op(acc, C{x[base + strided_offset(g.red_rank, g.red_shape, g.red_strides, r)], r});
+    const int valid = g.red_numel < block_threads ? static_cast<int>(g.red_numel) : block_threads;
+    const C best = valid > 0 ? BlockReduce(temp).Reduce(acc, op, valid) : C{T{}, 0};
+    if (threadIdx.x == 0) y[o] = best.index;
+    __syncthreads();
+  }
+}
+
+template <bool IsMax>
+Status launch_arg(DT dt, const void* x, void* y, const abi::ReduceGeometry& g, cudaStream_t s) {
+  const unsigned grid = static_cast<unsigned>(g.out_numel < 65535 * 8 ? g.out_numel : 65535 * 8);
+  return visit(dt, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    arg_reduce_kernel<IsMax, T><<<grid, block_threads, 0, s>>>(static_cast<const T*>(x), static_cast<std::int64_t*>(y), g);
+    return launched();
+  });
+}
+
 }  // namespace
 }  // namespace stagecraft::cuda::kernels
 
@@ -77,6 +131,8 @@ Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry&
     case ReduceRule::sum: return launch<SumOp>(dt, x, y, g, st);
     case ReduceRule::max: return launch<MaxOp>(dt, x, y, g, st);
     case ReduceRule::min: return launch<MinOp>(dt, x, y, g, st);
+    case ReduceRule::argmax: return launch_arg<true>(dt, x, y, g, st);
+    case ReduceRule::argmin: return launch_arg<false>(dt, x, y, g, st);
   }
   return cudaErrorInvalidValue;
 }

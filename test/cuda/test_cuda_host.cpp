@@ -57,7 +57,13 @@ TEST_CASE("cuda: every elementwise op maps to its rule's kernel", "[cuda]") {
   STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Sum>);
   STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::MatMul>);
   STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::RandomNormal>);
-  STATIC_REQUIRE(!sc::detail::CudaOp<sc::ops::Concat>);  // a later phase
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::ArgMax>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Transpose>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Slice>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::BroadcastTo>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Concat>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::OneHot>);
+  STATIC_REQUIRE(!sc::detail::CudaOp<sc::ops::Gather>);  // a later phase, as conv and pooling
 }
 
 TEST_CASE("cuda: broadcast geometry gives size-1 and missing axes stride 0", "[cuda]") {

@@ -215,7 +215,7 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
   // records it).
   std::unordered_map<const detail::TensorImpl*, Tensor> grads;
   // The seed of ones is an op (Fill), so a traced backward pass records it as a node.
-  grads.emplace(target.impl(), seed == nullptr                   ? detail::fill(target.shape(), 1.0, target.dtype(), loc)
+  grads.emplace(target.impl(), seed == nullptr                   ? detail::fill_on(target.device(), target.shape(), 1.0, target.dtype(), loc)
                                : seed->dtype() == target.dtype() ? *seed
                                                                  : cast(*seed, target.dtype(), loc));
   for (std::size_t i = entries_.size(); i-- > 0;) {
@@ -251,7 +251,7 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
   out.reserve(sources.size());
   for (const Tensor& s : sources) {
     auto it = grads.find(s.impl());
-    out.push_back(it != grads.end() ? it->second : detail::fill(s.shape(), 0.0, s.dtype(), loc));
+    out.push_back(it != grads.end() ? it->second : detail::fill_on(s.device(), s.shape(), 0.0, s.dtype(), loc));
   }
   return out;
 }

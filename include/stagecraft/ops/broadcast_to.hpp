@@ -29,6 +29,10 @@ struct BroadcastTo {
     backend::cpu::strided_copy(in[0].raw_data(), out.raw_data(), out.shape(),
                                broadcast_strides(in[0].shape(), out.shape()), out.dtype());
   }
+  static void cuda(Inputs in, Tensor& out, const Attrs&, const std::source_location& loc) {
+    backend::cuda::strided_copy(in[0].raw_data(), out.shape(), broadcast_strides(in[0].shape(), out.shape()),
+                                out.raw_data(), contiguous_strides(out.shape()), out.dtype(), out.device(), name, loc);
+  }
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
 

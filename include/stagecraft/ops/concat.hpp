@@ -58,6 +58,19 @@ struct Concat {
       }
     });
   }
+  /// Each input is a strided copy into its block of the output.
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    const Shape& os = out.shape();
+    const int ax = static_cast<int>(a.axis < 0 ? a.axis + os.rank() : a.axis);
+    const Shape dst = contiguous_strides(os);
+    std::int64_t at = 0;  // the block's first index along the axis
+    for (const Tensor& t : in) {
+      auto* base = static_cast<std::byte*>(out.raw_data()) + at * dst[ax] * static_cast<std::int64_t>(itemsize(out.dtype()));
+      backend::cuda::strided_copy(t.raw_data(), t.shape(), contiguous_strides(t.shape()), base, dst, out.dtype(),
+                                  out.device(), name, loc);
+      at += t.shape()[ax];
+    }
+  }
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
 

@@ -52,5 +52,14 @@ inline Tensor fill(Shape shape, double value, DType d,
   return dispatch<ops::Fill>({}, a, loc);
 }
 
+/// As fill, on device d when it is a GPU: a gradient seed or zero goes where its tensor lives (on
+/// the CPU it follows the DeviceScope, as fill does).
+inline Tensor fill_on(Device d, Shape shape, double value, DType dt,
+                      const std::source_location& loc = std::source_location::current()) {
+  if (d.is_cpu()) return fill(std::move(shape), value, dt, loc);
+  const DeviceScope on(d);
+  return fill(std::move(shape), value, dt, loc);
+}
+
 }  // namespace detail
 }  // namespace stagecraft

@@ -229,6 +229,9 @@ struct OneHot {
     out.push_back(a.i0);
     return {out, a.dtype};
   }
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    backend::cuda::one_hot(in[0], out, a.i0, name, loc);
+  }
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
     const std::int64_t N = in[0].numel(), D = a.i0;

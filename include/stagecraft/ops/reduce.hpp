@@ -107,6 +107,13 @@ struct AxisArgReduce {
     const int k = r == 0 ? 0 : static_cast<int>(a.axis < 0 ? a.axis + r : a.axis);
     backend::cpu::arg_reduce<IsMax>(in[0], out, k);
   }
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    const int r = in[0].rank();
+    bool mask[max_rank] = {};
+    if (r > 0) mask[a.axis < 0 ? a.axis + r : a.axis] = true;
+    backend::cuda::reduce(IsMax ? backend::cuda::abi::ReduceRule::argmax : backend::cuda::abi::ReduceRule::argmin,
+                          in[0], out, mask, Op::name, loc);
+  }
 };
 
 /// Index of the first largest element along an axis; NaN counts as the largest (NumPy).

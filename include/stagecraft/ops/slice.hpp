@@ -39,6 +39,16 @@ struct Slice {
     const auto* base = static_cast<const std::byte*>(in[0].raw_data()) + offset * static_cast<std::int64_t>(itemsize(in[0].dtype()));
     backend::cpu::strided_copy(base, out.raw_data(), out.shape(), cs, out.dtype());
   }
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    if (out.numel() == 0) return;
+    const Shape& xs = in[0].shape();
+    const Shape cs = contiguous_strides(xs);
+    std::int64_t offset = 0;
+    for (int k = 0; k < xs.rank(); ++k) offset += start(xs, a, k) * cs[k];
+    const auto* base = static_cast<const std::byte*>(in[0].raw_data()) + offset * static_cast<std::int64_t>(itemsize(in[0].dtype()));
+    backend::cuda::strided_copy(base, out.shape(), cs, out.raw_data(), contiguous_strides(out.shape()), out.dtype(),
+                                out.device(), name, loc);
+  }
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
 

@@ -279,6 +279,14 @@ struct Transpose {
     for (int k = 0; k < xs.rank(); ++k) st.push_back(cs[static_cast<int>(p[k])]);
     backend::cpu::strided_copy(in[0].raw_data(), out.raw_data(), out.shape(), st, out.dtype());
   }
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    const Shape p = resolve(in[0].shape(), a.ints);
+    const Shape cs = contiguous_strides(in[0].shape());
+    Shape st;
+    for (int k = 0; k < p.rank(); ++k) st.push_back(cs[static_cast<int>(p[k])]);
+    backend::cuda::strided_copy(in[0].raw_data(), out.shape(), st, out.raw_data(), contiguous_strides(out.shape()),
+                                out.dtype(), out.device(), name, loc);
+  }
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
 

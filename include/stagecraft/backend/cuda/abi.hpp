@@ -44,8 +44,8 @@ enum class UnaryRule : int { SC_CUDA_UNARY_RULES(SC_CUDA_ENUM_ITEM) count };
 enum class BinaryRule : int { SC_CUDA_BINARY_RULES(SC_CUDA_ENUM_ITEM) count };
 #undef SC_CUDA_ENUM_ITEM
 
-/// The reductions.
-enum class ReduceRule : int { sum, max, min };
+/// The reductions; argmax/argmin give i64 indices (their geometry reduces one axis).
+enum class ReduceRule : int { sum, max, min, argmax, argmin };
 
 /// x's elements reduced over some axes: output element o (contiguous, `out_numel` of them) reads
 /// the input at offset(o over kept_shape/kept_strides) + offset(r over red_shape/red_strides) for
@@ -104,6 +104,11 @@ Status unary(UnaryRule r, DT dt, const void* x, void* y, const Geometry& g, Stre
 Status binary(BinaryRule r, DT dt, const void* a, const void* b, void* y, const Geometry& g, Stream s) noexcept;
 /// y = c ? a : b with broadcasting (strides 0, 1, 2 of g); c is bool, a, b and y of dt.
 Status where(DT dt, const bool* c, const void* a, const void* b, void* y, const Geometry& g, Stream s) noexcept;
+/// Copies elements (of itemsize 1, 4 or 8 bytes) of a strided view of x into one of y: index i of
+/// g's shape reads x at strides[0] and writes y at strides[1] (the layout ops' one kernel).
+Status strided_copy(int itemsize, const void* x, void* y, const Geometry& g, Stream s) noexcept;
+/// y [n, depth] of dt: row k is 1 at column ix[k] (i32 or i64) when it is in [0, depth), else all 0.
+Status one_hot(DT index_dt, DT dt, const void* ix, void* y, std::int64_t n, std::int64_t depth, Stream s) noexcept;
 /// y = x converted (rules::Cast), n contiguous elements.
 Status cast(DT from, DT to, const void* x, void* y, std::int64_t n, Stream s) noexcept;
 /// Every element of y = value converted to dt.

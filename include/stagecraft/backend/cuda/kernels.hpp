@@ -89,6 +89,32 @@ inline void where(const Tensor& c, const Tensor& a, const Tensor& b, Tensor& out
         d, op, loc);
 }
 
+/// Copies the view of src (shape, src_strides in elements) into the view of dst (dst_strides).
+inline void strided_copy(const void* src, const Shape& shape, const Shape& src_strides, void* dst,
+                         const Shape& dst_strides, DType d, Device dev, std::string_view op,
+                         const std::source_location& loc) {
+  abi::Geometry g;
+  g.rank = shape.rank();
+  g.numel = shape.numel();
+  const Shape dense = contiguous_strides(shape);
+  g.contiguous = src_strides == dense && dst_strides == dense;
+  for (int k = 0; k < g.rank; ++k) {
+    g.shape[k] = shape[k];
+    g.strides[0][k] = src_strides[k];
+    g.strides[1][k] = dst_strides[k];
+  }
+  check(abi::strided_copy(static_cast<int>(itemsize(d)), src, dst, g, stream(dev, op, loc)), dev, op, loc);
+}
+
+/// out [n..., depth] = one_hot(indices).
+inline void one_hot(const Tensor& idx, Tensor& out, std::int64_t depth, std::string_view op,
+                    const std::source_location& loc) {
+  const Device d = out.device();
+  check(abi::one_hot(dt(idx.dtype()), dt(out.dtype()), idx.raw_data(), out.raw_data(), idx.numel(), depth,
+                     stream(d, op, loc)),
+        d, op, loc);
+}
+
 /// out = x converted to out's dtype.
 inline void cast(const Tensor& x, Tensor& out, std::string_view op, const std::source_location& loc) {
   const Device d = out.device();

@@ -1,0 +1,43 @@
+// Helpers of the GPU tests: run a function on CPU inputs and on their GPU copies, compare results.
+#pragma once
+#include "testing.hpp"
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+namespace sctest::cuda {
+
+using Fn = std::function<sc::Tensor(const std::vector<sc::Tensor>&)>;
+inline const sc::Device gpu = sc::Device::cuda(0);
+
+/// Values of `got` (from the GPU) against `want` (CPU): equal within tol (absolute or relative), NaN
+/// where NaN, the same infinity where infinite.
+inline void check_same(const sc::Tensor& got, const sc::Tensor& want, double tol) {
+  REQUIRE(got.device() == gpu);
+  REQUIRE(got.shape() == want.shape());
+  REQUIRE(got.dtype() == want.dtype());
+  const auto g = got.to_vector<double>(), w = want.to_vector<double>();
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    INFO("element " << i << ": gpu " << g[i] << ", cpu " << w[i]);
+    if (std::isnan(w[i])) CHECK(std::isnan(g[i]));
+    else if (std::isinf(w[i])) CHECK(g[i] == w[i]);
+    else CHECK(g[i] == Approx(w[i]).margin(tol).epsilon(tol));
+  }
+}
+
+/// f on CPU inputs, and on their copies on the GPU, give the same tensor.
+inline void same_on_gpu(const Fn& f, const std::vector<sc::Tensor>& in, double tol) {
+  std::vector<sc::Tensor> on_gpu;
+  for (const sc::Tensor& t : in) on_gpu.push_back(t.to(gpu));
+  check_same(f(on_gpu), f(in), tol);
+}
+
+/// Test values of dtype d and shape s: small integers for integer dtypes, [-2, 2) otherwise.
+inline sc::Tensor values(sc::Shape s, sc::DType d, std::uint64_t seed) {
+  const sc::Tensor x = sctest::uniform_tensor(s, seed, -2.0, 2.0);
+  return sc::is_floating(d) ? x.astype(d) : (x * 3).astype(d);
+}
+inline double tol_of(sc::DType d) { return d == sc::f32 ? 2e-6 : d == sc::f64 ? 1e-13 : 0.0; }
+
+}  // namespace sctest::cuda

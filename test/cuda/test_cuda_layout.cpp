@@ -1,0 +1,89 @@
+// CUDA == CPU for the layout ops (transpose, slice, broadcast_to, concat, one_hot), argmax/argmin,
+// the composites built on the ops (softmax, logsumexp, cross_entropy, mean), and a training step of
+// GPU variables. Needs a GPU: gpu_main.cpp skips every test (exit 77) where none is found.
+#include "cuda_testing.hpp"
+
+using namespace sctest::cuda;
+
+TEST_CASE("cuda: transpose, slice, broadcast_to and concat == CPU", "[cuda]") {
+  for (const sc::DType d : {sc::boolean, sc::i32, sc::i64, sc::f32, sc::f64}) {
+    INFO(sc::name(d));
+    const sc::Tensor x = values({2, 3, 4}, d, 31);
+    same_on_gpu([](const auto& in) { return sc::transpose(in[0]); }, {x}, 0);
+    same_on_gpu([](const auto& in) { return sc::transpose(in[0], {1, 0, 2}); }, {x}, 0);
+    same_on_gpu([](const auto& in) { return sc::slice(in[0], {1, -2, 1}, {1, -1, 2}); }, {x}, 0);
+    same_on_gpu([](const auto& in) { return sc::broadcast_to(in[0], {5, 2, 3, 4}); }, {x}, 0);
+    same_on_gpu([](const auto& in) { return sc::broadcast_to(in[0], {3, 4}); }, {values({3, 1}, d, 32)}, 0);
+    same_on_gpu([](const auto& in) { return sc::concat({in[0], in[1], in[0]}, 1); }, {x, values({2, 1, 4}, d, 33)}, 0);
+    same_on_gpu([](const auto& in) { return sc::stack({in[0], in[0]}, -1); }, {x}, 0);
+  }
+}
+
+TEST_CASE("cuda: argmax, argmin and one_hot == CPU", "[cuda]") {
+  for (const sc::DType d : {sc::boolean, sc::i32, sc::i64, sc::f32, sc::f64}) {
+    INFO(sc::name(d));
+    const sc::Tensor x = values({4, 300, 3}, d, 34);  // small integers: ties, where the first index wins
+    for (const std::int64_t axis : {0, 1, -1}) {
+      same_on_gpu([axis](const auto& in) { return sc::argmax(in[0], axis); }, {x}, 0);
+      same_on_gpu([axis](const auto& in) { return sc::argmin(in[0], axis); }, {x}, 0);
+    }
+  }
+  same_on_gpu([](const auto& in) { return sc::argmax(in[0], 0); }, {sc::tensor({1.f, NAN, 3.f, NAN})}, 0);
+  same_on_gpu([](const auto& in) { return sc::argmin(in[0], 0); }, {sc::scalar(2.0)}, 0);
+  for (const sc::DType idx : {sc::i32, sc::i64})
+    for (const sc::DType d : {sc::boolean, sc::f32, sc::i64})
+      same_on_gpu([d](const auto& in) { return sc::one_hot(in[0], 5, d); },
+                  {sc::tensor(std::vector<std::int64_t>{0, 4, -1, 7, 2}, sc::Shape{5}).astype(idx)}, 0);
+}
+
+TEST_CASE("cuda: softmax, log_softmax, logsumexp, mean and cross_entropy == CPU", "[cuda]") {
+  for (const sc::DType d : {sc::f32, sc::f64}) {
+    const sc::Tensor x = values({6, 10}, d, 35) * 4;
+    const double tol = d == sc::f32 ? 1e-5 : 1e-12;
+    same_on_gpu([](const auto& in) { return sc::nn::softmax(in[0]); }, {x}, tol);
+    same_on_gpu([](const auto& in) { return sc::nn::log_softmax(in[0], 0); }, {x}, tol);
+    same_on_gpu([](const auto& in) { return sc::logsumexp(in[0], {1}, true); }, {x}, tol);
+    same_on_gpu([](const auto& in) { return sc::mean(in[0], {0}); }, {x}, tol);
+    const sc::Tensor labels = sc::tensor(std::vector<std::int64_t>{0, 3, 9, 1, 1, 5}, sc::Shape{6});
+    same_on_gpu([](const auto& in) { return sc::nn::cross_entropy(in[0], in[1]); }, {x, labels}, tol);
+  }
+}
+
+TEST_CASE("cuda: gradients through broadcasting, layout ops and cross_entropy == CPU", "[cuda]") {
+  const auto grads = [](const std::vector<sc::Tensor>& in) {
+    sc::GradientTape tape;
+    for (const sc::Tensor& t : in) tape.watch(t);
+    const sc::Tensor h = sc::relu(sc::matmul(in[0], in[1]) + in[2]);  // bias broadcast over the batch
+    const sc::Tensor logits = sc::concat({sc::slice(h, {0, 0}, {-1, 3}), sc::transpose(in[3])}, 1);
+    return tape.gradient(sc::nn::cross_entropy(logits, sc::tensor(std::vector<std::int64_t>{0, 2, 4, 1}, sc::Shape{4})), in);
+  };
+  const std::vector<sc::Tensor> in = {values({4, 5}, sc::f64, 36), values({5, 6}, sc::f64, 37),
+                                      values({6}, sc::f64, 38), values({2, 4}, sc::f64, 39)};
+  std::vector<sc::Tensor> on_gpu;
+  for (const sc::Tensor& t : in) on_gpu.push_back(t.to(gpu));
+  const auto want = grads(in), got = grads(on_gpu);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("input " << i);
+    check_same(got[i], want[i], 1e-12);
+  }
+}
+
+TEST_CASE("cuda: an SGD step of GPU variables == the CPU's", "[cuda]") {
+  const auto train = [](bool on_gpu) {
+    std::optional<sc::DeviceScope> scope;
+    if (on_gpu) scope.emplace(gpu);
+    sc::nn::Dense layer(8, 4, /*seed=*/7, sc::f64);
+    sc::optim::SGD opt(0.1, 0.9);
+    const sc::Tensor x = sc::random::normal({16, 8}, 3, 0.0, 1.0, sc::f64);
+    const sc::Tensor labels = sc::tensor(std::vector<std::int64_t>(16, 2), sc::Shape{16});
+    for (int step = 0; step < 3; ++step) {
+      sc::GradientTape tape;
+      const sc::Tensor loss = sc::nn::cross_entropy(layer(x), labels);
+      opt.apply(tape.gradient(loss, layer.trainable_variables()), layer.trainable_variables());
+    }
+    return std::vector<sc::Tensor>{layer.kernel.value(), layer.bias.value()};
+  };
+  const auto want = train(false), got = train(true);
+  for (std::size_t i = 0; i < got.size(); ++i) check_same(got[i], want[i], 1e-12);
+}
