@@ -129,12 +129,10 @@ TEST_CASE("npy writes the bytes NumPy writes", "[npy]") {
         std::string("\x93NUMPY\x01\x00\x76\x00", 10) +
             "{'descr': '<i4', 'fortran_order': False, 'shape': (2, 2, 2, 2), }" + std::string(52, ' ') + "\n" +
             i32_data);
-  // When 10 + header + '\n' is already a multiple of 64, NumPy still pads a whole 64:
-  // 97 + 20 + 64 + 1 = 182 (0xB6), and the data starts at 192.
-  CHECK(sc::io::to_npy_bytes(sc::zeros({0, 100000000000, 100000000000, 10000000000})) ==
-        std::string("\x93NUMPY\x01\x00\xb6\x00", 10) +
-            "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 100000000000, 100000000000, 10000000000), }" +
-            std::string(84, ' ') + "\n");
+  // (NumPy pads a whole 64 more when 10 + header + 20 + '\n' is already a multiple of 64; for
+  // '<f4' that needs a 44-character shape such as (0, 100000000000, 100000000000, 10000000000),
+  // which is no longer a valid tensor: more than 2^62 bytes of strides.)
+  CHECK_THROWS_AS(sc::zeros({0, 100000000000, 100000000000, 10000000000}), sc::ShapeError);
   // save_npy writes the same bytes.
   TempDir dir("sc_npy");
   sc::io::save_npy(dir / "a.npy", sc::tensor({{0.f, 1.f, 2.f}, {3.f, 4.f, 5.f}}));
@@ -174,9 +172,11 @@ TEST_CASE("npy reads format 2.0 and 3.0 and other writers' headers", "[npy]") {
     CHECK(t.shape() == sc::Shape{2, 1});
     CHECK(t.to_vector<float>() == std::vector<float>{1.f, 2.f});
   }
-  // Extents up to int64's max read when the element count stays addressable.
-  CHECK(sc::io::from_npy_bytes(npy(1, dict("<f8", "(0, 9223372036854775807)"), ""), "t").shape() ==
-        sc::Shape{0, std::numeric_limits<std::int64_t>::max()});
+  // Large extents of an empty tensor read while its strides stay addressable (2^62 bytes at most,
+  // the rule for every tensor); beyond that the file is corrupt.
+  CHECK(sc::io::from_npy_bytes(npy(1, dict("<f8", "(0, 1000000000, 1000000)"), ""), "t").shape() ==
+        sc::Shape{0, 1000000000, 1000000});
+  CHECK_THROWS_AS(sc::io::from_npy_bytes(npy(1, dict("<f8", "(0, 9223372036854775807)"), ""), "t"), sc::IOError);
 }
 
 TEST_CASE("npy reads big-endian data and widens small integer types", "[npy]") {
