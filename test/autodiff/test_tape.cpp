@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 #include <stagecraft/stagecraft.hpp>
 
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -392,4 +393,52 @@ TEST_CASE("assign_add and assign_sub keep the variable's dtype", "[state][variab
   w.assign_sub(sc::full({2}, 0.25, sc::f64));
   CHECK(w.dtype() == sc::f32);
   CHECK(w.value().to_vector<float>() == std::vector<float>{0.75f, 0.75f});
+}
+
+TEST_CASE("gradient rules skip the gradients of inputs that lead to no source", "[autodiff][tape][wanted]") {
+  // Rule level: each selective rule leaves the unwanted gradient undefined and computes the
+  // wanted one exactly as before.
+  const Tensor a = sc::random::normal({3, 4}, 7), b = sc::random::normal({4, 5}, 8);
+  const Tensor y = sc::matmul(a, b);
+  const Tensor g = sc::random::normal({3, 5}, 9);
+  const std::array<Tensor, 2> in{a, b};
+  const auto all = sc::ops::MatMul::vjp(g, in, y, {});
+  const auto only_b = sc::ops::MatMul::vjp(g, in, y, {}, sc::ops::Wanted::only(1));
+  const auto only_a = sc::ops::MatMul::vjp(g, in, y, {}, sc::ops::Wanted::only(0));
+  REQUIRE(all[0].defined());
+  REQUIRE(all[1].defined());
+  CHECK_FALSE(only_b[0].defined());
+  CHECK_FALSE(only_a[1].defined());
+  CHECK(v(only_b[1]) == v(all[1]));
+  CHECK(v(only_a[0]) == v(all[0]));
+  const auto mul_b = sc::ops::Mul::vjp(g, std::array<Tensor, 2>{g, g}, g * g, {}, sc::ops::Wanted::only(1));
+  CHECK_FALSE(mul_b[0].defined());
+  CHECK(v(mul_b[1]) == v(g * g));
+  const Tensor c = g > 0;
+  const auto where_a = sc::ops::Where::vjp(g, std::array<Tensor, 3>{c, g, g}, g, {}, sc::ops::Wanted::only(1));
+  CHECK_FALSE(where_a[2].defined());
+  CHECK(v(where_a[1]) == v(sc::where(c, g, 0)));
+
+  // Tape level: an outer tape records the ops the inner gradient() runs. Asked for w alone, the
+  // inner tape does not compute dx = G w^T (x leads to no source), so the outer tape sees one
+  // op fewer than when x's gradient is asked too, and the gradient of w is the same.
+  const Tensor x = sc::random::normal({2, 3}, 10);
+  const Tensor w = sc::random::normal({3, 4}, 11);
+  auto run = [&](bool want_x) {
+    sc::GradientTape outer(/*persistent=*/true);
+    outer.watch(w);
+    Tensor gw;
+    {
+      sc::GradientTape inner;
+      inner.watch(w);
+      inner.watch(x);
+      const Tensor loss = sc::sum(sc::square(sc::matmul(x, w)));
+      gw = want_x ? inner.gradient(loss, std::vector<Tensor>{w, x})[0] : inner.gradient(loss, w);
+    }
+    return std::pair{outer.size(), v(gw)};
+  };
+  const auto [n_skip, gw_skip] = run(false);
+  const auto [n_all, gw_all] = run(true);
+  CHECK(n_skip + 1 == n_all);
+  CHECK(gw_skip == gw_all);
 }

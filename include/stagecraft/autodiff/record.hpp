@@ -14,9 +14,10 @@
 
 namespace stagecraft::detail {
 
-/// An op's gradient rule: one gradient per input (undefined = none), from the output's.
+/// An op's gradient rule: one gradient per input (undefined = none), from the output's; only
+/// the `wanted` inputs' gradients are used.
 using VjpFn = std::vector<Tensor> (*)(const Tensor& grad_out, ops::Inputs in, const Tensor& out,
-                                      const ops::Attrs& attrs);
+                                      const ops::Attrs& attrs, ops::Wanted wanted);
 /// A user-supplied gradient (sc::custom_gradient).
 using CustomVjp = std::function<std::vector<Tensor>(const Tensor& grad_out)>;
 
@@ -148,8 +149,17 @@ inline TapeStack& tape_stack() {
 
 template <class Op>
 constexpr VjpFn vjp_of() {
-  if constexpr (ops::HasVjp<Op>) return &Op::vjp;
-  else return nullptr;
+  if constexpr (ops::HasSelectiveVjp<Op>) {
+    return [](const Tensor& g, ops::Inputs in, const Tensor& out, const ops::Attrs& a, ops::Wanted w) {
+      return std::vector<Tensor>(Op::vjp(g, in, out, a, w));
+    };
+  } else if constexpr (ops::HasVjp<Op>) {
+    return [](const Tensor& g, ops::Inputs in, const Tensor& out, const ops::Attrs& a, ops::Wanted) {
+      return std::vector<Tensor>(Op::vjp(g, in, out, a));
+    };
+  } else {
+    return nullptr;
+  }
 }
 template <class Op>
 concept NonDifferentiable = requires { requires !Op::differentiable; };

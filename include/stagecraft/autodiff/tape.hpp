@@ -232,8 +232,13 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
     std::vector<Tensor> gs;
     // Nodes the rule appends to a trace carry the forward op's user line, not this file's.
     const detail::LocOverride at_user_line(e.loc);
+    // The inputs that depend on a source: a rule may skip the others' gradients (the first
+    // layer's matmul then does not compute the gradient of the input images).
+    ops::Wanted wanted{0};
+    for (std::size_t k = 0; k < e.inputs.size() && k < 64; ++k)
+      if (depends.count(e.inputs[k].impl())) wanted.bits |= std::uint64_t{1} << k;
     if (e.custom) gs = (*e.custom)(g);
-    else if (e.vjp) gs = e.vjp(g, e.inputs, e.output, e.attrs);
+    else if (e.vjp) gs = e.vjp(g, e.inputs, e.output, e.attrs, wanted);
     else
       detail::fail<Error>(e.op, e.loc, "has no gradient rule (asked by gradient() at ", detail::where(loc), ")");
     if (gs.size() != e.inputs.size())

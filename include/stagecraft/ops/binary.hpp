@@ -20,27 +20,27 @@ struct Sub : Binary<Sub, BinaryKind::arithmetic>, rules::Sub {
 };
 struct Mul : Binary<Mul, BinaryKind::arithmetic>, rules::Mul {
   SC_OP_HEAD(Mul, "mul")
-  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 /// True division: integer inputs are promoted to f32 first (as in PyTorch).
 struct Div : Binary<Div, BinaryKind::floating>, rules::Div {
   SC_OP_HEAD(Div, "div")
-  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 /// a^b; for integers by repeated squaring (a negative exponent gives 0 unless |a| is 1).
 struct Pow : Binary<Pow, BinaryKind::arithmetic>, rules::Pow {
   SC_OP_HEAD(Pow, "pow")
-  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 /// Larger of a and b; NaN in either gives NaN (as NumPy's maximum).
 struct Maximum : Binary<Maximum, BinaryKind::arithmetic>, rules::Maximum {
   SC_OP_HEAD(Maximum, "maximum")
-  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 /// Smaller of a and b; NaN in either gives NaN (as NumPy's minimum).
 struct Minimum : Binary<Minimum, BinaryKind::arithmetic>, rules::Minimum {
   SC_OP_HEAD(Minimum, "minimum")
-  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 
 #define SC_COMPARE_OP(S, str, kind)                            \
@@ -168,45 +168,49 @@ namespace stagecraft::ops {
 
 inline std::vector<Tensor> Add::vjp(const Tensor& g, Inputs, const Tensor&, const Attrs&) { return {g, g}; }
 inline std::vector<Tensor> Sub::vjp(const Tensor& g, Inputs, const Tensor&, const Attrs&) { return {g, neg(g)}; }
-inline std::vector<Tensor> Mul::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) {
-  return {g * in[1], g * in[0]};
+inline std::vector<Tensor> Mul::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&, Wanted w) {
+  return {w[0] ? g * in[1] : Tensor(), w[1] ? g * in[0] : Tensor()};
 }
 // d(a/b)/db = -(a/b)/b: reuses g/b and the result.
-inline std::vector<Tensor> Div::vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs&) {
+inline std::vector<Tensor> Div::vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs&, Wanted w) {
   Tensor ga = g / in[1];
-  Tensor gb = -(ga * out);
-  return {std::move(ga), std::move(gb)};
+  Tensor gb = w[1] ? -(ga * out) : Tensor();
+  return {w[0] ? std::move(ga) : Tensor(), std::move(gb)};
 }
 // d/da = b a^(b-1), taken as 0 where b == 0 (a^0 is constant; b * a^-1 would be 0 * inf = NaN
 // at a == 0). d/db = a^b ln a, taken as 0 where a <= 0 (as TF: no real logarithm there). The
 // inner where keeps log's argument positive, so even the second derivative of the
 // unselected branch is finite: no NaN leaks when b's gradient is not wanted.
-inline std::vector<Tensor> Pow::vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs&) {
+inline std::vector<Tensor> Pow::vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs&, Wanted w) {
   const Tensor& a = in[0];
   const Tensor& b = in[1];
-  const Tensor pos = a > 0;
-  const Tensor log_a = where(pos, log(where(pos, a, 1)), 0);
-  return {where(b == 0, 0, g * b * pow(a, b - 1)), g * out * log_a};
+  Tensor ga, gb;
+  if (w[0]) ga = where(b == 0, 0, g * b * pow(a, b - 1));
+  if (w[1]) {
+    const Tensor pos = a > 0;
+    gb = g * out * where(pos, log(where(pos, a, 1)), 0);
+  }
+  return {std::move(ga), std::move(gb)};
 }
 // The gradient goes to the input the result came from; on ties (a == b) it is split half and
 // half (as JAX; the average of the two one-sided rules, so maximum(x, x) has derivative 1).
 // Where the kernel propagates a NaN, the gradient goes to the NaN input (a when both are).
-inline std::vector<Tensor> Maximum::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) {
+inline std::vector<Tensor> Maximum::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&, Wanted w) {
   const Tensor& a = in[0];
   const Tensor& b = in[1];
   const Tensor pick_a = (a > b) || (a != a);  // the kernel's own choice of a
   const Tensor tie = a == b;
   const Tensor half = g * 0.5;
-  return {where(pick_a, g, where(tie, half, 0)), where(pick_a, 0, where(tie, half, g))};
+  return {w[0] ? where(pick_a, g, where(tie, half, 0)) : Tensor(), w[1] ? where(pick_a, 0, where(tie, half, g)) : Tensor()};
 }
 // As Maximum's rule, with the kernel's choice of a for the minimum.
-inline std::vector<Tensor> Minimum::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) {
+inline std::vector<Tensor> Minimum::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&, Wanted w) {
   const Tensor& a = in[0];
   const Tensor& b = in[1];
   const Tensor pick_a = (a < b) || (a != a);
   const Tensor tie = a == b;
   const Tensor half = g * 0.5;
-  return {where(pick_a, g, where(tie, half, 0)), where(pick_a, 0, where(tie, half, g))};
+  return {w[0] ? where(pick_a, g, where(tie, half, 0)) : Tensor(), w[1] ? where(pick_a, 0, where(tie, half, g)) : Tensor()};
 }
 
 }  // namespace stagecraft::ops

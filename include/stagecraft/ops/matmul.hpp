@@ -30,7 +30,7 @@ struct MatMul {
   SC_OP_HEAD(MatMul, "matmul")
   static constexpr int arity = 2;
   static constexpr int promote_from = 0;
-  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 
   /// The geometry of a @ b, or a ShapeError naming both shapes.
   static MatMulGeometry geometry(const Shape& a, const Shape& b, const Attrs& at, const std::source_location& loc) {
@@ -182,9 +182,10 @@ inline Tensor sum_to_operand(const Tensor& d, const Shape& own, const Shape& bat
 //   tb:     dA = G B,        dB = G^T A
 //   ta, tb: dA = B^T G^T,    dB = G^T A^T
 // each a matmul with transpose flags (no transposed copies), summed over the batch dims its
-// operand was broadcast along. Only public ops, so an outer tape records this rule (second
+// operand was broadcast along, and each only when wanted (the first layer's input images need
+// no gradient: a third of an MLP step's GEMM work). Only public ops, so an outer tape records this rule (second
 // derivatives) and a trace stages it.
-inline std::vector<Tensor> ops::MatMul::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs& at) {
+inline std::vector<Tensor> ops::MatMul::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs& at, Wanted wanted) {
   const Tensor& a = in[0];
   const Tensor& b = in[1];
   const MatMulGeometry geo = geometry(a.shape(), b.shape(), at, std::source_location::current());
@@ -195,10 +196,14 @@ inline std::vector<Tensor> ops::MatMul::vjp(const Tensor& g, Inputs in, const Te
   gs.push_back(geo.M);
   gs.push_back(geo.N);
   const Tensor G = g.shape() == gs ? g : reshape(g, gs);
-  const Tensor da_full = ta ? matmul(B, G, tb, true) : matmul(G, B, false, !tb);
-  Tensor da = detail::sum_to_operand(da_full, geo.a_batch, geo.batch, a.shape());
-  Tensor db;
-  if (geo.b_batch.numel() == 1 && geo.batch.rank() > 0 && !ta) {
+  Tensor da, db;
+  if (wanted[0]) {
+    const Tensor da_full = ta ? matmul(B, G, tb, true) : matmul(G, B, false, !tb);
+    da = detail::sum_to_operand(da_full, geo.a_batch, geo.batch, a.shape());
+  }
+  if (!wanted[1]) {
+    // nothing: b does not lead to a source (a layer's weights when only the input is asked)
+  } else if (geo.b_batch.numel() == 1 && geo.batch.rank() > 0 && !ta) {
     // One b shared by the whole batch (a dense layer on [..., K]): the batch folds into
     // the rows, so dB is one GEMM over them instead of a product per batch index and a sum.
     const std::int64_t rows = geo.batch.numel() * geo.M;

@@ -17,6 +17,9 @@
 //                                                   // (undefined = no gradient), written with
 //                                                   // other ops so it works traced too. Filled by
 //                                                   // the autodiff issue; see HasVjp below.
+//   ... or the same with a fifth parameter `Wanted wanted` (default {}): the inputs whose
+//   gradients the caller needs; the rule may leave the others undefined and skip their work
+//   (matmul skips a GEMM for an unwatched operand).
 #pragma once
 #include <cstdint>
 #include <source_location>
@@ -62,9 +65,25 @@ struct OutMeta {
   DType dtype = DType::f32;
 };
 
+/// Which inputs' gradients a gradient rule's caller needs: bit k for input k (inputs past 63
+/// are always wanted). The tape asks only for inputs that depend on a source, so a rule may
+/// return an undefined Tensor for the others instead of computing what would be thrown away.
+struct Wanted {
+  std::uint64_t bits = ~std::uint64_t{0};
+  constexpr bool operator[](std::size_t k) const { return k >= 64 || ((bits >> k) & 1) != 0; }
+  /// Only input k.
+  static constexpr Wanted only(std::size_t k) { return {k >= 64 ? ~std::uint64_t{0} : std::uint64_t{1} << k}; }
+  friend constexpr bool operator==(Wanted, Wanted) = default;
+};
+
+/// An op whose gradient rule takes the wanted inputs as a fifth parameter.
+template <class Op>
+concept HasSelectiveVjp = requires(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted w) {
+  { Op::vjp(g, in, out, a, w) } -> std::convertible_to<std::vector<Tensor>>;
+};
 /// An op whose definition carries a gradient rule (vector-Jacobian product).
 template <class Op>
-concept HasVjp = requires(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a) {
+concept HasVjp = HasSelectiveVjp<Op> || requires(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a) {
   { Op::vjp(g, in, out, a) } -> std::convertible_to<std::vector<Tensor>>;
 };
 

@@ -15,7 +15,7 @@ struct Where : rules::Where {
   static constexpr int arity = 3;
   static constexpr ElementwiseKind elementwise_kind = ElementwiseKind::where;
   static constexpr int promote_from = 1;
-  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 
   static OutMeta infer(Inputs in, const Attrs&, const std::source_location& loc) {
     Shape ab, out;
@@ -77,8 +77,8 @@ Tensor where(const Tensor& cond, V a, const Tensor& b, std::source_location loc 
 
 // The gradient rule, after the functions it uses: the condition gets none, each branch gets
 // g where it was chosen (the tape sums it back over broadcast axes).
-inline std::vector<Tensor> ops::Where::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) {
-  return {Tensor(), where(in[0], g, 0), where(in[0], 0, g)};
+inline std::vector<Tensor> ops::Where::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&, Wanted w) {
+  return {Tensor(), w[1] ? where(in[0], g, 0) : Tensor(), w[2] ? where(in[0], 0, g) : Tensor()};
 }
 
 }  // namespace stagecraft
