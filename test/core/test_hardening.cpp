@@ -2,12 +2,17 @@
 // untrusted files, allocation failures, numerically hard cases, and file modes kept on save.
 #include <sys/stat.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <stagecraft/stagecraft.hpp>
 #include <stagecraft/data/batcher.hpp>
@@ -263,4 +268,122 @@ TEST_CASE("float to integer casts of NaN, infinities and out-of-range values are
   }
   CHECK(sc::cast(sc::tensor({-2.9f, 2.9f, -2147483648.f}), sc::i32).to_vector<std::int32_t>() ==
         std::vector<std::int32_t>{-2, 2, std::numeric_limits<std::int32_t>::min()});
+}
+
+TEST_CASE("a tape destroyed on another thread or out of order leaves nothing dangling", "[hardening][threads]") {
+  const sc::Tensor x = sc::tensor({1.0, 2.0, 3.0});
+  // Made here, destroyed on another thread: this thread's ops then record on no dead tape (an
+  // ASan build reported a use-after-free on the next op before).
+  auto far = std::make_unique<sc::GradientTape>();
+  far->watch(x);
+  (void)(x * x);
+  std::thread([&] { far.reset(); }).join();
+  const sc::Tensor y = x * x;  // would record on the freed tape
+  // Out of order on one thread: the outer tape ends first, the inner one goes on recording.
+  auto outer = std::make_unique<sc::GradientTape>();
+  auto inner = std::make_unique<sc::GradientTape>();
+  outer->watch(x);
+  inner->watch(x);
+  outer.reset();
+  const sc::Tensor z = x * x * x;
+  CHECK(inner->gradient(z, x).to_vector<double>() == std::vector<double>{3, 12, 27});
+  inner.reset();
+  sc::GradientTape after;
+  after.watch(x);
+  CHECK(after.gradient(x * y, x).to_vector<double>() == std::vector<double>{1, 4, 9});
+}
+
+TEST_CASE("a tape used on a thread other than its own is a ValueError", "[hardening][threads]") {
+  const sc::Tensor x = sc::tensor({1.0, 2.0});
+  sc::GradientTape tape;
+  tape.watch(x);
+  const sc::Tensor y = x * x;
+  std::string message;
+  std::thread([&] {
+    try {
+      (void)tape.gradient(y, x);
+    } catch (const sc::ValueError& e) {
+      message = e.what();
+    }
+  }).join();
+  CHECK_THAT(message, Catch::Contains("another thread"));
+  // The tape is untouched: its own thread differentiates it as usual.
+  CHECK(tape.gradient(y, x).to_vector<double>() == std::vector<double>{2, 4});
+}
+
+TEST_CASE("reset() or gradient() of a tape from inside its own gradient() is a ValueError", "[hardening]") {
+  const sc::Tensor x = sc::tensor({1.0, 2.0});
+  sc::GradientTape tape(/*persistent=*/true);
+  tape.watch(x);
+  bool reset_raised = false, nested_raised = false;
+  const sc::Tensor y = sc::custom_gradient(
+      [](const std::vector<sc::Tensor>& xs) { return xs[0] * 2.0; },
+      [&](const sc::Tensor& g, const std::vector<sc::Tensor>&, const sc::Tensor& out) {
+        try {
+          tape.reset();
+        } catch (const sc::ValueError& e) {
+          reset_raised = std::string(e.what()).find("GradientTape::reset") != std::string::npos;
+        }
+        try {
+          (void)tape.gradient(out, x);
+        } catch (const sc::ValueError&) {
+          nested_raised = true;
+        }
+        return std::vector<sc::Tensor>{g * 2.0};
+      },
+      {x});
+  CHECK(tape.gradient(y, x).to_vector<double>() == std::vector<double>{2, 2});
+  CHECK(reset_raised);
+  CHECK(nested_raised);
+  // Still usable (persistent), and reset() works once gradient() has returned.
+  CHECK(tape.gradient(y, x).to_vector<double>() == std::vector<double>{2, 2});
+  tape.reset();
+  CHECK(tape.size() == 0);
+}
+
+TEST_CASE("DeviceScopes ended out of order or on another thread leave the right device", "[hardening][threads]") {
+  // No GPU is needed: a scope only pins the device new tensors would go to.
+  REQUIRE(sc::current_device() == sc::Device::cpu());
+  auto a = std::make_unique<sc::DeviceScope>(sc::Device::cuda(1));
+  auto b = std::make_unique<sc::DeviceScope>(sc::Device::cuda(2));
+  a.reset();  // out of order: b stays in force
+  CHECK(sc::current_device() == sc::Device::cuda(2));
+  b.reset();
+  CHECK(sc::current_device() == sc::Device::cpu());
+  // Ended on another thread: the owner thread keeps a valid device until its next scope change.
+  auto c = std::make_unique<sc::DeviceScope>(sc::Device::cuda(3));
+  std::thread([&] { c.reset(); }).join();
+  CHECK(sc::current_device() == sc::Device::cuda(3));
+  { sc::DeviceScope d(sc::Device::cuda(4)); CHECK(sc::current_device() == sc::Device::cuda(4)); }
+  CHECK(sc::current_device() == sc::Device::cpu());
+}
+
+TEST_CASE("variables read on two threads while a third assigns them see whole values", "[hardening][threads]") {
+  constexpr int n = 256, rounds = 400;
+  sc::Variable v(sc::full({n}, 0.0, sc::f32), "v");
+  std::atomic<bool> done{false};
+  std::atomic<int> torn{0}, reads{0};
+  auto reader = [&] {
+    while (!done.load()) {
+      const sc::Tensor t = v.value();
+      const std::vector<float> e = t.to_vector<float>();
+      for (float f : e)
+        if (f != e[0]) ++torn;
+      const sc::Tensor s = sc::sum(v);  // an op reading the variable directly
+      if (std::fmod(s.item<float>(), static_cast<float>(n)) != 0.f) ++torn;
+      ++reads;
+    }
+  };
+  std::thread r1(reader), r2(reader);
+  std::thread w([&] {
+    for (int k = 1; k <= rounds; ++k) v.assign(sc::full({n}, static_cast<double>(k), sc::f32));
+    for (int k = 0; k < 50 && reads.load() < 20; ++k) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    done = true;
+  });
+  w.join();
+  r1.join();
+  r2.join();
+  CHECK(torn.load() == 0);
+  CHECK(reads.load() > 0);
+  CHECK(v.value().to_vector<float>()[0] == static_cast<float>(rounds));
 }

@@ -2,15 +2,21 @@
 #pragma once
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <source_location>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "../eager/context.hpp"
 #include "../ops/op.hpp"
+
+namespace stagecraft {
+class GradientTape;
+}
 
 namespace stagecraft::detail {
 
@@ -99,11 +105,12 @@ class ImplSet {
   std::size_t mask_ = 0, size_ = 0;
 };
 
-/// The recording state of one tape (GradientTape derives from it).
-class TapeRecorder {
+/// The recording state of one tape: owned by the GradientTape and by the stack of the thread
+/// that made it (reference counted), so a tape destroyed on another thread, or out of order,
+/// leaves no dangling pointer behind: it is only marked dead, and the owner thread drops it.
+class TapeRecorder : public RefCounted {
  public:
-  explicit TapeRecorder(bool persistent) : persistent_(persistent) {}
-  virtual ~TapeRecorder() = default;
+  explicit TapeRecorder(bool persistent) : persistent_(persistent), owner_(std::this_thread::get_id()) {}
 
   /// True when t is watched by this tape, or is a trainable variable's value (then it
   /// becomes watched: every recording tape watches trainable variables automatically).
@@ -123,9 +130,16 @@ class TapeRecorder {
     entries_.push_back(e);
     watched_.insert(e->output.impl());  // the entry holds the output
   }
-  bool recording() const { return recording_; }
+  /// Records now: alive and not paused.
+  bool recording() const { return recording_ && !dead_.load(std::memory_order_acquire); }
+  bool dead() const { return dead_.load(std::memory_order_acquire); }
+  /// Called by the tape's destructor, on whatever thread: from now on the recorder records
+  /// nothing, and the owner thread's stack lets go of it.
+  void kill() { dead_.store(true, std::memory_order_release); }
+  std::thread::id owner() const { return owner_; }
 
  protected:
+  friend class stagecraft::GradientTape;
   void forget() {
     entries_.clear();
     watched_.clear();
@@ -133,6 +147,10 @@ class TapeRecorder {
   }
   bool persistent_;
   bool recording_ = true;
+  bool used_ = false;     // a non-persistent tape's one gradient() has run
+  bool running_ = false;  // gradient() is running (reset() and a nested gradient() must wait)
+  std::thread::id owner_;
+  std::atomic<bool> dead_{false};
   ImplSet watched_;            // watched tensors and recorded outputs
   std::vector<Tensor> held_;   // handles of the watched tensors that are not outputs
   std::vector<Ref<TapeEntry>> entries_;
@@ -140,7 +158,13 @@ class TapeRecorder {
 
 /// The thread's live tapes, outermost first; context().tapes points here while non-empty.
 struct TapeStack {
-  std::vector<TapeRecorder*> tapes;
+  std::vector<Ref<TapeRecorder>> tapes;
+  /// Drops the tapes that died (destroyed on another thread, or while hidden by a trace's
+  /// isolation) and keeps context().tapes in step.
+  void prune() {
+    std::erase_if(tapes, [](const Ref<TapeRecorder>& t) { return t->dead(); });
+    context().tapes = tapes.empty() ? nullptr : this;
+  }
 };
 inline TapeStack& tape_stack() {
   thread_local TapeStack s;
@@ -169,7 +193,7 @@ concept NonDifferentiable = requires { requires !Op::differentiable; };
 template <class Make>
 void record_entry(ops::Inputs in, Make&& make) {
   Ref<TapeEntry> e;
-  for (TapeRecorder* t : tape_stack().tapes) {
+  for (const Ref<TapeRecorder>& t : tape_stack().tapes) {
     if (!t->recording()) continue;
     bool any = false;
     for (const Tensor& x : in) any = t->is_watched(x) || any;  // no short cut: each input may need watching

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <source_location>
 #include <string_view>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -57,23 +58,27 @@ class LocOverride {
   const SrcLoc* saved_;
 };
 
-/// RAII: pushes a tape on the thread's stack for its lifetime.
+/// RAII: pushes a tape's recorder on the thread's stack for the tape's lifetime. Destroyed on
+/// the thread that made it, in any order, it takes the recorder off that thread's stack; on
+/// another thread it only marks the recorder dead (another thread's stack is not touched), and
+/// the owner thread drops it at its next tape change. Either way nothing dangles.
 class TapeScope {
  public:
-  explicit TapeScope(TapeRecorder* t) : t_(t) {
-    tape_stack().tapes.push_back(t_);
-    context().tapes = &tape_stack();
+  explicit TapeScope(Ref<TapeRecorder> t) : t_(std::move(t)) {
+    TapeStack& st = tape_stack();
+    st.prune();
+    st.tapes.push_back(t_);
+    context().tapes = &st;
   }
   ~TapeScope() {
-    auto& v = tape_stack().tapes;
-    v.erase(std::remove(v.begin(), v.end(), t_), v.end());
-    if (v.empty()) context().tapes = nullptr;
+    t_->kill();
+    if (std::this_thread::get_id() == t_->owner()) tape_stack().prune();
   }
   TapeScope(const TapeScope&) = delete;
   TapeScope& operator=(const TapeScope&) = delete;
 
  private:
-  TapeRecorder* t_;
+  Ref<TapeRecorder> t_;
 };
 
 }  // namespace detail
@@ -82,17 +87,23 @@ class TapeScope {
 /// trainable Variables automatically, and everything computed from them), then computes
 /// gradients by running the recorded ops' gradient rules backwards. Tapes nest: an outer
 /// tape records the ops an inner tape's gradient() runs, giving higher derivatives.
-class GradientTape : private detail::TapeRecorder {
+///
+/// A tape belongs to the thread that made it: it records that thread's ops, and watch(),
+/// gradient() and reset() on another thread raise ValueError. Destroying it on another thread
+/// or out of order is safe (it stops recording at once).
+class GradientTape {
  public:
   /// A non-persistent tape allows one gradient() call and then frees what it recorded.
-  explicit GradientTape(bool persistent = false) : detail::TapeRecorder(persistent), scope_(this) {}
+  explicit GradientTape(bool persistent = false)
+      : rec_(detail::Ref<detail::TapeRecorder>::adopt(new detail::TapeRecorder(persistent))), scope_(rec_) {}
   GradientTape(const GradientTape&) = delete;
   GradientTape& operator=(const GradientTape&) = delete;
 
   /// Starts tracking t: ops on it are recorded from now on.
   void watch(const Tensor& t, std::source_location loc = std::source_location::current()) {
     detail::require_defined(t, "GradientTape::watch", loc);
-    detail::TapeRecorder::watch(t);
+    same_thread("GradientTape::watch", loc);
+    rec_->watch(t);
   }
   /// Watches several tensors.
   void watch(const std::vector<Tensor>& ts, std::source_location loc = std::source_location::current()) {
@@ -133,13 +144,19 @@ class GradientTape : private detail::TapeRecorder {
   }
 
   /// Number of op calls recorded so far (for tests and diagnostics).
-  std::size_t size() const { return entries_.size(); }
-  bool persistent() const { return persistent_; }
-  /// Forgets everything recorded and watched (a persistent tape can then start over).
-  void reset() {
-    forget();
-    used_ = false;
-    recording_ = true;
+  std::size_t size() const { return rec_->entries_.size(); }
+  bool persistent() const { return rec_->persistent_; }
+  /// Forgets everything recorded and watched (a persistent tape can then start over). Not
+  /// allowed while the tape's own gradient() runs (from a custom gradient): ValueError.
+  void reset(std::source_location loc = std::source_location::current()) {
+    same_thread("GradientTape::reset", loc);
+    if (SC_UNLIKELY(rec_->running_))
+      detail::fail<ValueError>("GradientTape::reset", loc, "the tape's gradient() is running (reset() was called from "
+                               "inside a gradient rule); reset it after gradient() returns");
+    detail::TapeRecorder& r = *rec_;
+    r.forget();
+    r.used_ = false;
+    r.recording_ = true;
   }
 
   /// RAII: while alive, this thread's tapes record nothing (values are computed as usual).
@@ -157,21 +174,25 @@ class GradientTape : private detail::TapeRecorder {
   std::vector<Tensor> run(const Tensor& target, const std::vector<Tensor>& sources, const std::source_location& loc,
                           const Tensor* seed = nullptr);
 
-  // A used non-persistent tape lets go of what it recorded, and records nothing more (it can
-  // never use it; trainable variables would otherwise be recorded again until it dies).
-  void reset_after_use() {
-    forget();
-    recording_ = false;
+  void same_thread(std::string_view op, const std::source_location& loc) const {
+    if (SC_UNLIKELY(std::this_thread::get_id() != rec_->owner()))
+      detail::fail<ValueError>(op, loc, "the tape was made on another thread; a GradientTape records and "
+                               "differentiates the ops of the thread that made it (make one tape per thread)");
   }
 
-  bool used_ = false;
+  detail::Ref<detail::TapeRecorder> rec_;
   detail::TapeScope scope_;
 };
 
 inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::vector<Tensor>& sources,
                                              const std::source_location& loc, const Tensor* seed) {
   detail::require_defined(target, "gradient", loc);
-  if (used_ && !persistent_)
+  same_thread("gradient", loc);
+  detail::TapeRecorder& rec = *rec_;
+  if (SC_UNLIKELY(rec.running_))
+    detail::fail<ValueError>("gradient", loc, "the tape's gradient() is already running (called again from inside a "
+                             "gradient rule); use another tape inside custom gradients");
+  if (rec.used_ && !rec.persistent_)
     detail::fail<Error>("gradient", loc, "a non-persistent GradientTape can compute gradients only once; "
                                          "use sc::GradientTape tape(/*persistent=*/true) for several calls");
   if (!is_floating(target.dtype()))
@@ -189,26 +210,35 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
       detail::fail<DTypeError>("gradient", loc, "a source has dtype ", name(s.dtype()),
                                "; gradients exist only for floating-point tensors");
   }
-  used_ = true;
-  const bool was_recording = recording_;
-  recording_ = false;  // this tape does not record its own backward pass; outer tapes do
+  rec.used_ = true;
+  rec.running_ = true;
+  const bool was_recording = rec.recording_;
+  rec.recording_ = false;  // this tape does not record its own backward pass; outer tapes do
   struct Restore {
-    GradientTape* t;
+    detail::TapeRecorder* t;
     bool r;
     ~Restore() {
-      t->recording_ = r;
-      if (!t->persistent_) t->reset_after_use();
+      t->running_ = false;
+      if (t->persistent_) {
+        t->recording_ = r;
+      } else {
+        // A used non-persistent tape lets go of what it recorded, and records nothing more (it
+        // can never use it; trainable variables would otherwise be recorded again until it dies).
+        t->forget();
+        t->recording_ = false;
+      }
     }
-  } restore{this, was_recording};
+  } restore{&rec, was_recording};
+  const std::vector<detail::Ref<detail::TapeEntry>>& entries = rec.entries_;
 
   // Forward sweep: which recorded values depend on a source (only those need gradients).
   std::unordered_set<const detail::TensorImpl*> depends;
   for (const Tensor& s : sources) depends.insert(s.impl());
-  std::vector<char> relevant(entries_.size(), 0);
-  for (std::size_t i = 0; i < entries_.size(); ++i) {
-    for (const Tensor& x : entries_[i]->inputs)
+  std::vector<char> relevant(entries.size(), 0);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    for (const Tensor& x : entries[i]->inputs)
       if (depends.count(x.impl())) relevant[i] = 1;
-    if (relevant[i]) depends.insert(entries_[i]->output.impl());
+    if (relevant[i]) depends.insert(entries[i]->output.impl());
   }
 
   // Backward sweep in reverse recording order, accumulating with sc::add (so an outer tape
@@ -218,9 +248,9 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
   grads.emplace(target.impl(), seed == nullptr                   ? detail::fill_on(target.device(), target.shape(), 1.0, target.dtype(), loc)
                                : seed->dtype() == target.dtype() ? *seed
                                                                  : cast(*seed, target.dtype(), loc));
-  for (std::size_t i = entries_.size(); i-- > 0;) {
+  for (std::size_t i = entries.size(); i-- > 0;) {
     if (!relevant[i]) continue;
-    const detail::TapeEntry& e = *entries_[i];
+    const detail::TapeEntry& e = *entries[i];
     auto it = grads.find(e.output.impl());
     if (it == grads.end()) continue;
     const Tensor g = it->second;

@@ -1,8 +1,13 @@
 // Device: where a tensor lives (cpu now, cuda later), and DeviceScope, the RAII default.
 #pragma once
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace stagecraft {
 
@@ -44,20 +49,67 @@ inline Device current_device() {
   return d ? *d : Device::cpu();
 }
 
+namespace detail {
+
+/// One pinned device on a thread's stack of scopes (nullopt: none, as outside every scope). The
+/// stack and the scope share it, so a scope destroyed on another thread leaves nothing dangling.
+struct PinnedDevice {
+  std::optional<Device> device;
+  std::atomic<bool> dead{false};
+};
+
+/// The thread's DeviceScopes, outermost first; scoped_device() points into the innermost.
+struct DeviceStack {
+  std::vector<std::shared_ptr<PinnedDevice>> scopes;
+  /// Drops the scopes that ended and points scoped_device() at the innermost left.
+  void refresh() {
+    std::erase_if(scopes, [](const std::shared_ptr<PinnedDevice>& p) { return p->dead.load(std::memory_order_acquire); });
+    scoped_device() = scopes.empty() || !scopes.back()->device ? nullptr : &*scopes.back()->device;
+  }
+};
+inline DeviceStack& device_stack() {
+  thread_local DeviceStack s;
+  return s;
+}
+
+/// RAII: pins `d` (or no device) on this thread's stack for its lifetime. Ended on the thread
+/// that made it, in any order, it leaves the innermost remaining scope in force. Ended on another
+/// thread (a mistake: scopes are per thread) it is only marked ended, and the owner thread drops
+/// it at its next scope change; no memory is shared unsafely either way.
+class DevicePin {
+ public:
+  explicit DevicePin(std::optional<Device> d)
+      : pin_(std::make_shared<PinnedDevice>()), owner_(std::this_thread::get_id()) {
+    pin_->device = d;
+    DeviceStack& st = device_stack();
+    st.scopes.push_back(pin_);
+    st.refresh();
+  }
+  ~DevicePin() {
+    pin_->dead.store(true, std::memory_order_release);
+    if (std::this_thread::get_id() == owner_) device_stack().refresh();
+  }
+  DevicePin(const DevicePin&) = delete;
+  DevicePin& operator=(const DevicePin&) = delete;
+
+ private:
+  std::shared_ptr<PinnedDevice> pin_;
+  std::thread::id owner_;
+};
+
+}  // namespace detail
+
 /// RAII: while alive, new tensors are created on `d` and ops run on `d` (their inputs are
-/// copied there). Outside every scope an op runs where its inputs are. Nestable.
+/// copied there). Outside every scope an op runs where its inputs are. Nestable; scopes belong
+/// to the thread that made them, and may end in any order (the innermost live one applies).
 class DeviceScope {
  public:
-  explicit DeviceScope(Device d) : device_(d), saved_(detail::scoped_device()) {
-    detail::scoped_device() = &device_;
-  }
-  ~DeviceScope() { detail::scoped_device() = saved_; }
+  explicit DeviceScope(Device d) : pin_(d) {}
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
-  Device device_;
-  const Device* saved_;
+  detail::DevicePin pin_;
 };
 
 }  // namespace stagecraft

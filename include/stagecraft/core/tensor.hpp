@@ -111,13 +111,23 @@ class Tensor {
 /// A tensor operand of an operator: it remembers the user's line, since operators cannot
 /// take a defaulted std::source_location. Anything convertible to a Tensor (a Variable) fits;
 /// a staged expression does not (it would bind to a temporary: staged operators take it).
+/// A Tensor is referred to; anything else (a Variable) is read once into a handle held here.
 struct Operand {
+  Operand(const Tensor& x, std::source_location l = std::source_location::current())  // NOLINT
+      : t(x), loc(l) {}
+  template <class T>
+    requires(!std::same_as<T, Tensor> && std::convertible_to<const T&, Tensor> && !requires { typename T::staged_tag; })
+  Operand(const T& x, std::source_location l = std::source_location::current())  // NOLINT
+      : held_(x), t(held_), loc(l) {}
+  Operand(const Operand&) = delete;  // t may refer to held_
+  Operand& operator=(const Operand&) = delete;
+
+ private:
+  Tensor held_;
+
+ public:
   const Tensor& t;
   std::source_location loc;
-  template <class T>
-    requires(std::convertible_to<const T&, const Tensor&> && !requires { typename T::staged_tag; })
-  Operand(const T& x, std::source_location l = std::source_location::current())  // NOLINT
-      : t(x), loc(l) {}
 };
 
 namespace detail {

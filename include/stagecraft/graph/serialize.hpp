@@ -487,7 +487,7 @@ class Reader {
     const std::vector<int>& vs = read ? n.outputs : n.inputs;
     if (vs.size() != 1) fail(r.line, read ? "a read_var has one output" : "an assign_var has one input");
     const Value& v = g.values[vs[0]];
-    const Tensor& t = n.var->value;
+    const Tensor t = n.var->get();
     if (v.shape != t.shape() || v.dtype != t.dtype())
       fail(r.line, "variable '", n.var->name, "' is ", name(t.dtype()), t.shape(), ", the node ",
            read ? "reads " : "assigns ", name(v.dtype), v.shape);

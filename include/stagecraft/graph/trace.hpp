@@ -156,7 +156,7 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
     n.kind = NodeKind::read_var;
     n.var = state;
     n.loc = here(loc);
-    const Tensor& cur = state->value;
+    const Tensor cur = state->get();
     const int id = graph.add_node(std::move(n), {TensorSpec{cur.shape(), cur.dtype()}}, cur.device());
     Tensor r = stagecraft::detail::alias_tensor(handle(graph.out(id)), cur.shape());
     r.impl()->variable = state.get();  // tapes watch it as they watch the variable
@@ -228,7 +228,6 @@ class TapeIsolation {
   TapeIsolation() {
     stagecraft::detail::Context& ctx = stagecraft::detail::context();
     saved_.swap(stagecraft::detail::tape_stack().tapes);
-    saved_ptr_ = ctx.tapes;
     saved_no_record_ = ctx.no_record;
     ctx.tapes = nullptr;
     ctx.no_record = 0;
@@ -236,15 +235,14 @@ class TapeIsolation {
   ~TapeIsolation() {
     stagecraft::detail::Context& ctx = stagecraft::detail::context();
     stagecraft::detail::tape_stack().tapes.swap(saved_);
-    ctx.tapes = saved_ptr_;
     ctx.no_record = saved_no_record_;
+    stagecraft::detail::tape_stack().prune();  // drops tapes that died while hidden; sets ctx.tapes
   }
   TapeIsolation(const TapeIsolation&) = delete;
   TapeIsolation& operator=(const TapeIsolation&) = delete;
 
  private:
-  std::vector<stagecraft::detail::TapeRecorder*> saved_;
-  stagecraft::detail::TapeStack* saved_ptr_ = nullptr;
+  std::vector<stagecraft::detail::Ref<stagecraft::detail::TapeRecorder>> saved_;
   int saved_no_record_ = 0;
 };
 

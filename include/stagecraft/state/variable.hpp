@@ -15,10 +15,10 @@ namespace stagecraft {
 namespace detail {
 
 /// A variable's shared state. Its value is replaced, never written in place (tensors are
-/// immutable), so a tensor read from it stays valid. `mu` guards the value for plans that read
-/// and assign it on several threads; eager reads and assigns are for one thread at a time.
+/// immutable), so a tensor read from it stays valid. `mu` guards the handle: every read copies
+/// it and every assignment swaps it under the lock, on any thread (eager code and plans alike).
 struct VariableState : VariableInfo {
-  Tensor value;
+  Tensor value;  // guarded by mu
   mutable std::mutex mu;
   VariableState() = default;
   VariableState(const VariableState&) = delete;
@@ -28,15 +28,24 @@ struct VariableState : VariableInfo {
   ~VariableState() override {
     if (value.defined()) value.impl()->variable = nullptr;
   }
+  /// A copy of the current handle, taken under the lock (safe while another thread assigns).
+  Tensor get() const {
+    const std::lock_guard<std::mutex> lock(mu);
+    return value;
+  }
   /// Stores v under a fresh tensor identity (sharing v's storage: tensors are immutable), so
   /// the tape can tell this variable's value from the tensor it came from.
   void set(const Tensor& v) {
     Tensor fresh = alias_tensor(v, v.shape());
     fresh.impl()->variable = this;
+    Tensor old;  // released after the lock: freeing its storage needs no lock
+    {
+      const std::lock_guard<std::mutex> lock(mu);
+      old = std::exchange(value, std::move(fresh));
+    }
     // The old value is a plain tensor from now on (not watched automatically, and it must not
     // point at this variable once the variable is gone).
-    if (value.defined()) value.impl()->variable = nullptr;
-    value = std::move(fresh);
+    if (old.defined()) old.impl()->variable = nullptr;
   }
 };
 
@@ -45,6 +54,12 @@ struct VariableState : VariableInfo {
 /// A named tensor that can be reassigned. Copies of a Variable are handles to the same
 /// state. Every op accepts a Variable where it accepts a Tensor (it reads the current value),
 /// and every recording GradientTape watches trainable variables automatically.
+///
+/// Threads: reading a variable (value(), or passing it to an op) and assigning it are safe on
+/// any number of threads at once: a read returns the value of one assignment, whole (the
+/// handle is copied under the variable's lock; tensors are immutable, so the copy stays valid
+/// after later assignments). A read-modify-write such as assign_add is not atomic as a whole:
+/// two threads adding at once may lose one update; serialise those (or use one optimizer).
 class Variable {
  public:
   /// An empty handle (assign a constructed Variable to it before use).
@@ -69,16 +84,17 @@ class Variable {
     set(initial);
   }
 
-  /// The current value. While a function is traced, after an assignment inside the trace, the
-  /// value assigned (a symbolic tensor of the trace).
-  const Tensor& value() const {
+  /// The current value (a handle of its own: it stays this value after later assignments).
+  /// While a function is traced, after an assignment inside the trace, the value assigned (a
+  /// symbolic tensor of the trace).
+  Tensor value() const {
     if (SC_UNLIKELY(!impl_)) empty();
     if (detail::TraceState* tr = detail::context().trace; SC_UNLIKELY(tr != nullptr))
       if (const Tensor* s = tr->shadow(impl_.get())) return *s;
-    return impl_->value;
+    return impl_->get();
   }
   /// Reads the current value wherever a Tensor is expected.
-  operator const Tensor&() const { return value(); }  // NOLINT: implicit by design
+  operator Tensor() const { return value(); }  // NOLINT: implicit by design
 
   /// Replaces the value; t must have the variable's shape (its dtype is converted). Inside a
   /// traced function the assignment becomes part of the graph and runs at every call.
@@ -102,10 +118,11 @@ class Variable {
 
   const std::string& name() const { return state_or_throw().name; }
   bool trainable() const { return state_or_throw().trainable; }
-  const Shape& shape() const { return state_or_throw().value.shape(); }
-  DType dtype() const { return state_or_throw().value.dtype(); }
-  Device device() const { return state_or_throw().value.device(); }
-  std::int64_t numel() const { return state_or_throw().value.numel(); }
+  /// Fixed at construction (assignments keep them).
+  Shape shape() const { return state_or_throw().get().shape(); }
+  DType dtype() const { return state_or_throw().get().dtype(); }
+  Device device() const { return state_or_throw().get().device(); }
+  std::int64_t numel() const { return state_or_throw().get().numel(); }
   bool defined() const { return impl_ != nullptr; }
   /// True when both handles are the same variable.
   bool same(const Variable& o) const { return impl_ == o.impl_; }

@@ -27,14 +27,13 @@ namespace detail_fold {
 /// where its inputs are.
 class EagerScope {
  public:
-  EagerScope() : saved_(std::exchange(detail::scoped_device(), nullptr)) {}
-  ~EagerScope() { detail::scoped_device() = saved_; }
+  EagerScope() : no_device_(std::nullopt) {}
   EagerScope(const EagerScope&) = delete;
   EagerScope& operator=(const EagerScope&) = delete;
 
  private:
   init_scope eager_;
-  const Device* saved_;
+  detail::DevicePin no_device_;
 };
 
 /// Bytes of a value's elements.
