@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <stagecraft/stagecraft.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -220,4 +221,58 @@ TEST_CASE("matmul errors name the op, the shapes and the user's line", "[matmul]
                     Catch::Contains("[matmul] expects numeric operands, got bool and f32") && Catch::Contains(at(line)));
   CHECK_THROWS_AS(sc::matmul(sc::ones({2}), sc::tensor({true, false})), sc::DTypeError);
   CHECK_THROWS_AS(sc::matmul(sc::Tensor(), sc::ones({2})), sc::ValueError);
+}
+
+TEST_CASE("an OpenBLAS that fell back to SSE-era kernels is switched to the CPU's best core", "[matmul][blas]") {
+  namespace cpu = sc::backend::cpu;
+  // The rule, case by case: a fallback core is replaced by the best one for the CPU's level; a
+  // deliberate AVX2 choice on an AVX-512 CPU, unknown names and the user's own choices are kept.
+  CHECK(cpu::blas_core_to_use("Prescott", 3, false, nullptr, nullptr) == "SkylakeX");
+  CHECK(cpu::blas_core_to_use("Prescott", 2, false, nullptr, nullptr) == "Haswell");
+  CHECK(cpu::blas_core_to_use("Core2", 2, true, nullptr, nullptr) == "Zen");
+  CHECK(cpu::blas_core_to_use("Nehalem", 1, false, nullptr, nullptr) == "Sandybridge");
+  CHECK(cpu::blas_core_to_use("Prescott", 0, false, nullptr, nullptr).empty());
+  CHECK(cpu::blas_core_to_use("Zen", 3, true, nullptr, nullptr).empty());
+  CHECK(cpu::blas_core_to_use("Haswell", 2, false, nullptr, nullptr).empty());
+  CHECK(cpu::blas_core_to_use("SkylakeX", 3, false, nullptr, nullptr).empty());
+  CHECK(cpu::blas_core_to_use("NeoverseN1", 3, false, nullptr, nullptr).empty());
+  CHECK(cpu::blas_core_to_use("Prescott", 3, false, nullptr, "Prescott").empty());
+  CHECK(cpu::blas_core_to_use("Prescott", 3, false, "keep", nullptr).empty());
+  CHECK(cpu::blas_core_to_use("Zen", 3, false, "Haswell", nullptr) == "Haswell");
+  CHECK(cpu::blas_core_to_use("Prescott", 2, true, "auto", "Prescott") == "Zen");
+  CHECK(cpu::blas_core_to_use("Zen", 2, true, "auto", nullptr).empty());
+
+  // The switch itself, on this machine: reproduce an OpenBLAS that does not know the CPU, then
+  // apply the rule. Products are right before, under and after the fallback.
+  sc::ensure_blas_core();
+  const std::string start = sc::blas_core();
+  const std::string best = cpu::best_blas_core();
+  if (!cpu::blas_core_switchable() || cpu::cpu_vector_level() < 2) {
+    WARN("this OpenBLAS cannot switch cores, or the CPU has no AVX2: only the rule is tested");
+    return;
+  }
+  const sc::Tensor a = sc::random::normal({67, 45}, 1, 0.0, 1.0, sc::f64), b = sc::random::normal({45, 71}, 2, 0.0, 1.0, sc::f64);
+  const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
+  auto check_product = [&] {
+    const std::vector<double> c = sc::matmul(a, b).to_vector<double>();
+    double worst = 0;
+    for (int i = 0; i < 67; ++i)
+      for (int j = 0; j < 71; ++j) {
+        double ref = 0;
+        for (int k = 0; k < 45; ++k) ref += av[static_cast<std::size_t>(i * 45 + k)] * bv[static_cast<std::size_t>(k * 71 + j)];
+        worst = std::max(worst, std::abs(c[static_cast<std::size_t>(i * 71 + j)] - ref));
+      }
+    return worst;
+  };
+  CHECK(check_product() < 1e-12);
+  REQUIRE(sc::set_blas_core("Prescott"));
+  CHECK(cpu::blas_core_is_fallback());
+  CHECK(check_product() < 1e-12);
+  const std::string target = cpu::blas_core_to_use(sc::blas_core(), cpu::cpu_vector_level(), best == "Zen", nullptr, nullptr);
+  CHECK(target == best);
+  REQUIRE(sc::set_blas_core(target));
+  CHECK_FALSE(cpu::blas_core_is_fallback());
+  CHECK(check_product() < 1e-12);
+  sc::set_blas_core(start);
+  CHECK(sc::blas_core() == start);
 }

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "blas_core.hpp"
 #include "elementwise.hpp"  // batch, load_partial, store_partial
 #include "parallel.hpp"
 
@@ -25,19 +26,23 @@ inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
 /// (tb: [N,K]); leading dimensions are the stored row lengths. M, K, N > 0.
 inline void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const float* A, const float* B, float* C, bool ta,
                  bool tb) {
+  ensure_blas_core();
   cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), bi(M), bi(N), bi(K), 1.f, A, bi(ta ? M : K), B, bi(tb ? K : N), 0.f, C,
               bi(N));
 }
 inline void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const double* A, const double* B, double* C, bool ta,
                  bool tb) {
+  ensure_blas_core();
   cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), bi(M), bi(N), bi(K), 1.0, A, bi(ta ? M : K), B, bi(tb ? K : N), 0.0, C,
               bi(N));
 }
 /// y = op(A) x with A stored [rows, cols] row-major: y[rows] = A x, or (t) y[cols] = A^T x.
 inline void gemv(std::int64_t rows, std::int64_t cols, const float* A, const float* x, float* y, bool t) {
+  ensure_blas_core();
   cblas_sgemv(CblasRowMajor, tr(t), bi(rows), bi(cols), 1.f, A, bi(cols), x, 1, 0.f, y, 1);
 }
 inline void gemv(std::int64_t rows, std::int64_t cols, const double* A, const double* x, double* y, bool t) {
+  ensure_blas_core();
   cblas_dgemv(CblasRowMajor, tr(t), bi(rows), bi(cols), 1.0, A, bi(cols), x, 1, 0.0, y, 1);
 }
 
