@@ -6,7 +6,7 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ xtensor-dev libxsimd-dev xtl-dev libopenblas-openmp-dev
-          catch2 libbenchmark-dev zlib1g-dev dataset-fashion-mnist pkg-config)
+          catch2 libbenchmark-dev zlib1g-dev nlohmann-json3-dev dataset-fashion-mnist pkg-config)
 bench_extras=(libtorch-dev)
 
 die() { echo "install-deps: error: $*" >&2; exit 1; }

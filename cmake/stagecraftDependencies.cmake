@@ -16,12 +16,13 @@ macro(_stagecraft_find name)
 endmacro()
 
 # Only what the headers include: xsimd (SIMD kernels; its config wants xtl), OpenMP, threads,
-# zlib and OpenBLAS. xtensor is the benchmarks' own comparison, found there.
+# zlib, nlohmann-json and OpenBLAS. xtensor is the benchmarks' own comparison, found there.
 _stagecraft_find(xtl)
 _stagecraft_find(xsimd)
 _stagecraft_find(Threads)
 _stagecraft_find(OpenMP COMPONENTS CXX)
 _stagecraft_find(ZLIB)                  # data/idx.hpp reads gzip-compressed IDX files
+_stagecraft_find(nlohmann_json 3.9)     # state/safetensors.hpp parses and writes JSON headers (3.9: ordered_json)
 
 # OpenBLAS: Debian's config file sets variables only; wrap them in a target. Prefer the
 # OpenMP build, which shares our OpenMP runtime instead of fighting it for the cores.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 #include <stagecraft/stagecraft.hpp>
 #include <stagecraft/state/checkpoint.hpp>
 #include <stagecraft/state/safetensors.hpp>
@@ -263,29 +264,30 @@ TEST_CASE("safetensors: malformed headers are IOErrors naming the problem", "[sa
       {"", "start with '{'"},
       {"[]", "start with '{'"},
       {" ", "found the end of the header"},
-      {"{", "expected a tensor name"},
-      {"{" + w, "',' or '}' after a header entry"},
+      {"{", "header byte 1: syntax error while parsing object key - unexpected end of input"},
+      {"{" + w, "unexpected end of input; expected '}'"},
       {"{" + w + "}x", "unexpected bytes after the closing '}'"},
       {"{" + w + "} }", "unexpected bytes"},
-      {"{" + w + ",}", "expected a tensor name"},
-      {"{w:1}", "expected a tensor name"},
-      {"{'w':1}", "expected a tensor name"},
-      {"{\"w\" 1}", "':' after a key"},
+      {"{" + w + ",}", "unexpected '}'; expected string literal"},
+      {"{w:1}", "header byte 1: syntax error while parsing object key - invalid literal"},
+      {"{'w':1}", "invalid literal; expected string literal"},
+      {"{\"w\" 1}", "expected ':'"},
       {"{" + w + "," + w + "}", "tensor \"w\" appears twice"},
-      {"{\"w", "unterminated string"},
+      {"{\"w", "missing closing quote"},
       {"{\"w\n\":1}", "control character"},
-      {"{\"w\\q\":1}", "unknown escape"},
-      {"{\"w\\", "unterminated escape"},
-      {"{\"\\udc00\":1}", "lone low surrogate"},
-      {"{\"\\ud800x\":1}", "high surrogate without its low half"},
-      {"{\"\\ud800\\u0041\":1}", "high surrogate without its low half"},
-      {"{\"\\u12", "truncated \\u escape"},
-      {"{\"\\u12G4\":1}", "bad hex digit"},
-      {"{\"\xff\":1}", "invalid UTF-8"},
-      {"{\"\xc0\xaf\":1}", "invalid UTF-8"},
-      {"{\"\xed\xa0\x80\":1}", "invalid UTF-8"},
-      {"{\"\xe2\x82\":1}", "invalid UTF-8"},
-      {std::string("{\0}", 3), "expected a tensor name"},
+      {"{\"w\\q\":1}",
+       "header byte 4: syntax error while parsing object key - invalid string: forbidden character after backslash"},
+      {"{\"w\\", "forbidden character after backslash"},
+      {"{\"\\udc00\":1}", "surrogate U+DC00..U+DFFF must follow U+D800..U+DBFF"},
+      {"{\"\\ud800x\":1}", "surrogate U+D800..U+DBFF must be followed by U+DC00..U+DFFF"},
+      {"{\"\\ud800\\u0041\":1}", "surrogate U+D800..U+DBFF must be followed by U+DC00..U+DFFF"},
+      {"{\"\\u12", "'\\u' must be followed by 4 hex digits"},
+      {"{\"\\u12G4\":1}", "'\\u' must be followed by 4 hex digits"},
+      {"{\"\xff\":1}", "invalid string: ill-formed UTF-8 byte"},
+      {"{\"\xc0\xaf\":1}", "invalid string: ill-formed UTF-8 byte"},
+      {"{\"\xed\xa0\x80\":1}", "invalid string: ill-formed UTF-8 byte"},
+      {"{\"\xe2\x82\":1}", "invalid string: ill-formed UTF-8 byte"},
+      {std::string("{\0}", 3), "header byte 1: a NUL byte"},
       {"{\"w\":[1]}", "tensor \"w\" to be an object"},
       {"{\"w\":{}}", "lacks the field \"dtype\""},
       {with(R"("dtype":"F32","shape":[2])"), "lacks the field \"data_offsets\""},
@@ -301,10 +303,11 @@ TEST_CASE("safetensors: malformed headers are IOErrors naming the problem", "[sa
       {with(R"("dtype":"F32","shape":[-2],"data_offsets":[0,8])"), "a shape is negative"},
       {with(R"("dtype":"F32","shape":[2.0],"data_offsets":[0,8])"), "not an integer"},
       {with(R"("dtype":"F32","shape":[2e0],"data_offsets":[0,8])"), "not an integer"},
-      {with(R"("dtype":"F32","shape":[02],"data_offsets":[0,8])"), "leading zero"},
+      {with(R"("dtype":"F32","shape":[02],"data_offsets":[0,8])"), "unexpected number literal; expected ']'"},
       {with(R"("dtype":"F32","shape":["2"],"data_offsets":[0,8])"), "a shape (an integer)"},
-      {with(R"("dtype":"F32","shape":[2,],"data_offsets":[0,8])"), "a shape (an integer)"},
-      {with(R"("dtype":"F32","shape":[2 3],"data_offsets":[0,8])"), "',' or ']' in a shape"},
+      {with(R"("dtype":"F32","shape":[2,],"data_offsets":[0,8])"), "unexpected ']'"},
+      {with(R"("dtype":"F32","shape":[2 3],"data_offsets":[0,8])"),
+       "header byte 31 in tensor \"w\": syntax error while parsing array - unexpected number literal; expected ']'"},
       {with(R"("dtype":"F32","shape":[99999999999999999999],"data_offsets":[0,8])"), "too large"},
       {with(R"("dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,8])"), "too large"},
       {with(R"("dtype":"F32","shape":[1,1,1,1,1,1,1,1,2],"data_offsets":[0,8])"), "more than 8 items"},
@@ -314,7 +317,7 @@ TEST_CASE("safetensors: malformed headers are IOErrors naming the problem", "[sa
       {"{\"__metadata__\":[]," + w + "}", "\"__metadata__\" to be an object"},
       {"{\"__metadata__\":{\"k\":1}," + w + "}", "a metadata value"},
       {"{\"__metadata__\":{\"k\":{}}," + w + "}", "a metadata value"},
-      {"{\"__metadata__\":{\"k\":\"a\",\"k\":\"b\"}," + w + "}", "metadata key appears twice"},
+      {"{\"__metadata__\":{\"k\":\"a\",\"k\":\"b\"}," + w + "}", "metadata key \"k\" appears twice"},
       {"{\"__metadata__\":{},\"__metadata__\":{}," + w + "}", "\"__metadata__\" appears twice"},
       // Valid JSON, but the tensors do not tile the 8-byte data section.
       {with(R"("dtype":"F32","shape":[2],"data_offsets":[0,16])"), "past the end of the 8-byte data section"},
@@ -342,6 +345,172 @@ TEST_CASE("safetensors: malformed headers are IOErrors naming the problem", "[sa
   // A BOOL byte other than 0 or 1 cannot be read as a C++ bool.
   write_bytes(dir / "bool", file_bytes(with(R"("dtype":"BOOL","shape":[8],"data_offsets":[0,8])"), w_data));
   CHECK_THROWS_MATCHES(sc::load_safetensors(dir / "bool"), sc::IOError, Has("holds the byte 128 at element 2"));
+}
+
+TEST_CASE("safetensors: keys that appear twice are refused at every level", "[safetensors]") {
+  // A JSON DOM keeps the last of two equal keys: each file below would then load as a valid file.
+  TempDir dir;
+  const std::string w = R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)" + w + "}", "tensor \"w\" appears twice"},
+      {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4],"data_offsets":[0,8]}})",
+       "field \"data_offsets\" appears twice in tensor \"w\""},
+      {R"({"w":{"dtype":"I64","shape":[2],"dtype":"F32","data_offsets":[0,8]}})", "field \"dtype\" appears twice"},
+      {R"({"w":{"shape":[3],"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "field \"shape\" appears twice"},
+      {R"({"__metadata__":{"k":"a","j":"b","k":"a"},)" + w + "}", "metadata key \"k\" appears twice"},
+      {R"({"__metadata__":{},)" + w + R"(,"__metadata__":{"k":"v"}})", "\"__metadata__\" appears twice"},
+      // Keys are compared after unescaping: "\u0077" is "w", "\u005f_metadata__" is "__metadata__".
+      {"{" + w + R"(,"\u0077":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "tensor \"w\" appears twice"},
+      {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"\u0073hape":[2]}})", "field \"shape\" appears twice"},
+      {R"({"__metadata__":{},"\u005f_metadata__":{},)" + w + "}", "\"__metadata__\" appears twice"},
+      {R"({"__metadata__":{"\u00e9":"a","é":"b"},)" + w + "}", "metadata key \"é\" appears twice"},
+  };
+  for (const auto& [header, why] : cases) {
+    INFO("header: " << header);
+    write_bytes(dir / "bad", file_bytes(header, w_data));
+    CHECK_THROWS_MATCHES(sc::load_safetensors(dir / "bad"), sc::IOError, Has(why) && Has("is corrupt"));
+  }
+  // The same keys once each load.
+  write_bytes(dir / "good", file_bytes(R"({"\u005f_metadata__":{"\u00e9":"a"},"\u0077":{"dtype":"F32","shape":[2],)"
+                                       R"("data_offsets":[0,8]}})",
+                                       w_data));
+  const auto f = sc::load_safetensors(dir / "good");
+  CHECK(f.metadata == std::map<std::string, std::string>{{"é", "a"}});
+  CHECK(f.tensors.at("w").to_vector<float>() == std::vector<float>{1.f, 2.f});
+}
+
+TEST_CASE("safetensors: valid JSON of the wrong shape or types is an IOError", "[safetensors]") {
+  TempDir dir;
+  const std::string w = R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const auto with = [](const std::string& field) { return "{\"w\":{" + field + "}}"; };
+  const std::string rest = R"("shape":[2],"data_offsets":[0,8])";
+  const std::string dtype = R"("dtype":"F32",)";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"\"w\"", "start with '{'"},
+      {"null", "start with '{'"},
+      {"\xef\xbb\xbf{}", "start with '{'"},  // a byte-order mark (nlohmann would skip it)
+      {R"({"w":"F32"})", "expected tensor \"w\" to be an object, found a string"},
+      {R"({"w":null})", "tensor \"w\" to be an object, found null"},
+      {R"({"w":7})", "tensor \"w\" to be an object, found a number"},
+      {R"({"w":true})", "tensor \"w\" to be an object, found a boolean"},
+      {with(R"("dtype":null,)" + rest), "expected a dtype string, found null in tensor \"w\""},
+      {with(R"("dtype":true,)" + rest), "a dtype string, found a boolean"},
+      {with(R"("dtype":["F32"],)" + rest), "a dtype string, found an array"},
+      {with(R"("dtype":{"F32":1},)" + rest), "a dtype string, found an object"},
+      {with(dtype + R"("shape":{},"data_offsets":[0,8])"), "a shape (an array), found an object"},
+      {with(dtype + R"("shape":"2","data_offsets":[0,8])"), "a shape (an array), found a string"},
+      {with(dtype + R"("shape":[[2]],"data_offsets":[0,8])"), "a shape (an integer), found an array"},
+      {with(dtype + R"("shape":[{}],"data_offsets":[0,8])"), "a shape (an integer), found an object"},
+      {with(dtype + R"("shape":[true],"data_offsets":[0,8])"), "a shape (an integer), found a boolean"},
+      {with(dtype + R"("shape":[null],"data_offsets":[0,8])"), "a shape (an integer), found null"},
+      {with(dtype + R"("shape":[2],"data_offsets":{"begin":0,"end":8})"), "data_offsets (an array), found an object"},
+      {with(dtype + R"("shape":[2],"data_offsets":[0,"8"])"), "data_offsets (an integer), found a string"},
+      {with(dtype + R"("shape":[2],"data_offsets":[0,8.5])"), "data_offsets is not an integer in tensor \"w\""},
+      {with(dtype + R"("shape":[2],"data_offsets":[0,8e0])"), "data_offsets is not an integer"},
+      {with(dtype + R"("shape":[2],"data_offsets":[-0,8])"), "data_offsets is negative"},
+      {with(dtype + R"("shape":[2],"data_offsets":[0,[8]])"), "data_offsets (an integer), found an array"},
+      {with(dtype + R"("shape":[2],"data_offsets":[])"), "must hold 2 numbers"},
+      {with(dtype + R"("shape":[-0],"data_offsets":[0,8])"), "a shape is negative"},
+      {with(dtype + R"("shape":[-99999999999999999999],"data_offsets":[0,8])"), "a shape is negative"},
+      {with(dtype + R"("shape":[18446744073709551615],"data_offsets":[0,8])"), "a shape is too large"},
+      {with(dtype + R"("shape":[18446744073709551616],"data_offsets":[0,8])"), "a shape is too large"},
+      {with(dtype + R"("shape":[2],"data_offsets":[0,9223372036854775808])"), "data_offsets is too large"},
+      {with(dtype + R"("shape":[2],"data_offsets":[0,8],"extra":null)"), "unknown field \"extra\" in tensor \"w\""},
+      {R"({"__metadata__":"pt",)" + w + "}", "expected \"__metadata__\" to be an object, found a string"},
+      {R"({"__metadata__":null,)" + w + "}", "\"__metadata__\" to be an object, found null"},
+      {R"({"__metadata__":{"k":null},)" + w + "}", "a metadata value (a string) for the key \"k\", found null"},
+      {R"({"__metadata__":{"k":["v"]},)" + w + "}", "for the key \"k\", found an array"},
+      {R"({"__metadata__":{"k":false},)" + w + "}", "for the key \"k\", found a boolean"},
+      {R"({"__metadata__":{"k":1.5},)" + w + "}", "for the key \"k\", found a number"},
+      {R"({"__metadata__":{"k":-1},)" + w + "}", "for the key \"k\", found a number"},
+      // Only spaces, tabs and newlines may follow the '}'; nlohmann's lexer stops at a NUL byte, so
+      // without a check of its own a reader would take what follows the NUL for padding.
+      {"{" + w + "}  {}", "unexpected bytes after the closing '}'"},
+      {"{" + w + "}]", "unexpected bytes after the closing '}'"},
+      {"{" + w + std::string("}\0junk", 6), "a NUL byte"},
+      {"{" + w + std::string("}  \0", 4), "a NUL byte"},
+      {"{" + w + std::string("}\f", 2), "unexpected bytes after the closing '}'"},
+      {"{" + w + "}/*c*/", "unexpected bytes after the closing '}'"},  // no comments
+      {"{" + w + ",/*c*/\"x\":1}", "invalid literal"},
+  };
+  for (const auto& [header, why] : cases) {
+    INFO("header: " << header);
+    write_bytes(dir / "bad", file_bytes(header, w_data));
+    CHECK_THROWS_MATCHES(sc::load_safetensors(dir / "bad"), sc::IOError,
+                         Has(why) && Has("'" + (dir / "bad").string() + "' is corrupt") && Has("test_checkpoint.cpp"));
+  }
+  // Deep nesting is refused at its first bracket, not parsed (nor recursed into) to its end.
+  const std::string deep(1'000'000, '[');
+  for (const std::string& header :
+       {"{\"w\":" + deep, R"({"__metadata__":{"k":)" + deep, with(dtype + "\"shape\":[" + deep)}) {
+    write_bytes(dir / "deep", file_bytes(header, w_data));
+    CHECK_THROWS_MATCHES(sc::load_safetensors(dir / "deep"), sc::IOError, Has("found an array"));
+  }
+  // Whitespace of every kind JSON allows, before and after, is fine.
+  write_bytes(dir / "ws", file_bytes(" \t\r\n{" + w + "}\n\t\r ", w_data));
+  CHECK(sc::load_safetensors(dir / "ws").tensors.at("w").to_vector<float>() == std::vector<float>{1.f, 2.f});
+}
+
+TEST_CASE("safetensors: any UTF-8 name or metadata round-trips, escaped as JSON", "[safetensors]") {
+  TempDir dir;
+  std::string controls;
+  for (char c = 1; c < 0x20; ++c) controls += c;
+  const std::vector<std::string> names = {
+      "",
+      "é",
+      "日本語/重み",
+      "\xf0\x9f\x98\x80 emoji",
+      "e\xcc\x81",                             // e + combining acute: not normalised
+      "\xe2\x80\xa8line\xe2\x80\xa9sep",       // U+2028, U+2029
+      "\xef\xbf\xbf\xf4\x8f\xbf\xbf",          // U+FFFF, U+10FFFF
+      "q\"uote\\back/slash",
+      std::string("nul\0inside", 10),
+      controls,
+      "\x7f del",
+      "__metadata__ ",
+      "\\u0041",                               // the six characters, not "A"
+  };
+  std::vector<std::pair<std::string, sc::Tensor>> ts;
+  std::map<std::string, std::string> meta;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    ts.emplace_back(names[i], sc::full({static_cast<std::int64_t>(i)}, static_cast<float>(i)));
+    meta[names[i]] = names[names.size() - 1 - i];
+  }
+  sc::save_safetensors(dir / "names", ts, meta);
+  const std::string bytes = read_bytes(dir / "names");
+  const std::string header = bytes.substr(8, header_length(bytes));
+  // The header is JSON a general parser reads back to the same strings: control characters are
+  // escaped, non-ASCII is written as it is (not as \u escapes).
+  CHECK(std::none_of(header.begin(), header.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; }));
+  CHECK(header.find("\\u0001\\u0002") != std::string::npos);
+  CHECK(header.find(R"("q\"uote\\back/slash")") != std::string::npos);
+  CHECK(header.find("日本語/重み") != std::string::npos);
+  CHECK(header.find("\\u00e9") == std::string::npos);
+  const auto json = nlohmann::json::parse(header);
+  CHECK(json.at("__metadata__").get<std::map<std::string, std::string>>() == meta);
+  for (const auto& name : names) CHECK(json.contains(name));
+
+  const auto f = sc::load_safetensors(dir / "names");
+  CHECK(f.metadata == meta);
+  REQUIRE(f.tensors.size() == names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    INFO("name " << i);
+    REQUIRE(f.tensors.count(names[i]) == 1);
+    CHECK(f.tensors.at(names[i]).to_vector<float>() == std::vector<float>(i, static_cast<float>(i)));
+  }
+  // A Checkpoint's keys go through the same writer and reader.
+  sc::Variable v(sc::full({2}, 3.f), "v");
+  struct Named {
+    sc::Variable& v;
+    std::vector<std::pair<std::string, sc::Variable>> named_variables() const { return {{"çà/\"x\"\n", v}}; }
+  } named{v};
+  sc::Checkpoint ck;
+  ck.track("modèle", named);
+  ck.save(dir / "ck");
+  CHECK(sc::load_safetensors(dir / "ck").tensors.count("modèle/çà/\"x\"\n") == 1);
+  v.assign(sc::zeros({2}));
+  ck.restore(dir / "ck");
+  CHECK(v.value().to_vector<float>() == std::vector<float>{3.f, 3.f});
 }
 
 TEST_CASE("safetensors: missing files and non-files are IOErrors", "[safetensors]") {

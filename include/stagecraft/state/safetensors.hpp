@@ -1,6 +1,7 @@
 // safetensors: reader and writer of the safetensors file format (strict checks, atomic writes).
 #pragma once
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cerrno>
@@ -20,6 +21,8 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -85,75 +88,37 @@ inline bool checked_nbytes(const Shape& s, DType d, std::uint64_t& out) {
   return true;
 }
 
-/// Length of the valid UTF-8 sequence starting at s[i], or 0 when it is invalid (overlong
-/// forms, surrogates and code points above U+10FFFF are invalid, as in RFC 3629).
-inline std::size_t utf8_length(std::string_view s, std::size_t i) {
-  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned c = b(i);
-  if (c < 0x80) return 1;
-  std::size_t n = 0;
-  unsigned lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) n = 2;
-  else if (c >= 0xE0 && c <= 0xEF) { n = 3; lo = c == 0xE0 ? 0xA0 : 0x80; hi = c == 0xED ? 0x9F : 0xBF; }
-  else if (c >= 0xF0 && c <= 0xF4) { n = 4; lo = c == 0xF0 ? 0x90 : 0x80; hi = c == 0xF4 ? 0x8F : 0xBF; }
-  else return 0;
-  if (s.size() - i < n) return 0;
-  if (b(i + 1) < lo || b(i + 1) > hi) return 0;
-  for (std::size_t k = 2; k < n; ++k)
-    if (b(i + k) < 0x80 || b(i + k) > 0xBF) return 0;
-  return n;
-}
-/// True when s is valid UTF-8 (JSON text must be).
+/// True when s is valid UTF-8 (JSON text must be): nlohmann's serializer refuses anything else.
 inline bool valid_utf8(std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const std::size_t n = utf8_length(s, i);
-    if (n == 0) return false;
-    i += n;
+  try {
+    (void)nlohmann::json(s).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
   }
-  return true;
 }
 
-/// A strict parser for the header's small, fixed JSON schema. Hand-written because the
-/// schema is tiny and a general JSON library (~25k lines) would sit in the umbrella header.
-/// It never recurses on input, never reads past the header, and names the byte it rejects.
-class HeaderParser {
+/// Reads a header: nlohmann's SAX parser does the JSON, and this handler checks the small, fixed
+/// schema event by event. A hostile header is refused at its first wrong value (no DOM is built,
+/// nothing nests deeper than an array in a tensor), and a key that appears twice at any level is
+/// an error (nlohmann's DOM would silently keep the last one).
+class HeaderReader final : public nlohmann::json_sax<nlohmann::json> {
  public:
-  HeaderParser(std::string_view json, std::string_view op, std::string file, const std::source_location& loc)
-      : s_(json), op_(op), file_(std::move(file)), loc_(loc) {}
+  HeaderReader(std::string_view op, std::string file, const std::source_location& loc)
+      : op_(op), file_(std::move(file)), loc_(loc) {}
 
-  Header parse() {
-    Header h;
-    std::set<std::string, std::less<>> names;
-    bool seen_metadata = false;
-    ws();
-    expect('{', "the header to start with '{'");
-    ws();
-    if (!eat('}')) {
-      for (;;) {
-        ws();
-        const std::size_t key_at = i_;
-        std::string key = string("a tensor name");
-        ws();
-        expect(':', "':' after a key");
-        ws();
-        if (key == "__metadata__") {
-          if (seen_metadata) fail_at(key_at, "\"__metadata__\" appears twice");
-          seen_metadata = true;
-          h.metadata = metadata();
-        } else {
-          if (names.count(key)) fail_at(key_at, "tensor \"", key, "\" appears twice");
-          names.insert(key);
-          h.entries.push_back(entry(std::move(key)));
-        }
-        ws();
-        if (eat(',')) continue;
-        expect('}', "',' or '}' after a header entry");
-        break;
-      }
-    }
-    ws();  // writers pad the header with spaces
-    if (i_ != s_.size()) fail_at(i_, "unexpected bytes after the closing '}'");
-    return h;
+  /// The parsed header, its entries in file order (not yet checked against the data section).
+  Header read(std::string_view json) {
+    // nlohmann's lexer takes a NUL byte for the end of its input: "{}\0junk" would parse.
+    if (const std::size_t nul = json.find('\0'); nul != json.npos)
+      fail("header byte ", nul, ": a NUL byte (JSON text never holds one)");
+    // Checked here so a header starting with a byte-order mark (which nlohmann skips) is refused.
+    const std::size_t first = json.find_first_not_of(" \t\n\r");
+    if (first == json.npos)
+      fail("header byte ", json.size(), ": expected the header to start with '{', found the end of the header");
+    if (json[first] != '{') fail("header byte ", first, ": expected the header to start with '{'");
+    nlohmann::json::sax_parse(json.begin(), json.end(), this);  // strict: only whitespace may follow the '}'
+    return std::move(h_);
   }
 
   /// Throws IOError "[op] 'file' is corrupt: what".
@@ -162,210 +127,164 @@ class HeaderParser {
     detail::fail<IOError>(op_, loc_, "'", file_, "' is corrupt: ", parts...);
   }
 
- private:
-  template <class... Parts>
-  [[noreturn]] void fail_at(std::size_t at, const Parts&... parts) const {
-    fail("header byte ", at, ": ", parts...);
-  }
-  bool at_end() const { return i_ >= s_.size(); }
-  char peek() const { return at_end() ? '\0' : s_[i_]; }
-  void ws() {
-    while (!at_end() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
-  }
-  bool eat(char c) {
-    if (at_end() || s_[i_] != c) return false;
-    ++i_;
+  // ---- SAX events (nlohmann has checked the syntax of each before it arrives) ----
+  bool null() override { return wrong("null"); }
+  bool boolean(bool) override { return wrong("a boolean"); }
+  bool binary(binary_t&) override { return wrong("binary data"); }
+  // Only numbers written with a '-' arrive here ("-0" too: shapes and offsets never have a sign).
+  bool number_integer(number_integer_t) override { return bad_item("is negative"); }
+  bool number_unsigned(number_unsigned_t v) override {
+    if (in_ != In::shape && in_ != In::offsets) return wrong("a number");
+    if (items_.size() == max_items()) fail(item_name(), " has more than ", max_items(), " items", where());
+    if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return bad_item("is too large");
+    items_.push_back(v);
     return true;
   }
-  void expect(char c, std::string_view what) {
-    if (!eat(c)) fail_at(i_, "expected ", what, at_end() ? ", found the end of the header" : "");
+  // nlohmann hands on an integer too long for 64 bits as a float; its text tells them apart.
+  bool number_float(number_float_t, const string_t& text) override {
+    if (text.find_first_of(".eE") != text.npos) return bad_item("is not an integer");
+    return bad_item(text.front() == '-' ? "is negative" : "is too large");
+  }
+  bool string(string_t& s) override {
+    if (in_ == In::metadata) {
+      h_.metadata.emplace(std::move(key_), std::move(s));
+      return true;
+    }
+    if (in_ != In::tensor || field_ != Field::dtype) return wrong("a string");
+    entry_.dtype = dtype(s);
+    return true;
+  }
+  bool start_object(std::size_t) override {
+    if (in_ == In::start) in_ = In::root;
+    else if (in_ == In::root && key_ == "__metadata__") in_ = In::metadata;
+    else if (in_ == In::root) {
+      in_ = In::tensor;
+      entry_ = Entry{};
+      entry_.name = std::move(key_);
+      seen_ = {};
+    } else return wrong("an object");
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (in_ == In::root && k == "__metadata__") {
+      if (std::exchange(seen_metadata_, true)) fail("\"__metadata__\" appears twice");
+    } else if (in_ == In::root) {
+      if (!names_.insert(k).second) fail("tensor \"", k, "\" appears twice");
+    } else if (in_ == In::metadata) {
+      if (h_.metadata.count(k)) fail("metadata key \"", k, "\" appears twice");
+    } else {  // a field of a tensor
+      const auto it = std::find(std::begin(field_names), std::end(field_names), k);
+      if (it == std::end(field_names)) fail("unknown field \"", k, "\"", where());
+      field_ = static_cast<Field>(it - std::begin(field_names));
+      if (std::exchange(seen_[static_cast<int>(field_)], true)) fail("field \"", k, "\" appears twice", where());
+    }
+    key_ = std::move(k);
+    return true;
+  }
+  bool end_object() override {
+    if (in_ == In::tensor) {
+      for (int f = 0; f < 3; ++f)
+        if (!seen_[f]) fail("tensor \"", entry_.name, "\" lacks the field \"", field_names[f], "\"");
+      h_.entries.push_back(std::move(entry_));
+    }
+    in_ = in_ == In::root ? In::end : In::root;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (in_ != In::tensor || field_ == Field::dtype) return wrong("an array");
+    in_ = field_ == Field::shape ? In::shape : In::offsets;
+    items_.clear();
+    return true;
+  }
+  bool end_array() override {
+    if (in_ == In::shape) {
+      for (std::uint64_t d : items_) entry_.shape.push_back(static_cast<std::int64_t>(d));
+    } else {
+      if (items_.size() != 2) fail("data_offsets of tensor \"", entry_.name, "\" must hold 2 numbers");
+      entry_.begin = items_[0];
+      entry_.end = items_[1];
+    }
+    in_ = In::tensor;
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string& last_token, const nlohmann::json::exception& e) override {
+    const std::size_t byte = position > 0 ? position - 1 : 0;  // position counts the byte it stopped at
+    if (in_ == In::end) fail("header byte ", byte, ": unexpected bytes after the closing '}'");
+    // nlohmann's words without its "[json.exception...] parse error at line 1, column 7: " prefix
+    // and without its echo of the token (megabytes of a long string, or the invalid UTF-8 it refused).
+    std::string what = e.what();
+    if (const std::size_t at = what.find("syntax error"); at != what.npos) what.erase(0, at);
+    const std::string echo = "; last read: '" + last_token + "'";
+    if (const std::size_t at = what.find(echo); at != what.npos) what.erase(at, echo.size());
+    fail("header byte ", byte, where(), ": ", what);
   }
 
-  std::string string(std::string_view what) {
-    if (!eat('"')) fail_at(i_, "expected ", what, " (a string)");
-    std::string out;
-    for (;;) {
-      if (at_end()) fail_at(i_, "unterminated string");
-      const char c = s_[i_];
-      if (c == '"') { ++i_; return out; }
-      if (static_cast<unsigned char>(c) < 0x20) fail_at(i_, "control character in a string");
-      if (c == '\\') { escape(out); continue; }
-      const std::size_t n = utf8_length(s_, i_);
-      if (n == 0) fail_at(i_, "invalid UTF-8");
-      out.append(s_.substr(i_, n));
-      i_ += n;
-    }
-  }
-  unsigned hex4() {
-    if (s_.size() - i_ < 4) fail_at(i_, "truncated \\u escape");
-    unsigned v = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char c = s_[i_++];
-      v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= static_cast<unsigned>(c - 'A' + 10);
-      else fail_at(i_ - 1, "bad hex digit in a \\u escape");
-    }
-    return v;
-  }
-  void escape(std::string& out) {
-    const std::size_t at = i_++;
-    if (at_end()) fail_at(at, "unterminated escape");
-    const char c = s_[i_++];
-    switch (c) {
-      case '"': out += '"'; return;
-      case '\\': out += '\\'; return;
-      case '/': out += '/'; return;
-      case 'b': out += '\b'; return;
-      case 'f': out += '\f'; return;
-      case 'n': out += '\n'; return;
-      case 'r': out += '\r'; return;
-      case 't': out += '\t'; return;
-      case 'u': break;
-      default: fail_at(at, "unknown escape '\\", c, "'");
-    }
-    unsigned cp = hex4();
-    if (cp >= 0xDC00 && cp <= 0xDFFF) fail_at(at, "lone low surrogate in a \\u escape");
-    if (cp >= 0xD800 && cp <= 0xDBFF) {
-      if (s_.substr(i_, 2) != "\\u") fail_at(at, "high surrogate without its low half");
-      i_ += 2;
-      const unsigned low = hex4();
-      if (low < 0xDC00 || low > 0xDFFF) fail_at(at, "high surrogate without its low half");
-      cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-    }
-    const auto put = [&](unsigned v) { out += static_cast<char>(v); };
-    if (cp < 0x80) put(cp);
-    else if (cp < 0x800) { put(0xC0 | (cp >> 6)); put(0x80 | (cp & 0x3F)); }
-    else if (cp < 0x10000) { put(0xE0 | (cp >> 12)); put(0x80 | ((cp >> 6) & 0x3F)); put(0x80 | (cp & 0x3F)); }
-    else { put(0xF0 | (cp >> 18)); put(0x80 | ((cp >> 12) & 0x3F)); put(0x80 | ((cp >> 6) & 0x3F)); put(0x80 | (cp & 0x3F)); }
-  }
+ private:
+  enum class In { start, root, metadata, tensor, shape, offsets, end };  // where the parser is
+  enum class Field { dtype, shape, offsets };
+  static constexpr std::string_view field_names[] = {"dtype", "shape", "data_offsets"};
 
-  /// A non-negative JSON integer that fits in int64 (shapes and offsets are nothing else).
-  std::uint64_t integer(std::string_view what) {
-    const std::size_t at = i_;
-    if (peek() == '-') fail_at(at, what, " is negative");
-    if (peek() < '0' || peek() > '9') fail_at(at, "expected ", what, " (an integer)");
-    if (peek() == '0' && i_ + 1 < s_.size() && s_[i_ + 1] >= '0' && s_[i_ + 1] <= '9')
-      fail_at(at, "leading zero in a number");
-    std::uint64_t v = 0;
-    while (peek() >= '0' && peek() <= '9') {
-      const auto d = static_cast<std::uint64_t>(s_[i_++] - '0');
-      if (v > (static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) - d) / 10)
-        fail_at(at, what, " is too large");
-      v = v * 10 + d;
-    }
-    if (peek() == '.' || peek() == 'e' || peek() == 'E') fail_at(at, what, " is not an integer");
-    return v;
+  /// " in tensor \"w\"" while inside one, else "".
+  std::string where() const {
+    return in_ == In::tensor || in_ == In::shape || in_ == In::offsets ? " in tensor \"" + entry_.name + "\"" : "";
   }
-  /// "[int, ...]" with at most max_items items.
-  std::vector<std::uint64_t> int_array(std::string_view what, std::size_t max_items) {
-    std::vector<std::uint64_t> v;
-    expect('[', std::string(what) + " (an array)");
-    ws();
-    if (eat(']')) return v;
-    for (;;) {
-      ws();
-      if (v.size() == max_items) fail_at(i_, what, " has more than ", max_items, " items");
-      v.push_back(integer(what));
-      ws();
-      if (eat(',')) continue;
-      expect(']', "',' or ']' in " + std::string(what));
-      return v;
-    }
-  }
+  std::string_view item_name() const { return in_ == In::shape ? "a shape" : "data_offsets"; }
+  std::size_t max_items() const { return in_ == In::shape ? max_rank : 2; }
 
-  std::map<std::string, std::string> metadata() {
-    std::map<std::string, std::string> m;
-    expect('{', "\"__metadata__\" to be an object");
-    ws();
-    if (eat('}')) return m;
-    for (;;) {
-      ws();
-      const std::size_t at = i_;
-      std::string key = string("a metadata key");
-      ws();
-      expect(':', "':' after a metadata key");
-      ws();
-      std::string value = string("a metadata value");
-      if (!m.emplace(std::move(key), std::move(value)).second) fail_at(at, "metadata key appears twice");
-      ws();
-      if (eat(',')) continue;
-      expect('}', "',' or '}' in \"__metadata__\"");
-      return m;
-    }
-  }
-
-  Entry entry(std::string name) {
-    Entry e;
-    e.name = std::move(name);
-    const std::size_t start = i_;
-    bool has_dtype = false, has_shape = false, has_offsets = false;
-    expect('{', "tensor \"" + e.name + "\" to be an object");
-    ws();
-    if (!eat('}')) {
-      for (;;) {
-        ws();
-        const std::size_t at = i_;
-        const std::string field = string("a field name");
-        ws();
-        expect(':', "':' after a field name");
-        ws();
-        bool* seen = nullptr;
-        if (field == "dtype") {
-          seen = &has_dtype;
-          const std::size_t dat = i_;
-          e.dtype = dtype(string("a dtype string"), dat);
-        } else if (field == "shape") {
-          seen = &has_shape;
-          for (std::uint64_t d : int_array("a shape", max_rank)) e.shape.push_back(static_cast<std::int64_t>(d));
-        } else if (field == "data_offsets") {
-          seen = &has_offsets;
-          const std::size_t oat = i_;
-          auto o = int_array("data_offsets", 2);
-          if (o.size() != 2) fail_at(oat, "data_offsets of tensor \"", e.name, "\" must hold 2 numbers");
-          e.begin = o[0];
-          e.end = o[1];
-        } else {
-          fail_at(at, "unknown field \"", field, "\" in tensor \"", e.name, "\"");
-        }
-        if (*seen) fail_at(at, "field \"", field, "\" appears twice in tensor \"", e.name, "\"");
-        *seen = true;
-        ws();
-        if (eat(',')) continue;
-        expect('}', "',' or '}' in tensor \"" + e.name + "\"");
-        break;
+  /// A value the schema has no place for here: "expected X, found Y".
+  bool wrong(std::string_view found) const {
+    const auto expected = [&]() -> std::string {
+      switch (in_) {
+        case In::root:
+          if (key_ == "__metadata__") return "\"__metadata__\" to be an object";
+          return "tensor \"" + key_ + "\" to be an object";
+        case In::metadata: return "a metadata value (a string) for the key \"" + key_ + "\"";
+        case In::tensor:
+          if (field_ == Field::dtype) return "a dtype string";
+          return field_ == Field::shape ? "a shape (an array)" : "data_offsets (an array)";
+        case In::shape: return "a shape (an integer)";
+        case In::offsets: return "data_offsets (an integer)";
+        default: return "the header to start with '{'";
       }
-    }
-    if (!has_dtype || !has_shape || !has_offsets)
-      fail_at(start, "tensor \"", e.name, "\" lacks the field \"",
-              !has_dtype ? "dtype" : !has_shape ? "shape" : "data_offsets", "\"");
-    return e;
+    };
+    fail("expected ", expected(), ", found ", found, where());
+  }
+  /// A number in a shape or data_offsets that is not a non-negative int64.
+  bool bad_item(std::string_view problem) const {
+    if (in_ != In::shape && in_ != In::offsets) return wrong("a number");
+    fail(item_name(), " ", problem, where());
   }
 
-  DType dtype(const std::string& code, std::size_t at) const {
+  DType dtype(const std::string& code) const {
     for (int d = 0; d < num_dtypes; ++d)
       if (code == dtype_code(static_cast<DType>(d))) return static_cast<DType>(d);
     static constexpr std::string_view other[] = {"U8", "I8", "I16", "U16", "F16", "BF16", "U32",
                                                  "U64", "F8_E4M3", "F8_E5M2", "C64"};
     if (std::find(std::begin(other), std::end(other), code) != std::end(other))
-      fail_at(at, "dtype \"", code, "\" is valid safetensors but not supported (use F32 F64 I32 I64 BOOL)");
-    fail_at(at, "unknown dtype \"", code, "\"");
+      fail("dtype \"", code, "\" is valid safetensors but not supported (use F32 F64 I32 I64 BOOL)", where());
+    fail("unknown dtype \"", code, "\"", where());
   }
 
-  std::string_view s_;
   std::string_view op_;
   std::string file_;
   std::source_location loc_;
-  std::size_t i_ = 0;
+  Header h_;
+  In in_ = In::start;
+  std::string key_;                               // the last key read
+  Field field_ = Field::dtype;                    // the tensor field being read
+  Entry entry_;                                   // the tensor being read
+  std::array<bool, 3> seen_{};                    // its fields seen so far
+  std::vector<std::uint64_t> items_;              // the array being read
+  std::set<std::string, std::less<>> names_;      // tensor names seen so far
+  bool seen_metadata_ = false;
 };
 
 /// Parses a header and checks that its tensors tile a data section of data_size bytes
 /// exactly: each in range, sized by dtype * shape, no overlap, no gap, nothing left over.
 inline Header parse_header(std::string_view json, std::uint64_t data_size, std::string_view op,
                            const std::string& file, const std::source_location& loc) {
-  HeaderParser p(json, op, file, loc);
-  Header h = p.parse();
+  HeaderReader p(op, file, loc);
+  Header h = p.read(json);
   for (const Entry& e : h.entries) {
     std::uint64_t need = 0;
     if (!checked_nbytes(e.shape, e.dtype, need))
@@ -391,20 +310,6 @@ inline Header parse_header(std::string_view json, std::uint64_t data_size, std::
   if (pos != data_size)
     p.fail("the data section has ", data_size, " bytes, but the tensors end at byte ", pos, " (trailing bytes)");
   return h;
-}
-
-/// JSON string literal of s (s must be valid UTF-8; non-ASCII is written as is).
-inline std::string quote(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') { out += '\\'; out += c; }
-    else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
-      out += buf;
-    } else out += c;
-  }
-  return out + "\"";
 }
 
 /// A file written under a temporary name beside its target and renamed over the target
@@ -521,23 +426,20 @@ inline void save(const std::filesystem::path& path, const std::vector<std::pair<
     const std::size_t sa = itemsize(host[a].dtype()), sb = itemsize(host[b].dtype());
     return sa != sb ? sa > sb : tensors[a].first < tensors[b].first;
   });
-  std::string json = "{";
-  if (!metadata.empty()) {
-    json += "\"__metadata__\":{";
-    for (auto it = metadata.begin(); it != metadata.end(); ++it)
-      json += (it == metadata.begin() ? "" : ",") + quote(it->first) + ":" + quote(it->second);
-    json += "}";
-  }
+  // The header in the order of the data section, metadata first; nlohmann escapes the names
+  // (quotes, backslashes, control characters) and writes non-ASCII as it is.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
   for (std::size_t i : order) {
     const Tensor& t = host[i];
-    if (json.size() > 1) json += ",";
-    json += quote(tensors[i].first) + ":{\"dtype\":\"" + std::string(dtype_code(t.dtype())) + "\",\"shape\":[";
-    for (int d = 0; d < t.rank(); ++d) json += (d ? "," : "") + std::to_string(t.shape()[d]);
-    json += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.nbytes()) + "]}";
-    offset += t.nbytes();
+    const std::uint64_t end = offset + t.nbytes();
+    header[tensors[i].first] = {{"dtype", std::string(dtype_code(t.dtype()))},
+                                {"shape", t.shape().vec()},
+                                {"data_offsets", {offset, end}}};
+    offset = end;
   }
-  json += "}";
+  std::string json = header.dump();  // compact: no spaces
   json.append((8 - json.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
 
   unsigned char len[8];
