@@ -101,6 +101,18 @@ TEST_CASE("IDX headers whose extents overflow are IOErrors", "[hardening]") {
   CHECK_THROWS_WITH(sc::data::read_idx(p), Catch::Contains("corrupt"));
   sctest::write_bytes(p, idx_bytes({2, 3}, 6));
   CHECK(sc::data::read_idx(p).shape == sc::Shape{2, 3});
+  // An empty tensor's other extents count too (found by fuzz/fuzz_idx): no payload, but a shape
+  // no tensor may have, which was a ShapeError from read_idx_tensor instead of an IOError.
+  sctest::write_bytes(p, idx_bytes({0, 0xffffffffu, 0xffffffffu, 0xffffffffu}, 0));
+  CHECK_THROWS_AS(sc::data::read_idx(p), sc::IOError);
+  CHECK_THROWS_AS(sc::data::read_idx_tensor(p, false), sc::IOError);
+  // 2^62 bytes as unsigned bytes, but 2^64 as f32 and 2^65 as i64
+  sctest::write_bytes(p, idx_bytes({0, 1u << 31, 1u << 31}, 0));
+  CHECK(sc::data::read_idx(p).shape == sc::Shape{0, std::int64_t{1} << 31, std::int64_t{1} << 31});
+  CHECK_THROWS_WITH(sc::data::read_idx_tensor(p, false), Catch::Contains("corrupt") && Catch::Contains("f32"));
+  CHECK_THROWS_AS(sc::data::read_idx_tensor(p, true), sc::IOError);
+  sctest::write_bytes(p, idx_bytes({0, 5}, 0));  // an ordinary empty file still reads
+  CHECK(sc::data::read_idx_tensor(p, true).shape() == sc::Shape{0, 5});
 }
 
 TEST_CASE("safetensors entries with overflowing or huge empty shapes are IOErrors", "[hardening]") {

@@ -58,6 +58,15 @@ inline std::size_t idx_item_size(std::uint8_t type) {
   }
 }
 
+/// True when a tensor of shape s with `item`-byte elements obeys the size rule of every tensor
+/// (detail::checked_numel: at most max_tensor_bytes, the extents of an empty tensor counting too).
+inline bool idx_fits(const Shape& s, std::size_t item) {
+  std::int64_t bytes = static_cast<std::int64_t>(item);
+  for (std::int64_t d : s)
+    if (d != 0 && (__builtin_mul_overflow(bytes, d, &bytes) || bytes > max_tensor_bytes)) return false;
+  return true;
+}
+
 }  // namespace detail
 
 /// Reads an IDX file (".gz" or plain). A missing, truncated or corrupt file is an IOError.
@@ -74,11 +83,11 @@ inline IdxFile read_idx(const std::string& path) {
   const std::size_t header = 4 + 4 * static_cast<std::size_t>(rank);
   if (bytes.size() < header) throw IOError("[read_idx] " + path + " is truncated (header)");
   for (int d = 0; d < rank; ++d) f.shape.push_back(detail::be32(&bytes[4 + 4 * d]));
-  // the extents come from the file: their product may wrap, so it is checked before any use
-  std::size_t want = item;
-  for (std::int64_t d : f.shape)
-    if (__builtin_mul_overflow(want, static_cast<std::size_t>(d), &want) || want > (std::size_t{1} << 62))
-      throw IOError("[read_idx] " + path + " is corrupt: its header " + f.shape.str() + " describes more than 2^62 bytes");
+  // the extents come from the file: their product may wrap, so it is checked before any use (an
+  // empty tensor's other extents count too: [0, 2^32-1, 2^32-1, 2^32-1] is no tensor's shape)
+  if (!detail::idx_fits(f.shape, item))
+    throw IOError("[read_idx] " + path + " is corrupt: its header " + f.shape.str() + " describes more than 2^62 bytes");
+  const std::size_t want = static_cast<std::size_t>(f.shape.numel()) * item;
   if (bytes.size() - header != want)
     throw IOError("[read_idx] " + path + " holds " + std::to_string(bytes.size() - header) +
                   " payload bytes, its header " + f.shape.str() + " says " + std::to_string(want));
@@ -91,6 +100,9 @@ inline IdxFile read_idx(const std::string& path) {
 inline Tensor read_idx_tensor(const std::string& path, bool as_labels, float scale = 1.f / 255.f) {
   const IdxFile f = read_idx(path);
   if (f.type != 0x08) throw IOError("[read_idx] " + path + " is not an unsigned-byte IDX file");
+  if (!detail::idx_fits(f.shape, as_labels ? sizeof(std::int64_t) : sizeof(float)))
+    throw IOError("[read_idx] " + path + " is corrupt: its header " + f.shape.str() + " describes more than 2^62 bytes as " +
+                  (as_labels ? "i64" : "f32"));
   if (as_labels) {
     std::vector<std::int64_t> v(f.payload.begin(), f.payload.end());
     return tensor(v, f.shape);
