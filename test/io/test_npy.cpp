@@ -17,7 +17,7 @@
 #include "files.hpp"
 
 namespace fs = std::filesystem;
-using Catch::Matchers::Contains;
+using Catch::Contains;  // v2's string matcher (test/catch2_v3 maps it for v3)
 
 namespace {
 

@@ -174,7 +174,10 @@ inline std::string attr_text(const ops::Attrs& a) {
 }
 
 inline std::string type_text(const Value& v) {
-  return std::string(name(v.dtype)) + v.shape.str() + (v.device.is_cpu() ? "" : "@" + v.device.str());
+  std::string t = std::string(name(v.dtype)) + v.shape.str();
+  // appended, not "@" + str(): GCC 12 at -O3 warns falsely (-Wrestrict) inside that operator+
+  if (!v.device.is_cpu()) t.append("@").append(v.device.str());
+  return t;
 }
 
 inline std::string loc_text(const SrcLoc& l) {

@@ -2,6 +2,7 @@
 // broadcast_to share (each describes its input as extents + strides over a contiguous output).
 #pragma once
 #include <cstring>
+#include "../backend/cpu/simd.hpp"  // first: it includes the intrinsics with GCC 12's AVX-512 warnings handled
 #if defined(__AVX__) || defined(__SSE2__)
 #include <immintrin.h>
 #endif

@@ -21,7 +21,7 @@
 #include <type_traits>
 #include <utility>
 
-#include <xsimd/xsimd.hpp>
+#include "../backend/cpu/simd.hpp"  // xsimd, with GCC 12's AVX-512 intrinsics warnings handled
 
 #include "../backend/cpu/elementwise.hpp"
 #include "../core/dtype.hpp"

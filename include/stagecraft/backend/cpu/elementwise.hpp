@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <xsimd/xsimd.hpp>
+#include "simd.hpp"  // xsimd, with GCC 12's AVX-512 intrinsics warnings handled
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif

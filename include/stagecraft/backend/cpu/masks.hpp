@@ -12,7 +12,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include <xsimd/xsimd.hpp>
+#include "simd.hpp"  // xsimd, with GCC 12's AVX-512 intrinsics warnings handled
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif

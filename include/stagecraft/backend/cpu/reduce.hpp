@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <xsimd/xsimd.hpp>
+#include "simd.hpp"  // xsimd, with GCC 12's AVX-512 intrinsics warnings handled
 
 #include "../../core/shape.hpp"
 #include "../../core/tensor.hpp"
