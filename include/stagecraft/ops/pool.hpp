@@ -172,13 +172,14 @@ struct MaxPool2dGrad {
   /// The offset (i * W + j) of the window's maximum in x, window top-left at `top`: the first
   /// largest element in row-major order, or the first NaN. Branch-free selects in the common
   /// case (a branch on data-dependent compares mispredicts half the time).
-  template <class T>
+  template <std::int64_t K, class T>
   static std::int64_t argmax_in_window(const Window& w, const T* top) {
+    const std::int64_t kh = K > 0 ? K : w.kh, kw = K > 0 ? K : w.kw;  // K > 0: a fixed size, unrolled
     std::int64_t best = 0;
     T m = top[0];
     bool nan = false;
-    for (std::int64_t i = 0; i < w.kh; ++i)
-      for (std::int64_t j = 0; j < w.kw; ++j) {
+    for (std::int64_t i = 0; i < kh; ++i)
+      for (std::int64_t j = 0; j < kw; ++j) {
         const std::int64_t at = i * w.W + j;
         const T v = top[at];
         const bool more = v > m;
@@ -188,20 +189,27 @@ struct MaxPool2dGrad {
       }
     if constexpr (std::is_floating_point_v<T>)
       if (SC_UNLIKELY(nan))  // rare: the first NaN wins
-        for (std::int64_t i = 0; i < w.kh; ++i)
-          for (std::int64_t j = 0; j < w.kw; ++j)
+        for (std::int64_t i = 0; i < kh; ++i)
+          for (std::int64_t j = 0; j < kw; ++j)
             if (top[i * w.W + j] != top[i * w.W + j]) return i * w.W + j;
     return best;
   }
 
  private:
+  // The common 2x2 and 3x3 kernels get unrolled window loops.
   template <class T>
   static void scatter_plane(const Window& w, const T* g, const T* x, T* dx) {
+    if (w.kh == 2) scatter_plane_k<2>(w, g, x, dx);
+    else if (w.kh == 3) scatter_plane_k<3>(w, g, x, dx);
+    else scatter_plane_k<0>(w, g, x, dx);
+  }
+  template <std::int64_t K, class T>
+  static void scatter_plane_k(const Window& w, const T* g, const T* x, T* dx) {
     std::fill(dx, dx + w.H * w.W, T(0));
     for (std::int64_t oy = 0; oy < w.Ho; ++oy)
       for (std::int64_t ox = 0; ox < w.Wo; ++ox) {
         const std::int64_t top = oy * w.stride * w.W + ox * w.stride;
-        dx[top + argmax_in_window(w, x + top)] += g[oy * w.Wo + ox];
+        dx[top + argmax_in_window<K>(w, x + top)] += g[oy * w.Wo + ox];
       }
   }
 };
