@@ -1,4 +1,4 @@
-// max_pool2d / avg_pool2d primitives over NCHW (no padding, floor output size).
+// max_pool2d / avg_pool2d primitives over NCHW (no padding, floor output size), and max_pool2d_grad.
 #pragma once
 #include <algorithm>
 #include <limits>
