@@ -228,14 +228,19 @@ TEST_CASE("max_pool2d and avg_pool2d: gradients", "[autodiff][grad][pool]") {
     const std::string cfg = " " + str(p.x) + " k" + std::to_string(p.k) + " s" + std::to_string(p.s);
     rows.push_back({"max_pool2d" + cfg, [p](auto& x) { return sc::nn::max_pool2d(x[0], p.k, p.s); },
                     {distinct(p.x, ++seed)}});
+    rows.push_back({"max_pool2d_grad" + cfg,
+                    [p](auto& x) { return sc::nn::max_pool2d_grad(x[0], x[1], p.k, p.s); },
+                    {vals(sc::nn::max_pool2d(sc::zeros(p.x), p.k, p.s).shape(), ++seed), distinct(p.x, ++seed)}});
     rows.push_back({"avg_pool2d" + cfg, [p](auto& x) { return sc::nn::avg_pool2d(x[0], p.k, p.s); },
                     {vals(p.x, ++seed)}});
   }
   check_rows(rows);
 }
 
-TEST_CASE("max_pool2d: ties share the gradient, NaN windows pass none", "[autodiff][grad][pool]") {
-  // Window 0 is all 1s (4 ties); window 1 has two 5s; window 2 one max; window 3 a NaN.
+TEST_CASE("max_pool2d: the first of ties takes the gradient, a NaN wins", "[autodiff][grad][pool]") {
+  // Window 0 is all 1s (4 ties); window 1 has two 5s; window 2 one max; window 3 a NaN. As
+  // TensorFlow and PyTorch: the whole of g goes to one element, the first maximum in row-major
+  // order, or the first NaN (the element the forward pass returns).
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const Tensor x = sc::tensor(std::vector<double>{1, 1, 5, 0, 2, 5, nan, 3,  //
                                                   1, 1, 4, 5, 2, 9, 7, 3},
@@ -245,12 +250,26 @@ TEST_CASE("max_pool2d: ties share the gradient, NaN windows pass none", "[autodi
     sc::GradientTape tape;
     tape.watch(in);
     const Tensor y = sc::nn::max_pool2d(in, 2, 2);
-    const Tensor g = tape.gradient(y, in);
+    const Tensor w = sc::tensor(std::vector<double>{1, 2, 3, 4}, Shape{1, 1, 1, 4}).astype(in.dtype());
+    const Tensor g = tape.gradient(y * w, in);
     CHECK(g.dtype() == in.dtype());
-    const std::vector<double> want{0.25, 0.25, 0.5, 0, 0, 0, 0, 0,  //
-                                   0.25, 0.25, 0, 0.5, 0, 1, 0, 0};
+    const std::vector<double> want{1, 0, 2, 0, 0, 0, 4, 0,  //
+                                   0, 0, 0, 0, 0, 3, 0, 0};
     CHECK(g.to_vector<double>() == want);
   }
+  // Overlapping windows (stride 1): two sharing a maximum add their gradients there; a NaN
+  // takes its window's; all-equal windows give theirs to their own top-left element.
+  const Tensor o = sc::tensor(std::vector<double>{0, 9, 0, nan,  //
+                                                  2, 2, 2, 1,    //
+                                                  2, 2, 2, 1},
+                              Shape{1, 1, 3, 4});
+  sc::GradientTape tape;
+  tape.watch(o);
+  const Tensor g = tape.gradient(sc::nn::max_pool2d(o, 2, 1), o);
+  const std::vector<double> want{0, 2, 0, 1,  //
+                                 1, 1, 1, 0,  //
+                                 0, 0, 0, 0};
+  CHECK(g.to_vector<double>() == want);
 }
 
 TEST_CASE("conv2d and the pools: an empty batch gives empty or zero gradients", "[autodiff][grad][conv]") {
@@ -315,6 +334,12 @@ TEST_CASE("second derivatives: matmul, softmax, conv2d and the pools", "[autodif
       {"d/dw conv2d 1x1", inner_gradient(conv_1x1, 1), {img, k1}},
       {"d/dx max_pool2d", inner_gradient([](auto& x) { return sc::nn::max_pool2d(x[0], 2, 1); }, 0),
        {distinct({2, 2, 4, 5}, 509)}},
+      {"d/dx max_pool2d k3 s2", inner_gradient([](auto& x) { return sc::nn::max_pool2d(x[0], 3, 2); }, 0),
+       {distinct({2, 2, 7, 6}, 511)}},
+      // max_pool2d_grad itself: linear in g (its gradient picks gg at the argmax), none in x.
+      {"d/dg max_pool2d_grad k2 s1",
+       inner_gradient([](auto& x) { return sc::nn::max_pool2d_grad(x[0], x[1], 2, 1); }, 0),
+       {vals({2, 2, 3, 4}, 512), distinct({2, 2, 4, 5}, 513)}},
       {"d/dx avg_pool2d", inner_gradient([](auto& x) { return sc::nn::avg_pool2d(sc::square(x[0]), 2, 2); }, 0),
        {vals({2, 2, 4, 5}, 510)}},
   });

@@ -134,7 +134,60 @@ std::vector<OpEntry> pool_entries() {
     for (DType d : floats)
       e->cases.push_back({{{{2, 2, 6, 6}, d, Gen::special, 0, {}}}, p, "NaN wins, inf"});
   }
-  return {mp, ap};
+  // max_pool2d_grad (g, x): g at each window's first maximum (or first NaN) of x, summed where
+  // windows overlap; scale = sum |g| landing on the element (the order of that sum may differ).
+  auto grad_ref = [](const std::vector<Ref>& in, const Params& p) {
+    const Ref &g = in[0], &x = in[1];
+    const std::int64_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3], k = p.k, s = p.stride;
+    const std::int64_t OH = (H - k) / s + 1, OW = (W - k) / s + 1;
+    Ref dx = make_ref(x.shape, x.dtype);
+    dx.scale.assign(dx.v.size(), 0.0);
+    for (std::int64_t nc = 0; nc < N * C; ++nc)
+      for (std::int64_t oh = 0; oh < OH; ++oh)
+        for (std::int64_t ow = 0; ow < OW; ++ow) {
+          std::int64_t best = -1;
+          for (std::int64_t i = 0; i < k; ++i)
+            for (std::int64_t j = 0; j < k; ++j) {
+              const std::int64_t at = (nc * H + oh * s + i) * W + ow * s + j;
+              if (best < 0 || (!std::isnan(x.v[best]) && (std::isnan(x.v[at]) || x.v[at] > x.v[best]))) best = at;
+            }
+          const double gv = g.v[(nc * OH + oh) * OW + ow];
+          dx.v[best] += gv;
+          dx.scale[best] += std::fabs(gv);
+        }
+    for (double& v : dx.v) v = round_to(v, dx.dtype);
+    return dx;
+  };
+  OpEntry mg{"max_pool2d_grad", "sc::nn::max_pool2d_grad(g, x, kernel, stride)",
+             SC_CALL(sc::nn::max_pool2d_grad(x[0], x[1], p.k, p.stride)), grad_ref, Tol{2}, {}, 1u};
+  for (DType d : numeric)
+    for (const PoolGeom& g : geoms) {
+      Params p;
+      p.k = g.k;
+      p.stride = g.stride;
+      const sc::Shape gs{g.x[0], g.x[1], (g.x[2] - g.k) / g.stride + 1, (g.x[3] - g.k) / g.stride + 1};
+      mg.cases.push_back({{{gs, d, Gen::normal, 0, {}}, {g.x, d, Gen::normal, 0, {}}}, p, g.note});
+    }
+  for (DType d : floats)
+    for (std::int64_t stride : {1, 2}) {
+      Params p;
+      p.k = 2;
+      p.stride = stride;
+      const std::int64_t o = stride == 1 ? 5 : 3;
+      mg.cases.push_back({{{{2, 2, o, o}, d, Gen::normal, 0, {}}, {{2, 2, 6, 6}, d, Gen::special, 0, {}}}, p,
+                          "NaN wins, inf"});
+    }
+  // Ties: every window all equal (the first element takes g), overlapping windows sharing them.
+  for (std::int64_t stride : {1, 2}) {
+    Params p;
+    p.k = 2;
+    p.stride = stride;
+    const std::int64_t o = stride == 1 ? 3 : 2;
+    mg.cases.push_back(
+        {{{{1, 2, o, o}, sc::f32, Gen::normal, 0, {}}, {{1, 2, 4, 4}, sc::f32, Gen::normal, 0, {1, 1, 0, 0}}}, p,
+         "ties"});
+  }
+  return {mp, mg, ap};
 }
 
 std::vector<OpEntry> softmax_entries() {

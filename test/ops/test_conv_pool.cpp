@@ -217,6 +217,85 @@ TEST_CASE("max_pool2d propagates NaN and handles -inf", "[pool]") {
   }
 }
 
+namespace {
+
+/// max_pool2d's gradient by plain loops: g at each window's first maximum (row-major) or first
+/// NaN, summed over overlapping windows, in double.
+std::vector<double> pool_grad_reference(const std::vector<double>& g, const std::vector<double>& x, sc::Shape s,
+                                        std::int64_t k, std::int64_t stride) {
+  const std::int64_t H = s[2], W = s[3], Ho = (H - k) / stride + 1, Wo = (W - k) / stride + 1;
+  std::vector<double> dx(x.size(), 0.0);
+  for (std::int64_t nc = 0; nc < s[0] * s[1]; ++nc)
+    for (std::int64_t oy = 0; oy < Ho; ++oy)
+      for (std::int64_t ox = 0; ox < Wo; ++ox) {
+        std::size_t best = 0;
+        bool first = true;
+        for (std::int64_t i = 0; i < k; ++i)
+          for (std::int64_t j = 0; j < k; ++j) {
+            const auto at = static_cast<std::size_t>((nc * H + oy * stride + i) * W + ox * stride + j);
+            if (first || (!std::isnan(x[best]) && (std::isnan(x[at]) || x[at] > x[best]))) best = at;
+            first = false;
+          }
+        dx[best] += g[static_cast<std::size_t>((nc * Ho + oy) * Wo + ox)];
+      }
+  return dx;
+}
+
+template <class T>
+void check_pool_grad(sc::Shape s, std::int64_t k, std::int64_t stride, unsigned seed, double nan_every = 0) {
+  auto xv = random_values<T>(s.numel(), seed);  // small integers: many ties
+  if constexpr (std::is_floating_point_v<T>)
+    if (nan_every > 0)
+      for (std::size_t i = 0; i < xv.size(); i += static_cast<std::size_t>(nan_every))
+        xv[i] = std::numeric_limits<T>::quiet_NaN();
+  const sc::Tensor x = sc::tensor(xv, s);
+  const sc::Shape gs{s[0], s[1], (s[2] - k) / stride + 1, (s[3] - k) / stride + 1};
+  const auto gv = random_values<T>(gs.numel(), seed + 1000);
+  const sc::Tensor g = sc::tensor(gv, gs);
+  INFO("max_pool2d_grad x " << s << " kernel " << k << " stride " << stride << " " << sc::name(x.dtype()));
+  const auto want = pool_grad_reference({gv.begin(), gv.end()}, {xv.begin(), xv.end()}, s, k, stride);
+  const sc::Tensor dx = sc::nn::max_pool2d_grad(g, x, k, stride);
+  REQUIRE(dx.shape() == s);
+  REQUIRE(dx.dtype() == x.dtype());
+  CHECK(dx.to_vector<double>() == want);  // small integers: every sum is exact
+  // The tape's gradient of max_pool2d is this op; traced, the same numbers.
+  if constexpr (std::is_floating_point_v<T>) {
+    sc::GradientTape tape;
+    tape.watch(x);
+    CHECK(tape.gradient(sc::nn::max_pool2d(x, k, stride) * g, x).to_vector<double>() == want);
+  }
+  auto f = sc::function([k, stride](sc::Tensor a, sc::Tensor b) { return sc::nn::max_pool2d_grad(a, b, k, stride); });
+  const sc::Tensor traced = f(g, x);
+  CHECK(traced.to_vector<double>() == want);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("max_pool2d_grad matches direct loops", "[pool][grad]", float, double, std::int32_t) {
+  unsigned seed = 700;
+  check_pool_grad<TestType>({2, 3, 6, 6}, 2, 2, ++seed);
+  check_pool_grad<TestType>({2, 3, 7, 5}, 2, 2, ++seed);  // floor drops the last row
+  check_pool_grad<TestType>({1, 2, 7, 9}, 3, 2, ++seed);  // overlapping windows accumulate
+  check_pool_grad<TestType>({1, 2, 6, 6}, 2, 1, ++seed);  // stride 1: every inner element in 4 windows
+  check_pool_grad<TestType>({1, 2, 8, 8}, 2, 3, ++seed);  // gaps between windows: zeros there
+  check_pool_grad<TestType>({3, 1, 5, 5}, 1, 1, ++seed);
+  check_pool_grad<TestType>({1, 1, 4, 6}, 4, 1, ++seed);
+  check_pool_grad<TestType>({0, 3, 4, 4}, 2, 2, ++seed);  // empty batch
+  check_pool_grad<TestType>({8, 16, 28, 28}, 2, 2, ++seed);  // large enough to thread
+  check_pool_grad<TestType>({2, 3, 6, 6}, 2, 1, ++seed, 7);  // NaN every 7th element (floats)
+  check_pool_grad<TestType>({2, 3, 9, 9}, 3, 2, ++seed, 5);
+}
+
+TEST_CASE("max_pool2d_grad errors name the op and the shapes", "[pool][grad][errors]") {
+  const auto x = sc::ones({1, 2, 4, 4});
+  CHECK_THROWS_WITH(sc::nn::max_pool2d_grad(sc::ones({1, 2, 3, 3}), x, 2, 2),
+                    Catch::Contains("[max_pool2d_grad] g has shape [1, 2, 3, 3] but max_pool2d of [1, 2, 4, 4] "
+                                    "(kernel 2, stride 2) has shape [1, 2, 2, 2]"));
+  CHECK_THROWS_AS(sc::nn::max_pool2d_grad(sc::ones({1, 2, 2, 2}, sc::f64), x, 2, 2), sc::DTypeError);
+  CHECK_THROWS_AS(sc::nn::max_pool2d_grad(sc::ones({1, 2, 2, 2}), x, 0, 2), sc::ValueError);
+  CHECK_THROWS_AS(sc::nn::max_pool2d_grad(sc::ones({2, 2}), sc::ones({4, 4}), 2, 2), sc::ShapeError);
+}
+
 TEST_CASE("conv2d errors name the op, the shapes and the user's line", "[conv][errors]") {
   const auto x = sc::ones({2, 3, 5, 5});
   int line = __LINE__ + 1;

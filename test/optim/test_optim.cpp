@@ -180,6 +180,100 @@ TEST_CASE("Adam: updates with bias correction match hand-computed values", "[opt
   CHECK(!s.nesterov());
 }
 
+namespace {
+
+/// Runs `steps` steps of a fresh optimizer made by make() on a copy of `init`, with gradients
+/// grad_at(t), and returns the variable's values: fused (eager default), composite (fused
+/// updates off) or traced (the step inside sc::function, where only ops may run).
+enum class Path { fused, composite, traced };
+template <class MakeOpt>
+Vec run_steps(MakeOpt make, const sc::Tensor& init, int steps, Path path) {
+  sc::Variable w(init, "w");
+  auto opt = make();
+  opt.build({w});
+  const bool was = sc::optim::fused::enabled;
+  sc::optim::fused::enabled = path != Path::composite;
+  auto traced = sc::function([&](sc::Tensor g) {
+    opt.apply({g}, {w});
+    return w.value();
+  });
+  for (int t = 1; t <= steps; ++t) {
+    const sc::Tensor g = sc::tensor(grad_at(t, std::size_t(init.numel()), 0.5), init.shape()).astype(init.dtype());
+    if (path == Path::traced) traced(g);
+    else opt.apply({g}, {w});
+  }
+  sc::optim::fused::enabled = was;
+  return w.value().to_vector<double>();
+}
+
+/// The largest |got - want| / max(|want|, 1).
+double max_rel_error(const Vec& got, const Vec& want) {
+  REQUIRE(got.size() == want.size());
+  double e = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    e = std::max(e, std::fabs(got[i] - want[i]) / std::max(std::fabs(want[i]), 1.0));
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("optimizers: the fused CPU update equals the composite ops bit for bit", "[optim][fused]") {
+  // Small (scalar loop only), odd-sized (SIMD body and tail) and big (split across threads).
+  for (std::int64_t n : {6, 1003, 300007})
+    for (sc::DType dt : {sc::f32, sc::f64}) {
+      const sc::Tensor init = sc::tensor(grad_at(0, std::size_t(n), 2.0), sc::Shape{n}).astype(dt);
+      const double tol = dt == sc::f32 ? 1e-5 : 1e-12;
+      auto check = [&](const std::string& what, auto make, auto reference) {
+        INFO(what << " n " << n << " " << sc::name(dt));
+        const Vec fused = run_steps(make, init, 5, Path::fused);
+        const Vec composite = run_steps(make, init, 5, Path::composite);
+        const Vec traced = run_steps(make, init, 5, Path::traced);
+        CHECK(fused == composite);  // the same roundings, op by op
+        CHECK(max_rel_error(traced, composite) <= tol);
+        CHECK(max_rel_error(fused, reference) <= tol);  // a plain loop in double
+      };
+      struct S { double lr, mu; bool nesterov; };
+      for (const S c : {S{0.1, 0.0, false}, S{0.05, 0.9, false}, S{0.05, 0.9, true}}) {
+        Vec w = init.to_vector<double>(), vel(w.size(), 0.0);
+        for (int t = 1; t <= 5; ++t) sgd_reference(w, vel, grad_at(t, w.size(), 0.5), c.lr, c.mu, c.nesterov);
+        check("SGD mu " + std::to_string(c.mu) + (c.nesterov ? " nesterov" : ""),
+              [c] { return sc::optim::SGD(c.lr, c.mu, c.nesterov); }, w);
+      }
+      struct A { double lr, b1, b2, eps; };
+      for (const A c : {A{1e-3, 0.9, 0.999, 1e-7}, A{0.05, 0.0, 0.5, 0.0}}) {
+        Vec w = init.to_vector<double>(), m(w.size(), 0.0), v(w.size(), 0.0);
+        for (int t = 1; t <= 5; ++t) adam_reference(w, m, v, grad_at(t, w.size(), 0.5), t, c.lr, c.b1, c.b2, c.eps);
+        check("Adam b1 " + std::to_string(c.b1), [c] { return sc::optim::Adam(c.lr, c.b1, c.b2, c.eps); }, w);
+      }
+    }
+}
+
+TEST_CASE("optimizers: the fused update keeps tensors immutable and the slots exact", "[optim][fused]") {
+  sc::Variable w(sc::tensor(Vec{1, 2, 3, 4, 5}).astype(sc::f32), "w");
+  const sc::Tensor before = w.value();
+  sc::optim::Adam fused_opt(0.1), composite_opt(0.1);
+  sc::Variable w2(sc::tensor(Vec{1, 2, 3, 4, 5}).astype(sc::f32), "w");
+  const sc::Tensor g = sc::tensor(Vec{0.5, -1, 2, 0, 3}).astype(sc::f32);
+  fused_opt.apply({g}, {w});
+  sc::optim::fused::enabled = false;
+  composite_opt.apply({g}, {w2});
+  sc::optim::fused::enabled = true;
+  CHECK(before.to_vector<double>() == Vec{1, 2, 3, 4, 5});  // a value read before the step is unchanged
+  // Eager CPU tensors of the variable's dtype take the fused path (so the tests above compare it).
+  CHECK(sc::optim::fused::eligible(g, w, nullptr, 0, sc::scalar(0.1f)));
+  CHECK(!sc::optim::fused::eligible(g, w, nullptr, 0, sc::scalar(0.1)));  // lr of another dtype
+  CHECK(w.value().to_vector<double>() == w2.value().to_vector<double>());
+  for (const char* slot : {"m", "v"})
+    CHECK(fused_opt.slot(w, slot).value().to_vector<double>() == composite_opt.slot(w2, slot).value().to_vector<double>());
+  // Gradients of another dtype are converted first, then the fused update runs.
+  fused_opt.apply({g.astype(sc::f64)}, {w});
+  sc::optim::fused::enabled = false;
+  composite_opt.apply({g.astype(sc::f64)}, {w2});
+  sc::optim::fused::enabled = true;
+  CHECK(w.dtype() == sc::f32);
+  CHECK(w.value().to_vector<double>() == w2.value().to_vector<double>());
+}
+
 TEST_CASE("optimizer: learning rate, skipped gradients, dtypes, no tape recording", "[optim]") {
   Problem p(sc::f32);
   sc::optim::SGD opt(0.1);

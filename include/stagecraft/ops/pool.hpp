@@ -1,4 +1,4 @@
-// max_pool2d / avg_pool2d primitives over NCHW (no padding, floor output size).
+// max_pool2d / avg_pool2d primitives over NCHW (no padding, floor output size), and max_pool2d_grad.
 #pragma once
 #include <algorithm>
 #include <limits>
@@ -11,9 +11,10 @@
 // The ops the gradient rules (at the end) are written with.
 #include "binary.hpp"
 #include "broadcast_to.hpp"
+#include "gather.hpp"  // one_hot
 #include "reduce.hpp"
 #include "reshape.hpp"
-#include "where.hpp"
+#include "transpose.hpp"
 
 namespace stagecraft {
 namespace ops {
@@ -125,6 +126,94 @@ struct AvgPool2d : Pool2d<AvgPool2d> {
   }
 };
 
+/// max_pool2d's gradient as one pass: inputs (g [N,C,Ho,Wo], x [N,C,H,W]) → dx [N,C,H,W], each
+/// g added at the position of its window's maximum in x, the first one of ties (row by row),
+/// a NaN winning as in the forward pass (the first NaN); overlapping windows accumulate.
+/// The argmax is recomputed from x (k*k compares per window, the same reads the composite
+/// made) rather than saved by the forward pass, which would need a second output. Attrs: i0
+/// kernel, i1 stride. Written by hand because the composite it replaces (im2col, equal, cast,
+/// sum, where, col2im) made six passes and was a third of a small CNN's training step.
+struct MaxPool2dGrad {
+  SC_OP_HEAD(MaxPool2dGrad, "max_pool2d_grad")
+  static constexpr int arity = 2;
+  static std::vector<Tensor> vjp(const Tensor& gg, Inputs in, const Tensor& out, const Attrs& a);
+
+  static OutMeta infer(Inputs in, const Attrs& a, const std::source_location& loc) {
+    const Tensor &g = in[0], &x = in[1];
+    require_dtype(!is_bool(x.dtype()), name, x.dtype(), "a numeric input", loc);
+    if (SC_UNLIKELY(g.dtype() != x.dtype()))
+      detail::fail<DTypeError>(name, loc, "expects g and x of one dtype, got ", stagecraft::name(g.dtype()), " and ",
+                               stagecraft::name(x.dtype()));
+    if (SC_UNLIKELY(a.i0 < 1)) detail::fail<ValueError>(name, loc, "kernel must be >= 1, got ", a.i0);
+    const Window w = Window::make(name, x.shape(), a.i0, a.i0, a.i1, 0, loc);
+    const Shape want{w.N, w.C, w.Ho, w.Wo};
+    if (SC_UNLIKELY(g.shape() != want))
+      detail::fail<ShapeError>(name, loc, "g has shape ", g.shape(), " but max_pool2d of ", x.shape(), " (kernel ",
+                               a.i0, ", stride ", a.i1, ") has shape ", want);
+    return {x.shape(), x.dtype()};
+  }
+
+  static void cpu(Inputs in, Tensor& out, const Attrs& a) {
+    if (out.numel() == 0) return;
+    const Window w = Window::make(name, in[1].shape(), a.i0, a.i0, a.i1, 0, std::source_location::current());
+    visit_numeric(out.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* g = static_cast<const T*>(in[0].raw_data());
+      const T* x = static_cast<const T*>(in[1].raw_data());
+      T* dx = static_cast<T*>(out.raw_data());
+      const std::int64_t plane = w.H * w.W, oplane = w.Ho * w.Wo;
+      // One task per (n, c) plane: windows of one plane may overlap, planes never do.
+      backend::cpu::parallel_for(w.N * w.C, row_grain(plane + oplane * w.kh * w.kw), [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t p = b; p < e; ++p) scatter_plane(w, g + p * oplane, x + p * plane, dx + p * plane);
+      });
+    });
+  }
+
+  /// The offset (i * W + j) of the window's maximum in x, window top-left at `top`: the first
+  /// largest element in row-major order, or the first NaN. Branch-free selects in the common
+  /// case (a branch on data-dependent compares mispredicts half the time).
+  template <std::int64_t K, class T>
+  static std::int64_t argmax_in_window(const Window& w, const T* top) {
+    const std::int64_t kh = K > 0 ? K : w.kh, kw = K > 0 ? K : w.kw;  // K > 0: a fixed size, unrolled
+    std::int64_t best = 0;
+    T m = top[0];
+    bool nan = false;
+    for (std::int64_t i = 0; i < kh; ++i)
+      for (std::int64_t j = 0; j < kw; ++j) {
+        const std::int64_t at = i * w.W + j;
+        const T v = top[at];
+        const bool more = v > m;
+        best = more ? at : best;
+        m = more ? v : m;
+        if constexpr (std::is_floating_point_v<T>) nan |= v != v;
+      }
+    if constexpr (std::is_floating_point_v<T>)
+      if (SC_UNLIKELY(nan))  // rare: the first NaN wins
+        for (std::int64_t i = 0; i < kh; ++i)
+          for (std::int64_t j = 0; j < kw; ++j)
+            if (top[i * w.W + j] != top[i * w.W + j]) return i * w.W + j;
+    return best;
+  }
+
+ private:
+  // The common 2x2 and 3x3 kernels get unrolled window loops.
+  template <class T>
+  static void scatter_plane(const Window& w, const T* g, const T* x, T* dx) {
+    if (w.kh == 2) scatter_plane_k<2>(w, g, x, dx);
+    else if (w.kh == 3) scatter_plane_k<3>(w, g, x, dx);
+    else scatter_plane_k<0>(w, g, x, dx);
+  }
+  template <std::int64_t K, class T>
+  static void scatter_plane_k(const Window& w, const T* g, const T* x, T* dx) {
+    std::fill(dx, dx + w.H * w.W, T(0));
+    for (std::int64_t oy = 0; oy < w.Ho; ++oy)
+      for (std::int64_t ox = 0; ox < w.Wo; ++ox) {
+        const std::int64_t top = oy * w.stride * w.W + ox * w.stride;
+        dx[top + argmax_in_window<K>(w, x + top)] += g[oy * w.Wo + ox];
+      }
+  }
+};
+
 /// The attrs both pools read: i0 kernel, i1 stride.
 inline Attrs pool_attrs(std::int64_t kernel, std::int64_t stride) {
   Attrs a;
@@ -144,6 +233,14 @@ inline Tensor max_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stri
   return detail::dispatch<ops::MaxPool2d>({&x, 1}, ops::pool_attrs(kernel, stride), loc);
 }
 
+/// The gradient of max_pool2d(x, kernel, stride) for the output gradient g: g added at each
+/// window's argmax in x (the first of ties, a NaN winning), overlapping windows summing.
+inline Tensor max_pool2d_grad(const Tensor& g, const Tensor& x, std::int64_t kernel, std::int64_t stride,
+                              std::source_location loc = std::source_location::current()) {
+  const detail::BorrowedInputs<2> in({&g, &x});
+  return detail::dispatch<ops::MaxPool2dGrad>(in.span(), ops::pool_attrs(kernel, stride), loc);
+}
+
 /// Mean over kernel x kernel windows of x [N,C,H,W], as max_pool2d (integers become f32).
 inline Tensor avg_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride,
                          std::source_location loc = std::source_location::current()) {
@@ -161,21 +258,23 @@ namespace detail {
 inline Shape pool_images(const Shape& xs) { return Shape{xs[0] * xs[1], 1, xs[2], xs[3]}; }
 }  // namespace detail
 
-// g goes to the window elements equal to the window's max, split equally among ties (as
-// sc::max's rule; TF and PyTorch instead give it all to one of them: both are valid
-// subgradients, and without ties they agree). A NaN max equals nothing, so such a window
-// passes no gradient (the count is clamped to 1 there so no 0/0 appears, even in second
-// derivatives).
-inline std::vector<Tensor> ops::MaxPool2d::vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a) {
-  const Shape& xs = in[0].shape();
-  const Shape img = detail::pool_images(xs);
-  const Shape per_window{img[0], 1, out.shape()[2] * out.shape()[3]};
+// g goes to the window's maximum, the first of ties, a NaN winning (as TensorFlow and PyTorch,
+// which scatter through saved indices): one kernel, itself differentiable (below).
+inline std::vector<Tensor> ops::MaxPool2d::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs& a) {
+  return {nn::max_pool2d_grad(g, in[0], a.i0, a.i1)};
+}
+
+// max_pool2d_grad is linear in g: its adjoint reads gg at each window's argmax (the same
+// selection: im2col lays the windows out as columns, argmax along a column follows the same
+// first-max / NaN rule, one_hot picks that element). x only chooses positions: no gradient.
+inline std::vector<Tensor> ops::MaxPool2dGrad::vjp(const Tensor& gg, Inputs in, const Tensor&, const Attrs& a) {
+  const Tensor& x = in[1];
+  const Shape img = detail::pool_images(x.shape());
   const std::int64_t k = a.i0;
-  const Tensor cols = im2col(reshape(in[0], img), k, k, a.i1, 0);  // [N*C, k*k, L]
-  const Tensor hit = equal(cols, reshape(out, per_window));
-  const Tensor count = maximum(sum(cast(hit, g.dtype()), {1}, true), 1);
-  const Tensor gcols = where(hit, reshape(g, per_window) / count, 0);
-  return {reshape(col2im(gcols, img, k, k, a.i1, 0), xs)};
+  const Tensor at = argmax(im2col(reshape(x, img), k, k, a.i1, 0), 1);                      // [N*C, L]
+  const Tensor pick = one_hot(at, k * k, gg.dtype());                                        // [N*C, L, k*k]
+  const Tensor cols = transpose(im2col(reshape(gg, img), k, k, a.i1, 0), {0, 2, 1});         // [N*C, L, k*k]
+  return {reshape(sum(cols * pick, {2}), in[0].shape()), Tensor()};
 }
 
 // Each window element gets g / (k*k).

@@ -8,6 +8,7 @@
 #include "../ops/binary.hpp"
 #include "../ops/cast.hpp"
 #include "../ops/unary.hpp"
+#include "fused.hpp"
 #include "optimizer.hpp"
 
 namespace stagecraft::optim {
@@ -50,11 +51,17 @@ class Adam : public Optimizer {
     return div(mul(lr, correction2, loc), correction1, loc);
   }
 
-  // 12 ops per variable: 3 for m, 4 for v, 5 for the step. lr is lr_t in var's dtype.
+  // 12 ops per variable: 3 for m, 4 for v, 5 for the step. lr is lr_t in var's dtype. Eagerly on
+  // the CPU the same arithmetic runs as one loop (optim/fused.hpp): the 12 passes over memory
+  // were ~75% of a batch-1 MLP training step.
   void update(const Tensor& g, Variable& var, Variable* slots, const Tensor& lr,
               const std::source_location& loc) override {
     Variable& m = slots[0];
     Variable& v = slots[1];
+    if (fused::eligible(g, var, slots, 2, lr)) {
+      fused::adam(g, var, m, v, lr, 1 - beta1_, 1 - beta2_, eps_);
+      return;
+    }
     m.assign(add(m.value(), mul(sub(g, m.value(), loc), 1 - beta1_, loc), loc), loc);
     v.assign(add(v.value(), mul(sub(square(g, loc), v.value(), loc), 1 - beta2_, loc), loc), loc);
     var.assign_sub(div(mul(m.value(), lr, loc), add(sqrt(v.value(), loc), eps_, loc), loc), loc);

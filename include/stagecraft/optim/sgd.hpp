@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "../ops/binary.hpp"
+#include "fused.hpp"
 #include "optimizer.hpp"
 
 namespace stagecraft::optim {
@@ -30,9 +31,14 @@ class SGD : public Optimizer {
   bool nesterov() const { return nesterov_; }
 
  protected:
-  // lr: the learning-rate variable's value in var's dtype (see Optimizer::apply).
+  // lr: the learning-rate variable's value in var's dtype (see Optimizer::apply). Eagerly on the
+  // CPU the same arithmetic runs as one loop (optim/fused.hpp).
   void update(const Tensor& g, Variable& var, Variable* slots, const Tensor& lr,
               const std::source_location& loc) override {
+    if (fused::eligible(g, var, slots, momentum_ == 0 ? 0 : 1, lr)) {
+      fused::sgd(g, var, momentum_ == 0 ? nullptr : slots, lr, momentum_, nesterov_);
+      return;
+    }
     const Tensor step = mul(g, lr, loc);  // lr * g
     if (momentum_ == 0) {                 // 2 ops
       var.assign_sub(step, loc);
