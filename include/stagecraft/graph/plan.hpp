@@ -355,8 +355,7 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
     }
     case StepKind::assign_var: {
       Tensor v = detail_plan::detach(st.vals[s.in[0]]);
-      std::lock_guard<std::mutex> lock(n.var->mu);
-      n.var->set(v);
+      n.var->set(v);  // swaps the handle under the variable's lock
       break;
     }
     case StepKind::host_fn: {
