@@ -66,6 +66,34 @@ std::vector<OpEntry> conv_entries() {
   OpEntry ci{"col2im", "sc::col2im(cols, shape, kh, kw, stride, padding)",
              SC_CALL(sc::col2im(x[0], sc::Shape(p.ints2), p.ints[0], p.ints[1], p.stride, p.pad)), col2im_ref,
              Tol{2}, {}, 1u};
+  // The two gradient ops: p.ints2 holds the image shape (grad_input's attribute), p.ints the
+  // kernel's [kh, kw]; grad_filter's kernel shape comes from the case's geometry below.
+  RefFn gi_ref = [](const std::vector<Ref>& in, const Params& p) {
+    return conv2d_grad_input(in[0], in[1], p.ints2, p.stride, p.pad);
+  };
+  OpEntry gi{"conv2d_grad_input", "sc::nn::conv2d_grad_input(g, w, input_shape, stride, padding)",
+             SC_CALL(sc::nn::conv2d_grad_input(x[0], x[1], sc::Shape(p.ints2), p.stride, p.pad)), gi_ref, dot_tol, {},
+             3u};
+  RefFn gf_ref = [](const std::vector<Ref>& in, const Params& p) {
+    return conv2d_grad_filter(in[0], in[1], p.ints, p.stride, p.pad);
+  };
+  OpEntry gf{"conv2d_grad_filter", "sc::nn::conv2d_grad_filter(x, g, kernel_shape, stride, padding)",
+             SC_CALL(sc::nn::conv2d_grad_filter(x[0], x[1], sc::Shape(p.ints), p.stride, p.pad)), gf_ref, dot_tol, {},
+             3u};
+  for (DType d : numeric)
+    for (const ConvGeom& g : conv_geoms) {
+      const std::int64_t gh = (g.x[2] + 2 * g.pad - g.w[2]) / g.stride + 1, gw = (g.x[3] + 2 * g.pad - g.w[3]) / g.stride + 1;
+      const sc::Shape gs{g.x[0], g.w[0], gh, gw};
+      Params pi;
+      pi.stride = g.stride;
+      pi.pad = g.pad;
+      pi.ints = {g.w[2], g.w[3]};
+      pi.ints2 = g.x.vec();
+      gi.cases.push_back({{{gs, d, Gen::normal, 0, {}}, {g.w, d, Gen::normal, 0, {}}}, pi, g.note});
+      Params pf = pi;
+      pf.ints = g.w.vec();
+      gf.cases.push_back({{{g.x, d, Gen::normal, 0, {}}, {gs, d, Gen::normal, 0, {}}}, pf, g.note});
+    }
   for (DType d : numeric)
     for (const ConvGeom& g : conv_geoms) {
       Params p;
@@ -91,7 +119,18 @@ std::vector<OpEntry> conv_entries() {
   Params mixed;
   mixed.ints = {3, 3};
   cv.cases.push_back({{{{1, 2, 5, 5}, sc::f32}, {{2, 2, 3, 3}, sc::f64}}, mixed, "mixed dtypes promote"});
-  return {cv, ic, ci};
+  for (DType d : floats) {  // several column groups, the "same" convolution's one-copy path
+    Params pi;
+    pi.stride = 1;
+    pi.pad = 1;
+    pi.ints = {3, 3};
+    pi.ints2 = {12, 3, 20, 20};
+    gi.cases.push_back({{{{12, 8, 20, 20}, d}, {{8, 3, 3, 3}, d}}, pi, "large"});
+    Params pf = pi;
+    pf.ints = {8, 3, 3, 3};
+    gf.cases.push_back({{{{12, 3, 20, 20}, d}, {{12, 8, 20, 20}, d}}, pf, "large"});
+  }
+  return {cv, gi, gf, ic, ci};
 }
 
 std::vector<OpEntry> pool_entries() {

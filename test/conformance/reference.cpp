@@ -379,6 +379,62 @@ Ref conv2d(const Ref& x, const Ref& w, std::int64_t s, std::int64_t p) {
   return y;
 }
 
+Ref conv2d_grad_input(const Ref& g, const Ref& w, const Dims& image, std::int64_t s, std::int64_t p) {
+  const std::int64_t N = image[0], C = image[1], H = image[2], W = image[3];
+  const std::int64_t O = w.shape[0], KH = w.shape[2], KW = w.shape[3];
+  const std::int64_t OH = (H + 2 * p - KH) / s + 1, OW = (W + 2 * p - KW) / s + 1;
+  Ref dx = make_ref({N, C, H, W}, promote2(g.dtype, w.dtype));
+  std::vector<double> acc(dx.v.size(), 0.0), acc_abs(dx.v.size(), 0.0), terms(dx.v.size(), 0.0);
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t o = 0; o < O; ++o)
+      for (std::int64_t oh = 0; oh < OH; ++oh)
+        for (std::int64_t ow = 0; ow < OW; ++ow)
+          for (std::int64_t c = 0; c < C; ++c)
+            for (std::int64_t i = 0; i < KH; ++i)
+              for (std::int64_t j = 0; j < KW; ++j) {
+                const std::int64_t h = oh * s - p + i, ww = ow * s - p + j;
+                if (h < 0 || h >= H || ww < 0 || ww >= W) continue;
+                const std::int64_t at = ((n * C + c) * H + h) * W + ww;
+                const double t = g.v[((n * O + o) * OH + oh) * OW + ow] * w.v[((o * C + c) * KH + i) * KW + j];
+                acc[at] += t;
+                acc_abs[at] += std::fabs(t);
+                terms[at] += 1;
+              }
+  dx.scale.assign(dx.v.size(), 0.0);
+  for (std::size_t e = 0; e < dx.v.size(); ++e) {
+    dx.v[e] = round_to(acc[e], dx.dtype);
+    dx.scale[e] = acc_abs[e] * std::sqrt(std::max(1.0, terms[e]));
+  }
+  return dx;
+}
+
+Ref conv2d_grad_filter(const Ref& x, const Ref& g, const Dims& kernel, std::int64_t s, std::int64_t p) {
+  const std::int64_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3];
+  const std::int64_t O = kernel[0], KH = kernel[2], KW = kernel[3];
+  const std::int64_t OH = (H + 2 * p - KH) / s + 1, OW = (W + 2 * p - KW) / s + 1;
+  Ref dw = make_ref({O, C, KH, KW}, promote2(x.dtype, g.dtype));
+  dw.scale.assign(dw.v.size(), 0.0);
+  for (std::int64_t o = 0; o < O; ++o)
+    for (std::int64_t c = 0; c < C; ++c)
+      for (std::int64_t i = 0; i < KH; ++i)
+        for (std::int64_t j = 0; j < KW; ++j) {
+          double acc = 0, acc_abs = 0;
+          for (std::int64_t n = 0; n < N; ++n)
+            for (std::int64_t oh = 0; oh < OH; ++oh)
+              for (std::int64_t ow = 0; ow < OW; ++ow) {
+                const std::int64_t h = oh * s - p + i, ww = ow * s - p + j;
+                if (h < 0 || h >= H || ww < 0 || ww >= W) continue;
+                const double t = x.v[((n * C + c) * H + h) * W + ww] * g.v[((n * O + o) * OH + oh) * OW + ow];
+                acc += t;
+                acc_abs += std::fabs(t);
+              }
+          const std::int64_t at = ((o * C + c) * KH + i) * KW + j;
+          dw.v[at] = round_to(acc, dw.dtype);
+          dw.scale[at] = acc_abs * std::sqrt(static_cast<double>(std::max<std::int64_t>(1, N * OH * OW)));
+        }
+  return dw;
+}
+
 Ref im2col(const Ref& x, std::int64_t kh, std::int64_t kw, std::int64_t s, std::int64_t p) {
   const std::int64_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3];
   const std::int64_t OH = (H + 2 * p - kh) / s + 1, OW = (W + 2 * p - kw) / s + 1;

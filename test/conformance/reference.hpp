@@ -92,6 +92,12 @@ Ref one_hot(const Ref& idx, std::int64_t depth, sc::DType d);
 Ref matmul(const Ref& a, const Ref& b);
 /// NCHW x OIHW direct convolution; scale = sum of |x w| * sqrt(terms) per output.
 Ref conv2d(const Ref& x, const Ref& w, std::int64_t stride, std::int64_t pad);
+/// conv2d's gradient w.r.t. x for the output gradient g [N,O,OH,OW]: scatter g * w onto every
+/// pixel a window reads, image shape `image`; scale = sum of |g w| * sqrt(terms) per pixel.
+Ref conv2d_grad_input(const Ref& g, const Ref& w, const Dims& image, std::int64_t stride, std::int64_t pad);
+/// conv2d's gradient w.r.t. w: sum over the batch and windows of g * x, kernel shape `kernel`;
+/// scale = sum of |g x| * sqrt(terms) per weight.
+Ref conv2d_grad_filter(const Ref& x, const Ref& g, const Dims& kernel, std::int64_t stride, std::int64_t pad);
 /// Patches of NCHW x as [N, C*KH*KW, OH*OW] (column index c*KH*KW + i*KW + j).
 Ref im2col(const Ref& x, std::int64_t kh, std::int64_t kw, std::int64_t stride, std::int64_t pad);
 /// Adds columns [N, C*KH*KW, OH*OW] back into an image of shape [N, C, H, W].

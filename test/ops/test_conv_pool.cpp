@@ -75,6 +75,61 @@ void check_conv(const ConvCase& c, unsigned seed) {
   }
 }
 
+/// conv2d's two gradients by the same seven loops, scattering instead of gathering: dx sums
+/// g * w over every (output, kernel tap) that reads a pixel, dw sums g * x over the batch.
+void conv_grads_reference(const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& g,
+                          const ConvCase& c, std::vector<double>& dx, std::vector<double>& dw) {
+  const std::int64_t Ho = (c.H + 2 * c.pad - c.kh) / c.stride + 1, Wo = (c.W + 2 * c.pad - c.kw) / c.stride + 1;
+  dx.assign(static_cast<std::size_t>(c.N * c.C * c.H * c.W), 0.0);
+  dw.assign(static_cast<std::size_t>(c.O * c.C * c.kh * c.kw), 0.0);
+  for (std::int64_t n = 0; n < c.N; ++n)
+    for (std::int64_t o = 0; o < c.O; ++o)
+      for (std::int64_t oy = 0; oy < Ho; ++oy)
+        for (std::int64_t ox = 0; ox < Wo; ++ox) {
+          const double gv = g[((n * c.O + o) * Ho + oy) * Wo + ox];
+          for (std::int64_t ch = 0; ch < c.C; ++ch)
+            for (std::int64_t i = 0; i < c.kh; ++i)
+              for (std::int64_t j = 0; j < c.kw; ++j) {
+                const std::int64_t iy = oy * c.stride - c.pad + i, ix = ox * c.stride - c.pad + j;
+                if (iy < 0 || iy >= c.H || ix < 0 || ix >= c.W) continue;
+                const std::int64_t xi = ((n * c.C + ch) * c.H + iy) * c.W + ix, wi = ((o * c.C + ch) * c.kh + i) * c.kw + j;
+                dx[xi] += gv * w[wi];
+                dw[wi] += gv * x[xi];
+              }
+        }
+}
+
+/// conv2d_grad_input and conv2d_grad_filter against the loops, and the tape's gradient of
+/// conv2d (which must be these ops) against the same numbers.
+template <class T>
+void check_conv_grads(const ConvCase& c, unsigned seed) {
+  const sc::Shape xs{c.N, c.C, c.H, c.W}, ws{c.O, c.C, c.kh, c.kw};
+  const std::int64_t Ho = (c.H + 2 * c.pad - c.kh) / c.stride + 1, Wo = (c.W + 2 * c.pad - c.kw) / c.stride + 1;
+  const sc::Shape gs{c.N, c.O, Ho, Wo};
+  const auto xv = random_values<T>(xs.numel(), seed), wv = random_values<T>(ws.numel(), seed + 1);
+  const auto gv = random_values<T>(gs.numel(), seed + 2);
+  std::vector<double> want_dx, want_dw;
+  conv_grads_reference({xv.begin(), xv.end()}, {wv.begin(), wv.end()}, {gv.begin(), gv.end()}, c, want_dx, want_dw);
+  const sc::Tensor x = sc::tensor(xv, xs), w = sc::tensor(wv, ws), g = sc::tensor(gv, gs);
+  INFO("x " << xs << " w " << ws << " stride " << c.stride << " padding " << c.pad << " " << sc::name(x.dtype()));
+  const sc::Tensor dx = sc::nn::conv2d_grad_input(g, w, xs, c.stride, c.pad);
+  const sc::Tensor dw = sc::nn::conv2d_grad_filter(x, g, ws, c.stride, c.pad);
+  REQUIRE(dx.shape() == xs);
+  REQUIRE(dw.shape() == ws);
+  REQUIRE(dx.dtype() == sc::dtype_of<T>());
+  // Small integers (quarters for floats): every product and sum is exact, in any order.
+  CHECK(dx.to_vector<double>() == want_dx);
+  CHECK(dw.to_vector<double>() == want_dw);
+  if constexpr (std::is_floating_point_v<T>) {
+    sc::GradientTape tape;
+    tape.watch(x);
+    tape.watch(w);
+    const auto grads = tape.gradient(sc::sum(sc::nn::conv2d(x, w, c.stride, c.pad) * g), {x, w});
+    CHECK(grads[0].to_vector<double>() == want_dx);
+    CHECK(grads[1].to_vector<double>() == want_dw);
+  }
+}
+
 /// <a, b> over all elements, in double.
 double dot(const sc::Tensor& a, const sc::Tensor& b) {
   const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
@@ -91,6 +146,52 @@ std::string at(int line) { return "at test_conv_pool.cpp:" + std::to_string(line
 TEMPLATE_TEST_CASE("conv2d matches a direct convolution", "[conv]", float, double, std::int32_t) {
   unsigned seed = 10;
   for (const auto& c : conv_cases) check_conv<TestType>(c, seed += 2);
+}
+
+// Beyond conv_cases: "same" convolutions (stride 1, W == Wo: the kernels' one-copy path) of
+// every kernel size, batches that split into several column groups (the last one partial),
+// and a layer whose columns alone exceed the group size.
+const std::vector<ConvCase> conv_grad_cases = {
+    {3, 1, 6, 6, 2, 3, 3, 1, 1},   {2, 2, 5, 7, 3, 5, 5, 1, 2},   {2, 3, 4, 6, 2, 1, 3, 1, 0},
+    {2, 2, 6, 5, 3, 3, 1, 1, 0},   {20, 1, 28, 28, 4, 3, 3, 1, 1}, {2, 16, 28, 28, 3, 3, 3, 1, 1},
+    {3, 2, 7, 7, 2, 7, 7, 1, 3},   {2, 3, 6, 6, 4, 1, 1, 1, 0},   {0, 2, 5, 5, 3, 3, 3, 1, 1},
+    {2, 2, 5, 5, 0, 3, 3, 1, 1},
+};
+
+TEMPLATE_TEST_CASE("conv2d's gradients match direct loops", "[conv][grad]", float, double, std::int32_t,
+                   std::int64_t) {
+  unsigned seed = 300;
+  for (const auto& c : conv_cases) check_conv_grads<TestType>(c, seed += 3);
+  for (const auto& c : conv_grad_cases) check_conv_grads<TestType>(c, seed += 3);
+  for (const auto& c : conv_grad_cases) check_conv<TestType>(c, seed += 3);
+}
+
+TEST_CASE("conv2d's gradient ops: errors name the op and the shapes", "[conv][grad][errors]") {
+  const auto g = sc::ones({2, 4, 3, 3}), w = sc::ones({4, 3, 3, 3}), x = sc::ones({2, 3, 5, 5});
+  CHECK(sc::nn::conv2d_grad_input(g, w, {2, 3, 5, 5}, 1, 0).shape() == sc::Shape{2, 3, 5, 5});
+  // Stride 2: inputs of 7 and 8 rows both give 3 output rows; the attribute says which.
+  CHECK(sc::nn::conv2d_grad_input(g, w, {2, 3, 7, 7}, 2, 0).shape() == sc::Shape{2, 3, 7, 7});
+  CHECK(sc::nn::conv2d_grad_input(g, w, {2, 3, 8, 8}, 2, 0).shape() == sc::Shape{2, 3, 8, 8});
+  CHECK_THROWS_WITH(sc::nn::conv2d_grad_input(g, w, {2, 3, 6, 6}, 1, 0),
+                    Catch::Contains("[conv2d_grad_input] g has shape [2, 4, 3, 3] but conv2d of [2, 3, 6, 6] with w "
+                                    "[4, 3, 3, 3] (stride 1, padding 0) has shape [2, 4, 4, 4]"));
+  CHECK_THROWS_WITH(sc::nn::conv2d_grad_input(g, w, {2, 3, 5}, 1, 0),
+                    Catch::Contains("[conv2d_grad_input] the input shape must be [N, C, H, W], got [2, 3, 5]"));
+  CHECK_THROWS_WITH(sc::nn::conv2d_grad_input(g, sc::ones({4, 2, 3, 3}), {2, 3, 5, 5}, 1, 0),
+                    Catch::Contains("[conv2d_grad_input] input has 3 channels but the kernel expects 2"));
+  CHECK_THROWS_AS(sc::nn::conv2d_grad_input(g, w, {2, 3, 5, 5}, 0, 0), sc::ValueError);
+  CHECK_THROWS_AS(sc::nn::conv2d_grad_input(sc::ones({2, 4, 3, 3}, sc::boolean), w, {2, 3, 5, 5}, 1, 0),
+                  sc::DTypeError);
+  CHECK(sc::nn::conv2d_grad_filter(x, g, {4, 3, 3, 3}, 1, 0).shape() == sc::Shape{4, 3, 3, 3});
+  CHECK_THROWS_WITH(sc::nn::conv2d_grad_filter(x, g, {4, 3, 2, 2}, 1, 0),
+                    Catch::Contains("[conv2d_grad_filter] g has shape [2, 4, 3, 3] but conv2d of [2, 3, 5, 5] with w "
+                                    "[4, 3, 2, 2] (stride 1, padding 0) has shape [2, 4, 4, 4]"));
+  CHECK_THROWS_WITH(sc::nn::conv2d_grad_filter(x, g, {4, 3, 3}, 1, 0),
+                    Catch::Contains("[conv2d_grad_filter] the kernel shape must be [O, C, kH, kW], got [4, 3, 3]"));
+  CHECK_THROWS_AS(sc::nn::conv2d_grad_filter(x, g, {4, 3, 3, 3}, 1, -1), sc::ValueError);
+  CHECK_THROWS_AS(sc::nn::conv2d_grad_filter(sc::Tensor(), g, {4, 3, 3, 3}, 1, 0), sc::ValueError);
+  // Mixed dtypes promote, as conv2d's.
+  CHECK(sc::nn::conv2d_grad_filter(x, sc::ones({2, 4, 3, 3}, sc::f64), {4, 3, 3, 3}, 1, 0).dtype() == sc::f64);
 }
 
 TEST_CASE("conv2d hand-computed values and dtype promotion", "[conv]") {

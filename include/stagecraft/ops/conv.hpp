@@ -78,6 +78,128 @@ inline std::int64_t row_grain(std::int64_t per_row) {
   return std::max<std::int64_t>(1, backend::cpu::grain_cheap / std::max<std::int64_t>(1, per_row));
 }
 
+/// Window rows [lo, hi) whose input row oy*stride - pad + i lies inside [0, H) (the rest
+/// read padding): valid_cols for rows.
+inline void valid_rows(const Window& w, std::int64_t i, std::int64_t& lo, std::int64_t& hi) {
+  const std::int64_t first = w.pad - i, last = w.H - 1 + w.pad - i;
+  lo = first > 0 ? (first + w.stride - 1) / w.stride : 0;
+  hi = last >= 0 ? std::min(w.Ho, last / w.stride + 1) : 0;
+  lo = std::min(lo, hi);
+}
+
+/// True when a window block's valid part is one contiguous run in both the image plane and the
+/// columns: stride 1 and rows of equal length (a "same" convolution, 2 * pad == kw - 1).
+inline bool flat_blocks(const Window& w) { return w.stride == 1 && w.Wo == w.W; }
+
+/// Columns of `images` images (x points at the first, [images, C, H, W]) with a free layout:
+/// element (image g, column row q = (c*kh + i)*kw + j, window oy*Wo + ox) goes to
+/// col[g*sn + q*sr + oy*Wo + ox]. Im2Col's [N, ckk, L] is sn = ckk*L, sr = L; the convolution
+/// kernels' [ckk, images*L] (images side by side, one GEMM operand) is sn = L, sr = images*L.
+/// One task per block (g, q) of Ho*Wo elements; each block is written by exactly one task.
+/// With flat_blocks the valid part of a block is the plane shifted by one offset: one copy,
+/// then the padding columns zeroed (a call per row of a few elements cost more than the copy).
+template <class T>
+void im2col_into(const Window& w, std::int64_t images, const T* x, T* col, std::int64_t sn, std::int64_t sr) {
+  const std::int64_t kk = w.kh * w.kw, ckk = w.C * kk, L = w.Ho * w.Wo, s = w.stride;
+  const bool flat = flat_blocks(w);
+  backend::cpu::parallel_for(images * ckk, row_grain(L), [&](std::int64_t bb, std::int64_t be) {
+    for (std::int64_t b = bb; b < be; ++b) {
+      const std::int64_t g = b / ckk, q = b % ckk, c = q / kk, i = (q / w.kw) % w.kh, j = q % w.kw;
+      T* __restrict dst = col + g * sn + q * sr;
+      const T* __restrict plane = x + (g * w.C + c) * w.H * w.W;
+      std::int64_t lo, hi, ylo, yhi;
+      w.valid_cols(j, lo, hi);
+      valid_rows(w, i, ylo, yhi);
+      if (lo == hi || ylo == yhi) {
+        std::fill(dst, dst + L, T(0));
+        continue;
+      }
+      std::fill(dst, dst + ylo * w.Wo, T(0));
+      std::fill(dst + yhi * w.Wo, dst + L, T(0));
+      if (flat) {
+        // Window (oy, ox) reads plane element (oy - pad + i) * W + ox - pad + j: one shift.
+        const std::int64_t e0 = ylo * w.Wo + lo, e1 = (yhi - 1) * w.Wo + hi, shift = (i - w.pad) * w.W + j - w.pad;
+        std::copy(plane + e0 + shift, plane + e1 + shift, dst + e0);
+        for (std::int64_t oy = ylo; oy < yhi; ++oy) {  // the padding columns the copy filled from the next rows
+          T* d = dst + oy * w.Wo;
+          for (std::int64_t ox = 0; ox < lo; ++ox) d[ox] = T(0);
+          for (std::int64_t ox = hi; ox < w.Wo; ++ox) d[ox] = T(0);
+        }
+        continue;
+      }
+      for (std::int64_t oy = ylo; oy < yhi; ++oy) {
+        T* d = dst + oy * w.Wo;
+        const T* src = plane + (oy * s - w.pad + i) * w.W + (lo * s - w.pad + j);  // column lo of the window
+        for (std::int64_t ox = 0; ox < lo; ++ox) d[ox] = T(0);
+        if (s == 1) for (std::int64_t ox = lo; ox < hi; ++ox) d[ox] = src[ox - lo];
+        else for (std::int64_t ox = lo; ox < hi; ++ox) d[ox] = src[(ox - lo) * s];
+        for (std::int64_t ox = hi; ox < w.Wo; ++ox) d[ox] = T(0);
+      }
+    }
+  });
+}
+
+/// col2im_into for columns the caller lets it overwrite (the convolution's own scratch), when
+/// flat_blocks(w): per image plane (one task each, so no two tasks write one element), each of
+/// the kh*kw blocks has its padding columns zeroed and is then added onto the plane as one
+/// contiguous run, in a fixed order (deterministic sums).
+template <class T>
+void col2im_flat(const Window& w, std::int64_t images, T* col, T* x, std::int64_t sn, std::int64_t sr) {
+  const std::int64_t kk = w.kh * w.kw, plane = w.H * w.W;
+  backend::cpu::parallel_for(images * w.C, row_grain(plane * kk), [&](std::int64_t pb, std::int64_t pe) {
+    for (std::int64_t p = pb; p < pe; ++p) {
+      const std::int64_t g = p / w.C, c = p % w.C;
+      T* __restrict dst = x + p * plane;
+      std::fill(dst, dst + plane, T(0));
+      for (std::int64_t i = 0; i < w.kh; ++i)
+        for (std::int64_t j = 0; j < w.kw; ++j) {
+          T* __restrict src = col + g * sn + ((c * w.kh + i) * w.kw + j) * sr;
+          std::int64_t lo, hi, ylo, yhi;
+          w.valid_cols(j, lo, hi);
+          valid_rows(w, i, ylo, yhi);
+          if (lo == hi || ylo == yhi) continue;
+          for (std::int64_t oy = ylo; oy < yhi; ++oy) {
+            T* d = src + oy * w.Wo;
+            for (std::int64_t ox = 0; ox < lo; ++ox) d[ox] = T(0);
+            for (std::int64_t ox = hi; ox < w.Wo; ++ox) d[ox] = T(0);
+          }
+          const std::int64_t e0 = ylo * w.Wo + lo, e1 = (yhi - 1) * w.Wo + hi, shift = (i - w.pad) * w.W + j - w.pad;
+          for (std::int64_t e = e0; e < e1; ++e) dst[e + shift] += src[e];
+        }
+    }
+  });
+}
+
+/// The adjoint of im2col_into (same layout parameters): the columns are summed back onto
+/// `images` images x [images, C, H, W], overwriting them. Gather form: one task per input row
+/// (g, c, y) adds every column segment that lands on it, so no two tasks write one element (no
+/// atomics, deterministic sums).
+template <class T>
+void col2im_into(const Window& w, std::int64_t images, const T* col, T* x, std::int64_t sn, std::int64_t sr) {
+  const std::int64_t rows = images * w.C * w.H, s = w.stride;
+  backend::cpu::parallel_for(rows, row_grain(w.W + w.kh * w.kw * w.Wo / s), [&](std::int64_t rb, std::int64_t re) {
+    for (std::int64_t r = rb; r < re; ++r) {
+      const std::int64_t gc = r / w.H, y = r % w.H, g = gc / w.C, c = gc % w.C;
+      T* dst = x + r * w.W;
+      std::fill(dst, dst + w.W, T(0));
+      for (std::int64_t i = 0; i < w.kh; ++i) {
+        const std::int64_t t = y + w.pad - i;  // = oy * s for the window row that reads y
+        if (t < 0 || t % s != 0 || t / s >= w.Ho) continue;
+        const std::int64_t oy = t / s;
+        for (std::int64_t j = 0; j < w.kw; ++j) {
+          const T* src = col + g * sn + ((c * w.kh + i) * w.kw + j) * sr + oy * w.Wo;
+          std::int64_t lo, hi;
+          w.valid_cols(j, lo, hi);
+          if (lo == hi) continue;
+          T* d = dst + (lo * s - w.pad + j);  // the pixel window column lo reads
+          if (s == 1) for (std::int64_t ox = lo; ox < hi; ++ox) d[ox - lo] += src[ox];
+          else for (std::int64_t ox = lo; ox < hi; ++ox) d[(ox - lo) * s] += src[ox];
+        }
+      }
+    }
+  });
+}
+
 /// x [N,C,H,W] → columns [N, C*kh*kw, Ho*Wo]: column (c,i,j) of window (oy,ox) holds
 /// x[n, c, oy*s - p + i, ox*s - p + j] (0 in the padding). Attrs: i0 kernel (or ints2 =
 /// {kh, kw}), i1 stride, i2 padding.
@@ -94,36 +216,11 @@ struct Im2Col {
 
   static void cpu(Inputs in, Tensor& out, const Attrs& a) { run_window<Im2Col>(in[0], out, in[0].shape(), a); }
 
-  // The kernel run_window calls. One task per output row (n, c, i, j, oy) of Wo elements, so
-  // even a single image with few channels splits across threads; each row is written by
-  // exactly one task.
+  // The kernel run_window calls: the [N, C*kh*kw, Ho*Wo] layout of im2col_into.
   template <class T>
   static void run(const Window& w, const T* x, T* col) {
-    const std::int64_t rows = w.N * w.C * w.kh * w.kw * w.Ho, s = w.stride;
-    backend::cpu::parallel_for(rows, row_grain(w.Wo), [&](std::int64_t rb, std::int64_t re) {
-      std::int64_t oy = rb % w.Ho, q = rb / w.Ho;
-      std::int64_t j = q % w.kw, i = (q / w.kw) % w.kh, nc = q / (w.kw * w.kh);
-      std::int64_t lo, hi;
-      w.valid_cols(j, lo, hi);
-      for (std::int64_t r = rb; r < re; ++r) {
-        T* dst = col + r * w.Wo;
-        const std::int64_t iy = oy * s - w.pad + i;
-        if (iy < 0 || iy >= w.H || lo == hi) {
-          std::fill(dst, dst + w.Wo, T(0));
-        } else {
-          const T* src = x + (nc * w.H + iy) * w.W + (lo * s - w.pad + j);  // column lo of the window
-          std::fill(dst, dst + lo, T(0));
-          if (s == 1) std::memcpy(dst + lo, src, static_cast<std::size_t>(hi - lo) * sizeof(T));
-          else for (std::int64_t ox = lo; ox < hi; ++ox) dst[ox] = src[(ox - lo) * s];
-          std::fill(dst + hi, dst + w.Wo, T(0));
-        }
-        if (++oy == w.Ho) {  // advance (nc, i, j, oy) without dividing
-          oy = 0;
-          if (++j == w.kw) { j = 0; if (++i == w.kh) { i = 0; ++nc; } }
-          w.valid_cols(j, lo, hi);
-        }
-      }
-    });
+    const std::int64_t L = w.Ho * w.Wo;
+    im2col_into(w, w.N, x, col, w.C * w.kh * w.kw * L, L);
   }
 };
 
@@ -148,31 +245,191 @@ struct Col2Im {
 
   static void cpu(Inputs in, Tensor& out, const Attrs& a) { run_window<Col2Im>(in[0], out, a.ints, a); }
 
-  // The kernel run_window calls, in gather form: one task per input row (n, c, y) adds every
-  // column segment that lands on it, so no two tasks write the same element (no atomics,
-  // deterministic sums).
+  // The kernel run_window calls: the [N, C*kh*kw, Ho*Wo] layout of col2im_into.
   template <class T>
   static void run(const Window& w, const T* col, T* x) {
-    const std::int64_t rows = w.N * w.C * w.H, s = w.stride, L = w.Ho * w.Wo;
-    backend::cpu::parallel_for(rows, row_grain(w.W + w.kh * w.kw * w.Wo / s), [&](std::int64_t rb, std::int64_t re) {
-      for (std::int64_t r = rb; r < re; ++r) {
-        const std::int64_t nc = r / w.H, y = r % w.H;
-        T* dst = x + r * w.W;
-        std::fill(dst, dst + w.W, T(0));
-        for (std::int64_t i = 0; i < w.kh; ++i) {
-          const std::int64_t t = y + w.pad - i;  // = oy * s for the window row that reads y
-          if (t < 0 || t % s != 0 || t / s >= w.Ho) continue;
-          const std::int64_t oy = t / s;
-          for (std::int64_t j = 0; j < w.kw; ++j) {
-            const T* src = col + (nc * w.kh * w.kw + i * w.kw + j) * L + oy * w.Wo;
-            std::int64_t lo, hi;
-            w.valid_cols(j, lo, hi);
-            if (lo == hi) continue;
-            T* d = dst + (lo * s - w.pad + j);  // the pixel window column lo reads
-            if (s == 1) for (std::int64_t ox = lo; ox < hi; ++ox) d[ox - lo] += src[ox];
-            else for (std::int64_t ox = lo; ox < hi; ++ox) d[(ox - lo) * s] += src[ox];
-          }
-        }
+    const std::int64_t L = w.Ho * w.Wo;
+    col2im_into(w, w.N, col, x, w.C * w.kh * w.kw * L, L);
+  }
+};
+
+/// Checks shared by the three convolution ops: x [N,C,H,W] and a kernel [O,C,kh,kw] with
+/// matching channels, and the window (stride, padding, kernel within the padded input);
+/// errors name `op` and both shapes.
+inline Window conv_window(std::string_view op, const Shape& xs, const Shape& ws, std::int64_t stride,
+                          std::int64_t pad, const std::source_location& loc) {
+  if (SC_UNLIKELY(xs.rank() != 4 || ws.rank() != 4))
+    detail::fail<ShapeError>(op, loc, "expects x as [N, C, H, W] and w as [O, C, kH, kW], got ", xs, " and ", ws);
+  if (SC_UNLIKELY(xs[1] != ws[1]))
+    detail::fail<ShapeError>(op, loc, "input has ", xs[1], " channels but the kernel expects ", ws[1], " (x ", xs,
+                             ", w ", ws, ")");
+  const std::string what = " (w " + ws.str() + ")";
+  return Window::make(op, xs, ws[2], ws[3], stride, pad, loc, what);
+}
+
+/// The convolution kernels' working set: the columns of a group of images, [C*kh*kw,
+/// images*Ho*Wo], built (or, going back, summed) one group at a time so they stay in cache
+/// next to the GEMM that reads (or writes) them, instead of the whole batch's columns going
+/// through memory: ~64K elements, at least one image.
+struct ConvPlan {
+  Window w;
+  std::int64_t O = 0, ckk = 0, L = 0, group = 1;
+  bool pointwise = false;  ///< 1x1, stride 1, no padding: an image's columns are the image itself
+  Tensor scratch;          ///< [ckk * group * L] of the op's dtype (none when pointwise)
+
+  ConvPlan(const Window& win, std::int64_t out_channels, DType dtype) : w(win), O(out_channels) {
+    ckk = w.C * w.kh * w.kw;
+    L = w.Ho * w.Wo;
+    pointwise = w.kh == 1 && w.kw == 1 && w.stride == 1 && w.pad == 0;
+    constexpr std::int64_t scratch_elems = std::int64_t{1} << 16;
+    group = std::clamp<std::int64_t>(scratch_elems / std::max<std::int64_t>(1, ckk * L), 1, std::max<std::int64_t>(1, w.N));
+    if (!pointwise && w.N > 0 && ckk * L > 0)
+      scratch = detail::empty_tensor(Shape{ckk * group * L}, dtype, Device::cpu(), "conv2d");
+  }
+  std::int64_t image() const { return w.C * w.H * w.W; }  ///< elements of one input image
+};
+
+/// 2-D cross-correlation: x [N,C,H,W], w [O,C,kh,kw] → y [N,O,Ho,Wo], zero padding on all sides,
+/// one stride for both axes (what every framework calls conv2d). Attrs: i1 stride, i2 padding.
+/// Per group of images: im2col into a cached scratch, then one GEMM per image,
+/// y_n[O, L] = w[O, ckk] · cols_n[ckk, L], written in place.
+struct Conv2d {
+  SC_OP_HEAD(Conv2d, "conv2d")
+  static constexpr int arity = 2;
+  static constexpr int promote_from = 0;
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
+
+  static OutMeta infer(Inputs in, const Attrs& a, const std::source_location& loc) {
+    require_dtype(!is_bool(in[0].dtype()), name, in[0].dtype(), "numeric tensors", loc);
+    const Window w = conv_window(name, in[0].shape(), in[1].shape(), a.i1, a.i2, loc);
+    return {Shape{w.N, in[1].shape()[0], w.Ho, w.Wo}, in[0].dtype()};
+  }
+
+  static void cpu(Inputs in, Tensor& out, const Attrs& a) {
+    if (out.numel() == 0) return;
+    const ConvPlan p(conv_window(name, in[0].shape(), in[1].shape(), a.i1, a.i2, std::source_location::current()),
+                     in[1].shape()[0], out.dtype());
+    visit_numeric(out.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* x = static_cast<const T*>(in[0].raw_data());
+      const T* k = static_cast<const T*>(in[1].raw_data());
+      T* y = static_cast<T*>(out.raw_data());
+      if (p.pointwise) {
+        for (std::int64_t n = 0; n < p.w.N; ++n)
+          backend::cpu::gemm_ld(p.O, p.L, p.ckk, k, p.ckk, false, x + n * p.image(), p.L, false, y + n * p.O * p.L,
+                                p.L, false);
+        return;
+      }
+      T* col = static_cast<T*>(p.scratch.raw_data());
+      for (std::int64_t n0 = 0; n0 < p.w.N; n0 += p.group) {
+        const std::int64_t gn = std::min(p.group, p.w.N - n0), ld = gn * p.L;
+        im2col_into(p.w, gn, x + n0 * p.image(), col, p.L, ld);
+        for (std::int64_t i = 0; i < gn; ++i)
+          backend::cpu::gemm_ld(p.O, p.L, p.ckk, k, p.ckk, false, col + i * p.L, ld, false,
+                                y + (n0 + i) * p.O * p.L, p.L, false);
+      }
+    });
+  }
+};
+
+/// conv2d's gradient with respect to its input: (g [N,O,Ho,Wo], w [O,C,kh,kw]) → dx of the
+/// input's shape (attrs ints = [N,C,H,W]: with stride > 1 several input sizes give one output
+/// size), i1 stride, i2 padding. Per image, dcols[ckk, L] = w^T · g_n (a GEMM into the cached
+/// scratch), then col2im onto dx_n: the batch's columns never exist at once.
+struct Conv2dGradInput {
+  SC_OP_HEAD(Conv2dGradInput, "conv2d_grad_input")
+  static constexpr int arity = 2;
+  static constexpr int promote_from = 0;
+  static std::vector<Tensor> vjp(const Tensor& h, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
+
+  static OutMeta infer(Inputs in, const Attrs& a, const std::source_location& loc) {
+    require_dtype(!is_bool(in[0].dtype()), name, in[0].dtype(), "numeric tensors", loc);
+    if (SC_UNLIKELY(a.ints.rank() != 4))
+      detail::fail<ShapeError>(name, loc, "the input shape must be [N, C, H, W], got ", a.ints);
+    const Window w = conv_window(name, a.ints, in[1].shape(), a.i1, a.i2, loc);
+    const Shape want{w.N, in[1].shape()[0], w.Ho, w.Wo};
+    if (SC_UNLIKELY(in[0].shape() != want))
+      detail::fail<ShapeError>(name, loc, "g has shape ", in[0].shape(), " but conv2d of ", a.ints, " with w ",
+                               in[1].shape(), " (stride ", a.i1, ", padding ", a.i2, ") has shape ", want);
+    return {a.ints, in[0].dtype()};
+  }
+
+  static void cpu(Inputs in, Tensor& out, const Attrs& a) {
+    if (out.numel() == 0) return;
+    const ConvPlan p(conv_window(name, a.ints, in[1].shape(), a.i1, a.i2, std::source_location::current()),
+                     in[1].shape()[0], out.dtype());
+    visit_numeric(out.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* g = static_cast<const T*>(in[0].raw_data());
+      const T* k = static_cast<const T*>(in[1].raw_data());
+      T* dx = static_cast<T*>(out.raw_data());
+      if (p.pointwise) {
+        for (std::int64_t n = 0; n < p.w.N; ++n)
+          backend::cpu::gemm_ld(p.ckk, p.L, p.O, k, p.ckk, true, g + n * p.O * p.L, p.L, false, dx + n * p.image(),
+                                p.L, false);
+        return;
+      }
+      T* col = static_cast<T*>(p.scratch.raw_data());
+      for (std::int64_t n0 = 0; n0 < p.w.N; n0 += p.group) {
+        const std::int64_t gn = std::min(p.group, p.w.N - n0), ld = gn * p.L;
+        for (std::int64_t i = 0; i < gn; ++i)
+          backend::cpu::gemm_ld(p.ckk, p.L, p.O, k, p.ckk, true, g + (n0 + i) * p.O * p.L, p.L, false, col + i * p.L,
+                                ld, false);
+        if (flat_blocks(p.w)) col2im_flat(p.w, gn, col, dx + n0 * p.image(), p.L, ld);
+        else col2im_into(p.w, gn, col, dx + n0 * p.image(), p.L, ld);
+      }
+    });
+  }
+};
+
+/// conv2d's gradient with respect to its kernel: (x [N,C,H,W], g [N,O,Ho,Wo]) → dw of the
+/// kernel's shape (attrs ints = [O,C,kh,kw]), i1 stride, i2 padding. dw[O, ckk] = Σ_n g_n ·
+/// cols_n^T, one GEMM per image accumulating into dw (no per-image partial results to sum),
+/// the columns built per group in the cached scratch.
+struct Conv2dGradFilter {
+  SC_OP_HEAD(Conv2dGradFilter, "conv2d_grad_filter")
+  static constexpr int arity = 2;
+  static constexpr int promote_from = 0;
+  static std::vector<Tensor> vjp(const Tensor& h, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
+
+  static OutMeta infer(Inputs in, const Attrs& a, const std::source_location& loc) {
+    require_dtype(!is_bool(in[0].dtype()), name, in[0].dtype(), "numeric tensors", loc);
+    if (SC_UNLIKELY(a.ints.rank() != 4))
+      detail::fail<ShapeError>(name, loc, "the kernel shape must be [O, C, kH, kW], got ", a.ints);
+    const Window w = conv_window(name, in[0].shape(), a.ints, a.i1, a.i2, loc);
+    const Shape want{w.N, a.ints[0], w.Ho, w.Wo};
+    if (SC_UNLIKELY(in[1].shape() != want))
+      detail::fail<ShapeError>(name, loc, "g has shape ", in[1].shape(), " but conv2d of ", in[0].shape(),
+                               " with w ", a.ints, " (stride ", a.i1, ", padding ", a.i2, ") has shape ", want);
+    return {a.ints, in[0].dtype()};
+  }
+
+  static void cpu(Inputs in, Tensor& out, const Attrs& a) {
+    if (out.numel() == 0) return;
+    const ConvPlan p(conv_window(name, in[0].shape(), a.ints, a.i1, a.i2, std::source_location::current()),
+                     a.ints[0], out.dtype());
+    visit_numeric(out.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* x = static_cast<const T*>(in[0].raw_data());
+      const T* g = static_cast<const T*>(in[1].raw_data());
+      T* dw = static_cast<T*>(out.raw_data());
+      if (p.w.N == 0) {  // the empty sum
+        std::fill(dw, dw + out.numel(), T(0));
+        return;
+      }
+      if (p.pointwise) {
+        for (std::int64_t n = 0; n < p.w.N; ++n)
+          backend::cpu::gemm_ld(p.O, p.ckk, p.L, g + n * p.O * p.L, p.L, false, x + n * p.image(), p.L, true, dw,
+                                p.ckk, n > 0);
+        return;
+      }
+      T* col = static_cast<T*>(p.scratch.raw_data());
+      for (std::int64_t n0 = 0; n0 < p.w.N; n0 += p.group) {
+        const std::int64_t gn = std::min(p.group, p.w.N - n0), ld = gn * p.L;
+        im2col_into(p.w, gn, x + n0 * p.image(), col, p.L, ld);
+        for (std::int64_t i = 0; i < gn; ++i)
+          backend::cpu::gemm_ld(p.O, p.ckk, p.L, g + (n0 + i) * p.O * p.L, p.L, false, col + i * p.L, ld, true, dw,
+                                p.ckk, n0 + i > 0);
       }
     });
   }
@@ -223,33 +480,83 @@ inline std::vector<Tensor> ops::Col2Im::vjp(const Tensor& g, Inputs, const Tenso
 namespace nn {
 
 /// 2-D cross-correlation (as every framework's conv2d): x [N,C,H,W], w [O,C,kH,kW] →
-/// [N,O,Ho,Wo], zero padding on all sides, one stride for both axes. A composite:
-/// im2col, one GEMM per image, reshape, so it gets gradients and tracing from those ops.
+/// [N,O,Ho,Wo], zero padding on all sides, one stride for both axes. Mixed dtypes promote.
+/// One op (ops::Conv2d); its gradients are conv2d_grad_input and conv2d_grad_filter.
 inline Tensor conv2d(const Tensor& x, const Tensor& w, std::int64_t stride = 1, std::int64_t padding = 0,
                      std::source_location loc = std::source_location::current()) {
-  constexpr std::string_view op = "conv2d";
+  constexpr std::string_view op = ops::Conv2d::name;
   detail::require_defined(x, op, loc);
   detail::require_defined(w, op, loc);
   if (SC_UNLIKELY(x.rank() != 4 || w.rank() != 4))
     detail::fail<ShapeError>(op, loc, "expects x as [N, C, H, W] and w as [O, C, kH, kW], got ", x.shape(),
                              " and ", w.shape());
+  // Checked before promotion, which would quietly turn a bool tensor into 0/1 numbers.
   if (SC_UNLIKELY(is_bool(x.dtype()) || is_bool(w.dtype())))
     detail::fail<DTypeError>(op, loc, "expects numeric tensors, got ", name(x.dtype()), " and ", name(w.dtype()));
-  const Shape& xs = x.shape();
-  const Shape& ws = w.shape();
-  if (SC_UNLIKELY(xs[1] != ws[1]))
-    detail::fail<ShapeError>(op, loc, "input has ", xs[1], " channels but the kernel expects ", ws[1], " (x ", xs,
-                             ", w ", ws, ")");
-  const std::string what = " (w " + ws.str() + ")";
-  const ops::Window win = ops::Window::make(op, xs, ws[2], ws[3], stride, padding, loc, what);
-  const std::int64_t N = win.N, O = ws[0], ckk = win.C * win.kh * win.kw;
-  // A 1x1 kernel with stride 1 and no padding reads every pixel once: its columns are x itself.
-  const bool pointwise = win.kh == 1 && win.kw == 1 && stride == 1 && padding == 0;
-  const Tensor cols = pointwise ? reshape(x, Shape{N, win.C, win.H * win.W}, loc)
-                                : im2col(x, win.kh, win.kw, stride, padding, loc);
-  const Tensor y = matmul(reshape(w, Shape{O, ckk}, loc), cols, loc);  // [O,ckk] x [N,ckk,L] → [N,O,L]
-  return reshape(y, Shape{N, O, win.Ho, win.Wo}, loc);
+  ops::Attrs a;
+  a.i1 = stride;
+  a.i2 = padding;
+  return detail::dispatch2<ops::Conv2d>(x, w, a, loc);
+}
+
+/// The gradient of conv2d(x, w, stride, padding) with respect to x, for the output gradient g
+/// [N,O,Ho,Wo]: the transposed convolution of g with w, of shape `input_shape` (x's shape).
+inline Tensor conv2d_grad_input(const Tensor& g, const Tensor& w, Shape input_shape, std::int64_t stride,
+                                std::int64_t padding, std::source_location loc = std::source_location::current()) {
+  constexpr std::string_view op = ops::Conv2dGradInput::name;
+  detail::require_defined(g, op, loc);
+  detail::require_defined(w, op, loc);
+  if (SC_UNLIKELY(is_bool(g.dtype()) || is_bool(w.dtype())))
+    detail::fail<DTypeError>(op, loc, "expects numeric tensors, got ", name(g.dtype()), " and ", name(w.dtype()));
+  ops::Attrs a;
+  a.ints = std::move(input_shape);
+  a.i1 = stride;
+  a.i2 = padding;
+  return detail::dispatch2<ops::Conv2dGradInput>(g, w, a, loc);
+}
+
+/// The gradient of conv2d(x, w, stride, padding) with respect to w, for the output gradient g
+/// [N,O,Ho,Wo]: the correlation of x with g summed over the batch, of shape `kernel_shape`.
+inline Tensor conv2d_grad_filter(const Tensor& x, const Tensor& g, Shape kernel_shape, std::int64_t stride,
+                                 std::int64_t padding, std::source_location loc = std::source_location::current()) {
+  constexpr std::string_view op = ops::Conv2dGradFilter::name;
+  detail::require_defined(x, op, loc);
+  detail::require_defined(g, op, loc);
+  if (SC_UNLIKELY(is_bool(x.dtype()) || is_bool(g.dtype())))
+    detail::fail<DTypeError>(op, loc, "expects numeric tensors, got ", name(x.dtype()), " and ", name(g.dtype()));
+  ops::Attrs a;
+  a.ints = std::move(kernel_shape);
+  a.i1 = stride;
+  a.i2 = padding;
+  return detail::dispatch2<ops::Conv2dGradFilter>(x, g, a, loc);
 }
 
 }  // namespace nn
+}  // namespace stagecraft
+
+namespace stagecraft {
+// conv2d is bilinear in (x, w), and so are its two gradients, which makes the three ops
+// closed under differentiation: each rule is one of them (second derivatives, staged
+// backward passes). <h, grad_input(g, w)> = <conv2d(h, w), g> and <h, grad_filter(x, g)> =
+// <conv2d(x, h), g>. Each input's gradient is made only when wanted.
+inline std::vector<Tensor> ops::Conv2d::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs& a, Wanted wanted) {
+  Tensor dx, dw;
+  if (wanted[0]) dx = nn::conv2d_grad_input(g, in[1], in[0].shape(), a.i1, a.i2);
+  if (wanted[1]) dw = nn::conv2d_grad_filter(in[0], g, in[1].shape(), a.i1, a.i2);
+  return {std::move(dx), std::move(dw)};
+}
+inline std::vector<Tensor> ops::Conv2dGradInput::vjp(const Tensor& h, Inputs in, const Tensor&, const Attrs& a,
+                                                     Wanted wanted) {
+  Tensor dg, dw;
+  if (wanted[0]) dg = nn::conv2d(h, in[1], a.i1, a.i2);
+  if (wanted[1]) dw = nn::conv2d_grad_filter(h, in[0], in[1].shape(), a.i1, a.i2);
+  return {std::move(dg), std::move(dw)};
+}
+inline std::vector<Tensor> ops::Conv2dGradFilter::vjp(const Tensor& h, Inputs in, const Tensor&, const Attrs& a,
+                                                      Wanted wanted) {
+  Tensor dx, dg;
+  if (wanted[0]) dx = nn::conv2d_grad_input(in[1], h, in[0].shape(), a.i1, a.i2);
+  if (wanted[1]) dg = nn::conv2d(in[0], h, a.i1, a.i2);
+  return {std::move(dx), std::move(dg)};
+}
 }  // namespace stagecraft

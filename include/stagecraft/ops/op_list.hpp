@@ -23,7 +23,8 @@
   /* linear algebra (ops/matmul.hpp) */                         \
   X(MatMul)                                                     \
   /* convolution and pooling (ops/conv.hpp, ops/pool.hpp) */    \
-  X(Im2Col) X(Col2Im) X(MaxPool2d) X(MaxPool2dGrad) X(AvgPool2d) \
+  X(Im2Col) X(Col2Im) X(Conv2d) X(Conv2dGradInput)              \
+  X(Conv2dGradFilter) X(MaxPool2d) X(MaxPool2dGrad) X(AvgPool2d) \
   /* autodiff (ops/stop_gradient.hpp) */                        \
   X(StopGradient)                                               \
   /* creation (ops/fill.hpp, ops/random.hpp) */                 \
