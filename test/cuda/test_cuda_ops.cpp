@@ -168,3 +168,67 @@ TEST_CASE("cuda: tape gradients of GPU tensors equal the CPU's", "[cuda]") {
   check_same(got[0], want[0], 1e-12);
   check_same(got[1], want[1], 1e-12);
 }
+
+TEST_CASE("cuda: conv2d, its gradient ops, im2col and col2im == CPU", "[cuda][conv]") {
+  struct Case { sc::Shape x, w; std::int64_t stride, pad; };
+  const std::vector<Case> cases = {{{2, 3, 7, 6}, {4, 3, 3, 2}, 1, 1}, {{2, 3, 8, 8}, {5, 3, 3, 3}, 2, 1},
+                                   {{1, 2, 5, 5}, {3, 2, 1, 1}, 1, 0}, {{2, 3, 9, 7}, {2, 3, 3, 3}, 3, 0},
+                                   {{4, 16, 28, 28}, {8, 16, 3, 3}, 1, 1}, {{0, 3, 5, 5}, {2, 3, 3, 3}, 1, 1}};
+  for (const sc::DType d : {sc::i32, sc::f32, sc::f64})
+    for (const Case& c : cases) {
+      INFO("x " << sctest::str(c.x) << " w " << sctest::str(c.w) << " stride " << c.stride << " pad " << c.pad << " "
+                << sc::name(d));
+      const double tol = sc::is_floating(d) ? 1e-4 : 0;
+      const std::int64_t ho = (c.x[2] + 2 * c.pad - c.w[2]) / c.stride + 1, wo = (c.x[3] + 2 * c.pad - c.w[3]) / c.stride + 1;
+      const sc::Shape gs{c.x[0], c.w[0], ho, wo};
+      same_on_gpu([&](const auto& in) { return sc::nn::conv2d(in[0], in[1], c.stride, c.pad); },
+                  {values(c.x, d, 30), values(c.w, d, 31)}, tol);
+      same_on_gpu([&](const auto& in) { return sc::nn::conv2d_grad_input(in[0], in[1], c.x, c.stride, c.pad); },
+                  {values(gs, d, 32), values(c.w, d, 33)}, tol);
+      same_on_gpu([&](const auto& in) { return sc::nn::conv2d_grad_filter(in[0], in[1], c.w, c.stride, c.pad); },
+                  {values(c.x, d, 34), values(gs, d, 35)}, tol);
+      same_on_gpu([&](const auto& in) { return sc::im2col(in[0], c.w[2], c.w[3], c.stride, c.pad); },
+                  {values(c.x, d, 36)}, 0);
+      const sc::Shape cs{c.x[0], c.x[1] * c.w[2] * c.w[3], ho * wo};
+      same_on_gpu([&](const auto& in) { return sc::col2im(in[0], c.x, c.w[2], c.w[3], c.stride, c.pad); },
+                  {values(cs, d, 37)}, tol);
+    }
+}
+
+TEST_CASE("cuda: the pools and max_pool2d's gradient == CPU (ties, NaN)", "[cuda][pool]") {
+  struct Case { sc::Shape x; std::int64_t k, stride; };
+  const std::vector<Case> cases = {{{2, 3, 8, 8}, 2, 2}, {{2, 3, 7, 6}, 3, 2}, {{1, 2, 5, 5}, 2, 1},
+                                   {{1, 1, 2, 9}, 2, 3}, {{32, 8, 28, 28}, 2, 2}, {{0, 2, 4, 4}, 2, 2}};
+  for (const sc::DType d : {sc::i32, sc::f32, sc::f64})
+    for (const Case& c : cases) {
+      INFO("x " << sctest::str(c.x) << " k " << c.k << " stride " << c.stride << " " << sc::name(d));
+      // Integers in [-6, 6]: many ties, so the first-maximum rule is exercised.
+      const sc::Tensor x = values(c.x, sc::i32, 40).astype(d);
+      const std::int64_t ho = (c.x[2] - c.k) / c.stride + 1, wo = (c.x[3] - c.k) / c.stride + 1;
+      const sc::Tensor g = values({c.x[0], c.x[1], ho, wo}, d, 41);
+      same_on_gpu([&](const auto& in) { return sc::nn::max_pool2d(in[0], c.k, c.stride); }, {x}, 0);
+      same_on_gpu([&](const auto& in) { return sc::nn::avg_pool2d(in[0], c.k, c.stride); }, {x}, 1e-6);
+      same_on_gpu([&](const auto& in) { return sc::nn::max_pool2d_grad(in[0], in[1], c.k, c.stride); }, {g, x}, 1e-6);
+    }
+  // NaN wins the forward max and takes the gradient (the first NaN of a window).
+  const sc::Tensor xn = sc::tensor(std::vector<float>{1.f, NAN, 3.f, NAN, 5.f, 6.f, 7.f, 8.f, 9.f}, sc::Shape{1, 1, 3, 3});
+  same_on_gpu([](const auto& in) { return sc::nn::max_pool2d(in[0], 2, 1); }, {xn}, 0);
+  same_on_gpu([](const auto& in) { return sc::nn::max_pool2d_grad(in[0], in[1], 2, 1); },
+              {sc::ones({1, 1, 2, 2}), xn}, 0);
+}
+
+TEST_CASE("cuda: a conv -> relu -> max-pool step's tape gradients equal the CPU's", "[cuda][conv]") {
+  const sc::Tensor x = values({4, 2, 10, 10}, sc::f64, 50), w = values({3, 2, 3, 3}, sc::f64, 51);
+  const auto step = [](const sc::Tensor& xx, const sc::Tensor& ww) {
+    sc::GradientTape tape;
+    tape.watch(xx);
+    tape.watch(ww);
+    const sc::Tensor y = sc::sum(sc::nn::max_pool2d(sc::relu(sc::nn::conv2d(xx, ww, 1, 1)), 2, 2));
+    return tape.gradient(y, std::vector<sc::Tensor>{xx, ww});
+  };
+  const auto want = step(x, w);
+  const auto got = step(x.to(gpu), w.to(gpu));
+  REQUIRE(got.size() == 2);
+  check_same(got[0], want[0], 1e-10);
+  check_same(got[1], want[1], 1e-10);
+}

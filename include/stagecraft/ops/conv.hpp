@@ -46,6 +46,11 @@ struct Window {
   }
 };
 
+/// The window as the CUDA kernels take it.
+inline backend::cuda::abi::ConvGeometry cuda_geometry(const Window& w) {
+  return {w.N, w.C, w.H, w.W, w.kh, w.kw, w.stride, w.pad, w.Ho, w.Wo};
+}
+
 /// The kernel size an Im2Col / Col2Im call reads: i0 x i0, or ints2 = {kh, kw} when given.
 inline void kernel_hw(const Attrs& a, std::int64_t& kh, std::int64_t& kw) {
   if (a.ints2.rank() == 2) { kh = a.ints2[0]; kw = a.ints2[1]; }
@@ -215,6 +220,9 @@ struct Im2Col {
   }
 
   static void cpu(Inputs in, Tensor& out, const Attrs& a) { run_window<Im2Col>(in[0], out, in[0].shape(), a); }
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    backend::cuda::im2col(in[0], out, cuda_geometry(window_of(name, in[0].shape(), a, loc)), name, loc);
+  }
 
   // The kernel run_window calls: the [N, C*kh*kw, Ho*Wo] layout of im2col_into.
   template <class T>
@@ -244,6 +252,9 @@ struct Col2Im {
   }
 
   static void cpu(Inputs in, Tensor& out, const Attrs& a) { run_window<Col2Im>(in[0], out, a.ints, a); }
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    backend::cuda::col2im(in[0], out, cuda_geometry(window_of(name, a.ints, a, loc)), name, loc);
+  }
 
   // The kernel run_window calls: the [N, C*kh*kw, Ho*Wo] layout of col2im_into.
   template <class T>
@@ -305,6 +316,20 @@ struct Conv2d {
     return {Shape{w.N, in[1].shape()[0], w.Ho, w.Wo}, in[0].dtype()};
   }
 
+  // On the GPU: the whole batch's columns (device memory is plentiful next to the launches a
+  // group loop would cost), one strided-batched cuBLAS product with w shared by every image.
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    if (out.numel() == 0) return;
+    const Window w = conv_window(name, in[0].shape(), in[1].shape(), a.i1, a.i2, loc);
+    const std::int64_t O = in[1].shape()[0], ckk = w.C * w.kh * w.kw, L = w.Ho * w.Wo;
+    Tensor cols = in[0];  // pointwise: the image is its own columns
+    if (!(w.kh == 1 && w.kw == 1 && w.stride == 1 && w.pad == 0)) {
+      cols = detail::empty_tensor(Shape{w.N, ckk, L}, out.dtype(), out.device(), name, loc);
+      backend::cuda::im2col(in[0], cols, cuda_geometry(w), name, loc);
+    }
+    backend::cuda::gemm(in[1], cols, out, O, L, ckk, false, false, Shape{}, Shape{w.N}, Shape{w.N}, name, loc);
+  }
+
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
     const ConvPlan p(conv_window(name, in[0].shape(), in[1].shape(), a.i1, a.i2, std::source_location::current()),
@@ -352,6 +377,19 @@ struct Conv2dGradInput {
       detail::fail<ShapeError>(name, loc, "g has shape ", in[0].shape(), " but conv2d of ", a.ints, " with w ",
                                in[1].shape(), " (stride ", a.i1, ", padding ", a.i2, ") has shape ", want);
     return {a.ints, in[0].dtype()};
+  }
+
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    if (out.numel() == 0) return;
+    const Window w = conv_window(name, a.ints, in[1].shape(), a.i1, a.i2, loc);
+    const std::int64_t O = in[1].shape()[0], ckk = w.C * w.kh * w.kw, L = w.Ho * w.Wo;
+    if (w.kh == 1 && w.kw == 1 && w.stride == 1 && w.pad == 0) {
+      backend::cuda::gemm(in[1], in[0], out, ckk, L, O, true, false, Shape{}, Shape{w.N}, Shape{w.N}, name, loc);
+      return;
+    }
+    Tensor dcols = detail::empty_tensor(Shape{w.N, ckk, L}, out.dtype(), out.device(), name, loc);
+    backend::cuda::gemm(in[1], in[0], dcols, ckk, L, O, true, false, Shape{}, Shape{w.N}, Shape{w.N}, name, loc);
+    backend::cuda::col2im(dcols, out, cuda_geometry(w), name, loc);
   }
 
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
@@ -402,6 +440,27 @@ struct Conv2dGradFilter {
       detail::fail<ShapeError>(name, loc, "g has shape ", in[1].shape(), " but conv2d of ", in[0].shape(),
                                " with w ", a.ints, " (stride ", a.i1, ", padding ", a.i2, ") has shape ", want);
     return {a.ints, in[0].dtype()};
+  }
+
+  // On the GPU: per-image products g_n · cols_n^T as one strided-batched GEMM, then their sum
+  // over the batch (the reduction kernel), instead of N accumulating calls.
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    if (out.numel() == 0) return;
+    const Window w = conv_window(name, in[0].shape(), a.ints, a.i1, a.i2, loc);
+    const std::int64_t O = a.ints[0], ckk = w.C * w.kh * w.kw, L = w.Ho * w.Wo;
+    if (w.N == 0) {
+      backend::cuda::fill(out, 0.0, name, loc);
+      return;
+    }
+    Tensor cols = in[0];
+    if (!(w.kh == 1 && w.kw == 1 && w.stride == 1 && w.pad == 0)) {
+      cols = detail::empty_tensor(Shape{w.N, ckk, L}, out.dtype(), out.device(), name, loc);
+      backend::cuda::im2col(in[0], cols, cuda_geometry(w), name, loc);
+    }
+    Tensor part = detail::empty_tensor(Shape{w.N, O, ckk}, out.dtype(), out.device(), name, loc);
+    backend::cuda::gemm(in[1], cols, part, O, ckk, L, false, true, Shape{w.N}, Shape{w.N}, Shape{w.N}, name, loc);
+    const bool batch_axis[3] = {true, false, false};
+    backend::cuda::reduce(backend::cuda::abi::ReduceRule::sum, part, out, batch_axis, name, loc);
   }
 
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {

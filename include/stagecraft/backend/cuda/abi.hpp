@@ -68,6 +68,12 @@ struct GemmArgs {
   const std::int64_t* b_offsets = nullptr;
 };
 
+/// A sliding window over NCHW images (ops::Window): kernel kh x kw, one stride and one zero
+/// padding for both axes, output Ho x Wo.
+struct ConvGeometry {
+  std::int64_t N = 0, C = 0, H = 0, W = 0, kh = 1, kw = 1, stride = 1, pad = 0, Ho = 0, Wo = 0;
+};
+
 // ---- runtime ---------------------------------------------------------------------------------
 /// The number of usable GPUs (0 without a driver or device: never fails).
 int device_count() noexcept;
@@ -115,6 +121,16 @@ Status cast(DT from, DT to, const void* x, void* y, std::int64_t n, Stream s) no
 Status fill(DT dt, double value, void* y, std::int64_t n, Stream s) noexcept;
 /// y = reduction of x (sum of bool gives i64, else y has x's dtype).
 Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry& g, Stream s) noexcept;
+/// cols [N, C*kh*kw, Ho*Wo] = the windows of x [N, C, H, W] (zero padding), as ops::Im2Col.
+Status im2col(DT dt, const void* x, void* cols, const ConvGeometry& g, Stream s) noexcept;
+/// x [N, C, H, W] = the columns summed back onto the pixels they read (overwrites x), as ops::Col2Im;
+/// one thread per pixel, the windows added in the CPU's order.
+Status col2im(DT dt, const void* cols, void* x, const ConvGeometry& g, Stream s) noexcept;
+/// y [N, C, Ho, Wo] = the max (NaN wins) or mean of each window of x (no padding), as the CPU pools.
+Status pool2d(bool is_max, DT dt, const void* x, void* y, const ConvGeometry& g, Stream s) noexcept;
+/// dx [N, C, H, W] = g [N, C, Ho, Wo] summed at each window's argmax in x (the first largest, or the
+/// first NaN, in row-major order), as ops::MaxPool2dGrad; one thread per pixel, no atomics.
+Status max_pool2d_grad(DT dt, const void* g, const void* x, void* dx, const ConvGeometry& geo, Stream s) noexcept;
 /// The product of GemmArgs (cuBLAS for f32 and f64, a plain kernel for integers).
 Status gemm(DT dt, const void* a, const void* b, void* c, const GemmArgs& g, int device, Stream s) noexcept;
 /// n normal (uniform when !normal) samples of dt (f32/f64) from the Philox stream of the device

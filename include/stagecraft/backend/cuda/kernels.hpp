@@ -199,6 +199,32 @@ inline void gemm(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t M, 
         loc);
 }
 
+/// cols = im2col(x) over the window g (cols [N, C*kh*kw, Ho*Wo], both on one device).
+inline void im2col(const Tensor& x, Tensor& cols, const abi::ConvGeometry& g, std::string_view op,
+                   const std::source_location& loc) {
+  const Device d = cols.device();
+  check(abi::im2col(dt(x.dtype()), x.raw_data(), cols.raw_data(), g, stream(d, op, loc)), d, op, loc);
+}
+/// x = col2im(cols) over the window g (x overwritten).
+inline void col2im(const Tensor& cols, Tensor& x, const abi::ConvGeometry& g, std::string_view op,
+                   const std::source_location& loc) {
+  const Device d = x.device();
+  check(abi::col2im(dt(x.dtype()), cols.raw_data(), x.raw_data(), g, stream(d, op, loc)), d, op, loc);
+}
+/// y = max or mean pool of x over the window g.
+inline void pool2d(bool is_max, const Tensor& x, Tensor& y, const abi::ConvGeometry& g, std::string_view op,
+                   const std::source_location& loc) {
+  const Device d = y.device();
+  check(abi::pool2d(is_max, dt(x.dtype()), x.raw_data(), y.raw_data(), g, stream(d, op, loc)), d, op, loc);
+}
+/// dx = max_pool2d's gradient for the output gradient g and the input x over the window geo.
+inline void max_pool2d_grad(const Tensor& g, const Tensor& x, Tensor& dx, const abi::ConvGeometry& geo,
+                            std::string_view op, const std::source_location& loc) {
+  const Device d = dx.device();
+  check(abi::max_pool2d_grad(dt(x.dtype()), g.raw_data(), x.raw_data(), dx.raw_data(), geo, stream(d, op, loc)), d, op,
+        loc);
+}
+
 /// Philox samples into out from the device state tensor (i64 [2]: key, offset).
 inline void philox(bool normal, const Tensor& state, Tensor& out, double p0, double p1, std::string_view op,
                    const std::source_location& loc) {
