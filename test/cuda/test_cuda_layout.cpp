@@ -87,3 +87,36 @@ TEST_CASE("cuda: an SGD step of GPU variables == the CPU's", "[cuda]") {
   const auto want = train(false), got = train(true);
   for (std::size_t i = 0; i < got.size(); ++i) check_same(got[i], want[i], 1e-12);
 }
+
+TEST_CASE("cuda: gather and scatter_add == CPU (negative and duplicate indices)", "[cuda]") {
+  for (const sc::DType idx : {sc::i32, sc::i64})
+    for (const sc::DType d : {sc::boolean, sc::i32, sc::i64, sc::f32, sc::f64}) {
+      INFO(sc::name(d) << " indices " << sc::name(idx));
+      const sc::Tensor x = values({4, 6, 3}, d, 60);
+      const sc::Tensor ix = sc::tensor(std::vector<std::int64_t>{5, 0, -1, 2, 2, -6, 1}, sc::Shape{7}).astype(idx);
+      for (const std::int64_t axis : {0, 1, 2, -1}) {
+        const std::int64_t extent = x.shape()[axis < 0 ? axis + 3 : axis];
+        // Indices folded into the axis so every one is valid for it.
+        const sc::Tensor valid = sc::tensor(std::vector<std::int64_t>{0, extent - 1, -1, 1 % extent, -extent},
+                                            sc::Shape{5}).astype(idx);
+        same_on_gpu([axis](const auto& in) { return sc::gather(in[0], in[1], axis); }, {x, valid}, 0);
+        if (d == sc::boolean) continue;
+        sc::Shape us = x.shape();
+        us[axis < 0 ? axis + 3 : axis] = 5;
+        same_on_gpu([axis](const auto& in) { return sc::scatter_add(in[0], in[1], in[2], axis); },
+                    {x, valid, values(us, d, 61)}, sc::is_floating(d) ? 1e-12 : 0);
+      }
+      same_on_gpu([](const auto& in) { return sc::gather(in[0], in[1], 1); }, {x, ix}, 0);
+      same_on_gpu([](const auto& in) { return sc::gather(in[0], in[1], 1); },
+                  {x, sc::zeros({2, 3}, idx)}, 0);  // a 2-D index tensor
+    }
+  // The gradient of gather is scatter_add, on the GPU too.
+  const sc::Tensor x = values({5, 4}, sc::f64, 62);
+  const sc::Tensor ix = sc::tensor(std::vector<std::int64_t>{4, 1, 1, 0}, sc::Shape{4});
+  const auto grad = [](const sc::Tensor& xx, const sc::Tensor& ii) {
+    sc::GradientTape tape;
+    tape.watch(xx);
+    return tape.gradient(sc::sum(sc::square(sc::gather(xx, ii, 0))), xx);
+  };
+  check_same(grad(x.to(gpu), ix.to(gpu)), grad(x, ix), 1e-12);
+}

@@ -86,6 +86,11 @@ struct Gather {
     layout::require_indices_in_range(name, idx, xs, ax, a.axis, loc);
     return {out, in[0].dtype()};
   }
+  /// On the GPU, indices already there are not read back: one out of range gathers 0.
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    const layout::AxisSplit sp = layout::split_at_axis(in[0].shape(), a.axis);
+    backend::cuda::gather(in[0], in[1], out, sp.outer, sp.E, sp.inner, name, loc);
+  }
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
     const layout::AxisSplit sp = layout::split_at_axis(in[0].shape(), a.axis);
@@ -166,6 +171,12 @@ struct ScatterAdd {
                                " (they need x.shape[:axis] + indices.shape + x.shape[axis+1:])");
     layout::require_indices_in_range(name, idx, xs, ax, a.axis, loc);
     return {xs, in[0].dtype()};
+  }
+  /// On the GPU, indices already there are not read back: an update at an index out of range is
+  /// dropped.
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    const layout::AxisSplit sp = layout::split_at_axis(in[0].shape(), a.axis);
+    backend::cuda::scatter_add(in[0], in[1], in[2], out, sp.outer, sp.E, sp.inner, name, loc);
   }
   /// x is copied in contiguous chunks; then threads split the (outer index, inner position)
   /// columns: each owns its columns of the output and adds every update into them, so

@@ -121,6 +121,14 @@ Status cast(DT from, DT to, const void* x, void* y, std::int64_t n, Stream s) no
 Status fill(DT dt, double value, void* y, std::int64_t n, Stream s) noexcept;
 /// y = reduction of x (sum of bool gives i64, else y has x's dtype).
 Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry& g, Stream s) noexcept;
+/// y [outer, N, inner] = x [outer, E, inner] picked along the middle axis by ix [N] (i32 or i64,
+/// negative counts from the end), elements of itemsize 1, 4 or 8 bytes; an index out of range gives 0.
+Status gather(int itemsize, DT index_dt, const void* x, const void* ix, void* y, std::int64_t outer, std::int64_t E,
+              std::int64_t inner, std::int64_t N, Stream s) noexcept;
+/// y = x [outer, E, inner] plus updates [outer, N, inner] added at ix [N] along the middle axis,
+/// duplicates accumulating in index order (deterministic); an index out of range is dropped.
+Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y, std::int64_t outer,
+                   std::int64_t E, std::int64_t inner, std::int64_t N, Stream s) noexcept;
 /// cols [N, C*kh*kw, Ho*Wo] = the windows of x [N, C, H, W] (zero padding), as ops::Im2Col.
 Status im2col(DT dt, const void* x, void* cols, const ConvGeometry& g, Stream s) noexcept;
 /// x [N, C, H, W] = the columns summed back onto the pixels they read (overwrites x), as ops::Col2Im;

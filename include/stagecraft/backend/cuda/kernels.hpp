@@ -199,6 +199,23 @@ inline void gemm(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t M, 
         loc);
 }
 
+/// y = gather of x [outer, E, inner] by idx along the middle axis (infer has checked the shapes).
+inline void gather(const Tensor& x, const Tensor& idx, Tensor& y, std::int64_t outer, std::int64_t E,
+                   std::int64_t inner, std::string_view op, const std::source_location& loc) {
+  const Device d = y.device();
+  check(abi::gather(static_cast<int>(itemsize(x.dtype())), dt(idx.dtype()), x.raw_data(), idx.raw_data(), y.raw_data(),
+                    outer, E, inner, idx.numel(), stream(d, op, loc)),
+        d, op, loc);
+}
+/// y = x with updates added at idx along the middle axis of [outer, E, inner].
+inline void scatter_add(const Tensor& x, const Tensor& idx, const Tensor& updates, Tensor& y, std::int64_t outer,
+                        std::int64_t E, std::int64_t inner, std::string_view op, const std::source_location& loc) {
+  const Device d = y.device();
+  check(abi::scatter_add(dt(x.dtype()), dt(idx.dtype()), x.raw_data(), idx.raw_data(), updates.raw_data(), y.raw_data(),
+                         outer, E, inner, idx.numel(), stream(d, op, loc)),
+        d, op, loc);
+}
+
 /// cols = im2col(x) over the window g (cols [N, C*kh*kw, Ho*Wo], both on one device).
 inline void im2col(const Tensor& x, Tensor& cols, const abi::ConvGeometry& g, std::string_view op,
                    const std::source_location& loc) {

@@ -1,0 +1,95 @@
+// gather (index_select) and its adjoint scatter_add (index_add). The host checks indices that live
+// on the host before the launch; indices already on the GPU are not read back (that would make
+// every launch wait), so there an index out of range gathers 0 and its update is dropped.
+#include "common.cuh"
+
+namespace stagecraft::cuda::kernels {
+namespace {
+
+/// One thread per output element (o, n, i): y[o, n, i] = x[o, ix[n], i] (a negative index counts
+/// from the end of the axis).
+template <class W, class I>
+__global__ void gather_kernel(const W* x, const I* ix, W* y, std::int64_t outer, std::int64_t E, std::int64_t inner,
+                              std::int64_t N) {
+  const std::int64_t total = outer * N * inner;
+  for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t i = e % inner, n = (e / inner) % N, o = e / (inner * N);
+    std::int64_t j = static_cast<std::int64_t>(ix[n]);
+    if (j < 0) j += E;
+    y[e] = j >= 0 && j < E ? x[(o * E + j) * inner + i] : W(0);
+  }
+}
+
+/// One thread per column (o, i) of the output: it adds every update of its column in index order,
+/// so duplicate indices never race and sums are deterministic (the CPU's order).
+template <class T, class I>
+__global__ void scatter_add_kernel(const I* ix, const T* u, T* y, std::int64_t outer, std::int64_t E,
+                                   std::int64_t inner, std::int64_t N) {
+  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < outer * inner;
+       c += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t o = c / inner, i = c % inner;
+    for (std::int64_t n = 0; n < N; ++n) {
+      std::int64_t j = static_cast<std::int64_t>(ix[n]);
+      if (j < 0) j += E;
+      if (j >= 0 && j < E) y[(o * E + j) * inner + i] += u[(o * N + n) * inner + i];
+    }
+  }
+}
+
+template <class F>
+Status visit_index(DT index_dt, F&& f) {
+  if (index_dt == DT::i32) return f(std::int32_t{});
+  if (index_dt == DT::i64) return f(std::int64_t{});
+  return cudaErrorNotSupported;
+}
+
+}  // namespace
+}  // namespace stagecraft::cuda::kernels
+
+namespace stagecraft::cuda::abi {
+using namespace stagecraft::cuda::kernels;
+
+Status gather(int itemsize, DT index_dt, const void* x, const void* ix, void* y, std::int64_t outer, std::int64_t E,
+              std::int64_t inner, std::int64_t N, Stream s) noexcept {
+  const std::int64_t n = outer * N * inner;
+  if (n == 0) return cudaSuccess;
+  const auto st = static_cast<cudaStream_t>(s);
+  return visit_index(index_dt, [&](auto itag) -> Status {
+    using I = decltype(itag);
+    const auto* idx = static_cast<const I*>(ix);
+    switch (itemsize) {
+      case 1: gather_kernel<<<grid_for(n), block_threads, 0, st>>>(static_cast<const std::uint8_t*>(x), idx, static_cast<std::uint8_t*>(y), outer, E, inner, N); break;
+      case 4: gather_kernel<<<grid_for(n), block_threads, 0, st>>>(static_cast<const std::uint32_t*>(x), idx, static_cast<std::uint32_t*>(y), outer, E, inner, N); break;
+      case 8: gather_kernel<<<grid_for(n), block_threads, 0, st>>>(static_cast<const std::uint64_t*>(x), idx, static_cast<std::uint64_t*>(y), outer, E, inner, N); break;
+      default: return cudaErrorInvalidValue;
+    }
+    return launched();
+  });
+}
+
+Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y, std::int64_t outer,
+                   std::int64_t E, std::int64_t inner, std::int64_t N, Stream s) noexcept {
+  const std::int64_t numel = outer * E * inner;
+  if (numel == 0) return cudaSuccess;
+  const auto st = static_cast<cudaStream_t>(s);
+  return visit(dt, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      return cudaErrorNotSupported;
+    } else {
+      if (const Status e = static_cast<Status>(
+              cudaMemcpyAsync(y, x, static_cast<std::size_t>(numel) * sizeof(T), cudaMemcpyDeviceToDevice, st)))
+        return e;
+      if (N == 0) return cudaSuccess;
+      return visit_index(index_dt, [&](auto itag) -> Status {
+        using I = decltype(itag);
+        scatter_add_kernel<<<grid_for(outer * inner), block_threads, 0, st>>>(
+            static_cast<const I*>(ix), static_cast<const T*>(updates), static_cast<T*>(y), outer, E, inner, N);
+        return launched();
+      });
+    }
+  });
+}
+
+}  // namespace stagecraft::cuda::abi
