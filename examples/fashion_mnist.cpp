@@ -1,8 +1,8 @@
 // Trains an MLP or a CNN on Fashion-MNIST, eagerly or with a staged (traced) training step, with
 // checkpoints that resume exactly.
 //
-//   fashion_mnist [--model mlp|cnn] [--mode eager|staged] [--epochs N] [--batch N] [--seed N]
-//                 [--save PATH] [--resume PATH] [--data DIR] [--limit N] [--help]
+//   fashion_mnist [--model mlp|cnn] [--mode eager|staged] [--device cpu|cuda[:N]] [--epochs N]
+//                 [--batch N] [--seed N] [--save PATH] [--resume PATH] [--data DIR] [--limit N] [--help]
 //
 // stdout: one line per epoch (epoch, mean training loss, test accuracy), then, last, exactly
 // `test_accuracy=0.XXXX examples_per_sec=NNNN`. stderr: a progress bar (in place on a
@@ -41,12 +41,14 @@ struct Options {
   std::string save, resume;
   std::string data = sc::data::default_fashion_mnist_dir;
   std::optional<std::int64_t> limit;
+  sc::Device device = sc::Device::cpu();
 };
 
 constexpr const char* usage_text =
     "usage: fashion_mnist [options]\n"
     "  --model mlp|cnn      model to train (default mlp)\n"
     "  --mode eager|staged  how to run the training step (default eager)\n"
+    "  --device cpu|cuda[:N] where the weights live and the steps run (default cpu)\n"
     "  --epochs N           epochs to train in total (default 5)\n"
     "  --batch N            minibatch size (default 128)\n"
     "  --seed N             seed of the weights and of the batch order (default 0)\n"
@@ -93,8 +95,8 @@ Options parse(int argc, char** argv) {
       arg = arg.substr(0, eq);
       inline_value = true;
     }
-    static const std::vector<std::string_view> flags = {"--model", "--mode",   "--epochs", "--batch", "--seed",
-                                                        "--save",  "--resume", "--data",   "--limit"};
+    static const std::vector<std::string_view> flags = {"--model", "--mode", "--epochs", "--batch", "--seed",
+                                                        "--save",  "--resume", "--data", "--limit", "--device"};
     bool known = false;
     for (std::string_view f : flags) known = known || arg == f;
     if (!known) throw UsageError{"unknown option '" + arg + "'"};
@@ -109,6 +111,18 @@ Options parse(int argc, char** argv) {
       if (value != "eager" && value != "staged")
         throw UsageError{"--mode expects eager or staged, got '" + value + "'"};
       o.mode = value;
+    } else if (arg == "--device") {
+      if (value == "cpu") {
+        o.device = sc::Device::cpu();
+      } else if (value == "cuda") {
+        o.device = sc::Device::cuda(0);
+      } else if (const std::string n = value.substr(std::min<std::size_t>(value.size(), 5));
+                 value.rfind("cuda:", 0) == 0 && !n.empty() && n.size() <= 4 &&
+                 std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        o.device = sc::Device::cuda(std::stoi(n));
+      } else {
+        throw UsageError{"--device expects cpu, cuda or cuda:N, got '" + value + "'"};
+      }
     } else if (arg == "--epochs") {
       o.epochs = parse_positive(arg, value);
     } else if (arg == "--batch") {
@@ -177,6 +191,11 @@ class Progress {
 /// Builds the model, restores or starts, trains the remaining epochs, reports. Returns the exit status.
 template <class Model>
 int run(const Options& o, const sc::data::Dataset& data) {
+  // --device cuda: the weights, the optimizer's slots and every op of the steps go to the GPU; the
+  // data is copied there once, so the Batcher gathers each batch on the device.
+  std::optional<sc::DeviceScope> on_device;
+  if (o.device.is_cuda()) on_device.emplace(o.device);
+  const sc::Tensor test_x = data.test_images.to(o.device), test_y = data.test_labels.to(o.device);
   sc::manual_seed(o.seed);  // the weights' seeds come from the global stream, in member order
   Model model;
   sc::optim::Adam opt(1e-3);
@@ -211,14 +230,14 @@ int run(const Options& o, const sc::data::Dataset& data) {
   }
   const std::int64_t start = epoch_var.value().item<std::int64_t>();
 
-  sc::Tensor train_x = data.train_images, train_y = data.train_labels;
+  sc::Tensor train_x = data.train_images.to(o.device), train_y = data.train_labels.to(o.device);
   if (o.limit && *o.limit < train_x.shape()[0]) {
     train_x = sc::slice(train_x, {0, 0, 0}, {*o.limit, -1, -1});
     train_y = sc::slice(train_y, {0}, {*o.limit});
   }
   sc::data::Batcher batcher(train_x, train_y, o.batch, seed);
   const std::int64_t n_train = batcher.size();
-  const std::int64_t n_test = data.test_images.shape()[0];
+  const std::int64_t n_test = test_x.shape()[0];
 
   double train_secs = 0;
   std::int64_t trained = 0;
@@ -230,8 +249,8 @@ int run(const Options& o, const sc::data::Dataset& data) {
       [&](sc::Tensor x, sc::Tensor y) { return fashion::train_step(model, opt, vars, x, y); }, "train_step");
   auto staged_predict = sc::function([&](sc::Tensor x) { return model(x); }, "predict");
   auto evaluate = [&] {
-    if (!staged) return double(fashion::count_correct(model, data.test_images, data.test_labels)) / double(n_test);
-    return double(fashion::count_correct(staged_predict, data.test_images, data.test_labels)) / double(n_test);
+    if (!staged) return double(fashion::count_correct(model, test_x, test_y)) / double(n_test);
+    return double(fashion::count_correct(staged_predict, test_x, test_y)) / double(n_test);
   };
   if (start >= o.epochs) {
     std::fprintf(stderr, "the checkpoint already holds %lld epochs (--epochs %lld): evaluating only\n",
@@ -287,11 +306,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    // Before the data is read: a missing GPU is reported at once.
+    if (o.device.is_cuda()) sc::cuda::detail::require_device(o.device, "--device", std::source_location::current());
     const sc::data::Dataset data = sc::data::load_fashion_mnist(o.data);
-    std::fprintf(stderr, "Fashion-MNIST: %lld training, %lld test images; model %s, batch %lld, seed %llu\n",
+    std::fprintf(stderr, "Fashion-MNIST: %lld training, %lld test images; model %s, batch %lld, seed %llu, %s\n",
                  static_cast<long long>(data.train_images.shape()[0]),
                  static_cast<long long>(data.test_images.shape()[0]), o.model.c_str(),
-                 static_cast<long long>(o.batch), static_cast<unsigned long long>(o.seed));
+                 static_cast<long long>(o.batch), static_cast<unsigned long long>(o.seed), o.device.str().c_str());
     return o.model == "cnn" ? run<fashion::CNN>(o, data) : run<fashion::MLP>(o, data);
   } catch (const sc::Error& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());

@@ -28,4 +28,8 @@ expect 2 '--limit needs a value' --limit
 expect 2 '--seed expects a non-negative integer' --seed abc
 expect 2 'usage: fashion_mnist' --epochs
 expect 1 'apt-get install dataset-fashion-mnist' --data /nonexistent/fashion-mnist
+expect 2 '--device expects cpu, cuda or cuda:N' --device tpu
+expect 2 '--device expects cpu, cuda or cuda:N' --device cuda:x
+# A GPU that is not there (this build has no CUDA, or no such device): exit 1 before reading data.
+expect 1 'cannot use cuda:1000' --device cuda:1000 --data /nonexistent/fashion-mnist
 [[ $fails -eq 0 ]] && echo PASS || { echo "$fails failure(s)"; exit 1; }

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# CTest (label cuda): --device cuda trains like the CPU (same per-epoch losses to float tolerance,
+# same accuracy within a point), for the MLP and the CNN, eager and staged.
+# usage: test_device.sh <fashion_mnist binary> <data dir>; exits 77 (skip) without data or a GPU.
+set -euo pipefail
+bin=$1 data=$2
+if [[ ! -f $data/train-images-idx3-ubyte.gz ]]; then
+  echo "SKIP: no Fashion-MNIST under $data (apt-get install dataset-fashion-mnist)"
+  exit 77
+fi
+if out=$("$bin" --device cuda --data /nonexistent 2>&1); [[ $out == *"cannot use cuda:0"* ]]; then
+  echo "SKIP: $out"
+  exit 77
+fi
+field() { grep -o "$1=[0-9.]*" | cut -d= -f2; }
+for model in mlp cnn; do
+  for mode in eager staged; do
+    common=(--data "$data" --model "$model" --mode "$mode" --limit 3000 --batch 64 --seed 5 --epochs 2)
+    cpu=$("$bin" "${common[@]}" 2>/dev/null)
+    gpu=$("$bin" "${common[@]}" --device cuda 2>/dev/null)
+    echo "$model $mode cpu:"; echo "$cpu"
+    echo "$model $mode cuda:"; echo "$gpu"
+    paste <(echo "$cpu" | grep '^epoch' | field loss) <(echo "$gpu" | grep '^epoch' | field loss) |
+      awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 2e-3 * (1 + $1)) { print "FAIL: losses differ: " $1 " vs " $2; bad = 1 } }
+           END { exit bad }'
+    a=$(echo "$cpu" | tail -1 | field test_accuracy)
+    b=$(echo "$gpu" | tail -1 | field test_accuracy)
+    awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; if (d > 0.01) { print "FAIL: accuracy " a " vs " b; exit 1 } }'
+  done
+done
+echo PASS
