@@ -399,3 +399,24 @@ TEST_CASE("variables read on two threads while a third assigns them see whole va
   CHECK(reads.load() > 0);
   CHECK(v.value().to_vector<float>()[0] == static_cast<float>(rounds));
 }
+
+TEST_CASE("device placement stats: CPU work copies nothing, strict mode lets it run", "[hardening][device]") {
+  sc::reset_device_stats();
+  sc::set_strict_device_placement(true);
+  CHECK(sc::strict_device_placement());
+  {
+    sc::DeviceScope on(sc::Device::cpu());
+    const sc::Tensor y = sc::ones({4, 5}) * 3 + sc::arange(5);
+    CHECK(y.device() == sc::Device::cpu());
+  }
+  sc::set_strict_device_placement(false);
+  CHECK_FALSE(sc::strict_device_placement());
+  CHECK(sc::device_stats().implicit_copies == 0);
+  CHECK(sc::device_stats().implicit_copy_bytes == 0);
+  // Without CUDA (or a GPU) a scope on a GPU is still the clear DeviceError, strict or not.
+  if (!sc::cuda::is_available()) {
+    sc::DeviceScope on(sc::Device::cuda(0));
+    CHECK_THROWS_AS(sc::ones({2}) + 1, sc::DeviceError);
+    CHECK(sc::device_stats().implicit_copies == 0);
+  }
+}

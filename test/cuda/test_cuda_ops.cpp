@@ -232,3 +232,29 @@ TEST_CASE("cuda: a conv -> relu -> max-pool step's tape gradients equal the CPU'
   check_same(got[0], want[0], 1e-10);
   check_same(got[1], want[1], 1e-10);
 }
+
+TEST_CASE("cuda: implicit copies are counted, and strict placement makes them errors", "[cuda]") {
+  const sc::Tensor host = values({3, 4}, sc::f32, 70);
+  sc::reset_device_stats();
+  {
+    sc::DeviceScope on(gpu);
+    const sc::Tensor y = host + host;  // the op goes to the GPU: both inputs are copied
+    CHECK(y.device() == gpu);
+  }
+  CHECK(sc::device_stats().implicit_copies == 2);
+  CHECK(sc::device_stats().implicit_copy_bytes == 2 * 12 * 4);
+  const sc::Tensor dev = host.to(gpu);  // asked for: not counted
+  CHECK(sc::device_stats().implicit_copies == 2);
+  sc::set_strict_device_placement(true);
+  {
+    sc::DeviceScope on(gpu);
+    CHECK_NOTHROW(dev * 2);  // already there
+    const int line = __LINE__ + 1;
+    CHECK_THROWS_WITH(host * 2, Catch::Contains("[mul] would copy an input of shape [3, 4] from cpu to cuda:0") &&
+                                    Catch::Contains("test_cuda_ops.cpp:" + std::to_string(line)));
+  }
+  sc::set_strict_device_placement(false);
+  CHECK(sc::device_stats().implicit_copies == 2);
+  sc::reset_device_stats();
+  CHECK(sc::device_stats().implicit_copies == 0);
+}

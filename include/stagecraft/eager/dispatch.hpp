@@ -2,6 +2,7 @@
 // shape inference, then (today) the eager kernel. Tracing and tape recording plug in here.
 #pragma once
 #include <array>
+#include <atomic>
 #include <new>
 #include <source_location>
 #include <utility>
@@ -53,6 +54,28 @@ STAGECRAFT_OP_LIST(SC_EXTERN_DISPATCH)
 Tensor cast_to(const Tensor& t, DType d, const std::source_location& loc);
 
 /// The device an op runs on: the DeviceScope's, else its inputs' (which must agree).
+/// The process-wide counters of device_stats().
+struct ImplicitCopyCounters {
+  std::atomic<std::int64_t> copies{0}, bytes{0};
+  std::atomic<bool> strict{false};
+};
+inline ImplicitCopyCounters& implicit_copy_counters() {
+  static ImplicitCopyCounters c;
+  return c;
+}
+
+/// An input about to be copied to `to` because a DeviceScope sent the op there: counted, or a
+/// DeviceError in strict mode (set_strict_device_placement).
+inline void count_implicit_copy(const Tensor& t, Device to, std::string_view op, const std::source_location& loc) {
+  ImplicitCopyCounters& c = implicit_copy_counters();
+  if (SC_UNLIKELY(c.strict.load(std::memory_order_relaxed)))
+    fail<DeviceError>(op, loc, "would copy an input of shape ", t.shape(), " from ", t.device().str(), " to ",
+                      to.str(), " (a DeviceScope sent the op there) and strict device placement is on; move it "
+                      "with .to() first");
+  c.copies.fetch_add(1, std::memory_order_relaxed);
+  c.bytes.fetch_add(static_cast<std::int64_t>(t.nbytes()), std::memory_order_relaxed);
+}
+
 inline Device choose_device(ops::Inputs in, std::string_view op, const std::source_location& loc) {
   if (const Device* d = scoped_device()) return *d;
   if (in.empty()) return Device::cpu();
@@ -156,7 +179,11 @@ Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_locat
   for (const Tensor& t : in)
     if (SC_UNLIKELY(t.device() != dev)) {  // a DeviceScope moved the op: bring inputs along
       std::vector<Tensor> moved(in.begin(), in.end());
-      for (Tensor& m : moved) m = m.to(dev, loc);
+      for (Tensor& m : moved)
+        if (m.device() != dev) {
+          count_implicit_copy(m, dev, Op::name, loc);
+          m = m.to(dev, loc);
+        }
       return dispatch<Op>(moved, attrs, loc);
     }
   const ops::OutMeta meta = Op::infer(in, attrs, loc);
@@ -215,4 +242,24 @@ Tensor weak_scalar(S value, const Tensor& like, const std::source_location& loc)
 }
 
 }  // namespace detail
+
+/// Copies between devices that no one asked for: an op's input on another device than the one a
+/// DeviceScope sends the op to is copied there, and counted here (process-wide, all threads).
+struct DeviceStats {
+  std::int64_t implicit_copies = 0;      ///< inputs copied to another device by an op
+  std::int64_t implicit_copy_bytes = 0;  ///< their bytes
+};
+inline DeviceStats device_stats() {
+  const detail::ImplicitCopyCounters& c = detail::implicit_copy_counters();
+  return {c.copies.load(std::memory_order_relaxed), c.bytes.load(std::memory_order_relaxed)};
+}
+inline void reset_device_stats() {
+  detail::implicit_copy_counters().copies.store(0);
+  detail::implicit_copy_counters().bytes.store(0);
+}
+/// Strict device placement: an implicit copy (above) is a DeviceError naming the op, the input's
+/// shape and both devices, instead of a silent transfer. Off by default; process-wide.
+inline void set_strict_device_placement(bool on) { detail::implicit_copy_counters().strict.store(on); }
+inline bool strict_device_placement() { return detail::implicit_copy_counters().strict.load(); }
+
 }  // namespace stagecraft
