@@ -472,3 +472,57 @@ TEST_CASE("pool errors name the op, the shapes and the user's line", "[pool][err
   CHECK_THROWS_WITH(sc::nn::max_pool2d(sc::ones({1, 1, 4, 4}, sc::boolean), 2, 2),
                     Catch::Contains("[max_pool2d] expects a numeric input, got bool") && Catch::Contains(at(line)));
 }
+
+// The 2x2 / stride-2 fast paths (forward and gradient) on every window pattern drawn from a few
+// values: ties, NaN in any position (two NaNs: the first takes the gradient), infinities; and
+// gradients that are themselves infinite or NaN land only where they belong (exactly 0 elsewhere).
+TEMPLATE_TEST_CASE("max_pool2d 2x2 fast paths: every window pattern", "[pool][grad]", float, double, std::int32_t,
+                   std::int64_t) {
+  using T = TestType;
+  std::vector<T> vals;
+  if constexpr (std::is_floating_point_v<T>)
+    vals = {T(1), T(2), std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
+            -std::numeric_limits<T>::infinity()};
+  else
+    vals = {T(1), T(2), T(-3), std::numeric_limits<T>::lowest()};
+  const std::size_t V = vals.size(), P = V * V * V * V;
+  const std::int64_t W = static_cast<std::int64_t>(2 * P) + 1;  // an odd last column no window reads
+  std::vector<T> xv(static_cast<std::size_t>(3 * W), T(7));        // and an odd last row
+  for (std::size_t p = 0; p < P; ++p) {
+    const std::size_t ia = p % V, ib = p / V % V, ic = p / (V * V) % V, id = p / (V * V * V);
+    xv[2 * p] = vals[ia];
+    xv[2 * p + 1] = vals[ib];
+    xv[static_cast<std::size_t>(W) + 2 * p] = vals[ic];
+    xv[static_cast<std::size_t>(W) + 2 * p + 1] = vals[id];
+  }
+  const sc::Shape s{1, 1, 3, W};
+  const sc::Tensor x = sc::tensor(xv, s);
+  // Forward: the window's max, NaN when any element is NaN.
+  const auto y = sc::nn::max_pool2d(x, 2, 2).to_vector<double>();
+  REQUIRE(y.size() == P);
+  for (std::size_t p = 0; p < P; ++p) {
+    const double a = double(xv[2 * p]), b = double(xv[2 * p + 1]), c = double(xv[W + 2 * p]), d = double(xv[W + 2 * p + 1]);
+    INFO("window " << p << ": " << a << " " << b << " " << c << " " << d);
+    if (std::isnan(a) || std::isnan(b) || std::isnan(c) || std::isnan(d)) CHECK(std::isnan(y[p]));
+    else CHECK(y[p] == std::max(std::max(a, b), std::max(c, d)));
+  }
+  // Gradient: ordinary values, then infinite and NaN ones (floats).
+  std::vector<std::vector<T>> gs = {sctest::small_values<T>(static_cast<std::int64_t>(P), 77, 6, 4)};
+  if constexpr (std::is_floating_point_v<T>) {
+    std::vector<T> special(P);
+    for (std::size_t p = 0; p < P; ++p)
+      special[p] = p % 3 == 0 ? std::numeric_limits<T>::infinity() : p % 3 == 1 ? std::numeric_limits<T>::quiet_NaN() : T(-2);
+    gs.push_back(special);
+  }
+  for (const std::vector<T>& gv : gs) {
+    const auto want = pool_grad_reference({gv.begin(), gv.end()}, {xv.begin(), xv.end()}, s, 2, 2);
+    const auto got = sc::nn::max_pool2d_grad(sc::tensor(gv, sc::Shape{1, 1, 1, static_cast<std::int64_t>(P)}), x, 2, 2)
+                         .template to_vector<double>();
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO("pixel " << i << " (window " << (i % W) / 2 << ")");
+      if (std::isnan(want[i])) CHECK(std::isnan(got[i]));
+      else CHECK(got[i] == want[i]);
+    }
+  }
+}

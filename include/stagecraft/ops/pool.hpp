@@ -1,6 +1,8 @@
 // max_pool2d / avg_pool2d primitives over NCHW (no padding, floor output size), and max_pool2d_grad.
 #pragma once
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -33,6 +35,12 @@ struct Pool2d {
     return {Shape{w.N, w.C, w.Ho, w.Wo}, in[0].dtype()};
   }
 
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    if (out.numel() == 0) return;
+    const Window w = Window::make(Derived::name, in[0].shape(), a.i0, a.i0, a.i1, 0, loc);
+    backend::cuda::pool2d(Derived::is_max, in[0], out, cuda_geometry(w), Derived::name, loc);
+  }
+
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
     const Window w = Window::make(Derived::name, in[0].shape(), a.i0, a.i0, a.i1, 0, std::source_location::current());
@@ -40,6 +48,21 @@ struct Pool2d {
       using T = typename decltype(tag)::type;
       const T* x = static_cast<const T*>(in[0].raw_data());
       T* y = static_cast<T*>(out.raw_data());
+      if (w.kh == 2 && w.stride == 2) {
+        // The common 2x2 / stride 2 window: one pass per output row, no scratch row (a row is
+        // only a few dozen elements, so the generic path's per-row set-up cost more than its work).
+        const std::int64_t rows = w.N * w.C * w.Ho;
+        backend::cpu::parallel_for(rows, row_grain(4 * w.Wo), [&](std::int64_t rb, std::int64_t re) {
+          for (std::int64_t r = rb; r < re; ++r) {
+            const std::int64_t nc = r / w.Ho, oy = r % w.Ho;
+            const T* __restrict r0 = x + (nc * w.H + 2 * oy) * w.W;
+            const T* __restrict r1 = r0 + w.W;
+            T* __restrict yr = y + r * w.Wo;
+            for (std::int64_t ox = 0; ox < w.Wo; ++ox) Derived::window_2x2(r0 + 2 * ox, r1 + 2 * ox, yr[ox]);
+          }
+        });
+        return;
+      }
       const std::int64_t used = (w.Wo - 1) * w.stride + w.kw;  // input columns any window reads
       // One task per output row (n, c, oy): rows of different tasks never overlap, and a
       // single image with few channels still splits across threads.
@@ -75,6 +98,7 @@ struct Pool2d {
 /// kernel, i1 stride.
 struct MaxPool2d : Pool2d<MaxPool2d> {
   SC_OP_HEAD(MaxPool2d, "max_pool2d")
+  static constexpr bool is_max = true;
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 
   /// v if it is larger or NaN, else m: the maximum op's rule (ops/rules.hpp), a select, never a
@@ -82,6 +106,18 @@ struct MaxPool2d : Pool2d<MaxPool2d> {
   template <class B>
   static B combine(const B& v, const B& m) {
     return rules::Maximum::f(v, m);
+  }
+  /// The 2x2 fast path: the max of (t[0], t[1], b[0], b[1]), NaN if any is NaN. Plain compares
+  /// and selects (no calls, no branches), which GCC keeps branch-free at -O2 too.
+  template <class T>
+  static void window_2x2(const T* t, const T* b, T& y) {
+    const T m0 = t[1] > t[0] ? t[1] : t[0], m1 = b[1] > b[0] ? b[1] : b[0], m = m1 > m0 ? m1 : m0;
+    if constexpr (std::is_floating_point_v<T>) {
+      const bool nan = (t[0] != t[0]) | (t[1] != t[1]) | (b[0] != b[0]) | (b[1] != b[1]);
+      y = nan ? std::numeric_limits<T>::quiet_NaN() : m;
+    } else {
+      y = m;
+    }
   }
 
   /// Output row from the column maxima t: y[ox] = max of t[ox*s .. ox*s + kw). A plain
@@ -107,11 +143,17 @@ struct MaxPool2d : Pool2d<MaxPool2d> {
 /// i1 stride.
 struct AvgPool2d : Pool2d<AvgPool2d> {
   SC_OP_HEAD(AvgPool2d, "avg_pool2d")
+  static constexpr bool is_max = false;
   static constexpr bool float_inputs = true;
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 
   template <class B>
   static B combine(const B& v, const B& acc) { return acc + v; }
+  /// The 2x2 fast path: the mean, summed down each column and then across (the generic order).
+  template <class T>
+  static void window_2x2(const T* t, const T* b, T& y) {
+    y = ((t[0] + b[0]) + (t[1] + b[1])) * T(0.25);
+  }
 
   /// Output row from the column sums t.
   template <class T>
@@ -151,6 +193,12 @@ struct MaxPool2dGrad {
       detail::fail<ShapeError>(name, loc, "g has shape ", g.shape(), " but max_pool2d of ", x.shape(), " (kernel ",
                                a.i0, ", stride ", a.i1, ") has shape ", want);
     return {x.shape(), x.dtype()};
+  }
+
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    if (out.numel() == 0) return;
+    const Window w = Window::make(name, in[1].shape(), a.i0, a.i0, a.i1, 0, loc);
+    backend::cuda::max_pool2d_grad(in[0], in[1], out, cuda_geometry(w), name, loc);
   }
 
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
@@ -199,9 +247,60 @@ struct MaxPool2dGrad {
   // The common 2x2 and 3x3 kernels get unrolled window loops.
   template <class T>
   static void scatter_plane(const Window& w, const T* g, const T* x, T* dx) {
-    if (w.kh == 2) scatter_plane_k<2>(w, g, x, dx);
+    if (w.kh == 2 && w.stride == 2) scatter_plane_2x2(w, g, x, dx);
+    else if (w.kh == 2) scatter_plane_k<2>(w, g, x, dx);
     else if (w.kh == 3) scatter_plane_k<3>(w, g, x, dx);
     else scatter_plane_k<0>(w, g, x, dx);
+  }
+  /// v when c, else 0 (+0.0 for floats), by masking its bits: exact for every v (inf and NaN too).
+  template <class T>
+  static T keep_if(bool c, T v) {
+    if constexpr (std::is_floating_point_v<T>) {
+      using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+      U u;
+      std::memcpy(&u, &v, sizeof u);
+      u &= U(0) - U(c);
+      std::memcpy(&v, &u, sizeof v);
+      return v;
+    } else {
+      using U = std::make_unsigned_t<T>;
+      return static_cast<T>(static_cast<U>(v) & (U(0) - U(c)));
+    }
+  }
+  /// 2x2 windows with stride 2 (none overlap): every pixel is written once, branch-free: g goes to
+  /// the first element of its window (row-major) equal to the window's maximum, or to the first
+  /// NaN, the rest get 0; pixels no window covers (an odd last row or column) get 0.
+  template <class T>
+  static void scatter_plane_2x2(const Window& w, const T* g, const T* x, T* dx) {
+    for (std::int64_t oy = 0; oy < w.Ho; ++oy) {
+      const T* __restrict r0 = x + 2 * oy * w.W;
+      const T* __restrict r1 = r0 + w.W;
+      T* __restrict d0 = dx + 2 * oy * w.W;
+      T* __restrict d1 = d0 + w.W;
+      const T* __restrict gr = g + oy * w.Wo;
+      for (std::int64_t ox = 0; ox < w.Wo; ++ox) {
+        const T a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1], gv = gr[ox];
+        const T m01 = b > a ? b : a, m23 = d > c ? d : c, m = m23 > m01 ? m23 : m01;
+        // hit: the element is the maximum (or, in a window with a NaN, is a NaN); the first hit wins.
+        bool ha = a == m, hb = b == m, hc = c == m;
+        if constexpr (std::is_floating_point_v<T>) {
+          const bool na = a != a, nb = b != b, nc = c != c, nd = d != d, any = na | nb | nc | nd;
+          ha = (ha & !any) | na;
+          hb = (hb & !any) | nb;
+          hc = (hc & !any) | nc;
+        }
+        // Masks, not selects: GCC turned `cond ? gv : 0` into branches, mispredicted on real data.
+        d0[2 * ox] = keep_if(ha, gv);
+        d0[2 * ox + 1] = keep_if(hb & !ha, gv);
+        d1[2 * ox] = keep_if(hc & !ha & !hb, gv);
+        d1[2 * ox + 1] = keep_if(!(ha | hb | hc), gv);
+      }
+      if (w.W > 2 * w.Wo) {  // an odd last column
+        d0[w.W - 1] = T(0);
+        d1[w.W - 1] = T(0);
+      }
+    }
+    if (w.H > 2 * w.Ho) std::fill(dx + 2 * w.Ho * w.W, dx + w.H * w.W, T(0));  // an odd last row
   }
   template <std::int64_t K, class T>
   static void scatter_plane_k(const Window& w, const T* g, const T* x, T* dx) {
