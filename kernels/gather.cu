@@ -58,10 +58,15 @@ Status gather(int itemsize, DT index_dt, const void* x, const void* ix, void* y,
   return visit_index(index_dt, [&](auto itag) -> Status {
     using I = decltype(itag);
     const auto* idx = static_cast<const I*>(ix);
+    const auto run = [&](auto wtag) {
+      using W = decltype(wtag);
+      gather_kernel<<<grid_for(n), block_threads, 0, st>>>(static_cast<const W*>(x), idx, static_cast<W*>(y), outer, E,
+                                                           inner, N);
+    };
     switch (itemsize) {
-      case 1: gather_kernel<<<grid_for(n), block_threads, 0, st>>>(static_cast<const std::uint8_t*>(x), idx, static_cast<std::uint8_t*>(y), outer, E, inner, N); break;
-      case 4: gather_kernel<<<grid_for(n), block_threads, 0, st>>>(static_cast<const std::uint32_t*>(x), idx, static_cast<std::uint32_t*>(y), outer, E, inner, N); break;
-      case 8: gather_kernel<<<grid_for(n), block_threads, 0, st>>>(static_cast<const std::uint64_t*>(x), idx, static_cast<std::uint64_t*>(y), outer, E, inner, N); break;
+      case 1: run(std::uint8_t{}); break;
+      case 4: run(std::uint32_t{}); break;
+      case 8: run(std::uint64_t{}); break;
       default: return cudaErrorInvalidValue;
     }
     return launched();

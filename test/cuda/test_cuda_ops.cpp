@@ -179,7 +179,8 @@ TEST_CASE("cuda: conv2d, its gradient ops, im2col and col2im == CPU", "[cuda][co
       INFO("x " << sctest::str(c.x) << " w " << sctest::str(c.w) << " stride " << c.stride << " pad " << c.pad << " "
                 << sc::name(d));
       const double tol = sc::is_floating(d) ? 1e-4 : 0;
-      const std::int64_t ho = (c.x[2] + 2 * c.pad - c.w[2]) / c.stride + 1, wo = (c.x[3] + 2 * c.pad - c.w[3]) / c.stride + 1;
+      const std::int64_t ho = (c.x[2] + 2 * c.pad - c.w[2]) / c.stride + 1;
+      const std::int64_t wo = (c.x[3] + 2 * c.pad - c.w[3]) / c.stride + 1;
       const sc::Shape gs{c.x[0], c.w[0], ho, wo};
       same_on_gpu([&](const auto& in) { return sc::nn::conv2d(in[0], in[1], c.stride, c.pad); },
                   {values(c.x, d, 30), values(c.w, d, 31)}, tol);
@@ -211,7 +212,8 @@ TEST_CASE("cuda: the pools and max_pool2d's gradient == CPU (ties, NaN)", "[cuda
       same_on_gpu([&](const auto& in) { return sc::nn::max_pool2d_grad(in[0], in[1], c.k, c.stride); }, {g, x}, 1e-6);
     }
   // NaN wins the forward max and takes the gradient (the first NaN of a window).
-  const sc::Tensor xn = sc::tensor(std::vector<float>{1.f, NAN, 3.f, NAN, 5.f, 6.f, 7.f, 8.f, 9.f}, sc::Shape{1, 1, 3, 3});
+  const sc::Tensor xn =
+      sc::tensor(std::vector<float>{1.f, NAN, 3.f, NAN, 5.f, 6.f, 7.f, 8.f, 9.f}, sc::Shape{1, 1, 3, 3});
   same_on_gpu([](const auto& in) { return sc::nn::max_pool2d(in[0], 2, 1); }, {xn}, 0);
   same_on_gpu([](const auto& in) { return sc::nn::max_pool2d_grad(in[0], in[1], 2, 1); },
               {sc::ones({1, 1, 2, 2}), xn}, 0);

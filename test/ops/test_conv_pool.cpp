@@ -92,7 +92,8 @@ void conv_grads_reference(const std::vector<double>& x, const std::vector<double
               for (std::int64_t j = 0; j < c.kw; ++j) {
                 const std::int64_t iy = oy * c.stride - c.pad + i, ix = ox * c.stride - c.pad + j;
                 if (iy < 0 || iy >= c.H || ix < 0 || ix >= c.W) continue;
-                const std::int64_t xi = ((n * c.C + ch) * c.H + iy) * c.W + ix, wi = ((o * c.C + ch) * c.kh + i) * c.kw + j;
+                const std::int64_t xi = ((n * c.C + ch) * c.H + iy) * c.W + ix;
+                const std::int64_t wi = ((o * c.C + ch) * c.kh + i) * c.kw + j;
                 dx[xi] += gv * w[wi];
                 dw[wi] += gv * x[xi];
               }
@@ -156,6 +157,9 @@ const std::vector<ConvCase> conv_grad_cases = {
     {2, 2, 6, 5, 3, 3, 1, 1, 0},   {20, 1, 28, 28, 4, 3, 3, 1, 1}, {2, 16, 28, 28, 3, 3, 3, 1, 1},
     {3, 2, 7, 7, 2, 7, 7, 1, 3},   {2, 3, 6, 6, 4, 1, 1, 1, 0},   {0, 2, 5, 5, 3, 3, 3, 1, 1},
     {2, 2, 5, 5, 0, 3, 3, 1, 1},
+    // Large enough to run image chunks on several threads: one image per chunk, and chunks of
+    // nine images (the last one partial).
+    {8, 16, 28, 28, 16, 3, 3, 1, 1}, {24, 1, 28, 28, 32, 3, 3, 1, 1},
 };
 
 TEMPLATE_TEST_CASE("conv2d's gradients match direct loops", "[conv][grad]", float, double, std::int32_t,
@@ -164,6 +168,23 @@ TEMPLATE_TEST_CASE("conv2d's gradients match direct loops", "[conv][grad]", floa
   for (const auto& c : conv_cases) check_conv_grads<TestType>(c, seed += 3);
   for (const auto& c : conv_grad_cases) check_conv_grads<TestType>(c, seed += 3);
   for (const auto& c : conv_grad_cases) check_conv<TestType>(c, seed += 3);
+}
+
+TEST_CASE("conv2d and its gradients give the same bits on 1 and 2 threads", "[conv][grad][threads]") {
+  const sc::Tensor x = sc::random::uniform({24, 3, 20, 20}, -1, 1, 5), w = sc::random::uniform({16, 3, 3, 3}, -1, 1, 6);
+  const sc::Tensor g = sc::random::uniform({24, 16, 20, 20}, -1, 1, 7);
+  const int saved = sc::num_threads();
+  std::vector<std::vector<float>> runs;
+  for (const int threads : {1, 2}) {
+    sc::set_num_threads(threads);
+    runs.push_back(sc::nn::conv2d(x, w, 1, 1).to_vector<float>());
+    runs.push_back(sc::nn::conv2d_grad_input(g, w, x.shape(), 1, 1).to_vector<float>());
+    runs.push_back(sc::nn::conv2d_grad_filter(x, g, w.shape(), 1, 1).to_vector<float>());
+  }
+  sc::set_num_threads(saved);
+  CHECK(runs[0] == runs[3]);
+  CHECK(runs[1] == runs[4]);
+  CHECK(runs[2] == runs[5]);  // one partial sum per chunk of images, whatever the thread count
 }
 
 TEST_CASE("conv2d's gradient ops: errors name the op and the shapes", "[conv][grad][errors]") {
@@ -501,7 +522,8 @@ TEMPLATE_TEST_CASE("max_pool2d 2x2 fast paths: every window pattern", "[pool][gr
   const auto y = sc::nn::max_pool2d(x, 2, 2).to_vector<double>();
   REQUIRE(y.size() == P);
   for (std::size_t p = 0; p < P; ++p) {
-    const double a = double(xv[2 * p]), b = double(xv[2 * p + 1]), c = double(xv[W + 2 * p]), d = double(xv[W + 2 * p + 1]);
+    const double a = double(xv[2 * p]), b = double(xv[2 * p + 1]);
+    const double c = double(xv[W + 2 * p]), d = double(xv[W + 2 * p + 1]);
     INFO("window " << p << ": " << a << " " << b << " " << c << " " << d);
     if (std::isnan(a) || std::isnan(b) || std::isnan(c) || std::isnan(d)) CHECK(std::isnan(y[p]));
     else CHECK(y[p] == std::max(std::max(a, b), std::max(c, d)));
@@ -511,7 +533,9 @@ TEMPLATE_TEST_CASE("max_pool2d 2x2 fast paths: every window pattern", "[pool][gr
   if constexpr (std::is_floating_point_v<T>) {
     std::vector<T> special(P);
     for (std::size_t p = 0; p < P; ++p)
-      special[p] = p % 3 == 0 ? std::numeric_limits<T>::infinity() : p % 3 == 1 ? std::numeric_limits<T>::quiet_NaN() : T(-2);
+      special[p] = p % 3 == 0   ? std::numeric_limits<T>::infinity()
+                   : p % 3 == 1 ? std::numeric_limits<T>::quiet_NaN()
+                                : T(-2);
     gs.push_back(special);
   }
   for (const std::vector<T>& gv : gs) {

@@ -278,26 +278,73 @@ inline Window conv_window(std::string_view op, const Shape& xs, const Shape& ws,
   return Window::make(op, xs, ws[2], ws[3], stride, pad, loc, what);
 }
 
-/// The convolution kernels' working set: the columns of a group of images, [C*kh*kw,
-/// images*Ho*Wo], built (or, going back, summed) one group at a time so they stay in cache
-/// next to the GEMM that reads (or writes) them, instead of the whole batch's columns going
-/// through memory: ~64K elements, at least one image.
+/// The convolution kernels' schedule and working set. The batch is cut into chunks of images;
+/// a chunk's columns, [C*kh*kw, images*Ho*Wo], are built (or, going back, summed) in a scratch
+/// of the thread that runs it, next to the GEMMs that read (or write) them, instead of the whole
+/// batch's columns going through memory. Chunks hold ~64K column elements (at least one image)
+/// and run in parallel, one thread each, with single-threaded GEMMs: per-image products are
+/// small, and threading each of them inside BLAS scaled badly. Small convolutions run serially.
 struct ConvPlan {
   Window w;
-  std::int64_t O = 0, ckk = 0, L = 0, group = 1;
-  bool pointwise = false;  ///< 1x1, stride 1, no padding: an image's columns are the image itself
-  Tensor scratch;          ///< [ckk * group * L] of the op's dtype (none when pointwise)
+  std::int64_t O = 0, ckk = 0, L = 0;
+  std::int64_t group = 1;   ///< images per chunk
+  std::int64_t chunks = 0;  ///< ceil(N / group)
+  int threads = 1;          ///< threads the chunks run on
+  bool pointwise = false;   ///< 1x1, stride 1, no padding: an image's columns are the image itself
+  Tensor scratch;           ///< threads x [ckk * group * L] of the op's dtype (none when pointwise)
 
-  ConvPlan(const Window& win, std::int64_t out_channels, DType dtype) : w(win), O(out_channels) {
+  /// thread_independent: chunks must not depend on the thread count (grad_filter sums one
+  /// partial result per chunk, and the sum must be the same on any number of threads).
+  ConvPlan(std::string_view op, const Window& win, std::int64_t out_channels, DType dtype,
+           bool thread_independent = false)
+      : w(win), O(out_channels) {
     ckk = w.C * w.kh * w.kw;
     L = w.Ho * w.Wo;
     pointwise = w.kh == 1 && w.kw == 1 && w.stride == 1 && w.pad == 0;
-    constexpr std::int64_t scratch_elems = std::int64_t{1} << 16;
-    group = std::clamp<std::int64_t>(scratch_elems / std::max<std::int64_t>(1, ckk * L), 1, std::max<std::int64_t>(1, w.N));
+    constexpr std::int64_t scratch_elems = std::int64_t{1} << 16, parallel_macs = std::int64_t{1} << 21;
+    const std::int64_t N = std::max<std::int64_t>(1, w.N);
+    group = std::clamp<std::int64_t>(scratch_elems / std::max<std::int64_t>(1, ckk * L), 1, N);
+    const int avail = O * ckk * L * N >= parallel_macs ? available_threads() : 1;
+    if (!thread_independent && avail > 1) group = std::min(group, (N + avail - 1) / avail);  // a chunk per thread at least
+    chunks = (w.N + group - 1) / group;
+    threads = static_cast<int>(std::min<std::int64_t>(avail, chunks));
     if (!pointwise && w.N > 0 && ckk * L > 0)
-      scratch = detail::empty_tensor(Shape{ckk * group * L}, dtype, Device::cpu(), "conv2d");
+      scratch = detail::empty_tensor(Shape{threads * ckk * group * L}, dtype, Device::cpu(), op);
   }
   std::int64_t image() const { return w.C * w.H * w.W; }  ///< elements of one input image
+  std::int64_t first(std::int64_t chunk) const { return chunk * group; }
+  std::int64_t count(std::int64_t chunk) const { return std::min(group, w.N - chunk * group); }
+  /// The scratch of thread t.
+  template <class T>
+  T* cols(int t) const {
+    return static_cast<T*>(scratch.raw_data()) + static_cast<std::int64_t>(t) * ckk * group * L;
+  }
+
+  /// f(chunk, thread) for every chunk: on `threads` threads (static schedule), or in order.
+  template <class F>
+  void run(F&& f) const {
+#if SC_HAS_OPENMP
+    if (threads > 1) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+      for (std::int64_t c = 0; c < chunks; ++c) f(c, omp_get_thread_num());
+      return;
+    }
+#endif
+    for (std::int64_t c = 0; c < chunks; ++c) f(c, 0);
+  }
+
+ private:
+  // Only with OpenBLAS's OpenMP build, which runs a call made inside a parallel region on the
+  // calling thread alone; its pthreads build would start its own threads from every chunk (then
+  // the chunks stay serial and each GEMM is threaded, as before).
+  static int available_threads() {
+#if SC_HAS_OPENMP
+    if (omp_in_parallel() || openblas_get_parallel() != OPENBLAS_OPENMP) return 1;
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+  }
 };
 
 /// 2-D cross-correlation: x [N,C,H,W], w [O,C,kh,kw] → y [N,O,Ho,Wo], zero padding on all sides,
@@ -332,27 +379,27 @@ struct Conv2d {
 
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
-    const ConvPlan p(conv_window(name, in[0].shape(), in[1].shape(), a.i1, a.i2, std::source_location::current()),
+    const ConvPlan p(name, conv_window(name, in[0].shape(), in[1].shape(), a.i1, a.i2, std::source_location::current()),
                      in[1].shape()[0], out.dtype());
     visit_numeric(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       const T* x = static_cast<const T*>(in[0].raw_data());
       const T* k = static_cast<const T*>(in[1].raw_data());
       T* y = static_cast<T*>(out.raw_data());
-      if (p.pointwise) {
-        for (std::int64_t n = 0; n < p.w.N; ++n)
-          backend::cpu::gemm_ld(p.O, p.L, p.ckk, k, p.ckk, false, x + n * p.image(), p.L, false, y + n * p.O * p.L,
-                                p.L, false);
-        return;
-      }
-      T* col = static_cast<T*>(p.scratch.raw_data());
-      for (std::int64_t n0 = 0; n0 < p.w.N; n0 += p.group) {
-        const std::int64_t gn = std::min(p.group, p.w.N - n0), ld = gn * p.L;
+      p.run([&](std::int64_t chunk, int t) {
+        const std::int64_t n0 = p.first(chunk), gn = p.count(chunk), ld = gn * p.L;
+        if (p.pointwise) {
+          for (std::int64_t n = n0; n < n0 + gn; ++n)
+            backend::cpu::gemm_ld(p.O, p.L, p.ckk, k, p.ckk, false, x + n * p.image(), p.L, false, y + n * p.O * p.L,
+                                  p.L, false);
+          return;
+        }
+        T* col = p.template cols<T>(t);
         im2col_into(p.w, gn, x + n0 * p.image(), col, p.L, ld);
         for (std::int64_t i = 0; i < gn; ++i)
-          backend::cpu::gemm_ld(p.O, p.L, p.ckk, k, p.ckk, false, col + i * p.L, ld, false,
-                                y + (n0 + i) * p.O * p.L, p.L, false);
-      }
+          backend::cpu::gemm_ld(p.O, p.L, p.ckk, k, p.ckk, false, col + i * p.L, ld, false, y + (n0 + i) * p.O * p.L,
+                                p.L, false);
+      });
     });
   }
 };
@@ -394,28 +441,28 @@ struct Conv2dGradInput {
 
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
-    const ConvPlan p(conv_window(name, a.ints, in[1].shape(), a.i1, a.i2, std::source_location::current()),
+    const ConvPlan p(name, conv_window(name, a.ints, in[1].shape(), a.i1, a.i2, std::source_location::current()),
                      in[1].shape()[0], out.dtype());
     visit_numeric(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       const T* g = static_cast<const T*>(in[0].raw_data());
       const T* k = static_cast<const T*>(in[1].raw_data());
       T* dx = static_cast<T*>(out.raw_data());
-      if (p.pointwise) {
-        for (std::int64_t n = 0; n < p.w.N; ++n)
-          backend::cpu::gemm_ld(p.ckk, p.L, p.O, k, p.ckk, true, g + n * p.O * p.L, p.L, false, dx + n * p.image(),
-                                p.L, false);
-        return;
-      }
-      T* col = static_cast<T*>(p.scratch.raw_data());
-      for (std::int64_t n0 = 0; n0 < p.w.N; n0 += p.group) {
-        const std::int64_t gn = std::min(p.group, p.w.N - n0), ld = gn * p.L;
+      p.run([&](std::int64_t chunk, int t) {
+        const std::int64_t n0 = p.first(chunk), gn = p.count(chunk), ld = gn * p.L;
+        if (p.pointwise) {
+          for (std::int64_t n = n0; n < n0 + gn; ++n)
+            backend::cpu::gemm_ld(p.ckk, p.L, p.O, k, p.ckk, true, g + n * p.O * p.L, p.L, false, dx + n * p.image(),
+                                  p.L, false);
+          return;
+        }
+        T* col = p.template cols<T>(t);
         for (std::int64_t i = 0; i < gn; ++i)
           backend::cpu::gemm_ld(p.ckk, p.L, p.O, k, p.ckk, true, g + (n0 + i) * p.O * p.L, p.L, false, col + i * p.L,
                                 ld, false);
         if (flat_blocks(p.w)) col2im_flat(p.w, gn, col, dx + n0 * p.image(), p.L, ld);
         else col2im_into(p.w, gn, col, dx + n0 * p.image(), p.L, ld);
-      }
+      });
     });
   }
 };
@@ -465,8 +512,8 @@ struct Conv2dGradFilter {
 
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
-    const ConvPlan p(conv_window(name, in[0].shape(), a.ints, a.i1, a.i2, std::source_location::current()),
-                     a.ints[0], out.dtype());
+    const ConvPlan p(name, conv_window(name, in[0].shape(), a.ints, a.i1, a.i2, std::source_location::current()),
+                     a.ints[0], out.dtype(), /*thread_independent=*/true);
     visit_numeric(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       const T* x = static_cast<const T*>(in[0].raw_data());
@@ -476,19 +523,30 @@ struct Conv2dGradFilter {
         std::fill(dw, dw + out.numel(), T(0));
         return;
       }
-      if (p.pointwise) {
-        for (std::int64_t n = 0; n < p.w.N; ++n)
-          backend::cpu::gemm_ld(p.O, p.ckk, p.L, g + n * p.O * p.L, p.L, false, x + n * p.image(), p.L, true, dw,
-                                p.ckk, n > 0);
-        return;
-      }
-      T* col = static_cast<T*>(p.scratch.raw_data());
-      for (std::int64_t n0 = 0; n0 < p.w.N; n0 += p.group) {
-        const std::int64_t gn = std::min(p.group, p.w.N - n0), ld = gn * p.L;
+      // One partial dw per chunk (chunk 0's is dw itself), summed in chunk order: the same
+      // numbers on any number of threads.
+      const std::int64_t wn = p.O * p.ckk;
+      Tensor parts;
+      if (p.chunks > 1) parts = detail::empty_tensor(Shape{(p.chunks - 1) * wn}, out.dtype(), Device::cpu(), name);
+      T* part = p.chunks > 1 ? static_cast<T*>(parts.raw_data()) : nullptr;
+      p.run([&](std::int64_t chunk, int t) {
+        const std::int64_t n0 = p.first(chunk), gn = p.count(chunk), ld = gn * p.L;
+        T* acc = chunk == 0 ? dw : part + (chunk - 1) * wn;
+        if (p.pointwise) {
+          for (std::int64_t n = n0; n < n0 + gn; ++n)
+            backend::cpu::gemm_ld(p.O, p.ckk, p.L, g + n * p.O * p.L, p.L, false, x + n * p.image(), p.L, true, acc,
+                                  p.ckk, n > n0);
+          return;
+        }
+        T* col = p.template cols<T>(t);
         im2col_into(p.w, gn, x + n0 * p.image(), col, p.L, ld);
         for (std::int64_t i = 0; i < gn; ++i)
-          backend::cpu::gemm_ld(p.O, p.ckk, p.L, g + (n0 + i) * p.O * p.L, p.L, false, col + i * p.L, ld, true, dw,
-                                p.ckk, n0 + i > 0);
+          backend::cpu::gemm_ld(p.O, p.ckk, p.L, g + (n0 + i) * p.O * p.L, p.L, false, col + i * p.L, ld, true, acc,
+                                p.ckk, i > 0);
+      });
+      for (std::int64_t c = 1; c < p.chunks; ++c) {
+        const T* pc = part + (c - 1) * wn;
+        for (std::int64_t e = 0; e < wn; ++e) dw[e] += pc[e];
       }
     });
   }
