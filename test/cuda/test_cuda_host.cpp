@@ -63,7 +63,16 @@ TEST_CASE("cuda: every elementwise op maps to its rule's kernel", "[cuda]") {
   STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::BroadcastTo>);
   STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Concat>);
   STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::OneHot>);
-  STATIC_REQUIRE(!sc::detail::CudaOp<sc::ops::Gather>);  // a later phase, as conv and pooling
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Gather>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::ScatterAdd>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Im2Col>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Col2Im>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Conv2d>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Conv2dGradInput>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Conv2dGradFilter>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::MaxPool2d>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::MaxPool2dGrad>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::AvgPool2d>);
 }
 
 TEST_CASE("cuda: broadcast geometry gives size-1 and missing axes stride 0", "[cuda]") {
