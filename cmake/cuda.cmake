@@ -33,10 +33,25 @@ if(STAGECRAFT_WITH_CUDA)
     CUDA_RUNTIME_LIBRARY None)
   # The kernels see only the dependency-free headers (rules, abi, philox): no Hana, no xtensor.
   target_include_directories(stagecraft_cuda PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/include)
+  # SC_HOST_DEVICE (detail/host_device.hpp) makes the rules callable from these kernels.
+  target_compile_definitions(stagecraft_cuda PRIVATE STAGECRAFT_KERNELS=1)
   # C++20 by flag: CMake 3.25 knows no CUDA20 dialect for nvcc 13. std::array's constexpr members
   # are called from device code (the Philox rounds).
   target_compile_options(stagecraft_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr>)
-  target_link_libraries(stagecraft_cuda PUBLIC CUDA::cudart CUDA::cublas)
+  target_link_libraries(stagecraft_cuda PUBLIC CUDA::cudart CUDA::cublas CUDA::nvrtc)
+  # kernels/rtc.cu compiles fused kernels at run time against the rules header: embed its text
+  # (and the two standard headers NVRTC lacks), regenerated whenever one of them changes.
+  set(_sc_rtc_dir ${CMAKE_CURRENT_BINARY_DIR}/stagecraft_rtc)
+  set(_sc_rtc_inputs ${CMAKE_CURRENT_SOURCE_DIR}/include/stagecraft/ops/rules.hpp
+    ${CMAKE_CURRENT_SOURCE_DIR}/include/stagecraft/detail/host_device.hpp
+    ${CMAKE_CURRENT_SOURCE_DIR}/kernels/rtc/cmath ${CMAKE_CURRENT_SOURCE_DIR}/kernels/rtc/type_traits)
+  add_custom_command(OUTPUT ${_sc_rtc_dir}/rtc_headers.inc
+    COMMAND ${CMAKE_COMMAND} -DROOT=${CMAKE_CURRENT_SOURCE_DIR} -DOUT=${_sc_rtc_dir}/rtc_headers.inc
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/cmake/embed_rtc_headers.cmake
+    DEPENDS ${_sc_rtc_inputs} ${CMAKE_CURRENT_SOURCE_DIR}/cmake/embed_rtc_headers.cmake
+    COMMENT "Embedding the elementwise rules for NVRTC" VERBATIM)
+  target_sources(stagecraft_cuda PRIVATE ${_sc_rtc_dir}/rtc_headers.inc)
+  target_include_directories(stagecraft_cuda PRIVATE ${_sc_rtc_dir})
   message(STATUS "stagecraft: CUDA kernels ON (${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}; "
                  "-DSTAGECRAFT_CUDA=OFF builds without them)")
 else()

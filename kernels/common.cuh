@@ -12,6 +12,7 @@ namespace stagecraft::cuda::kernels {
 using abi::DT;
 using abi::Geometry;
 using abi::Status;
+using abi::rtc_compile_error;
 
 inline constexpr int block_threads = 256;
 

@@ -15,6 +15,9 @@ namespace stagecraft::graph {
 struct OpFns {
   ops::OutMeta (*infer)(ops::Inputs, const ops::Attrs&, const std::source_location&);
   void (*cpu)(ops::Inputs, Tensor&, const ops::Attrs&);  ///< null for views
+  /// The CUDA kernel (asynchronous, on the output's device); null for views, for ops without
+  /// one and in builds without CUDA.
+  void (*cuda)(ops::Inputs, Tensor&, const ops::Attrs&, const std::source_location&);
   Tensor (*alias)(const Tensor&, const ops::OutMeta&);   ///< views: no kernel, shares storage
   Tensor (*call)(ops::Inputs, const ops::Attrs&, const std::source_location&);  ///< full dispatch
   bool elementwise_unary;   ///< the Unary family: one input, output of its shape
@@ -34,6 +37,18 @@ STAGECRAFT_OP_LIST(SC_EXTERN_CPU_OF)
 #undef SC_EXTERN_CPU_OF
 #endif
 template <class Op>
+void cuda_of(ops::Inputs in, Tensor& out, const ops::Attrs& a, const std::source_location& loc) {
+#if defined(STAGECRAFT_WITH_CUDA)
+  if constexpr (stagecraft::detail::CudaOp<Op>) {
+    const cuda::detail::ScopedCallSite site(Op::name, loc);  // names the op in an out-of-memory error
+    Op::cuda(in, out, a, loc);
+    return;
+  }
+#endif
+  (void)in, (void)out, (void)a;
+  stagecraft::detail::fail<DeviceError>(Op::name, loc, "has no kernel for ", out.device().str(), " in this build");
+}
+template <class Op>
 Tensor alias_of(const Tensor& t, const ops::OutMeta& m) {
   return Op::alias(t, m);
 }
@@ -43,9 +58,15 @@ Tensor call_of(ops::Inputs in, const ops::Attrs& a, const std::source_location& 
 }
 template <class Op>
 constexpr OpFns fns_of() {
-  OpFns f{&Op::infer, nullptr, nullptr, &call_of<Op>, false, false};
-  if constexpr (stagecraft::detail::ViewOp<Op>) f.alias = &alias_of<Op>;
-  else f.cpu = &cpu_of<Op>;
+  OpFns f{&Op::infer, nullptr, nullptr, nullptr, &call_of<Op>, false, false};
+  if constexpr (stagecraft::detail::ViewOp<Op>) {
+    f.alias = &alias_of<Op>;
+  } else {
+    f.cpu = &cpu_of<Op>;
+#if defined(STAGECRAFT_WITH_CUDA)
+    if constexpr (stagecraft::detail::CudaOp<Op>) f.cuda = &cuda_of<Op>;
+#endif
+  }
   f.elementwise_unary = ops::unary_family(ops::op_elementwise_kind<Op>());
   f.elementwise_binary = ops::binary_family(ops::op_elementwise_kind<Op>());
   return f;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_fused.hpp"
 #include "fused_kernel.hpp"
 #include "ir.hpp"
 #include "op_table.hpp"
@@ -42,7 +43,9 @@ struct Step {
   ops::Attrs attrs;
   std::vector<int> in, out;
   std::shared_ptr<const Plan> sub[2];            ///< cond: then/else; while: cond/body
-  std::shared_ptr<const PreparedFused> fused;    ///< fused group
+  std::shared_ptr<const PreparedFused> fused;    ///< fused group on the CPU
+  std::shared_ptr<const CudaFused> cuda_fused;   ///< fused group on a GPU (a generated kernel)
+  bool gpu = false;                              ///< kernel / fused: runs on a CUDA device
   int num_loop_vars = 0;
   const OpFns* head_fns = nullptr;  ///< fused group: its matmul head, run first
   ops::Attrs head_attrs;
@@ -116,7 +119,9 @@ inline void Plan::lower(bool fuse) {
           s.kind = StepKind::fused;
           s.in = fg.inputs;
           s.out = fg.outputs;
-          s.fused = std::make_shared<const PreparedFused>(prepare(fg.program));
+          s.gpu = g.values[fg.outputs[0]].device.is_cuda();
+          if (s.gpu) s.cuda_fused = std::make_shared<const CudaFused>(fg.program);
+          else s.fused = std::make_shared<const PreparedFused>(prepare(fg.program));
           if (fg.head >= 0) {
             const Node& h = g.nodes[fg.head];
             s.head_fns = &fns(h.op);
@@ -129,6 +134,7 @@ inline void Plan::lower(bool fuse) {
         s.fns = &fns(n.op);
         s.attrs = n.attrs;
         s.kind = s.fns->cpu ? StepKind::kernel : StepKind::view;
+        s.gpu = !n.outputs.empty() && g.values[n.outputs[0]].device.is_cuda();
         break;
       }
       case NodeKind::read_var: s.kind = StepKind::read_var; break;
@@ -190,8 +196,9 @@ inline void Plan::lower(bool fuse) {
 inline std::unique_ptr<Plan::RunState> Plan::make_state() const {
   const Graph& g = *g_;
   auto st = std::make_unique<RunState>();
-  for (std::int64_t b : mem_.buffer_bytes)
-    st->buffers.push_back(stagecraft::detail::Storage::allocate(static_cast<std::size_t>(b), Device::cpu()));
+  for (std::size_t b = 0; b < mem_.buffer_bytes.size(); ++b)
+    st->buffers.push_back(
+        stagecraft::detail::Storage::allocate(static_cast<std::size_t>(mem_.buffer_bytes[b]), mem_.buffer_device[b]));
   st->vals.resize(g.values.size());
   for (std::size_t v = 0; v < g.values.size(); ++v) {
     const Node& n = g.nodes[g.values[v].node];
@@ -226,8 +233,13 @@ namespace detail_plan {
   const std::string at = detail_ir::loc_text(loc);
   // Already located when it ends in " at file:line".
   const std::size_t p = m.rfind(" at "), colon = m.rfind(':');
-  const bool located = p != std::string::npos && colon != std::string::npos && colon > p && colon + 1 < m.size() &&
-                       m.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+  bool located = p != std::string::npos && colon != std::string::npos && colon > p && colon + 1 < m.size() &&
+                 m.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+  // A kernel called from here (a GPU step) names this file's line: the user's line replaces it.
+  if (located && m.compare(p, 13, " at plan.hpp:") == 0) {
+    m.erase(p);
+    located = false;
+  }
   if (!at.empty() && !located) m += " at " + at + " (while running a staged function)";
   if (dynamic_cast<const ShapeError*>(&e)) throw ShapeError(m);
   if (dynamic_cast<const DTypeError*>(&e)) throw DTypeError(m);
@@ -333,7 +345,14 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
   switch (s.kind) {
     case StepKind::kernel: {
       fresh(s.out[0]);
-      s.fns->cpu(st.ins[i], st.vals[s.out[0]], s.attrs);
+      if (SC_UNLIKELY(s.gpu)) {
+        if (s.fns->cuda == nullptr)
+          stagecraft::detail::fail_at<DeviceError>(ops::op_info(n.op).name, n.loc.file, n.loc.line, "has no kernel for ",
+                                                   g.values[s.out[0]].device.str(), " in this build");
+        s.fns->cuda(st.ins[i], st.vals[s.out[0]], s.attrs, std::source_location::current());
+      } else {
+        s.fns->cpu(st.ins[i], st.vals[s.out[0]], s.attrs);
+      }
       break;
     }
     case StepKind::fused: {
@@ -342,7 +361,8 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
         s.head_fns->cpu(st.head_ins[i], st.vals[s.head_out], s.head_attrs);
       }
       for (int v : s.out) fresh(v);
-      graph::run(*s.fused, st.ins[i], st.outs[i]);
+      if (s.gpu) s.cuda_fused->run(st.ins[i], st.outs[i], std::source_location::current());
+      else graph::run(*s.fused, st.ins[i], st.outs[i]);
       break;
     }
     case StepKind::view: detail_plan::rebind(st.vals[s.out[0]], st.vals[s.in[0]]); break;

@@ -42,6 +42,12 @@ enum class UnaryKind {
   predicate  ///< any dtype in, bool out
 };
 
+/// Whether Op's rule may run on SIMD batches B. Written over B too, so the constraint is checked
+/// when simd() is called, not when Unary<Op> is instantiated while Op is still incomplete (nvcc's
+/// front end checks a constraint that names only the class's parameters that early).
+template <class Op, class B>
+inline constexpr bool vectorizes_for = Op::vectorizes;
+
 /// The scalar and SIMD forms of an op whose math is a rule (rules.hpp): both call Op::f, so an
 /// op's math is written once. SIMD only where the rule allows it (Rule::vectorizes); a
 /// predicate's SIMD form gives a lane mask (the loops store it as bools).
@@ -57,7 +63,7 @@ struct Unary {
     return Op::f(x);
   }
   template <class B>
-    requires(Op::vectorizes)
+    requires(vectorizes_for<Op, B>)
   static auto simd(const B& x) {
     if constexpr (K == UnaryKind::predicate) return Op::f(x);
     else return B(Op::f(x));
@@ -122,7 +128,7 @@ struct Binary {
     return Op::f(a, b);
   }
   template <class B>
-    requires(Op::vectorizes)
+    requires(vectorizes_for<Op, B>)
   static auto simd(const B& a, const B& b) {
     if constexpr (K == BinaryKind::compare || K == BinaryKind::logical) return Op::f(a, b);
     else return B(Op::f(a, b));

@@ -186,7 +186,7 @@ void unary_range(const T* __restrict x, R* __restrict y, std::int64_t n, bool nt
     }
     if constexpr (padded_tail<T, R>) {
       if (i < n) padded_batch(x + i, y + i, n - i, [](const batch<T>& v) { return Op::simd(v); });
-      return;
+      i = n;  // done (the scalar tail below is then empty; no early return: nvcc warns of the dead loop)
     }
   } else if constexpr (std::is_same_v<R, bool> && HasMask1<Op, T>) {
     // Lane masks stored as bools; the last partial batch zero-padded (a comparison of padding
@@ -194,7 +194,7 @@ void unary_range(const T* __restrict x, R* __restrict y, std::int64_t n, bool nt
     constexpr std::int64_t W = batch<T>::size;
     for (; i + W <= n; i += W) store_mask<T>(y + i, Op::simd(batch<T>::load_unaligned(x + i)));
     if (i < n) store_mask<T>(y + i, Op::simd(load_partial(x + i, n - i)), n - i);
-    return;
+    i = n;
   } else if constexpr (HasConvert<Op, T, R>) {
     constexpr std::int64_t W = batch<T>::size;
     if (nt) {
@@ -432,7 +432,7 @@ void select_row_fixed(const bool* __restrict c, const T* __restrict a, const T* 
       const B x = S1 ? load_partial(a + i, r) : va, z = S2 ? load_partial(b + i, r) : vb;
       store_partial(y + i, B(Op::f(m, x, z)), r);
     }
-    return;
+    i = n;
   }
   for (; i < n; ++i) y[i] = Op::f(c[i * S0], a[i * S1], b[i * S2]);
 }

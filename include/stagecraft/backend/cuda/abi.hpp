@@ -146,4 +146,35 @@ Status gemm(DT dt, const void* a, const void* b, void* c, const GemmArgs& g, int
 Status philox(bool normal, DT dt, const std::int64_t* state, double p0, double p1, void* y, std::int64_t n,
               Stream s) noexcept;
 
+
+// ---- kernels compiled at run time (NVRTC) ----------------------------------------------------
+/// A kernel compiled from source at run time, opaque (a cudaKernel_t).
+using RtcKernel = void*;
+/// What rtc_kernel did since the process started (for tests and benchmarks).
+struct RtcStats {
+  std::int64_t compiled = 0;     ///< sources compiled by NVRTC
+  std::int64_t memory_hits = 0;  ///< found compiled in this process
+  std::int64_t disk_hits = 0;    ///< loaded from the on-disk cache
+};
+/// The status rtc_kernel and rtc_check return when NVRTC rejects the source (its log says why).
+inline constexpr Status rtc_compile_error = 300;  // cudaErrorInvalidSource
+/// The kernel `name` (an extern "C" __global__ function) of `source`, compiled for `device`'s GPU
+/// with the headers the library embeds ("stagecraft/ops/rules.hpp", the elementwise rules). Cached
+/// by the whole source in memory and, unless `cache_dir` is null or empty, in that directory (one
+/// file per source and GPU architecture, written atomically; a corrupt or stale file is recompiled).
+/// On a compile error, `log` (log_size bytes) holds NVRTC's message.
+Status rtc_kernel(int device, const char* source, const char* name, const char* cache_dir, RtcKernel* out, char* log,
+                  std::size_t log_size) noexcept;
+/// Compiles `source` for GPU architecture `arch` (90 = sm_90) without loading it: needs no GPU.
+/// *cubin_bytes is the size of the code made.
+Status rtc_check(const char* source, int arch, std::size_t* cubin_bytes, char* log, std::size_t log_size) noexcept;
+/// Launches k over n elements (a grid-stride loop: blocks of 256 threads) with its parameters
+/// args (a pointer to each, in order).
+Status rtc_launch(RtcKernel k, void** args, std::int64_t n, Stream s) noexcept;
+/// The counters of rtc_kernel.
+RtcStats rtc_stats() noexcept;
+/// Forgets the kernels compiled in this process (they stay loaded): the next rtc_kernel of a
+/// source reads the disk cache or compiles again (for tests of the disk cache).
+void rtc_forget() noexcept;
+
 }  // namespace stagecraft::cuda::abi

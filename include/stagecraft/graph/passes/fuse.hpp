@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "../cuda_fused.hpp"
 #include "../fused_kernel.hpp"
 #include "../ir.hpp"
 #include "../op_table.hpp"
@@ -41,6 +42,13 @@ inline std::int64_t& fusion_min_elements() {
   return n;
 }
 
+/// Whether traced functions on a GPU fuse elementwise groups into generated kernels (NVRTC); on
+/// by default in CUDA builds. Off, each op runs as its own eager kernel (for comparisons).
+inline bool& cuda_fusion() {
+  static bool on = cuda::built;
+  return on;
+}
+
 namespace detail_fuse {
 
 /// Nodes that read each value (in program order).
@@ -57,11 +65,14 @@ inline bool candidate(const Graph& g, const Node& n) {
   const OpFns& f = fns(n.op);
   if (!f.elementwise_unary && !f.elementwise_binary) return false;
   const Value& out = g.values[n.outputs[0]];
-  if (!out.device.is_cpu() || !fusible(n.op, out.dtype) || out.shape.numel() == 0 ||
-      out.shape.numel() < fusion_min_elements())
+  // On a GPU every size is fused: one launch less saves more than any small tensor costs.
+  const bool gpu = out.device.is_cuda();
+  if (gpu ? !cuda_fusion() || detail_cuda_fused::rule_names[static_cast<std::size_t>(n.op)].empty() : !out.device.is_cpu())
+    return false;
+  if (!fusible(n.op, out.dtype) || out.shape.numel() == 0 || (!gpu && out.shape.numel() < fusion_min_elements()))
     return false;
   for (int v : n.inputs)
-    if (g.values[v].dtype != out.dtype) return false;
+    if (g.values[v].dtype != out.dtype || g.values[v].device != out.device) return false;
   return true;
 }
 
@@ -143,7 +154,7 @@ inline FusionGroups find_fusion_groups(const Graph& g) {
       const int grp = tentative[p];
       if (grp < 0) continue;
       const Value& gv = g.values[g.nodes[members[grp][0]].outputs[0]];
-      if (gv.shape != out.shape || gv.dtype != out.dtype) continue;
+      if (gv.shape != out.shape || gv.dtype != out.dtype || gv.device != out.device) continue;
       bool ok = true;  // every reader of the group so far, placed before i, is in the group
       for (int m : members[grp])
         for (int u : users[g.nodes[m].outputs[0]])

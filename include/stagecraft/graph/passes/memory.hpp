@@ -22,6 +22,7 @@ struct MemoryPlan {
   };
   std::vector<int> buffer_of;              ///< per value: its buffer, -1 when not planned
   std::vector<std::int64_t> buffer_bytes;  ///< per buffer: its size
+  std::vector<Device> buffer_device;       ///< per buffer: where it lives (its values' device)
   std::int64_t total_bytes() const {
     std::int64_t t = 0;
     for (std::int64_t b : buffer_bytes) t += b;
@@ -61,11 +62,12 @@ inline MemoryPlan plan_memory(const Graph& g, const std::vector<MemoryPlan::Step
     for (int v : steps[i].in) last[root[v]] = std::max(last[root[v]], static_cast<int>(i));
   std::vector<int> free_list;  // buffers free now
   auto release = [&](int b) { free_list.push_back(b); };
-  // A buffer for value o (need bytes): best fit among free buffers, else the largest grown, else a new one.
-  auto fresh_buffer = [&](std::int64_t need) {
+  // A buffer of `need` bytes on dev: best fit among free buffers there, else the largest grown, else a new one.
+  auto fresh_buffer = [&](std::int64_t need, Device dev) {
     int best = -1;
     for (std::size_t k = 0; k < free_list.size(); ++k) {
       const int c = free_list[k];
+      if (mp.buffer_device[c] != dev) continue;
       const bool fits = mp.buffer_bytes[c] >= need;
       if (best < 0) best = static_cast<int>(k);
       else {
@@ -82,13 +84,15 @@ inline MemoryPlan plan_memory(const Graph& g, const std::vector<MemoryPlan::Step
       return b;
     }
     mp.buffer_bytes.push_back(need);
+    mp.buffer_device.push_back(dev);
     return static_cast<int>(mp.buffer_bytes.size()) - 1;
   };
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const auto& s = steps[i];
     // Written first, read by the rest of the step: a buffer now, and then like any input.
     for (int o : s.first_out)
-      if (!escapes[o]) mp.buffer_of[o] = fresh_buffer(detail_mem::rounded(detail_mem::bytes_of(g.values[o])));
+      if (!escapes[o])
+        mp.buffer_of[o] = fresh_buffer(detail_mem::rounded(detail_mem::bytes_of(g.values[o])), g.values[o].device);
     std::vector<int> dying;  // planned roots whose last read is this step
     for (int v : s.in) {
       const int r = root[v];
@@ -105,12 +109,12 @@ inline MemoryPlan plan_memory(const Graph& g, const std::vector<MemoryPlan::Step
         for (int r : dying)
           if (std::find(taken.begin(), taken.end(), r) == taken.end() &&
               detail_mem::bytes_of(g.values[r]) == detail_mem::bytes_of(g.values[o]) &&
-              g.values[r].shape == g.values[o].shape) {
+              g.values[r].shape == g.values[o].shape && g.values[r].device == g.values[o].device) {
             b = mp.buffer_of[r];
             taken.push_back(r);
             break;
           }
-      if (b < 0) b = fresh_buffer(need);
+      if (b < 0) b = fresh_buffer(need, g.values[o].device);
       mp.buffer_of[o] = b;
       if (last[o] < 0) release(b);  // never read (a dead result): free at once
     }

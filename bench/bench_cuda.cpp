@@ -1,0 +1,194 @@
+// GPU benchmarks (issue 8), side by side in one run on one GPU: an eager small op (launch cost,
+// asynchronous), a device-to-device copy (the bandwidth line), the 9-op chain
+// tanh(x*a + b)*c - x/(1 + exp(-x)) eager and traced (one generated kernel), matmul 8192^3 against
+// cuBLAS called directly, and LibTorch's rows when it is found with CUDA. Every timed loop ends
+// with a synchronize, so a row is the time the GPU needed, not the time to queue the work.
+// Without a GPU each benchmark says so and skips.
+#include <benchmark/benchmark.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <stagecraft/stagecraft.hpp>
+
+#if defined(STAGECRAFT_BENCH_TORCH)
+#include <torch/torch.h>
+#endif
+
+namespace {
+
+const sc::Device gpu = sc::Device::cuda(0);
+
+bool need_gpu(benchmark::State& state) {
+  if (sc::cuda::is_available()) return true;
+  state.SkipWithError("no CUDA device");
+  return false;
+}
+
+// ---- launch cost: one-element adds, queued back to back ------------------------------------------
+
+void small_add(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const sc::Tensor a = sc::full({1}, 1.f).to(gpu), b = sc::full({1}, 2.f).to(gpu);
+  sc::cuda::synchronize();
+  constexpr int per_iter = 100;
+  for (auto _ : state) {
+    for (int i = 0; i < per_iter; ++i) benchmark::DoNotOptimize(a + b);
+    sc::cuda::synchronize();
+  }
+  state.SetItemsProcessed(state.iterations() * per_iter);  // items/s: ops per second
+}
+BENCHMARK(small_add)->Name("cuda/small_add/stagecraft")->UseRealTime();
+
+// ---- bandwidth: the library's device-to-device copy ----------------------------------------------
+
+constexpr std::int64_t big = std::int64_t{1} << 28;  // 256M floats, 1 GiB per tensor
+
+void copy_d2d(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const sc::DeviceScope on(gpu);
+  const sc::Tensor x = sc::zeros({big}), y = sc::zeros({big});
+  for (auto _ : state) {
+    sc::cuda::detail::copy(y.raw_data(), gpu, x.raw_data(), gpu, x.nbytes(), "copy", std::source_location::current());
+    sc::cuda::synchronize();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * x.nbytes());
+}
+BENCHMARK(copy_d2d)->Name("cuda/copy_d2d/256M")->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---- the 9-op chain ------------------------------------------------------------------------------
+
+sc::Tensor chain9(const sc::Tensor& x, const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& c) {
+  return sc::tanh(x * a + b) * c - x / (1.f + sc::exp(-x));
+}
+
+struct ChainInputs {
+  sc::Tensor x, a, b, c;
+  explicit ChainInputs(std::int64_t n) {
+    const sc::DeviceScope on(gpu);  // drawn on the GPU (the same numbers as the CPU's)
+    x = sc::random::uniform({n}, -1.0, 1.0, 1);
+    a = sc::random::uniform({n}, -1.0, 1.0, 2);
+    b = sc::random::uniform({n}, -1.0, 1.0, 3);
+    c = sc::random::uniform({n}, -1.0, 1.0, 4);
+  }
+};
+
+void chain_eager(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const std::int64_t n = state.range(0);
+  const ChainInputs in(n);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(chain9(in.x, in.a, in.b, in.c));
+    sc::cuda::synchronize();
+  }
+  state.SetBytesProcessed(state.iterations() * 5 * n * 4);  // four reads and one write
+}
+BENCHMARK(chain_eager)->Name("cuda/chain9/eager")->Arg(1 << 20)->Arg(big)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void chain_staged(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const std::int64_t n = state.range(0);
+  const ChainInputs in(n);
+  auto f = sc::function(chain9);
+  benchmark::DoNotOptimize(f(in.x, in.a, in.b, in.c));  // trace and compile outside the loop
+  sc::cuda::synchronize();
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(f(in.x, in.a, in.b, in.c));
+    sc::cuda::synchronize();
+  }
+  state.SetBytesProcessed(state.iterations() * 5 * n * 4);
+  state.counters["fused_groups"] = f.get_concrete(in.x, in.a, in.b, in.c).stats().plan.fused_groups;
+}
+BENCHMARK(chain_staged)->Name("cuda/chain9/staged")->Arg(1 << 20)->Arg(big)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---- matmul 8192^3 -------------------------------------------------------------------------------
+
+constexpr std::int64_t mm = 8192;
+
+void matmul_stagecraft(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const sc::DeviceScope on(gpu);
+  const sc::Tensor a = sc::random::normal({mm, mm}, 1), b = sc::random::normal({mm, mm}, 2);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(sc::matmul(a, b));
+    sc::cuda::synchronize();
+  }
+  state.counters["TFLOP/s"] = benchmark::Counter(2.0 * mm * mm * mm * static_cast<double>(state.iterations()) / 1e12,
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK(matmul_stagecraft)->Name("cuda/matmul/8192/stagecraft")->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void matmul_cublas(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  float *a = nullptr, *b = nullptr, *c = nullptr;
+  const std::size_t bytes = sizeof(float) * mm * mm;
+  cudaMalloc(&a, bytes);
+  cudaMalloc(&b, bytes);
+  cudaMalloc(&c, bytes);
+  cudaMemset(a, 0, bytes);
+  cudaMemset(b, 0, bytes);
+  cublasHandle_t h = nullptr;
+  cublasCreate(&h);
+  const float one = 1.f, zero = 0.f;
+  const int n = static_cast<int>(mm);
+  for (auto _ : state) {
+    cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b, n, a, n, &zero, c, n);
+    cudaDeviceSynchronize();
+  }
+  state.counters["TFLOP/s"] = benchmark::Counter(2.0 * mm * mm * mm * static_cast<double>(state.iterations()) / 1e12,
+                                                 benchmark::Counter::kIsRate);
+  cublasDestroy(h);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+}
+BENCHMARK(matmul_cublas)->Name("cuda/matmul/8192/cublas")->UseRealTime()->Unit(benchmark::kMillisecond);
+
+#if defined(STAGECRAFT_BENCH_TORCH)
+bool torch_gpu(benchmark::State& state) {
+  if (torch::cuda::is_available()) return true;
+  state.SkipWithError("LibTorch without CUDA");
+  return false;
+}
+
+void torch_small_add(benchmark::State& state) {
+  if (!torch_gpu(state)) return;
+  const auto a = torch::ones({1}, torch::kCUDA), b = torch::ones({1}, torch::kCUDA);
+  constexpr int per_iter = 100;
+  for (auto _ : state) {
+    for (int i = 0; i < per_iter; ++i) benchmark::DoNotOptimize(a + b);
+    torch::cuda::synchronize();
+  }
+  state.SetItemsProcessed(state.iterations() * per_iter);
+}
+BENCHMARK(torch_small_add)->Name("cuda/small_add/libtorch")->UseRealTime();
+
+void torch_chain(benchmark::State& state) {
+  if (!torch_gpu(state)) return;
+  const std::int64_t n = state.range(0);
+  const auto o = torch::TensorOptions().device(torch::kCUDA);
+  const auto x = torch::rand({n}, o), a = torch::rand({n}, o), b = torch::rand({n}, o), c = torch::rand({n}, o);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(torch::tanh(x * a + b) * c - x / (1 + torch::exp(-x)));
+    torch::cuda::synchronize();
+  }
+  state.SetBytesProcessed(state.iterations() * 5 * n * 4);
+}
+BENCHMARK(torch_chain)->Name("cuda/chain9/libtorch")->Arg(1 << 20)->Arg(big)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void torch_matmul(benchmark::State& state) {
+  if (!torch_gpu(state)) return;
+  const auto o = torch::TensorOptions().device(torch::kCUDA);
+  const auto a = torch::randn({mm, mm}, o), b = torch::randn({mm, mm}, o);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(torch::matmul(a, b));
+    torch::cuda::synchronize();
+  }
+  state.counters["TFLOP/s"] = benchmark::Counter(2.0 * mm * mm * mm * static_cast<double>(state.iterations()) / 1e12,
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK(torch_matmul)->Name("cuda/matmul/8192/libtorch")->UseRealTime()->Unit(benchmark::kMillisecond);
+#endif
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,232 @@
+// Fused elementwise groups on the GPU: a FusedProgram becomes CUDA source, one thread per output
+// element computing every instruction in registers by its op's rule (the rules.hpp functor the
+// eager kernels call: no second copy of any op's math), compiled at run time by NVRTC and cached
+// (kernels/rtc.cu: in memory, and on disk under kernel_cache_dir()).
+//
+// The source is specialised to the program's shapes: each input's broadcast index is a few
+// divisions by constants. Every thread reads its inputs before it writes, so an output may take
+// the buffer of an input of the output's shape (the plan's in-place reuse). Numerics: each
+// instruction rounds as its eager CUDA kernel does (no a * b + c contraction across instructions).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "../backend/cuda/runtime.hpp"
+#include "../core/tensor.hpp"
+#include "../ops/registry.hpp"
+#include "fused_kernel.hpp"
+
+namespace stagecraft::cuda {
+
+/// The directory where kernels compiled at run time are kept between processes: $STAGECRAFT_CACHE_DIR,
+/// else $XDG_CACHE_HOME/stagecraft, else $HOME/.cache/stagecraft (with "/cuda" appended; empty:
+/// no disk cache). Assign to change it (before the first traced function runs on a GPU).
+inline std::string& kernel_cache_dir() {
+  static std::string dir = [] {
+    const char* own = std::getenv("STAGECRAFT_CACHE_DIR");
+    if (own != nullptr) return *own ? std::string(own) + "/cuda" : std::string();
+    if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x) return std::string(x) + "/stagecraft/cuda";
+    if (const char* h = std::getenv("HOME"); h != nullptr && *h) return std::string(h) + "/.cache/stagecraft/cuda";
+    return std::string();
+  }();
+  return dir;
+}
+
+/// How many fused kernels this process compiled, found compiled in memory, and loaded from the
+/// disk cache (all 0 without CUDA).
+struct FusedKernelStats {
+  std::int64_t compiled = 0, memory_hits = 0, disk_hits = 0;
+};
+inline FusedKernelStats fused_kernel_stats() {
+#if defined(STAGECRAFT_WITH_CUDA)
+  const abi::RtcStats s = abi::rtc_stats();
+  return {s.compiled, s.memory_hits, s.disk_hits};
+#else
+  return {};
+#endif
+}
+
+}  // namespace stagecraft::cuda
+
+namespace stagecraft::graph {
+
+namespace detail_cuda_fused {
+
+/// The rules.hpp functor whose math op `Op` is, by name ("" for ops without one).
+template <class Op>
+constexpr std::string_view rule_name() {
+#define SC_RULE_NAME(R) if constexpr (std::is_base_of_v<rules::R, Op>) return #R; else
+  SC_CUDA_UNARY_RULES(SC_RULE_NAME) SC_CUDA_BINARY_RULES(SC_RULE_NAME) return std::string_view();
+#undef SC_RULE_NAME
+}
+
+/// rule_names[id]: the rule of OpId id.
+inline constexpr std::array<std::string_view, ops::num_ops> rule_names = {{
+#define SC_RULE_OF(S) rule_name<ops::S>(),
+    STAGECRAFT_OP_LIST(SC_RULE_OF)
+#undef SC_RULE_OF
+}};
+
+/// The CUDA C++ type of a dtype a fused program runs over.
+inline const char* c_type(DType d) {
+  switch (d) {
+    case DType::i32: return "int";
+    case DType::i64: return "long long";
+    case DType::f32: return "float";
+    case DType::f64: return "double";
+    default: return nullptr;
+  }
+}
+
+/// The index into an input of shape `in` for output element `i` of shape `out` (NumPy
+/// broadcasting; axes of one element dropped, neighbouring axes the input has or lacks alike merged).
+inline std::string index_expr(const Shape& in, const Shape& out) {
+  const int ro = out.rank(), ri = in.rank();
+  struct Axis {
+    std::int64_t n;
+    bool present;
+  };
+  std::vector<Axis> axes;
+  for (int d = 0; d < ro; ++d) {
+    const std::int64_t n = out[d];
+    if (n == 1) continue;
+    const int k = d - (ro - ri);
+    const bool present = k >= 0 && in[k] == n;
+    if (!axes.empty() && axes.back().present == present) axes.back().n *= n;
+    else axes.push_back({n, present});
+  }
+  std::string e;
+  std::int64_t inner_out = 1, inner_in = 1;  // elements below the axis in the output and the input
+  for (int a = static_cast<int>(axes.size()) - 1; a >= 0; --a) {
+    const Axis& ax = axes[a];
+    if (ax.present) {
+      std::string t = "i";
+      if (inner_out != 1) t = "(" + t + " / " + std::to_string(inner_out) + "LL)";
+      if (a > 0) t = "(" + t + " % " + std::to_string(ax.n) + "LL)";
+      if (inner_in != 1) t += " * " + std::to_string(inner_in) + "LL";
+      e += (e.empty() ? "" : " + ") + t;
+      inner_in *= ax.n;
+    }
+    inner_out *= ax.n;
+  }
+  return e.empty() ? "0" : e;
+}
+
+}  // namespace detail_cuda_fused
+
+/// True when p can run as a generated CUDA kernel: elementwise only (no reduction consumer), over
+/// a dtype and ops the generator knows.
+inline bool cuda_fusible(const FusedProgram& p) {
+  if (p.reduction || detail_cuda_fused::c_type(p.dtype) == nullptr) return false;
+  for (const FusedInstr& c : p.code)
+    if (static_cast<int>(c.op) >= ops::num_ops || detail_cuda_fused::rule_names[static_cast<std::size_t>(c.op)].empty())
+      return false;
+  return true;
+}
+
+/// The CUDA source of p: kernel `sc_fused(const T* in0.., T* out0.., long long n)`.
+inline std::string cuda_source(const FusedProgram& p) {
+  namespace d = detail_cuda_fused;
+  if (!cuda_fusible(p)) throw ValueError("[fused] the program cannot run as a CUDA kernel (a reduction, or an op or dtype without a rule)");
+  const std::string T = d::c_type(p.dtype);
+  const int nin = static_cast<int>(p.input_shapes.size());
+  std::string s = "// stagecraft fused kernel: " + std::string(name(p.dtype)) + p.out_shape.str() + "\n" +
+                  "#include \"stagecraft/ops/rules.hpp\"\n"
+                  "namespace r = stagecraft::rules;\n"
+                  "extern \"C\" __global__ void sc_fused(";
+  for (int k = 0; k < nin; ++k) s += "const " + T + "* in" + std::to_string(k) + ", ";
+  for (std::size_t j = 0; j < p.outputs.size(); ++j) s += T + "* out" + std::to_string(j) + ", ";
+  s += "long long n) {\n"
+       "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n";
+  for (int k = 0; k < nin; ++k)
+    s += "    const " + T + " r" + std::to_string(k) + " = in" + std::to_string(k) + "[" +
+         d::index_expr(p.input_shapes[k], p.out_shape) + "];\n";
+  for (std::size_t j = 0; j < p.code.size(); ++j) {
+    const FusedInstr& c = p.code[j];
+    s += "    const " + T + " r" + std::to_string(nin + static_cast<int>(j)) + " = r::" +
+         std::string(d::rule_names[static_cast<std::size_t>(c.op)]) + "::f(r" + std::to_string(c.a) +
+         (c.b >= 0 ? ", r" + std::to_string(c.b) : std::string()) + ");\n";
+  }
+  for (std::size_t j = 0; j < p.outputs.size(); ++j)
+    s += "    out" + std::to_string(j) + "[i] = r" + std::to_string(p.outputs[j]) + ";\n";
+  s += "  }\n}\n";
+  return s;
+}
+
+/// A program ready for the GPU: its source, and its kernel per device (compiled on first run there).
+class CudaFused {
+ public:
+  explicit CudaFused(FusedProgram p) : program_(std::move(p)), source_(cuda_source(program_)) {}
+  const FusedProgram& program() const { return program_; }
+  const std::string& source() const { return source_; }
+
+  /// Runs the program on the GPU of outputs[0]: inputs and outputs as graph::run's (contiguous,
+  /// of the program's dtype and shapes), all on that device. Asynchronous, on the device's stream.
+  void run(std::span<const Tensor> inputs, std::span<Tensor> outputs, const std::source_location& loc) const;
+
+ private:
+  FusedProgram program_;
+  std::string source_;
+#if defined(STAGECRAFT_WITH_CUDA)
+  mutable std::mutex mu_;
+  mutable std::vector<cuda::abi::RtcKernel> kernels_;  // by device index
+#endif
+};
+
+inline void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> outputs,
+                           const std::source_location& loc) const {
+  const FusedProgram& p = program_;
+  if (SC_UNLIKELY(inputs.size() != p.input_shapes.size() || outputs.size() != p.outputs.size() || outputs.empty()))
+    throw ValueError("[fused] the program takes " + std::to_string(p.input_shapes.size()) + " inputs and " +
+                     std::to_string(p.outputs.size()) + " outputs, got " + std::to_string(inputs.size()) + " and " +
+                     std::to_string(outputs.size()));
+  const Device dev = outputs[0].device();
+  auto check = [&](const Tensor& t, const Shape& want, const char* what, std::size_t i) {
+    if (SC_LIKELY(t.device() == dev && t.dtype() == p.dtype && t.shape() == want)) return;
+    const std::string at = std::string("[fused] ") + what + " " + std::to_string(i);
+    if (t.device() != dev) throw DeviceError(at + " is on " + t.device().str() + ", the program runs on " + dev.str());
+    if (t.dtype() != p.dtype) throw DTypeError(at + " has dtype " + std::string(name(t.dtype())) + ", the program runs over " + std::string(name(p.dtype)));
+    throw ShapeError(at + " has shape " + t.shape().str() + ", the program expects " + want.str());
+  };
+  for (std::size_t i = 0; i < inputs.size(); ++i) check(inputs[i], p.input_shapes[i], "input", i);
+  for (std::size_t j = 0; j < outputs.size(); ++j) check(outputs[j], p.out_shape, "output", j);
+  cuda::detail::require_device(dev, "fused", loc);
+#if defined(STAGECRAFT_WITH_CUDA)
+  const cuda::abi::Stream s = cuda::detail::stream(dev, "fused", loc);  // also makes dev current
+  cuda::abi::RtcKernel k = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto di = static_cast<std::size_t>(dev.index());
+    if (kernels_.size() <= di) kernels_.resize(di + 1, nullptr);
+    if (kernels_[di] == nullptr) {
+      char log[4096] = {};
+      const cuda::abi::Status st = cuda::abi::rtc_kernel(dev.index(), source_.c_str(), "sc_fused",
+                                                         cuda::kernel_cache_dir().c_str(), &kernels_[di], log, sizeof log);
+      if (st == cuda::abi::rtc_compile_error)
+        stagecraft::detail::fail<DeviceError>("fused", loc, "NVRTC could not compile the fused kernel: ", log,
+                                              "\nsource:\n", source_);
+      cuda::detail::check(st, dev, "fused", loc);
+    }
+    k = kernels_[di];
+  }
+  std::vector<const void*> ptrs;
+  ptrs.reserve(inputs.size() + outputs.size());
+  for (const Tensor& t : inputs) ptrs.push_back(t.raw_data());
+  for (const Tensor& t : outputs) ptrs.push_back(t.raw_data());
+  long long n = p.out_shape.numel();
+  std::vector<void*> args;
+  args.reserve(ptrs.size() + 1);
+  for (const void*& q : ptrs) args.push_back(&q);
+  args.push_back(&n);
+  cuda::detail::check(cuda::abi::rtc_launch(k, args.data(), n, s), dev, "fused", loc);
+#endif
+}
+
+}  // namespace stagecraft::graph

@@ -1,0 +1,137 @@
+// Traced functions on the GPU: the plan runs each node's CUDA kernel with GPU buffers, and fused
+// elementwise groups run as one generated (NVRTC) kernel each, equal to the same function on the
+// CPU and to its eager GPU run; the kernel caches (memory and disk) are exercised too.
+#include "cuda/cuda_testing.hpp"
+
+#include <stagecraft/graph/cuda_fused.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+using sctest::cuda::check_same;
+using sctest::cuda::gpu;
+using sctest::cuda::values;
+
+namespace {
+
+/// Every element of a equals b's exactly (both on the GPU or both anywhere).
+void check_bits(const sc::Tensor& a, const sc::Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  REQUIRE(a.dtype() == b.dtype());
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    INFO("element " << i);
+    if (std::isnan(y[i])) CHECK(std::isnan(x[i]));
+    else CHECK(x[i] == y[i]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda staged: a traced function runs on the GPU, fused, equal to the CPU and to eager", "[cuda][staged]") {
+  auto body = [](sc::Tensor x, sc::Tensor b) {
+    const sc::Tensor h = sc::relu(x * 2.f + b);
+    return std::make_tuple(sc::sigmoid(h) * h - sc::tanh(x), sc::sum(h, {1}), sc::maximum(x, b) * x);
+  };
+  auto f = sc::function(body);
+  const sc::Tensor x = values({64, 33}, sc::f32, 1), b = values({33}, sc::f32, 2);
+  const sc::Tensor xg = x.to(gpu), bg = b.to(gpu);
+  const auto [g0, g1, g2] = f(xg, bg);
+  const auto [c0, c1, c2] = f(x, b);
+  const auto st = f.get_concrete(xg, bg).stats();
+  INFO(st);
+  CHECK(st.plan.fused_groups >= 2);
+  check_same(g0, c0, 1e-5);
+  check_same(g1, c1, 1e-5);
+  check_same(g2, c2, 1e-5);
+  // Fused generated kernels against the eager GPU kernels: arithmetic and selections bit for bit.
+  const auto [e0, e1, e2] = body(xg, bg);
+  check_bits(g2, e2);
+  check_same(g0, e0.to(sc::Device::cpu()), 1e-6);
+  check_bits(g1, e1);  // the reduction is the eager kernel itself
+}
+
+TEST_CASE("cuda staged: integer and double programs equal the CPU exactly", "[cuda][staged]") {
+  auto f = sc::function([](sc::Tensor x, sc::Tensor y) { return sc::abs(x * x + y) - sc::square(y) * 3; });
+  for (sc::DType d : {sc::i32, sc::i64, sc::f64}) {
+    INFO(sc::name(d));
+    sc::Tensor x = values({16, 128}, d, 3), y = values({128}, d, 4);
+    if (d == sc::i32) x = x * 100000;  // products wrap, as they do on the CPU
+    const sc::Tensor got = f(x.to(gpu), y.to(gpu));
+    check_same(got, f(x, y), d == sc::f64 ? 1e-13 : 0.0);
+  }
+}
+
+TEST_CASE("cuda staged: an SGD step traced on the GPU updates GPU variables as the CPU's", "[cuda][staged]") {
+  sc::Variable wc(values({8, 4}, sc::f32, 5), "w"), bc(values({4}, sc::f32, 6), "b");
+  sc::Variable wg(wc.value().to(gpu), "w"), bg(bc.value().to(gpu), "b");
+  auto step = [](sc::Variable& w, sc::Variable& b, const sc::Tensor& x, const sc::Tensor& y) {
+    sc::GradientTape tape;
+    const sc::Tensor p = sc::matmul(x, w) + b;
+    const sc::Tensor loss = sc::mean(sc::square(p - y));
+    std::vector<sc::Variable> vars{w, b};
+    const auto g = tape.gradient(loss, vars);
+    for (std::size_t i = 0; i < vars.size(); ++i) vars[i].assign_sub(g[i] * 0.1f);
+    return loss;
+  };
+  auto on_cpu = sc::function([&](sc::Tensor x, sc::Tensor y) { return step(wc, bc, x, y); });
+  auto on_gpu = sc::function([&](sc::Tensor x, sc::Tensor y) { return step(wg, bg, x, y); });
+  const sc::Tensor x = values({16, 8}, sc::f32, 7), y = values({16, 4}, sc::f32, 8);
+  const sc::Tensor xg = x.to(gpu), yg = y.to(gpu);
+  for (int it = 0; it < 3; ++it) {
+    const sc::Tensor lg = on_gpu(xg, yg), lc = on_cpu(x, y);
+    check_same(lg, lc, 1e-5);
+  }
+  check_same(wg.value(), wc.value(), 1e-5);
+  check_same(bg.value(), bc.value(), 1e-5);
+  CHECK(on_gpu.trace_count() == 1);
+}
+
+TEST_CASE("cuda staged: fused kernels are cached in memory and on disk, a corrupt file recompiled", "[cuda][staged]") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "stagecraft_rtc_test";
+  std::filesystem::remove_all(dir);
+  const std::string saved = sc::cuda::kernel_cache_dir();
+  sc::cuda::kernel_cache_dir() = dir.string();
+  // A shape no other test uses: a source this process has not compiled.
+  const auto body = [](sc::Tensor t) { return sc::exp(t) * 3.f + t; };
+  auto f = sc::function(body);
+  const sc::Tensor x = values({7, 131}, sc::f32, 9), want = f(x);
+  const auto s0 = sc::cuda::fused_kernel_stats();
+  check_same(f(x.to(gpu)), want, 1e-6);
+  const auto s1 = sc::cuda::fused_kernel_stats();
+  CHECK(s1.compiled == s0.compiled + 1);
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path());
+  REQUIRE(files.size() == 1);  // no temporary left behind
+  // Another function with the same program: the same source, found in memory.
+  auto f2 = sc::function(body);
+  check_same(f2(x.to(gpu)), want, 1e-6);
+  CHECK(sc::cuda::fused_kernel_stats().memory_hits == s1.memory_hits + 1);
+  // Forgotten in memory: read back from disk.
+  sc::cuda::abi::rtc_forget();
+  auto f3 = sc::function(body);
+  check_same(f3(x.to(gpu)), want, 1e-6);
+  const auto s2 = sc::cuda::fused_kernel_stats();
+  CHECK(s2.disk_hits == s1.disk_hits + 1);
+  CHECK(s2.compiled == s1.compiled);
+  // Truncated: compiled again, the file rewritten whole.
+  const auto full = std::filesystem::file_size(files[0]);
+  std::filesystem::resize_file(files[0], full / 2);
+  sc::cuda::abi::rtc_forget();
+  auto f4 = sc::function(body);
+  check_same(f4(x.to(gpu)), want, 1e-6);
+  CHECK(sc::cuda::fused_kernel_stats().compiled == s2.compiled + 1);
+  CHECK(std::filesystem::file_size(files[0]) == full);
+  sc::cuda::kernel_cache_dir() = saved;
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("cuda staged: with GPU fusion off the plan runs every op as its eager kernel", "[cuda][staged]") {
+  sc::graph::cuda_fusion() = false;
+  auto f = sc::function([](sc::Tensor x) { return sc::sqrt(sc::abs(x) + 1.f) * x; });
+  const sc::Tensor x = values({300}, sc::f32, 10);
+  const sc::Tensor got = f(x.to(gpu));
+  sc::graph::cuda_fusion() = true;
+  CHECK(f.get_concrete(x.to(gpu)).stats().plan.fused_groups == 0);
+  check_same(got, f(x), 1e-6);
+}
