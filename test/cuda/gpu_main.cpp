@@ -1,5 +1,6 @@
-// Catch2 main of the GPU tests: without a CUDA device each test exits with code 77, which CTest
-// reports as skipped (SKIP_RETURN_CODE), after saying why. Listing the tests needs no device.
+// Catch2 main of the GPU tests: without a CUDA device each test exits with SC_SKIP_RETURN_CODE (77;
+// 4 with Catch2 v3, whose test discovery sets that), which CTest reports as skipped, after saying
+// why. Listing the tests needs no device.
 #if STAGECRAFT_CATCH2_MAJOR >= 3
 #include <catch2/catch_session.hpp>
 #else
@@ -22,7 +23,7 @@ int main(int argc, char* argv[]) {
   if (!listing && !stagecraft::cuda::is_available()) {
     std::cout << "SKIPPED: no CUDA device (" << (stagecraft::cuda::built ? "none found" : "built without CUDA")
               << "); these tests run on a machine with a GPU\n";
-    return 77;
+    return SC_SKIP_RETURN_CODE;
   }
   return session.run();
 }
