@@ -135,3 +135,20 @@ TEST_CASE("cuda staged: with GPU fusion off the plan runs every op as its eager 
   CHECK(f.get_concrete(x.to(gpu)).stats().plan.fused_groups == 0);
   check_same(got, f(x), 1e-6);
 }
+
+TEST_CASE("cuda staged: sc::compile on GPU tensors runs its graph as fused generated kernels", "[cuda][staged]") {
+  auto g = sc::compile([](auto a, auto b) { return sc::tanh(a * b + 0.5f) * sc::sigmoid(a) - b / (1 + sc::exp(-a)); });
+  const sc::Tensor x = values({33, 65}, sc::f32, 11), y = values({65}, sc::f32, 12);
+  const auto before = sc::cuda::fused_kernel_stats();
+  const sc::Tensor got = g(x.to(gpu), y.to(gpu));
+  const auto after = sc::cuda::fused_kernel_stats();
+  CHECK(after.compiled + after.memory_hits + after.disk_hits > before.compiled + before.memory_hits + before.disk_hits);
+  check_same(got, g(x, y), 1e-5);
+  check_same(g(x.to(gpu), y.to(gpu)), g(x, y), 1e-5);  // the kept traced function, run again
+  // Under a tape the ops run one by one (the tape records them): the gradient is the CPU's.
+  const sc::Tensor xg = x.to(gpu);
+  sc::GradientTape tape;
+  tape.watch(xg);
+  const sc::Tensor dx = tape.gradient(sc::sum(g(xg, y.to(gpu))), xg);
+  check_same(dx, sc::grad<0>(g)(x, y), 1e-4);
+}

@@ -156,13 +156,45 @@ class Compiled {
         last_->specs[static_cast<std::size_t>(k)] = {t.shape(), t.dtype()};
       }
     }
+    // On a GPU the graph runs as a traced function: its fused groups become generated kernels
+    // (graph/cuda_fused.hpp), one launch each, instead of a launch per op. Not under a tape (it
+    // must see the ops) or inside a trace (the ops stage themselves into it).
+    const detail::Context& ctx = detail::context();
+    if (SC_UNLIKELY(args[0].device().is_cuda()) && ctx.tapes == nullptr && ctx.trace == nullptr)
+      return call_traced<N>(args, loc);
     const auto e = expression<N>();
     return staging::run<N>(e.node, staging::Env<N, DS>{std::move(args), loc});
+  }
+
+  /// The expression over N arguments as a function body for sc::function.
+  template <int N>
+  auto traced_body() const {
+    return [e = expression<N>(), loc = loc_](const auto&... ts) -> Tensor {
+      const detail::LocOverride at(loc);  // the graph's nodes carry the line that called sc::compile
+      return staging::run<N>(e.node, staging::Env<N, DS>{{Tensor(ts)...}, loc});
+    };
+  }
+  /// Runs the N-argument graph as a traced function, made once and kept (it caches its traces).
+  template <int N>
+  Tensor call_traced(const std::array<Tensor, N>& args, const std::source_location& loc) const {
+    using Fn = decltype(function(traced_body<N>(), "compiled"));
+    std::shared_ptr<Fn> fn;
+    {
+      std::lock_guard<std::mutex> lock(last_->mu);
+      auto& slot = last_->traced[static_cast<std::size_t>(N)];
+      if (!slot) slot = std::make_shared<Fn>(function(traced_body<N>(), "compiled"));
+      fn = std::static_pointer_cast<Fn>(slot);
+    }
+    (void)loc;
+    return [&]<int... I>(std::integer_sequence<int, I...>) -> Tensor {
+      return (*fn)(args[static_cast<std::size_t>(I)]...);
+    }(std::make_integer_sequence<int, N>{});
   }
 
   struct Last {
     std::mutex mu;
     std::vector<std::pair<Shape, DType>> specs;  // the latest call's arguments, for graph()
+    std::array<std::shared_ptr<void>, 7> traced;  // per argument count: the traced function (GPU calls)
   };
   F f_;
   std::source_location loc_;
