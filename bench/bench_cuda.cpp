@@ -87,6 +87,7 @@ BENCHMARK(chain_eager)->Name("cuda/chain9/eager")->Arg(1 << 20)->Arg(big)->UseRe
 void chain_staged(benchmark::State& state) {
   if (!need_gpu(state)) return;
   const std::int64_t n = state.range(0);
+  sc::graph::cuda_vector_loads() = state.range(1) != 0;  // 16-byte accesses, or one element per access
   const ChainInputs in(n);
   auto f = sc::function(chain9);
   benchmark::DoNotOptimize(f(in.x, in.a, in.b, in.c));  // trace and compile outside the loop
@@ -97,8 +98,10 @@ void chain_staged(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * 5 * n * 4);
   state.counters["fused_groups"] = f.get_concrete(in.x, in.a, in.b, in.c).stats().plan.fused_groups;
+  sc::graph::cuda_vector_loads() = true;
 }
-BENCHMARK(chain_staged)->Name("cuda/chain9/staged")->Arg(1 << 20)->Arg(big)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(chain_staged)->Name("cuda/chain9/staged")->ArgNames({"n", "vec16"})
+    ->Args({1 << 20, 1})->Args({big, 1})->Args({big, 0})->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // ---- matmul 8192^3 -------------------------------------------------------------------------------
 

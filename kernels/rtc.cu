@@ -154,7 +154,8 @@ void write_cached(const std::filesystem::path& f, const std::string& key, const 
 
 struct Cache {
   std::mutex mu;
-  std::unordered_map<std::string, cudaKernel_t> kernels;  // by arch + key prefix + source + name
+  std::unordered_map<std::string, cudaLibrary_t> libraries;  // by key: arch + key prefix + source
+  std::unordered_map<std::string, cudaKernel_t> kernels;     // by key + NUL + kernel name
   std::atomic<std::int64_t> compiled{0}, memory_hits{0}, disk_hits{0};
 };
 Cache& cache() {
@@ -162,11 +163,12 @@ Cache& cache() {
   return c;
 }
 
-Status load(const std::string& code, const char* name, cudaKernel_t* out) {
-  cudaLibrary_t lib = nullptr;  // kept for the process's lifetime, as its kernels are
-  if (const auto e = cudaLibraryLoadData(&lib, code.data(), nullptr, nullptr, 0, nullptr, nullptr, 0)) return e;
-  if (const auto e = cudaLibraryGetKernel(out, lib, name)) {
-    cudaLibraryUnload(lib);
+/// Loads code (kept for the process's lifetime, as its kernels are) and checks it has `name`.
+Status load(const std::string& code, const char* name, cudaLibrary_t* lib, cudaKernel_t* out) {
+  if (const auto e = cudaLibraryLoadData(lib, code.data(), nullptr, nullptr, 0, nullptr, nullptr, 0)) return e;
+  if (const auto e = cudaLibraryGetKernel(out, *lib, name)) {
+    cudaLibraryUnload(*lib);
+    *lib = nullptr;
     return e;
   }
   return cudaSuccess;
@@ -185,32 +187,40 @@ Status rtc_kernel(int device, const char* source, const char* name, const char* 
     if (const auto e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) return e;
     if (const auto e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) return e;
     const int arch = major * 10 + minor;
-    const std::string key = "sm" + std::to_string(arch) + " " + key_prefix() + name + "\n" + source;
+    const std::string key = "sm" + std::to_string(arch) + " " + key_prefix() + source;
+    const std::string kernel_key = key + '\0' + name;
     Cache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);
-    if (const auto it = c.kernels.find(key); it != c.kernels.end()) {
+    if (const auto it = c.kernels.find(kernel_key); it != c.kernels.end()) {
       ++c.memory_hits;
       *out = reinterpret_cast<RtcKernel>(it->second);
       return cudaSuccess;
     }
-    const bool use_disk = cache_dir != nullptr && cache_dir[0] != '\0';
-    const std::filesystem::path file = use_disk ? cache_file(cache_dir, key, arch) : std::filesystem::path();
-    std::string code;
     cudaKernel_t k = nullptr;
-    if (use_disk && read_cached(file, key, code) && load(code, name, &k) == cudaSuccess) {
-      ++c.disk_hits;
+    if (const auto it = c.libraries.find(key); it != c.libraries.end()) {  // another kernel of a loaded source
+      if (const auto e = cudaLibraryGetKernel(&k, it->second, name)) return e;
+      ++c.memory_hits;
     } else {
-      cudaGetLastError();  // a failed load of a cached file is not the caller's error
-      std::string err;
-      if (const Status s = compile(source, arch, code, err)) {
-        put_log(log, log_size, err);
-        return s;
+      const bool use_disk = cache_dir != nullptr && cache_dir[0] != '\0';
+      const std::filesystem::path file = use_disk ? cache_file(cache_dir, key, arch) : std::filesystem::path();
+      std::string code;
+      cudaLibrary_t lib = nullptr;
+      if (use_disk && read_cached(file, key, code) && load(code, name, &lib, &k) == cudaSuccess) {
+        ++c.disk_hits;
+      } else {
+        cudaGetLastError();  // a failed load of a cached file is not the caller's error
+        std::string err;
+        if (const Status s = compile(source, arch, code, err)) {
+          put_log(log, log_size, err);
+          return s;
+        }
+        ++c.compiled;
+        if (const auto e = load(code, name, &lib, &k)) return e;
+        if (use_disk) write_cached(file, key, code);
       }
-      ++c.compiled;
-      if (const auto e = load(code, name, &k)) return e;
-      if (use_disk) write_cached(file, key, code);
+      c.libraries.emplace(key, lib);
     }
-    c.kernels.emplace(key, k);
+    c.kernels.emplace(kernel_key, k);
     *out = reinterpret_cast<RtcKernel>(k);
     return cudaSuccess;
   } catch (const std::exception& e) {  // allocation failures in the caches
@@ -244,6 +254,7 @@ void rtc_forget() noexcept {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   c.kernels.clear();
+  c.libraries.clear();
 }
 
 RtcStats rtc_stats() noexcept {

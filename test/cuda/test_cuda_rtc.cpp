@@ -66,15 +66,21 @@ TEST_CASE("rtc: the generated source of every op and dtype compiles under NVRTC"
   WARN("built without CUDA: no NVRTC to compile with");
 #else
   for (sc::DType d : {sc::i32, sc::i64, sc::f32, sc::f64}) {
-    INFO(sc::name(d));
-    const std::string src = sc::graph::cuda_source(every_op(d));
-    char log[8192] = {};
-    std::size_t bytes = 0;
-    const abi::Status s = abi::rtc_check(src.c_str(), 90, &bytes, log, sizeof log);
-    INFO(log);
-    INFO(src);
-    REQUIRE(s == 0);
-    CHECK(bytes > 1000);
+    for (const bool dense : {false, true}) {  // a broadcast input, or dense ones (the 16-byte kernel too)
+      INFO(sc::name(d) << (dense ? " dense" : " broadcast"));
+      FusedProgram p = every_op(d);
+      if (dense) p.input_shapes = {{3, 4}, {}};
+      REQUIRE(sc::graph::cuda_vectorizable(p) == dense);
+      const std::string src = sc::graph::cuda_source(p);
+      CHECK((src.find("sc_fused_v(") != std::string::npos) == dense);
+      char log[8192] = {};
+      std::size_t bytes = 0;
+      const abi::Status s = abi::rtc_check(src.c_str(), 90, &bytes, log, sizeof log);
+      INFO(log);
+      INFO(src);
+      REQUIRE(s == 0);
+      CHECK(bytes > 1000);
+    }
   }
 #endif
 }
@@ -213,13 +219,20 @@ class HostBuilt {
     std::string src =
         "#define __global__\n"
         "struct sc_dim3 { unsigned x; };\n"
-        "static sc_dim3 blockIdx{0}, threadIdx{0}, blockDim{256}, gridDim{1};\n" +
-        sc::graph::cuda_source(p) +
-        "extern \"C\" void sc_run(const void* const* in, void* const* out, long long n) {\n"
-        "  for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x)\n    sc_fused(";
-    for (std::size_t k = 0; k < p.input_shapes.size(); ++k) src += "(const " + T + "*)in[" + std::to_string(k) + "], ";
-    for (std::size_t j = 0; j < p.outputs.size(); ++j) src += "(" + T + "*)out[" + std::to_string(j) + "], ";
-    src += "n);\n}\n";
+        "static sc_dim3 blockIdx{0}, threadIdx{0}, blockDim{256}, gridDim{1};\n"
+        "struct alignas(16) float4 { float x, y, z, w; };\n"
+        "struct alignas(16) int4 { int x, y, z, w; };\n"
+        "struct alignas(16) double2 { double x, y; };\n"
+        "struct alignas(16) longlong2 { long long x, y; };\n" +
+        sc::graph::cuda_source(p);
+    std::string call;
+    for (std::size_t k = 0; k < p.input_shapes.size(); ++k) call += "(const " + T + "*)in[" + std::to_string(k) + "], ";
+    for (std::size_t j = 0; j < p.outputs.size(); ++j) call += "(" + T + "*)out[" + std::to_string(j) + "], ";
+    call += "n);\n}\n";
+    const char* loop = "(const void* const* in, void* const* out, long long n) {\n"
+                       "  for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x)\n    ";
+    src += std::string("extern \"C\" void sc_run") + loop + "sc_fused(" + call;
+    if (sc::graph::cuda_vectorizable(p)) src += std::string("extern \"C\" void sc_run_v") + loop + "sc_fused_v(" + call;
     std::ofstream(dir_ / "k.cpp") << src;
     const std::string cmd = std::string(SC_TEST_CXX) + " -std=c++20 -O1 -shared -fPIC -w -I" + SC_TEST_INCLUDE + " " +
                             (dir_ / "k.cpp").string() + " -o " + (dir_ / "k.so").string() + " 2>" + (dir_ / "log").string();
@@ -230,6 +243,7 @@ class HostBuilt {
     }
     lib_ = ::dlopen((dir_ / "k.so").c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib_ != nullptr) run_ = reinterpret_cast<Run>(::dlsym(lib_, "sc_run"));
+    if (lib_ != nullptr) run_v_ = reinterpret_cast<Run>(::dlsym(lib_, "sc_run_v"));
     if (run_ == nullptr) error_ = "dlopen/dlsym failed";
   }
   ~HostBuilt() {
@@ -240,12 +254,14 @@ class HostBuilt {
   HostBuilt(const HostBuilt&) = delete;
   HostBuilt& operator=(const HostBuilt&) = delete;
   const std::string& error() const { return error_; }
-  void run(const std::vector<sc::Tensor>& in, std::vector<sc::Tensor>& out, std::int64_t n) const {
+  bool has_vector_kernel() const { return run_v_ != nullptr; }
+  /// Runs sc_fused, or sc_fused_v (16-byte accesses) when `vector`.
+  void run(const std::vector<sc::Tensor>& in, std::vector<sc::Tensor>& out, std::int64_t n, bool vector = false) const {
     std::vector<const void*> pi;
     std::vector<void*> po;
     for (const sc::Tensor& t : in) pi.push_back(t.raw_data());
     for (sc::Tensor& t : out) po.push_back(t.raw_data());
-    run_(pi.data(), po.data(), n);
+    (vector ? run_v_ : run_)(pi.data(), po.data(), n);
   }
 
  private:
@@ -257,6 +273,7 @@ class HostBuilt {
   std::filesystem::path dir_;
   void* lib_ = nullptr;
   Run run_ = nullptr;
+  Run run_v_ = nullptr;
   std::string error_;
 };
 
@@ -285,15 +302,11 @@ FusedProgram broadcast_program(sc::DType d) {
   return p;
 }
 
-}  // namespace
 
-TEST_CASE("rtc: the generated kernel, built for the host, computes what the CPU evaluator does", "[cuda][rtc]") {
-  for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64}) {
-    INFO(sc::name(d));
-    const FusedProgram p = broadcast_program(d);
-    const HostBuilt k(p);
-    INFO(k.error());
-    REQUIRE(k.error().empty());
+/// p run by the host-built kernel (vector: sc_fused_v) against graph::run_fused.
+void check_against_cpu(const FusedProgram& p, const HostBuilt& k, bool vector) {
+  const sc::DType d = p.dtype;
+  {
     std::vector<sc::Tensor> in;
     for (std::size_t i = 0; i < p.input_shapes.size(); ++i) {
       const sc::Tensor u = sctest::uniform_tensor(p.input_shapes[i], 40 + i, 0.5, 2.0);  // positive: log, sqrt, div
@@ -305,7 +318,7 @@ TEST_CASE("rtc: the generated kernel, built for the host, computes what the CPU 
       got.push_back(sc::full(p.out_shape, -12345.0, d));  // poisoned: every element must be written
     }
     sc::graph::run_fused(p, in, want);
-    k.run(in, got, p.out_shape.numel());
+    k.run(in, got, p.out_shape.numel(), vector);
     for (std::size_t j = 0; j < got.size(); ++j) {
       const auto g = got[j].to_vector<double>(), w = want[j].to_vector<double>();
       for (std::size_t i = 0; i < g.size(); ++i) {
@@ -313,6 +326,38 @@ TEST_CASE("rtc: the generated kernel, built for the host, computes what the CPU 
         if (std::isnan(w[i])) CHECK(std::isnan(g[i]));
         else CHECK(g[i] == Approx(w[i]).epsilon(d == sc::f32 ? 1e-5 : 1e-12).margin(d == sc::f32 ? 1e-6 : 1e-12));
       }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("rtc: the generated kernel, built for the host, computes what the CPU evaluator does", "[cuda][rtc]") {
+  for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64}) {
+    INFO(sc::name(d));
+    const FusedProgram p = broadcast_program(d);
+    CHECK_FALSE(sc::graph::cuda_vectorizable(p));  // broadcast inputs: one element per access
+    const HostBuilt k(p);
+    INFO(k.error());
+    REQUIRE(k.error().empty());
+    check_against_cpu(p, k, false);
+  }
+}
+
+TEST_CASE("rtc: the 16-byte kernel, built for the host, computes the same, tail included", "[cuda][rtc]") {
+  for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64}) {
+    for (std::int64_t rows : {7, 8, 1}) {  // 63, 72 and 9 elements: tails of 3/1, none, 1/1
+      INFO(sc::name(d) << " rows " << rows);
+      FusedProgram p = broadcast_program(d);
+      p.out_shape = {rows, 9};
+      p.input_shapes = {{rows, 9}, {}, {rows, 9}, {1, 1}};  // dense inputs and single values
+      REQUIRE(sc::graph::cuda_vectorizable(p));
+      const HostBuilt k(p);
+      INFO(k.error());
+      REQUIRE(k.error().empty());
+      REQUIRE(k.has_vector_kernel());
+      check_against_cpu(p, k, true);
+      check_against_cpu(p, k, false);
     }
   }
 }

@@ -152,3 +152,20 @@ TEST_CASE("cuda staged: sc::compile on GPU tensors runs its graph as fused gener
   const sc::Tensor dx = tape.gradient(sc::sum(g(xg, y.to(gpu))), xg);
   check_same(dx, sc::grad<0>(g)(x, y), 1e-4);
 }
+
+TEST_CASE("cuda staged: 16-byte and one-element generated kernels give the same bits", "[cuda][staged]") {
+  auto body = [](sc::Tensor x, sc::Tensor c) { return sc::tanh(x * c + 0.5f) * c - x / (1.f + sc::exp(-x)); };
+  for (sc::DType d : {sc::f32, sc::f64}) {
+    for (std::int64_t n : {1, 3, 4099, 1 << 16}) {  // tails of every length
+      INFO(sc::name(d) << " n " << n);
+      const sc::Tensor x = values({n}, d, 13).to(gpu), c = values({n}, d, 14).to(gpu);
+      sc::graph::cuda_vector_loads() = true;
+      const sc::Tensor v = sc::function(body)(x, c);
+      sc::graph::cuda_vector_loads() = false;
+      const sc::Tensor one = sc::function(body)(x, c);
+      sc::graph::cuda_vector_loads() = true;
+      check_bits(v, one);
+      check_same(v, body(x.to(sc::Device::cpu()), c.to(sc::Device::cpu())), 1e-5);
+    }
+  }
+}

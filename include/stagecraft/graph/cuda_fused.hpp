@@ -119,7 +119,58 @@ inline std::string index_expr(const Shape& in, const Shape& out) {
   return e.empty() ? "0" : e;
 }
 
+/// The CUDA vector type of 16 bytes of a dtype, its lane count and the lanes' member names.
+struct VectorType {
+  const char* name;
+  int width;
+  const char* lanes[4];
+};
+inline VectorType vector_of(DType d) {
+  switch (d) {
+    case DType::i32: return {"int4", 4, {"x", "y", "z", "w"}};
+    case DType::f32: return {"float4", 4, {"x", "y", "z", "w"}};
+    case DType::i64: return {"longlong2", 2, {"x", "y", nullptr, nullptr}};
+    default: return {"double2", 2, {"x", "y", nullptr, nullptr}};
+  }
+}
+
+/// The statements of one element: inputs loaded by load(k), each instruction by its rule, each
+/// output stored by store(j, register).
+template <class Load, class Store>
+std::string element_body(const FusedProgram& p, const std::string& T, const std::string& indent, Load load,
+                         Store store) {
+  const int nin = static_cast<int>(p.input_shapes.size());
+  std::string s;
+  for (int k = 0; k < nin; ++k) s += indent + "const " + T + " r" + std::to_string(k) + " = " + load(k) + ";\n";
+  for (std::size_t j = 0; j < p.code.size(); ++j) {
+    const FusedInstr& c = p.code[j];
+    s += indent + "const " + T + " r" + std::to_string(nin + static_cast<int>(j)) + " = r::" +
+         std::string(rule_names[static_cast<std::size_t>(c.op)]) + "::f(r" + std::to_string(c.a) +
+         (c.b >= 0 ? ", r" + std::to_string(c.b) : std::string()) + ");\n";
+  }
+  for (std::size_t j = 0; j < p.outputs.size(); ++j)
+    s += indent + store(static_cast<int>(j), "r" + std::to_string(p.outputs[j])) + ";\n";
+  return s;
+}
+
 }  // namespace detail_cuda_fused
+
+/// True when every input of p is read at the element's own index or is one value: the program then
+/// also has a kernel reading and writing 16 bytes per access (sc_fused_v).
+inline bool cuda_vectorizable(const FusedProgram& p) {
+  for (const Shape& in : p.input_shapes) {
+    const std::string e = detail_cuda_fused::index_expr(in, p.out_shape);
+    if (e != "i" && e != "0") return false;
+  }
+  return true;
+}
+
+/// Whether generated kernels use 16-byte loads and stores where a program allows them (default on;
+/// off: one element per access, for comparisons).
+inline bool& cuda_vector_loads() {
+  static bool on = true;
+  return on;
+}
 
 /// True when p can run as a generated CUDA kernel: elementwise only (no reduction consumer), over
 /// a dtype and ops the generator knows.
@@ -131,39 +182,61 @@ inline bool cuda_fusible(const FusedProgram& p) {
   return true;
 }
 
-/// The CUDA source of p: kernel `sc_fused(const T* in0.., T* out0.., long long n)`.
+/// The CUDA source of p: kernel `sc_fused(const T* in0.., T* out0.., long long n)`, one element per
+/// thread and step of a grid-stride loop; for vectorizable programs also `sc_fused_v` (same
+/// parameters), which reads and writes 16 bytes per access (all pointers 16-byte aligned) and does
+/// the last n % width elements one by one.
 inline std::string cuda_source(const FusedProgram& p) {
   namespace d = detail_cuda_fused;
   if (!cuda_fusible(p)) throw ValueError("[fused] the program cannot run as a CUDA kernel (a reduction, or an op or dtype without a rule)");
   const std::string T = d::c_type(p.dtype);
-  const int nin = static_cast<int>(p.input_shapes.size());
+  const int nin = static_cast<int>(p.input_shapes.size()), nout = static_cast<int>(p.outputs.size());
+  std::string params;
+  for (int k = 0; k < nin; ++k) params += "const " + T + "* in" + std::to_string(k) + ", ";
+  for (int j = 0; j < nout; ++j) params += T + "* out" + std::to_string(j) + ", ";
+  params += "long long n";
+  std::vector<std::string> index(static_cast<std::size_t>(nin));
+  for (int k = 0; k < nin; ++k) index[static_cast<std::size_t>(k)] = d::index_expr(p.input_shapes[static_cast<std::size_t>(k)], p.out_shape);
+  auto load_at = [&](int k) { return "in" + std::to_string(k) + "[" + index[static_cast<std::size_t>(k)] + "]"; };
+  auto store_at = [](int j, const std::string& r) { return "out" + std::to_string(j) + "[i] = " + r; };
+  const std::string scalar_body = d::element_body(p, T, "    ", load_at, store_at);
   std::string s = "// stagecraft fused kernel: " + std::string(name(p.dtype)) + p.out_shape.str() + "\n" +
                   "#include \"stagecraft/ops/rules.hpp\"\n"
                   "namespace r = stagecraft::rules;\n"
-                  "extern \"C\" __global__ void sc_fused(";
-  for (int k = 0; k < nin; ++k) s += "const " + T + "* in" + std::to_string(k) + ", ";
-  for (std::size_t j = 0; j < p.outputs.size(); ++j) s += T + "* out" + std::to_string(j) + ", ";
-  s += "long long n) {\n"
-       "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n";
+                  "extern \"C\" __global__ void sc_fused(" + params + ") {\n"
+                  "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n" +
+                  scalar_body + "  }\n}\n";
+  if (!cuda_vectorizable(p)) return s;
+  const d::VectorType v = d::vector_of(p.dtype);
+  const std::string V = v.name, W = std::to_string(v.width);
+  s += "extern \"C\" __global__ void sc_fused_v(" + params + ") {\n"
+       "  const long long nv = n / " + W + ", t = blockIdx.x * (long long)blockDim.x + threadIdx.x, "
+       "step = (long long)gridDim.x * blockDim.x;\n"
+       "  for (long long v = t; v < nv; v += step) {\n";
   for (int k = 0; k < nin; ++k)
-    s += "    const " + T + " r" + std::to_string(k) + " = in" + std::to_string(k) + "[" +
-         d::index_expr(p.input_shapes[k], p.out_shape) + "];\n";
-  for (std::size_t j = 0; j < p.code.size(); ++j) {
-    const FusedInstr& c = p.code[j];
-    s += "    const " + T + " r" + std::to_string(nin + static_cast<int>(j)) + " = r::" +
-         std::string(d::rule_names[static_cast<std::size_t>(c.op)]) + "::f(r" + std::to_string(c.a) +
-         (c.b >= 0 ? ", r" + std::to_string(c.b) : std::string()) + ");\n";
+    if (index[static_cast<std::size_t>(k)] == "i")
+      s += "    const " + V + " l" + std::to_string(k) + " = reinterpret_cast<const " + V + "*>(in" + std::to_string(k) + ")[v];\n";
+  for (int j = 0; j < nout; ++j) s += "    " + V + " o" + std::to_string(j) + ";\n";
+  for (int lane = 0; lane < v.width; ++lane) {
+    const std::string m = v.lanes[lane];
+    auto load_lane = [&](int k) {
+      return index[static_cast<std::size_t>(k)] == "i" ? "l" + std::to_string(k) + "." + m : "in" + std::to_string(k) + "[0]";
+    };
+    auto store_lane = [&](int j, const std::string& r) { return "o" + std::to_string(j) + "." + m + " = " + r; };
+    s += "    {\n" + d::element_body(p, T, "      ", load_lane, store_lane) + "    }\n";
   }
-  for (std::size_t j = 0; j < p.outputs.size(); ++j)
-    s += "    out" + std::to_string(j) + "[i] = r" + std::to_string(p.outputs[j]) + ";\n";
-  s += "  }\n}\n";
+  for (int j = 0; j < nout; ++j)
+    s += "    reinterpret_cast<" + V + "*>(out" + std::to_string(j) + ")[v] = o" + std::to_string(j) + ";\n";
+  s += "  }\n"
+       "  for (long long i = nv * " + W + " + t; i < n; i += step) {\n" + scalar_body + "  }\n}\n";
   return s;
 }
 
 /// A program ready for the GPU: its source, and its kernel per device (compiled on first run there).
 class CudaFused {
  public:
-  explicit CudaFused(FusedProgram p) : program_(std::move(p)), source_(cuda_source(program_)) {}
+  explicit CudaFused(FusedProgram p)
+      : program_(std::move(p)), source_(cuda_source(program_)), vectorizable_(cuda_vectorizable(program_)) {}
   const FusedProgram& program() const { return program_; }
   const std::string& source() const { return source_; }
 
@@ -174,9 +247,10 @@ class CudaFused {
  private:
   FusedProgram program_;
   std::string source_;
+  bool vectorizable_;
 #if defined(STAGECRAFT_WITH_CUDA)
   mutable std::mutex mu_;
-  mutable std::vector<cuda::abi::RtcKernel> kernels_;  // by device index
+  mutable std::vector<std::array<cuda::abi::RtcKernel, 2>> kernels_;  // by device index: sc_fused, sc_fused_v
 #endif
 };
 
@@ -200,32 +274,36 @@ inline void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> out
   cuda::detail::require_device(dev, "fused", loc);
 #if defined(STAGECRAFT_WITH_CUDA)
   const cuda::abi::Stream s = cuda::detail::stream(dev, "fused", loc);  // also makes dev current
+  std::vector<const void*> ptrs;
+  ptrs.reserve(inputs.size() + outputs.size());
+  for (const Tensor& t : inputs) ptrs.push_back(t.raw_data());
+  for (const Tensor& t : outputs) ptrs.push_back(t.raw_data());
+  bool vec = vectorizable_ && cuda_vector_loads();
+  for (const void* q : ptrs) vec = vec && reinterpret_cast<std::uintptr_t>(q) % 16 == 0;
   cuda::abi::RtcKernel k = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const auto di = static_cast<std::size_t>(dev.index());
-    if (kernels_.size() <= di) kernels_.resize(di + 1, nullptr);
-    if (kernels_[di] == nullptr) {
+    if (kernels_.size() <= di) kernels_.resize(di + 1, {nullptr, nullptr});
+    cuda::abi::RtcKernel& slot = kernels_[di][vec ? 1 : 0];
+    if (slot == nullptr) {
       char log[4096] = {};
-      const cuda::abi::Status st = cuda::abi::rtc_kernel(dev.index(), source_.c_str(), "sc_fused",
-                                                         cuda::kernel_cache_dir().c_str(), &kernels_[di], log, sizeof log);
+      const cuda::abi::Status st = cuda::abi::rtc_kernel(dev.index(), source_.c_str(), vec ? "sc_fused_v" : "sc_fused",
+                                                         cuda::kernel_cache_dir().c_str(), &slot, log, sizeof log);
       if (st == cuda::abi::rtc_compile_error)
         stagecraft::detail::fail<DeviceError>("fused", loc, "NVRTC could not compile the fused kernel: ", log,
                                               "\nsource:\n", source_);
       cuda::detail::check(st, dev, "fused", loc);
     }
-    k = kernels_[di];
+    k = slot;
   }
-  std::vector<const void*> ptrs;
-  ptrs.reserve(inputs.size() + outputs.size());
-  for (const Tensor& t : inputs) ptrs.push_back(t.raw_data());
-  for (const Tensor& t : outputs) ptrs.push_back(t.raw_data());
   long long n = p.out_shape.numel();
   std::vector<void*> args;
   args.reserve(ptrs.size() + 1);
   for (const void*& q : ptrs) args.push_back(&q);
   args.push_back(&n);
-  cuda::detail::check(cuda::abi::rtc_launch(k, args.data(), n, s), dev, "fused", loc);
+  const std::int64_t work = vec ? (n + detail_cuda_fused::vector_of(p.dtype).width - 1) / detail_cuda_fused::vector_of(p.dtype).width : n;
+  cuda::detail::check(cuda::abi::rtc_launch(k, args.data(), work, s), dev, "fused", loc);
 #endif
 }
 

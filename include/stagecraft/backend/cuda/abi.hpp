@@ -159,8 +159,8 @@ struct RtcStats {
 /// The status rtc_kernel and rtc_check return when NVRTC rejects the source (its log says why).
 inline constexpr Status rtc_compile_error = 300;  // cudaErrorInvalidSource
 /// The kernel `name` (an extern "C" __global__ function) of `source`, compiled for `device`'s GPU
-/// with the headers the library embeds ("stagecraft/ops/rules.hpp", the elementwise rules). Cached
-/// by the whole source in memory and, unless `cache_dir` is null or empty, in that directory (one
+/// with the headers the library embeds ("stagecraft/ops/rules.hpp", the elementwise rules); the
+/// kernels of one source share one compile. Cached by the whole source in memory and, unless `cache_dir` is null or empty, in that directory (one
 /// file per source and GPU architecture, written atomically; a corrupt or stale file is recompiled).
 /// On a compile error, `log` (log_size bytes) holds NVRTC's message.
 Status rtc_kernel(int device, const char* source, const char* name, const char* cache_dir, RtcKernel* out, char* log,
