@@ -18,11 +18,12 @@ namespace {
 
 const sc::Device gpu = sc::Device::cuda(0);
 
-bool need_gpu(benchmark::State& state) {
-  if (sc::cuda::is_available()) return true;
-  state.SkipWithError("no CUDA device");
-  return false;
+/// False, with the row marked as skipped for `why`, when `available` is false.
+bool runs(benchmark::State& state, bool available, const char* why) {
+  if (!available) state.SkipWithError(why);
+  return available;
 }
+bool need_gpu(benchmark::State& state) { return runs(state, sc::cuda::is_available(), "no CUDA device"); }
 
 // ---- launch cost: one-element adds, queued back to back ------------------------------------------
 
@@ -107,6 +108,12 @@ BENCHMARK(chain_staged)->Name("cuda/chain9/staged")->ArgNames({"n", "vec16"})
 
 constexpr std::int64_t mm = 8192;
 
+/// The TFLOP/s of the 8192^3 matmul rows (2 * mm^3 flops per iteration).
+void set_matmul_rate(benchmark::State& state) {
+  state.counters["TFLOP/s"] = benchmark::Counter(2.0 * mm * mm * mm * static_cast<double>(state.iterations()) / 1e12,
+                                                 benchmark::Counter::kIsRate);
+}
+
 void matmul_stagecraft(benchmark::State& state) {
   if (!need_gpu(state)) return;
   const sc::DeviceScope on(gpu);
@@ -115,8 +122,7 @@ void matmul_stagecraft(benchmark::State& state) {
     benchmark::DoNotOptimize(sc::matmul(a, b));
     sc::cuda::synchronize();
   }
-  state.counters["TFLOP/s"] = benchmark::Counter(2.0 * mm * mm * mm * static_cast<double>(state.iterations()) / 1e12,
-                                                 benchmark::Counter::kIsRate);
+  set_matmul_rate(state);
 }
 BENCHMARK(matmul_stagecraft)->Name("cuda/matmul/8192/stagecraft")->UseRealTime()->Unit(benchmark::kMillisecond);
 
@@ -137,8 +143,7 @@ void matmul_cublas(benchmark::State& state) {
     cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b, n, a, n, &zero, c, n);
     cudaDeviceSynchronize();
   }
-  state.counters["TFLOP/s"] = benchmark::Counter(2.0 * mm * mm * mm * static_cast<double>(state.iterations()) / 1e12,
-                                                 benchmark::Counter::kIsRate);
+  set_matmul_rate(state);
   cublasDestroy(h);
   cudaFree(a);
   cudaFree(b);
@@ -147,11 +152,7 @@ void matmul_cublas(benchmark::State& state) {
 BENCHMARK(matmul_cublas)->Name("cuda/matmul/8192/cublas")->UseRealTime()->Unit(benchmark::kMillisecond);
 
 #if defined(STAGECRAFT_BENCH_TORCH)
-bool torch_gpu(benchmark::State& state) {
-  if (torch::cuda::is_available()) return true;
-  state.SkipWithError("LibTorch without CUDA");
-  return false;
-}
+bool torch_gpu(benchmark::State& state) { return runs(state, torch::cuda::is_available(), "LibTorch without CUDA"); }
 
 void torch_small_add(benchmark::State& state) {
   if (!torch_gpu(state)) return;
@@ -186,8 +187,7 @@ void torch_matmul(benchmark::State& state) {
     benchmark::DoNotOptimize(torch::matmul(a, b));
     torch::cuda::synchronize();
   }
-  state.counters["TFLOP/s"] = benchmark::Counter(2.0 * mm * mm * mm * static_cast<double>(state.iterations()) / 1e12,
-                                                 benchmark::Counter::kIsRate);
+  set_matmul_rate(state);
 }
 BENCHMARK(torch_matmul)->Name("cuda/matmul/8192/libtorch")->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
