@@ -262,15 +262,9 @@ inline void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> out
                      std::to_string(p.outputs.size()) + " outputs, got " + std::to_string(inputs.size()) + " and " +
                      std::to_string(outputs.size()));
   const Device dev = outputs[0].device();
-  auto check = [&](const Tensor& t, const Shape& want, const char* what, std::size_t i) {
-    if (SC_LIKELY(t.device() == dev && t.dtype() == p.dtype && t.shape() == want)) return;
-    const std::string at = std::string("[fused] ") + what + " " + std::to_string(i);
-    if (t.device() != dev) throw DeviceError(at + " is on " + t.device().str() + ", the program runs on " + dev.str());
-    if (t.dtype() != p.dtype) throw DTypeError(at + " has dtype " + std::string(name(t.dtype())) + ", the program runs over " + std::string(name(p.dtype)));
-    throw ShapeError(at + " has shape " + t.shape().str() + ", the program expects " + want.str());
-  };
-  for (std::size_t i = 0; i < inputs.size(); ++i) check(inputs[i], p.input_shapes[i], "input", i);
-  for (std::size_t j = 0; j < outputs.size(); ++j) check(outputs[j], p.out_shape, "output", j);
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    detail_fused::check_tensor(inputs[i], p.dtype, dev, p.input_shapes[i], "input", i);
+  for (std::size_t j = 0; j < outputs.size(); ++j) detail_fused::check_tensor(outputs[j], p.dtype, dev, p.out_shape, "output", j);
   cuda::detail::require_device(dev, "fused", loc);
 #if defined(STAGECRAFT_WITH_CUDA)
   const cuda::abi::Stream s = cuda::detail::stream(dev, "fused", loc);  // also makes dev current

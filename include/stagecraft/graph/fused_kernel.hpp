@@ -615,15 +615,17 @@ inline bool overlaps(const Tensor& a, const Tensor& b) {
   return pa && pb && pa < pb + b.nbytes() && pb < pa + a.nbytes();
 }
 
-/// Throws, naming the tensor, unless t is a concrete CPU tensor of the program's dtype and shape `want`.
-inline void check_tensor(const Tensor& t, const PreparedFused& pf, const Shape& want, const char* what, std::size_t i) {
-  const bool concrete = t.defined() && !t.is_symbolic() && t.device().is_cpu();
-  if (SC_LIKELY(concrete && t.dtype() == pf.program.dtype && t.shape() == want)) return;
+/// Throws, naming the tensor, unless t is a concrete tensor on `dev` of dtype `dt` and shape
+/// `want` (the CPU evaluator's and the generated GPU kernels' argument check).
+inline void check_tensor(const Tensor& t, DType dt, Device dev, const Shape& want, const char* what, std::size_t i) {
+  const bool concrete = t.defined() && !t.is_symbolic();
+  if (SC_LIKELY(concrete && t.device() == dev && t.dtype() == dt && t.shape() == want)) return;
   const std::string at = std::string("[fused] ") + what + " " + std::to_string(i);
-  if (!concrete) throw ValueError(at + " must be a concrete CPU tensor");
-  if (t.dtype() != pf.program.dtype)
+  if (!concrete) throw ValueError(at + " must be a concrete tensor");
+  if (t.device() != dev) throw DeviceError(at + " is on " + t.device().str() + ", the program runs on " + dev.str());
+  if (t.dtype() != dt)
     throw DTypeError(at + " has dtype " + std::string(name(t.dtype())) + ", the program runs over " +
-                     std::string(name(pf.program.dtype)));
+                     std::string(name(dt)));
   throw ShapeError(at + " has shape " + t.shape().str() + ", the program expects " + want.str());
 }
 
@@ -674,9 +676,10 @@ inline void run(const PreparedFused& pf, std::span<const Tensor> inputs, std::sp
     throw ValueError("[fused] the program takes " + std::to_string(p.input_shapes.size()) + " inputs and " +
                      std::to_string(nout) + " outputs, got " + std::to_string(inputs.size()) + " and " +
                      std::to_string(outputs.size()));
-  for (std::size_t i = 0; i < inputs.size(); ++i) f::check_tensor(inputs[i], pf, p.input_shapes[i], "input", i);
-  for (std::size_t j = 0; j < p.outputs.size(); ++j) f::check_tensor(outputs[j], pf, p.out_shape, "output", j);
-  if (p.reduction) f::check_tensor(outputs[nout - 1], pf, p.reduction->out_shape, "output", nout - 1);
+  const Device cpu = Device::cpu();
+  for (std::size_t i = 0; i < inputs.size(); ++i) f::check_tensor(inputs[i], p.dtype, cpu, p.input_shapes[i], "input", i);
+  for (std::size_t j = 0; j < p.outputs.size(); ++j) f::check_tensor(outputs[j], p.dtype, cpu, p.out_shape, "output", j);
+  if (p.reduction) f::check_tensor(outputs[nout - 1], p.dtype, cpu, p.reduction->out_shape, "output", nout - 1);
   if (SC_UNLIKELY(pf.tile < 1)) throw ValueError("[fused] the tile must hold at least one element");
   if (pf.numel == 0) return;
   const std::span<Tensor> elementwise = outputs.first(p.outputs.size());

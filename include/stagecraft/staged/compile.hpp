@@ -161,7 +161,7 @@ class Compiled {
     // must see the ops) or inside a trace (the ops stage themselves into it).
     const detail::Context& ctx = detail::context();
     if (SC_UNLIKELY(args[0].device().is_cuda()) && ctx.tapes == nullptr && ctx.trace == nullptr)
-      return call_traced<N>(args, loc);
+      return call_traced<N>(args);
     const auto e = expression<N>();
     return staging::run<N>(e.node, staging::Env<N, DS>{std::move(args), loc});
   }
@@ -175,8 +175,9 @@ class Compiled {
     };
   }
   /// Runs the N-argument graph as a traced function, made once and kept (it caches its traces).
+  /// Its errors name the line of sc::compile, which every node of the graph carries.
   template <int N>
-  Tensor call_traced(const std::array<Tensor, N>& args, const std::source_location& loc) const {
+  Tensor call_traced(const std::array<Tensor, N>& args) const {
     using Fn = decltype(function(traced_body<N>(), "compiled"));
     std::shared_ptr<Fn> fn;
     {
@@ -185,7 +186,6 @@ class Compiled {
       if (!slot) slot = std::make_shared<Fn>(function(traced_body<N>(), "compiled"));
       fn = std::static_pointer_cast<Fn>(slot);
     }
-    (void)loc;
     return [&]<int... I>(std::integer_sequence<int, I...>) -> Tensor {
       return (*fn)(args[static_cast<std::size_t>(I)]...);
     }(std::make_integer_sequence<int, N>{});
