@@ -60,4 +60,17 @@ __device__ inline std::int64_t strided_offset(int rank, const std::int64_t* shap
   return off;
 }
 
+/// Called after launching a kernel that can write the current device's fault record: the next
+/// wait for that device reads it (kernels/runtime.cu).
+void arm_fault_check();
+
+/// Records a bad index in the device's fault record: the first launch to find one wins (the
+/// record keeps its tag, the index and the axis extent); the kernel goes on without it.
+__device__ inline void report_fault(abi::Fault* f, std::int32_t tag, std::int64_t value, std::int64_t bound) {
+  if (atomicCAS(reinterpret_cast<int*>(&f->tag), 0, static_cast<int>(tag)) == 0) {
+    f->value = value;
+    f->bound = bound;
+  }
+}
+
 }  // namespace stagecraft::cuda::kernels

@@ -1,6 +1,7 @@
 // gather (index_select) and its adjoint scatter_add (index_add). The host checks indices that live
 // on the host before the launch; indices already on the GPU are not read back (that would make
-// every launch wait), so there an index out of range gathers 0 and its update is dropped.
+// every launch wait): there an index out of range gathers 0, its update is dropped, and the kernel
+// records it in the device's fault record, which the host raises at its next wait for the device.
 #include "common.cuh"
 
 namespace stagecraft::cuda::kernels {
@@ -10,14 +11,19 @@ namespace {
 /// from the end of the axis).
 template <class W, class I>
 __global__ void gather_kernel(const W* x, const I* ix, W* y, std::int64_t outer, std::int64_t E, std::int64_t inner,
-                              std::int64_t N) {
+                              std::int64_t N, abi::Fault* fault, std::int32_t tag) {
   const std::int64_t total = outer * N * inner;
   for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < total;
        e += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t i = e % inner, n = (e / inner) % N, o = e / (inner * N);
-    std::int64_t j = static_cast<std::int64_t>(ix[n]);
-    if (j < 0) j += E;
-    y[e] = j >= 0 && j < E ? x[(o * E + j) * inner + i] : W(0);
+    const std::int64_t given = static_cast<std::int64_t>(ix[n]);
+    const std::int64_t j = given < 0 ? given + E : given;
+    if (j >= 0 && j < E) {
+      y[e] = x[(o * E + j) * inner + i];
+    } else {
+      y[e] = W(0);
+      if (o == 0 && i == 0) report_fault(fault, tag, given, E);  // one thread per index reports
+    }
   }
 }
 
@@ -25,14 +31,15 @@ __global__ void gather_kernel(const W* x, const I* ix, W* y, std::int64_t outer,
 /// so duplicate indices never race and sums are deterministic (the CPU's order).
 template <class T, class I>
 __global__ void scatter_add_kernel(const I* ix, const T* u, T* y, std::int64_t outer, std::int64_t E,
-                                   std::int64_t inner, std::int64_t N) {
+                                   std::int64_t inner, std::int64_t N, abi::Fault* fault, std::int32_t tag) {
   for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < outer * inner;
        c += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t o = c / inner, i = c % inner;
     for (std::int64_t n = 0; n < N; ++n) {
-      std::int64_t j = static_cast<std::int64_t>(ix[n]);
-      if (j < 0) j += E;
+      const std::int64_t given = static_cast<std::int64_t>(ix[n]);
+      const std::int64_t j = given < 0 ? given + E : given;
       if (j >= 0 && j < E) y[(o * E + j) * inner + i] += u[(o * N + n) * inner + i];
+      else if (c == 0) report_fault(fault, tag, given, E);  // the first column reports for all
     }
   }
 }
@@ -51,7 +58,7 @@ namespace stagecraft::cuda::abi {
 using namespace stagecraft::cuda::kernels;
 
 Status gather(int itemsize, DT index_dt, const void* x, const void* ix, void* y, std::int64_t outer, std::int64_t E,
-              std::int64_t inner, std::int64_t N, Stream s) noexcept {
+              std::int64_t inner, std::int64_t N, Fault* fault, std::int32_t tag, Stream s) noexcept {
   const std::int64_t n = outer * N * inner;
   if (n == 0) return cudaSuccess;
   const auto st = static_cast<cudaStream_t>(s);
@@ -61,7 +68,8 @@ Status gather(int itemsize, DT index_dt, const void* x, const void* ix, void* y,
     const auto run = [&](auto wtag) {
       using W = decltype(wtag);
       gather_kernel<<<grid_for(n), block_threads, 0, st>>>(static_cast<const W*>(x), idx, static_cast<W*>(y), outer, E,
-                                                           inner, N);
+                                                           inner, N, fault, tag);
+      arm_fault_check();
     };
     switch (itemsize) {
       case 1: run(std::uint8_t{}); break;
@@ -74,7 +82,7 @@ Status gather(int itemsize, DT index_dt, const void* x, const void* ix, void* y,
 }
 
 Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y, std::int64_t outer,
-                   std::int64_t E, std::int64_t inner, std::int64_t N, Stream s) noexcept {
+                   std::int64_t E, std::int64_t inner, std::int64_t N, Fault* fault, std::int32_t tag, Stream s) noexcept {
   const std::int64_t numel = outer * E * inner;
   if (numel == 0) return cudaSuccess;
   const auto st = static_cast<cudaStream_t>(s);
@@ -90,7 +98,8 @@ Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void
       return visit_index(index_dt, [&](auto itag) -> Status {
         using I = decltype(itag);
         scatter_add_kernel<<<grid_for(outer * inner), block_threads, 0, st>>>(
-            static_cast<const I*>(ix), static_cast<const T*>(updates), static_cast<T*>(y), outer, E, inner, N);
+            static_cast<const I*>(ix), static_cast<const T*>(updates), static_cast<T*>(y), outer, E, inner, N, fault, tag);
+        arm_fault_check();
         return launched();
       });
     }

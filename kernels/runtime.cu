@@ -1,5 +1,6 @@
 // The runtime side of the ABI: device count, one non-blocking stream per device, stream-ordered
 // memory, and copies (host to device staged through pinned buffers so the host does not wait).
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -24,6 +25,9 @@ struct DeviceState {
   std::mutex mu;
   cudaStream_t stream = nullptr;
   std::vector<Pinned> pinned;  // host-to-device staging buffers, reused once their copy ended
+  abi::Fault* fault = nullptr;    // the fault record kernels write (device memory)
+  abi::Fault found;               // what the last check read from it, until take_fault
+  std::atomic<bool> armed{false};  // a kernel that can fault ran since the last check
 };
 DeviceState& state(int device) {
   static DeviceState states[max_devices];
@@ -53,6 +57,30 @@ Status staging(DeviceState& d, std::size_t n, Pinned** out) {
   d.pinned.push_back(b);
   *out = &d.pinned.back();
   return cudaSuccess;
+}
+
+}  // namespace
+
+void arm_fault_check() {
+  int device = 0;
+  if (cudaGetDevice(&device) == cudaSuccess && device >= 0 && device < max_devices) state(device).armed.store(true);
+}
+
+namespace {
+
+/// After the stream of `device` finished (the caller synchronised it): reads the fault record when
+/// a kernel that can write it ran since the last check, clears it, and says device_fault if set.
+Status collect_fault(int device, cudaStream_t st) {
+  DeviceState& d = state(device);
+  if (!d.armed.exchange(false)) return cudaSuccess;
+  const std::lock_guard<std::mutex> lock(d.mu);
+  abi::Fault f;
+  if (const auto e = cudaMemcpyAsync(&f, d.fault, sizeof f, cudaMemcpyDeviceToHost, st)) return e;
+  if (const auto e = cudaStreamSynchronize(st)) return e;
+  if (f.tag == 0) return cudaSuccess;
+  if (const auto e = cudaMemsetAsync(d.fault, 0, sizeof f, st)) return e;
+  if (d.found.tag == 0) d.found = f;  // an untaken earlier fault stays the one reported
+  return abi::device_fault;
 }
 
 }  // namespace
@@ -88,7 +116,37 @@ Status stream(int device, Stream* out) noexcept {
 Status synchronize(int device) noexcept {
   Stream s = nullptr;
   if (const Status e = stream(device, &s)) return e;
-  return cudaStreamSynchronize(static_cast<cudaStream_t>(s));
+  if (const auto e = cudaStreamSynchronize(static_cast<cudaStream_t>(s))) return e;
+  return collect_fault(device, static_cast<cudaStream_t>(s));
+}
+
+Status fault_record(int device, Fault** out) noexcept {
+  Stream s = nullptr;
+  if (const Status e = stream(device, &s)) return e;
+  DeviceState& d = state(device);
+  {
+    const std::lock_guard<std::mutex> lock(d.mu);
+    if (!d.fault) {
+      void* p = nullptr;
+      if (const auto e = cudaMalloc(&p, sizeof(Fault))) return e;
+      if (const auto e = cudaMemsetAsync(p, 0, sizeof(Fault), static_cast<cudaStream_t>(s))) {
+        cudaFree(p);
+        return e;
+      }
+      d.fault = static_cast<Fault*>(p);
+    }
+    *out = d.fault;
+  }
+  return cudaSuccess;
+}
+
+Status take_fault(int device, Fault* out) noexcept {
+  if (const Status e = check_device(device)) return e;
+  DeviceState& d = state(device);
+  const std::lock_guard<std::mutex> lock(d.mu);
+  *out = d.found;
+  d.found = Fault{};
+  return cudaSuccess;
 }
 
 Status last_error() noexcept { return cudaGetLastError(); }
@@ -135,7 +193,8 @@ Status copy_d2h(int device, void* dst, const void* src, std::size_t n) noexcept 
   if (const Status e = stream(device, &s)) return e;
   const auto st = static_cast<cudaStream_t>(s);
   if (const auto e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, st)) return e;
-  return cudaStreamSynchronize(st);
+  if (const auto e = cudaStreamSynchronize(st)) return e;
+  return collect_fault(device, st);
 }
 
 Status copy_d2d(int dst_device, void* dst, int src_device, const void* src, std::size_t n) noexcept {

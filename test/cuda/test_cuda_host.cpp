@@ -98,3 +98,41 @@ TEST_CASE("cuda: uneven batch broadcasting lists each matrix's offset", "[cuda]"
   sc::backend::cuda::batch_offsets(sc::Shape{5}, sc::Shape{5}, 10, stride, offsets);
   CHECK((stride == 10 && offsets.empty()));
 }
+
+TEST_CASE("cuda: a bad index found by a kernel is reported with its launch's op, line and shape", "[cuda]") {
+  namespace cd = sc::cuda::detail;
+  cd::FaultLog log;
+  cd::FaultSite site;
+  site.op = "gather";
+  site.file = "/home/me/model.cpp";
+  site.line = 12;
+  site.axis = 0;
+  site.rank = 2;
+  site.dims[0] = 5;
+  site.dims[1] = 3;
+  const std::int32_t tag = log.record(site);
+  CHECK(tag == 1);
+  site.op = "scatter_add";
+  CHECK(log.record(site) == 2);
+  cd::FaultSite found;
+  REQUIRE(log.find(tag, found));
+  CHECK(found.op == "gather");
+  CHECK_FALSE(log.find(0, found));
+  CHECK_FALSE(log.find(3, found));  // never recorded
+  abi::Fault f;
+  f.tag = tag;
+  f.value = 7;
+  f.bound = 5;
+  const int line = __LINE__ + 1;
+  const std::string text = cd::fault_text(&found, f, sc::Device::cuda(0), "to_vector", std::source_location::current());
+  CHECK(text.rfind("[gather] index 7 is out of range for axis 0 of extent 5 (shape [5, 3]) at model.cpp:12; ", 0) == 0);
+  CHECK_THAT(text, Catch::Contains("found on cuda:0 by the kernel") && Catch::Contains("[to_vector] at test_cuda_host.cpp:" + std::to_string(line)));
+  // Once the ring has moved on, the fault is still reported, without a site.
+  for (std::size_t k = 0; k < cd::FaultLog::size; ++k) log.record(site);
+  CHECK_FALSE(log.find(tag, found));
+  CHECK_THAT(cd::fault_text(nullptr, f, sc::Device::cuda(0), "synchronize", std::source_location::current()),
+             Catch::Contains("index 7 is out of range for an axis of extent 5") && Catch::Contains("[synchronize] at"));
+  // check() of a fault status raises the ValueError (nothing recorded on this device: no site).
+  CHECK_THROWS_AS(cd::check(abi::device_fault, sc::Device::cuda(0), "synchronize", std::source_location::current()),
+                  sc::ValueError);
+}

@@ -120,3 +120,34 @@ TEST_CASE("cuda: gather and scatter_add == CPU (negative and duplicate indices)"
   };
   check_same(grad(x.to(gpu), ix.to(gpu)), grad(x, ix), 1e-12);
 }
+
+TEST_CASE("cuda: an index out of range on the GPU is raised at the next wait, naming the op's line", "[cuda]") {
+  const sc::Tensor x = values({5, 3}, sc::f32, 63).to(gpu);
+  const sc::Tensor bad = sc::tensor(std::vector<std::int64_t>{1, 7, 0}, sc::Shape{3}).to(gpu);
+  const sc::Tensor good = sc::tensor(std::vector<std::int64_t>{4, -5}, sc::Shape{2}).to(gpu);
+  const auto says = [](int line) {
+    return Catch::Contains("[gather] index 7 is out of range for axis 0 of extent 5 (shape [5, 3]) at "
+                           "test_cuda_layout.cpp:" + std::to_string(line)) &&
+           Catch::Contains("found on cuda:0 by the kernel");
+  };
+  // Eager: the launch returns (indices on the GPU are not read back); the wait raises.
+  const int line = __LINE__ + 1;
+  const sc::Tensor y = sc::gather(x, bad, 0);
+  CHECK_THROWS_AS(y.to_vector<float>(), sc::ValueError);
+  const sc::Tensor y2 = sc::gather(x, bad, 0);
+  CHECK_THROWS_WITH(sc::cuda::synchronize(), says(line + 2));
+  // Raised once: the device and later ops are fine, valid negative indices too.
+  CHECK_NOTHROW(sc::cuda::synchronize());
+  check_same(sc::gather(x, good, 0), sc::gather(x.to(sc::Device::cpu()), good.to(sc::Device::cpu()), 0), 0);
+  // scatter_add drops the update and reports it the same way.
+  const int sline = __LINE__ + 1;
+  const sc::Tensor z = sc::scatter_add(x, bad, sc::ones({3, 3}).to(gpu), 0);
+  CHECK_THROWS_WITH(z.item<float>(),
+                    Catch::Contains("[scatter_add] index 7 is out of range for axis 0 of extent 5") &&
+                        Catch::Contains("test_cuda_layout.cpp:" + std::to_string(sline)));
+  // In a traced function the error names the line inside the function.
+  const int tline = __LINE__ + 1;
+  auto f = sc::function([](sc::Tensor a, sc::Tensor i) { return sc::gather(a, i, 0) * 2.f; });
+  const sc::Tensor t = f(x, bad);
+  CHECK_THROWS_WITH(t.to_vector<float>(), says(tline));
+}

@@ -226,21 +226,8 @@ inline std::unique_ptr<Plan::RunState> Plan::make_state() const {
 }
 
 namespace detail_plan {
-/// Rethrows a kernel's error (same kind) with the user's line of the node that raised it, when
-/// the message does not name a line yet.
-[[noreturn]] inline void rethrow_at(const Error& e, const SrcLoc& loc) {
-  std::string m = e.what();
-  const std::string at = detail_ir::loc_text(loc);
-  // Already located when it ends in " at file:line".
-  const std::size_t p = m.rfind(" at "), colon = m.rfind(':');
-  bool located = p != std::string::npos && colon != std::string::npos && colon > p && colon + 1 < m.size() &&
-                 m.find_first_not_of("0123456789", colon + 1) == std::string::npos;
-  // A kernel called from here (a GPU step) names this file's line: the user's line replaces it.
-  if (located && m.compare(p, 13, " at plan.hpp:") == 0) {
-    m.erase(p);
-    located = false;
-  }
-  if (!at.empty() && !located) m += " at " + at + " (while running a staged function)";
+/// Throws an error of e's kind with message m.
+[[noreturn]] inline void rethrow_as(const Error& e, const std::string& m) {
   if (dynamic_cast<const ShapeError*>(&e)) throw ShapeError(m);
   if (dynamic_cast<const DTypeError*>(&e)) throw DTypeError(m);
   if (dynamic_cast<const DeviceError*>(&e)) throw DeviceError(m);
@@ -248,6 +235,29 @@ namespace detail_plan {
   if (dynamic_cast<const IOError*>(&e)) throw IOError(m);
   if (dynamic_cast<const ValueError*>(&e)) throw ValueError(m);
   throw Error(m);
+}
+
+/// Rethrows a kernel's error (same kind) with the user's line of the node that raised it, when
+/// the message does not name a line yet.
+[[noreturn]] inline void rethrow_at(const Error& e, const SrcLoc& loc) {
+  std::string m = e.what();
+  const std::string at = detail_ir::loc_text(loc);
+  // Already located when it ends in " at file:line".
+  const std::size_t p = m.rfind(" at "), colon = m.rfind(':');
+  const bool located = p != std::string::npos && colon != std::string::npos && colon > p && colon + 1 < m.size() &&
+                       m.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+  if (!at.empty() && !located) m += " at " + at + " (while running a staged function)";
+  rethrow_as(e, m);
+}
+
+/// Rethrows an error a CUDA hook raised naming `here` (the plan's own line, the hooks take a
+/// std::source_location) without that line, so that rethrow_at names the node's.
+[[noreturn]] inline void rethrow_unlocated(const Error& e, const std::source_location& here) {
+  std::string m = e.what();
+  const std::string suffix = " at " + stagecraft::detail::where(here);
+  if (m.size() >= suffix.size() && m.compare(m.size() - suffix.size(), suffix.size(), suffix) == 0)
+    m.erase(m.size() - suffix.size());
+  rethrow_as(e, m);
 }
 
 /// A new handle over a run value's current storage (what leaves the plan: results, assigned
@@ -349,7 +359,13 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
         if (s.fns->cuda == nullptr)
           stagecraft::detail::fail_at<DeviceError>(ops::op_info(n.op).name, n.loc.file, n.loc.line, "has no kernel for ",
                                                    g.values[s.out[0]].device.str(), " in this build");
-        s.fns->cuda(st.ins[i], st.vals[s.out[0]], s.attrs, std::source_location::current());
+        const stagecraft::detail::LocOverride at(n.loc);  // what a kernel reports later names the node's line
+        const std::source_location here = std::source_location::current();
+        try {
+          s.fns->cuda(st.ins[i], st.vals[s.out[0]], s.attrs, here);
+        } catch (const Error& e) {
+          detail_plan::rethrow_unlocated(e, here);
+        }
       } else {
         s.fns->cpu(st.ins[i], st.vals[s.out[0]], s.attrs);
       }
@@ -361,8 +377,16 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
         s.head_fns->cpu(st.head_ins[i], st.vals[s.head_out], s.head_attrs);
       }
       for (int v : s.out) fresh(v);
-      if (s.gpu) s.cuda_fused->run(st.ins[i], st.outs[i], std::source_location::current());
-      else graph::run(*s.fused, st.ins[i], st.outs[i]);
+      if (s.gpu) {
+        const std::source_location here = std::source_location::current();
+        try {
+          s.cuda_fused->run(st.ins[i], st.outs[i], here);
+        } catch (const Error& e) {
+          detail_plan::rethrow_unlocated(e, here);
+        }
+      } else {
+        graph::run(*s.fused, st.ins[i], st.outs[i]);
+      }
       break;
     }
     case StepKind::view: detail_plan::rebind(st.vals[s.out[0]], st.vals[s.in[0]]); break;

@@ -86,10 +86,11 @@ struct Gather {
     layout::require_indices_in_range(name, idx, xs, ax, a.axis, loc);
     return {out, in[0].dtype()};
   }
-  /// On the GPU, indices already there are not read back: one out of range gathers 0.
+  /// On the GPU, indices already there are not read back: one out of range gathers 0, and the
+  /// next wait for the device (item, to_vector, synchronize) raises the ValueError naming this line.
   static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
     const layout::AxisSplit sp = layout::split_at_axis(in[0].shape(), a.axis);
-    backend::cuda::gather(in[0], in[1], out, sp.outer, sp.E, sp.inner, name, loc);
+    backend::cuda::gather(in[0], in[1], out, sp.outer, sp.E, sp.inner, a.axis, name, loc);
   }
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
@@ -173,10 +174,10 @@ struct ScatterAdd {
     return {xs, in[0].dtype()};
   }
   /// On the GPU, indices already there are not read back: an update at an index out of range is
-  /// dropped.
+  /// dropped, and the next wait for the device raises the ValueError naming this line.
   static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
     const layout::AxisSplit sp = layout::split_at_axis(in[0].shape(), a.axis);
-    backend::cuda::scatter_add(in[0], in[1], in[2], out, sp.outer, sp.E, sp.inner, name, loc);
+    backend::cuda::scatter_add(in[0], in[1], in[2], out, sp.outer, sp.E, sp.inner, a.axis, name, loc);
   }
   /// x is copied in contiguous chunks; then threads split the (outer index, inner position)
   /// columns: each owns its columns of the output and adds every update into them, so

@@ -121,14 +121,33 @@ Status cast(DT from, DT to, const void* x, void* y, std::int64_t n, Stream s) no
 Status fill(DT dt, double value, void* y, std::int64_t n, Stream s) noexcept;
 /// y = reduction of x (sum of bool gives i64, else y has x's dtype).
 Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry& g, Stream s) noexcept;
+/// The first bad index a kernel found on a device since the last check (tag 0: none). Kernels that
+/// can find one (gather, scatter_add) take the device's record and a nonzero tag naming the
+/// launch; the host reads the record when it waits for the device anyway (synchronize, copy_d2h),
+/// so checking costs no extra wait.
+struct Fault {
+  std::int32_t tag = 0;
+  std::int32_t unused = 0;
+  std::int64_t value = 0;  ///< the index as given
+  std::int64_t bound = 0;  ///< the extent of its axis
+};
+/// Returned by synchronize and copy_d2h (after they did their work) when a kernel recorded a
+/// fault since the last check; take_fault gives it. Not a cudaError_t value.
+inline constexpr Status device_fault = 7001;
+/// The device's fault record in device memory (made on first use), armed for the next check.
+Status fault_record(int device, Fault** out) noexcept;
+/// The fault the last check found on `device` (tag 0: none), cleared.
+Status take_fault(int device, Fault* out) noexcept;
 /// y [outer, N, inner] = x [outer, E, inner] picked along the middle axis by ix [N] (i32 or i64,
-/// negative counts from the end), elements of itemsize 1, 4 or 8 bytes; an index out of range gives 0.
+/// negative counts from the end), elements of itemsize 1, 4 or 8 bytes; an index out of range
+/// gives 0 and is recorded in `fault` (the device's record) with `tag`.
 Status gather(int itemsize, DT index_dt, const void* x, const void* ix, void* y, std::int64_t outer, std::int64_t E,
-              std::int64_t inner, std::int64_t N, Stream s) noexcept;
+              std::int64_t inner, std::int64_t N, Fault* fault, std::int32_t tag, Stream s) noexcept;
 /// y = x [outer, E, inner] plus updates [outer, N, inner] added at ix [N] along the middle axis,
-/// duplicates accumulating in index order (deterministic); an index out of range is dropped.
+/// duplicates accumulating in index order (deterministic); an index out of range is dropped and
+/// recorded as gather's.
 Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y, std::int64_t outer,
-                   std::int64_t E, std::int64_t inner, std::int64_t N, Stream s) noexcept;
+                   std::int64_t E, std::int64_t inner, std::int64_t N, Fault* fault, std::int32_t tag, Stream s) noexcept;
 /// cols [N, C*kh*kw, Ho*Wo] = the windows of x [N, C, H, W] (zero padding), as ops::Im2Col.
 Status im2col(DT dt, const void* x, void* cols, const ConvGeometry& g, Stream s) noexcept;
 /// x [N, C, H, W] = the columns summed back onto the pixels they read (overwrites x), as ops::Col2Im;

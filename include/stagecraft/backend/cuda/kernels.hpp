@@ -199,20 +199,44 @@ inline void gemm(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t M, 
         loc);
 }
 
-/// y = gather of x [outer, E, inner] by idx along the middle axis (infer has checked the shapes).
+/// The device's fault record, and a tag for a launch of `op` that can find a bad index there: the
+/// site (the user's line; inside a traced plan, the node's) is kept for the error raised later.
+inline abi::Fault* fault_site(Device d, std::string_view op, const std::source_location& loc, std::int64_t axis,
+                              const Shape& xs, std::int32_t& tag) {
+  abi::Fault* record = nullptr;
+  check(abi::fault_record(d.index(), &record), d, op, loc);
+  stagecraft::cuda::detail::FaultSite site;
+  site.op = op;
+  const stagecraft::detail::SrcLoc* over = stagecraft::detail::context().loc_override;
+  site.file = over ? over->file : loc.file_name();
+  site.line = over ? over->line : loc.line();
+  site.axis = axis;
+  site.rank = xs.rank();
+  for (int k = 0; k < xs.rank(); ++k) site.dims[k] = xs[k];
+  tag = stagecraft::cuda::detail::fault_log().record(site);
+  return record;
+}
+
+/// y = gather of x [outer, E, inner] by idx along the middle axis (infer has checked the shapes;
+/// indices on the GPU are checked by the kernel, which records a bad one for the next wait).
 inline void gather(const Tensor& x, const Tensor& idx, Tensor& y, std::int64_t outer, std::int64_t E,
-                   std::int64_t inner, std::string_view op, const std::source_location& loc) {
+                   std::int64_t inner, std::int64_t axis, std::string_view op, const std::source_location& loc) {
   const Device d = y.device();
+  std::int32_t tag = 0;
+  abi::Fault* fault = fault_site(d, op, loc, axis, x.shape(), tag);
   check(abi::gather(static_cast<int>(itemsize(x.dtype())), dt(idx.dtype()), x.raw_data(), idx.raw_data(), y.raw_data(),
-                    outer, E, inner, idx.numel(), stream(d, op, loc)),
+                    outer, E, inner, idx.numel(), fault, tag, stream(d, op, loc)),
         d, op, loc);
 }
-/// y = x with updates added at idx along the middle axis of [outer, E, inner].
+/// y = x with updates added at idx along the middle axis of [outer, E, inner] (bad indices as gather's).
 inline void scatter_add(const Tensor& x, const Tensor& idx, const Tensor& updates, Tensor& y, std::int64_t outer,
-                        std::int64_t E, std::int64_t inner, std::string_view op, const std::source_location& loc) {
+                        std::int64_t E, std::int64_t inner, std::int64_t axis, std::string_view op,
+                        const std::source_location& loc) {
   const Device d = y.device();
+  std::int32_t tag = 0;
+  abi::Fault* fault = fault_site(d, op, loc, axis, x.shape(), tag);
   check(abi::scatter_add(dt(x.dtype()), dt(idx.dtype()), x.raw_data(), idx.raw_data(), updates.raw_data(), y.raw_data(),
-                         outer, E, inner, idx.numel(), stream(d, op, loc)),
+                         outer, E, inner, idx.numel(), fault, tag, stream(d, op, loc)),
         d, op, loc);
 }
 

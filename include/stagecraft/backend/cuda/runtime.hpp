@@ -2,8 +2,13 @@
 // devices. Declared in every build; without the kernels (STAGECRAFT_WITH_CUDA unset) there is no
 // device: is_available() is false and every CUDA request is a DeviceError saying why.
 #pragma once
+#include <array>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <mutex>
 #include <source_location>
+#include <string>
 #include <string_view>
 
 #include "../../core/device.hpp"
@@ -35,8 +40,86 @@ inline bool is_available() { return device_count() > 0; }
 
 namespace detail {
 
-/// Throws DeviceError "[op] CUDA error: <what> on cuda:i at file:line" for a failed status.
+/// A launch that can find a bad index on the GPU (gather, scatter_add), kept by its tag so that
+/// the error raised when the host next waits for the device names the op, the user's line and
+/// the shape.
+struct FaultSite {
+  std::int32_t tag = 0;
+  std::string_view op;  ///< an op's static name
+  const char* file = "";
+  std::uint32_t line = 0;
+  std::int64_t axis = 0;
+  int rank = 0;
+  std::int64_t dims[abi::max_rank] = {};
+};
+
+/// The latest launches that can fault, by tag (1, 2, ...; 0 means "no fault"): a ring, so a fault
+/// found after many more such launches is still raised, without its site.
+class FaultLog {
+ public:
+  static constexpr std::size_t size = 512;
+  /// Keeps `s` under a new tag and returns the tag.
+  std::int32_t record(FaultSite s) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    next_ = next_ == std::numeric_limits<std::int32_t>::max() ? 1 : next_ + 1;
+    s.tag = next_;
+    ring_[static_cast<std::size_t>(next_) % size] = s;
+    return next_;
+  }
+  /// The site of `tag`; false when it has left the ring (or never was).
+  bool find(std::int32_t tag, FaultSite& out) const {
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (tag <= 0) return false;
+    const FaultSite& s = ring_[static_cast<std::size_t>(tag) % size];
+    if (s.tag != tag) return false;
+    out = s;
+    return true;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::int32_t next_ = 0;
+  std::array<FaultSite, size> ring_{};
+};
+inline FaultLog& fault_log() {
+  static FaultLog log;
+  return log;
+}
+
+/// The message of a bad index `f` a kernel found on `d`, raised when `op` at `loc` waited for the
+/// device: "[gather] index 7 is out of range for axis 0 of extent 5 (shape [5, 3]) at user.cpp:12;
+/// found on cuda:0 by the kernel, raised at the next wait for the device ([to_vector] at ...)".
+inline std::string fault_text(const FaultSite* site, const abi::Fault& f, Device d, std::string_view op,
+                              const std::source_location& loc) {
+  const std::string raised = "found on " + d.str() + " by the kernel, raised at the next wait for the device ([" +
+                             std::string(op) + "] at " + stagecraft::detail::where(loc) + ")";
+  if (site == nullptr)
+    return "[gather/scatter_add] index " + std::to_string(f.value) + " is out of range for an axis of extent " +
+           std::to_string(f.bound) + " (a launch too long ago to name); " + raised;
+  std::string shape = "[";
+  for (int k = 0; k < site->rank; ++k) shape += (k ? ", " : "") + std::to_string(site->dims[k]);
+  std::string_view file = site->file;
+  if (auto p = file.find_last_of("/\\"); p != std::string_view::npos) file.remove_prefix(p + 1);
+  return "[" + std::string(site->op) + "] index " + std::to_string(f.value) + " is out of range for axis " +
+         std::to_string(site->axis) + " of extent " + std::to_string(f.bound) + " (shape " + shape + "]) at " +
+         std::string(file) + ":" + std::to_string(site->line) + "; " + raised;
+}
+
+/// Throws the ValueError of the fault the last wait for `d` found.
+[[noreturn]] SC_COLD inline void raise_fault(Device d, std::string_view op, const std::source_location& loc) {
+  abi::Fault f;
+#if defined(STAGECRAFT_WITH_CUDA)
+  abi::take_fault(d.index(), &f);
+#endif
+  FaultSite site;
+  const bool known = fault_log().find(f.tag, site);
+  throw ValueError(fault_text(known ? &site : nullptr, f, d, op, loc));
+}
+
+/// Throws DeviceError "[op] CUDA error: <what> on cuda:i at file:line" for a failed status, or
+/// the ValueError of a bad index a kernel found (abi::device_fault).
 inline void check(abi::Status s, Device d, std::string_view op, const std::source_location& loc) {
+  if (SC_UNLIKELY(s == abi::device_fault)) raise_fault(d, op, loc);
   if (SC_UNLIKELY(s != 0))
     stagecraft::detail::fail<DeviceError>(op, loc, "CUDA error on ", d.str(), ": ",
 #if defined(STAGECRAFT_WITH_CUDA)
