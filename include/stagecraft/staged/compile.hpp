@@ -156,12 +156,17 @@ class Compiled {
         last_->specs[static_cast<std::size_t>(k)] = {t.shape(), t.dtype()};
       }
     }
+#if defined(STAGECRAFT_WITH_CUDA)
     // On a GPU the graph runs as a traced function: its fused groups become generated kernels
     // (graph/cuda_fused.hpp), one launch each, instead of a launch per op. Not under a tape (it
-    // must see the ops) or inside a trace (the ops stage themselves into it).
+    // must see the ops) or inside a trace (the ops stage themselves into it). Only in CUDA builds:
+    // instantiating the traced function costs every file with an sc::compile most of its compile
+    // time (a 16-op expression and its gradient at -O2: about 4x), and without the kernels no
+    // tensor lives on a GPU.
     const detail::Context& ctx = detail::context();
     if (SC_UNLIKELY(args[0].device().is_cuda()) && ctx.tapes == nullptr && ctx.trace == nullptr)
       return call_traced<N>(args);
+#endif
     const auto e = expression<N>();
     return staging::run<N>(e.node, staging::Env<N, DS>{std::move(args), loc});
   }
