@@ -3,6 +3,7 @@
 # ROOT is the source tree; each entry is "name NVRTC includes it by" = "file".
 set(_entries
   "stagecraft/ops/rules.hpp=${ROOT}/include/stagecraft/ops/rules.hpp"
+  "rules.inc=${ROOT}/include/stagecraft/ops/rules.inc"
   "../detail/host_device.hpp=${ROOT}/include/stagecraft/detail/host_device.hpp"
   "cmath=${ROOT}/kernels/rtc/cmath"
   "type_traits=${ROOT}/kernels/rtc/type_traits")
