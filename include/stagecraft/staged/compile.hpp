@@ -15,7 +15,7 @@
 
 namespace stagecraft {
 
-template <class F, unsigned DS = staging::all_dtypes>
+template <class F, unsigned DS = staging::default_set>
 class Compiled;
 
 namespace staging {
@@ -23,7 +23,9 @@ namespace staging {
 template <int I, class F>
 struct GradFn {
   F f;
+  // constrained, so Compiled::takes<N>() asks the function itself rather than instantiating this
   template <class... X>
+    requires std::is_invocable_v<const F&, const X&...>
   auto operator()(const X&... x) const {
     static_assert(I < static_cast<int>(sizeof...(X)), "stagecraft: sc::grad<I>: I is not an argument of the function");
     const auto e = f(x...);
@@ -163,9 +165,13 @@ class Compiled {
     // instantiating the traced function costs every file with an sc::compile most of its compile
     // time (a 16-op expression and its gradient at -O2: about 4x), and without the kernels no
     // tensor lives on a GPU.
-    const detail::Context& ctx = detail::context();
-    if (SC_UNLIKELY(args[0].device().is_cuda()) && ctx.tapes == nullptr && ctx.trace == nullptr)
-      return call_traced<N>(args);
+    // Under nvcc the expression is a templated kernel instead (staged/cuda_kernel.hpp), which the
+    // evaluator below launches.
+    if constexpr ((DS & staging::nvcc_kernels) == 0) {
+      const detail::Context& ctx = detail::context();
+      if (SC_UNLIKELY(args[0].device().is_cuda()) && ctx.tapes == nullptr && ctx.trace == nullptr)
+        return call_traced<N>(args);
+    }
 #endif
     const auto e = expression<N>();
     return staging::run<N>(e.node, staging::Env<N, DS>{std::move(args), loc});
@@ -209,8 +215,8 @@ class Compiled {
 namespace staging {
 template <DType... Ds>
 constexpr unsigned dtype_set() {
-  if constexpr (sizeof...(Ds) == 0) return all_dtypes;
-  else return ((1u << static_cast<unsigned>(Ds)) | ...);
+  if constexpr (sizeof...(Ds) == 0) return default_set;
+  else return ((1u << static_cast<unsigned>(Ds)) | ...) | this_file_kernels;
 }
 }  // namespace staging
 

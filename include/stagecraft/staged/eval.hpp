@@ -32,9 +32,21 @@ namespace stagecraft::staging {
 /// narrows it: tensors of other dtypes run op by op, with the same numbers).
 inline constexpr unsigned all_dtypes = (1u << (static_cast<unsigned>(DType::f64) + 1)) - 1;
 constexpr bool fuses(unsigned ds, DType d) { return (ds >> static_cast<unsigned>(d)) & 1u; }
+/// A bit of the dtype set beside the dtypes: the file was compiled by nvcc with stagecraft's CUDA
+/// kernels, so a graph of GPU tensors runs as one templated kernel (staged/cuda_kernel.hpp).
+/// Part of the type, so a .cu and a .cpp file never share an instantiation that differs.
+inline constexpr unsigned nvcc_kernels = 1u << 31;
+/// The set a staged call gets in this file: all dtypes, and nvcc_kernels under nvcc. (Internal
+/// linkage: its value depends on the compiler of the file.)
+#if defined(__CUDACC__) && defined(STAGECRAFT_WITH_CUDA) && !defined(STAGECRAFT_KERNELS)
+static constexpr unsigned this_file_kernels = nvcc_kernels;
+#else
+static constexpr unsigned this_file_kernels = 0;
+#endif
+static constexpr unsigned default_set = all_dtypes | this_file_kernels;
 
 /// The arguments of a compiled call (none for sc::eval) and the user's line; DS: the fused dtypes.
-template <int NA, unsigned DS = all_dtypes>
+template <int NA, unsigned DS = default_set>
 struct Env {
   std::array<Tensor, NA> args;
   std::source_location loc;
@@ -553,6 +565,29 @@ bool fusable(const Slots<NS>& sl, const Used<NS>& used, DType& d) {
   return have;
 }
 
+/// The expression as one templated CUDA kernel (staged/cuda_kernel.hpp, defined where nvcc
+/// compiles the file): eval's GPU counterpart of fused().
+template <DType D, int NA, class E, int NS>
+Tensor fused_cuda(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape& shape, Device dev,
+                  const std::source_location& loc);
+
+/// Whether the templated CUDA kernel may run: no tape or trace, every slot a concrete tensor on
+/// one CUDA device, of one dtype.
+template <int NS>
+bool cuda_fusable(const Slots<NS>& sl, const Used<NS>& used, DType& d, Device& dev) {
+  const detail::Context& ctx = detail::context();
+  if (ctx.tapes != nullptr || ctx.trace != nullptr) return false;
+  bool have = false;
+  for (int k = 0; k < NS; ++k) {
+    if (!used[k]) continue;
+    const Tensor& t = sl[k];
+    if (!t.defined() || t.is_symbolic() || !t.device().is_cuda()) return false;
+    if (!have) d = t.dtype(), dev = t.device(), have = true;
+    else if (t.dtype() != d || t.device() != dev) return false;
+  }
+  return have;
+}
+
 template <int NA, class E, unsigned DS>
 Tensor run_elementwise(const E& e, const Env<NA, DS>& env) {
   constexpr int NS = NA + E::slots;
@@ -572,6 +607,17 @@ Tensor run_elementwise(const E& e, const Env<NA, DS>& env) {
         if constexpr (fuses(DS, D) && E::template valid<D>()) out = fused<D, NA>(e, sl, used, shape);
       });
       if (out.defined()) return out;
+    }
+    if constexpr ((DS & nvcc_kernels) != 0) {
+      Device dev = Device::cpu();
+      if (cuda_fusable<NS>(sl, used, d, dev) && shape_of<NA>(e, env, sl, shape)) {
+        Tensor out;
+        visit_dtype(d, [&](auto tag) {
+          constexpr DType D = dtype_of<typename decltype(tag)::type>();
+          if constexpr (fuses(DS, D) && E::template valid<D>()) out = fused_cuda<D, NA>(e, sl, used, shape, dev, env.loc);
+        });
+        if (out.defined()) return out;
+      }
     }
     return eager_of<NA>(e, env, sl);
   }

@@ -5,3 +5,8 @@
 #include "compile.hpp"
 #include "expr.hpp"
 #include "grad.hpp"
+
+// nvcc compiling a user's file: graphs of GPU tensors run as templated kernels.
+#if defined(__CUDACC__) && defined(STAGECRAFT_WITH_CUDA) && !defined(STAGECRAFT_KERNELS)
+#include "cuda_kernel.hpp"
+#endif

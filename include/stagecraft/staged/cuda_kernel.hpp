@@ -1,0 +1,390 @@
+// sc::compile under nvcc: the staged expression's type becomes one templated CUDA kernel, compiled
+// with the user's file (no NVRTC, no trace). Included by staged.hpp only where nvcc compiles a
+// user's file and stagecraft has its CUDA kernels; a host compiler can include it to run the same
+// per-element program on the CPU (`run_on_host`, what the tests compare with the fused loop).
+//
+// The expression E is lowered to a device program: a tree of small trivially copyable nodes that
+// keeps only what the kernel needs (slot numbers, the constants' values, each op's rule), with the
+// dtype rules read from E's own nodes at compile time, so the kernel computes in the types the
+// CPU's scalar loop does. Each op's math is its rules.hpp functor: on the GPU the device copy of
+// the rules (stagecraft::device_rules, compiled by nvcc for scalars), on the host the rules
+// themselves. Slots (arguments, leaves, materialized operands) are read with broadcasting: each
+// is dense in the output's order, a single element, or strided over the output's axes.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <source_location>
+
+#include "../backend/cuda/abi.hpp"
+#include "../backend/cuda/runtime.hpp"
+#include "../core/dtype.hpp"
+#include "../core/shape.hpp"
+#include "../core/tensor.hpp"
+#include "../ops/rules.hpp"
+#include "eval.hpp"
+#include "expr.hpp"
+
+#if defined(__CUDACC__)
+#define SC_GPU_FN __host__ __device__ __forceinline__
+#else
+#define SC_GPU_FN inline
+#endif
+
+namespace stagecraft::staging::gpu {
+
+// ---- the rules the program calls ----------------------------------------------------------
+
+#if defined(__CUDACC__) && !defined(STAGECRAFT_KERNELS) && !defined(__CUDACC_RTC__)
+namespace rule_math = device_rules::math;
+using WhereRule = device_rules::Where;
+// An op struct derives from its rule (ops::Tanh from rules::Tanh): overload resolution on the base
+// picks the device copy of the same rule. Declared only, for decltype.
+#define SC_GPU_PICK_RULE(R) device_rules::R pick_rule(const rules::R*);
+SC_CUDA_UNARY_RULES(SC_GPU_PICK_RULE)
+SC_CUDA_BINARY_RULES(SC_GPU_PICK_RULE)
+#undef SC_GPU_PICK_RULE
+/// The rule of op Op that device code calls.
+template <class Op>
+using rule_t = decltype(pick_rule(static_cast<const Op*>(nullptr)));
+#else
+namespace rule_math = rules::math;
+using WhereRule = rules::Where;
+template <class Op>
+using rule_t = Op;
+#endif
+
+/// x as V, as the CPU's scalar loop converts (staging::to): truth for bool; a floating value
+/// converted to an integer as rules::math::batch_cast defines it (NaN and out of range give the
+/// lowest value, what x86 gives), which the CPU leaves to the instruction.
+template <class V, class X>
+SC_GPU_FN V conv(X x) {
+  if constexpr (std::is_same_v<V, X>) return x;
+  else if constexpr (std::is_same_v<V, bool>) return !(x == X(0));
+  else return rule_math::batch_cast<V>(x);
+}
+
+// ---- geometry --------------------------------------------------------------------------------
+
+inline constexpr int max_rank = cuda::abi::max_rank;
+/// How a slot is read: its element i (dense in the output's order), its only element, or at the
+/// offset its strides give for the output's coordinates.
+enum class Read : unsigned char { dense, single, strided };
+
+/// The slots of the program and the output's shape, as the kernel reads them (by value).
+template <int NS, class Idx>
+struct Geometry {
+  const void* p[NS > 0 ? NS : 1] = {};
+  Idx stride[NS > 0 ? NS : 1][max_rank] = {};
+  Read read[NS > 0 ? NS : 1] = {};
+  Idx shape[max_rank] = {};
+  int rank = 0;
+  bool strided = false;  ///< some slot is Read::strided
+  Idx n = 0;
+};
+
+/// The slots at one output position: their base pointers and element offsets.
+template <class Idx>
+struct At {
+  const void* const* p;
+  const Idx* off;
+  template <int K, DType D>
+  SC_GPU_FN ctype_t<D> load() const {
+    return static_cast<const ctype_t<D>*>(p[K])[off[K]];
+  }
+};
+
+// ---- the device program ----------------------------------------------------------------------
+
+/// The value of node N's compute dtype (and result dtype) for the expression's dtype D: read from
+/// the staged node at compile time (a constant, which device code may use).
+template <class N, DType D>
+inline constexpr DType compute_v = N::template compute<D>();
+template <class N, DType D>
+inline constexpr DType dtype_v = N::template dtype<D>();
+
+/// Slot K (an argument, a tensor leaf or a materialized operand), of the expression's dtype.
+template <int K>
+struct PSlot {
+  template <DType D, class V, class Idx>
+  SC_GPU_FN V get(const At<Idx>& at) const {
+    return conv<V>(at.template load<K, D>());
+  }
+};
+/// A C++ scalar (weak: read in its consumer's type V, as staging::constant).
+template <class S>
+struct PConst {
+  S v;
+  template <DType D, class V, class Idx>
+  SC_GPU_FN V get(const At<Idx>&) const {
+    return static_cast<V>(v);
+  }
+};
+/// A compile-time integer.
+template <int K>
+struct PInt {
+  template <DType D, class V, class Idx>
+  SC_GPU_FN V get(const At<Idx>&) const {
+    return static_cast<V>(K);
+  }
+};
+/// rule(a), N the staged Map1 node (its weak flag and compute dtype).
+template <class N, class R, class A>
+struct PMap1 {
+  A a;
+  template <DType D, class V, class Idx>
+  SC_GPU_FN V get(const At<Idx>& at) const {
+    if constexpr (N::weak) {
+      return conv<V>(R::f(a.template get<D, V>(at)));
+    } else {
+      using CV = ctype_t<compute_v<N, D>>;
+      return conv<V>(R::f(a.template get<D, CV>(at)));
+    }
+  }
+};
+/// rule(a, b), N the staged Map2 node.
+template <class N, class R, class A, class B>
+struct PMap2 {
+  A a;
+  B b;
+  template <DType D, class V, class Idx>
+  SC_GPU_FN V get(const At<Idx>& at) const {
+    if constexpr (N::weak) {
+      const V x = a.template get<D, V>(at);
+      const V y = b.template get<D, V>(at);
+      return conv<V>(R::f(x, y));
+    } else {
+      using CV = ctype_t<compute_v<N, D>>;
+      const CV x = a.template get<D, CV>(at);
+      const CV y = b.template get<D, CV>(at);
+      return conv<V>(R::f(x, y));
+    }
+  }
+};
+/// where(c, a, b), N the staged Select node.
+template <class N, class C, class A, class B>
+struct PSelect {
+  C c;
+  A a;
+  B b;
+  template <DType D, class V, class Idx>
+  SC_GPU_FN V get(const At<Idx>& at) const {
+    const bool m = c.template get<D, bool>(at);
+    if constexpr (N::weak) {
+      const V x = a.template get<D, V>(at);
+      const V y = b.template get<D, V>(at);
+      return WhereRule::f(m, x, y);
+    } else {
+      using CV = ctype_t<dtype_v<N, D>>;
+      const CV x = a.template get<D, CV>(at);
+      const CV y = b.template get<D, CV>(at);
+      return conv<V>(WhereRule::f(m, x, y));
+    }
+  }
+};
+/// a read as dtype X (cast), or as the expression's dtype (X = D: a gradient's root).
+template <DType X, bool AsD, class A>
+struct PConvert {
+  A a;
+  template <DType D, class V, class Idx>
+  SC_GPU_FN V get(const At<Idx>& at) const {
+    using CV = ctype_t<AsD ? D : X>;
+    return conv<V>(a.template get<D, CV>(at));
+  }
+};
+
+/// lower<N, S>: node N, whose slots start at S, as a device program node (`type`, `make`).
+template <class N, int S>
+struct lower {
+  static_assert(always_false<N>, "stagecraft: sc::compile on the GPU: a node kind the CUDA kernel does not know");
+};
+template <int I, int S>
+struct lower<Arg<I>, S> {
+  using type = PSlot<I>;
+  static type make(const Arg<I>&) { return {}; }
+};
+template <int S>
+struct lower<Leaf, S> {
+  using type = PSlot<S>;
+  static type make(const Leaf&) { return {}; }
+};
+template <class M, class... A, int S>
+struct lower<Mat<M, A...>, S> {
+  using type = PSlot<S>;
+  static type make(const Mat<M, A...>&) { return {}; }
+};
+template <class V, int S>
+struct lower<Const<V>, S> {
+  using type = PConst<V>;
+  static type make(const Const<V>& n) { return {n.v}; }
+};
+template <int K, int S>
+struct lower<Int<K>, S> {
+  using type = PInt<K>;
+  static type make(const Int<K>&) { return {}; }
+};
+template <class Op, class A, int S>
+struct lower<Map1<Op, A>, S> {
+  using LA = lower<A, S>;
+  using type = PMap1<Map1<Op, A>, rule_t<Op>, typename LA::type>;
+  static type make(const Map1<Op, A>& n) { return {LA::make(n.a)}; }
+};
+template <class Op, class A, class B, int S>
+struct lower<Map2<Op, A, B>, S> {
+  using LA = lower<A, S>;
+  using LB = lower<B, S + A::slots>;
+  using type = PMap2<Map2<Op, A, B>, rule_t<Op>, typename LA::type, typename LB::type>;
+  static type make(const Map2<Op, A, B>& n) { return {LA::make(n.a), LB::make(n.b)}; }
+};
+template <class Cn, class A, class B, int S>
+struct lower<Select<Cn, A, B>, S> {
+  using LC = lower<Cn, S>;
+  using LA = lower<A, S + Cn::slots>;
+  using LB = lower<B, S + Cn::slots + A::slots>;
+  using type = PSelect<Select<Cn, A, B>, typename LC::type, typename LA::type, typename LB::type>;
+  static type make(const Select<Cn, A, B>& n) { return {LC::make(n.c), LA::make(n.a), LB::make(n.b)}; }
+};
+template <DType X, class A, int S>
+struct lower<Convert<X, A>, S> {
+  using LA = lower<A, S>;
+  using type = PConvert<X, false, typename LA::type>;
+  static type make(const Convert<X, A>& n) { return {LA::make(n.a)}; }
+};
+template <int I, class A, class F, int S>
+struct lower<GradRoot<I, A, F>, S> {
+  using LA = lower<A, S>;
+  using type = PConvert<DType::b8, true, typename LA::type>;
+  static type make(const GradRoot<I, A, F>& n) { return {LA::make(n.a)}; }
+};
+
+/// Output element i of program e (result type R, the expression's dtype D).
+template <DType D, class R, class P, int NS, class Idx>
+SC_GPU_FN R element(const P& e, const Geometry<NS, Idx>& g, Idx i) {
+  Idx off[NS > 0 ? NS : 1];
+  for (int k = 0; k < NS; ++k) off[k] = g.read[k] == Read::dense ? i : Idx(0);
+  if (g.strided) {
+    Idx rest = i;
+    for (int d = g.rank - 1; d >= 0; --d) {
+      const Idx c = rest % g.shape[d];
+      rest /= g.shape[d];
+      for (int k = 0; k < NS; ++k)
+        if (g.read[k] == Read::strided) off[k] += c * g.stride[k][d];
+    }
+  }
+  return e.template get<D, R>(At<Idx>{g.p, off});
+}
+
+/// The geometry of the used slots over an output of `shape` (slots already broadcast-checked).
+template <int NS, class Idx>
+Geometry<NS, Idx> geometry(const Slots<NS>& sl, const Used<NS>& used, const Shape& shape) {
+  Geometry<NS, Idx> g;
+  g.rank = shape.rank();
+  g.n = static_cast<Idx>(shape.numel());
+  for (int d = 0; d < g.rank; ++d) g.shape[d] = static_cast<Idx>(shape[d]);
+  for (int k = 0; k < NS; ++k) {
+    g.read[k] = Read::single;
+    if (!used[k]) continue;
+    const Tensor& t = sl[k];
+    g.p[k] = t.raw_data();
+    const std::int64_t m = t.numel();
+    if (m == shape.numel()) {
+      g.read[k] = Read::dense;
+    } else if (m != 1) {
+      g.read[k] = Read::strided;
+      g.strided = true;
+      const Shape& s = t.shape();
+      std::int64_t step = 1;
+      for (int j = s.rank() - 1, d = g.rank - 1; j >= 0; --j, --d) {
+        g.stride[k][d] = s[j] == 1 ? Idx(0) : static_cast<Idx>(step);
+        step *= s[j];
+      }
+    }
+  }
+  return g;
+}
+
+/// Runs program e over every output element on the host: what the kernel computes, one element
+/// at a time (tests compare it with the fused loop).
+template <DType D, int NA, class E, int NS>
+Tensor run_program_on_host(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape& shape) {
+  constexpr DType OD = E::template dtype<D>();
+  using R = ctype_t<OD>;
+  using L = lower<E, NA>;
+  const typename L::type prog = L::make(e);
+  Tensor out = detail::empty_tensor(shape, OD, Device::cpu());
+  const auto g = geometry<NS, std::int64_t>(sl, used, shape);
+  R* y = static_cast<R*>(out.raw_data());
+  for (std::int64_t i = 0; i < g.n; ++i) y[i] = element<D, R>(prog, g, i);
+  return out;
+}
+
+/// Expression e (an elementwise root) with the compiled function's arguments in env, evaluated by
+/// the device program on the host; an undefined Tensor where the fused loop would not run (mixed
+/// dtypes or devices, a shape error, a weak root).
+template <int NA, class E, unsigned DS>
+Tensor run_on_host(const E& e, const Env<NA, DS>& env) {
+  constexpr int NS = NA + E::slots;
+  Tensor out;
+  if constexpr (!E::weak && !is_materializing<E> && !requires { E::arg_index; } && !std::is_same_v<E, Leaf>) {
+    const Slots<NS> sl = make_slots<NA>(e, env);
+    constexpr Used<NS> used = used_slots<NA, E>();
+    DType d{};
+    Shape shape;
+    if (fusable<NS>(sl, used, d) && shape_of<NA>(e, env, sl, shape)) {
+      visit_dtype(d, [&](auto tag) {
+        constexpr DType D = dtype_of<typename decltype(tag)::type>();
+        if constexpr (E::template valid<D>()) out = run_program_on_host<D, NA>(e, sl, used, shape);
+      });
+    }
+  }
+  return out;
+}
+
+#if defined(__CUDACC__)
+inline constexpr int kernel_block = 256;
+
+/// One thread per output element (a grid-stride loop past the grid's size).
+template <DType D, class R, class P, int NS, class Idx>
+__global__ void __launch_bounds__(kernel_block) fused_kernel(const P e, const Geometry<NS, Idx> g, R* __restrict__ y) {
+  for (Idx i = static_cast<Idx>(blockIdx.x) * kernel_block + static_cast<Idx>(threadIdx.x); i < g.n;
+       i += static_cast<Idx>(gridDim.x) * kernel_block)
+    y[i] = element<D, R>(e, g, i);
+}
+
+template <DType D, class R, class P, int NS, class Idx>
+void launch(const P& prog, const Geometry<NS, Idx>& g, R* y, Device dev, const std::source_location& loc) {
+  const cudaStream_t s = static_cast<cudaStream_t>(cuda::detail::stream(dev, "compile", loc));
+  const long long blocks = std::min<long long>((static_cast<long long>(g.n) + kernel_block - 1) / kernel_block, 1 << 20);
+  fused_kernel<D, R, P, NS, Idx><<<static_cast<unsigned>(blocks), kernel_block, 0, s>>>(prog, g, y);
+  cuda::detail::check(static_cast<int>(cudaGetLastError()), dev, "compile", loc);
+}
+#endif
+
+}  // namespace stagecraft::staging::gpu
+
+namespace stagecraft::staging {
+
+#if defined(__CUDACC__)
+/// The GPU counterpart of fused() (eval.hpp): the expression as one templated kernel on the
+/// slots' device, launched on its stream (asynchronous, as every eager launch).
+template <DType D, int NA, class E, int NS>
+Tensor fused_cuda(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape& shape, Device dev,
+                  const std::source_location& loc) {
+  constexpr DType OD = E::template dtype<D>();
+  using R = ctype_t<OD>;
+  using L = gpu::lower<E, NA>;
+  const cuda::detail::ScopedCallSite site("compile", loc);
+  Tensor out = detail::empty_tensor(shape, OD, dev, "compile", loc);
+  const std::int64_t n = out.numel();
+  if (n == 0) return out;
+  const typename L::type prog = L::make(e);
+  R* y = static_cast<R*>(out.raw_data());
+  // 32-bit indices where every offset fits (a slot has at most the output's elements)
+  if (n <= std::numeric_limits<std::int32_t>::max())
+    gpu::launch<D>(prog, gpu::geometry<NS, std::int32_t>(sl, used, shape), y, dev, loc);
+  else
+    gpu::launch<D>(prog, gpu::geometry<NS, std::int64_t>(sl, used, shape), y, dev, loc);
+  return out;
+}
+#endif
+
+}  // namespace stagecraft::staging
