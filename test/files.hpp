@@ -25,7 +25,7 @@ struct TempDir {
   ~TempDir() { std::filesystem::remove_all(path); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
+  std::filesystem::path operator/(const std::string& name) const { return path / name; }
   /// The names of the files in it, sorted.
   std::vector<std::string> files() const {
     std::vector<std::string> out;
@@ -36,16 +36,22 @@ struct TempDir {
 };
 
 /// The whole file.
-inline std::string read_bytes(const std::string& p) {
+inline std::string read_bytes(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 /// Replaces the file with these bytes (a new file, not a truncated one: ext4 flushes truncated
 /// files on close, which is slow).
-inline void write_bytes(const std::string& p, const std::string& bytes) {
+inline void write_bytes(const std::filesystem::path& p, const std::string& bytes) {
   std::filesystem::remove(p);
   std::ofstream out(p, std::ios::binary);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+/// Overwrites one byte in place (cheaper than rewriting the file: no truncation to flush).
+inline void patch_byte(const std::filesystem::path& p, std::size_t pos, char c) {
+  std::fstream f(p, std::ios::binary | std::ios::in | std::ios::out);
+  f.seekp(static_cast<std::streamoff>(pos));
+  f.put(c);
 }
 
 }  // namespace sctest

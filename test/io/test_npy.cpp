@@ -15,6 +15,7 @@
 #include <stagecraft/io/npy.hpp>
 
 #include "files.hpp"
+#include "patterns.hpp"
 
 namespace fs = std::filesystem;
 using Catch::Contains;  // v2's string matcher (test/catch2_v3 maps it for v3)
@@ -36,6 +37,8 @@ std::string error_of(F&& f) {
 using sctest::read_bytes;
 using sctest::TempDir;
 using sctest::write_bytes;
+using sctest::filled;
+using sctest::same_bytes;
 
 /// An .npy file built by hand: magic, version major.0, the header's length (2 bytes for 1.0,
 /// 4 for 2.0 and 3.0, little-endian), the header text exactly as given, then the data.
@@ -55,31 +58,6 @@ std::string err(const std::string& bytes) {
 /// The message of a header that is otherwise well-formed: data to match "<f4" (2,) when needed.
 std::string header_err(const std::string& header) { return err(npy(1, header, std::string(8, '\0'))); }
 
-/// Element i of a test pattern for T (extremes and, for floats, NaN/inf/-0/denormals).
-template <class T>
-T pattern(std::int64_t i) {
-  if constexpr (std::is_same_v<T, bool>) return i % 3 == 0;
-  else if constexpr (std::is_floating_point_v<T>) {
-    const T special[] = {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(), T(-0.0),
-                         std::numeric_limits<T>::lowest(), std::numeric_limits<T>::denorm_min()};
-    return i < 5 ? special[i] : T(i) * T(0.37) - T(3);
-  } else {
-    return i == 0 ? std::numeric_limits<T>::min() : i == 1 ? std::numeric_limits<T>::max() : T(i * 7919 - 1000);
-  }
-}
-sc::Tensor filled(const sc::Shape& s, sc::DType d) {
-  sc::Tensor t = sc::detail::empty_tensor(s, d, sc::Device::cpu());
-  sc::visit_dtype(d, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    auto* p = static_cast<T*>(t.raw_data());
-    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = pattern<T>(i);
-  });
-  return t;
-}
-bool same_bytes(const sc::Tensor& a, const sc::Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
-}
 
 }  // namespace
 

@@ -8,6 +8,8 @@
 #include <stagecraft/optim/sgd.hpp>
 #include <stagecraft/state/module.hpp>
 
+#include "files.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -94,18 +96,7 @@ struct ProbeAdam : sc::optim::Adam {
   double lr_t() { return step_size(std::source_location::current()).item<double>(); }
 };
 
-/// A fresh, empty directory under the system's temp directory, removed with its contents.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    static int n = 0;
-    path = std::filesystem::temp_directory_path() /
-           ("sc_optim_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
+using sctest::TempDir;
 
 }  // namespace
 

@@ -18,6 +18,9 @@
 #include <stagecraft/state/checkpoint.hpp>
 #include <stagecraft/state/safetensors.hpp>
 
+#include "files.hpp"
+#include "patterns.hpp"
+
 namespace fs = std::filesystem;
 
 namespace sc_ckpt_test {
@@ -57,40 +60,11 @@ inline Says Has(std::string fragment) {
   return s;
 }
 
-/// A fresh directory, removed with everything in it at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;  // one counter for both files: an inline function's static
-    path = fs::temp_directory_path() / ("sc_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path operator/(const std::string& name) const { return path / name; }
-  std::vector<std::string> files() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-};
+using sctest::patch_byte;
+using sctest::read_bytes;
+using sctest::TempDir;
+using sctest::write_bytes;
 
-inline std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-inline void write_bytes(const fs::path& p, const std::string& bytes) {
-  fs::remove(p);  // a new file, not a truncated one: ext4 flushes truncated files on close (slow)
-  std::ofstream out(p, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-/// Overwrites one byte in place (cheaper than rewriting the file: no truncation to flush).
-inline void patch_byte(const fs::path& p, std::size_t pos, char c) {
-  std::fstream f(p, std::ios::binary | std::ios::in | std::ios::out);
-  f.seekp(static_cast<std::streamoff>(pos));
-  f.put(c);
-}
 /// The 8-byte little-endian length, written byte by byte (independent of the writer under test).
 inline std::string u64le(std::uint64_t n) {
   std::string s(8, '\0');
@@ -106,39 +80,12 @@ inline std::size_t header_length(const std::string& bytes) {
 /// A whole file from a header text (not padded) and the data section.
 inline std::string file_bytes(const std::string& header, const std::string& data) { return u64le(header.size()) + header + data; }
 
-/// Element i of the test pattern for T (includes extremes and, for floats, NaN/inf/-0).
-template <class T>
-T pattern(std::int64_t i) {
-  if constexpr (std::is_same_v<T, bool>) return i % 3 == 0;
-  else if constexpr (std::is_floating_point_v<T>) {
-    const T special[] = {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(), T(-0.0),
-                         std::numeric_limits<T>::lowest(), std::numeric_limits<T>::denorm_min()};
-    return i < 5 ? special[i] : T(i) * T(0.37) - T(3);
-  } else {
-    return i == 0 ? std::numeric_limits<T>::min() : i == 1 ? std::numeric_limits<T>::max() : T(i * 7919 - 1000);
-  }
-}
+using sctest::filled;
+using sctest::same_bytes;
+/// A tensor of shape s holding the test pattern of T.
 template <class T>
 sc::Tensor filled(const sc::Shape& s) {
-  sc::Tensor t = sc::detail::empty_tensor(s, sc::dtype_of<T>(), sc::Device::cpu());
-  if (t.numel() > 0) {
-    T* p = t.data<T>();
-    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = pattern<T>(i);
-  }
-  return t;
-}
-inline sc::Tensor filled(const sc::Shape& s, sc::DType d) {
-  switch (d) {
-    case sc::DType::b8: return filled<bool>(s);
-    case sc::DType::i32: return filled<std::int32_t>(s);
-    case sc::DType::i64: return filled<std::int64_t>(s);
-    case sc::DType::f32: return filled<float>(s);
-    default: return filled<double>(s);
-  }
-}
-inline bool same_bytes(const sc::Tensor& a, const sc::Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+  return sctest::filled(s, sc::dtype_of<T>());
 }
 
 /// The valid base case most corrupt-file tests start from: "w" F32 [2] = {1, 2}.
