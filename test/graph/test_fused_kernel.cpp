@@ -16,21 +16,13 @@
 #include <utility>
 #include <vector>
 
+#include "testing.hpp"
+
 namespace {
 
 namespace g = sc::graph;
 using sc::ops::OpId;
-
-/// Deterministic pseudo-random numbers (xorshift64*, as test/testing.hpp's).
-struct Rng {
-  std::uint64_t s;
-  explicit Rng(std::uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  std::uint64_t next() {
-    s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
-    return s * 2685821657736338717ull;
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
-};
+using sctest::Rng;
 
 OpId op(std::string_view name) {
   const sc::ops::OpInfo* info = sc::ops::find_op(name);

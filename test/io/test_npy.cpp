@@ -16,29 +16,19 @@
 
 #include "files.hpp"
 #include "patterns.hpp"
+#include "testing.hpp"
 
 namespace fs = std::filesystem;
 using Catch::Contains;  // v2's string matcher (test/catch2_v3 maps it for v3)
 
 namespace {
 
-/// The message of the E that f throws (the test fails when it throws nothing).
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("expected an exception");
-  return "";
-}
-
+using sctest::error_of;
+using sctest::filled;
 using sctest::read_bytes;
+using sctest::same_bytes;
 using sctest::TempDir;
 using sctest::write_bytes;
-using sctest::filled;
-using sctest::same_bytes;
 
 /// An .npy file built by hand: magic, version major.0, the header's length (2 bytes for 1.0,
 /// 4 for 2.0 and 3.0, little-endian), the header text exactly as given, then the data.

@@ -594,6 +594,26 @@ inline std::vector<Tensor> ops::Col2Im::vjp(const Tensor& g, Inputs, const Tenso
   return {im2col(g, kh, kw, a.i1, a.i2)};
 }
 
+namespace detail {
+/// A conv2d gradient op (Conv2dGradInput, Conv2dGradFilter) of two numeric tensors, giving a
+/// tensor of `shape` (x's or w's).
+template <class Op>
+Tensor conv2d_grad(const Tensor& p, const Tensor& q, Shape shape, std::int64_t stride, std::int64_t padding,
+                   const std::source_location& loc) {
+  constexpr std::string_view op = Op::name;
+  require_defined(p, op, loc);
+  require_defined(q, op, loc);
+  if (SC_UNLIKELY(is_bool(p.dtype()) || is_bool(q.dtype())))
+    fail<DTypeError>(op, loc, "expects numeric tensors, got ", stagecraft::name(p.dtype()), " and ",
+                     stagecraft::name(q.dtype()));
+  ops::Attrs a;
+  a.ints = std::move(shape);
+  a.i1 = stride;
+  a.i2 = padding;
+  return dispatch2<Op>(p, q, a, loc);
+}
+}  // namespace detail
+
 namespace nn {
 
 /// 2-D cross-correlation (as every framework's conv2d): x [N,C,H,W], w [O,C,kH,kW] →
@@ -620,32 +640,14 @@ inline Tensor conv2d(const Tensor& x, const Tensor& w, std::int64_t stride = 1, 
 /// [N,O,Ho,Wo]: the transposed convolution of g with w, of shape `input_shape` (x's shape).
 inline Tensor conv2d_grad_input(const Tensor& g, const Tensor& w, Shape input_shape, std::int64_t stride,
                                 std::int64_t padding, std::source_location loc = std::source_location::current()) {
-  constexpr std::string_view op = ops::Conv2dGradInput::name;
-  detail::require_defined(g, op, loc);
-  detail::require_defined(w, op, loc);
-  if (SC_UNLIKELY(is_bool(g.dtype()) || is_bool(w.dtype())))
-    detail::fail<DTypeError>(op, loc, "expects numeric tensors, got ", name(g.dtype()), " and ", name(w.dtype()));
-  ops::Attrs a;
-  a.ints = std::move(input_shape);
-  a.i1 = stride;
-  a.i2 = padding;
-  return detail::dispatch2<ops::Conv2dGradInput>(g, w, a, loc);
+  return detail::conv2d_grad<ops::Conv2dGradInput>(g, w, std::move(input_shape), stride, padding, loc);
 }
 
 /// The gradient of conv2d(x, w, stride, padding) with respect to w, for the output gradient g
 /// [N,O,Ho,Wo]: the correlation of x with g summed over the batch, of shape `kernel_shape`.
 inline Tensor conv2d_grad_filter(const Tensor& x, const Tensor& g, Shape kernel_shape, std::int64_t stride,
                                  std::int64_t padding, std::source_location loc = std::source_location::current()) {
-  constexpr std::string_view op = ops::Conv2dGradFilter::name;
-  detail::require_defined(x, op, loc);
-  detail::require_defined(g, op, loc);
-  if (SC_UNLIKELY(is_bool(x.dtype()) || is_bool(g.dtype())))
-    detail::fail<DTypeError>(op, loc, "expects numeric tensors, got ", name(x.dtype()), " and ", name(g.dtype()));
-  ops::Attrs a;
-  a.ints = std::move(kernel_shape);
-  a.i1 = stride;
-  a.i2 = padding;
-  return detail::dispatch2<ops::Conv2dGradFilter>(x, g, a, loc);
+  return detail::conv2d_grad<ops::Conv2dGradFilter>(x, g, std::move(kernel_shape), stride, padding, loc);
 }
 
 }  // namespace nn

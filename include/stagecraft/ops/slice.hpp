@@ -30,22 +30,24 @@ struct Slice {
     }
     return {out, in[0].dtype()};
   }
+  /// The slice's first element in x (on x's device) and x's strides, which the copy walks.
+  static const std::byte* first(const Tensor& x, const Attrs& a, Shape& strides) {
+    const Shape& xs = x.shape();
+    strides = contiguous_strides(xs);
+    std::int64_t offset = 0;
+    for (int k = 0; k < xs.rank(); ++k) offset += start(xs, a, k) * strides[k];
+    return static_cast<const std::byte*>(x.raw_data()) + offset * static_cast<std::int64_t>(itemsize(x.dtype()));
+  }
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
-    const Shape& xs = in[0].shape();
-    const Shape cs = contiguous_strides(xs);
-    std::int64_t offset = 0;
-    for (int k = 0; k < xs.rank(); ++k) offset += start(xs, a, k) * cs[k];
-    const auto* base = static_cast<const std::byte*>(in[0].raw_data()) + offset * static_cast<std::int64_t>(itemsize(in[0].dtype()));
+    Shape cs;
+    const std::byte* base = first(in[0], a, cs);
     backend::cpu::strided_copy(base, out.raw_data(), out.shape(), cs, out.dtype());
   }
   static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
     if (out.numel() == 0) return;
-    const Shape& xs = in[0].shape();
-    const Shape cs = contiguous_strides(xs);
-    std::int64_t offset = 0;
-    for (int k = 0; k < xs.rank(); ++k) offset += start(xs, a, k) * cs[k];
-    const auto* base = static_cast<const std::byte*>(in[0].raw_data()) + offset * static_cast<std::int64_t>(itemsize(in[0].dtype()));
+    Shape cs;
+    const std::byte* base = first(in[0], a, cs);
     backend::cuda::strided_copy(base, out.shape(), cs, out.raw_data(), contiguous_strides(out.shape()), out.dtype(),
                                 out.device(), name, loc);
   }

@@ -548,21 +548,28 @@ Tensor fused(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape&
   return out;
 }
 
-/// Whether the fused loop may run here: no tape recording (it would not see the ops), no trace
-/// (the eager ops stage themselves into it), every slot a concrete CPU tensor of one dtype.
+/// Whether a fused loop may run here: no tape recording (it would not see the ops), no trace
+/// (the eager ops stage themselves into it), every slot a concrete tensor of one dtype on one
+/// device, a CPU (cuda false) or a GPU (cuda true); d and dev are theirs.
 template <int NS>
-bool fusable(const Slots<NS>& sl, const Used<NS>& used, DType& d) {
+bool fusable_on(const Slots<NS>& sl, const Used<NS>& used, bool cuda, DType& d, Device& dev) {
   const detail::Context& ctx = detail::context();
   if (ctx.tapes != nullptr || ctx.trace != nullptr) return false;
   bool have = false;
   for (int k = 0; k < NS; ++k) {
     if (!used[k]) continue;
     const Tensor& t = sl[k];
-    if (!t.defined() || t.is_symbolic() || !t.device().is_cpu()) return false;
-    if (!have) d = t.dtype(), have = true;
-    else if (t.dtype() != d) return false;
+    if (!t.defined() || t.is_symbolic() || t.device().is_cuda() != cuda) return false;
+    if (!have) d = t.dtype(), dev = t.device(), have = true;
+    else if (t.dtype() != d || t.device() != dev) return false;
   }
   return have;
+}
+/// fusable_on for the CPU's fused loop.
+template <int NS>
+bool fusable(const Slots<NS>& sl, const Used<NS>& used, DType& d) {
+  Device dev = Device::cpu();
+  return fusable_on<NS>(sl, used, false, d, dev);
 }
 
 /// The expression as one templated CUDA kernel (staged/cuda_kernel.hpp, defined where nvcc
@@ -570,23 +577,6 @@ bool fusable(const Slots<NS>& sl, const Used<NS>& used, DType& d) {
 template <DType D, int NA, class E, int NS>
 Tensor fused_cuda(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape& shape, Device dev,
                   const std::source_location& loc);
-
-/// Whether the templated CUDA kernel may run: no tape or trace, every slot a concrete tensor on
-/// one CUDA device, of one dtype.
-template <int NS>
-bool cuda_fusable(const Slots<NS>& sl, const Used<NS>& used, DType& d, Device& dev) {
-  const detail::Context& ctx = detail::context();
-  if (ctx.tapes != nullptr || ctx.trace != nullptr) return false;
-  bool have = false;
-  for (int k = 0; k < NS; ++k) {
-    if (!used[k]) continue;
-    const Tensor& t = sl[k];
-    if (!t.defined() || t.is_symbolic() || !t.device().is_cuda()) return false;
-    if (!have) d = t.dtype(), dev = t.device(), have = true;
-    else if (t.dtype() != d || t.device() != dev) return false;
-  }
-  return have;
-}
 
 template <int NA, class E, unsigned DS>
 Tensor run_elementwise(const E& e, const Env<NA, DS>& env) {
@@ -598,26 +588,27 @@ Tensor run_elementwise(const E& e, const Env<NA, DS>& env) {
     return eager_weak<NA>(e, env, sl, promote_scalar(DType::b8, E::skind));
   } else {
     constexpr Used<NS> used = used_slots<NA, E>();
+    // the fused loop on the CPU, or (in a file nvcc compiles) the templated kernel on a GPU
+    constexpr bool gpu = (DS & nvcc_kernels) != 0;
     DType d{};
+    Device dev = Device::cpu();
     Shape shape;
-    if (fusable<NS>(sl, used, d) && shape_of<NA>(e, env, sl, shape)) {
+    if ((fusable<NS>(sl, used, d) || (gpu && fusable_on<NS>(sl, used, true, d, dev))) &&
+        shape_of<NA>(e, env, sl, shape)) {
       Tensor out;
       visit_dtype(d, [&](auto tag) {
         constexpr DType D = dtype_of<typename decltype(tag)::type>();
-        if constexpr (fuses(DS, D) && E::template valid<D>()) out = fused<D, NA>(e, sl, used, shape);
+        if constexpr (fuses(DS, D) && E::template valid<D>()) {
+          if constexpr (gpu) {
+            if (dev.is_cuda()) {
+              out = fused_cuda<D, NA>(e, sl, used, shape, dev, env.loc);
+              return;
+            }
+          }
+          out = fused<D, NA>(e, sl, used, shape);
+        }
       });
       if (out.defined()) return out;
-    }
-    if constexpr ((DS & nvcc_kernels) != 0) {
-      Device dev = Device::cpu();
-      if (cuda_fusable<NS>(sl, used, d, dev) && shape_of<NA>(e, env, sl, shape)) {
-        Tensor out;
-        visit_dtype(d, [&](auto tag) {
-          constexpr DType D = dtype_of<typename decltype(tag)::type>();
-          if constexpr (fuses(DS, D) && E::template valid<D>()) out = fused_cuda<D, NA>(e, sl, used, shape, dev, env.loc);
-        });
-        if (out.defined()) return out;
-      }
     }
     return eager_of<NA>(e, env, sl);
   }
