@@ -1,13 +1,15 @@
 // sc::compile in a file nvcc compiles: the expression type becomes a templated CUDA kernel
 // (staged/cuda_kernel.hpp). Two tests from one program:
 //   `host`: the kernel's per-element program, run on the host, against the CPU's fused loop and
-//           against plain loops, for every node kind, four dtypes and broadcasting shapes (runs
-//           everywhere the CUDA kernels are built, so in CI);
+//           against plain loops, for every node kind, four dtypes and broadcasting shapes, and
+//           reductions at the root with the kernel's pairwise tree (runs everywhere the CUDA
+//           kernels are built, so in CI);
 //   `gpu`:  the kernels on a GPU against the CPU (exit 77, skipped, without a GPU).
 #include <stagecraft/stagecraft.hpp>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -140,10 +142,28 @@ std::vector<Case> cases() {
   auto df = sc::grad<0>(f);
   out.push_back(make_case("grad f32 [4,3] [4,3]", df, {values({4, 3}, sc::f32, 24), values({4, 3}, sc::f32, 25)}, 1e-6));
   out.push_back(make_case("grad f64 [6] [6]", df, {values({6}, sc::f64, 26), values({6}, sc::f64, 27)}, 1e-14));
+  // reductions at the root over trailing axes: one block per output row (NaN propagates in max)
+  auto total = sc::compile([](const auto& a, const auto& b) { return sc::sum(sc::tanh(a * b) + a); });
+  out.push_back(make_case("sum f32 [40,50] [50]", total, {values({40, 50}, sc::f32, 28), values({50}, sc::f32, 29)}, 1e-5));
+  auto avg = sc::compile([](const auto& a, const auto& b) { return sc::mean(sc::exp(a) - b, {-1}, true); });
+  out.push_back(make_case("mean f64 [3,1,300] [5,300]", avg, {values({3, 1, 300}, sc::f64, 30), values({5, 300}, sc::f64, 31)}, 1e-13));
+  auto top = sc::compile([](const auto& a) { return sc::max(sc::sqrt(a) * 2.f, {1, 2}); });
+  out.push_back(make_case("max f32 [2,3,4] (NaN)", top, {values({2, 3, 4}, sc::f32, 32)}, 0));
+  auto top_pos = sc::compile([](const auto& a) { return sc::max(sc::abs(a) * 2.f, {1, 2}); });
+  out.push_back(make_case("max f32 [6,3,90]", top_pos, {values({6, 3, 90}, sc::f32, 33)}, 0));
+  auto bottom = sc::compile([](const auto& a, const auto& b) { return sc::min(a * b - 1.0, {-1}); });
+  out.push_back(make_case("min f64 [7,600] [600]", bottom, {values({7, 600}, sc::f64, 34), values({600}, sc::f64, 35)}, 0));
   return out;
 }
 
-/// The host run of the kernel's program against the CPU's fused loop, and two cases against plain loops.
+const Case& named(const std::vector<Case>& all, const std::string& name) {
+  for (const Case& c : all)
+    if (c.name == name) return c;
+  std::printf("no case %s\n", name.c_str());
+  std::abort();
+}
+
+/// The host run of the kernel's program against the CPU's fused loop, and three cases against plain loops.
 void host_tests() {
   const std::vector<Case> all = cases();
   for (const Case& c : all) check_same("program vs fused: " + c.name, c.program(c.args), c.compiled(c.args), c.tol);
@@ -158,7 +178,7 @@ void host_tests() {
           const double x = av[i * 4 + k], y = bv[j * 4 + k];
           want.push_back(std::tanh(std::max(x * 2 + y, 0.0)) * y - std::exp(-std::fabs(x)));
         }
-    const Case& c = all[2 + 4];  // the f64 [3,1,4] [5,4] case
+    const Case& c = named(all, "chain f64 [3,1,4] [5,4]");
     check_same("program vs loop: " + c.name, c.program(c.args), sc::tensor(want, sc::Shape{3, 5, 4}), 1e-14);
   }
   {
@@ -171,8 +191,20 @@ void host_tests() {
           const std::int32_t x = av[(i * 3 + j) * 4 + k], y = bv[j];
           want.push_back(std::max(x * y + 3, std::min(x, y)) - x * x);
         }
-    const Case& c = all[8];  // ints i32
+    const Case& c = named(all, "ints i32 [2,3,4] [3,1]");
     check_same("program vs loop: " + c.name, c.program(c.args), sc::tensor(want, sc::Shape{2, 3, 4}), 0);
+  }
+  {
+    const Case& c = named(all, "mean f64 [3,1,300] [5,300]");
+    const auto av = c.args[0].to_vector<double>(), bv = c.args[1].to_vector<double>();
+    std::vector<double> want;
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 5; ++j) {
+        double s = 0;
+        for (int k = 0; k < 300; ++k) s += std::exp(av[i * 300 + k]) - bv[j * 300 + k];
+        want.push_back(s / 300);
+      }
+    check_same("program vs loop: " + c.name, c.program(c.args), sc::tensor(want, sc::Shape{3, 5, 1}), 1e-13);
   }
 }
 
@@ -196,6 +228,11 @@ int gpu_tests() {
   auto chain = sc::compile([](const auto& a, const auto& b) { return sc::tanh(sc::relu(a * 2.f + b)) * b - sc::exp(-sc::abs(a)); });
   const sc::Tensor a = values({1 << 22}, sc::f32, 30), b = values({1 << 22}, sc::f32, 31);
   check_same("gpu vs cpu: chain 4M", chain(a.to(gpu), b.to(gpu)), chain(a, b), 1e-5);
+  auto total = sc::compile([](const auto& x, const auto& y) { return sc::sum(sc::tanh(x * y) + x, {-1}); });
+  const sc::Tensor u = values({64, 1 << 16}, sc::f32, 36), v = values({1 << 16}, sc::f32, 37);
+  check_same("gpu vs cpu: row sums [64, 65536]", total(u.to(gpu), v.to(gpu)), total(u, v), 1e-4);
+  auto leading = sc::compile([](const auto& x) { return sc::sum(sc::exp(x), {0}); });  // not trailing: eager sum
+  check_same("gpu vs cpu: sum over axis 0", leading(u.to(gpu)), leading(u), 1e-5);
   const auto after = sc::cuda::fused_kernel_stats();
   if (after.compiled != before.compiled) fail("gpu: NVRTC compiled a kernel for sc::compile under nvcc");
   // a shape error on the GPU is the eager op's ShapeError

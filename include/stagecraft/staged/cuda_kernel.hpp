@@ -11,8 +11,11 @@
 // themselves. Slots (arguments, leaves, materialized operands) are read with broadcasting: each
 // is dense in the output's order, a single element, or strided over the output's axes.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <tuple>
+#include <type_traits>
 #include <source_location>
 
 #include "../backend/cuda/abi.hpp"
@@ -20,6 +23,7 @@
 #include "../core/dtype.hpp"
 #include "../core/shape.hpp"
 #include "../core/tensor.hpp"
+#include "../ops/binary.hpp"
 #include "../ops/rules.hpp"
 #include "eval.hpp"
 #include "expr.hpp"
@@ -274,7 +278,7 @@ SC_GPU_FN R element(const P& e, const Geometry<NS, Idx>& g, Idx i) {
 }
 
 /// The geometry of the used slots over an output of `shape` (slots already broadcast-checked).
-template <int NS, class Idx>
+template <class Idx, int NS>
 Geometry<NS, Idx> geometry(const Slots<NS>& sl, const Used<NS>& used, const Shape& shape) {
   Geometry<NS, Idx> g;
   g.rank = shape.rank();
@@ -302,6 +306,105 @@ Geometry<NS, Idx> geometry(const Slots<NS>& sl, const Used<NS>& used, const Shap
   return g;
 }
 
+/// Threads per block of the kernels (and of the host's emulation of the reduction's tree).
+inline constexpr int kernel_block = 256;
+
+// ---- reductions at the root ----------------------------------------------------------------
+
+template <class T>
+inline constexpr T infinity_v = std::numeric_limits<T>::infinity();
+
+/// How two partial results of reduction K combine (max and min propagate NaN, as on the CPU).
+template <ReduceKind K, class T>
+SC_GPU_FN T combine(T x, T y) {
+  if constexpr (K == ReduceKind::max) return rule_t<ops::Maximum>::f(x, y);
+  else if constexpr (K == ReduceKind::min) return rule_t<ops::Minimum>::f(x, y);
+  else return x + y;
+}
+template <ReduceKind K, class T>
+SC_GPU_FN T reduce_init() {
+  if constexpr (K == ReduceKind::max) return -infinity_v<T>;
+  else if constexpr (K == ReduceKind::min) return infinity_v<T>;
+  else return T(0);
+}
+/// Thread t's partial of output row `row`: the row's elements t, t + threads, ... (t is a thread
+/// of the row's block in the kernel, a loop index in the host's emulation).
+template <DType D, ReduceKind K, class P, int NS, class Idx>
+SC_GPU_FN ctype_t<D> row_partial(const P& e, const Geometry<NS, Idx>& g, Idx row, Idx inner, int t, int threads) {
+  using T = ctype_t<D>;
+  T acc = reduce_init<K, T>();
+  for (Idx k = static_cast<Idx>(t); k < inner; k += static_cast<Idx>(threads))
+    acc = combine<K>(acc, element<D, T>(e, g, row * inner + k));
+  return acc;
+}
+/// The row's result from its combined partials (the mean divides by the row's length).
+template <ReduceKind K, class T, class Idx>
+SC_GPU_FN T finish(T s, Idx inner) {
+  if constexpr (K == ReduceKind::mean) return s / static_cast<T>(inner);
+  else return s;
+}
+/// Output row `row` computed on the host as the kernel computes it: kernel_block partials
+/// combined by the same pairwise tree (the same figures, bit for bit, as the GPU's order).
+template <DType D, ReduceKind K, class P, int NS, class Idx>
+ctype_t<D> reduce_row_on_host(const P& e, const Geometry<NS, Idx>& g, Idx row, Idx inner) {
+  using T = ctype_t<D>;
+  T part[kernel_block];
+  for (int t = 0; t < kernel_block; ++t) part[t] = row_partial<D, K>(e, g, row, inner, t, kernel_block);
+  for (int s = kernel_block / 2; s > 0; s >>= 1)
+    for (int t = 0; t < s; ++t) part[t] = combine<K>(part[t], part[t + s]);
+  return finish<K>(part[0], inner);
+}
+
+/// A reduction K of expression a over trailing axes, where the slots are concrete tensors of one
+/// floating dtype on a GPU (cuda) or the CPU: calls run(D, slots, used, a's shape, inner, output
+/// shape, device) for the expression's dtype D; false where it does not apply.
+template <int NA, ReduceKind K, class A, unsigned DS, class Run>
+bool reduce_with(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, bool cuda, Run&& run) {
+  constexpr int NS = NA + A::slots;
+  const Slots<NS> sl = make_slots<NA>(a, env);
+  constexpr Used<NS> used = used_slots<NA, A>();
+  DType d{};
+  Device dev = Device::cpu();
+  Shape shape;
+  if (!fusable_on<NS>(sl, used, cuda, d, dev) || !is_floating(d) || !shape_of<NA>(a, env, sl, shape)) return false;
+  std::int64_t inner = 0;
+  Shape oshape;
+  if (!trailing_reduction(op, shape, inner, oshape)) return false;
+  bool done = false;
+  visit_floating(d, [&](auto tag) {
+    constexpr DType D = dtype_of<typename decltype(tag)::type>();
+    if constexpr (fuses(DS, D) && A::template valid<D>() && A::template dtype<D>() == D) {
+      run(std::integral_constant<DType, D>{}, sl, used, shape, inner, oshape, dev);
+      done = true;
+    }
+  });
+  return done;
+}
+
+/// A reduction at the root (sum, mean, max, min over trailing axes) computed on the host as the
+/// kernel does; an undefined Tensor where the kernel would not run.
+template <int NA, class M, class A, unsigned DS>
+Tensor reduce_on_host(const Mat<M, A>& e, const Env<NA, DS>& env) {
+  Tensor out;
+  const A& a = std::get<0>(e.args);
+  if constexpr (!std::is_same_v<A, Leaf> && !requires { A::arg_index; } && !is_materializing<A>) {
+    constexpr ReduceKind K = M::kind;
+    reduce_with<NA>(e.m, a, env, false,
+                    [&](auto dc, const auto& sl, const auto& used, const Shape& shape, std::int64_t inner,
+                        const Shape& oshape, Device) {
+                      constexpr DType D = decltype(dc)::value;
+                      using L = lower<A, NA>;
+                      const typename L::type prog = L::make(a);
+                      const auto g = geometry<std::int64_t>(sl, used, shape);
+                      out = detail::empty_tensor(oshape, D, Device::cpu());
+                      auto* y = static_cast<ctype_t<D>*>(out.raw_data());
+                      const std::int64_t rows = shape.numel() / inner;
+                      for (std::int64_t r = 0; r < rows; ++r) y[r] = reduce_row_on_host<D, K>(prog, g, r, inner);
+                    });
+  }
+  return out;
+}
+
 /// Runs program e over every output element on the host: what the kernel computes, one element
 /// at a time (tests compare it with the fused loop).
 template <DType D, int NA, class E, int NS>
@@ -311,20 +414,22 @@ Tensor run_program_on_host(const E& e, const Slots<NS>& sl, const Used<NS>& used
   using L = lower<E, NA>;
   const typename L::type prog = L::make(e);
   Tensor out = detail::empty_tensor(shape, OD, Device::cpu());
-  const auto g = geometry<NS, std::int64_t>(sl, used, shape);
+  const auto g = geometry<std::int64_t>(sl, used, shape);
   R* y = static_cast<R*>(out.raw_data());
   for (std::int64_t i = 0; i < g.n; ++i) y[i] = element<D, R>(prog, g, i);
   return out;
 }
 
-/// Expression e (an elementwise root) with the compiled function's arguments in env, evaluated by
-/// the device program on the host; an undefined Tensor where the fused loop would not run (mixed
-/// dtypes or devices, a shape error, a weak root).
+/// Expression e (an elementwise root, or a reduction of one) with the compiled function's
+/// arguments in env, evaluated by the device program on the host; an undefined Tensor where the
+/// kernel would not run (mixed dtypes or devices, a shape error, a weak root).
 template <int NA, class E, unsigned DS>
 Tensor run_on_host(const E& e, const Env<NA, DS>& env) {
   constexpr int NS = NA + E::slots;
   Tensor out;
-  if constexpr (!E::weak && !is_materializing<E> && !requires { E::arg_index; } && !std::is_same_v<E, Leaf>) {
+  if constexpr (reduce_root<E>::value) {
+    out = reduce_on_host<NA>(e, env);
+  } else if constexpr (!E::weak && !is_materializing<E> && !requires { E::arg_index; } && !std::is_same_v<E, Leaf>) {
     const Slots<NS> sl = make_slots<NA>(e, env);
     constexpr Used<NS> used = used_slots<NA, E>();
     DType d{};
@@ -340,7 +445,6 @@ Tensor run_on_host(const E& e, const Env<NA, DS>& env) {
 }
 
 #if defined(__CUDACC__)
-inline constexpr int kernel_block = 256;
 
 /// One thread per output element (a grid-stride loop past the grid's size).
 template <DType D, class R, class P, int NS, class Idx>
@@ -355,6 +459,36 @@ void launch(const P& prog, const Geometry<NS, Idx>& g, R* y, Device dev, const s
   const cudaStream_t s = static_cast<cudaStream_t>(cuda::detail::stream(dev, "compile", loc));
   const long long blocks = std::min<long long>((static_cast<long long>(g.n) + kernel_block - 1) / kernel_block, 1 << 20);
   fused_kernel<D, R, P, NS, Idx><<<static_cast<unsigned>(blocks), kernel_block, 0, s>>>(prog, g, y);
+  cuda::detail::check(static_cast<int>(cudaGetLastError()), dev, "compile", loc);
+}
+
+/// One block per output row (a grid-stride loop over rows): each thread's partial, then the
+/// pairwise tree in shared memory that reduce_row_on_host repeats on the host.
+template <DType D, ReduceKind K, class P, int NS, class Idx>
+__global__ void __launch_bounds__(kernel_block)
+    reduce_kernel(const P e, const Geometry<NS, Idx> g, Idx rows, Idx inner, ctype_t<D>* __restrict__ y) {
+  using T = ctype_t<D>;
+  __shared__ T part[kernel_block];
+  const int t = static_cast<int>(threadIdx.x);
+  for (Idx row = static_cast<Idx>(blockIdx.x); row < rows; row += static_cast<Idx>(gridDim.x)) {
+    part[t] = row_partial<D, K>(e, g, row, inner, t, kernel_block);
+    __syncthreads();
+    for (int s = kernel_block / 2; s > 0; s >>= 1) {
+      if (t < s) part[t] = combine<K>(part[t], part[t + s]);
+      __syncthreads();
+    }
+    if (t == 0) y[row] = finish<K>(part[0], inner);
+    __syncthreads();
+  }
+}
+
+template <DType D, ReduceKind K, class P, int NS, class Idx>
+void launch_reduce(const P& prog, const Geometry<NS, Idx>& g, std::int64_t rows, std::int64_t inner, ctype_t<D>* y,
+                   Device dev, const std::source_location& loc) {
+  const cudaStream_t s = static_cast<cudaStream_t>(cuda::detail::stream(dev, "compile", loc));
+  const long long blocks = std::min<long long>(rows, 1 << 20);
+  reduce_kernel<D, K, P, NS, Idx><<<static_cast<unsigned>(blocks), kernel_block, 0, s>>>(
+      prog, g, static_cast<Idx>(rows), static_cast<Idx>(inner), y);
   cuda::detail::check(static_cast<int>(cudaGetLastError()), dev, "compile", loc);
 }
 #endif
@@ -380,10 +514,33 @@ Tensor fused_cuda(const E& e, const Slots<NS>& sl, const Used<NS>& used, const S
   R* y = static_cast<R*>(out.raw_data());
   // 32-bit indices where every offset fits (a slot has at most the output's elements)
   if (n <= std::numeric_limits<std::int32_t>::max())
-    gpu::launch<D>(prog, gpu::geometry<NS, std::int32_t>(sl, used, shape), y, dev, loc);
+    gpu::launch<D>(prog, gpu::geometry<std::int32_t>(sl, used, shape), y, dev, loc);
   else
-    gpu::launch<D>(prog, gpu::geometry<NS, std::int64_t>(sl, used, shape), y, dev, loc);
+    gpu::launch<D>(prog, gpu::geometry<std::int64_t>(sl, used, shape), y, dev, loc);
   return out;
+}
+
+/// The GPU counterpart of fused_reduce (eval.hpp): a reduction over trailing axes of a floating
+/// expression as one templated kernel, one block per output row.
+template <int NA, ReduceKind K, class A, unsigned DS>
+bool fused_reduce_cuda(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Tensor& out) {
+  return gpu::reduce_with<NA>(op, a, env, true,
+                              [&](auto dc, const auto& sl, const auto& used, const Shape& shape, std::int64_t inner,
+                                  const Shape& oshape, Device dev) {
+                                constexpr DType D = decltype(dc)::value;
+                                using L = gpu::lower<A, NA>;
+                                const typename L::type prog = L::make(a);
+                                const cuda::detail::ScopedCallSite site("compile", env.loc);
+                                out = detail::empty_tensor(oshape, D, dev, "compile", env.loc);
+                                auto* y = static_cast<ctype_t<D>*>(out.raw_data());
+                                const std::int64_t n = shape.numel(), rows = n / inner;
+                                if (n <= std::numeric_limits<std::int32_t>::max())
+                                  gpu::launch_reduce<D, K>(prog, gpu::geometry<std::int32_t>(sl, used, shape), rows, inner, y,
+                                                           dev, env.loc);
+                                else
+                                  gpu::launch_reduce<D, K>(prog, gpu::geometry<std::int64_t>(sl, used, shape), rows, inner, y,
+                                                           dev, env.loc);
+                              });
 }
 #endif
 

@@ -633,6 +633,35 @@ struct ReduceOp {
   }
 };
 
+/// Whether op reduces trailing axes of `shape` only (then: the elements per output, `inner`, and
+/// the output's shape); false also for an empty input or axes eager would refuse (it raises).
+template <ReduceKind K>
+bool trailing_reduction(const ReduceOp<K>& op, const Shape& shape, std::int64_t& inner, Shape& oshape) {
+  const int rank = shape.rank();
+  std::vector<char> reduced(static_cast<std::size_t>(rank), op.axes.empty() ? 1 : 0);
+  for (std::int64_t ax : op.axes) {
+    if (ax < -rank || ax >= rank) return false;  // eager raises it
+    reduced[static_cast<std::size_t>(ax < 0 ? ax + rank : ax)] = 1;
+  }
+  int first = rank;  // reduced axes must be the trailing ones
+  while (first > 0 && reduced[static_cast<std::size_t>(first - 1)]) --first;
+  for (int k = 0; k < first; ++k)
+    if (reduced[static_cast<std::size_t>(k)]) return false;
+  inner = 1;
+  for (int k = first; k < rank; ++k) inner *= shape[k];
+  if (inner == 0 || shape.numel() == 0) return false;
+  oshape = Shape{};
+  for (int k = 0; k < rank; ++k)
+    if (k < first) oshape.push_back(shape[k]);
+    else if (op.keepdims) oshape.push_back(1);
+  return true;
+}
+
+/// The GPU counterpart of fused_reduce: one templated CUDA kernel (staged/cuda_kernel.hpp,
+/// defined where nvcc compiles the file); false where it does not apply.
+template <int NA, ReduceKind K, class A, unsigned DS>
+bool fused_reduce_cuda(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Tensor& out);
+
 /// Reduces a floating expression over its trailing axes while evaluating it, in chunks whose
 /// partial results combine in a fixed order (the same figures on any thread count). False
 /// where this does not apply (the caller then evaluates the operand and reduces it).
@@ -644,25 +673,11 @@ bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Ten
   DType d{};
   Shape shape;
   if (!fusable<NS>(sl, used, d) || !is_floating(d) || !shape_of<NA>(a, env, sl, shape)) return false;
-  const int rank = shape.rank();
-  std::vector<char> reduced(static_cast<std::size_t>(rank), op.axes.empty() ? 1 : 0);
-  for (std::int64_t ax : op.axes) {
-    if (ax < -rank || ax >= rank) return false;  // eager raises it
-    reduced[static_cast<std::size_t>(ax < 0 ? ax + rank : ax)] = 1;
-  }
-  int first = rank;  // reduced axes must be the trailing ones
-  while (first > 0 && reduced[static_cast<std::size_t>(first - 1)]) --first;
-  for (int k = 0; k < first; ++k)
-    if (reduced[static_cast<std::size_t>(k)]) return false;
-  std::int64_t inner = 1;
-  for (int k = first; k < rank; ++k) inner *= shape[k];
-  const std::int64_t n = shape.numel();
-  if (inner == 0 || n == 0) return false;
-  if (layout_of<NS>(sl, used, n) == Layout::strided) return false;
+  std::int64_t inner = 0;
   Shape oshape;
-  for (int k = 0; k < rank; ++k)
-    if (k < first) oshape.push_back(shape[k]);
-    else if (op.keepdims) oshape.push_back(1);
+  if (!trailing_reduction(op, shape, inner, oshape)) return false;
+  const std::int64_t n = shape.numel();
+  if (layout_of<NS>(sl, used, n) == Layout::strided) return false;
   bool done = false;
   visit_floating(d, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -749,6 +764,9 @@ Tensor run(const E& e, const Env<NA, DS>& env) {
       if constexpr (!std::is_same_v<A, Leaf> && !requires { A::arg_index; } && !is_materializing<A>) {
         Tensor out;
         if (fused_reduce<NA>(e.m, a, env, out)) return out;
+        if constexpr ((DS & nvcc_kernels) != 0) {
+          if (fused_reduce_cuda<NA>(e.m, a, env, out)) return out;
+        }
       }
     }
     return materialize<NA>(e, env);
