@@ -355,32 +355,6 @@ ctype_t<D> reduce_row_on_host(const P& e, const Geometry<NS, Idx>& g, Idx row, I
   return finish<K>(part[0], inner);
 }
 
-/// A reduction K of expression a over trailing axes, where the slots are concrete tensors of one
-/// floating dtype on a GPU (cuda) or the CPU: calls run(D, slots, used, a's shape, inner, output
-/// shape, device) for the expression's dtype D; false where it does not apply.
-template <int NA, ReduceKind K, class A, unsigned DS, class Run>
-bool reduce_with(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, bool cuda, Run&& run) {
-  constexpr int NS = NA + A::slots;
-  const Slots<NS> sl = make_slots<NA>(a, env);
-  constexpr Used<NS> used = used_slots<NA, A>();
-  DType d{};
-  Device dev = Device::cpu();
-  Shape shape;
-  if (!fusable_on<NS>(sl, used, cuda, d, dev) || !is_floating(d) || !shape_of<NA>(a, env, sl, shape)) return false;
-  std::int64_t inner = 0;
-  Shape oshape;
-  if (!trailing_reduction(op, shape, inner, oshape)) return false;
-  bool done = false;
-  visit_floating(d, [&](auto tag) {
-    constexpr DType D = dtype_of<typename decltype(tag)::type>();
-    if constexpr (fuses(DS, D) && A::template valid<D>() && A::template dtype<D>() == D) {
-      run(std::integral_constant<DType, D>{}, sl, used, shape, inner, oshape, dev);
-      done = true;
-    }
-  });
-  return done;
-}
-
 /// A reduction at the root (sum, mean, max, min over trailing axes) computed on the host as the
 /// kernel does; an undefined Tensor where the kernel would not run.
 template <int NA, class M, class A, unsigned DS>
@@ -389,7 +363,7 @@ Tensor reduce_on_host(const Mat<M, A>& e, const Env<NA, DS>& env) {
   const A& a = std::get<0>(e.args);
   if constexpr (!std::is_same_v<A, Leaf> && !requires { A::arg_index; } && !is_materializing<A>) {
     constexpr ReduceKind K = M::kind;
-    reduce_with<NA>(e.m, a, env, false,
+    staging::reduce_with<NA>(e.m, a, env, false,
                     [&](auto dc, const auto& sl, const auto& used, const Shape& shape, std::int64_t inner,
                         const Shape& oshape, Device) {
                       constexpr DType D = decltype(dc)::value;
@@ -400,6 +374,7 @@ Tensor reduce_on_host(const Mat<M, A>& e, const Env<NA, DS>& env) {
                       auto* y = static_cast<ctype_t<D>*>(out.raw_data());
                       const std::int64_t rows = shape.numel() / inner;
                       for (std::int64_t r = 0; r < rows; ++r) y[r] = reduce_row_on_host<D, K>(prog, g, r, inner);
+                      return true;
                     });
   }
   return out;
@@ -524,7 +499,7 @@ Tensor fused_cuda(const E& e, const Slots<NS>& sl, const Used<NS>& used, const S
 /// expression as one templated kernel, one block per output row.
 template <int NA, ReduceKind K, class A, unsigned DS>
 bool fused_reduce_cuda(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Tensor& out) {
-  return gpu::reduce_with<NA>(op, a, env, true,
+  return staging::reduce_with<NA>(op, a, env, true,
                               [&](auto dc, const auto& sl, const auto& used, const Shape& shape, std::int64_t inner,
                                   const Shape& oshape, Device dev) {
                                 constexpr DType D = decltype(dc)::value;
@@ -540,6 +515,7 @@ bool fused_reduce_cuda(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env
                                 else
                                   gpu::launch_reduce<D, K>(prog, gpu::geometry<std::int64_t>(sl, used, shape), rows, inner, y,
                                                            dev, env.loc);
+                                return true;
                               });
 }
 #endif

@@ -662,27 +662,46 @@ bool trailing_reduction(const ReduceOp<K>& op, const Shape& shape, std::int64_t&
 template <int NA, ReduceKind K, class A, unsigned DS>
 bool fused_reduce_cuda(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Tensor& out);
 
+/// A reduction K of expression a over trailing axes, where the slots are concrete tensors of one
+/// floating dtype on a GPU (cuda) or the CPU: returns run(D, slots, used, a's shape, inner, output
+/// shape, device) for the expression's dtype D (run says whether it reduced); false where it does
+/// not apply. The CPU's fused_reduce, the GPU's kernel and its host emulation start here.
+template <int NA, ReduceKind K, class A, unsigned DS, class Run>
+bool reduce_with(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, bool cuda, Run&& run) {
+  constexpr int NS = NA + A::slots;
+  const Slots<NS> sl = make_slots<NA>(a, env);
+  constexpr Used<NS> used = used_slots<NA, A>();
+  DType d{};
+  Device dev = Device::cpu();
+  Shape shape;
+  if (!fusable_on<NS>(sl, used, cuda, d, dev) || !is_floating(d) || !shape_of<NA>(a, env, sl, shape)) return false;
+  std::int64_t inner = 0;
+  Shape oshape;
+  if (!trailing_reduction(op, shape, inner, oshape)) return false;
+  bool done = false;
+  visit_floating(d, [&](auto tag) {
+    constexpr DType D = dtype_of<typename decltype(tag)::type>();
+    if constexpr (fuses(DS, D) && A::template valid<D>() && A::template dtype<D>() == D)
+      done = run(std::integral_constant<DType, D>{}, sl, used, shape, inner, oshape, dev);
+  });
+  return done;
+}
+
 /// Reduces a floating expression over its trailing axes while evaluating it, in chunks whose
 /// partial results combine in a fixed order (the same figures on any thread count). False
 /// where this does not apply (the caller then evaluates the operand and reduces it).
 template <int NA, ReduceKind K, class A, unsigned DS>
 bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Tensor& out) {
   constexpr int NS = NA + A::slots;
-  const Slots<NS> sl = make_slots<NA>(a, env);
-  constexpr Used<NS> used = used_slots<NA, A>();
-  DType d{};
-  Shape shape;
-  if (!fusable<NS>(sl, used, d) || !is_floating(d) || !shape_of<NA>(a, env, sl, shape)) return false;
-  std::int64_t inner = 0;
-  Shape oshape;
-  if (!trailing_reduction(op, shape, inner, oshape)) return false;
-  const std::int64_t n = shape.numel();
-  if (layout_of<NS>(sl, used, n) == Layout::strided) return false;
-  bool done = false;
-  visit_floating(d, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    constexpr DType D = dtype_of<T>();
-    if constexpr (fuses(DS, D) && A::template valid<D>() && A::template uniform<D>() && A::template dtype<D>() == D) {
+  return reduce_with<NA>(op, a, env, false, [&](auto dc, const Slots<NS>& sl, const Used<NS>& used, const Shape& shape,
+                                                std::int64_t inner, const Shape& oshape, Device) {
+    constexpr DType D = decltype(dc)::value;
+    if constexpr (!A::template uniform<D>()) {
+      return false;
+    } else {
+      using T = ctype_t<D>;
+      const std::int64_t n = shape.numel();
+      if (layout_of<NS>(sl, used, n) == Layout::strided) return false;
       using L = SimdLane<T, false>;
       using B = xsimd::batch<T>;
       constexpr std::int64_t W = B::size;
@@ -734,10 +753,9 @@ bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Ten
         for (std::int64_t k = 1; k < per_row; ++k) s = combine(s, part[static_cast<std::size_t>(row * per_row + k)]);
         y[row] = K == ReduceKind::mean ? s / static_cast<T>(inner) : s;
       }
-      done = true;
+      return true;
     }
   });
-  return done;
 }
 
 template <class N>
