@@ -1,7 +1,7 @@
 // Trains an MLP or a CNN on Fashion-MNIST, eagerly or with a staged (traced) training step, with
 // checkpoints that resume exactly.
 //
-//   fashion_mnist [--model mlp|cnn] [--mode eager|staged] [--device cpu|cuda[:N]] [--epochs N]
+//   fashion_mnist [--model mlp|cnn] [--mode eager|staged|graph] [--device cpu|cuda[:N]] [--epochs N]
 //                 [--batch N] [--seed N] [--save PATH] [--resume PATH] [--data DIR] [--limit N] [--help]
 //
 // stdout: one line per epoch (epoch, mean training loss, test accuracy), then, last, exactly
@@ -47,7 +47,8 @@ struct Options {
 constexpr const char* usage_text =
     "usage: fashion_mnist [options]\n"
     "  --model mlp|cnn      model to train (default mlp)\n"
-    "  --mode eager|staged  how to run the training step (default eager)\n"
+    "  --mode eager|staged|graph  how to run the training step (default eager); graph: staged, and\n"
+    "                       on a GPU replayed as one CUDA graph per step\n"
     "  --device cpu|cuda[:N] where the weights live and the steps run (default cpu)\n"
     "  --epochs N           epochs to train in total (default 5)\n"
     "  --batch N            minibatch size (default 128)\n"
@@ -108,8 +109,8 @@ Options parse(int argc, char** argv) {
       if (value != "mlp" && value != "cnn") throw UsageError{"--model expects mlp or cnn, got '" + value + "'"};
       o.model = value;
     } else if (arg == "--mode") {
-      if (value != "eager" && value != "staged")
-        throw UsageError{"--mode expects eager or staged, got '" + value + "'"};
+      if (value != "eager" && value != "staged" && value != "graph")
+        throw UsageError{"--mode expects eager, staged or graph, got '" + value + "'"};
       o.mode = value;
     } else if (arg == "--device") {
       if (value == "cpu") {
@@ -244,7 +245,10 @@ int run(const Options& o, const sc::data::Dataset& data) {
   double accuracy = 0;
   // --mode staged: the same step, traced once per batch shape into one optimized graph (forward,
   // gradients and the Adam update), then replayed; evaluation is staged the same way.
-  const bool staged = o.mode == "staged";
+  // --mode graph: staged, and a step whose plan runs wholly on the GPU is captured as a CUDA graph
+  // on its second call, then replayed as one launch.
+  const bool staged = o.mode == "staged" || o.mode == "graph";
+  sc::cuda::set_graphs(o.mode == "graph");
   auto staged_step = sc::function(
       [&](sc::Tensor x, sc::Tensor y) { return fashion::train_step(model, opt, vars, x, y); }, "train_step");
   auto staged_predict = sc::function([&](sc::Tensor x) { return model(x); }, "predict");
@@ -257,6 +261,7 @@ int run(const Options& o, const sc::data::Dataset& data) {
                  static_cast<long long>(start), static_cast<long long>(o.epochs));
     accuracy = evaluate();
   }
+  sc::Tensor last_x, last_y;  // a batch of the last shape, to ask the step how it ran
   for (std::int64_t epoch = start; epoch < o.epochs; ++epoch) {
     batcher.start_epoch(epoch);
     Progress progress(epoch + 1, o.epochs, batcher.batches_per_epoch());
@@ -266,6 +271,7 @@ int run(const Options& o, const sc::data::Dataset& data) {
     while (auto b = batcher.next()) {
       const sc::Tensor loss = staged ? staged_step(b->x, b->y) : fashion::train_step(model, opt, vars, b->x, b->y);
       const std::int64_t len = b->x.shape()[0];
+      last_x = b->x, last_y = b->y;
       loss_sum += loss.item<double>() * double(len);
       seen += len;
       ++done;
@@ -287,6 +293,10 @@ int run(const Options& o, const sc::data::Dataset& data) {
   }
   const double eps = train_secs > 0 ? double(trained) / train_secs : 0.0;
   if (staged) std::fprintf(stderr, "staged: the training step was traced %d time(s)\n", staged_step.trace_count());
+  if (o.mode == "graph" && last_x.defined()) {
+    const std::string g = staged_step.get_concrete(last_x, last_y).stats().plan.cuda_graph;
+    std::fprintf(stderr, "cuda graph: %s\n", g.empty() ? "none (the step runs on the CPU)" : g.c_str());
+  }
   std::printf("test_accuracy=%.4f examples_per_sec=%lld\n", accuracy, static_cast<long long>(eps + 0.5));
   return 0;
 }

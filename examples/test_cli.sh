@@ -20,7 +20,7 @@ expect 0 '^usage: fashion_mnist' --help
 expect 2 "unknown option '--bogus'" --bogus
 expect 2 "unknown option 'stray'" stray
 expect 2 '--model expects mlp or cnn' --model rnn
-expect 2 '--mode expects eager or staged' --mode=fast
+expect 2 '--mode expects eager, staged or graph' --mode=fast
 expect 2 '--epochs expects an integer >= 1' --epochs 0
 expect 2 '--epochs expects a non-negative integer' --epochs 3x
 expect 2 '--batch expects a non-negative integer' --batch -5

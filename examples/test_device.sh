@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CTest (label cuda): --device cuda trains like the CPU (same per-epoch losses to float tolerance,
-# same accuracy within a point), for the MLP and the CNN, eager and staged.
+# same accuracy within a point), for the MLP and the CNN, eager, staged and staged as a CUDA graph
+# (which must then say that it replayed).
 # usage: test_device.sh <fashion_mnist binary> <data dir>; exits 77 (skip) without data or a GPU.
 set -euo pipefail
 bin=$1 data=$2
@@ -13,13 +14,19 @@ if out=$("$bin" --device cuda --data /nonexistent 2>&1); [[ $out == *"cannot use
   exit 77
 fi
 field() { grep -o "$1=[0-9.]*" | cut -d= -f2; }
+err_log=$(mktemp)
+trap 'rm -f "$err_log"' EXIT
 for model in mlp cnn; do
-  for mode in eager staged; do
+  for mode in eager staged graph; do
     common=(--data "$data" --model "$model" --mode "$mode" --limit 3000 --batch 64 --seed 5 --epochs 2)
     cpu=$("$bin" "${common[@]}" 2>/dev/null)
-    gpu=$("$bin" "${common[@]}" --device cuda 2>/dev/null)
+    gpu=$("$bin" "${common[@]}" --device cuda 2>"$err_log")
     echo "$model $mode cpu:"; echo "$cpu"
     echo "$model $mode cuda:"; echo "$gpu"
+    if [[ $mode == graph ]]; then
+      grep "cuda graph:" "$err_log" || true
+      grep -q "cuda graph: replaying" "$err_log" || { echo "FAIL: the staged step did not replay as a CUDA graph"; exit 1; }
+    fi
     paste <(echo "$cpu" | grep '^epoch' | field loss) <(echo "$gpu" | grep '^epoch' | field loss) |
       awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 2e-3 * (1 + $1)) { print "FAIL: losses differ: " $1 " vs " $2; bad = 1 } }
            END { exit bad }'

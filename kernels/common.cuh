@@ -63,6 +63,10 @@ __device__ inline std::int64_t strided_offset(int rank, const std::int64_t* shap
 /// Called after launching a kernel that can write the current device's fault record: the next
 /// wait for that device reads it (kernels/runtime.cu).
 void arm_fault_check();
+/// Arms the next wait for `device` to read its fault record (a graph launch whose body can write it).
+void arm_fault_check(int device);
+/// The device's own stream (never a capture's), made current; created on first use.
+Status main_stream(int device, cudaStream_t* out);
 
 /// Records a bad index in the device's fault record: the first launch to find one wins (the
 /// record keeps its tag, the index and the axis extent); the kernel goes on without it.

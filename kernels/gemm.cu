@@ -20,17 +20,21 @@ Status from_cublas(cublasStatus_t s) {
   }
 }
 
-/// The device's handle, created on first use and bound to `s` at every call.
+constexpr int max_devices = 64;
+
+/// Held from binding a device's handle to a stream until its calls are queued: another thread's
+/// binding in between would send them to its stream (a graph's capture stream, or the device's).
+std::mutex& handle_mutex(int device) {
+  static std::mutex mu[max_devices];
+  return mu[device];
+}
+
+/// The device's handle, created on first use and bound to `s` at every call; the caller holds
+/// handle_mutex(device).
 Status handle_for(int device, cudaStream_t s, cublasHandle_t* out) {
-  constexpr int max_devices = 64;
   static cublasHandle_t handles[max_devices] = {};
-  static std::mutex mu;
-  if (device < 0 || device >= max_devices) return cudaErrorInvalidDevice;
-  {
-    const std::lock_guard<std::mutex> lock(mu);
-    if (!handles[device])
-      if (const Status st = from_cublas(cublasCreate(&handles[device]))) return st;
-  }
+  if (!handles[device])
+    if (const Status st = from_cublas(cublasCreate(&handles[device]))) return st;
   *out = handles[device];
   return from_cublas(cublasSetStream(*out, s));
 }
@@ -99,6 +103,8 @@ Status gemm(DT dt, const void* a, const void* b, void* c, const GemmArgs& g, int
                                   static_cast<std::int64_t*>(c), g, st);
     default: break;
   }
+  if (device < 0 || device >= max_devices) return cudaErrorInvalidDevice;
+  const std::lock_guard<std::mutex> lock(handle_mutex(device));
   cublasHandle_t h = nullptr;
   if (const Status e = handle_for(device, st, &h)) return e;
   if (dt == DT::f32)

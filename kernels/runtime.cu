@@ -24,6 +24,7 @@ constexpr std::size_t max_staged = std::size_t{16} << 20;
 struct DeviceState {
   std::mutex mu;
   cudaStream_t stream = nullptr;
+  cudaStream_t capture = nullptr;  // where this device's graphs are captured (capture_begin)
   std::vector<Pinned> pinned;  // host-to-device staging buffers, reused once their copy ended
   abi::Fault* fault = nullptr;    // the fault record kernels write (device memory)
   abi::Fault found;               // what the last check read from it, until take_fault
@@ -37,6 +38,12 @@ DeviceState& state(int device) {
 Status check_device(int device) {
   return device < 0 || device >= max_devices ? cudaErrorInvalidDevice : cudaSuccess;
 }
+
+/// This thread's capture: the device it captures on (-1: none), its capture stream, and whether
+/// a launch that can write the fault record was recorded.
+thread_local int capture_device = -1;
+thread_local cudaStream_t capture_stream = nullptr;
+thread_local bool capture_armed = false;
 
 /// A free staging buffer of at least n bytes (allocated when none is free); the caller holds mu.
 Status staging(DeviceState& d, std::size_t n, Pinned** out) {
@@ -63,7 +70,24 @@ Status staging(DeviceState& d, std::size_t n, Pinned** out) {
 
 void arm_fault_check() {
   int device = 0;
-  if (cudaGetDevice(&device) == cudaSuccess && device >= 0 && device < max_devices) state(device).armed.store(true);
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= max_devices) return;
+  if (device == capture_device) capture_armed = true;  // recorded, not run: the graph's launches arm it
+  else state(device).armed.store(true);
+}
+
+void arm_fault_check(int device) {
+  if (device >= 0 && device < max_devices) state(device).armed.store(true);
+}
+
+Status main_stream(int device, cudaStream_t* out) {
+  if (const Status e = check_device(device)) return e;
+  if (const auto e = cudaSetDevice(device)) return e;
+  DeviceState& d = state(device);
+  const std::lock_guard<std::mutex> lock(d.mu);
+  if (!d.stream)
+    if (const auto e = cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking)) return e;
+  *out = d.stream;
+  return cudaSuccess;
 }
 
 namespace {
@@ -103,13 +127,54 @@ const char* error_string(Status s) noexcept { return cudaGetErrorString(static_c
 bool is_out_of_memory(Status s) noexcept { return s == cudaErrorMemoryAllocation; }
 
 Status stream(int device, Stream* out) noexcept {
-  if (const Status e = check_device(device)) return e;
-  if (const auto e = cudaSetDevice(device)) return e;
+  if (device >= 0 && device == capture_device) {
+    if (const auto e = cudaSetDevice(device)) return e;
+    *out = capture_stream;
+    return cudaSuccess;
+  }
+  cudaStream_t s = nullptr;
+  if (const Status e = main_stream(device, &s)) return e;
+  *out = s;
+  return cudaSuccess;
+}
+
+Status capture_begin(int device) noexcept {
+  if (capture_device >= 0) return cudaErrorStreamCaptureUnsupported;  // one capture per thread
+  cudaStream_t own = nullptr;  // made first: the graph launches there
+  if (const Status e = main_stream(device, &own)) return e;
   DeviceState& d = state(device);
-  const std::lock_guard<std::mutex> lock(d.mu);
-  if (!d.stream)
-    if (const auto e = cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking)) return e;
-  *out = d.stream;
+  cudaStream_t cap = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(d.mu);
+    if (!d.capture)
+      if (const auto e = cudaStreamCreateWithFlags(&d.capture, cudaStreamNonBlocking)) return e;
+    cap = d.capture;
+  }
+  // Relaxed: other threads go on using the device (their launches are not on this stream), and
+  // the allocator may take memory ordered on the main stream meanwhile.
+  if (const auto e = cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed)) return e;
+  capture_device = device;
+  capture_stream = cap;
+  capture_armed = false;
+  return cudaSuccess;
+}
+
+Status capture_end(int device, GraphBody* body, bool* armed) noexcept {
+  *body = nullptr;
+  *armed = false;
+  if (device != capture_device) return cudaErrorStreamCaptureUnmatched;
+  cudaGraph_t g = nullptr;
+  const auto e = cudaStreamEndCapture(capture_stream, &g);
+  capture_device = -1;
+  capture_stream = nullptr;
+  *armed = capture_armed;
+  capture_armed = false;
+  if (e != cudaSuccess || g == nullptr) {
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();  // a spoilt capture is not an error of later launches
+    return e != cudaSuccess ? e : cudaErrorStreamCaptureInvalidated;
+  }
+  *body = g;
   return cudaSuccess;
 }
 
@@ -121,15 +186,15 @@ Status synchronize(int device) noexcept {
 }
 
 Status fault_record(int device, Fault** out) noexcept {
-  Stream s = nullptr;
-  if (const Status e = stream(device, &s)) return e;
+  cudaStream_t s = nullptr;
+  if (const Status e = main_stream(device, &s)) return e;
   DeviceState& d = state(device);
   {
     const std::lock_guard<std::mutex> lock(d.mu);
     if (!d.fault) {
       void* p = nullptr;
       if (const auto e = cudaMalloc(&p, sizeof(Fault))) return e;
-      if (const auto e = cudaMemsetAsync(p, 0, sizeof(Fault), static_cast<cudaStream_t>(s))) {
+      if (const auto e = cudaMemsetAsync(p, 0, sizeof(Fault), s)) {
         cudaFree(p);
         return e;
       }
@@ -151,18 +216,20 @@ Status take_fault(int device, Fault* out) noexcept {
 
 Status last_error() noexcept { return cudaGetLastError(); }
 
+// Memory is always ordered on the main stream, also while this thread captures: a block handed to
+// a capture is then valid whenever the graph runs (on the main stream, after the allocation).
 Status malloc_async(int device, std::size_t n, void** p) noexcept {
-  Stream s = nullptr;
-  if (const Status e = stream(device, &s)) return e;
-  const auto e = cudaMallocAsync(p, n, static_cast<cudaStream_t>(s));
+  cudaStream_t s = nullptr;
+  if (const Status e = main_stream(device, &s)) return e;
+  const auto e = cudaMallocAsync(p, n, s);
   if (e == cudaErrorMemoryAllocation) cudaGetLastError();  // not sticky: the caller retries
   return e;
 }
 
 Status free_async(int device, void* p) noexcept {
-  Stream s = nullptr;
-  if (const Status e = stream(device, &s)) return e;
-  return cudaFreeAsync(p, static_cast<cudaStream_t>(s));
+  cudaStream_t s = nullptr;
+  if (const Status e = main_stream(device, &s)) return e;
+  return cudaFreeAsync(p, s);
 }
 
 Status trim_pool(int device) noexcept {

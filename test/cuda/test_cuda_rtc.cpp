@@ -2,6 +2,7 @@
 // dtype compiles under NVRTC (sm_90), broadcast indices, compile errors with NVRTC's log, and
 // traced graphs moved onto a GPU lowering to one generated kernel per group with buffers there.
 #include "testing.hpp"
+#include "graph_testing.hpp"
 
 #include <stagecraft/graph/cuda_fused.hpp>
 #include <stagecraft/graph/plan.hpp>
@@ -34,16 +35,7 @@ FusedProgram every_op(sc::DType d) {
   return p;
 }
 
-sc::graph::Graph trace(const std::vector<sc::TensorSpec>& specs, const std::function<Tensors(const Tensors&)>& f) {
-  sc::graph::GraphBuilder b("f");
-  {
-    sc::graph::TraceScope s(b);
-    Tensors xs;
-    for (const sc::TensorSpec& sp : specs) xs.push_back(b.add_input(sp, sc::Device::cpu()));
-    b.set_outputs(f(xs), std::source_location::current());
-  }
-  return b.graph;
-}
+using sctest::trace;
 
 }  // namespace
 

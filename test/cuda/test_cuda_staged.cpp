@@ -26,6 +26,18 @@ void check_bits(const sc::Tensor& a, const sc::Tensor& b) {
   }
 }
 
+/// One SGD step (rate 0.1) of a linear model on mean squared error; returns the loss and
+/// relu(prediction) * 2.
+std::tuple<sc::Tensor, sc::Tensor> sgd_step(sc::Variable& w, sc::Variable& b, const sc::Tensor& x, const sc::Tensor& y) {
+  sc::GradientTape tape;
+  const sc::Tensor p = sc::matmul(x, w) + b;
+  const sc::Tensor loss = sc::mean(sc::square(p - y));
+  std::vector<sc::Variable> vars{w, b};
+  const auto g = tape.gradient(loss, vars);
+  for (std::size_t i = 0; i < vars.size(); ++i) vars[i].assign_sub(g[i] * 0.1f);
+  return {loss, sc::relu(p) * 2.f};
+}
+
 }  // namespace
 
 TEST_CASE("cuda staged: a traced function runs on the GPU, fused, equal to the CPU and to eager", "[cuda][staged]") {
@@ -65,17 +77,8 @@ TEST_CASE("cuda staged: integer and double programs equal the CPU exactly", "[cu
 TEST_CASE("cuda staged: an SGD step traced on the GPU updates GPU variables as the CPU's", "[cuda][staged]") {
   sc::Variable wc(values({8, 4}, sc::f32, 5), "w"), bc(values({4}, sc::f32, 6), "b");
   sc::Variable wg(wc.value().to(gpu), "w"), bg(bc.value().to(gpu), "b");
-  auto step = [](sc::Variable& w, sc::Variable& b, const sc::Tensor& x, const sc::Tensor& y) {
-    sc::GradientTape tape;
-    const sc::Tensor p = sc::matmul(x, w) + b;
-    const sc::Tensor loss = sc::mean(sc::square(p - y));
-    std::vector<sc::Variable> vars{w, b};
-    const auto g = tape.gradient(loss, vars);
-    for (std::size_t i = 0; i < vars.size(); ++i) vars[i].assign_sub(g[i] * 0.1f);
-    return loss;
-  };
-  auto on_cpu = sc::function([&](sc::Tensor x, sc::Tensor y) { return step(wc, bc, x, y); });
-  auto on_gpu = sc::function([&](sc::Tensor x, sc::Tensor y) { return step(wg, bg, x, y); });
+  auto on_cpu = sc::function([&](sc::Tensor x, sc::Tensor y) { return std::get<0>(sgd_step(wc, bc, x, y)); });
+  auto on_gpu = sc::function([&](sc::Tensor x, sc::Tensor y) { return std::get<0>(sgd_step(wg, bg, x, y)); });
   const sc::Tensor x = values({16, 8}, sc::f32, 7), y = values({16, 4}, sc::f32, 8);
   const sc::Tensor xg = x.to(gpu), yg = y.to(gpu);
   for (int it = 0; it < 3; ++it) {
@@ -168,4 +171,87 @@ TEST_CASE("cuda staged: 16-byte and one-element generated kernels give the same 
       check_same(v, body(x.to(sc::Device::cpu()), c.to(sc::Device::cpu())), 1e-5);
     }
   }
+}
+
+// ---- CUDA graphs ----------------------------------------------------------------------------
+
+namespace {
+/// Turns CUDA graphs on for a scope, and back to what they were.
+struct GraphsOn {
+  bool was = sc::cuda::graphs_enabled();
+  GraphsOn() { sc::cuda::set_graphs(true); }
+  ~GraphsOn() { sc::cuda::set_graphs(was); }
+};
+}  // namespace
+
+TEST_CASE("cuda graphs: a traced training step replays as one CUDA graph, equal to kernel by kernel", "[cuda][staged][graph]") {
+  // The same variables twice: one copy stepped kernel by kernel, one by the replayed graph.
+  sc::Variable w1(values({8, 4}, sc::f32, 21).to(gpu), "w"), b1(values({4}, sc::f32, 22).to(gpu), "b");
+  sc::Variable w2(w1.value(), "w"), b2(b1.value(), "b");
+  auto plain = sc::function([&](sc::Tensor x, sc::Tensor y) { return sgd_step(w1, b1, x, y); });
+  auto graphed = sc::function([&](sc::Tensor x, sc::Tensor y) { return sgd_step(w2, b2, x, y); });
+  std::vector<sc::Tensor> plain_out, graph_out;
+  for (int it = 0; it < 6; ++it) {
+    // New inputs at every call: the graph's copy nodes must read this call's tensors.
+    const sc::Tensor x = values({16, 8}, sc::f32, 30 + it).to(gpu), y = values({16, 4}, sc::f32, 40 + it).to(gpu);
+    sc::cuda::set_graphs(false);
+    const auto [l1, p1] = plain(x, y);
+    const GraphsOn on;
+    const auto [l2, p2] = graphed(x, y);
+    plain_out.insert(plain_out.end(), {l1, p1});
+    graph_out.insert(graph_out.end(), {l2, p2});
+  }
+  // Every call's results are its own (later launches wrote into new tensors).
+  for (std::size_t i = 0; i < plain_out.size(); ++i) {
+    INFO("result " << i);
+    check_same(graph_out[i], plain_out[i].to(sc::Device::cpu()), 1e-6);
+  }
+  check_same(w2.value(), w1.value().to(sc::Device::cpu()), 1e-6);
+  check_same(b2.value(), b1.value().to(sc::Device::cpu()), 1e-6);
+  const sc::Tensor x0 = values({16, 8}, sc::f32, 30).to(gpu), y0 = values({16, 4}, sc::f32, 40).to(gpu);
+  const auto st = graphed.get_concrete(x0, y0).stats();
+  INFO(st);
+  // The first call warms up, the second captures and launches: five launches in all.
+  CHECK(st.plan.cuda_graph == "replaying (5 launches)");
+  CHECK(plain.get_concrete(x0, y0).stats().plan.cuda_graph.rfind("off", 0) == 0);
+}
+
+TEST_CASE("cuda graphs: a variable assigned between calls is read afresh by the graph", "[cuda][staged][graph]") {
+  const GraphsOn on;
+  sc::Variable v(sc::full({5}, 1.f).to(gpu), "v");
+  auto f = sc::function([&](sc::Tensor x) { return sc::exp(v * x) + v; });
+  const sc::Tensor x = values({5}, sc::f32, 50).to(gpu);
+  for (int it = 0; it < 4; ++it) {
+    v.assign(sc::full({5}, 0.5f * static_cast<float>(it)).to(gpu));
+    const sc::Tensor want = sc::exp(v.value() * x) + v.value();  // eager, on the GPU
+    check_same(f(x), want.to(sc::Device::cpu()), 1e-6);
+  }
+  CHECK(f.get_concrete(x).stats().plan.cuda_graph == "replaying (3 launches)");
+  // A new shape is a new trace (its own plan and graph); a wrong shape of the variable is the
+  // plan's StagingError, as without graphs.
+  v.assign(sc::full({6}, 1.f).to(gpu));
+  CHECK_THROWS_AS(f(x), sc::StagingError);
+}
+
+TEST_CASE("cuda graphs: random numbers drawn in a replayed graph follow each call's state", "[cuda][staged][graph]") {
+  // The Philox state is device memory the kernel reads when it runs, so a replay draws from the
+  // state of its own call.
+  auto draw = [](sc::Tensor x, sc::Tensor state) {
+    return x + sc::detail::random_uniform(state, {64}, 0.0, 1.0, sc::f32, std::source_location::current());
+  };
+  auto plain = sc::function(draw);
+  auto graphed = sc::function(draw);
+  const sc::Tensor x = sc::zeros({64}).to(gpu);
+  std::vector<sc::Tensor> a, b;
+  for (int i = 0; i < 4; ++i) {
+    const sc::Tensor state = sc::detail::random_state(7, static_cast<std::uint64_t>(i) * 100).to(gpu);
+    sc::cuda::set_graphs(false);
+    a.push_back(plain(x, state));
+    const GraphsOn on;
+    b.push_back(graphed(x, state));
+  }
+  for (int i = 0; i < 4; ++i) check_same(b[i], a[i].to(sc::Device::cpu()), 0.0);
+  CHECK(a[2].to_vector<float>() != a[3].to_vector<float>());  // different states, different numbers
+  const sc::Tensor s0 = sc::detail::random_state(7).to(gpu);
+  CHECK(graphed.get_concrete(x, s0).stats().plan.cuda_graph == "replaying (3 launches)");
 }

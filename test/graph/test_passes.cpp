@@ -1,6 +1,7 @@
 // Tests of the graph passes (simplify, fold, cse, dce, the pipeline) and the verifier: printed
 // graphs, node counts, the verifier on every result and on broken graphs, and equal results.
 #include <catch2/catch.hpp>
+#include "graph_testing.hpp"
 #include <stagecraft/core/creation.hpp>
 #include <stagecraft/fwd.hpp>
 #include <stagecraft/graph/passes/pipeline.hpp>
@@ -25,17 +26,7 @@ using sc::graph::NodeKind;
 using Tensors = std::vector<sc::Tensor>;
 using Fn = std::function<Tensors(const Tensors&)>;
 
-/// f traced on symbolic arguments of the given specs.
-Graph trace(const std::vector<sc::TensorSpec>& specs, const Fn& f, std::string name = "f") {
-  sc::graph::GraphBuilder b(std::move(name));
-  {
-    sc::graph::TraceScope s(b);
-    Tensors xs;
-    for (const sc::TensorSpec& sp : specs) xs.push_back(b.add_input(sp, sc::Device::cpu()));
-    b.set_outputs(f(xs), std::source_location::current());
-  }
-  return b.graph;
-}
+using sctest::trace;
 
 /// Nodes of g (top level) printed with this name ("exp", "const", "read_var").
 int count(const Graph& g, std::string_view name) {

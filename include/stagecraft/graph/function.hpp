@@ -41,6 +41,7 @@ struct FunctionStats {
        << " fused groups (" << plan.fused_nodes << " nodes)\n"
        << "memory: " << plan.peak_bytes << " bytes planned in " << plan.buffers << " buffers (intermediates: "
        << plan.intermediate_bytes << " bytes)\n";
+    if (!plan.cuda_graph.empty()) os << "cuda graph: " << plan.cuda_graph << "\n";
     return os.str();
   }
 };
@@ -89,7 +90,11 @@ class ConcreteFunction {
   /// The graph as traced, before the passes.
   const graph::Graph& traced_graph() const { return *impl_->traced; }
   const graph::Plan& plan() const { return *impl_->plan; }
-  FunctionStats stats() const { return impl_->stats; }
+  FunctionStats stats() const {
+    FunctionStats s = impl_->stats;
+    s.plan.cuda_graph = impl_->plan->cuda_graph_status();
+    return s;
+  }
   /// What each argument must be.
   std::vector<TensorSpec> input_specs() const {
     std::vector<TensorSpec> s;

@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "../backend/cuda/allocator.hpp"
+#include "../backend/cuda/graph.hpp"
 #include "cuda_fused.hpp"
 #include "fused_kernel.hpp"
 #include "ir.hpp"
@@ -28,6 +31,8 @@ struct PlanStats {
   std::int64_t peak_bytes = 0;        ///< planned buffer memory (with reuse)
   std::int64_t intermediate_bytes = 0;  ///< every intermediate in its own buffer
   int buffers = 0;                    ///< planned buffers
+  /// CUDA-graph replay: Plan::cuda_graph_status() when the stats were taken.
+  std::string cuda_graph;
 };
 
 class Plan;
@@ -67,8 +72,16 @@ class Plan {
   const FusionGroups& fusion() const { return groups_; }
 
   /// Runs the graph on args (already checked against the graph's inputs); returns its outputs
-  /// (new handles: they stay valid whatever later runs do).
+  /// (new handles: they stay valid whatever later runs do). With CUDA graphs on
+  /// (cuda::graphs_enabled()), a plan that runs wholly on one GPU is captured on its second run and
+  /// replayed from then on.
   std::vector<Tensor> run(std::span<const Tensor> args) const;
+
+  /// Why this plan cannot be replayed as a CUDA graph ("" when it can).
+  const std::string& cuda_graph_obstacle() const { return graph_obstacle_; }
+  /// What became of CUDA-graph replay: "no (<why>)", "off (...)", "not captured yet", "replaying
+  /// (N launches)" or "capture failed (<why>): runs kernel by kernel"; "" for a plan on the CPU.
+  std::string cuda_graph_status() const;
 
  private:
   using Step = detail_plan::Step;
@@ -80,7 +93,16 @@ class Plan {
     std::vector<std::vector<Tensor>> outs;  ///< per fused step: its outputs
     std::vector<std::vector<Tensor>> head_ins;  ///< per fused step with a matmul head: its inputs
     std::vector<stagecraft::detail::Ref<stagecraft::detail::Storage>> buffers;
+    bool capture = false;  ///< a CUDA graph's capture: storage is fixed, variables are copied in and out
   };
+  struct GraphRun;
+  struct GraphCall;
+
+  GraphCall graph_call(GraphRun& gr, std::span<const Tensor> args) const;
+  std::optional<std::vector<Tensor>> run_graph(std::span<const Tensor> args) const;
+  std::shared_ptr<GraphRun> capture(std::span<const Tensor> args) const;
+  std::vector<Tensor> launch(GraphRun& gr, std::span<const Tensor> args) const;
+  std::string find_graph_obstacle(int& device) const;
 
   void lower(bool fuse);
   void add_step(Step s) { steps_.push_back(std::move(s)); }
@@ -95,6 +117,14 @@ class Plan {
   PlanStats stats_;
   mutable std::mutex mu_;
   mutable std::vector<std::unique_ptr<RunState>> free_;
+  // CUDA graph replay (see run_graph).
+  std::string graph_obstacle_;
+  int graph_device_ = -1;
+  mutable std::mutex graph_mu_;
+  mutable std::shared_ptr<GraphRun> graph_;
+  mutable int graph_runs_ = 0;        ///< runs that could have been replayed
+  mutable std::int64_t graph_launches_ = 0;
+  mutable std::string graph_failure_;  ///< why the capture failed (then never tried again)
 };
 
 inline void Plan::lower(bool fuse) {
@@ -191,6 +221,7 @@ inline void Plan::lower(bool fuse) {
   stats_.peak_bytes = mem_.total_bytes();
   stats_.intermediate_bytes = g.intermediate_bytes();
   stats_.buffers = static_cast<int>(mem_.buffer_bytes.size());
+  graph_obstacle_ = find_graph_obstacle(graph_device_);
 }
 
 inline std::unique_ptr<Plan::RunState> Plan::make_state() const {
@@ -271,9 +302,20 @@ inline Tensor detach(const Tensor& slot) {
   return Tensor(stagecraft::detail::Ref<stagecraft::detail::TensorImpl>::adopt(impl));
 }
 inline void rebind(const Tensor& slot, const Tensor& src) { slot.impl()->storage = src.impl()->storage; }
+/// A new tensor of slot's shape, dtype and device with storage of its own (contents unset).
+inline Tensor new_like(const Tensor& slot) {
+  auto* impl = new stagecraft::detail::TensorImpl();
+  impl->shape = slot.shape();
+  impl->dtype = slot.dtype();
+  impl->device = slot.device();
+  impl->storage = stagecraft::detail::Storage::allocate(slot.nbytes(), slot.device());
+  return Tensor(stagecraft::detail::Ref<stagecraft::detail::TensorImpl>::adopt(impl));
+}
 }  // namespace detail_plan
 
 inline std::vector<Tensor> Plan::run(std::span<const Tensor> args) const {
+  if (SC_UNLIKELY(graph_device_ >= 0) && graph_obstacle_.empty() && cuda::graphs_enabled())
+    if (auto out = run_graph(args)) return std::move(*out);
   std::unique_ptr<RunState> st;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -347,7 +389,7 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
   const Graph& g = *g_;
   const Node& n = g.nodes[s.node];
   auto fresh = [&](int v) {
-    if (mem_.buffer_of[v] < 0) {
+    if (mem_.buffer_of[v] < 0 && !st.capture) {
       const Tensor& t = st.vals[v];
       t.impl()->storage = stagecraft::detail::Storage::allocate(t.nbytes(), t.device());
     }
@@ -391,6 +433,7 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
     }
     case StepKind::view: detail_plan::rebind(st.vals[s.out[0]], st.vals[s.in[0]]); break;
     case StepKind::read_var: {
+      if (st.capture) break;  // the graph copies the value in at each launch
       std::lock_guard<std::mutex> lock(n.var->mu);
       if (SC_UNLIKELY(n.var->value.shape() != g.values[s.out[0]].shape || n.var->value.dtype() != g.values[s.out[0]].dtype))
         stagecraft::detail::fail_at<StagingError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name, "' changed shape or dtype since it was traced");
@@ -398,6 +441,7 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
       break;
     }
     case StepKind::assign_var: {
+      if (st.capture) break;  // assigned after each launch, from the value copied out
       Tensor v = detail_plan::detach(st.vals[s.in[0]]);
       n.var->set(v);  // swaps the handle under the variable's lock
       break;
@@ -438,6 +482,235 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
       break;
     }
   }
+}
+
+// ---- CUDA graph replay ---------------------------------------------------------------------
+//
+// A plan that runs wholly on one GPU (its kernels and fused groups there, no host function, no
+// control flow, no CPU value) runs kernel by kernel on its first call; the second call captures
+// its launches into a CUDA graph over storage the graph owns, and every call from then on is one
+// graph launch: copy nodes bring the arguments and the variables' current values in, the captured
+// kernels run, copy nodes carry the results and the assigned values out into new tensors. The
+// host does not wait; the results are ready in stream order like any kernel's.
+
+/// The captured graph of a plan and the storage its kernels were captured over.
+struct Plan::GraphRun {
+  struct In {
+    int value = -1;  ///< the graph value it fills
+    int arg = -1;    ///< an argument's index, or -1: a variable read
+    int node = -1;   ///< read_var node
+  };
+  std::unique_ptr<RunState> st;  ///< every value at a fixed address
+  cuda::detail::CaptureHold hold;
+  cuda::abi::GraphExec exec = nullptr;
+  bool armed = false;
+  std::vector<In> ins;    ///< copied in at each launch (values of 0 bytes left out)
+  std::vector<int> outs;  ///< values copied out (escaping, not constant, not empty), each once
+  GraphRun() = default;
+  GraphRun(const GraphRun&) = delete;
+  GraphRun& operator=(const GraphRun&) = delete;
+  ~GraphRun() {
+#if defined(STAGECRAFT_WITH_CUDA)
+    cuda::abi::graph_destroy(exec);  // a launch in flight finishes first
+#endif
+    st.reset();
+    cuda::detail::release_hold(hold);
+  }
+};
+
+inline std::string Plan::find_graph_obstacle(int& device) const {
+  device = -1;
+  const Graph& g = *g_;
+  if (std::none_of(g.values.begin(), g.values.end(), [](const Value& v) { return v.device.is_cuda(); }))
+    return "it runs on the CPU";
+  for (const Value& v : g.values) {
+    if (!v.device.is_cuda()) return "it holds " + v.device.str() + " values";
+    if (device >= 0 && v.device.index() != device) return "it spans several GPUs";
+    device = v.device.index();
+  }
+  if (device < 0) return "it has no values";
+  bool kernels = false;
+  std::vector<const stagecraft::detail::VariableState*> assigned;
+  for (const Step& s : steps_) {
+    const Node& n = g.nodes[s.node];
+    switch (s.kind) {
+      case StepKind::kernel:
+        if (s.fns->cuda == nullptr) return std::string("[") + std::string(ops::op_info(n.op).name) + "] has no CUDA kernel";
+        kernels = true;
+        break;
+      case StepKind::fused:
+        if (s.head_fns != nullptr) return "a fused group has a matmul head";
+        kernels = true;
+        break;
+      case StepKind::view: break;
+      case StepKind::read_var:
+        if (std::find(assigned.begin(), assigned.end(), n.var.get()) != assigned.end())
+          return "it reads variable '" + n.var->name + "' after assigning it";
+        break;
+      case StepKind::assign_var: assigned.push_back(n.var.get()); break;
+      case StepKind::host_fn: return "it calls a host function";
+      case StepKind::cond: return "it has a cond (each branch's plan can be a graph)";
+      case StepKind::while_loop: return "it has a while_loop (its body's plan can be a graph)";
+    }
+  }
+  if (!kernels) return "it launches no kernel";
+  return "";
+}
+
+inline std::string Plan::cuda_graph_status() const {
+  if (graph_obstacle_ == "it runs on the CPU") return "";  // nothing to say
+  if (!graph_obstacle_.empty()) return "no (" + graph_obstacle_ + ")";
+  std::lock_guard<std::mutex> lock(graph_mu_);
+  if (!graph_failure_.empty()) return "capture failed (" + graph_failure_ + "): runs kernel by kernel";
+  if (graph_) return "replaying (" + std::to_string(graph_launches_) + " launches)";
+  return cuda::graphs_enabled() ? "not captured yet" : "off (cuda::set_graphs(true) turns it on)";
+}
+
+inline std::optional<std::vector<Tensor>> Plan::run_graph(std::span<const Tensor> args) const {
+#if defined(STAGECRAFT_WITH_CUDA)
+  for (const Tensor& a : args)  // a call on another device runs kernel by kernel (and says why)
+    if (a.device() != Device::cuda(graph_device_)) return std::nullopt;
+  std::lock_guard<std::mutex> lock(graph_mu_);
+  if (!graph_failure_.empty()) return std::nullopt;
+  if (!graph_) {
+    if (graph_runs_++ == 0) return std::nullopt;  // the first run warms up (compiles, loads, allocates)
+    try {
+      graph_ = capture(args);
+    } catch (const Error& e) {
+      graph_failure_ = e.what();
+      return std::nullopt;  // the plan runs as before, and raises what a real error is
+    }
+  }
+  return launch(*graph_, args);
+#else
+  (void)args;
+  return std::nullopt;
+#endif
+}
+
+/// One call's copies (this call's arguments and variable values in, new result tensors out).
+struct Plan::GraphCall {
+  std::vector<cuda::abi::GraphCopy> in, out;
+  std::vector<Tensor> keep;   ///< the variables' values read, alive until the launch is queued
+  std::vector<Tensor> fresh;  ///< by value: the new tensor of each value copied out
+};
+
+inline Plan::GraphCall Plan::graph_call(GraphRun& gr, std::span<const Tensor> args) const {
+  const Graph& g = *g_;
+  const Device dev = Device::cuda(graph_device_);
+  const RunState& st = *gr.st;
+  GraphCall c;
+  for (const GraphRun::In& in : gr.ins) {
+    Tensor src;
+    if (in.arg >= 0) {
+      src = args[in.arg];
+    } else {
+      const Node& n = g.nodes[in.node];
+      src = n.var->get();
+      const Value& want = g.values[in.value];
+      if (SC_UNLIKELY(src.shape() != want.shape || src.dtype() != want.dtype))
+        stagecraft::detail::fail_at<StagingError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name,
+                                                  "' changed shape or dtype since it was traced");
+      if (SC_UNLIKELY(src.device() != dev))
+        stagecraft::detail::fail_at<DeviceError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name,
+                                                 "' moved to ", src.device().str(), " since it was traced on ", dev.str());
+      c.keep.push_back(src);
+    }
+    c.in.push_back({st.vals[in.value].raw_data(), src.raw_data(), src.nbytes()});
+  }
+  c.fresh.resize(g.values.size());
+  for (int v : gr.outs) {
+    c.fresh[v] = detail_plan::new_like(st.vals[v]);
+    c.out.push_back({c.fresh[v].raw_data(), st.vals[v].raw_data(), st.vals[v].nbytes()});
+  }
+  return c;
+}
+
+inline std::shared_ptr<Plan::GraphRun> Plan::capture(std::span<const Tensor> args) const {
+  auto gr = std::make_shared<GraphRun>();
+#if defined(STAGECRAFT_WITH_CUDA)
+  const Graph& g = *g_;
+  const Device dev = Device::cuda(graph_device_);
+  const std::source_location here = std::source_location::current();
+  const cuda::detail::ScopedCallSite site("cuda graph", here);
+  gr->st = make_state();
+  RunState& st = *gr->st;
+  st.capture = true;
+  std::vector<char> view_out(g.values.size(), 0);
+  for (const Step& s : steps_)
+    if (s.kind == StepKind::view) view_out[s.out[0]] = 1;
+  for (std::size_t v = 0; v < g.values.size(); ++v) {
+    const Tensor& t = st.vals[v];
+    if (mem_.buffer_of[v] >= 0 || view_out[v] || g.nodes[g.values[v].node].kind == NodeKind::constant) continue;
+    t.impl()->storage = stagecraft::detail::Storage::allocate(t.nbytes(), dev);  // inputs, reads, results
+  }
+  for (std::size_t i = 0; i < g.inputs.size(); ++i)
+    if (st.vals[g.inputs[i]].nbytes() > 0) gr->ins.push_back({g.inputs[i], static_cast<int>(i), -1});
+  for (const Step& s : steps_)
+    if (s.kind == StepKind::read_var && st.vals[s.out[0]].nbytes() > 0) gr->ins.push_back({s.out[0], -1, s.node});
+  auto escape = [&](int v) {
+    if (g.nodes[g.values[v].node].kind == NodeKind::constant || st.vals[v].nbytes() == 0) return;
+    if (std::find(gr->outs.begin(), gr->outs.end(), v) == gr->outs.end()) gr->outs.push_back(v);
+  };
+  for (int v : g.outputs) escape(v);
+  for (const Step& s : steps_)
+    if (s.kind == StepKind::assign_var) escape(s.in[0]);
+
+  // The capture records this call's copies (their pointers are replaced at every launch).
+  const GraphCall c = graph_call(*gr, args);
+  auto copy = [&](const cuda::abi::GraphCopy& k) {
+    cuda::detail::copy(k.dst, dev, k.src, dev, k.bytes, "cuda graph", here);
+  };
+  cuda::detail::check(cuda::abi::capture_begin(graph_device_), dev, "cuda graph", here);
+  cuda::abi::GraphBody body = nullptr;
+  bool armed = false;
+  try {
+    const cuda::detail::CaptureScope hold(gr->hold, graph_device_);
+    for (const auto& k : c.in) copy(k);
+    for (std::size_t i = 0; i < steps_.size(); ++i) run_step(steps_[i], i, st);
+    for (const auto& k : c.out) copy(k);
+  } catch (...) {
+    (void)cuda::abi::capture_end(graph_device_, &body, &armed);
+    cuda::abi::graph_body_destroy(body);
+    throw;
+  }
+  cuda::detail::check(cuda::abi::capture_end(graph_device_, &body, &armed), dev, "cuda graph", here);
+  gr->armed = armed;
+  cuda::detail::check(cuda::abi::graph_instantiate(graph_device_, body, c.in.data(), static_cast<int>(c.in.size()),
+                                                   c.out.data(), static_cast<int>(c.out.size()), &gr->exec),
+                      dev, "cuda graph", here);
+#else
+  (void)args;
+#endif
+  return gr;
+}
+
+inline std::vector<Tensor> Plan::launch(GraphRun& gr, std::span<const Tensor> args) const {
+  const Graph& g = *g_;
+  std::vector<Tensor> out;
+#if defined(STAGECRAFT_WITH_CUDA)
+  const Device dev = Device::cuda(graph_device_);
+  const std::source_location here = std::source_location::current();
+  const cuda::detail::ScopedCallSite site("cuda graph", here);
+  GraphCall c = graph_call(gr, args);
+  cuda::detail::check(cuda::abi::graph_launch(gr.exec, c.in.data(), static_cast<int>(c.in.size()), c.out.data(),
+                                              static_cast<int>(c.out.size()), gr.armed),
+                      dev, "cuda graph", here);
+  ++graph_launches_;
+  auto result = [&](int v) -> Tensor {
+    if (c.fresh[v].defined()) return c.fresh[v];
+    const Tensor& slot = gr.st->vals[v];
+    if (g.nodes[g.values[v].node].kind == NodeKind::constant) return slot;
+    return detail_plan::new_like(slot);  // no elements: nothing to copy
+  };
+  for (const Step& s : steps_)
+    if (s.kind == StepKind::assign_var) g.nodes[s.node].var->set(result(s.in[0]));
+  out.reserve(g.outputs.size());
+  for (int v : g.outputs) out.push_back(result(v));
+#else
+  (void)gr, (void)args, (void)g;
+#endif
+  return out;
 }
 
 }  // namespace stagecraft::graph

@@ -81,7 +81,8 @@ int device_count() noexcept;
 const char* error_string(Status s) noexcept;
 /// True for the status of a failed allocation (cudaErrorMemoryAllocation).
 bool is_out_of_memory(Status s) noexcept;
-/// The device's stream (created on first use): every kernel and copy of that device runs on it.
+/// The device's stream (created on first use): every kernel and copy of that device runs on it
+/// (while this thread captures a graph on the device: the capture's stream, see capture_begin).
 Status stream(int device, Stream* out) noexcept;
 /// Waits until the device's stream has finished its work.
 Status synchronize(int device) noexcept;
@@ -102,6 +103,37 @@ Status copy_h2d(int device, void* dst, const void* src, std::size_t n) noexcept;
 Status copy_d2h(int device, void* dst, const void* src, std::size_t n) noexcept;
 /// Device to device, on the stream of `dst_device` (peer copy when the devices differ).
 Status copy_d2d(int dst_device, void* dst, int src_device, const void* src, std::size_t n) noexcept;
+
+// ---- CUDA graphs ---------------------------------------------------------------------------
+/// A captured sequence of launches (a cudaGraph_t), opaque here.
+using GraphBody = void*;
+/// An instantiated graph with its copy-in and copy-out nodes (kernels/graph.cu), opaque here.
+using GraphExec = void*;
+/// One device-to-device copy of a graph launch: `bytes` from src to dst (both on the device).
+struct GraphCopy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::size_t bytes = 0;
+};
+/// Starts capturing: until capture_end, every launch this thread makes on `device` (what stream()
+/// returns to it) is recorded on a private stream instead of running; other threads are not
+/// affected. A wait for the device in between fails (and spoils the capture).
+Status capture_begin(int device) noexcept;
+/// Ends this thread's capture on `device`: *body is what it recorded (null on failure, the status
+/// then says why), *armed whether a recorded launch can write the device's fault record.
+Status capture_end(int device, GraphBody* body, bool* armed) noexcept;
+/// Frees a body that was not instantiated.
+void graph_body_destroy(GraphBody body) noexcept;
+/// The executable graph of `body` (taken: freed with the graph, or here on failure), whose capture
+/// recorded the copies `ins` (n_in) and `outs` (n_out) with copy_d2d: each is found by its
+/// pointers, which graph_launch replaces at every launch.
+Status graph_instantiate(int device, GraphBody body, const GraphCopy* ins, int n_in, const GraphCopy* outs, int n_out,
+                         GraphExec* out) noexcept;
+/// Launches g on its device's stream with these copies (as many, and of the bytes, given to
+/// graph_instantiate); arm: the body can write the fault record (the next wait reads it).
+Status graph_launch(GraphExec g, const GraphCopy* ins, int n_in, const GraphCopy* outs, int n_out, bool arm) noexcept;
+/// Frees g (a launch still running finishes first).
+void graph_destroy(GraphExec g) noexcept;
 
 // ---- kernels -------------------------------------------------------------------------------
 /// y = rule(x), elementwise; y is bool for LogicalNot, else of x's dtype.

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "../../core/allocator.hpp"
@@ -13,10 +14,23 @@
 namespace stagecraft::cuda {
 namespace detail {
 
+/// The blocks a CUDA graph's capture freed: its launches still use them, so the allocator keeps
+/// them out of its cache until the graph is destroyed (release()).
+struct CaptureHold {
+  int device = -1;
+  std::vector<std::pair<void*, std::size_t>> blocks;
+};
+
 class DeviceAllocator {
  public:
   static constexpr int max_devices = 16;
   using Classes = stagecraft::detail::CachingAllocator;
+
+  /// The hold of the capture this thread runs (null: none); set by CaptureScope.
+  static CaptureHold*& capturing() noexcept {
+    thread_local CaptureHold* h = nullptr;
+    return h;
+  }
 
   /// A block of at least n bytes on CUDA device d. Out of memory: frees this device's cache, retries
   /// once, then throws DeviceError naming the call site.
@@ -65,6 +79,13 @@ class DeviceAllocator {
   /// Returns a block of n requested bytes to device d's cache.
   void deallocate(void* p, std::size_t n, Device d) noexcept {
     if (!p) return;
+    if (CaptureHold* h = capturing(); h != nullptr && h->device == d.index()) {
+      try {
+        h->blocks.emplace_back(p, n);  // still counted in use: the graph's
+      } catch (...) {  // NOLINT(bugprone-empty-catch): not cached, so never reused under the graph
+      }
+      return;
+    }
     int cls = 0;
     const std::size_t size = Classes::round(n, &cls);
     PerDevice& pd = devices_[d.index()];
@@ -113,6 +134,29 @@ class DeviceAllocator {
   }
   std::array<PerDevice, max_devices> devices_{};
 };
+
+/// RAII: while alive, the blocks this thread frees on `device` go to `hold` instead of the cache.
+class CaptureScope {
+ public:
+  CaptureScope(CaptureHold& hold, int device) : saved_(DeviceAllocator::capturing()) {
+    hold.device = device;
+    DeviceAllocator::capturing() = &hold;
+  }
+  ~CaptureScope() { DeviceAllocator::capturing() = saved_; }
+  CaptureScope(const CaptureScope&) = delete;
+  CaptureScope& operator=(const CaptureScope&) = delete;
+
+ private:
+  CaptureHold* saved_;
+};
+
+/// Gives a capture's held blocks back to the cache (the graph that used them is gone; its last
+/// launch is ordered before any later use on the device's stream).
+inline void release_hold(CaptureHold& hold) noexcept {
+  const auto held = std::move(hold.blocks);
+  hold.blocks.clear();
+  for (const auto& [p, n] : held) DeviceAllocator::instance().deallocate(p, n, Device::cuda(hold.device));
+}
 
 }  // namespace detail
 
