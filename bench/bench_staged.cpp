@@ -3,11 +3,10 @@
 // leapfrog integrator) and the 9-op elementwise chain over 16M floats. The hand-written limit of
 // the chain is in bench_fusion; the MLP training step staged is in bench_train.
 //   staged/lstm/<lib>, staged/leapfrog/<lib>, staged/chain9/<lib>
-#include "bench_common.hpp"
+#include "bench_models.hpp"
 
 #include <cmath>
 #include <vector>
-
 
 #if STAGECRAFT_BENCH_TORCH
 #include <torch/torch.h>
@@ -17,24 +16,8 @@ namespace {
 
 // ---- LSTM: 32 -> 64, batch 1, 50 steps, loss = sum(h_50), gradients of the cell's variables --------
 
-constexpr int lstm_steps = 50;
-
-struct LstmModel {
-  sc::nn::LSTMCell cell{32, 64};
-  std::vector<sc::Tensor> xs;
-  LstmModel() {
-    for (int t = 0; t < lstm_steps; ++t) xs.push_back(bench::input({1, 32}, 100 + t));
-  }
-  /// Forward and backward; returns the loss.
-  sc::Tensor step(const std::vector<sc::Variable>& vars) const {
-    sc::GradientTape tape;
-    auto state = cell.initial_state(1);
-    for (const sc::Tensor& x : xs) state = cell(x, state);
-    const sc::Tensor loss = sc::sum(state.first);
-    const auto g = tape.gradient(loss, vars);
-    return loss + sc::sum(g[0]) * 0.f;  // keeps every gradient alive (and in the staged graph)
-  }
-};
+using bench::LstmModel;
+using bench::lstm_steps;
 
 void lstm_eager(benchmark::State& state) {
   sc::manual_seed(1);

@@ -1,7 +1,7 @@
 // Training steps (forward, tape, gradients, Adam update) of the Fashion-MNIST models:
 // stagecraft eager vs LibTorch 1.13 eager on the same architectures, in one run.
 //   train/mlp/<lib>/batch:128, train/mlp/<lib>/batch:1, train/cnn/<lib>/batch:32
-#include "bench_common.hpp"
+#include "bench_models.hpp"
 
 #include "fashion_mnist_models.hpp"  // examples/: the very models the example trains
 
@@ -52,19 +52,7 @@ void sc_staged_step(benchmark::State& state) {
 }
 
 #if STAGECRAFT_BENCH_TORCH
-/// The same MLP in LibTorch: 784-256-128-10, ReLU.
-struct TorchMLP : torch::nn::Module {
-  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr};
-  TorchMLP() {
-    l1 = register_module("l1", torch::nn::Linear(784, 256));
-    l2 = register_module("l2", torch::nn::Linear(256, 128));
-    l3 = register_module("l3", torch::nn::Linear(128, 10));
-  }
-  torch::Tensor forward(const torch::Tensor& images) {
-    const torch::Tensor x = images.reshape({images.size(0), 784});
-    return l3(torch::relu(l2(torch::relu(l1(x)))));
-  }
-};
+using bench::TorchMLP;
 
 /// The same CNN in LibTorch.
 struct TorchCNN : torch::nn::Module {

@@ -99,6 +99,7 @@ class Plan {
   struct GraphCall;
 
   GraphCall graph_call(GraphRun& gr, std::span<const Tensor> args) const;
+  void check_read(int node, const Tensor& v) const;  ///< v may stand for read_var `node`'s value
   std::optional<std::vector<Tensor>> run_graph(std::span<const Tensor> args) const;
   std::shared_ptr<GraphRun> capture(std::span<const Tensor> args) const;
   std::vector<Tensor> launch(GraphRun& gr, std::span<const Tensor> args) const;
@@ -568,12 +569,16 @@ inline std::string Plan::cuda_graph_status() const {
 
 inline std::optional<std::vector<Tensor>> Plan::run_graph(std::span<const Tensor> args) const {
 #if defined(STAGECRAFT_WITH_CUDA)
-  for (const Tensor& a : args)  // a call on another device runs kernel by kernel (and says why)
+  for (const Tensor& a : args)  // a call with an argument elsewhere runs kernel by kernel
     if (a.device() != Device::cuda(graph_device_)) return std::nullopt;
   std::lock_guard<std::mutex> lock(graph_mu_);
   if (!graph_failure_.empty()) return std::nullopt;
   if (!graph_) {
     if (graph_runs_++ == 0) return std::nullopt;  // the first run warms up (compiles, loads, allocates)
+    // A variable changed since the trace is the caller's error (raised here, as the plan would),
+    // not a reason to give up on the graph.
+    for (const Step& s : steps_)
+      if (s.kind == StepKind::read_var) check_read(s.node, g_->nodes[s.node].var->get());
     try {
       graph_ = capture(args);
     } catch (const Error& e) {
@@ -588,6 +593,18 @@ inline std::optional<std::vector<Tensor>> Plan::run_graph(std::span<const Tensor
 #endif
 }
 
+inline void Plan::check_read(int node, const Tensor& v) const {
+  const Graph& g = *g_;
+  const Node& n = g.nodes[node];
+  const Value& want = g.values[n.outputs[0]];
+  if (SC_UNLIKELY(v.shape() != want.shape || v.dtype() != want.dtype))
+    stagecraft::detail::fail_at<StagingError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name,
+                                              "' changed shape or dtype since it was traced");
+  if (SC_UNLIKELY(v.device() != want.device))
+    stagecraft::detail::fail_at<DeviceError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name, "' moved to ",
+                                             v.device().str(), " since it was traced on ", want.device.str());
+}
+
 /// One call's copies (this call's arguments and variable values in, new result tensors out).
 struct Plan::GraphCall {
   std::vector<cuda::abi::GraphCopy> in, out;
@@ -597,7 +614,6 @@ struct Plan::GraphCall {
 
 inline Plan::GraphCall Plan::graph_call(GraphRun& gr, std::span<const Tensor> args) const {
   const Graph& g = *g_;
-  const Device dev = Device::cuda(graph_device_);
   const RunState& st = *gr.st;
   GraphCall c;
   for (const GraphRun::In& in : gr.ins) {
@@ -605,15 +621,8 @@ inline Plan::GraphCall Plan::graph_call(GraphRun& gr, std::span<const Tensor> ar
     if (in.arg >= 0) {
       src = args[in.arg];
     } else {
-      const Node& n = g.nodes[in.node];
-      src = n.var->get();
-      const Value& want = g.values[in.value];
-      if (SC_UNLIKELY(src.shape() != want.shape || src.dtype() != want.dtype))
-        stagecraft::detail::fail_at<StagingError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name,
-                                                  "' changed shape or dtype since it was traced");
-      if (SC_UNLIKELY(src.device() != dev))
-        stagecraft::detail::fail_at<DeviceError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name,
-                                                 "' moved to ", src.device().str(), " since it was traced on ", dev.str());
+      src = g.nodes[in.node].var->get();
+      check_read(in.node, src);
       c.keep.push_back(src);
     }
     c.in.push_back({st.vals[in.value].raw_data(), src.raw_data(), src.nbytes()});

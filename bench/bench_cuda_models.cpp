@@ -1,0 +1,123 @@
+// GPU model rows of bench_cuda (issue 8), side by side in one run: the Fashion-MNIST MLP's Adam
+// step at batch 128 and the 50-step LSTM cell with its backward pass at batch 1, each eager,
+// staged (kernel by kernel), staged and replayed as a CUDA graph, and LibTorch eager on the same
+// GPU. Each timed iteration ends with a synchronize: a row is the GPU's time per step.
+//   cuda/mlp_adam/batch128/mode:<m>, cuda/lstm50/mode:<m> (0 eager, 1 staged, 2 staged + graph),
+//   .../libtorch
+#include "bench_models.hpp"
+#include "fashion_mnist_models.hpp"  // examples/: the model the example trains
+
+namespace {
+
+const sc::Device gpu = sc::Device::cuda(0);
+
+enum Mode : int { eager = 0, staged = 1, staged_graph = 2 };
+
+/// Three untimed steps, then `step` timed, each iteration waiting for the GPU with `sync`.
+template <class Step, class Sync>
+void timed(benchmark::State& state, Step&& step, Sync&& sync) {
+  for (int i = 0; i < 3; ++i) benchmark::DoNotOptimize(step());
+  sync();
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(step());
+    sync();
+  }
+}
+void sc_sync() { sc::cuda::synchronize(); }
+
+/// Times `mode` of one model's step(args...): eager, or traced by sc::function (CUDA graphs on
+/// for staged_graph); the row's label says how the staged plan ran.
+template <class Step, class... A>
+void sc_modes(benchmark::State& state, Step step, const A&... args) {
+  const auto mode = static_cast<Mode>(state.range(0));
+  sc::cuda::set_graphs(mode == staged_graph);
+  auto f = sc::function(step);
+  if (mode == eager) timed(state, [&] { return step(args...); }, sc_sync);
+  else timed(state, [&] { return sc::Tensor(f(args...)); }, sc_sync);
+  if (mode != eager) state.SetLabel("graph: " + f.get_concrete(args...).stats().plan.cuda_graph);
+  sc::cuda::set_graphs(false);
+}
+
+bool need_gpu(benchmark::State& state) {
+  if (!sc::cuda::is_available()) state.SkipWithError("no CUDA device");
+  return sc::cuda::is_available();
+}
+
+constexpr std::int64_t mlp_batch = 128;
+
+void mlp_step(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const sc::DeviceScope on(gpu);
+  const sc::Tensor x = sc::random::uniform({mlp_batch, 28, 28}, 0.0, 1.0, 11);
+  const sc::Tensor y = sc::cast(sc::random::uniform({mlp_batch}, 0.0, 10.0, 12), sc::i64);
+  sc::manual_seed(0);
+  fashion::MLP model;
+  sc::optim::Adam opt(1e-3);
+  const std::vector<sc::Variable> vars = model.trainable_variables();
+  sc_modes(state, [&](const sc::Tensor& a, const sc::Tensor& b) { return fashion::train_step(model, opt, vars, a, b); },
+           x, y);
+  state.counters["examples/s"] = benchmark::Counter(static_cast<double>(mlp_batch), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(mlp_step)->Name("cuda/mlp_adam/batch128")->ArgName("mode")->Arg(eager)->Arg(staged)->Arg(staged_graph)
+    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void lstm(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const sc::DeviceScope on(gpu);
+  sc::manual_seed(1);
+  const bench::LstmModel m(gpu);
+  const auto vars = m.cell.trainable_variables();
+  const sc::Tensor dummy = sc::zeros({1});
+  sc_modes(state, [&](const sc::Tensor&) { return m.step(vars); }, dummy);
+}
+BENCHMARK(lstm)->Name("cuda/lstm50")->ArgName("mode")->Arg(eager)->Arg(staged)->Arg(staged_graph)
+    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+#if STAGECRAFT_BENCH_TORCH
+bool torch_gpu(benchmark::State& state) {
+  if (!torch::cuda::is_available()) state.SkipWithError("LibTorch without CUDA");
+  return torch::cuda::is_available();
+}
+void torch_sync() { torch::cuda::synchronize(); }
+
+void torch_mlp_step(benchmark::State& state) {
+  if (!torch_gpu(state)) return;
+  const auto o = torch::TensorOptions().device(torch::kCUDA);
+  const torch::Tensor x = torch::rand({mlp_batch, 28, 28}, o);
+  const torch::Tensor y = torch::randint(0, 10, {mlp_batch}, o.dtype(torch::kLong));
+  torch::manual_seed(0);
+  bench::TorchMLP model;
+  model.to(torch::kCUDA);
+  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-3));
+  timed(state, [&] {
+    opt.zero_grad();
+    torch::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
+    loss.backward();
+    opt.step();
+    return loss;
+  }, torch_sync);
+  state.counters["examples/s"] = benchmark::Counter(static_cast<double>(mlp_batch), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(torch_mlp_step)->Name("cuda/mlp_adam/batch128/libtorch")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void torch_lstm(benchmark::State& state) {
+  if (!torch_gpu(state)) return;
+  const auto o = torch::TensorOptions().device(torch::kCUDA);
+  torch::manual_seed(1);
+  torch::nn::LSTMCell cell(32, 64);
+  cell->to(torch::kCUDA);
+  std::vector<torch::Tensor> xs;
+  for (int t = 0; t < bench::lstm_steps; ++t) xs.push_back(bench::as_torch(bench::input({1, 32}, 100 + t)).to(torch::kCUDA));
+  timed(state, [&] {
+    cell->zero_grad();
+    auto hc = std::make_tuple(torch::zeros({1, 64}, o), torch::zeros({1, 64}, o));
+    for (const auto& xt : xs) hc = cell(xt, hc);
+    torch::Tensor loss = std::get<0>(hc).sum();
+    loss.backward();
+    return loss;
+  }, torch_sync);
+}
+BENCHMARK(torch_lstm)->Name("cuda/lstm50/libtorch")->UseRealTime()->Unit(benchmark::kMicrosecond);
+#endif
+
+}  // namespace
