@@ -136,6 +136,19 @@ namespace detail {
     if (d < 0) fail<ShapeError>(op, loc, "negative extent in shape ", s);
   fail<ShapeError>(op, loc, "shape ", s, " is too large: more than 2^62 bytes at ", item, " bytes an element");
 }
+/// checked_numel's rule without the throw, for readers of untrusted files: the bytes of a tensor
+/// of shape s with `item`-byte elements in `out`, or false when no tensor may have that shape.
+inline bool shape_bytes(const Shape& s, std::int64_t item, std::uint64_t& out) noexcept {
+  std::int64_t n = 1, extent_bytes = item;
+  for (std::int64_t e : s) {
+    if (e < 0) return false;
+    if (e != 0 && (__builtin_mul_overflow(extent_bytes, e, &extent_bytes) || extent_bytes > max_tensor_bytes))
+      return false;
+    n *= e;  // cannot overflow: |n| * item <= extent_bytes
+  }
+  out = static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(item);
+  return true;
+}
 inline std::int64_t checked_numel(const Shape& s, std::int64_t item, std::string_view op,
                                   const std::source_location& loc) {
   std::int64_t bytes = item, n = 1;

@@ -59,12 +59,10 @@ inline std::size_t idx_item_size(std::uint8_t type) {
 }
 
 /// True when a tensor of shape s with `item`-byte elements obeys the size rule of every tensor
-/// (detail::checked_numel: at most max_tensor_bytes, the extents of an empty tensor counting too).
+/// (detail::shape_bytes).
 inline bool idx_fits(const Shape& s, std::size_t item) {
-  std::int64_t bytes = static_cast<std::int64_t>(item);
-  for (std::int64_t d : s)
-    if (d != 0 && (__builtin_mul_overflow(bytes, d, &bytes) || bytes > max_tensor_bytes)) return false;
-  return true;
+  std::uint64_t bytes = 0;
+  return stagecraft::detail::shape_bytes(s, static_cast<std::int64_t>(item), bytes);
 }
 
 }  // namespace detail

@@ -82,19 +82,6 @@ struct Header {
   std::uint64_t data_bytes = 0;  // numel * the file's itemsize
 };
 
-/// numel(s) * itemsize, or false when the shape is not one a tensor may have (the rule of
-/// detail::checked_numel: at most max_tensor_bytes, the extents of an empty tensor counting too).
-inline bool checked_bytes(const Shape& s, std::size_t itemsize, std::uint64_t& out) {
-  std::int64_t n = 1, extent_bytes = static_cast<std::int64_t>(itemsize);
-  for (std::int64_t e : s) {
-    if (e < 0) return false;
-    if (e != 0 && (__builtin_mul_overflow(extent_bytes, e, &extent_bytes) || extent_bytes > max_tensor_bytes))
-      return false;
-    n *= e;
-  }
-  out = static_cast<std::uint64_t>(n) * itemsize;
-  return true;
-}
 
 /// A strict parser for the header: a Python dict literal with exactly the keys 'descr' (a
 /// string), 'fortran_order' (True/False) and 'shape' (a tuple of non-negative ints). Hand-written
@@ -136,7 +123,7 @@ class HeaderParser {
       if (!seen[k]) c_.corrupt("the header lacks the key '", keys[k], "'");
     // Checked at the tensor's itemsize, which is at least the file's (loads only widen).
     std::uint64_t tensor_bytes = 0;
-    if (!checked_bytes(h.shape, itemsize(h.type.dtype), tensor_bytes))
+    if (!stagecraft::detail::shape_bytes(h.shape, static_cast<std::int64_t>(itemsize(h.type.dtype)), tensor_bytes))
       c_.corrupt("shape ", h.shape, " of ", h.descr, " has too many elements or bytes to address (more than 2^62 bytes)");
     h.data_bytes = static_cast<std::uint64_t>(h.shape.numel()) * static_cast<std::uint64_t>(h.type.size);
     return h;

@@ -73,19 +73,10 @@ struct Header {
 };
 
 /// Bytes of numel(shape) * itemsize, or false when the shape is not one a tensor may have
-/// (detail::checked_numel's rule: the extents of an empty tensor count too, so [0, 5, 2^62] is
-/// refused: its strides would overflow).
+/// (detail::shape_bytes: the extents of an empty tensor count too, so [0, 5, 2^62] is refused: its
+/// strides would overflow).
 inline bool checked_nbytes(const Shape& s, DType d, std::uint64_t& out) {
-  std::int64_t n = 1, extent_bytes = static_cast<std::int64_t>(itemsize(d));
-  for (std::int64_t e : s) {
-    if (e < 0) return false;
-    if (e != 0 && (__builtin_mul_overflow(extent_bytes, e, &extent_bytes) || extent_bytes > max_tensor_bytes))
-      return false;
-    n *= e;
-  }
-  const std::int64_t bytes = n * static_cast<std::int64_t>(itemsize(d));
-  out = static_cast<std::uint64_t>(bytes);
-  return true;
+  return stagecraft::detail::shape_bytes(s, static_cast<std::int64_t>(itemsize(d)), out);
 }
 
 /// True when s is valid UTF-8 (JSON text must be): nlohmann's serializer refuses anything else.
