@@ -305,12 +305,7 @@ inline Tensor detach(const Tensor& slot) {
 inline void rebind(const Tensor& slot, const Tensor& src) { slot.impl()->storage = src.impl()->storage; }
 /// A new tensor of slot's shape, dtype and device with storage of its own (contents unset).
 inline Tensor new_like(const Tensor& slot) {
-  auto* impl = new stagecraft::detail::TensorImpl();
-  impl->shape = slot.shape();
-  impl->dtype = slot.dtype();
-  impl->device = slot.device();
-  impl->storage = stagecraft::detail::Storage::allocate(slot.nbytes(), slot.device());
-  return Tensor(stagecraft::detail::Ref<stagecraft::detail::TensorImpl>::adopt(impl));
+  return stagecraft::detail::empty_tensor(slot.shape(), slot.dtype(), slot.device(), "cuda graph");
 }
 }  // namespace detail_plan
 
