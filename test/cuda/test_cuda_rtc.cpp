@@ -74,6 +74,24 @@ TEST_CASE("rtc: the generated source of every op and dtype compiles under NVRTC"
       CHECK(bytes > 1000);
     }
   }
+  // Row kernels: short rows (several per block, a small tree) and long rows (a block each).
+  for (sc::DType d : {sc::f32, sc::f64}) {
+    for (std::int64_t inner : {4, 300}) {
+      INFO(sc::name(d) << " reduction over " << inner);
+      FusedProgram p = every_op(d);
+      p.out_shape = {3, inner};
+      p.input_shapes = {{3, inner}, {inner}};
+      p.reduction = sc::graph::FusedReduction{sc::ops::OpId::Max, 4, inner, sc::Shape{3, 1}};
+      const std::string src = sc::graph::cuda_source(p);
+      char log[8192] = {};
+      std::size_t bytes = 0;
+      const abi::Status s = abi::rtc_check(src.c_str(), 90, &bytes, log, sizeof log);
+      INFO(log);
+      INFO(src);
+      REQUIRE(s == 0);
+      CHECK(bytes > 1000);
+    }
+  }
 #endif
 }
 
@@ -107,11 +125,33 @@ TEST_CASE("rtc: broadcast indices drop size-1 axes and merge neighbours", "[cuda
   CHECK(cf::index_expr({1, 5}, {2, 1, 5}) == "(i % 5LL)");  // the size-1 axis dropped
 }
 
-TEST_CASE("rtc: programs with a reduction stay on the CPU evaluator", "[cuda][rtc]") {
-  FusedProgram p = every_op(sc::f32);
+TEST_CASE("rtc: floating sum, max and min reductions get a row kernel; others cannot be generated", "[cuda][rtc]") {
+  for (sc::DType d : {sc::f32, sc::f64}) {
+    for (sc::ops::OpId op : {sc::ops::OpId::Sum, sc::ops::OpId::Max, sc::ops::OpId::Min}) {
+      FusedProgram p = every_op(d);
+      p.reduction = sc::graph::FusedReduction{op, 5, 4, sc::Shape{3}};
+      REQUIRE(sc::graph::cuda_fusible(p));
+      CHECK_FALSE(sc::graph::cuda_vectorizable(p));
+      const std::string src = sc::graph::cuda_source(p);
+      CHECK_THAT(src, Catch::Contains("sc_fused_r(") && Catch::Contains(std::string(cf::c_type(d)) + "* red, long long n"));
+      CHECK(src.find("sc_fused(") == std::string::npos);
+      CHECK_THAT(src, Catch::Contains(op == sc::ops::OpId::Sum   ? "r::Add::f(acc, r5)"
+                                      : op == sc::ops::OpId::Max ? "r::Maximum::f(r5, acc)"
+                                                                 : "r::Minimum::f(r5, acc)"));
+    }
+  }
+  FusedProgram p = every_op(sc::i32);  // integer reductions stay eager, as on the CPU
   p.reduction = sc::graph::FusedReduction{sc::ops::OpId::Sum, 2, 4, sc::Shape{3}};
   CHECK_FALSE(sc::graph::cuda_fusible(p));
   CHECK_THROWS_AS(sc::graph::cuda_source(p), sc::ValueError);
+  p = every_op(sc::f32);
+  p.reduction = sc::graph::FusedReduction{sc::ops::OpId::ArgMax, 2, 4, sc::Shape{3}};
+  CHECK_FALSE(sc::graph::cuda_fusible(p));
+  // Threads per row: a power of two covering the row, at most a block.
+  CHECK(cf::reduce_threads_per_row(1) == 1);
+  CHECK(cf::reduce_threads_per_row(10) == 16);
+  CHECK(cf::reduce_threads_per_row(256) == 256);
+  CHECK(cf::reduce_threads_per_row(1 << 20) == 256);
 }
 
 TEST_CASE("rtc: a traced graph on a GPU lowers to generated kernels and GPU buffers", "[cuda][rtc]") {
@@ -119,7 +159,7 @@ TEST_CASE("rtc: a traced graph on a GPU lowers to generated kernels and GPU buff
   const sc::TensorSpec x{sc::Shape{64, 32}, sc::f32}, b{sc::Shape{32}, sc::f32};
   Graph g = trace({x, b}, [](const Tensors& a) {
     const sc::Tensor h = sc::relu(a[0] * 2.f + a[1]);                   // one group
-    const sc::Tensor s = sc::sum(h, {1});                                // a reduction: its own kernel on a GPU
+    const sc::Tensor s = sc::sum(h, {1});                                // ... which the sum ends
     return Tensors{sc::exp(s) - 1.f, sc::sigmoid(h) * h};                // two more groups
   });
   const Graph on_cpu = g;
@@ -128,25 +168,61 @@ TEST_CASE("rtc: a traced graph on a GPU lowers to generated kernels and GPU buff
   const auto cpu_groups = sc::graph::find_fusion_groups(on_cpu);
   const auto gpu_groups = sc::graph::find_fusion_groups(g);
   REQUIRE(gpu_groups.groups.size() >= 2);
+  int gpu_reduces = 0;
   for (const auto& fg : gpu_groups.groups) {
-    CHECK(fg.reduce < 0);  // the CPU evaluator's reductions are not generated
-    CHECK(fg.head < 0);
+    gpu_reduces += fg.reduce >= 0;  // the sum runs in its group's generated kernel
+    CHECK(fg.head < 0);             // matmul epilogues stay on the CPU
     CHECK(sc::graph::cuda_fusible(fg.program));
   }
-  bool cpu_reduces = false;
-  for (const auto& fg : cpu_groups.groups) cpu_reduces |= fg.reduce >= 0;
-  CHECK(cpu_reduces);
+  CHECK(gpu_reduces == 1);
+  int cpu_reduces = 0;
+  for (const auto& fg : cpu_groups.groups) cpu_reduces += fg.reduce >= 0;
+  CHECK(cpu_reduces == 1);
 
   const auto shared = std::make_shared<const Graph>(g);
   const sc::graph::Plan plan(shared);
   CHECK(plan.stats().fused_groups == static_cast<int>(gpu_groups.groups.size()));
   CHECK(plan.stats().epilogues == 0);
-  CHECK(plan.stats().fused_reductions == 0);
+  CHECK(plan.stats().fused_reductions == 1);
 
   // With GPU fusion off, no group forms on the GPU.
   sc::graph::cuda_fusion() = false;
   CHECK(sc::graph::find_fusion_groups(g).groups.empty());
   sc::graph::cuda_fusion() = sc::cuda::built;
+}
+
+TEST_CASE("rtc: a GPU reduction's result never takes the buffer of an input its kernel reads", "[cuda][rtc]") {
+  // sum(x * exp(b), {1}) * 2 with x [300, 300] and b [300]: exp(b) dies in the fused group, and
+  // the row sums (an intermediate, so in planned memory) have its shape. Every block of the row kernel reads all of exp(b) while others write
+  // their rows' sums, so the two must not share memory (the CPU evaluator keeps partials apart).
+  using sc::graph::Graph;
+  Graph g = trace({{sc::Shape{300, 300}, sc::f32}, {sc::Shape{300}, sc::f32}},
+                  [](const Tensors& a) { return Tensors{sc::sum(a[0] * sc::exp(a[1]), {1}) * 2.f}; });
+  for (sc::graph::Value& v : g.values) v.device = sc::Device::cuda(0);
+  sc::graph::cuda_fusion() = true;
+  const auto groups = sc::graph::find_fusion_groups(g);
+  sc::graph::cuda_fusion() = sc::cuda::built;
+  REQUIRE(groups.groups.size() == 1);  // (the product by 2 alone is no group)
+  const auto& fg = groups.groups[0];
+  REQUIRE(fg.reduce >= 0);
+  REQUIRE(fg.inputs.size() == 2);
+  const int e = fg.inputs[1], r = fg.outputs.back();  // exp(b) and the row sums
+  REQUIRE(g.values[e].shape == g.values[r].shape);
+  const int exp_node = g.values[e].node;
+  for (const bool apart : {false, true}) {
+    std::vector<sc::graph::MemoryPlan::StepUse> uses(2);
+    uses[0].in = g.nodes[exp_node].inputs;
+    uses[0].out = {e};
+    uses[0].in_place_ok = true;
+    uses[1].in = fg.inputs;
+    uses[1].out = fg.outputs;
+    uses[1].in_place_ok = true;
+    uses[1].last_out_apart = apart;
+    const auto mp = sc::graph::plan_memory(g, uses);
+    INFO("last_out_apart " << apart);
+    REQUIRE(mp.buffer_of[r] >= 0);
+    CHECK((mp.buffer_of[r] == mp.buffer_of[e]) == !apart);
+  }
 }
 
 TEST_CASE("rtc: buffers are shared only between values on the same device", "[cuda][rtc]") {
@@ -208,25 +284,49 @@ class HostBuilt {
     dir_ = std::filesystem::temp_directory_path() / ("sc_rtc_host_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
     std::filesystem::create_directories(dir_);
     const std::string T = cf::c_type(p.dtype);
+    // Three blocks of 256 threads, one block after the other. A reduction's threads are real
+    // threads meeting at a barrier (__syncthreads), its shared array a static; elementwise
+    // kernels need no barrier, so one loop plays their threads.
     std::string src =
+        "#include <barrier>\n"
+        "#include <thread>\n"
+        "#include <vector>\n"
         "#define __global__\n"
+        "#define __shared__ static\n"
         "struct sc_dim3 { unsigned x; };\n"
-        "static sc_dim3 blockIdx{0}, threadIdx{0}, blockDim{256}, gridDim{1};\n"
+        "static sc_dim3 blockIdx{0}, blockDim{256}, gridDim{3};\n"
+        "static thread_local sc_dim3 threadIdx{0};\n"
+        "static std::barrier<>* sc_block = nullptr;\n"
+        "static void __syncthreads() { sc_block->arrive_and_wait(); }\n"
         "struct alignas(16) float4 { float x, y, z, w; };\n"
         "struct alignas(16) int4 { int x, y, z, w; };\n"
         "struct alignas(16) double2 { double x, y; };\n"
         "struct alignas(16) longlong2 { long long x, y; };\n" +
         sc::graph::cuda_source(p);
-    std::string call;
-    for (std::size_t k = 0; k < p.input_shapes.size(); ++k) call += "(const " + T + "*)in[" + std::to_string(k) + "], ";
-    for (std::size_t j = 0; j < p.outputs.size(); ++j) call += "(" + T + "*)out[" + std::to_string(j) + "], ";
-    call += "n);\n}\n";
-    const char* loop = "(const void* const* in, void* const* out, long long n) {\n"
-                       "  for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x)\n    ";
-    src += std::string("extern \"C\" void sc_run") + loop + "sc_fused(" + call;
-    if (sc::graph::cuda_vectorizable(p)) src += std::string("extern \"C\" void sc_run_v") + loop + "sc_fused_v(" + call;
+    std::string args;
+    for (std::size_t k = 0; k < p.input_shapes.size(); ++k) args += "(const " + T + "*)in[" + std::to_string(k) + "], ";
+    const std::size_t nout = p.outputs.size() + (p.reduction ? 1 : 0);
+    for (std::size_t j = 0; j < nout; ++j) args += "(" + T + "*)out[" + std::to_string(j) + "], ";
+    args += "n";
+    const std::string head = "(const void* const* in, void* const* out, long long n) {\n"
+                             "  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x) {\n";
+    if (p.reduction) {
+      src += "extern \"C\" void sc_run" + head +
+             "    std::barrier<> block(blockDim.x);\n"
+             "    sc_block = &block;\n"
+             "    std::vector<std::thread> threads;\n"
+             "    for (unsigned t = 0; t < blockDim.x; ++t)\n"
+             "      threads.emplace_back([=] { threadIdx.x = t; sc_fused_r(" + args + "); });\n"
+             "    for (std::thread& t : threads) t.join();\n"
+             "  }\n}\n";
+    } else {
+      const std::string loop = "    for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x)\n      ";
+      src += "extern \"C\" void sc_run" + head + loop + "sc_fused(" + args + ");\n  }\n}\n";
+      if (sc::graph::cuda_vectorizable(p))
+        src += "extern \"C\" void sc_run_v" + head + loop + "sc_fused_v(" + args + ");\n  }\n}\n";
+    }
     std::ofstream(dir_ / "k.cpp") << src;
-    const std::string cmd = std::string(SC_TEST_CXX) + " -std=c++20 -O1 -shared -fPIC -w -I" + SC_TEST_INCLUDE + " " +
+    const std::string cmd = std::string(SC_TEST_CXX) + " -std=c++20 -O1 -shared -fPIC -pthread -w -I" + SC_TEST_INCLUDE + " " +
                             (dir_ / "k.cpp").string() + " -o " + (dir_ / "k.so").string() + " 2>" + (dir_ / "log").string();
     if (std::system(cmd.c_str()) != 0) {
       std::ifstream log(dir_ / "log");
@@ -295,31 +395,51 @@ FusedProgram broadcast_program(sc::DType d) {
 }
 
 
-/// p run by the host-built kernel (vector: sc_fused_v) against graph::run_fused.
-void check_against_cpu(const FusedProgram& p, const HostBuilt& k, bool vector) {
+/// p run by the host-built kernel (vector: sc_fused_v) against graph::run_fused, over `in` (by
+/// default positive values, for log, sqrt and div). A reduction's result is checked too, to a
+/// relative 1e-5 (f32) for a sum, which adds in another order; exactly for max and min.
+void check_against_cpu(const FusedProgram& p, const HostBuilt& k, bool vector, std::vector<sc::Tensor> in = {}) {
   const sc::DType d = p.dtype;
-  {
-    std::vector<sc::Tensor> in;
-    for (std::size_t i = 0; i < p.input_shapes.size(); ++i) {
-      const sc::Tensor u = sctest::uniform_tensor(p.input_shapes[i], 40 + i, 0.5, 2.0);  // positive: log, sqrt, div
-      in.push_back(sc::is_floating(d) ? u.astype(d) : (u * 3).astype(d));
-    }
-    std::vector<sc::Tensor> want, got;
-    for (std::size_t j = 0; j < p.outputs.size(); ++j) {
-      want.push_back(sc::zeros(p.out_shape, d));
-      got.push_back(sc::full(p.out_shape, -12345.0, d));  // poisoned: every element must be written
-    }
-    sc::graph::run_fused(p, in, want);
-    k.run(in, got, p.out_shape.numel(), vector);
-    for (std::size_t j = 0; j < got.size(); ++j) {
-      const auto g = got[j].to_vector<double>(), w = want[j].to_vector<double>();
-      for (std::size_t i = 0; i < g.size(); ++i) {
-        INFO("output " << j << " element " << i);
-        if (std::isnan(w[i])) CHECK(std::isnan(g[i]));
-        else CHECK(g[i] == Approx(w[i]).epsilon(d == sc::f32 ? 1e-5 : 1e-12).margin(d == sc::f32 ? 1e-6 : 1e-12));
-      }
+  for (std::size_t i = in.size(); i < p.input_shapes.size(); ++i) {
+    const sc::Tensor u = sctest::uniform_tensor(p.input_shapes[i], 40 + i, 0.5, 2.0);
+    in.push_back(sc::is_floating(d) ? u.astype(d) : (u * 3).astype(d));
+  }
+  std::vector<sc::Tensor> want, got;
+  for (std::size_t j = 0; j < p.outputs.size(); ++j) {
+    want.push_back(sc::zeros(p.out_shape, d));
+    got.push_back(sc::full(p.out_shape, -12345.0, d));  // poisoned: every element must be written
+  }
+  if (p.reduction) {
+    want.push_back(sc::zeros(p.reduction->out_shape, d));
+    got.push_back(sc::full(p.reduction->out_shape, -12345.0, d));
+  }
+  sc::graph::run_fused(p, in, want);
+  k.run(in, got, p.out_shape.numel(), vector);
+  const bool exact_reduction = p.reduction && p.reduction->op != sc::ops::OpId::Sum;
+  for (std::size_t j = 0; j < got.size(); ++j) {
+    const auto g = got[j].to_vector<double>(), w = want[j].to_vector<double>();
+    const bool exact = exact_reduction && j == p.outputs.size();
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      INFO("output " << j << " element " << i);
+      if (std::isnan(w[i])) CHECK(std::isnan(g[i]));
+      else if (exact) CHECK(g[i] == w[i]);
+      else CHECK(g[i] == Approx(w[i]).epsilon(d == sc::f32 ? 1e-5 : 1e-12).margin(d == sc::f32 ? 1e-6 : 1e-12));
     }
   }
+}
+
+/// x [rows, inner] * y [inner] + z [rows, 1] - s [] reduced by `op` over each row, and its tanh
+/// written out (tanh's last bit may differ from the CPU's SIMD tanh; the reduced value may not).
+FusedProgram row_program(sc::DType d, std::int64_t rows, std::int64_t inner, sc::ops::OpId op) {
+  using sc::ops::OpId;
+  FusedProgram p;
+  p.dtype = d;
+  p.out_shape = {rows, inner};
+  p.input_shapes = {{rows, inner}, {inner}, {rows, 1}, {}};
+  p.code = {{OpId::Mul, 0, 1}, {OpId::Add, 4, 2}, {OpId::Sub, 5, 3}, {OpId::Tanh, 6}};
+  p.outputs = {7};
+  p.reduction = sc::graph::FusedReduction{op, 6, inner, sc::Shape{rows}};
+  return p;
 }
 
 }  // namespace
@@ -351,6 +471,45 @@ TEST_CASE("rtc: the 16-byte kernel, built for the host, computes the same, tail 
       check_against_cpu(p, k, true);
       check_against_cpu(p, k, false);
     }
+  }
+}
+TEST_CASE("rtc: the row kernel of a reduction, built for the host with real threads, computes what the CPU evaluator does", "[cuda][rtc]") {
+  using sc::ops::OpId;
+  // Rows of 1 (no tree), 3 (4 threads a row, one without an element), 10, 256 (a block a row),
+  // 1000 (each thread takes several); enough rows that three blocks stride over them.
+  // (Each case is one host compile of ~1 s: every op and shape over f32, two over f64.)
+  struct Case {
+    sc::DType d;
+    OpId op;
+    std::int64_t rows, inner;
+  };
+  std::vector<Case> cases = {{sc::f64, OpId::Sum, 50, 10}, {sc::f64, OpId::Max, 200, 3}};
+  for (OpId op : {OpId::Sum, OpId::Max, OpId::Min})
+    for (const auto& [rows, inner] : {std::pair<std::int64_t, std::int64_t>{300, 1}, {200, 3}, {50, 10}, {7, 256}, {4, 1000}})
+      cases.push_back({sc::f32, op, rows, inner});
+  for (const auto& [d, op, rows, inner] : cases) {
+    INFO(sc::name(d) << " " << sc::ops::op_info(op).name << " over [" << rows << ", " << inner << "]");
+    const FusedProgram p = row_program(d, rows, inner, op);
+    const HostBuilt k(p);
+    INFO(k.error());
+    REQUIRE(k.error().empty());
+    CHECK_FALSE(k.has_vector_kernel());
+    std::vector<sc::Tensor> in;
+    for (std::size_t i = 0; i < p.input_shapes.size(); ++i)
+      in.push_back(sctest::uniform_tensor(p.input_shapes[i], 70 + i, -2.0, 2.0).astype(d));
+    check_against_cpu(p, k, false, in);
+  }
+  // NaN propagates through max and min as on the CPU, wherever it falls in the row.
+  for (OpId op : {OpId::Max, OpId::Min}) {
+    const FusedProgram p = row_program(sc::f32, 6, 300, op);
+    const HostBuilt k(p);
+    REQUIRE(k.error().empty());
+    std::vector<float> x(6 * 300, 0.25f);
+    x[0] = x[300 + 299] = x[600 + 128] = std::nanf("");
+    std::vector<sc::Tensor> in = {sc::tensor(x, sc::Shape{6, 300})};
+    for (std::size_t i = 1; i < p.input_shapes.size(); ++i)
+      in.push_back(sctest::uniform_tensor(p.input_shapes[i], 80 + i, -1.0, 1.0).astype(sc::f32));
+    check_against_cpu(p, k, false, in);
   }
 }
 #endif

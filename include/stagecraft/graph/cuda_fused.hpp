@@ -3,10 +3,15 @@
 // eager kernels call: no second copy of any op's math), compiled at run time by NVRTC and cached
 // (kernels/rtc.cu: in memory, and on disk under kernel_cache_dir()).
 //
+// A group that ends in a sum, max or min over trailing axes is one kernel too: threads share each
+// row, combine the reduced register as they compute it, then combine their partials in shared
+// memory (reduction_source).
+//
 // The source is specialised to the program's shapes: each input's broadcast index is a few
-// divisions by constants. Every thread reads its inputs before it writes, so an output may take
-// the buffer of an input of the output's shape (the plan's in-place reuse). Numerics: each
-// instruction rounds as its eager CUDA kernel does (no a * b + c contraction across instructions).
+// divisions by constants. Every thread reads its inputs before it writes, so an elementwise output
+// may take the buffer of an input of its shape (the plan's in-place reuse); a reduction's result
+// never does. Numerics: each instruction rounds as its eager CUDA kernel does (no a * b + c
+// contraction across instructions); a sum adds in another order than the CPU's.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -153,11 +158,73 @@ std::string element_body(const FusedProgram& p, const std::string& T, const std:
   return s;
 }
 
+/// Threads that share one row of a reduction (a power of two, at most a block's 256): enough for
+/// the row's elements, so a short row leaves the block's other threads to the next rows.
+inline int reduce_threads_per_row(std::int64_t inner) {
+  int t = 1;
+  while (t < inner && t < 256) t *= 2;
+  return t;
+}
+
+/// The combine step of reduction `op` in CUDA source: the op's rule, the new value first for max
+/// and min (as backend/cpu/reduce.hpp's reducers, so NaN propagates the same way).
+inline std::string combine_expr(ops::OpId op, const std::string& acc, const std::string& v) {
+  if (op == ops::OpId::Max) return "r::Maximum::f(" + v + ", " + acc + ")";
+  if (op == ops::OpId::Min) return "r::Minimum::f(" + v + ", " + acc + ")";
+  return "r::Add::f(" + acc + ", " + v + ")";
+}
+
+/// The kernel of a program with a reduction: `sc_fused_r(params)`, launched with blocks of 256
+/// threads (rtc_launch). Each row of `inner` elements is taken by W = reduce_threads_per_row(inner)
+/// threads (256 / W rows per block, blocks striding over the rows): each thread computes the
+/// elements j = lane, lane + W, ... of its row (storing the elementwise outputs) and combines the
+/// reduced register's values; the row's W partials are then combined by a tree in shared memory,
+/// a pair only when both hold values (no identity element: exact for max, min and NaN), and the
+/// row's first thread writes red[row]. Every thread of a block takes the same number of steps, so
+/// each __syncthreads is reached by all.
+template <class Load, class Store>
+std::string reduction_source(const FusedProgram& p, const std::string& T, const std::string& params, Load load,
+                             Store store) {
+  const FusedReduction& rd = *p.reduction;
+  const int w = reduce_threads_per_row(rd.inner);
+  const std::string W = std::to_string(w), inner = std::to_string(rd.inner) + "LL", rows_per_block = std::to_string(256 / w);
+  const std::string v = "r" + std::to_string(rd.reg);
+  std::string s = "extern \"C\" __global__ void sc_fused_r(" + params + ") {\n"
+                  "  __shared__ " + T + " part[256];\n"
+                  "  const int lane = threadIdx.x % " + W + ";\n"
+                  "  const long long rows = n / " + inner + ";\n"
+                  "  for (long long first = blockIdx.x * " + rows_per_block + "LL; first < rows; first += (long long)gridDim.x * " +
+                  rows_per_block + "LL) {\n"
+                  "    const long long row = first + threadIdx.x / " + W + ";\n"
+                  "    " + T + " acc = 0;\n"
+                  "    if (row < rows) {\n"
+                  "      for (long long j = lane; j < " + inner + "; j += " + W + ") {\n"
+                  "        const long long i = row * " + inner + " + j;\n" +
+                  element_body(p, T, "        ", load, store) +
+                  "        acc = j == lane ? " + v + " : " + combine_expr(rd.op, "acc", v) + ";\n"
+                  "      }\n"
+                  "    }\n"
+                  "    part[threadIdx.x] = acc;\n";
+  for (int half = w / 2; half >= 1; half /= 2) {
+    const std::string h = std::to_string(half);
+    s += "    __syncthreads();\n"
+         "    if (lane < " + h + " && lane + " + h + " < " + inner + ") part[threadIdx.x] = " +
+         combine_expr(rd.op, "part[threadIdx.x]", "part[threadIdx.x + " + h + "]") + ";\n";
+  }
+  s += "    __syncthreads();\n"
+       "    if (lane == 0 && row < rows) red[row] = part[threadIdx.x];\n"
+       "    __syncthreads();  // part is refilled for the next rows\n"
+       "  }\n"
+       "}\n";
+  return s;
+}
+
 }  // namespace detail_cuda_fused
 
 /// True when every input of p is read at the element's own index or is one value: the program then
 /// also has a kernel reading and writing 16 bytes per access (sc_fused_v).
 inline bool cuda_vectorizable(const FusedProgram& p) {
+  if (p.reduction) return false;  // its kernel walks rows (sc_fused_r)
   for (const Shape& in : p.input_shapes) {
     const std::string e = detail_cuda_fused::index_expr(in, p.out_shape);
     if (e != "i" && e != "0") return false;
@@ -172,10 +239,13 @@ inline bool& cuda_vector_loads() {
   return on;
 }
 
-/// True when p can run as a generated CUDA kernel: elementwise only (no reduction consumer), over
-/// a dtype and ops the generator knows.
+/// True when p can run as a generated CUDA kernel: over a dtype and ops the generator knows, and
+/// a reduction consumer (if any) a sum, max or min over a floating dtype (as the CPU evaluator's).
 inline bool cuda_fusible(const FusedProgram& p) {
-  if (p.reduction || detail_cuda_fused::c_type(p.dtype) == nullptr) return false;
+  if (detail_cuda_fused::c_type(p.dtype) == nullptr) return false;
+  if (p.reduction && (!is_floating(p.dtype) || (p.reduction->op != ops::OpId::Sum && p.reduction->op != ops::OpId::Max &&
+                                                p.reduction->op != ops::OpId::Min)))
+    return false;
   for (const FusedInstr& c : p.code)
     if (static_cast<int>(c.op) >= ops::num_ops || detail_cuda_fused::rule_names[static_cast<std::size_t>(c.op)].empty())
       return false;
@@ -185,25 +255,30 @@ inline bool cuda_fusible(const FusedProgram& p) {
 /// The CUDA source of p: kernel `sc_fused(const T* in0.., T* out0.., long long n)`, one element per
 /// thread and step of a grid-stride loop; for vectorizable programs also `sc_fused_v` (same
 /// parameters), which reads and writes 16 bytes per access (all pointers 16-byte aligned) and does
-/// the last n % width elements one by one.
+/// the last n % width elements one by one. A program with a reduction has instead
+/// `sc_fused_r(const T* in0.., T* out0.., T* red, long long n)`, see reduction_source().
 inline std::string cuda_source(const FusedProgram& p) {
   namespace d = detail_cuda_fused;
-  if (!cuda_fusible(p)) throw ValueError("[fused] the program cannot run as a CUDA kernel (a reduction, or an op or dtype without a rule)");
+  if (!cuda_fusible(p))
+    throw ValueError("[fused] the program cannot run as a CUDA kernel (an op or dtype without a rule, or a "
+                     "reduction other than a floating sum, max or min)");
   const std::string T = d::c_type(p.dtype);
   const int nin = static_cast<int>(p.input_shapes.size()), nout = static_cast<int>(p.outputs.size());
   std::string params;
   for (int k = 0; k < nin; ++k) params += "const " + T + "* in" + std::to_string(k) + ", ";
   for (int j = 0; j < nout; ++j) params += T + "* out" + std::to_string(j) + ", ";
+  if (p.reduction) params += T + "* red, ";
   params += "long long n";
   std::vector<std::string> index(static_cast<std::size_t>(nin));
   for (int k = 0; k < nin; ++k) index[static_cast<std::size_t>(k)] = d::index_expr(p.input_shapes[static_cast<std::size_t>(k)], p.out_shape);
   auto load_at = [&](int k) { return "in" + std::to_string(k) + "[" + index[static_cast<std::size_t>(k)] + "]"; };
   auto store_at = [](int j, const std::string& r) { return "out" + std::to_string(j) + "[i] = " + r; };
+  const std::string head = "// stagecraft fused kernel: " + std::string(name(p.dtype)) + p.out_shape.str() + "\n" +
+                           "#include \"stagecraft/ops/rules.hpp\"\n"
+                           "namespace r = stagecraft::rules;\n";
+  if (p.reduction) return head + d::reduction_source(p, T, params, load_at, store_at);
   const std::string scalar_body = d::element_body(p, T, "    ", load_at, store_at);
-  std::string s = "// stagecraft fused kernel: " + std::string(name(p.dtype)) + p.out_shape.str() + "\n" +
-                  "#include \"stagecraft/ops/rules.hpp\"\n"
-                  "namespace r = stagecraft::rules;\n"
-                  "extern \"C\" __global__ void sc_fused(" + params + ") {\n"
+  std::string s = head + "extern \"C\" __global__ void sc_fused(" + params + ") {\n"
                   "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n" +
                   scalar_body + "  }\n}\n";
   if (!cuda_vectorizable(p)) return s;
@@ -257,14 +332,24 @@ class CudaFused {
 inline void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> outputs,
                            const std::source_location& loc) const {
   const FusedProgram& p = program_;
-  if (SC_UNLIKELY(inputs.size() != p.input_shapes.size() || outputs.size() != p.outputs.size() || outputs.empty()))
+  const std::size_t nout = p.outputs.size() + (p.reduction ? 1 : 0);
+  if (SC_UNLIKELY(inputs.size() != p.input_shapes.size() || outputs.size() != nout || outputs.empty()))
     throw ValueError("[fused] the program takes " + std::to_string(p.input_shapes.size()) + " inputs and " +
-                     std::to_string(p.outputs.size()) + " outputs, got " + std::to_string(inputs.size()) + " and " +
+                     std::to_string(nout) + " outputs, got " + std::to_string(inputs.size()) + " and " +
                      std::to_string(outputs.size()));
   const Device dev = outputs[0].device();
   for (std::size_t i = 0; i < inputs.size(); ++i)
     detail_fused::check_tensor(inputs[i], p.dtype, dev, p.input_shapes[i], "input", i);
-  for (std::size_t j = 0; j < outputs.size(); ++j) detail_fused::check_tensor(outputs[j], p.dtype, dev, p.out_shape, "output", j);
+  for (std::size_t j = 0; j < p.outputs.size(); ++j) detail_fused::check_tensor(outputs[j], p.dtype, dev, p.out_shape, "output", j);
+  if (p.reduction) {
+    detail_fused::check_tensor(outputs[nout - 1], p.dtype, dev, p.reduction->out_shape, "output", nout - 1);
+    // Rows are written as they finish while other blocks still read: the reduction's result must
+    // not share memory with an input (the CPU evaluator keeps partials apart; this kernel does not).
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      if (SC_UNLIKELY(detail_fused::overlaps(inputs[i], outputs[nout - 1])))
+        throw ValueError("[fused] output " + std::to_string(nout - 1) + " (the reduction's result) shares memory with input " +
+                         std::to_string(i) + "; on a GPU it may not");
+  }
   cuda::detail::require_device(dev, "fused", loc);
 #if defined(STAGECRAFT_WITH_CUDA)
   const cuda::abi::Stream s = cuda::detail::stream(dev, "fused", loc);  // also makes dev current
@@ -272,7 +357,7 @@ inline void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> out
   ptrs.reserve(inputs.size() + outputs.size());
   for (const Tensor& t : inputs) ptrs.push_back(t.raw_data());
   for (const Tensor& t : outputs) ptrs.push_back(t.raw_data());
-  bool vec = vectorizable_ && cuda_vector_loads();
+  bool vec = vectorizable_ && cuda_vector_loads();  // (never with a reduction: not vectorizable)
   for (const void* q : ptrs) vec = vec && reinterpret_cast<std::uintptr_t>(q) % 16 == 0;
   cuda::abi::RtcKernel k = nullptr;
   {
@@ -282,7 +367,8 @@ inline void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> out
     cuda::abi::RtcKernel& slot = kernels_[di][vec ? 1 : 0];
     if (slot == nullptr) {
       char log[4096] = {};
-      const cuda::abi::Status st = cuda::abi::rtc_kernel(dev.index(), source_.c_str(), vec ? "sc_fused_v" : "sc_fused",
+      const char* kernel = p.reduction ? "sc_fused_r" : vec ? "sc_fused_v" : "sc_fused";
+      const cuda::abi::Status st = cuda::abi::rtc_kernel(dev.index(), source_.c_str(), kernel,
                                                          cuda::kernel_cache_dir().c_str(), &slot, log, sizeof log);
       if (st == cuda::abi::rtc_compile_error)
         stagecraft::detail::fail<DeviceError>("fused", loc, "NVRTC could not compile the fused kernel: ", log,
@@ -296,7 +382,15 @@ inline void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> out
   args.reserve(ptrs.size() + 1);
   for (const void*& q : ptrs) args.push_back(&q);
   args.push_back(&n);
-  const std::int64_t work = vec ? (n + detail_cuda_fused::vector_of(p.dtype).width - 1) / detail_cuda_fused::vector_of(p.dtype).width : n;
+  std::int64_t work = n;  // one thread per element: rtc_launch makes blocks of 256 threads
+  if (vec) {
+    const int width = detail_cuda_fused::vector_of(p.dtype).width;
+    work = (n + width - 1) / width;
+  } else if (p.reduction) {  // 256 threads for each block of rows (a grid-stride loop over them)
+    const std::int64_t rows = n / p.reduction->inner,
+                       per_block = 256 / detail_cuda_fused::reduce_threads_per_row(p.reduction->inner);
+    work = (rows + per_block - 1) / per_block * 256;
+  }
   cuda::detail::check(cuda::abi::rtc_launch(k, args.data(), work, s), dev, "fused", loc);
 #endif
 }

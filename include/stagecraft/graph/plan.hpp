@@ -207,6 +207,7 @@ inline void Plan::lower(bool fuse) {
     u.views = s.kind == StepKind::view;
     u.in_place_ok = s.kind == StepKind::fused ||
                     (s.kind == StepKind::kernel && (s.fns->elementwise_unary || s.fns->elementwise_binary));
+    u.last_out_apart = s.kind == StepKind::fused && s.gpu && s.cuda_fused->program().reduction.has_value();
     uses.push_back(std::move(u));
   }
   mem_ = plan_memory(g, uses);

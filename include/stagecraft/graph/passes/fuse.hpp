@@ -1,7 +1,8 @@
 // Elementwise fusion: groups chains of same-shape, same-dtype elementwise nodes (with
 // broadcasting inputs) into one FusedProgram each, run as one pass over the data; a matmul whose
-// result the group reads runs in the same step (its epilogue: bias, activation), and a sum, max
-// or min over trailing axes of a group's value consumes it tile by tile (never stored whole).
+// result the group reads runs in the same step (its epilogue: bias, activation; CPU only), and a
+// sum, max or min over trailing axes of a group's value consumes it tile by tile (never stored
+// whole; on a GPU, row by row in the group's generated kernel).
 #pragma once
 #include <algorithm>
 #include <vector>
@@ -116,13 +117,15 @@ inline std::int64_t trailing_inner(const Graph& g, const Node& r) {
   return inner;
 }
 
-/// True when node n is a sum/max/min that can consume a group's value of dtype d.
+/// True when node n is a sum/max/min that can consume a group's value: the CPU evaluator's tiles
+/// or, on a GPU, the generated kernel's rows (sc_fused_r) reduce it as it is computed.
 inline bool reduction_candidate(const Graph& g, const Node& n) {
   if (n.kind != NodeKind::op || n.outputs.size() != 1 || n.inputs.size() != 1) return false;
   if (n.op != ops::OpId::Sum && n.op != ops::OpId::Max && n.op != ops::OpId::Min) return false;
   const Value& in = g.values[n.inputs[0]];
   const Value& out = g.values[n.outputs[0]];
-  return in.device.is_cpu() && is_floating(in.dtype) && out.dtype == in.dtype && in.shape.numel() > 0 &&
+  const bool here = in.device.is_cpu() || (in.device.is_cuda() && cuda_fusion());
+  return here && out.device == in.device && is_floating(in.dtype) && out.dtype == in.dtype && in.shape.numel() > 0 &&
          trailing_inner(g, n) > 0;
 }
 

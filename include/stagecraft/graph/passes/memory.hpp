@@ -19,6 +19,7 @@ struct MemoryPlan {
     std::vector<int> first_out;  ///< values it writes first and then reads itself (a fused group's matmul head)
     bool views = false;       ///< its output shares the storage of in[0]
     bool in_place_ok = false; ///< elementwise: an output may reuse a dying same-size input's buffer
+    bool last_out_apart = false;  ///< its last output never takes an input's buffer (a GPU reduction's result)
   };
   std::vector<int> buffer_of;              ///< per value: its buffer, -1 when not planned
   std::vector<std::int64_t> buffer_bytes;  ///< per buffer: its size
@@ -101,11 +102,12 @@ inline MemoryPlan plan_memory(const Graph& g, const std::vector<MemoryPlan::Step
         dying.push_back(r);
     }
     std::vector<int> taken;  // dying inputs whose buffer an output took in place
-    for (int o : s.out) {
+    for (std::size_t k = 0; k < s.out.size(); ++k) {
+      const int o = s.out[k];
       if (escapes[o]) continue;
       const std::int64_t need = detail_mem::rounded(detail_mem::bytes_of(g.values[o]));
       int b = -1;
-      if (s.in_place_ok)
+      if (s.in_place_ok && !(s.last_out_apart && k + 1 == s.out.size()))
         for (int r : dying)
           if (std::find(taken.begin(), taken.end(), r) == taken.end() &&
               detail_mem::bytes_of(g.values[r]) == detail_mem::bytes_of(g.values[o]) &&
