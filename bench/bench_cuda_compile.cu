@@ -14,6 +14,7 @@ void chain_compiled_nvcc(benchmark::State& state) {
     return;
   }
   const std::int64_t n = state.range(0);
+  sc::staging::gpu::vector_loads() = state.range(1) != 0;  // 16-byte accesses, or one element per access
   sc::Tensor x, a, b, c;
   {
     const sc::DeviceScope on(sc::Device::cuda(0));  // the inputs of bench_cuda.cpp's chain rows
@@ -32,11 +33,14 @@ void chain_compiled_nvcc(benchmark::State& state) {
     sc::cuda::synchronize();
   }
   state.SetBytesProcessed(state.iterations() * 5 * n * 4);  // four reads and one write
+  sc::staging::gpu::vector_loads() = true;
 }
 BENCHMARK(chain_compiled_nvcc)
     ->Name("cuda/chain9/compiled_nvcc")
-    ->Arg(1 << 20)
-    ->Arg(std::int64_t{1} << 28)
+    ->ArgNames({"n", "vec16"})
+    ->Args({1 << 20, 1})
+    ->Args({std::int64_t{1} << 28, 1})
+    ->Args({std::int64_t{1} << 28, 0})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

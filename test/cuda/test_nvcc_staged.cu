@@ -43,14 +43,15 @@ void check_same(const std::string& what, const sc::Tensor& got, const sc::Tensor
   }
 }
 
-/// The expression of g over the N tensors of a, evaluated by the kernel's program on the host.
+/// The expression of g over the N tensors of a, evaluated by the kernel's program on the host
+/// (vector: as the 16-byte kernel, where it runs; then *vectorized is set).
 template <int N, class G>
-sc::Tensor program_on_host(const G& g, const std::vector<sc::Tensor>& a) {
+sc::Tensor program_on_host(const G& g, const std::vector<sc::Tensor>& a, bool vector, bool* vectorized) {
   const auto e = g.template expression<N>();
   staging::Env<N> env;
   for (int k = 0; k < N; ++k) env.args[static_cast<std::size_t>(k)] = a[static_cast<std::size_t>(k)];
   env.loc = std::source_location::current();
-  return staging::gpu::run_on_host<N>(e.node, env);
+  return staging::gpu::run_on_host<N>(e.node, env, vector, vectorized);
 }
 
 /// Values of dtype d in [-2, 2) (small integers in [-6, 6) for integer dtypes), from seed.
@@ -70,7 +71,7 @@ double tol_of(sc::DType d) { return d == sc::f32 ? 1e-6 : d == sc::f64 ? 1e-14 :
 struct Case {
   std::string name;
   std::function<sc::Tensor(const std::vector<sc::Tensor>&)> compiled;  // g(args...) on any device
-  std::function<sc::Tensor(const std::vector<sc::Tensor>&)> program;   // the program on the host
+  std::function<sc::Tensor(const std::vector<sc::Tensor>&, bool, bool*)> program;  // the program on the host
   std::vector<sc::Tensor> args;
   double tol;
 };
@@ -90,15 +91,15 @@ Case make_case(std::string name, G g, std::vector<sc::Tensor> args, double tol) 
     }
     return sc::Tensor();
   };
-  c.program = [g](const std::vector<sc::Tensor>& a) -> sc::Tensor {
+  c.program = [g](const std::vector<sc::Tensor>& a, bool vector, bool* vectorized) -> sc::Tensor {
     if constexpr (G::template takes<1>()) {
-      if (a.size() == 1) return program_on_host<1>(g, a);
+      if (a.size() == 1) return program_on_host<1>(g, a, vector, vectorized);
     }
     if constexpr (G::template takes<2>()) {
-      if (a.size() == 2) return program_on_host<2>(g, a);
+      if (a.size() == 2) return program_on_host<2>(g, a, vector, vectorized);
     }
     if constexpr (G::template takes<3>()) {
-      if (a.size() == 3) return program_on_host<3>(g, a);
+      if (a.size() == 3) return program_on_host<3>(g, a, vector, vectorized);
     }
     return sc::Tensor();
   };
@@ -114,6 +115,9 @@ std::vector<Case> cases() {
     out.push_back(make_case("chain " + dn + " [4,5] [5]", chain, {values({4, 5}, d, 3), values({5}, d, 4)}, tol_of(d)));
     out.push_back(make_case("chain " + dn + " [3,1,4] [5,4]", chain, {values({3, 1, 4}, d, 5), values({5, 4}, d, 6)}, tol_of(d)));
     out.push_back(make_case("chain " + dn + " [] [6]", chain, {values({}, d, 7), values({6}, d, 8)}, tol_of(d)));
+    // dense: the 16-byte kernel, with a tail of 3 (f32) or 1 (f64) elements; a single-element slot
+    out.push_back(make_case("chain " + dn + " [7,9] [7,9]", chain, {values({7, 9}, d, 40), values({7, 9}, d, 41)}, tol_of(d)));
+    out.push_back(make_case("chain " + dn + " [1] [7,9]", chain, {values({1}, d, 42), values({7, 9}, d, 43)}, tol_of(d)));
   }
   // integers: wrapping arithmetic, max/min, pow, comparisons to bool, weak scalars
   auto ints = sc::compile([](const auto& a, const auto& b) { return sc::maximum(a * b + 3, sc::minimum(a, b)) - sc::pow(a, 2); });
@@ -166,7 +170,22 @@ const Case& named(const std::vector<Case>& all, const std::string& name) {
 /// The host run of the kernel's program against the CPU's fused loop, and three cases against plain loops.
 void host_tests() {
   const std::vector<Case> all = cases();
-  for (const Case& c : all) check_same("program vs fused: " + c.name, c.program(c.args), c.compiled(c.args), c.tol);
+  int vectorized_cases = 0;
+  for (const Case& c : all) {
+    const sc::Tensor want = c.compiled(c.args);
+    check_same("program vs fused: " + c.name, c.program(c.args, false, nullptr), want, c.tol);
+    // The 16-byte kernel's steps: wherever no argument is strided (broadcast over an axis).
+    bool vectorized = false, strided = false;
+    const sc::Tensor v = c.program(c.args, true, &vectorized);
+    for (const sc::Tensor& a : c.args) strided = strided || (a.numel() != 1 && a.numel() != want.numel());
+    const bool root_reduces = want.numel() < c.args[0].numel();
+    ++checks;
+    if (vectorized == (strided || root_reduces)) fail("16-byte program: " + c.name + (vectorized ? " ran" : " did not run"));
+    vectorized_cases += vectorized;
+    check_same("16-byte program vs fused: " + c.name, v, want, c.tol);
+  }
+  ++checks;
+  if (vectorized_cases < 8) fail("16-byte program: only " + std::to_string(vectorized_cases) + " cases ran it");
   // plain loops: the broadcasting chain [3,1,4] x [5,4] in f64, and the integer case
   {
     const sc::Tensor a = values({3, 1, 4}, sc::f64, 5), b = values({5, 4}, sc::f64, 6);
@@ -179,7 +198,7 @@ void host_tests() {
           want.push_back(std::tanh(std::max(x * 2 + y, 0.0)) * y - std::exp(-std::fabs(x)));
         }
     const Case& c = named(all, "chain f64 [3,1,4] [5,4]");
-    check_same("program vs loop: " + c.name, c.program(c.args), sc::tensor(want, sc::Shape{3, 5, 4}), 1e-14);
+    check_same("program vs loop: " + c.name, c.program(c.args, false, nullptr), sc::tensor(want, sc::Shape{3, 5, 4}), 1e-14);
   }
   {
     const sc::Tensor a = values({2, 3, 4}, sc::i32, 9), b = values({3, 1}, sc::i32, 10);
@@ -192,7 +211,7 @@ void host_tests() {
           want.push_back(std::max(x * y + 3, std::min(x, y)) - x * x);
         }
     const Case& c = named(all, "ints i32 [2,3,4] [3,1]");
-    check_same("program vs loop: " + c.name, c.program(c.args), sc::tensor(want, sc::Shape{2, 3, 4}), 0);
+    check_same("program vs loop: " + c.name, c.program(c.args, false, nullptr), sc::tensor(want, sc::Shape{2, 3, 4}), 0);
   }
   {
     const Case& c = named(all, "mean f64 [3,1,300] [5,300]");
@@ -204,7 +223,7 @@ void host_tests() {
         for (int k = 0; k < 300; ++k) s += std::exp(av[i * 300 + k]) - bv[j * 300 + k];
         want.push_back(s / 300);
       }
-    check_same("program vs loop: " + c.name, c.program(c.args), sc::tensor(want, sc::Shape{3, 5, 1}), 1e-13);
+    check_same("program vs loop: " + c.name, c.program(c.args, false, nullptr), sc::tensor(want, sc::Shape{3, 5, 1}), 1e-13);
   }
 }
 
@@ -228,6 +247,19 @@ int gpu_tests() {
   auto chain = sc::compile([](const auto& a, const auto& b) { return sc::tanh(sc::relu(a * 2.f + b)) * b - sc::exp(-sc::abs(a)); });
   const sc::Tensor a = values({1 << 22}, sc::f32, 30), b = values({1 << 22}, sc::f32, 31);
   check_same("gpu vs cpu: chain 4M", chain(a.to(gpu), b.to(gpu)), chain(a, b), 1e-5);
+  // The 16-byte kernel against one element per access, bit for bit, with tails and bool results.
+  auto cmp = sc::compile([](const auto& x, const auto& y) { return (x > y) || (x == 1); });
+  for (const std::int64_t n : {std::int64_t{1} << 22, (std::int64_t{1} << 22) + 3, std::int64_t{5}}) {
+    for (sc::DType d : {sc::f32, sc::f64}) {
+      const sc::Tensor x = values({n}, d, 50).to(gpu), y = values({n}, d, 51).to(gpu);
+      sc::staging::gpu::vector_loads() = false;
+      const sc::Tensor one = chain(x, y), one_cmp = cmp(x, y);
+      sc::staging::gpu::vector_loads() = true;
+      const std::string what = "gpu 16-byte vs one element: " + std::string(sc::name(d)) + " n " + std::to_string(n);
+      check_same(what, chain(x, y), one.to(sc::Device::cpu()), 0);
+      check_same(what + " (compare)", cmp(x, y), one_cmp.to(sc::Device::cpu()), 0);
+    }
+  }
   auto total = sc::compile([](const auto& x, const auto& y) { return sc::sum(sc::tanh(x * y) + x, {-1}); });
   const sc::Tensor u = values({64, 1 << 16}, sc::f32, 36), v = values({1 << 16}, sc::f32, 37);
   check_same("gpu vs cpu: row sums [64, 65536]", total(u.to(gpu), v.to(gpu)), total(u, v), 1e-4);

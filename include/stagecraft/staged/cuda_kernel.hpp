@@ -30,8 +30,10 @@
 
 #if defined(__CUDACC__)
 #define SC_GPU_FN __host__ __device__ __forceinline__
+#define SC_GPU_UNROLL _Pragma("unroll")
 #else
 #define SC_GPU_FN inline
+#define SC_GPU_UNROLL
 #endif
 
 namespace stagecraft::staging::gpu {
@@ -97,6 +99,38 @@ struct At {
   }
 };
 
+/// Whether the elementwise kernel reads and writes 16 bytes per access where it can (default on;
+/// off: one element per access, for comparisons). The generated kernels of traced functions have
+/// their own switch (graph::cuda_vector_loads).
+inline bool& vector_loads() {
+  static bool on = true;
+  return on;
+}
+
+/// Lanes of one 16-byte access to elements of T.
+template <class T>
+inline constexpr int lanes_v = static_cast<int>(16 / sizeof(T));
+/// W elements of T moved as one access (16 bytes for the slots; W * sizeof(T) for the result).
+template <class T, int W>
+struct alignas(sizeof(T) * W) Chunk {
+  T v[W];
+};
+
+/// The slots at lane `lane` of W consecutive output elements (the 16-byte kernel): the dense
+/// slots' W values loaded beforehand, one access each; a single-element slot read from memory.
+template <class T, int NS, int W>
+struct LaneAt {
+  const T (*vals)[W];
+  const void* const* p;
+  const Read* read;
+  int lane;
+  template <int K, DType D>
+  SC_GPU_FN T load() const {
+    static_assert(std::is_same_v<ctype_t<D>, T>, "stagecraft: every slot of a kernel has the expression's dtype");
+    return read[K] == Read::dense ? vals[K][lane] : static_cast<const T*>(p[K])[0];
+  }
+};
+
 // ---- the device program ----------------------------------------------------------------------
 
 /// The value of node N's compute dtype (and result dtype) for the expression's dtype D: read from
@@ -109,8 +143,8 @@ inline constexpr DType dtype_v = N::template dtype<D>();
 /// Slot K (an argument, a tensor leaf or a materialized operand), of the expression's dtype.
 template <int K>
 struct PSlot {
-  template <DType D, class V, class Idx>
-  SC_GPU_FN V get(const At<Idx>& at) const {
+  template <DType D, class V, class AtT>
+  SC_GPU_FN V get(const AtT& at) const {
     return conv<V>(at.template load<K, D>());
   }
 };
@@ -118,16 +152,16 @@ struct PSlot {
 template <class S>
 struct PConst {
   S v;
-  template <DType D, class V, class Idx>
-  SC_GPU_FN V get(const At<Idx>&) const {
+  template <DType D, class V, class AtT>
+  SC_GPU_FN V get(const AtT&) const {
     return static_cast<V>(v);
   }
 };
 /// A compile-time integer.
 template <int K>
 struct PInt {
-  template <DType D, class V, class Idx>
-  SC_GPU_FN V get(const At<Idx>&) const {
+  template <DType D, class V, class AtT>
+  SC_GPU_FN V get(const AtT&) const {
     return static_cast<V>(K);
   }
 };
@@ -135,8 +169,8 @@ struct PInt {
 template <class N, class R, class A>
 struct PMap1 {
   A a;
-  template <DType D, class V, class Idx>
-  SC_GPU_FN V get(const At<Idx>& at) const {
+  template <DType D, class V, class AtT>
+  SC_GPU_FN V get(const AtT& at) const {
     if constexpr (N::weak) {
       return conv<V>(R::f(a.template get<D, V>(at)));
     } else {
@@ -150,8 +184,8 @@ template <class N, class R, class A, class B>
 struct PMap2 {
   A a;
   B b;
-  template <DType D, class V, class Idx>
-  SC_GPU_FN V get(const At<Idx>& at) const {
+  template <DType D, class V, class AtT>
+  SC_GPU_FN V get(const AtT& at) const {
     if constexpr (N::weak) {
       const V x = a.template get<D, V>(at);
       const V y = b.template get<D, V>(at);
@@ -170,8 +204,8 @@ struct PSelect {
   C c;
   A a;
   B b;
-  template <DType D, class V, class Idx>
-  SC_GPU_FN V get(const At<Idx>& at) const {
+  template <DType D, class V, class AtT>
+  SC_GPU_FN V get(const AtT& at) const {
     const bool m = c.template get<D, bool>(at);
     if constexpr (N::weak) {
       const V x = a.template get<D, V>(at);
@@ -189,8 +223,8 @@ struct PSelect {
 template <DType X, bool AsD, class A>
 struct PConvert {
   A a;
-  template <DType D, class V, class Idx>
-  SC_GPU_FN V get(const At<Idx>& at) const {
+  template <DType D, class V, class AtT>
+  SC_GPU_FN V get(const AtT& at) const {
     using CV = ctype_t<AsD ? D : X>;
     return conv<V>(a.template get<D, CV>(at));
   }
@@ -275,6 +309,38 @@ SC_GPU_FN R element(const P& e, const Geometry<NS, Idx>& g, Idx i) {
     }
   }
   return e.template get<D, R>(At<Idx>{g.p, off});
+}
+
+/// Output elements [v W, v W + W) of program e, W = lanes_v of the expression's type: each dense
+/// slot read as one 16-byte access, the W results written as one access. Needs vector_ok(g, y).
+template <DType D, class R, class P, int NS, class Idx>
+SC_GPU_FN void vector_step(const P& e, const Geometry<NS, Idx>& g, Idx v, R* y) {
+  using T = ctype_t<D>;
+  constexpr int W = lanes_v<T>;
+  T vals[NS > 0 ? NS : 1][W];
+  SC_GPU_UNROLL
+  for (int k = 0; k < NS; ++k) {
+    if (g.read[k] != Read::dense) continue;
+    const Chunk<T, W> c = static_cast<const Chunk<T, W>*>(g.p[k])[v];
+    SC_GPU_UNROLL
+    for (int l = 0; l < W; ++l) vals[k][l] = c.v[l];
+  }
+  Chunk<R, W> out;
+  SC_GPU_UNROLL
+  for (int l = 0; l < W; ++l) out.v[l] = e.template get<D, R>(LaneAt<T, NS, W>{vals, g.p, g.read, l});
+  reinterpret_cast<Chunk<R, W>*>(y)[v] = out;
+}
+
+/// Whether vector_step may run over g into y: on (vector_loads()), no slot strided, every dense
+/// slot aligned to 16 bytes and y to its chunk's size.
+template <DType D, class R, int NS, class Idx>
+bool vector_ok(const Geometry<NS, Idx>& g, const R* y) {
+  using T = ctype_t<D>;
+  if (!vector_loads() || g.strided) return false;
+  if (reinterpret_cast<std::uintptr_t>(y) % alignof(Chunk<R, lanes_v<T>>) != 0) return false;
+  for (int k = 0; k < NS; ++k)
+    if (g.read[k] == Read::dense && reinterpret_cast<std::uintptr_t>(g.p[k]) % 16 != 0) return false;
+  return true;
 }
 
 /// The geometry of the used slots over an output of `shape` (slots already broadcast-checked).
@@ -381,9 +447,11 @@ Tensor reduce_on_host(const Mat<M, A>& e, const Env<NA, DS>& env) {
 }
 
 /// Runs program e over every output element on the host: what the kernel computes, one element
-/// at a time (tests compare it with the fused loop).
+/// at a time, or (vector, where vector_ok) as the 16-byte kernel does: W elements a step, then
+/// the tail one by one (tests compare both with the fused loop); *vectorized says which ran.
 template <DType D, int NA, class E, int NS>
-Tensor run_program_on_host(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape& shape) {
+Tensor run_program_on_host(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape& shape, bool vector,
+                           bool* vectorized) {
   constexpr DType OD = E::template dtype<D>();
   using R = ctype_t<OD>;
   using L = lower<E, NA>;
@@ -391,15 +459,24 @@ Tensor run_program_on_host(const E& e, const Slots<NS>& sl, const Used<NS>& used
   Tensor out = detail::empty_tensor(shape, OD, Device::cpu());
   const auto g = geometry<std::int64_t>(sl, used, shape);
   R* y = static_cast<R*>(out.raw_data());
-  for (std::int64_t i = 0; i < g.n; ++i) y[i] = element<D, R>(prog, g, i);
+  std::int64_t i = 0;
+  if (vector && vector_ok<D>(g, y)) {
+    constexpr int W = lanes_v<ctype_t<D>>;
+    for (std::int64_t v = 0; v < g.n / W; ++v) vector_step<D, R>(prog, g, v, y);
+    i = g.n / W * W;
+    if (vectorized != nullptr) *vectorized = true;
+  }
+  for (; i < g.n; ++i) y[i] = element<D, R>(prog, g, i);
   return out;
 }
 
 /// Expression e (an elementwise root, or a reduction of one) with the compiled function's
 /// arguments in env, evaluated by the device program on the host; an undefined Tensor where the
-/// kernel would not run (mixed dtypes or devices, a shape error, a weak root).
+/// kernel would not run (mixed dtypes or devices, a shape error, a weak root). vector: an
+/// elementwise root as the 16-byte kernel computes it, where it would run (then *vectorized is set).
 template <int NA, class E, unsigned DS>
-Tensor run_on_host(const E& e, const Env<NA, DS>& env) {
+Tensor run_on_host(const E& e, const Env<NA, DS>& env, bool vector = false, bool* vectorized = nullptr) {
+  if (vectorized != nullptr) *vectorized = false;
   constexpr int NS = NA + E::slots;
   Tensor out;
   if constexpr (reduce_root<E>::value) {
@@ -412,7 +489,7 @@ Tensor run_on_host(const E& e, const Env<NA, DS>& env) {
     if (fusable<NS>(sl, used, d) && shape_of<NA>(e, env, sl, shape)) {
       visit_dtype(d, [&](auto tag) {
         constexpr DType D = dtype_of<typename decltype(tag)::type>();
-        if constexpr (E::template valid<D>()) out = run_program_on_host<D, NA>(e, sl, used, shape);
+        if constexpr (E::template valid<D>()) out = run_program_on_host<D, NA>(e, sl, used, shape, vector, vectorized);
       });
     }
   }
@@ -429,11 +506,25 @@ __global__ void __launch_bounds__(kernel_block) fused_kernel(const P e, const Ge
     y[i] = element<D, R>(e, g, i);
 }
 
+/// W = lanes_v elements per thread and step, 16 bytes per access (vector_step), then the last
+/// n % W elements one per thread.
+template <DType D, class R, class P, int NS, class Idx>
+__global__ void __launch_bounds__(kernel_block) fused_kernel_v(const P e, const Geometry<NS, Idx> g, R* __restrict__ y) {
+  constexpr int W = lanes_v<ctype_t<D>>;
+  const Idx nv = g.n / W, t = static_cast<Idx>(blockIdx.x) * kernel_block + static_cast<Idx>(threadIdx.x),
+            step = static_cast<Idx>(gridDim.x) * kernel_block;
+  for (Idx v = t; v < nv; v += step) vector_step<D, R>(e, g, v, y);
+  for (Idx i = nv * W + t; i < g.n; i += step) y[i] = element<D, R>(e, g, i);
+}
+
 template <DType D, class R, class P, int NS, class Idx>
 void launch(const P& prog, const Geometry<NS, Idx>& g, R* y, Device dev, const std::source_location& loc) {
   const cudaStream_t s = static_cast<cudaStream_t>(cuda::detail::stream(dev, "compile", loc));
-  const long long blocks = std::min<long long>((static_cast<long long>(g.n) + kernel_block - 1) / kernel_block, 1 << 20);
-  fused_kernel<D, R, P, NS, Idx><<<static_cast<unsigned>(blocks), kernel_block, 0, s>>>(prog, g, y);
+  const bool vec = vector_ok<D>(g, y);
+  const long long work = vec ? static_cast<long long>(g.n) / lanes_v<ctype_t<D>> : static_cast<long long>(g.n);
+  const long long blocks = std::clamp<long long>((work + kernel_block - 1) / kernel_block, 1, 1 << 20);
+  if (vec) fused_kernel_v<D, R, P, NS, Idx><<<static_cast<unsigned>(blocks), kernel_block, 0, s>>>(prog, g, y);
+  else fused_kernel<D, R, P, NS, Idx><<<static_cast<unsigned>(blocks), kernel_block, 0, s>>>(prog, g, y);
   cuda::detail::check(static_cast<int>(cudaGetLastError()), dev, "compile", loc);
 }
 
