@@ -53,6 +53,21 @@ TEST_CASE("rtc: every fusible op has a rule the generator names", "[cuda][rtc]")
   CHECK(cf::rule_names[static_cast<std::size_t>(sc::ops::OpId::MatMul)].empty());
 }
 
+#if defined(STAGECRAFT_WITH_CUDA)
+namespace {
+/// src compiles under NVRTC for sm_90 into a kernel of some size (NVRTC's log on failure).
+void check_compiles(const std::string& src) {
+  char log[8192] = {};
+  std::size_t bytes = 0;
+  const abi::Status s = abi::rtc_check(src.c_str(), 90, &bytes, log, sizeof log);
+  INFO(log);
+  INFO(src);
+  REQUIRE(s == 0);
+  CHECK(bytes > 1000);
+}
+}  // namespace
+#endif
+
 TEST_CASE("rtc: the generated source of every op and dtype compiles under NVRTC", "[cuda][rtc]") {
 #if !defined(STAGECRAFT_WITH_CUDA)
   WARN("built without CUDA: no NVRTC to compile with");
@@ -65,13 +80,7 @@ TEST_CASE("rtc: the generated source of every op and dtype compiles under NVRTC"
       REQUIRE(sc::graph::cuda_vectorizable(p) == dense);
       const std::string src = sc::graph::cuda_source(p);
       CHECK((src.find("sc_fused_v(") != std::string::npos) == dense);
-      char log[8192] = {};
-      std::size_t bytes = 0;
-      const abi::Status s = abi::rtc_check(src.c_str(), 90, &bytes, log, sizeof log);
-      INFO(log);
-      INFO(src);
-      REQUIRE(s == 0);
-      CHECK(bytes > 1000);
+      check_compiles(src);
     }
   }
   // Row kernels: short rows (several per block, a small tree) and long rows (a block each).
@@ -83,13 +92,7 @@ TEST_CASE("rtc: the generated source of every op and dtype compiles under NVRTC"
       p.input_shapes = {{3, inner}, {inner}};
       p.reduction = sc::graph::FusedReduction{sc::ops::OpId::Max, 4, inner, sc::Shape{3, 1}};
       const std::string src = sc::graph::cuda_source(p);
-      char log[8192] = {};
-      std::size_t bytes = 0;
-      const abi::Status s = abi::rtc_check(src.c_str(), 90, &bytes, log, sizeof log);
-      INFO(log);
-      INFO(src);
-      REQUIRE(s == 0);
-      CHECK(bytes > 1000);
+      check_compiles(src);
     }
   }
 #endif
