@@ -1,8 +1,9 @@
 // GPU benchmarks (issue 8), side by side in one run on one GPU: an eager small op (launch cost,
 // asynchronous), a device-to-device copy (the bandwidth line), the 9-op chain
 // tanh(x*a + b)*c - x/(1 + exp(-x)) eager and traced (one generated kernel), matmul 8192^3 against
-// cuBLAS called directly, and LibTorch's rows when it is found with CUDA. Every timed loop ends
-// with a synchronize, so a row is the time the GPU needed, not the time to queue the work.
+// cuBLAS called directly, a whole-tensor sum of squares eager and traced, and LibTorch's rows when
+// it is found with CUDA. Every timed loop ends with a synchronize, so a row is the time the GPU
+// needed, not the time to queue the work.
 // Without a GPU each benchmark says so and skips.
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
@@ -104,6 +105,28 @@ void chain_staged(benchmark::State& state) {
 BENCHMARK(chain_staged)->Name("cuda/chain9/staged")->ArgNames({"n", "vec16"})
     ->Args({1 << 20, 1})->Args({big, 1})->Args({big, 0})->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// ---- a whole-tensor reduction: sum((x - a)^2) over 256M floats ------------------------------------
+// Staged, one generated kernel cut in 1024 pieces and a second combining them (cuda_fused.hpp's
+// ReductionSplit); eager, a subtract, a square and a CUB sum. Bytes: the two reads.
+
+sc::Tensor sum_sq(const sc::Tensor& x, const sc::Tensor& a) { return sc::sum(sc::square(x - a)); }
+
+void sumsq(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const bool staged = state.range(0) != 0;
+  const ChainInputs in(big);
+  auto f = sc::function(sum_sq);
+  benchmark::DoNotOptimize(staged ? f(in.x, in.a) : sum_sq(in.x, in.a));
+  sc::cuda::synchronize();
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(staged ? f(in.x, in.a) : sum_sq(in.x, in.a));
+    sc::cuda::synchronize();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * big * 4);
+  if (staged) state.counters["fused_reductions"] = f.get_concrete(in.x, in.a).stats().plan.fused_reductions;
+}
+BENCHMARK(sumsq)->Name("cuda/sumsq/256M")->ArgName("staged")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 // ---- matmul 8192^3 -------------------------------------------------------------------------------
 
 constexpr std::int64_t mm = 8192;
@@ -178,6 +201,18 @@ void torch_chain(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * 5 * n * 4);
 }
 BENCHMARK(torch_chain)->Name("cuda/chain9/libtorch")->Arg(1 << 20)->Arg(big)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void torch_sumsq(benchmark::State& state) {
+  if (!torch_gpu(state)) return;
+  const auto o = torch::TensorOptions().device(torch::kCUDA);
+  const auto x = torch::rand({big}, o), a = torch::rand({big}, o);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(torch::sum(torch::square(x - a)));
+    torch::cuda::synchronize();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * big * 4);
+}
+BENCHMARK(torch_sumsq)->Name("cuda/sumsq/256M/libtorch")->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void torch_matmul(benchmark::State& state) {
   if (!torch_gpu(state)) return;

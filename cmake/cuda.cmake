@@ -38,7 +38,7 @@ if(STAGECRAFT_WITH_CUDA)
   # C++20 by flag: CMake 3.25 knows no CUDA20 dialect for nvcc 13. std::array's constexpr members
   # are called from device code (the Philox rounds).
   target_compile_options(stagecraft_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr>)
-  target_link_libraries(stagecraft_cuda PUBLIC CUDA::cudart CUDA::cublas CUDA::nvrtc)
+  target_link_libraries(stagecraft_cuda PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt CUDA::nvrtc)
   # kernels/rtc.cu compiles fused kernels at run time against the rules header: embed its text
   # (and the two standard headers NVRTC lacks), regenerated whenever one of them changes.
   set(_sc_rtc_dir ${CMAKE_CURRENT_BINARY_DIR}/stagecraft_rtc)

@@ -15,6 +15,7 @@ using abi::Status;
 using abi::rtc_compile_error;
 
 inline constexpr int block_threads = 256;
+static_assert(abi::not_supported == cudaErrorNotSupported, "abi::not_supported names cudaErrorNotSupported");
 
 /// Blocks of a grid-stride loop over n elements (capped: each thread then takes several).
 inline unsigned grid_for(std::int64_t n) {

@@ -1,8 +1,12 @@
 // Matrix products: cuBLAS for f32/f64 (row-major operands read transposed by flags, never copied),
-// a plain kernel for integers (cuBLAS has none), one cuBLAS handle per device on its stream.
+// a plain kernel for integers (cuBLAS has none), one cuBLAS handle per device on its stream; and
+// f32 products with a bias (and ReLU) epilogue in one cuBLASLt call, for the staged plans.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <map>
 #include <mutex>
+#include <tuple>
 
 #include "common.cuh"
 
@@ -86,6 +90,75 @@ Status int_gemm(const T* a, const T* b, T* c, const abi::GemmArgs& g, cudaStream
   return cudaSuccess;
 }
 
+// ---- cuBLASLt: C = relu?(A B + bias), bias broadcast over C's rows -------------------------------
+
+/// One matmul's cuBLASLt set-up: descriptors and the heuristic's algorithm, kept per device and
+/// shape (a staged plan calls the same shapes at every step: the heuristic runs once).
+struct LtPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+using LtKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, bool, bool, bool>;
+
+Status lt_handle(int device, cublasLtHandle_t* out) {
+  static cublasLtHandle_t handles[max_devices] = {};
+  if (!handles[device])
+    if (const Status st = from_cublas(cublasLtCreate(&handles[device]))) return st;
+  *out = handles[device];
+  return cudaSuccess;
+}
+
+/// The plan of key, made on first use; the caller holds handle_mutex(device). Null with the
+/// status when cuBLASLt has no algorithm for it (the caller then falls back).
+Status lt_plan(cublasLtHandle_t h, const LtKey& key, const LtPlan** out) {
+  static std::map<LtKey, LtPlan> by_device[max_devices];  // each guarded by its handle_mutex
+  std::map<LtKey, LtPlan>& plans = by_device[std::get<0>(key)];
+  if (const auto it = plans.find(key); it != plans.end()) {
+    *out = &it->second;
+    return cudaSuccess;
+  }
+  const auto [device, M, N, K, ta, tb, relu] = key;
+  (void)device;
+  LtPlan p;
+  // Row-major C (M x N) is column-major C^T (N x M) = op(B)^T op(A)^T, as blas() above: cuBLASLt's
+  // first operand is B, stored column-major N x K (ld N), or K x N (ld K) when tb; the bias runs
+  // along C^T's rows, which are C's columns.
+  const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasLtEpilogue_t epilogue = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  auto fail = [&](cublasStatus_t st) {
+    if (p.op) cublasLtMatmulDescDestroy(p.op);
+    for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+    return from_cublas(st);
+  };
+  cublasStatus_t st = cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, tb ? K : N, tb ? N : K, tb ? K : N);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, ta ? M : K, ta ? K : M, ta ? M : K);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, N, M, N);
+  if (st != CUBLAS_STATUS_SUCCESS) return fail(st);
+  // No workspace: nothing to allocate (a graph's capture may be running), at the price of the
+  // algorithms that need one.
+  cublasLtMatmulPreference_t pref = nullptr;
+  st = cublasLtMatmulPreferenceCreate(&pref);
+  const std::size_t workspace = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulAlgoGetHeuristic(h, p.op, p.b, p.a, p.c, p.c, pref, 1, &result, &found);
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && found == 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
+  if (st != CUBLAS_STATUS_SUCCESS) return fail(st);
+  p.algo = result.algo;
+  *out = &plans.emplace(key, p).first->second;
+  return cudaSuccess;
+}
+
 }  // namespace
 }  // namespace stagecraft::cuda::kernels
 
@@ -114,6 +187,25 @@ Status gemm(DT dt, const void* a, const void* b, void* c, const GemmArgs& g, int
     return blas(cublasDgemmStridedBatched, h, static_cast<const double*>(a), static_cast<const double*>(b),
                 static_cast<double*>(c), g);
   return cudaErrorNotSupported;
+}
+
+Status gemm_bias(DT dt, const void* a, const void* b, const void* bias, void* c, const GemmArgs& g, bool relu, int device,
+                 Stream s) noexcept {
+  if (dt != DT::f32 || g.batch != 1 || g.a_offsets || g.b_offsets) return cudaErrorNotSupported;
+  if (g.M == 0 || g.N == 0) return cudaSuccess;
+  if (g.K == 0) return cudaErrorNotSupported;  // C is the bias alone: the caller's fallback does it
+  if (device < 0 || device >= max_devices) return cudaErrorInvalidDevice;
+  const std::lock_guard<std::mutex> lock(handle_mutex(device));
+  cublasLtHandle_t h = nullptr;
+  if (const Status e = lt_handle(device, &h)) return e;
+  const LtPlan* p = nullptr;
+  if (const Status e = lt_plan(h, LtKey{device, g.M, g.N, g.K, g.ta, g.tb, relu}, &p)) return e;
+  if (const Status e = from_cublas(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                                  sizeof bias)))
+    return e;
+  const float one = 1, zero = 0;
+  return from_cublas(cublasLtMatmul(h, p->op, &one, b, p->b, a, p->a, &zero, c, p->c, c, p->c, &p->algo, nullptr, 0,
+                                    static_cast<cudaStream_t>(s)));
 }
 
 }  // namespace stagecraft::cuda::abi

@@ -1,5 +1,6 @@
 // Reductions (sum, max, min; argmax, argmin along one axis) over any axes: one block per output
-// element, CUB's block reduce combining the threads' partials. The combine steps are the CPU
+// element, CUB's block reduce combining the threads' partials; a few long rows (abi::reduce_split)
+// cut in pieces, a block each, whose partials a second kernel combines. The combine steps are the CPU
 // reducers' (max/min: the rules; arg: NaN first, then the first index of the extremum).
 #include <cub/block/block_reduce.cuh>
 
@@ -30,47 +31,14 @@ struct MinOp {
   __device__ T operator()(T acc, T x) const { return rules::Minimum::f(x, acc); }
 };
 
-template <class Op, class In, class Out>
-__global__ void reduce_kernel(const In* x, Out* y, abi::ReduceGeometry g) {
-  using BlockReduce = cub::BlockReduce<Out, block_threads>;
-  __shared__ typename BlockReduce::TempStorage temp;
-  const Op op;
-  for (std::int64_t o = blockIdx.x; o < g.out_numel; o += gridDim.x) {
-    const std::int64_t base = strided_offset(g.kept_rank, g.kept_shape, g.kept_strides, o);
-    Out acc{};
-    std::int64_t r = threadIdx.x;
-    if (r < g.red_numel) acc = static_cast<Out>(x[base + strided_offset(g.red_rank, g.red_shape, g.red_strides, r)]);
-    for (r += block_threads; r < g.red_numel; r += block_threads)
-      acc = op(acc, static_cast<Out>(x[base + strided_offset(g.red_rank, g.red_shape, g.red_strides, r)]));
-    const int valid = g.red_numel < block_threads ? static_cast<int>(g.red_numel) : block_threads;
-    const Out total = valid > 0 ? BlockReduce(temp).Reduce(acc, op, valid) : Out{};
-    if (threadIdx.x == 0) y[o] = total;
-    __syncthreads();  // temp is reused by the next output
-  }
-}
-
-template <class Op>
-Status launch(DT dt, const void* x, void* y, const abi::ReduceGeometry& g, cudaStream_t s) {
-  const unsigned grid = static_cast<unsigned>(g.out_numel < 65535 * 8 ? g.out_numel : 65535 * 8);
-  return visit(dt, [&](auto tag) -> Status {
-    using T = decltype(tag);
-    if constexpr (std::is_same_v<T, bool>) {
-      if constexpr (!std::is_same_v<Op, SumOp>) return cudaErrorNotSupported;
-      else reduce_kernel<Op, bool, std::int64_t><<<grid, block_threads, 0, s>>>(static_cast<const bool*>(x),
-                                                                                  static_cast<std::int64_t*>(y), g);
-    } else {
-      reduce_kernel<Op, T, T><<<grid, block_threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), g);
-    }
-    return launched();
-  });
-}
-
 /// A candidate of argmax/argmin: its value and its index along the axis.
 template <class T>
 struct Candidate {
   T value;
   std::int64_t index;
 };
+static_assert(sizeof(Candidate<double>) <= 16, "abi::reduce_scratch_bytes gives 16 bytes a partial");
+
 /// The CPU's choice (backend/cpu/reduce.hpp arg_reduce): NaN counts as the largest (argmax) or the
 /// smallest (argmin), and among equal values the first index wins; commutative, so any order of
 /// combining gives that answer.
@@ -88,33 +56,117 @@ struct ArgOp {
   }
 };
 
+/// A reduction's types: what it reads (In), what its partials are (Acc, also what the second kernel
+/// of a cut reduction combines), what it writes (Out), and its combine step.
+template <class Op, class In, class Out>
+struct ValueReduction {
+  using Acc = Out;
+  Op op;
+  __device__ Acc load(const In* x, std::int64_t at, std::int64_t) const { return static_cast<Acc>(x[at]); }
+  __device__ Out result(const Acc& a) const { return a; }
+};
 template <bool IsMax, class T>
-__global__ void arg_reduce_kernel(const T* x, std::int64_t* y, abi::ReduceGeometry g) {
-  using C = Candidate<T>;
-  using BlockReduce = cub::BlockReduce<C, block_threads>;
-  __shared__ typename BlockReduce::TempStorage temp;
-  const ArgOp<IsMax> op;
-  for (std::int64_t o = blockIdx.x; o < g.out_numel; o += gridDim.x) {
+struct ArgReduction {
+  using Acc = Candidate<T>;
+  ArgOp<IsMax> op;
+  __device__ Acc load(const T* x, std::int64_t at, std::int64_t r) const { return Acc{x[at], r}; }
+  __device__ std::int64_t result(const Acc& a) const { return a.index; }
+};
+
+/// The block's reduction of load(r) for r in [lo, hi) (hi > lo), in thread 0; every thread of the
+/// block must call it (it syncs).
+template <class R, class Load>
+__device__ typename R::Acc block_reduce(const R& red, typename cub::BlockReduce<typename R::Acc, block_threads>::TempStorage& temp,
+                                        Load load, std::int64_t lo, std::int64_t hi) {
+  using Acc = typename R::Acc;
+  Acc acc{};
+  std::int64_t r = lo + threadIdx.x;
+  if (r < hi) acc = load(r);
+  for (r += block_threads; r < hi; r += block_threads) acc = red.op(acc, load(r));
+  const std::int64_t n = hi - lo;
+  const int valid = n < block_threads ? static_cast<int>(n) : block_threads;
+  const Acc total = cub::BlockReduce<Acc, block_threads>(temp).Reduce(acc, red.op, valid);
+  __syncthreads();  // temp is reused by the block's next call
+  return total;
+}
+
+/// One block per output element (a grid-stride loop over them), its whole row; or, with
+/// chunks > 1, one block per piece of `chunk` elements of a row, writing the piece's partial to
+/// `part` (out_numel * chunks of them) for combine_kernel.
+template <class R, class In, class Out>
+__global__ void reduce_kernel(const In* x, Out* y, typename R::Acc* part, abi::ReduceGeometry g, abi::ReduceSplit split) {
+  using Acc = typename R::Acc;
+  __shared__ typename cub::BlockReduce<Acc, block_threads>::TempStorage temp;
+  const R red;
+  const std::int64_t pieces = g.out_numel * split.chunks;
+  for (std::int64_t p = blockIdx.x; p < pieces; p += gridDim.x) {
+    const std::int64_t o = p / split.chunks, lo = p % split.chunks * split.chunk;
+    const std::int64_t hi = g.red_numel - lo < split.chunk ? g.red_numel : lo + split.chunk;
     const std::int64_t base = strided_offset(g.kept_rank, g.kept_shape, g.kept_strides, o);
-    C acc{T{}, 0};
-    std::int64_t r = threadIdx.x;
-    if (r < g.red_numel) acc = C{x[base + strided_offset(g.red_rank, g.red_shape, g.red_strides, r)], r};
-    for (r += block_threads; r < g.red_numel; r += block_threads)
-      acc = op(acc, C{x[base + strided_offset(g.red_rank, g.red_shape, g.red_strides, r)], r});
-    const int valid = g.red_numel < block_threads ? static_cast<int>(g.red_numel) : block_threads;
-    const C best = valid > 0 ? BlockReduce(temp).Reduce(acc, op, valid) : C{T{}, 0};
-    if (threadIdx.x == 0) y[o] = best.index;
-    __syncthreads();
+    if (hi <= lo) {  // an empty reduction (the sum of nothing)
+      if (threadIdx.x == 0) y[o] = Out{};
+      continue;
+    }
+    const Acc total = block_reduce(red, temp,
+                                   [&](std::int64_t r) {
+                                     return red.load(x, base + strided_offset(g.red_rank, g.red_shape, g.red_strides, r), r);
+                                   },
+                                   lo, hi);
+    if (threadIdx.x == 0) {
+      if (split.chunks > 1) part[p] = total;
+      else y[o] = red.result(total);
+    }
   }
 }
 
-template <bool IsMax>
-Status launch_arg(DT dt, const void* x, void* y, const abi::ReduceGeometry& g, cudaStream_t s) {
-  const unsigned grid = static_cast<unsigned>(g.out_numel < 65535 * 8 ? g.out_numel : 65535 * 8);
+/// The second kernel of a cut reduction: output o combines its chunks partials, in order.
+template <class R, class Out>
+__global__ void combine_kernel(const typename R::Acc* part, Out* y, std::int64_t out_numel, std::int64_t chunks) {
+  using Acc = typename R::Acc;
+  __shared__ typename cub::BlockReduce<Acc, block_threads>::TempStorage temp;
+  const R red;
+  for (std::int64_t o = blockIdx.x; o < out_numel; o += gridDim.x) {
+    const Acc total = block_reduce(red, temp, [&](std::int64_t q) { return part[o * chunks + q]; }, 0, chunks);
+    if (threadIdx.x == 0) y[o] = red.result(total);
+  }
+}
+
+unsigned blocks_for(std::int64_t n) { return static_cast<unsigned>(n < 65535 * 8 ? n : 65535 * 8); }
+
+template <class R, class In, class Out>
+Status launch_reduction(const void* x, void* y, const abi::ReduceGeometry& g, void* scratch, cudaStream_t s) {
+  using Acc = typename R::Acc;
+  const abi::ReduceSplit split = abi::reduce_split(g.out_numel, g.red_numel);
+  const bool cut = split.chunks > 1;
+  if (cut && scratch == nullptr) return cudaErrorInvalidValue;
+  auto* part = static_cast<Acc*>(scratch);
+  reduce_kernel<R, In, Out><<<blocks_for(g.out_numel * split.chunks), block_threads, 0, s>>>(
+      static_cast<const In*>(x), static_cast<Out*>(y), part, g, split);
+  if (!cut) return launched();
+  if (const Status st = launched(); st != cudaSuccess) return st;
+  combine_kernel<R, Out><<<blocks_for(g.out_numel), block_threads, 0, s>>>(part, static_cast<Out*>(y), g.out_numel,
+                                                                           split.chunks);
+  return launched();
+}
+
+template <class Op>
+Status launch(DT dt, const void* x, void* y, const abi::ReduceGeometry& g, void* scratch, cudaStream_t s) {
   return visit(dt, [&](auto tag) -> Status {
     using T = decltype(tag);
-    arg_reduce_kernel<IsMax, T><<<grid, block_threads, 0, s>>>(static_cast<const T*>(x), static_cast<std::int64_t*>(y), g);
-    return launched();
+    if constexpr (std::is_same_v<T, bool>) {
+      if constexpr (!std::is_same_v<Op, SumOp>) return cudaErrorNotSupported;
+      else return launch_reduction<ValueReduction<Op, bool, std::int64_t>, bool, std::int64_t>(x, y, g, scratch, s);
+    } else {
+      return launch_reduction<ValueReduction<Op, T, T>, T, T>(x, y, g, scratch, s);
+    }
+  });
+}
+
+template <bool IsMax>
+Status launch_arg(DT dt, const void* x, void* y, const abi::ReduceGeometry& g, void* scratch, cudaStream_t s) {
+  return visit(dt, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    return launch_reduction<ArgReduction<IsMax, T>, T, std::int64_t>(x, y, g, scratch, s);
   });
 }
 
@@ -124,15 +176,15 @@ Status launch_arg(DT dt, const void* x, void* y, const abi::ReduceGeometry& g, c
 namespace stagecraft::cuda::abi {
 using namespace stagecraft::cuda::kernels;
 
-Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry& g, Stream s) noexcept {
+Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry& g, void* scratch, Stream s) noexcept {
   if (g.out_numel == 0) return cudaSuccess;
   const auto st = static_cast<cudaStream_t>(s);
   switch (r) {
-    case ReduceRule::sum: return launch<SumOp>(dt, x, y, g, st);
-    case ReduceRule::max: return launch<MaxOp>(dt, x, y, g, st);
-    case ReduceRule::min: return launch<MinOp>(dt, x, y, g, st);
-    case ReduceRule::argmax: return launch_arg<true>(dt, x, y, g, st);
-    case ReduceRule::argmin: return launch_arg<false>(dt, x, y, g, st);
+    case ReduceRule::sum: return launch<SumOp>(dt, x, y, g, scratch, st);
+    case ReduceRule::max: return launch<MaxOp>(dt, x, y, g, scratch, st);
+    case ReduceRule::min: return launch<MinOp>(dt, x, y, g, scratch, st);
+    case ReduceRule::argmax: return launch_arg<true>(dt, x, y, g, scratch, st);
+    case ReduceRule::argmin: return launch_arg<false>(dt, x, y, g, scratch, st);
   }
   return cudaErrorInvalidValue;
 }

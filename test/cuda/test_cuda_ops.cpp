@@ -126,6 +126,34 @@ TEST_CASE("cuda: sum, max and min over axes == CPU", "[cuda]") {
   same_on_gpu([](const auto& in) { return sc::sum(in[0], {1}); }, {sc::zeros({3, 0})}, 0);
 }
 
+TEST_CASE("cuda: a few long rows, cut in pieces a second kernel combines, reduce as on the CPU", "[cuda]") {
+  // A whole tensor of 2^22 (1024 pieces), three rows of 100000 (pieces of 4352, the last shorter),
+  // and three strided columns of 100000; small integers tie, so argmax/argmin must keep the first
+  // index across pieces.
+  for (const sc::DType d : {sc::boolean, sc::i32, sc::i64, sc::f32, sc::f64}) {
+    INFO(sc::name(d));
+    const double tol = d == sc::f32 ? 1e-4 : d == sc::f64 ? 1e-12 : 0;
+    const sc::Tensor whole = values({1 << 22}, d, 31), rows = values({3, 100000}, d, 32), cols = values({100000, 3}, d, 33);
+    same_on_gpu([](const auto& in) { return sc::sum(in[0]); }, {whole}, tol);
+    same_on_gpu([](const auto& in) { return sc::sum(in[0], {1}); }, {rows}, tol);
+    same_on_gpu([](const auto& in) { return sc::sum(in[0], {0}); }, {cols}, tol);
+    if (d == sc::boolean) continue;
+    same_on_gpu([](const auto& in) { return sc::max(in[0]); }, {whole}, 0);
+    same_on_gpu([](const auto& in) { return sc::min(in[0], {1}); }, {rows}, 0);
+    same_on_gpu([](const auto& in) { return sc::max(in[0], {0}); }, {cols}, 0);
+    same_on_gpu([](const auto& in) { return sc::argmax(in[0], 1); }, {rows}, 0);
+    same_on_gpu([](const auto& in) { return sc::argmin(in[0], 0); }, {cols}, 0);
+    same_on_gpu([](const auto& in) { return sc::argmax(in[0], 0); }, {whole}, 0);
+  }
+  // NaN in one piece's middle propagates through max and is argmax's answer.
+  std::vector<float> v = values({3, 100000}, sc::f32, 34).to_vector<float>();
+  v[50000] = v[2 * 100000 + 99999] = std::nanf("");
+  const sc::Tensor x = sc::tensor(v, sc::Shape{3, 100000});
+  same_on_gpu([](const auto& in) { return sc::max(in[0], {1}); }, {x}, 0);
+  same_on_gpu([](const auto& in) { return sc::argmax(in[0], 1); }, {x}, 0);
+  same_on_gpu([](const auto& in) { return sc::argmin(in[0], 1); }, {x}, 0);
+}
+
 TEST_CASE("cuda: matmul and batched matmul with transpose flags == CPU", "[cuda]") {
   struct Case { sc::Shape a, b; bool ta, tb; };
   const std::vector<Case> cases = {{{3, 4}, {4, 5}, false, false}, {{4, 3}, {4, 5}, true, false},

@@ -83,15 +83,17 @@ TEST_CASE("rtc: the generated source of every op and dtype compiles under NVRTC"
       check_compiles(src);
     }
   }
-  // Row kernels: short rows (several per block, a small tree) and long rows (a block each).
+  // Row kernels: short rows (several per block, a small tree), long rows (a block each), and
+  // rows so long and few that they are cut in pieces (a second kernel combines them).
   for (sc::DType d : {sc::f32, sc::f64}) {
-    for (std::int64_t inner : {4, 300}) {
+    for (std::int64_t inner : {4, 300, 50000}) {
       INFO(sc::name(d) << " reduction over " << inner);
       FusedProgram p = every_op(d);
       p.out_shape = {3, inner};
       p.input_shapes = {{3, inner}, {inner}};
       p.reduction = sc::graph::FusedReduction{sc::ops::OpId::Max, 4, inner, sc::Shape{3, 1}};
       const std::string src = sc::graph::cuda_source(p);
+      CHECK((src.find("sc_fused_r2(") != std::string::npos) == (inner == 50000));
       check_compiles(src);
     }
   }
@@ -157,6 +159,42 @@ TEST_CASE("rtc: floating sum, max and min reductions get a row kernel; others ca
   CHECK(cf::reduce_threads_per_row(1 << 20) == 256);
 }
 
+TEST_CASE("rtc: a few long rows are cut in pieces that keep the GPU busy, none empty, eager and fused alike", "[cuda][rtc]") {
+  struct Case {
+    std::int64_t rows, inner, chunks, chunk;
+  };
+  for (const Case& c : {Case{1, 1LL << 28, 1024, 1LL << 18},  // a whole-tensor sum: 1024 blocks
+                        Case{2, 20000, 4, 5120},               // pieces of 16 elements a thread at least,
+                        Case{1, 70001, 17, 4352},              // a multiple of 256: the last piece shorter
+                        Case{3, 9000, 2, 4608},
+                        Case{1, 8191, 1, 8191},     // too short to cut
+                        Case{1024, 1 << 20, 1, 1 << 20},  // rows enough for the GPU
+                        Case{600, 1 << 20, 2, 1 << 19},
+                        Case{5, 0, 1, 0}}) {
+    INFO("[" << c.rows << ", " << c.inner << "]");
+    FusedProgram p;
+    p.dtype = sc::f32;
+    p.out_shape = {c.rows, c.inner};
+    p.input_shapes = {p.out_shape};
+    p.reduction = sc::graph::FusedReduction{sc::ops::OpId::Sum, 0, c.inner, sc::Shape{c.rows}};
+    const cf::ReductionSplit s = sc::graph::cuda_reduction_split(p);
+    CHECK(s.chunks == c.chunks);
+    CHECK(s.chunk == c.chunk);
+    if (s.chunks > 1) {
+      CHECK(s.chunk % 256 == 0);
+      CHECK((s.chunks - 1) * s.chunk < c.inner);  // the last piece has elements
+      CHECK(s.chunks * s.chunk >= c.inner);        // and the pieces cover the row
+      CHECK(s.chunk >= abi::split_min_piece);
+      CHECK(c.rows * s.chunks <= abi::split_pieces + c.rows);
+    }
+    // The eager reductions cut alike, their scratch holding a 16-byte partial per piece.
+    abi::ReduceGeometry g;
+    g.out_numel = c.rows;
+    g.red_numel = c.inner;
+    CHECK(abi::reduce_scratch_bytes(g) == (s.chunks > 1 ? c.rows * s.chunks * 16 : 0));
+  }
+}
+
 TEST_CASE("rtc: a traced graph on a GPU lowers to generated kernels and GPU buffers", "[cuda][rtc]") {
   using sc::graph::Graph;
   const sc::TensorSpec x{sc::Shape{64, 32}, sc::f32}, b{sc::Shape{32}, sc::f32};
@@ -174,7 +212,7 @@ TEST_CASE("rtc: a traced graph on a GPU lowers to generated kernels and GPU buff
   int gpu_reduces = 0;
   for (const auto& fg : gpu_groups.groups) {
     gpu_reduces += fg.reduce >= 0;  // the sum runs in its group's generated kernel
-    CHECK(fg.head < 0);             // matmul epilogues stay on the CPU
+    CHECK(fg.head < 0);             // no matmul here
     CHECK(sc::graph::cuda_fusible(fg.program));
   }
   CHECK(gpu_reduces == 1);
@@ -191,6 +229,64 @@ TEST_CASE("rtc: a traced graph on a GPU lowers to generated kernels and GPU buff
   // With GPU fusion off, no group forms on the GPU.
   sc::graph::cuda_fusion() = false;
   CHECK(sc::graph::find_fusion_groups(g).groups.empty());
+  sc::graph::cuda_fusion() = sc::cuda::built;
+}
+
+TEST_CASE("rtc: on a GPU, a matmul heads only a bias (and ReLU) group: one cuBLASLt call", "[cuda][rtc]") {
+  using sc::graph::Graph;
+  using Fn = std::function<Tensors(const Tensors&)>;
+  // x [8, 16] (or x^T stored [16, 8]), w [16, 4], b [4]: which layers take the epilogue.
+  struct Case {
+    const char* what;
+    Fn f;
+    int heads;
+    bool relu;
+  };
+  const sc::TensorSpec x{sc::Shape{8, 16}, sc::f32}, w{sc::Shape{16, 4}, sc::f32}, b{sc::Shape{4}, sc::f32};
+  const std::vector<Case> cases = {
+      {"relu(x w + b)", [](const Tensors& a) { return Tensors{sc::relu(sc::matmul(a[0], a[1]) + a[2])}; }, 1, true},
+      {"b + x w", [](const Tensors& a) { return Tensors{a[2] + sc::matmul(a[0], a[1])}; }, 1, false},
+      {"x w^T + b, w stored [4, 16]",
+       [](const Tensors& a) { return Tensors{sc::matmul(a[0], sc::transpose(a[1]), false, true) + a[2]}; }, 1, false},
+      {"b [1, 4]", [](const Tensors& a) { return Tensors{sc::relu(sc::matmul(a[0], a[1]) + sc::reshape(a[2], {1, 4}))}; }, 1, true},
+      {"the product read again",
+       [](const Tensors& a) {
+         const sc::Tensor p = sc::matmul(a[0], a[1]);
+         return Tensors{sc::relu(p + a[2]), p};
+       },
+       0, false},
+      {"the sum read again",
+       [](const Tensors& a) {
+         const sc::Tensor s = sc::matmul(a[0], a[1]) + a[2];
+         return Tensors{sc::relu(s), s};
+       },
+       0, false},
+      {"tanh, not relu", [](const Tensors& a) { return Tensors{sc::tanh(sc::matmul(a[0], a[1]) + a[2])}; }, 0, false},
+      {"a bias over columns", [](const Tensors& a) { return Tensors{sc::matmul(a[0], a[1]) + sc::slice(a[0], {0, 0}, {8, 1})}; }, 0, false},
+      {"times, not plus", [](const Tensors& a) { return Tensors{sc::matmul(a[0], a[1]) * a[2]}; }, 0, false},
+  };
+  sc::graph::cuda_fusion() = true;
+  for (const Case& c : cases) {
+    INFO(c.what);
+    Graph g = trace({x, w, b}, c.f);
+    for (sc::graph::Value& v : g.values) v.device = sc::Device::cuda(0);
+    const auto groups = sc::graph::find_fusion_groups(g);
+    int heads = 0;
+    for (const auto& fg : groups.groups) heads += fg.head >= 0;
+    CHECK(heads == c.heads);
+    const sc::graph::Plan plan(std::make_shared<const Graph>(g));
+    CHECK(plan.stats().epilogues == c.heads);
+    if (c.heads == 1) CHECK(plan.cuda_graph_obstacle().empty());  // an epilogue step can be captured
+  }
+  // f64 products, and batched ones, stay apart.
+  for (const auto& [d, batched] : {std::pair{sc::f64, false}, std::pair{sc::f32, true}}) {
+    INFO(sc::name(d) << (batched ? " batched" : ""));
+    const sc::Shape xs = batched ? sc::Shape{2, 8, 16} : sc::Shape{8, 16}, ws = batched ? sc::Shape{2, 16, 4} : sc::Shape{16, 4};
+    Graph g = trace({{xs, d}, {ws, d}, {sc::Shape{4}, d}},
+                    [](const Tensors& a) { return Tensors{sc::relu(sc::matmul(a[0], a[1]) + a[2])}; });
+    for (sc::graph::Value& v : g.values) v.device = sc::Device::cuda(0);
+    for (const auto& fg : sc::graph::find_fusion_groups(g).groups) CHECK(fg.head < 0);
+  }
   sc::graph::cuda_fusion() = sc::cuda::built;
 }
 
@@ -314,14 +410,31 @@ class HostBuilt {
     const std::string head = "(const void* const* in, void* const* out, long long n) {\n"
                              "  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x) {\n";
     if (p.reduction) {
-      src += "extern \"C\" void sc_run" + head +
+      // The blocks of a reduction kernel, one after the other, each 256 real threads; a cut
+      // reduction's two kernels in turn, as CudaFused::run launches them.
+      src += "template <class F> static void sc_blocks(F f) {\n"
+             "  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x) {\n"
              "    std::barrier<> block(blockDim.x);\n"
              "    sc_block = &block;\n"
              "    std::vector<std::thread> threads;\n"
-             "    for (unsigned t = 0; t < blockDim.x; ++t)\n"
-             "      threads.emplace_back([=] { threadIdx.x = t; sc_fused_r(" + args + "); });\n"
+             "    for (unsigned t = 0; t < blockDim.x; ++t) threads.emplace_back([=] { threadIdx.x = t; f(); });\n"
              "    for (std::thread& t : threads) t.join();\n"
-             "  }\n}\n";
+             "  }\n"
+             "}\n";
+      const auto split = sc::graph::cuda_reduction_split(p);
+      const std::string red = "(" + T + "*)out[" + std::to_string(nout - 1) + "]";
+      src += "extern \"C\" void sc_run(const void* const* in, void* const* out, long long n) {\n";
+      if (split.chunks == 1) {
+        src += "  sc_blocks([=] { sc_fused_r(" + args + "); });\n";
+      } else {
+        const std::string pieces = std::to_string(p.out_shape.numel() / p.reduction->inner * split.chunks);
+        std::string args1 = args;
+        args1.replace(args1.rfind(red), red.size(), "part.data()");
+        src += "  std::vector<" + T + "> part(" + pieces + ");\n"
+               "  sc_blocks([=, &part] { sc_fused_r(" + args1 + "); });\n"
+               "  sc_blocks([=, &part] { sc_fused_r2(part.data(), " + red + ", " + pieces + "); });\n";
+      }
+      src += "}\n";
     } else {
       const std::string loop = "    for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x)\n      ";
       src += "extern \"C\" void sc_run" + head + loop + "sc_fused(" + args + ");\n  }\n}\n";
@@ -493,6 +606,7 @@ TEST_CASE("rtc: the row kernel of a reduction, built for the host with real thre
   for (const auto& [d, op, rows, inner] : cases) {
     INFO(sc::name(d) << " " << sc::ops::op_info(op).name << " over [" << rows << ", " << inner << "]");
     const FusedProgram p = row_program(d, rows, inner, op);
+    REQUIRE(sc::graph::cuda_reduction_split(p).chunks == 1);
     const HostBuilt k(p);
     INFO(k.error());
     REQUIRE(k.error().empty());
@@ -513,6 +627,33 @@ TEST_CASE("rtc: the row kernel of a reduction, built for the host with real thre
     for (std::size_t i = 1; i < p.input_shapes.size(); ++i)
       in.push_back(sctest::uniform_tensor(p.input_shapes[i], 80 + i, -1.0, 1.0).astype(sc::f32));
     check_against_cpu(p, k, false, in);
+  }
+}
+
+TEST_CASE("rtc: a reduction cut in pieces, built for the host with real threads, computes what the CPU evaluator does", "[cuda][rtc]") {
+  using sc::ops::OpId;
+  // Few long rows: each cut in pieces whose partials a second kernel combines (4 pieces a row, 17
+  // with a last one of 369 elements, 2), the pieces' blocks striding over them.
+  struct Case {
+    sc::DType d;
+    OpId op;
+    std::int64_t rows, inner, chunks;
+  };
+  for (const auto& [d, op, rows, inner, chunks] : {Case{sc::f32, OpId::Sum, 2, 20000, 4}, Case{sc::f32, OpId::Max, 1, 70001, 17},
+                                                   Case{sc::f64, OpId::Min, 3, 9000, 2}}) {
+    INFO(sc::name(d) << " " << sc::ops::op_info(op).name << " over [" << rows << ", " << inner << "]");
+    const FusedProgram p = row_program(d, rows, inner, op);
+    REQUIRE(sc::graph::cuda_reduction_split(p).chunks == chunks);
+    const HostBuilt k(p);
+    INFO(k.error());
+    REQUIRE(k.error().empty());
+    check_against_cpu(p, k, false);  // positive values: the sums' relative error stays small
+    if (op == OpId::Sum) continue;
+    // A NaN in one piece's middle and in the last piece's last element propagates as on the CPU.
+    std::vector<double> x = sctest::uniform_tensor(p.input_shapes[0], 90, 0.5, 2.0).to_vector<double>();
+    x[static_cast<std::size_t>(inner / 2)] = std::nan("");
+    x[static_cast<std::size_t>(rows * inner - 1)] = std::nan("");
+    check_against_cpu(p, k, false, {sc::tensor(x, p.input_shapes[0]).astype(d)});
   }
 }
 #endif

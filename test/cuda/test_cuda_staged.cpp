@@ -65,8 +65,10 @@ TEST_CASE("cuda staged: a traced function runs on the GPU, fused, equal to the C
 }
 
 TEST_CASE("cuda staged: sums, maxima and minima fused into generated kernels equal the CPU's", "[cuda][staged]") {
-  // Rows of 1, 3, 33, 256 and 5000 elements: one thread a row up to a whole block striding.
-  for (const auto& [rows, inner] : {std::pair<std::int64_t, std::int64_t>{4000, 1}, {700, 3}, {64, 33}, {9, 256}, {3, 5000}}) {
+  // Rows of 1, 3, 33, 256 and 5000 elements: one thread a row up to a whole block striding; and
+  // two rows of 300000, each cut in 69 pieces whose partials a second kernel combines.
+  for (const auto& [rows, inner] :
+       {std::pair<std::int64_t, std::int64_t>{4000, 1}, {700, 3}, {64, 33}, {9, 256}, {3, 5000}, {2, 300000}}) {
     INFO("[" << rows << ", " << inner << "]");
     auto f = sc::function([](sc::Tensor x, sc::Tensor c) {  // three groups, each ending in its reduction
       return std::make_tuple(sc::sum(sc::square(x * c - 0.5f), {1}), sc::max(x + c, {1}, true),
@@ -87,11 +89,39 @@ TEST_CASE("cuda staged: sums, maxima and minima fused into generated kernels equ
     check_same(mn, cmn, 1e-6);
     check_same(t, ct, 1e-6);
   }
+  // A sum over a whole tensor of 2^22 elements: 1024 pieces, then one block combines them; run
+  // twice, so the second call reuses the scratch of the partials.
+  auto whole = sc::function([](sc::Tensor x) { return sc::sum(sc::square(x - 0.5f)); });
+  const sc::Tensor big = values({1 << 22}, sc::f32, 15);
+  const sc::Tensor on_cpu = whole(big), big_gpu = big.to(gpu);
+  check_same(whole(big_gpu), on_cpu, 1e-5);
+  check_same(whole(big_gpu), on_cpu, 1e-5);
+  CHECK(whole.get_concrete(big_gpu).stats().plan.fused_reductions == 1);
   // A reduction's result never takes the buffer of an input its kernel still reads: here exp(b)
   // [n] dies in the group of x [n, n] * exp(b), whose row sums have its shape.
   auto g = sc::function([](sc::Tensor x, sc::Tensor b) { return sc::sum(x * sc::exp(b), {1}) * 2.f; });
   const sc::Tensor x = values({300, 300}, sc::f32, 13), b = values({300}, sc::f32, 14);
   check_same(g(x.to(gpu), b.to(gpu)), g(x, b), 1e-5);
+}
+
+TEST_CASE("cuda staged: a product with a bias (and ReLU) is one cuBLASLt call, equal to the CPU's", "[cuda][staged]") {
+  // Two layers: relu(x w + b), then h v^T + c with v stored [10, 32] (read transposed).
+  auto f = sc::function([](sc::Tensor x, sc::Tensor w, sc::Tensor b, sc::Tensor v, sc::Tensor c) {
+    return sc::matmul(sc::relu(sc::matmul(x, w) + b), v, false, true) + c;
+  });
+  for (const std::int64_t batch : {1, 64, 1000}) {
+    INFO("batch " << batch);
+    const std::vector<sc::Tensor> in = {values({batch, 100}, sc::f32, 16), values({100, 32}, sc::f32, 17),
+                                        values({32}, sc::f32, 18), values({10, 32}, sc::f32, 19), values({10}, sc::f32, 20)};
+    std::vector<sc::Tensor> on_gpu;
+    for (const sc::Tensor& t : in) on_gpu.push_back(t.to(gpu));
+    const sc::Tensor got = f(on_gpu[0], on_gpu[1], on_gpu[2], on_gpu[3], on_gpu[4]);
+    check_same(got, f(in[0], in[1], in[2], in[3], in[4]), 1e-4);
+    const auto st = f.get_concrete(on_gpu[0], on_gpu[1], on_gpu[2], on_gpu[3], on_gpu[4]).stats();
+    INFO(st);
+    CHECK(st.plan.epilogues == 2);
+    CHECK(st.plan.kernels == 2);  // a cuBLASLt call a layer
+  }
 }
 
 TEST_CASE("cuda staged: integer and double programs equal the CPU exactly", "[cuda][staged]") {

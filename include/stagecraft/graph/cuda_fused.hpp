@@ -174,52 +174,82 @@ inline std::string combine_expr(ops::OpId op, const std::string& acc, const std:
   return "r::Add::f(" + acc + ", " + v + ")";
 }
 
-/// The kernel of a program with a reduction: `sc_fused_r(params)`, launched with blocks of 256
-/// threads (rtc_launch). Each row of `inner` elements is taken by W = reduce_threads_per_row(inner)
-/// threads (256 / W rows per block, blocks striding over the rows): each thread computes the
-/// elements j = lane, lane + W, ... of its row (storing the elementwise outputs) and combines the
-/// reduced register's values; the row's W partials are then combined by a tree in shared memory,
-/// a pair only when both hold values (no identity element: exact for max, min and NaN), and the
-/// row's first thread writes red[row]. Every thread of a block takes the same number of steps, so
-/// each __syncthreads is reached by all.
+/// How the GPU cuts a reduction's rows (as the eager reductions do: see cuda::abi::reduce_split).
+using ReductionSplit = cuda::abi::ReduceSplit;
+
+/// The kernel `name(params)` of a program with a reduction, launched with blocks of 256 threads
+/// (rtc_launch). The rows of `inner` elements are cut into pieces (`split`; whole rows when not
+/// cut), and each piece is taken by W = reduce_threads_per_row(piece) threads (256 / W pieces per
+/// block, blocks striding over them): each thread computes the elements lane, lane + W, ... of its
+/// piece (storing the elementwise outputs) and combines the reduced register's values; the piece's
+/// W partials are then combined by a tree in shared memory, a pair only when both hold values (no
+/// identity element: exact for max, min and NaN), and the piece's first thread writes red[piece].
+/// Every thread of a block takes the same number of steps, so each __syncthreads is reached by all.
 template <class Load, class Store>
 std::string reduction_source(const FusedProgram& p, const std::string& T, const std::string& params, Load load,
-                             Store store) {
+                             Store store, const std::string& name, ReductionSplit split) {
   const FusedReduction& rd = *p.reduction;
-  const int w = reduce_threads_per_row(rd.inner);
-  const std::string W = std::to_string(w), inner = std::to_string(rd.inner) + "LL", rows_per_block = std::to_string(256 / w);
+  const int w = reduce_threads_per_row(split.chunk);
+  const std::string W = std::to_string(w), inner = std::to_string(rd.inner) + "LL",
+                    chunks = std::to_string(split.chunks) + "LL", chunk = std::to_string(split.chunk) + "LL",
+                    per_block = std::to_string(256 / w) + "LL";
   const std::string v = "r" + std::to_string(rd.reg);
-  std::string s = "extern \"C\" __global__ void sc_fused_r(" + params + ") {\n"
+  const bool cut = split.chunks > 1;
+  std::string s = "extern \"C\" __global__ void " + name + "(" + params + ") {\n"
                   "  __shared__ " + T + " part[256];\n"
                   "  const int lane = threadIdx.x % " + W + ";\n"
-                  "  const long long rows = n / " + inner + ";\n"
-                  "  for (long long first = blockIdx.x * " + rows_per_block + "LL; first < rows; first += (long long)gridDim.x * " +
-                  rows_per_block + "LL) {\n"
-                  "    const long long row = first + threadIdx.x / " + W + ";\n"
+                  "  const long long pieces = n / " + inner + (cut ? " * " + chunks : std::string()) + ";\n"
+                  "  for (long long first = blockIdx.x * " + per_block + "; first < pieces; first += (long long)gridDim.x * " +
+                  per_block + ") {\n"
+                  "    const long long piece = first + threadIdx.x / " + W + ";\n" +
+                  (cut ? "    const long long row = piece / " + chunks + ", begin = piece % " + chunks + " * " + chunk + ";\n"
+                         "    const long long len = piece < pieces ? (" + inner + " - begin < " + chunk + " ? " + inner +
+                         " - begin : " + chunk + ") : 0;\n"
+                       : "    const long long row = piece, begin = 0, len = " + inner + ";\n") +
                   "    " + T + " acc = 0;\n"
-                  "    if (row < rows) {\n"
-                  "      for (long long j = lane; j < " + inner + "; j += " + W + ") {\n"
+                  "    if (piece < pieces) {\n"
+                  "      for (long long j = begin + lane; j < begin + len; j += " + W + ") {\n"
                   "        const long long i = row * " + inner + " + j;\n" +
                   element_body(p, T, "        ", load, store) +
-                  "        acc = j == lane ? " + v + " : " + combine_expr(rd.op, "acc", v) + ";\n"
+                  "        acc = j == begin + lane ? " + v + " : " + combine_expr(rd.op, "acc", v) + ";\n"
                   "      }\n"
                   "    }\n"
                   "    part[threadIdx.x] = acc;\n";
   for (int half = w / 2; half >= 1; half /= 2) {
     const std::string h = std::to_string(half);
     s += "    __syncthreads();\n"
-         "    if (lane < " + h + " && lane + " + h + " < " + inner + ") part[threadIdx.x] = " +
+         "    if (lane < " + h + " && lane + " + h + " < len) part[threadIdx.x] = " +
          combine_expr(rd.op, "part[threadIdx.x]", "part[threadIdx.x + " + h + "]") + ";\n";
   }
   s += "    __syncthreads();\n"
-       "    if (lane == 0 && row < rows) red[row] = part[threadIdx.x];\n"
-       "    __syncthreads();  // part is refilled for the next rows\n"
+       "    if (lane == 0 && piece < pieces) red[piece] = part[threadIdx.x];\n"
+       "    __syncthreads();  // part is refilled for the next pieces\n"
        "  }\n"
        "}\n";
   return s;
 }
 
+/// The program that combines the partials of a cut reduction: [rows, chunks] reduced over its rows
+/// by the same op (the kernel sc_fused_r2 of cuda_source).
+inline FusedProgram combine_program(const FusedProgram& p, ReductionSplit split) {
+  const FusedReduction& rd = *p.reduction;
+  const std::int64_t rows = p.out_shape.numel() / rd.inner;
+  FusedProgram c;
+  c.dtype = p.dtype;
+  c.out_shape = Shape{rows, split.chunks};
+  c.input_shapes = {c.out_shape};
+  c.reduction = FusedReduction{rd.op, 0, split.chunks, Shape{rows}};
+  return c;
+}
+
 }  // namespace detail_cuda_fused
+
+/// How the GPU cuts the rows of p's reduction (see detail_cuda_fused::ReductionSplit; p must have one).
+inline detail_cuda_fused::ReductionSplit cuda_reduction_split(const FusedProgram& p) {
+  const std::int64_t inner = p.reduction->inner;
+  if (inner <= 0) return {1, inner};
+  return cuda::abi::reduce_split(p.out_shape.numel() / inner, inner);
+}
 
 /// True when every input of p is read at the element's own index or is one value: the program then
 /// also has a kernel reading and writing 16 bytes per access (sc_fused_v).
@@ -276,7 +306,15 @@ inline std::string cuda_source(const FusedProgram& p) {
   const std::string head = "// stagecraft fused kernel: " + std::string(name(p.dtype)) + p.out_shape.str() + "\n" +
                            "#include \"stagecraft/ops/rules.hpp\"\n"
                            "namespace r = stagecraft::rules;\n";
-  if (p.reduction) return head + d::reduction_source(p, T, params, load_at, store_at);
+  if (p.reduction) {
+    const d::ReductionSplit split = cuda_reduction_split(p);
+    std::string s = head + d::reduction_source(p, T, params, load_at, store_at, "sc_fused_r", split);
+    if (split.chunks == 1) return s;
+    const FusedProgram c = d::combine_program(p, split);
+    return s + d::reduction_source(c, T, "const " + T + "* in0, " + T + "* red, long long n",
+                                   [](int) { return std::string("in0[i]"); },
+                                   [](int, const std::string&) { return std::string(); }, "sc_fused_r2", {1, split.chunks});
+  }
   const std::string scalar_body = d::element_body(p, T, "    ", load_at, store_at);
   std::string s = head + "extern \"C\" __global__ void sc_fused(" + params + ") {\n"
                   "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n" +
@@ -325,7 +363,11 @@ class CudaFused {
   bool vectorizable_;
 #if defined(STAGECRAFT_WITH_CUDA)
   mutable std::mutex mu_;
-  mutable std::vector<std::array<cuda::abi::RtcKernel, 2>> kernels_;  // by device index: sc_fused, sc_fused_v
+  struct OnDevice {
+    std::array<cuda::abi::RtcKernel, 3> kernels{};  // sc_fused (or sc_fused_r), sc_fused_v, sc_fused_r2
+    Tensor scratch;                                 // a cut reduction's partials (cuda_reduction_split)
+  };
+  mutable std::vector<OnDevice> on_device_;  // by device index
 #endif
 };
 
@@ -359,39 +401,58 @@ inline void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> out
   for (const Tensor& t : outputs) ptrs.push_back(t.raw_data());
   bool vec = vectorizable_ && cuda_vector_loads();  // (never with a reduction: not vectorizable)
   for (const void* q : ptrs) vec = vec && reinterpret_cast<std::uintptr_t>(q) % 16 == 0;
-  cuda::abi::RtcKernel k = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto di = static_cast<std::size_t>(dev.index());
-    if (kernels_.size() <= di) kernels_.resize(di + 1, {nullptr, nullptr});
-    cuda::abi::RtcKernel& slot = kernels_[di][vec ? 1 : 0];
+  const detail_cuda_fused::ReductionSplit split = p.reduction ? cuda_reduction_split(p) : detail_cuda_fused::ReductionSplit{};
+  // The device's kernels, compiled on first use; and a cut reduction's scratch. The lock is held
+  // until both of its kernels are queued, so another thread's run cannot come between them on
+  // the device's one stream and overwrite the partials.
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto di = static_cast<std::size_t>(dev.index());
+  if (on_device_.size() <= di) on_device_.resize(di + 1);
+  OnDevice& mine = on_device_[di];
+  auto kernel = [&](int which) {
+    static constexpr const char* names[3] = {"sc_fused", "sc_fused_v", "sc_fused_r2"};
+    cuda::abi::RtcKernel& slot = mine.kernels[static_cast<std::size_t>(which)];
     if (slot == nullptr) {
       char log[4096] = {};
-      const char* kernel = p.reduction ? "sc_fused_r" : vec ? "sc_fused_v" : "sc_fused";
-      const cuda::abi::Status st = cuda::abi::rtc_kernel(dev.index(), source_.c_str(), kernel,
-                                                         cuda::kernel_cache_dir().c_str(), &slot, log, sizeof log);
+      const char* name = which == 0 && p.reduction ? "sc_fused_r" : names[which];
+      const cuda::abi::Status st =
+          cuda::abi::rtc_kernel(dev.index(), source_.c_str(), name, cuda::kernel_cache_dir().c_str(), &slot, log, sizeof log);
       if (st == cuda::abi::rtc_compile_error)
         stagecraft::detail::fail<DeviceError>("fused", loc, "NVRTC could not compile the fused kernel: ", log,
                                               "\nsource:\n", source_);
       cuda::detail::check(st, dev, "fused", loc);
     }
-    k = slot;
-  }
+    return slot;
+  };
   long long n = p.out_shape.numel();
   std::vector<void*> args;
   args.reserve(ptrs.size() + 1);
   for (const void*& q : ptrs) args.push_back(&q);
   args.push_back(&n);
-  std::int64_t work = n;  // one thread per element: rtc_launch makes blocks of 256 threads
-  if (vec) {
-    const int width = detail_cuda_fused::vector_of(p.dtype).width;
-    work = (n + width - 1) / width;
-  } else if (p.reduction) {  // 256 threads for each block of rows (a grid-stride loop over them)
-    const std::int64_t rows = n / p.reduction->inner,
-                       per_block = 256 / detail_cuda_fused::reduce_threads_per_row(p.reduction->inner);
-    work = (rows + per_block - 1) / per_block * 256;
+  if (!p.reduction) {  // one thread per element (rtc_launch makes blocks of 256 threads), or per 16 bytes
+    const std::int64_t width = vec ? detail_cuda_fused::vector_of(p.dtype).width : 1;
+    cuda::detail::check(cuda::abi::rtc_launch(kernel(vec ? 1 : 0), args.data(), (n + width - 1) / width, s), dev,
+                        "fused", loc);
+    return;
   }
-  cuda::detail::check(cuda::abi::rtc_launch(k, args.data(), work, s), dev, "fused", loc);
+  // 256 threads for each block of pieces (a grid-stride loop over them)
+  const std::int64_t rows = n / p.reduction->inner, pieces = rows * split.chunks,
+                     per_block = 256 / detail_cuda_fused::reduce_threads_per_row(split.chunk);
+  const void* result = ptrs.back();
+  if (split.chunks > 1) {
+    if (!mine.scratch.defined() || mine.scratch.numel() < pieces)
+      mine.scratch = stagecraft::detail::empty_tensor(Shape{pieces}, p.dtype, dev, "fused", loc);
+    ptrs.back() = mine.scratch.raw_data();  // the pieces' partials, combined below
+  }
+  cuda::detail::check(cuda::abi::rtc_launch(kernel(0), args.data(), (pieces + per_block - 1) / per_block * 256, s),
+                      dev, "fused", loc);
+  if (split.chunks == 1) return;
+  const void* partials = mine.scratch.raw_data();
+  long long m = pieces;
+  void* args2[3] = {&partials, &result, &m};
+  const std::int64_t per_block2 = 256 / detail_cuda_fused::reduce_threads_per_row(split.chunks);
+  cuda::detail::check(cuda::abi::rtc_launch(kernel(2), args2, (rows + per_block2 - 1) / per_block2 * 256, s), dev,
+                      "fused", loc);
 #endif
 }
 

@@ -26,7 +26,7 @@ struct PlanStats {
   int kernels = 0;                    ///< kernel launches per run (a fused group counts once)
   int fused_groups = 0;               ///< fused elementwise groups
   int fused_nodes = 0;                ///< nodes inside them (matmul heads and reductions included)
-  int epilogues = 0;                  ///< groups run as a matmul's epilogue
+  int epilogues = 0;                  ///< groups run as a matmul's epilogue (on a GPU: cuBLASLt's bias/ReLU)
   int fused_reductions = 0;           ///< groups ending in a reduction
   std::int64_t peak_bytes = 0;        ///< planned buffer memory (with reuse)
   std::int64_t intermediate_bytes = 0;  ///< every intermediate in its own buffer
@@ -56,6 +56,8 @@ struct Step {
   ops::Attrs head_attrs;
   std::vector<int> head_in;
   int head_out = -1;
+  int bias = -1;              ///< GPU fused group with a matmul head (a cuBLASLt epilogue): the bias in `in`
+  bool relu = false;          ///< ... and whether the epilogue applies a ReLU
 };
 
 }  // namespace detail_plan
@@ -120,6 +122,7 @@ class Plan {
   mutable std::vector<std::unique_ptr<RunState>> free_;
   // CUDA graph replay (see run_graph).
   std::string graph_obstacle_;
+  bool on_gpu_ = false;  ///< some value lives on a GPU (else cuda_graph_status() has nothing to say)
   int graph_device_ = -1;
   mutable std::mutex graph_mu_;
   mutable std::shared_ptr<GraphRun> graph_;
@@ -159,6 +162,12 @@ inline void Plan::lower(bool fuse) {
             s.head_attrs = h.attrs;
             s.head_in = h.inputs;
             s.head_out = h.outputs[0];
+            if (s.gpu) {  // result + bias (then relu): fuse.hpp's gpu_epilogue_head
+              const FusedInstr& add = fg.program.code[0];
+              const int head_reg = static_cast<int>(std::find(fg.inputs.begin(), fg.inputs.end(), s.head_out) - fg.inputs.begin());
+              s.bias = add.a == head_reg ? add.b : add.a;
+              s.relu = fg.program.code.size() == 2;
+            }
           }
           break;
         }
@@ -207,13 +216,14 @@ inline void Plan::lower(bool fuse) {
     u.views = s.kind == StepKind::view;
     u.in_place_ok = s.kind == StepKind::fused ||
                     (s.kind == StepKind::kernel && (s.fns->elementwise_unary || s.fns->elementwise_binary));
-    u.last_out_apart = s.kind == StepKind::fused && s.gpu && s.cuda_fused->program().reduction.has_value();
+    // A GPU reduction's rows, and a cuBLASLt epilogue's product, are written while inputs are read.
+    u.last_out_apart = s.kind == StepKind::fused && s.gpu && (s.cuda_fused->program().reduction.has_value() || s.bias >= 0);
     uses.push_back(std::move(u));
   }
   mem_ = plan_memory(g, uses);
   stats_.steps = static_cast<int>(steps_.size());
-  for (const Step& s : steps_)
-    stats_.kernels += (s.kind == StepKind::kernel || s.kind == StepKind::fused) + (s.head_fns != nullptr);
+  for (const Step& s : steps_)  // (a GPU group with a matmul head is one cuBLASLt call)
+    stats_.kernels += (s.kind == StepKind::kernel || s.kind == StepKind::fused) + (s.head_fns != nullptr && !s.gpu);
   stats_.fused_groups = static_cast<int>(groups_.groups.size());
   for (const FusionGroup& fg : groups_.groups) {
     stats_.fused_nodes += static_cast<int>(fg.nodes.size()) + (fg.head >= 0);
@@ -224,6 +234,7 @@ inline void Plan::lower(bool fuse) {
   stats_.intermediate_bytes = g.intermediate_bytes();
   stats_.buffers = static_cast<int>(mem_.buffer_bytes.size());
   graph_obstacle_ = find_graph_obstacle(graph_device_);
+  on_gpu_ = std::any_of(g_->values.begin(), g_->values.end(), [](const Value& v) { return v.device.is_cuda(); });
 }
 
 inline std::unique_ptr<Plan::RunState> Plan::make_state() const {
@@ -411,14 +422,24 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
       break;
     }
     case StepKind::fused: {
-      if (s.head_fns) {
+      if (s.head_fns && !s.gpu) {
         fresh(s.head_out);
         s.head_fns->cpu(st.head_ins[i], st.vals[s.head_out], s.head_attrs);
       }
       for (int v : s.out) fresh(v);
       if (s.gpu) {
+        const stagecraft::detail::LocOverride at(n.loc);
         const std::source_location here = std::source_location::current();
         try {
+          // A matmul head: one cuBLASLt call with a bias (and ReLU) epilogue; where cuBLASLt has
+          // no algorithm, the product and then the group's kernel, as without a head.
+          if (s.head_fns && backend::cuda::gemm_bias(st.head_ins[i][0], st.head_ins[i][1], st.ins[i][s.bias], s.relu,
+                                                      s.head_attrs.i0 != 0, s.head_attrs.i1 != 0, st.outs[i][0], here))
+            break;
+          if (s.head_fns) {
+            fresh(s.head_out);
+            s.head_fns->cuda(st.head_ins[i], st.vals[s.head_out], s.head_attrs, here);
+          }
           s.cuda_fused->run(st.ins[i], st.outs[i], here);
         } catch (const Error& e) {
           detail_plan::rethrow_unlocated(e, here);
@@ -519,7 +540,7 @@ inline std::string Plan::find_graph_obstacle(int& device) const {
   device = -1;
   const Graph& g = *g_;
   if (std::none_of(g.values.begin(), g.values.end(), [](const Value& v) { return v.device.is_cuda(); }))
-    return "it runs on the CPU";
+    return "it runs on the CPU";  // (cuda_graph_status() says nothing then)
   for (const Value& v : g.values) {
     if (!v.device.is_cuda()) return "it holds " + v.device.str() + " values";
     if (device >= 0 && v.device.index() != device) return "it spans several GPUs";
@@ -536,7 +557,7 @@ inline std::string Plan::find_graph_obstacle(int& device) const {
         kernels = true;
         break;
       case StepKind::fused:
-        if (s.head_fns != nullptr) return "a fused group has a matmul head";
+        if (s.head_fns != nullptr && !s.gpu) return "a fused group has a matmul head";
         kernels = true;
         break;
       case StepKind::view: break;
@@ -555,7 +576,7 @@ inline std::string Plan::find_graph_obstacle(int& device) const {
 }
 
 inline std::string Plan::cuda_graph_status() const {
-  if (graph_obstacle_ == "it runs on the CPU") return "";  // nothing to say
+  if (!on_gpu_) return "";  // nothing to say
   if (!graph_obstacle_.empty()) return "no (" + graph_obstacle_ + ")";
   std::lock_guard<std::mutex> lock(graph_mu_);
   if (!graph_failure_.empty()) return "capture failed (" + graph_failure_ + "): runs kernel by kernel";

@@ -8,6 +8,8 @@ namespace stagecraft::cuda::abi {
 
 /// A cudaError_t (0 = success); error_string() names it.
 using Status = int;
+/// cudaErrorNotSupported: a call that cannot do what was asked (the caller has another way).
+inline constexpr Status not_supported = 801;
 /// A cudaStream_t, opaque here.
 using Stream = void*;
 
@@ -56,6 +58,38 @@ struct ReduceGeometry {
   std::int64_t kept_shape[max_rank] = {}, kept_strides[max_rank] = {};
   std::int64_t red_shape[max_rank] = {}, red_strides[max_rank] = {};
 };
+
+/// How a reduction of `rows` outputs over `inner` elements each is cut for the GPU: each output's
+/// elements in `chunks` pieces of `chunk` (the last one shorter, none empty), a piece per block;
+/// chunks == 1: one block per output. A few long rows (a sum over a whole tensor) would otherwise
+/// leave all but a few of the GPU's blocks idle; cut, the pieces' partials go to a scratch buffer
+/// and a second kernel combines them. The eager reductions (reduce) and the generated fused ones
+/// (graph/cuda_fused.hpp) cut alike.
+struct ReduceSplit {
+  std::int64_t chunks = 1, chunk = 0;
+};
+/// A piece has at least this many elements (16 for each of a block's 256 threads)...
+inline constexpr std::int64_t split_min_piece = 4096;
+/// ...and a reduction is cut into about this many pieces (blocks) at most: enough to keep every SM
+/// of an H100 (132) busy with several blocks each.
+inline constexpr std::int64_t split_pieces = 1024;
+
+inline ReduceSplit reduce_split(std::int64_t rows, std::int64_t inner) noexcept {
+  if (rows <= 0 || inner < 2 * split_min_piece || rows >= split_pieces) return {1, inner};
+  const std::int64_t by_size = inner / split_min_piece, by_count = (split_pieces + rows - 1) / rows;
+  const std::int64_t want = by_size < by_count ? by_size : by_count;
+  if (want < 2) return {1, inner};
+  std::int64_t chunk = (inner + want - 1) / want;
+  chunk = (chunk + 255) / 256 * 256;  // pieces start on a block's width
+  return {(inner + chunk - 1) / chunk, chunk};
+}
+
+/// Bytes of scratch reduce() needs for g: room for every piece's partial (a value, or an argmax
+/// candidate of value and index, 16 bytes at most) when g is cut; 0 when it is not.
+inline std::int64_t reduce_scratch_bytes(const ReduceGeometry& g) noexcept {
+  const ReduceSplit s = reduce_split(g.out_numel, g.red_numel);
+  return s.chunks > 1 ? g.out_numel * s.chunks * 16 : 0;
+}
 
 /// A (batched) row-major product C[b] = op(A[b]) op(B[b]), C of M x N, op(A) M x K, op(B) K x N;
 /// A stored K x M when ta (read transposed, not copied), B stored N x K when tb. Batch b reads A at
@@ -152,7 +186,8 @@ Status cast(DT from, DT to, const void* x, void* y, std::int64_t n, Stream s) no
 /// Every element of y = value converted to dt.
 Status fill(DT dt, double value, void* y, std::int64_t n, Stream s) noexcept;
 /// y = reduction of x (sum of bool gives i64, else y has x's dtype).
-Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry& g, Stream s) noexcept;
+/// `scratch`: reduce_scratch_bytes(g) bytes on the device (may be null when that is 0).
+Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry& g, void* scratch, Stream s) noexcept;
 /// The first bad index a kernel found on a device since the last check (tag 0: none). Kernels that
 /// can find one (gather, scatter_add) take the device's record and a nonzero tag naming the
 /// launch; the host reads the record when it waits for the device anyway (synchronize, copy_d2h),
@@ -192,6 +227,11 @@ Status pool2d(bool is_max, DT dt, const void* x, void* y, const ConvGeometry& g,
 Status max_pool2d_grad(DT dt, const void* g, const void* x, void* dx, const ConvGeometry& geo, Stream s) noexcept;
 /// The product of GemmArgs (cuBLAS for f32 and f64, a plain kernel for integers).
 Status gemm(DT dt, const void* a, const void* b, void* c, const GemmArgs& g, int device, Stream s) noexcept;
+/// c = relu?(op(a) op(b) + bias) in one cuBLASLt call (its bias or ReLU-bias epilogue): f32, one
+/// matrix (batch 1, no offsets), K > 0, bias of N elements added to every row of c. Anything else,
+/// or no cuBLASLt algorithm for the shapes: not_supported, and nothing was queued.
+Status gemm_bias(DT dt, const void* a, const void* b, const void* bias, void* c, const GemmArgs& g, bool relu, int device,
+                 Stream s) noexcept;
 /// n normal (uniform when !normal) samples of dt (f32/f64) from the Philox stream of the device
 /// state {key, offset} (i64 [2]), the same numbers as the CPU op: p0, p1 are mean, stddev (lo, hi).
 Status philox(bool normal, DT dt, const std::int64_t* state, double p0, double p1, void* y, std::int64_t n,

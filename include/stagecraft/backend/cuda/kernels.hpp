@@ -151,7 +151,14 @@ inline void reduce(abi::ReduceRule r, const Tensor& x, Tensor& out, const bool* 
     }
   }
   const Device d = out.device();
-  check(abi::reduce(r, dt(x.dtype()), x.raw_data(), out.raw_data(), g, stream(d, op, loc)), d, op, loc);
+  // A few long rows are cut in pieces: their partials go to scratch (stream-ordered: it is
+  // reused only after the reduction's kernels, and held by a CUDA graph's capture).
+  const std::int64_t scratch_bytes = abi::reduce_scratch_bytes(g);
+  Tensor scratch;
+  if (scratch_bytes > 0) scratch = stagecraft::detail::empty_tensor(Shape{scratch_bytes / 8}, DType::i64, d, op, loc);
+  check(abi::reduce(r, dt(x.dtype()), x.raw_data(), out.raw_data(), g, scratch_bytes > 0 ? scratch.raw_data() : nullptr,
+                    stream(d, op, loc)),
+        d, op, loc);
 }
 
 /// Offsets (elements) of each broadcast batch's matrix in an operand with batch dims `mine`, for
@@ -197,6 +204,25 @@ inline void gemm(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t M, 
   const Device d = out.device();
   check(abi::gemm(dt(out.dtype()), a.raw_data(), b.raw_data(), out.raw_data(), g, d.index(), stream(d, op, loc)), d, op,
         loc);
+}
+
+/// out [M, N] = relu?(op(a) op(b) + bias) in one cuBLASLt call (a, b f32 matrices, read transposed
+/// where ta/tb; bias [N] or [1, N]); false, with nothing queued, where cuBLASLt cannot (the caller
+/// then runs the product and the sum apart).
+inline bool gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, bool relu, bool ta, bool tb, Tensor& out,
+                      const std::source_location& loc) {
+  abi::GemmArgs g;
+  g.M = out.shape()[0];
+  g.N = out.shape()[1];
+  g.K = a.shape()[ta ? 0 : 1];
+  g.ta = ta;
+  g.tb = tb;
+  const Device d = out.device();
+  const abi::Status st = abi::gemm_bias(dt(out.dtype()), a.raw_data(), b.raw_data(), bias.raw_data(), out.raw_data(), g,
+                                        relu, d.index(), stream(d, "matmul", loc));
+  if (st == abi::not_supported) return false;
+  check(st, d, "matmul", loc);
+  return true;
 }
 
 /// The device's fault record, and a tag for a launch of `op` that can find a bad index there: the

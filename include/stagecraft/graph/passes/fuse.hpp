@@ -136,6 +136,38 @@ inline bool head_candidate(const Graph& g, const Node& p, const Shape& shape, DT
   return v.device.is_cpu() && v.dtype == d && is_floating(d) && v.shape == shape;
 }
 
+/// The matmul whose result a GPU group `ms` can take as a cuBLASLt epilogue, or -1: the group is
+/// `result + bias` or `relu(result + bias)` (the sum read by nothing else), over f32 on one GPU,
+/// with result = a [M, K] x b [K, N] (transpose flags allowed, no batch) read by nothing else and
+/// bias of shape [N] or [1, N]. The product and the group are then one cuBLASLt call.
+inline int gpu_epilogue_head(const Graph& g, const std::vector<std::vector<int>>& users, const std::vector<int>& ms) {
+  if (!cuda_fusion() || ms.empty() || ms.size() > 2) return -1;
+  const Node& add = g.nodes[ms[0]];
+  if (add.kind != NodeKind::op || add.op != ops::OpId::Add || add.inputs.size() != 2 || add.outputs.size() != 1) return -1;
+  const int sum = add.outputs[0];
+  if (ms.size() == 2) {
+    const Node& act = g.nodes[ms[1]];
+    if (act.op != ops::OpId::Relu || act.inputs.size() != 1 || act.inputs[0] != sum) return -1;
+    if (users[sum].size() != 1 || std::find(g.outputs.begin(), g.outputs.end(), sum) != g.outputs.end()) return -1;
+  }
+  const Value& out = g.values[sum];
+  if (!out.device.is_cuda() || out.dtype != DType::f32 || out.shape.rank() != 2) return -1;
+  for (int side = 0; side < 2; ++side) {
+    const int v = add.inputs[side], bias = add.inputs[1 - side];
+    const Node& p = g.nodes[g.values[v].node];
+    if (p.kind != NodeKind::op || p.op != ops::OpId::MatMul || p.outputs.size() != 1 || v == bias) continue;
+    if (users[v].size() != 1 || std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) continue;
+    const Value &a = g.values[p.inputs[0]], &b = g.values[p.inputs[1]], &c = g.values[bias];
+    const std::int64_t n = out.shape[1];
+    const bool fits = g.values[v].shape == out.shape && a.shape.rank() == 2 && b.shape.rank() == 2 &&
+                      a.dtype == DType::f32 && b.dtype == DType::f32 && a.device == out.device && b.device == out.device &&
+                      c.dtype == DType::f32 && c.device == out.device &&
+                      (c.shape == Shape{n} || c.shape == Shape{1, n});
+    if (fits) return g.values[v].node;
+  }
+  return -1;
+}
+
 }  // namespace detail_fuse
 
 /// Finds the fusion groups (two nodes or more). A node joins the group of an input's producer
@@ -199,6 +231,14 @@ inline FusionGroups find_fusion_groups(const Graph& g) {
   std::vector<char> heads(g.nodes.size(), 0);
   for (std::size_t k = 0; k < members.size(); ++k) {
     const Value& gv = g.values[g.nodes[members[k][0]].outputs[0]];
+    if (gv.device.is_cuda()) {  // on a GPU, only as a cuBLASLt epilogue
+      const int p = reduce_of[k] < 0 ? detail_fuse::gpu_epilogue_head(g, users, members[k]) : -1;
+      if (p >= 0 && !heads[p]) {
+        head_of[k] = p;
+        heads[p] = 1;
+      }
+      continue;
+    }
     for (int m : members[k]) {
       for (int v : g.nodes[m].inputs) {
         const int p = g.values[v].node;
