@@ -64,6 +64,10 @@ namespace stagecraft::graph {
 
 namespace detail_cuda_fused {
 
+/// prefix followed by k in decimal. (`"r" + std::to_string(k)` makes GCC 12 at -O3 warn of an
+/// overlapping memcpy inside std::string::insert, a false positive: GCC bug 105651.)
+inline std::string tag(const char* prefix, long long k) { return std::string(prefix).append(std::to_string(k)); }
+
 /// The rules.hpp functor whose math op `Op` is, by name ("" for ops without one).
 template <class Op>
 constexpr std::string_view rule_name() {
@@ -113,9 +117,9 @@ inline std::string index_expr(const Shape& in, const Shape& out) {
     const Axis& ax = axes[a];
     if (ax.present) {
       std::string t = "i";
-      if (inner_out != 1) t = "(" + t + " / " + std::to_string(inner_out) + "LL)";
-      if (a > 0) t = "(" + t + " % " + std::to_string(ax.n) + "LL)";
-      if (inner_in != 1) t += " * " + std::to_string(inner_in) + "LL";
+      if (inner_out != 1) t = "(" + t + tag(" / ", inner_out) + "LL)";
+      if (a > 0) t = "(" + t + tag(" % ", ax.n) + "LL)";
+      if (inner_in != 1) t += tag(" * ", inner_in) + "LL";
       e += (e.empty() ? "" : " + ") + t;
       inner_in *= ax.n;
     }
@@ -146,15 +150,15 @@ std::string element_body(const FusedProgram& p, const std::string& T, const std:
                          Store store) {
   const int nin = static_cast<int>(p.input_shapes.size());
   std::string s;
-  for (int k = 0; k < nin; ++k) s += indent + "const " + T + " r" + std::to_string(k) + " = " + load(k) + ";\n";
+  for (int k = 0; k < nin; ++k) s += indent + "const " + T + tag(" r", k) + " = " + load(k) + ";\n";
   for (std::size_t j = 0; j < p.code.size(); ++j) {
     const FusedInstr& c = p.code[j];
-    s += indent + "const " + T + " r" + std::to_string(nin + static_cast<int>(j)) + " = r::" +
-         std::string(rule_names[static_cast<std::size_t>(c.op)]) + "::f(r" + std::to_string(c.a) +
-         (c.b >= 0 ? ", r" + std::to_string(c.b) : std::string()) + ");\n";
+    s += indent + "const " + T + tag(" r", nin + static_cast<int>(j)) + " = r::" +
+         std::string(rule_names[static_cast<std::size_t>(c.op)]) + tag("::f(r", c.a) +
+         (c.b >= 0 ? tag(", r", c.b) : std::string()) + ");\n";
   }
   for (std::size_t j = 0; j < p.outputs.size(); ++j)
-    s += indent + store(static_cast<int>(j), "r" + std::to_string(p.outputs[j])) + ";\n";
+    s += indent + store(static_cast<int>(j), tag("r", p.outputs[j])) + ";\n";
   return s;
 }
 
@@ -193,7 +197,7 @@ std::string reduction_source(const FusedProgram& p, const std::string& T, const 
   const std::string W = std::to_string(w), inner = std::to_string(rd.inner) + "LL",
                     chunks = std::to_string(split.chunks) + "LL", chunk = std::to_string(split.chunk) + "LL",
                     per_block = std::to_string(256 / w) + "LL";
-  const std::string v = "r" + std::to_string(rd.reg);
+  const std::string v = tag("r", rd.reg);
   const bool cut = split.chunks > 1;
   std::string s = "extern \"C\" __global__ void " + name + "(" + params + ") {\n"
                   "  __shared__ " + T + " part[256];\n"
@@ -295,14 +299,14 @@ inline std::string cuda_source(const FusedProgram& p) {
   const std::string T = d::c_type(p.dtype);
   const int nin = static_cast<int>(p.input_shapes.size()), nout = static_cast<int>(p.outputs.size());
   std::string params;
-  for (int k = 0; k < nin; ++k) params += "const " + T + "* in" + std::to_string(k) + ", ";
-  for (int j = 0; j < nout; ++j) params += T + "* out" + std::to_string(j) + ", ";
+  for (int k = 0; k < nin; ++k) params += "const " + T + d::tag("* in", k) + ", ";
+  for (int j = 0; j < nout; ++j) params += T + d::tag("* out", j) + ", ";
   if (p.reduction) params += T + "* red, ";
   params += "long long n";
   std::vector<std::string> index(static_cast<std::size_t>(nin));
   for (int k = 0; k < nin; ++k) index[static_cast<std::size_t>(k)] = d::index_expr(p.input_shapes[static_cast<std::size_t>(k)], p.out_shape);
-  auto load_at = [&](int k) { return "in" + std::to_string(k) + "[" + index[static_cast<std::size_t>(k)] + "]"; };
-  auto store_at = [](int j, const std::string& r) { return "out" + std::to_string(j) + "[i] = " + r; };
+  auto load_at = [&](int k) { return d::tag("in", k) + "[" + index[static_cast<std::size_t>(k)] + "]"; };
+  auto store_at = [](int j, const std::string& r) { return d::tag("out", j) + "[i] = " + r; };
   const std::string head = "// stagecraft fused kernel: " + std::string(name(p.dtype)) + p.out_shape.str() + "\n" +
                            "#include \"stagecraft/ops/rules.hpp\"\n"
                            "namespace r = stagecraft::rules;\n";
@@ -328,18 +332,18 @@ inline std::string cuda_source(const FusedProgram& p) {
        "  for (long long v = t; v < nv; v += step) {\n";
   for (int k = 0; k < nin; ++k)
     if (index[static_cast<std::size_t>(k)] == "i")
-      s += "    const " + V + " l" + std::to_string(k) + " = reinterpret_cast<const " + V + "*>(in" + std::to_string(k) + ")[v];\n";
-  for (int j = 0; j < nout; ++j) s += "    " + V + " o" + std::to_string(j) + ";\n";
+      s += "    const " + V + d::tag(" l", k) + " = reinterpret_cast<const " + V + d::tag("*>(in", k) + ")[v];\n";
+  for (int j = 0; j < nout; ++j) s += "    " + V + d::tag(" o", j) + ";\n";
   for (int lane = 0; lane < v.width; ++lane) {
     const std::string m = v.lanes[lane];
     auto load_lane = [&](int k) {
-      return index[static_cast<std::size_t>(k)] == "i" ? "l" + std::to_string(k) + "." + m : "in" + std::to_string(k) + "[0]";
+      return index[static_cast<std::size_t>(k)] == "i" ? d::tag("l", k) + "." + m : d::tag("in", k) + "[0]";
     };
-    auto store_lane = [&](int j, const std::string& r) { return "o" + std::to_string(j) + "." + m + " = " + r; };
+    auto store_lane = [&](int j, const std::string& r) { return d::tag("o", j) + "." + m + " = " + r; };
     s += "    {\n" + d::element_body(p, T, "      ", load_lane, store_lane) + "    }\n";
   }
   for (int j = 0; j < nout; ++j)
-    s += "    reinterpret_cast<" + V + "*>(out" + std::to_string(j) + ")[v] = o" + std::to_string(j) + ";\n";
+    s += "    reinterpret_cast<" + V + d::tag("*>(out", j) + d::tag(")[v] = o", j) + ";\n";
   s += "  }\n"
        "  for (long long i = nv * " + W + " + t; i < n; i += step) {\n" + scalar_body + "  }\n}\n";
   return s;
@@ -376,8 +380,8 @@ inline void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> out
   const FusedProgram& p = program_;
   const std::size_t nout = p.outputs.size() + (p.reduction ? 1 : 0);
   if (SC_UNLIKELY(inputs.size() != p.input_shapes.size() || outputs.size() != nout || outputs.empty()))
-    throw ValueError("[fused] the program takes " + std::to_string(p.input_shapes.size()) + " inputs and " +
-                     std::to_string(nout) + " outputs, got " + std::to_string(inputs.size()) + " and " +
+    throw ValueError(detail_cuda_fused::tag("[fused] the program takes ", p.input_shapes.size()) + " inputs and " +
+                     std::to_string(nout) + detail_cuda_fused::tag(" outputs, got ", inputs.size()) + " and " +
                      std::to_string(outputs.size()));
   const Device dev = outputs[0].device();
   for (std::size_t i = 0; i < inputs.size(); ++i)
@@ -389,7 +393,7 @@ inline void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> out
     // not share memory with an input (the CPU evaluator keeps partials apart; this kernel does not).
     for (std::size_t i = 0; i < inputs.size(); ++i)
       if (SC_UNLIKELY(detail_fused::overlaps(inputs[i], outputs[nout - 1])))
-        throw ValueError("[fused] output " + std::to_string(nout - 1) + " (the reduction's result) shares memory with input " +
+        throw ValueError(detail_cuda_fused::tag("[fused] output ", nout - 1) + " (the reduction's result) shares memory with input " +
                          std::to_string(i) + "; on a GPU it may not");
   }
   cuda::detail::require_device(dev, "fused", loc);
