@@ -68,6 +68,15 @@ void arm_fault_check();
 void arm_fault_check(int device);
 /// The device's own stream (never a capture's), made current; created on first use.
 Status main_stream(int device, cudaStream_t* out);
+/// The stream this thread's launches on `device` are recorded on while it captures there (null
+/// when it does not).
+cudaStream_t capture_stream_of(int device);
+/// Sends this thread's recorded launches to s (a conditional node's body; the previous stream
+/// again when the body ends). Only while this thread captures.
+void redirect_capture(cudaStream_t s);
+/// The stream bodies at nesting depth `depth` (1, 2, ...) of the device's captures are recorded
+/// on, created on first use.
+Status body_stream(int device, int depth, cudaStream_t* out);
 
 /// Records a bad index in the device's fault record: the first launch to find one wins (the
 /// record keeps its tag, the index and the axis extent); the kernel goes on without it.

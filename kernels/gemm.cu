@@ -33,14 +33,42 @@ std::mutex& handle_mutex(int device) {
   return mu[device];
 }
 
-/// The device's handle, created on first use and bound to `s` at every call; the caller holds
-/// handle_mutex(device).
+/// The workspace cuBLAS and cuBLASLt calls on a device share (in stream order: every call is
+/// queued on the device's stream, or recorded into a graph that runs there). Allocated once, not
+/// stream-ordered: given one, cuBLAS allocates nothing while a graph is captured (memory nodes,
+/// which a conditional node's body may not hold), and cuBLASLt may choose the algorithms that need
+/// one. 32 MiB is NVIDIA's advice for Hopper.
+struct Workspace {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+};
+constexpr std::size_t workspace_bytes = std::size_t{32} << 20;
+
+/// The device's workspace; none (0 bytes) where it could not be allocated (then calls take the
+/// algorithms that need none). The caller holds handle_mutex(device).
+Workspace workspace(int device) {
+  static Workspace ws[max_devices];
+  static bool tried[max_devices] = {};
+  if (!tried[device]) {
+    tried[device] = true;
+    void* p = nullptr;
+    if (cudaMalloc(&p, workspace_bytes) == cudaSuccess) ws[device] = {p, workspace_bytes};
+    else cudaGetLastError();  // not an error of later launches
+  }
+  return ws[device];
+}
+
+/// The device's handle, created on first use and bound to `s` at every call (with the device's
+/// workspace: binding a stream resets it); the caller holds handle_mutex(device).
 Status handle_for(int device, cudaStream_t s, cublasHandle_t* out) {
   static cublasHandle_t handles[max_devices] = {};
   if (!handles[device])
     if (const Status st = from_cublas(cublasCreate(&handles[device]))) return st;
   *out = handles[device];
-  return from_cublas(cublasSetStream(*out, s));
+  if (const Status st = from_cublas(cublasSetStream(*out, s))) return st;
+  const Workspace ws = workspace(device);
+  if (!ws.p) return cudaSuccess;
+  return from_cublas(cublasSetWorkspace(*out, ws.p, ws.bytes));
 }
 
 // Row-major C (M x N) is column-major C^T (N x M) = op(B)^T op(A)^T: cuBLAS gets B first. A stored
@@ -99,7 +127,9 @@ struct LtPlan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
 };
-using LtKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, bool, bool, bool>;
+/// What a cuBLASLt call does after the product.
+enum class Epi : int { bias, relu_bias, bgrad_b };
+using LtKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, bool, bool, Epi>;
 
 Status lt_handle(int device, cublasLtHandle_t* out) {
   static cublasLtHandle_t handles[max_devices] = {};
@@ -118,14 +148,16 @@ Status lt_plan(cublasLtHandle_t h, const LtKey& key, const LtPlan** out) {
     *out = &it->second;
     return cudaSuccess;
   }
-  const auto [device, M, N, K, ta, tb, relu] = key;
-  (void)device;
+  const auto [device, M, N, K, ta, tb, epi] = key;
   LtPlan p;
   // Row-major C (M x N) is column-major C^T (N x M) = op(B)^T op(A)^T, as blas() above: cuBLASLt's
   // first operand is B, stored column-major N x K (ld N), or K x N (ld K) when tb; the bias runs
   // along C^T's rows, which are C's columns.
   const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasLtEpilogue_t epilogue = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  // (BGRADA: cuBLASLt's first operand is our b; its sums over K run along D's rows, our columns.)
+  const cublasLtEpilogue_t epilogue = epi == Epi::bias        ? CUBLASLT_EPILOGUE_BIAS
+                                      : epi == Epi::relu_bias ? CUBLASLT_EPILOGUE_RELU_BIAS
+                                                              : CUBLASLT_EPILOGUE_BGRADA;
   auto fail = [&](cublasStatus_t st) {
     if (p.op) cublasLtMatmulDescDestroy(p.op);
     for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c})
@@ -141,13 +173,13 @@ Status lt_plan(cublasLtHandle_t h, const LtKey& key, const LtPlan** out) {
   if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, ta ? M : K, ta ? K : M, ta ? M : K);
   if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, N, M, N);
   if (st != CUBLAS_STATUS_SUCCESS) return fail(st);
-  // No workspace: nothing to allocate (a graph's capture may be running), at the price of the
-  // algorithms that need one.
+  // At most the device's workspace (the algorithms that need more are left out).
   cublasLtMatmulPreference_t pref = nullptr;
   st = cublasLtMatmulPreferenceCreate(&pref);
-  const std::size_t workspace = 0;
+  const std::size_t max_workspace = workspace(device).bytes;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace);
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
+                                              sizeof max_workspace);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulAlgoGetHeuristic(h, p.op, p.b, p.a, p.c, p.c, pref, 1, &result, &found);
@@ -157,6 +189,22 @@ Status lt_plan(cublasLtHandle_t h, const LtKey& key, const LtPlan** out) {
   p.algo = result.algo;
   *out = &plans.emplace(key, p).first->second;
   return cudaSuccess;
+}
+
+/// c = op(a) op(b) with key's epilogue, whose vector (the bias read, or the bias gradient
+/// written) is at `vec`; the caller holds handle_mutex(device). not_supported when cuBLASLt has
+/// no algorithm (nothing queued).
+Status lt_matmul(cublasLtHandle_t h, const LtKey& key, const void* a, const void* b, const void* vec, void* c,
+                 abi::Stream s) {
+  const LtPlan* p = nullptr;
+  if (const Status e = lt_plan(h, key, &p)) return e;
+  if (const Status e = from_cublas(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec,
+                                                                  sizeof vec)))
+    return e;
+  const float one = 1, zero = 0;
+  const Workspace ws = workspace(std::get<0>(key));
+  return from_cublas(cublasLtMatmul(h, p->op, &one, b, p->b, a, p->a, &zero, c, p->c, c, p->c, &p->algo, ws.p, ws.bytes,
+                                    static_cast<cudaStream_t>(s)));
 }
 
 }  // namespace
@@ -198,14 +246,18 @@ Status gemm_bias(DT dt, const void* a, const void* b, const void* bias, void* c,
   const std::lock_guard<std::mutex> lock(handle_mutex(device));
   cublasLtHandle_t h = nullptr;
   if (const Status e = lt_handle(device, &h)) return e;
-  const LtPlan* p = nullptr;
-  if (const Status e = lt_plan(h, LtKey{device, g.M, g.N, g.K, g.ta, g.tb, relu}, &p)) return e;
-  if (const Status e = from_cublas(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                                  sizeof bias)))
-    return e;
-  const float one = 1, zero = 0;
-  return from_cublas(cublasLtMatmul(h, p->op, &one, b, p->b, a, p->a, &zero, c, p->c, c, p->c, &p->algo, nullptr, 0,
-                                    static_cast<cudaStream_t>(s)));
+  return lt_matmul(h, LtKey{device, g.M, g.N, g.K, g.ta, g.tb, relu ? Epi::relu_bias : Epi::bias}, a, b, bias, c, s);
+}
+
+Status gemm_bgrad(DT dt, const void* a, const void* b, void* c, void* bgrad, const GemmArgs& g, int device,
+                  Stream s) noexcept {
+  if (dt != DT::f32 || g.batch != 1 || g.a_offsets || g.b_offsets || g.tb) return cudaErrorNotSupported;
+  if (g.M == 0 || g.N == 0 || g.K == 0) return cudaErrorNotSupported;  // nothing to sum, or an empty product: the fallback
+  if (device < 0 || device >= max_devices) return cudaErrorInvalidDevice;
+  const std::lock_guard<std::mutex> lock(handle_mutex(device));
+  cublasLtHandle_t h = nullptr;
+  if (const Status e = lt_handle(device, &h)) return e;
+  return lt_matmul(h, LtKey{device, g.M, g.N, g.K, g.ta, g.tb, Epi::bgrad_b}, a, b, bgrad, c, s);
 }
 
 }  // namespace stagecraft::cuda::abi

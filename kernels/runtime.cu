@@ -25,6 +25,7 @@ struct DeviceState {
   std::mutex mu;
   cudaStream_t stream = nullptr;
   cudaStream_t capture = nullptr;  // where this device's graphs are captured (capture_begin)
+  std::vector<cudaStream_t> bodies;  // where conditional nodes' bodies are, by depth - 1
   std::vector<Pinned> pinned;  // host-to-device staging buffers, reused once their copy ended
   abi::Fault* fault = nullptr;    // the fault record kernels write (device memory)
   abi::Fault found;               // what the last check read from it, until take_fault
@@ -87,6 +88,26 @@ Status main_stream(int device, cudaStream_t* out) {
   if (!d.stream)
     if (const auto e = cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking)) return e;
   *out = d.stream;
+  return cudaSuccess;
+}
+
+cudaStream_t capture_stream_of(int device) { return device >= 0 && device == capture_device ? capture_stream : nullptr; }
+
+void redirect_capture(cudaStream_t s) {
+  if (capture_device >= 0) capture_stream = s;
+}
+
+Status body_stream(int device, int depth, cudaStream_t* out) {
+  if (const Status e = check_device(device)) return e;
+  if (depth < 1) return cudaErrorInvalidValue;
+  DeviceState& d = state(device);
+  const std::lock_guard<std::mutex> lock(d.mu);
+  while (d.bodies.size() < static_cast<std::size_t>(depth)) {
+    cudaStream_t s = nullptr;
+    if (const auto e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) return e;
+    d.bodies.push_back(s);
+  }
+  *out = d.bodies[depth - 1];
   return cudaSuccess;
 }
 

@@ -18,9 +18,11 @@ using sc::graph::Graph;
 
 using sctest::trace;
 
-/// g with every value on `d`.
+/// g with every value on `d`, in the bodies of its control flow too.
 Graph moved(Graph g, sc::Device d) {
   for (sc::graph::Value& v : g.values) v.device = d;
+  for (sc::graph::Node& n : g.nodes)
+    for (auto& b : n.bodies) b = std::make_shared<const Graph>(moved(*b, d));
   return g;
 }
 
@@ -59,7 +61,7 @@ TEST_CASE("cuda graphs: a plan wholly on one GPU can be replayed, and says why n
   CHECK(obstacle(two) == "it spans several GPUs");
 }
 
-TEST_CASE("cuda graphs: host functions, control flow and a read after an assignment keep a plan off", "[cuda][graph]") {
+TEST_CASE("cuda graphs: host functions, in a branch too, and a read after an assignment keep a plan off", "[cuda][graph]") {
   if (!sc::cuda::built) {
     WARN("built without CUDA: every GPU plan stops at its first kernel");
     return;
@@ -71,10 +73,13 @@ TEST_CASE("cuda graphs: host functions, control flow and a read after an assignm
   }), sc::Device::cuda(0));
   CHECK(obstacle(host) == "it calls a host function");
 
-  const Graph branch = moved(trace({x}, [](const Tensors& a) {
-    return sc::cond(sc::sum(a[0]) > 0.f, [&] { return Tensors{a[0] * 2.f}; }, [&] { return Tensors{a[0] - 1.f}; });
+  // Control flow is recorded as conditional nodes, unless a body could not be a graph itself.
+  const Graph host_branch = moved(trace({x}, [](const Tensors& a) {
+    return sc::cond(sc::sum(a[0]) > 0.f, [&] { return Tensors{a[0] * 2.f}; }, [&] {
+      return sc::host_fn([](const Tensors& in) { return in; }, {a[0] - 1.f}, {{sc::Shape{4}, sc::f32}});
+    });
   }), sc::Device::cuda(0));
-  CHECK_THAT(obstacle(branch), Catch::StartsWith("it has a cond"));
+  CHECK(obstacle(host_branch) == "its cond's false branch: it calls a host function");
 
   // A variable assigned, then read again (the tracer forwards the assigned value itself, so the
   // second read is added by hand, as a cond or while_loop would re-read it).
@@ -132,4 +137,100 @@ TEST_CASE("cuda graphs: a CPU function runs as before with graphs on, its stats 
   CHECK(st.plan.cuda_graph.empty());
   CHECK_THAT(st.str(), !Catch::Contains("cuda graph"));
   sc::cuda::set_graphs(was);
+}
+
+namespace {
+/// Graphs with control flow, traced on the CPU (then moved to a GPU).
+Graph branched() {
+  const sc::TensorSpec x{sc::Shape{4}, sc::f32};
+  return trace({x}, [](const Tensors& a) {
+    return sc::cond(sc::sum(a[0]) > 0.f, [&] { return Tensors{a[0] * 2.f}; }, [&] { return Tensors{a[0] - 1.f}; });
+  });
+}
+Graph looped() {
+  const sc::TensorSpec x{sc::Shape{4}, sc::f32};
+  return trace({x}, [](const Tensors& a) {
+    // a swap of loop variables, and a cond in the body
+    auto [fv, fw] = sc::while_loop([](sc::Tensor v, sc::Tensor) { return sc::sum(v * v) > 1.f; },
+                                   [](sc::Tensor v, sc::Tensor w) {
+                                     return std::make_tuple(sc::cond(sc::sum(w) > 0.f, [&] { return w * 0.5f; }, [&] { return w; }), v);
+                                   },
+                                   std::make_tuple(a[0], a[0] + 1.f));
+    return Tensors{fv, fw};
+  });
+}
+}  // namespace
+
+TEST_CASE("cuda graphs: a cond or while_loop whose bodies can be graphs is recorded as conditional nodes", "[cuda][graph]") {
+  if (!sc::cuda::built) {
+    WARN("built without CUDA: every GPU plan stops at its first kernel");
+    return;
+  }
+  CHECK(obstacle(moved(branched(), sc::Device::cuda(0))).empty());
+  CHECK(obstacle(moved(looped(), sc::Device::cuda(0))).empty());
+  CHECK(obstacle(branched()) == "it runs on the CPU");
+
+  // A branch that launches nothing (it passes its input through) is recorded as its copies.
+  const sc::TensorSpec x{sc::Shape{4}, sc::f32};
+  const Graph pass = moved(trace({x}, [](const Tensors& a) {
+    return sc::cond(sc::sum(a[0]) > 0.f, [&] { return Tensors{a[0]}; }, [&] { return Tensors{a[0] - 1.f}; });
+  }), sc::Device::cuda(0));
+  CHECK(obstacle(pass).empty());
+
+  // Bodies on another GPU than the plan's other values.
+  Graph split = moved(branched(), sc::Device::cuda(0));
+  for (sc::graph::Node& n : split.nodes)
+    if (n.kind == sc::graph::NodeKind::cond) {
+      auto body = std::make_shared<Graph>(moved(*n.bodies[1], sc::Device::cuda(1)));
+      n.bodies[1] = body;
+    }
+  CHECK(obstacle(split) == "its cond's false branch: it runs on cuda:1");
+
+  // A variable assigned in a loop's body: a conditional body cannot copy values out per launch.
+  sc::Variable v(sc::zeros({4}), "acc");
+  const Graph assigning = moved(trace({x}, [&](const Tensors& a) {
+    const sc::Tensor r = sc::while_loop([](sc::Tensor u) { return sc::sum(u) < 10.f; }, [&](sc::Tensor u) {
+      v.assign(u);
+      return u + 1.f;
+    }, a[0]);
+    return Tensors{r};
+  }), sc::Device::cuda(0));
+  CHECK(obstacle(assigning) == "its while_loop's body: it assigns variable 'acc'");
+
+  // A body reads a variable through its enclosing graph (a capture). A read_var node in a body (a
+  // hand-made or loaded graph) is copied in when the graph starts, as the top level's reads,
+  // unless the plan assigned the variable before.
+  sc::Variable w(sc::full({4}, 0.5f), "w"), other(sc::full({4}, 0.5f), "other");
+  auto loop = [&](const sc::Tensor& u0) {
+    return sc::while_loop([](sc::Tensor u) { return sc::sum(u) < 10.f; }, [&](sc::Tensor u) { return u + w; }, u0);
+  };
+  auto read_in_body = [](Graph g, const std::shared_ptr<sc::detail::VariableState>& var) {
+    for (sc::graph::Node& n : g.nodes)
+      if (n.kind == sc::graph::NodeKind::while_loop) {
+        Graph body = *n.bodies[1];
+        sc::graph::Node read;
+        read.kind = sc::graph::NodeKind::read_var;
+        read.var = var;
+        body.add_node(std::move(read), {sc::TensorSpec{sc::Shape{4}, sc::f32}}, sc::Device::cuda(0));
+        n.bodies[1] = std::make_shared<const Graph>(std::move(body));
+      }
+    return g;
+  };
+  const Graph reads = moved(trace({x}, [&](const Tensors& a) { return Tensors{loop(a[0])}; }), sc::Device::cuda(0));
+  CHECK(obstacle(reads).empty());
+  std::shared_ptr<sc::detail::VariableState> w_state;
+  for (const sc::graph::Node& n : reads.nodes)
+    if (n.kind == sc::graph::NodeKind::read_var) w_state = n.var;
+  REQUIRE(w_state);
+  CHECK(obstacle(read_in_body(reads, w_state)).empty());
+  const Graph late = moved(trace({x}, [&](const Tensors& a) {
+    other.assign(a[0]);
+    return Tensors{loop(a[0])};
+  }), sc::Device::cuda(0));
+  CHECK(obstacle(late).empty());
+  std::shared_ptr<sc::detail::VariableState> assigned;
+  for (const sc::graph::Node& n : late.nodes)
+    if (n.kind == sc::graph::NodeKind::assign_var) assigned = n.var;
+  REQUIRE(assigned);
+  CHECK(obstacle(read_in_body(late, assigned)) == "it reads variable 'other' after assigning it");
 }

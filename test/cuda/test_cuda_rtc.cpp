@@ -290,6 +290,41 @@ TEST_CASE("rtc: on a GPU, a matmul heads only a bias (and ReLU) group: one cuBLA
   sc::graph::cuda_fusion() = sc::cuda::built;
 }
 
+TEST_CASE("rtc: on a GPU, a dense layer's weight and bias gradients are one cuBLASLt call (BGRADA)", "[cuda][rtc]") {
+  using sc::graph::Graph;
+  // loss = sum(tanh(x w + b)): no forward epilogue (tanh), so every epilogue counted is a merge of
+  // dW = x^T g with db = sum(g, {0}).
+  auto grads = [](sc::DType d, const sc::Shape& bias, bool want_b) {
+    const sc::TensorSpec x{sc::Shape{8, 16}, d}, w{sc::Shape{16, 4}, d}, b{bias, d};
+    return trace({x, w, b}, [want_b](const Tensors& a) {
+      sc::GradientTape tape;
+      tape.watch(a[1]);
+      tape.watch(a[2]);
+      const sc::Tensor loss = sc::sum(sc::tanh(sc::matmul(a[0], a[1]) + a[2]));
+      return want_b ? tape.gradient(loss, Tensors{a[1], a[2]}) : tape.gradient(loss, Tensors{a[1]});
+    });
+  };
+  auto epilogues = [](Graph g, sc::Device dev) {
+    for (sc::graph::Value& v : g.values) v.device = dev;
+    const sc::graph::Plan plan(std::make_shared<const Graph>(g));
+    if (dev.is_cuda()) CHECK(plan.cuda_graph_obstacle().empty());  // a merged step can be captured
+    return plan.stats().epilogues;
+  };
+  const sc::Device gpu0 = sc::Device::cuda(0);
+  CHECK(epilogues(grads(sc::f32, sc::Shape{4}, true), gpu0) == 1);
+  CHECK(epilogues(grads(sc::f32, sc::Shape{1, 4}, true), gpu0) == 1);  // db [1, 4]: a sum keeping dims
+  CHECK(epilogues(grads(sc::f32, sc::Shape{4}, true), sc::Device::cpu()) == 0);
+  CHECK(epilogues(grads(sc::f64, sc::Shape{4}, true), gpu0) == 0);
+  CHECK(epilogues(grads(sc::f32, sc::Shape{4}, false), gpu0) == 0);  // no bias gradient asked
+  // One step fewer, and one kernel fewer, than the same plan on f64.
+  Graph g32 = grads(sc::f32, sc::Shape{4}, true), g64 = grads(sc::f64, sc::Shape{4}, true);
+  for (Graph* g : {&g32, &g64})
+    for (sc::graph::Value& v : g->values) v.device = gpu0;
+  const sc::graph::Plan p32(std::make_shared<const Graph>(g32)), p64(std::make_shared<const Graph>(g64));
+  CHECK(p32.stats().steps == p64.stats().steps - 1);
+  CHECK(p32.stats().kernels == p64.stats().kernels - 1);
+}
+
 TEST_CASE("rtc: a GPU reduction's result never takes the buffer of an input its kernel reads", "[cuda][rtc]") {
   // sum(x * exp(b), {1}) * 2 with x [300, 300] and b [300]: exp(b) dies in the fused group, and
   // the row sums (an intermediate, so in planned memory) have its shape. Every block of the row kernel reads all of exp(b) while others write

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 using sctest::cuda::check_same;
 using sctest::cuda::gpu;
@@ -315,4 +316,79 @@ TEST_CASE("cuda graphs: random numbers drawn in a replayed graph follow each cal
   CHECK(a[2].to_vector<float>() != a[3].to_vector<float>());  // different states, different numbers
   const sc::Tensor s0 = sc::detail::random_state(7).to(gpu);
   CHECK(graphed.get_concrete(x, s0).stats().plan.cuda_graph == "replaying (3 launches)");
+}
+
+namespace {
+/// A cond whose branch the data picks, a while_loop whose rounds the data count and whose body
+/// swaps two loop variables (a result in another variable's storage), and a while_loop with a
+/// cond inside its body: every decision made on the GPU when replayed as one graph.
+std::tuple<sc::Tensor, sc::Tensor, sc::Tensor, sc::Tensor, sc::Tensor> controlled(sc::Tensor x, sc::Tensor y) {
+  const sc::Tensor a = sc::cond(sc::sum(x) > 0.f, [&] { return sc::tanh(x) * 3.f + y; }, [&] { return x * x - 1.f; });
+  auto [fv, fw, fn] = sc::while_loop([](sc::Tensor v, sc::Tensor, sc::Tensor) { return sc::sum(v * v) > 1.f; },
+                                     [](sc::Tensor v, sc::Tensor w, sc::Tensor n) { return std::make_tuple(w * 0.5f, v, n + 1.f); },
+                                     std::make_tuple(a, y, sc::sum(x) * 0.f));
+  const sc::Tensor fz = sc::while_loop(
+      [](sc::Tensor z) { return sc::max(z) > 0.1f; },
+      [](sc::Tensor z) { return sc::cond(sc::sum(z) > 4.f, [&] { return z * 0.5f; }, [&] { return z - 0.3f; }); },
+      sc::abs(x));
+  return {a, fv, fw, fn, fz};
+}
+}  // namespace
+
+TEST_CASE("cuda graphs: a plan with cond and while_loop replays as one graph, branches and rounds chosen on the GPU",
+          "[cuda][staged][graph]") {
+  auto plain = sc::function(controlled);
+  auto graphed = sc::function(controlled);
+  std::vector<sc::Tensor> want, got;
+  std::vector<float> rounds;
+  for (int it = 0; it < 8; ++it) {
+    // Both signs of sum(x), and scales that change the number of rounds.
+    const float scale = (it % 2 == 0 ? 1.f : -1.f) * static_cast<float>(1 + it);
+    const sc::Tensor x = (values({6, 5}, sc::f32, 60 + it) * scale).to(gpu), y = values({6, 5}, sc::f32, 70 + it).to(gpu);
+    sc::cuda::set_graphs(false);
+    const auto p = plain(x, y);
+    const GraphsOn on;
+    const auto g = graphed(x, y);
+    const auto c = controlled(x.to(sc::Device::cpu()), y.to(sc::Device::cpu()));  // eager, on the CPU
+    std::apply([&](const auto&... t) { (want.push_back(t), ...); }, p);
+    std::apply([&](const auto&... t) { (got.push_back(t), ...); }, g);
+    check_same(std::get<0>(g), std::get<0>(c), 1e-5);
+    check_same(std::get<3>(g), std::get<3>(c), 0.0);  // the same number of rounds as the CPU
+    check_same(std::get<4>(g), std::get<4>(c), 1e-5);
+    rounds.push_back(std::get<3>(c).item<float>());
+  }
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("result " << i);
+    check_same(got[i], want[i].to(sc::Device::cpu()), 1e-6);
+  }
+  CHECK(std::set<float>(rounds.begin(), rounds.end()).size() > 2);  // the data chose the rounds
+  const sc::Tensor x0 = values({6, 5}, sc::f32, 60).to(gpu), y0 = values({6, 5}, sc::f32, 70).to(gpu);
+  const auto st = graphed.get_concrete(x0, y0).stats();
+  INFO(st);
+  CHECK(st.plan.cuda_graph == "replaying (7 launches)");
+}
+
+TEST_CASE("cuda staged: a dense layer's weight and bias gradients from one cuBLASLt call equal the CPU's",
+          "[cuda][staged]") {
+  auto grads = [](sc::Tensor x, sc::Tensor w, sc::Tensor b) {
+    sc::GradientTape tape;
+    tape.watch(w);
+    tape.watch(b);
+    const sc::Tensor loss = sc::sum(sc::tanh(sc::matmul(x, w) + b));
+    const auto g = tape.gradient(loss, std::vector<sc::Tensor>{w, b});
+    return std::make_tuple(g[0], g[1]);
+  };
+  auto f = sc::function(grads);
+  for (const std::int64_t batch : {1, 64, 1000}) {
+    INFO("batch " << batch);
+    const sc::Tensor x = values({batch, 48}, sc::f32, 80), w = values({48, 20}, sc::f32, 81) * 0.2f,
+                     b = values({20}, sc::f32, 82);
+    const auto [dw, db] = f(x.to(gpu), w.to(gpu), b.to(gpu));
+    const auto [cw, cb] = grads(x, w, b);  // eager, on the CPU
+    check_same(dw, cw, 1e-4);
+    check_same(db, cb, 1e-4);
+    const auto st = f.get_concrete(x.to(gpu), w.to(gpu), b.to(gpu)).stats();
+    INFO(st);
+    CHECK(st.plan.epilogues == 1);
+  }
 }

@@ -26,7 +26,8 @@ struct PlanStats {
   int kernels = 0;                    ///< kernel launches per run (a fused group counts once)
   int fused_groups = 0;               ///< fused elementwise groups
   int fused_nodes = 0;                ///< nodes inside them (matmul heads and reductions included)
-  int epilogues = 0;                  ///< groups run as a matmul's epilogue (on a GPU: cuBLASLt's bias/ReLU)
+  int epilogues = 0;                  ///< groups run as a matmul's epilogue (on a GPU: cuBLASLt's bias/ReLU),
+                                      ///< and on a GPU bias gradients summed by the weight gradient's matmul
   int fused_reductions = 0;           ///< groups ending in a reduction
   std::int64_t peak_bytes = 0;        ///< planned buffer memory (with reuse)
   std::int64_t intermediate_bytes = 0;  ///< every intermediate in its own buffer
@@ -58,7 +59,61 @@ struct Step {
   int head_out = -1;
   int bias = -1;              ///< GPU fused group with a matmul head (a cuBLASLt epilogue): the bias in `in`
   bool relu = false;          ///< ... and whether the epilogue applies a ReLU
+  /// A GPU matmul op(x) g merged with sum(g, {0}) (one cuBLASLt call, its BGRADA epilogue): the
+  /// sum's kernel and attributes (its value is out[1]), run after the product where cuBLASLt cannot.
+  const OpFns* bgrad_fns = nullptr;
+  ops::Attrs bgrad_attrs;
 };
+
+/// On a GPU, a dense layer's weight gradient op(x) g (a matmul, g read untransposed) and its bias
+/// gradient sum(g, {0}) become one step, one cuBLASLt call, where both are f32 matrices on one
+/// device and the later of the two reads nothing made after the earlier (the merged step runs
+/// there). Returns how many pairs were merged.
+inline int merge_bias_grads(const Graph& g, std::vector<Step>& steps) {
+  std::vector<int> made_at(g.values.size(), -1);  // the step that makes each value
+  auto index = [&] {
+    std::fill(made_at.begin(), made_at.end(), -1);
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      for (int v : steps[i].out) made_at[v] = static_cast<int>(i);
+      if (steps[i].head_out >= 0) made_at[steps[i].head_out] = static_cast<int>(i);
+    }
+  };
+  auto is_op = [&](const Step& s, ops::OpId op) {
+    return s.kind == StepKind::kernel && s.gpu && s.out.size() == 1 && g.nodes[s.node].op == op;
+  };
+  auto f32_matrix = [&](int v, Device d) {
+    const Value& x = g.values[v];
+    return x.dtype == DType::f32 && x.shape.rank() == 2 && x.device == d;
+  };
+  int merged = 0;
+  index();
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const Step& m = steps[i];
+    if (!is_op(m, ops::OpId::MatMul) || m.in.size() != 2 || m.attrs.i1 != 0) continue;
+    const Device d = g.values[m.out[0]].device;
+    if (!f32_matrix(m.in[0], d) || !f32_matrix(m.in[1], d) || !f32_matrix(m.out[0], d)) continue;
+    for (std::size_t j = 0; j < steps.size(); ++j) {
+      const Step& r = steps[j];
+      if (!is_op(r, ops::OpId::Sum) || r.in.size() != 1 || r.in[0] != m.in[1] || r.attrs.ints != Shape{0}) continue;
+      const Value& db = g.values[r.out[0]];
+      if (db.dtype != DType::f32 || db.device != d || db.shape.numel() != g.values[m.in[1]].shape[1]) continue;
+      const std::size_t lo = std::min(i, j), hi = std::max(i, j);
+      if (std::any_of(steps[hi].in.begin(), steps[hi].in.end(), [&](int v) { return made_at[v] >= static_cast<int>(lo); }))
+        continue;
+      Step both = m;
+      both.out.push_back(r.out[0]);
+      both.bgrad_fns = r.fns;
+      both.bgrad_attrs = r.attrs;
+      steps[lo] = std::move(both);
+      steps.erase(steps.begin() + static_cast<std::ptrdiff_t>(hi));
+      ++merged;
+      index();
+      i = lo;  // (steps after lo moved down; lo itself is merged and skipped next round)
+      break;
+    }
+  }
+  return merged;
+}
 
 }  // namespace detail_plan
 
@@ -96,16 +151,41 @@ class Plan {
     std::vector<std::vector<Tensor>> head_ins;  ///< per fused step with a matmul head: its inputs
     std::vector<stagecraft::detail::Ref<stagecraft::detail::Storage>> buffers;
     bool capture = false;  ///< a CUDA graph's capture: storage is fixed, variables are copied in and out
+    /// Captured: the states of the bodies of its cond and while steps, and storage their copies
+    /// pass through, kept as long as the graph.
+    std::vector<std::unique_ptr<RunState>> bodies;
+    std::vector<Tensor> scratch;
+    /// Captured: where each variable read of a body is copied in at every launch (the top level's
+    /// copies, before any conditional node runs), shared by the bodies' states.
+    std::vector<std::pair<const Node*, Tensor>> hoisted;
+    const std::vector<std::pair<const Node*, Tensor>>* reads = nullptr;
   };
   struct GraphRun;
   struct GraphCall;
 
   GraphCall graph_call(GraphRun& gr, std::span<const Tensor> args) const;
-  void check_read(int node, const Tensor& v) const;  ///< v may stand for read_var `node`'s value
+  /// A read_var node and the value it gives.
+  struct Read {
+    const Node* node = nullptr;
+    const Value* value = nullptr;
+  };
+  /// The variable reads of this plan's cond and while bodies (at any depth), and with `own` its
+  /// own reads too.
+  void variable_reads(std::vector<Read>& out, bool own) const;
   std::optional<std::vector<Tensor>> run_graph(std::span<const Tensor> args) const;
   std::shared_ptr<GraphRun> capture(std::span<const Tensor> args) const;
+  /// Gives every value of st that the memory plan leaves out its own storage on `dev` (the graph
+  /// inputs too when `inputs`), so that a capture records fixed addresses.
+  void fix_storage(RunState& st, Device dev, bool inputs) const;
+  /// Records this plan's steps (a body of a cond or while step) into the capture under way, over
+  /// args' storage; the state returned holds every value at its address.
+  std::unique_ptr<RunState> capture_body(std::span<const Tensor> args, const RunState& parent) const;
+  /// Records a cond or while step as a conditional graph node.
+  void capture_control(const Step& s, RunState& st) const;
   std::vector<Tensor> launch(GraphRun& gr, std::span<const Tensor> args) const;
   std::string find_graph_obstacle(int& device) const;
+  /// Why this plan cannot be recorded as a body of a conditional node on GPU `device` ("" when it can).
+  std::string body_obstacle(int device) const;
 
   void lower(bool fuse);
   void add_step(Step s) { steps_.push_back(std::move(s)); }
@@ -205,6 +285,7 @@ inline void Plan::lower(bool fuse) {
     if (grp >= 0)
       for (Step& d : deferred[grp]) add_step(std::move(d));
   }
+  const int bias_grads = merge_bias_grads(g, steps_);
   // Buffers: values whose storage the plan owns get a planned buffer, reused by liveness.
   std::vector<MemoryPlan::StepUse> uses;
   for (const Step& s : steps_) {
@@ -225,6 +306,7 @@ inline void Plan::lower(bool fuse) {
   for (const Step& s : steps_)  // (a GPU group with a matmul head is one cuBLASLt call)
     stats_.kernels += (s.kind == StepKind::kernel || s.kind == StepKind::fused) + (s.head_fns != nullptr && !s.gpu);
   stats_.fused_groups = static_cast<int>(groups_.groups.size());
+  stats_.epilogues = bias_grads;
   for (const FusionGroup& fg : groups_.groups) {
     stats_.fused_nodes += static_cast<int>(fg.nodes.size()) + (fg.head >= 0);
     stats_.epilogues += fg.head >= 0;
@@ -404,7 +486,7 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
   };
   switch (s.kind) {
     case StepKind::kernel: {
-      fresh(s.out[0]);
+      for (int v : s.out) fresh(v);
       if (SC_UNLIKELY(s.gpu)) {
         if (s.fns->cuda == nullptr)
           stagecraft::detail::fail_at<DeviceError>(ops::op_info(n.op).name, n.loc.file, n.loc.line, "has no kernel for ",
@@ -412,7 +494,13 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
         const stagecraft::detail::LocOverride at(n.loc);  // what a kernel reports later names the node's line
         const std::source_location here = std::source_location::current();
         try {
-          s.fns->cuda(st.ins[i], st.vals[s.out[0]], s.attrs, here);
+          if (s.bgrad_fns == nullptr) {
+            s.fns->cuda(st.ins[i], st.vals[s.out[0]], s.attrs, here);
+          } else if (!backend::cuda::gemm_bgrad(st.ins[i][0], st.ins[i][1], s.attrs.i0 != 0, st.vals[s.out[0]],
+                                                st.vals[s.out[1]], here)) {
+            s.fns->cuda(st.ins[i], st.vals[s.out[0]], s.attrs, here);
+            s.bgrad_fns->cuda(std::span<const Tensor>(&st.ins[i][1], 1), st.vals[s.out[1]], s.bgrad_attrs, here);
+          }
         } catch (const Error& e) {
           detail_plan::rethrow_unlocated(e, here);
         }
@@ -451,7 +539,12 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
     }
     case StepKind::view: detail_plan::rebind(st.vals[s.out[0]], st.vals[s.in[0]]); break;
     case StepKind::read_var: {
-      if (st.capture) break;  // the graph copies the value in at each launch
+      if (st.capture) {  // the graph copies the value in at each launch (a body's into a slot of the top level's)
+        if (st.reads)
+          for (const auto& [node, slot] : *st.reads)
+            if (node == &n) detail_plan::rebind(st.vals[s.out[0]], slot);
+        break;
+      }
       std::lock_guard<std::mutex> lock(n.var->mu);
       if (SC_UNLIKELY(n.var->value.shape() != g.values[s.out[0]].shape || n.var->value.dtype() != g.values[s.out[0]].dtype))
         stagecraft::detail::fail_at<StagingError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name, "' changed shape or dtype since it was traced");
@@ -482,6 +575,10 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
       break;
     }
     case StepKind::cond: {
+      if (st.capture) {
+        capture_control(s, st);
+        break;
+      }
       const bool p = st.vals[s.in[0]].item<bool>();
       std::vector<Tensor> args;
       for (std::size_t k = 1; k < s.in.size(); ++k) args.push_back(st.vals[s.in[k]]);
@@ -491,6 +588,10 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
       break;
     }
     case StepKind::while_loop: {
+      if (st.capture) {
+        capture_control(s, st);
+        break;
+      }
       std::vector<Tensor> vars, captured;
       for (int k = 0; k < s.num_loop_vars; ++k) vars.push_back(st.vals[s.in[k]]);
       for (std::size_t k = s.num_loop_vars; k < s.in.size(); ++k) captured.push_back(st.vals[s.in[k]]);
@@ -505,7 +606,8 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
 // ---- CUDA graph replay ---------------------------------------------------------------------
 //
 // A plan that runs wholly on one GPU (its kernels and fused groups there, no host function, no
-// control flow, no CPU value) runs kernel by kernel on its first call; the second call captures
+// CPU value; its cond and while steps conditional nodes, see capture_control) runs kernel by
+// kernel on its first call; the second call captures
 // its launches into a CUDA graph over storage the graph owns, and every call from then on is one
 // graph launch: copy nodes bring the arguments and the variables' current values in, the captured
 // kernels run, copy nodes carry the results and the assigned values out into new tensors. The
@@ -514,9 +616,9 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
 /// The captured graph of a plan and the storage its kernels were captured over.
 struct Plan::GraphRun {
   struct In {
-    int value = -1;  ///< the graph value it fills
-    int arg = -1;    ///< an argument's index, or -1: a variable read
-    int node = -1;   ///< read_var node
+    Tensor slot;         ///< the fixed tensor it fills
+    int arg = -1;        ///< an argument's index, or -1: a variable read
+    Read read;           ///< the read_var node (of this plan or of a body) and its value
   };
   std::unique_ptr<RunState> st;  ///< every value at a fixed address
   cuda::detail::CaptureHold hold;
@@ -567,12 +669,46 @@ inline std::string Plan::find_graph_obstacle(int& device) const {
         break;
       case StepKind::assign_var: assigned.push_back(n.var.get()); break;
       case StepKind::host_fn: return "it calls a host function";
-      case StepKind::cond: return "it has a cond (each branch's plan can be a graph)";
-      case StepKind::while_loop: return "it has a while_loop (its body's plan can be a graph)";
+      case StepKind::cond:
+      case StepKind::while_loop: {
+        const bool is_cond = s.kind == StepKind::cond;
+        std::vector<Read> reads;
+        for (int b = 0; b < 2; ++b) {
+          const std::string o = s.sub[b]->body_obstacle(device);
+          if (!o.empty())
+            return std::string(is_cond ? (b == 0 ? "its cond's true branch: " : "its cond's false branch: ")
+                                       : (b == 0 ? "its while_loop's condition: " : "its while_loop's body: ")) + o;
+          s.sub[b]->variable_reads(reads, true);
+        }
+        for (const Read& r : reads)  // (a body's reads are copied in when the graph starts)
+          if (std::find(assigned.begin(), assigned.end(), r.node->var.get()) != assigned.end())
+            return "it reads variable '" + r.node->var->name + "' after assigning it";
+        kernels = true;  // (the node's condition is set by a kernel)
+        break;
+      }
     }
   }
   if (!kernels) return "it launches no kernel";
   return "";
+}
+
+inline std::string Plan::body_obstacle(int device) const {
+  // A body that launches nothing (it passes values through) is recorded as its copies.
+  if (!graph_obstacle_.empty() && graph_obstacle_ != "it launches no kernel") return graph_obstacle_;
+  if (graph_device_ != device) return "it runs on " + (graph_device_ < 0 ? std::string("no device") : Device::cuda(graph_device_).str());
+  // A variable's new value leaves a graph by a copy after the launch, where a body may have
+  // assigned it any number of times.
+  for (const Step& s : steps_)
+    if (s.kind == StepKind::assign_var) return "it assigns variable '" + g_->nodes[s.node].var->name + "'";
+  return "";
+}
+
+inline void Plan::variable_reads(std::vector<Read>& out, bool own) const {
+  for (const Step& s : steps_) {
+    if (own && s.kind == StepKind::read_var) out.push_back({&g_->nodes[s.node], &g_->values[s.out[0]]});
+    if (s.kind == StepKind::cond || s.kind == StepKind::while_loop)
+      for (int b = 0; b < 2; ++b) s.sub[b]->variable_reads(out, true);
+  }
 }
 
 inline std::string Plan::cuda_graph_status() const {
@@ -584,6 +720,18 @@ inline std::string Plan::cuda_graph_status() const {
   return cuda::graphs_enabled() ? "not captured yet" : "off (cuda::set_graphs(true) turns it on)";
 }
 
+namespace detail_plan {
+/// v may stand for the value `want` of read_var node n.
+inline void check_read(const Node& n, const Value& want, const Tensor& v) {
+  if (SC_UNLIKELY(v.shape() != want.shape || v.dtype() != want.dtype))
+    stagecraft::detail::fail_at<StagingError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name,
+                                              "' changed shape or dtype since it was traced");
+  if (SC_UNLIKELY(v.device() != want.device))
+    stagecraft::detail::fail_at<DeviceError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name, "' moved to ",
+                                             v.device().str(), " since it was traced on ", want.device.str());
+}
+}  // namespace detail_plan
+
 inline std::optional<std::vector<Tensor>> Plan::run_graph(std::span<const Tensor> args) const {
 #if defined(STAGECRAFT_WITH_CUDA)
   for (const Tensor& a : args)  // a call with an argument elsewhere runs kernel by kernel
@@ -594,8 +742,9 @@ inline std::optional<std::vector<Tensor>> Plan::run_graph(std::span<const Tensor
     if (graph_runs_++ == 0) return std::nullopt;  // the first run warms up (compiles, loads, allocates)
     // A variable changed since the trace is the caller's error (raised here, as the plan would),
     // not a reason to give up on the graph.
-    for (const Step& s : steps_)
-      if (s.kind == StepKind::read_var) check_read(s.node, g_->nodes[s.node].var->get());
+    std::vector<Read> reads;
+    variable_reads(reads, true);
+    for (const Read& r : reads) detail_plan::check_read(*r.node, *r.value, r.node->var->get());
     try {
       graph_ = capture(args);
     } catch (const Error& e) {
@@ -610,17 +759,6 @@ inline std::optional<std::vector<Tensor>> Plan::run_graph(std::span<const Tensor
 #endif
 }
 
-inline void Plan::check_read(int node, const Tensor& v) const {
-  const Graph& g = *g_;
-  const Node& n = g.nodes[node];
-  const Value& want = g.values[n.outputs[0]];
-  if (SC_UNLIKELY(v.shape() != want.shape || v.dtype() != want.dtype))
-    stagecraft::detail::fail_at<StagingError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name,
-                                              "' changed shape or dtype since it was traced");
-  if (SC_UNLIKELY(v.device() != want.device))
-    stagecraft::detail::fail_at<DeviceError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name, "' moved to ",
-                                             v.device().str(), " since it was traced on ", want.device.str());
-}
 
 /// One call's copies (this call's arguments and variable values in, new result tensors out).
 struct Plan::GraphCall {
@@ -638,11 +776,11 @@ inline Plan::GraphCall Plan::graph_call(GraphRun& gr, std::span<const Tensor> ar
     if (in.arg >= 0) {
       src = args[in.arg];
     } else {
-      src = g.nodes[in.node].var->get();
-      check_read(in.node, src);
+      src = in.read.node->var->get();
+      detail_plan::check_read(*in.read.node, *in.read.value, src);
       c.keep.push_back(src);
     }
-    c.in.push_back({st.vals[in.value].raw_data(), src.raw_data(), src.nbytes()});
+    c.in.push_back({in.slot.raw_data(), src.raw_data(), src.nbytes()});
   }
   c.fresh.resize(g.values.size());
   for (int v : gr.outs) {
@@ -662,18 +800,21 @@ inline std::shared_ptr<Plan::GraphRun> Plan::capture(std::span<const Tensor> arg
   gr->st = make_state();
   RunState& st = *gr->st;
   st.capture = true;
-  std::vector<char> view_out(g.values.size(), 0);
-  for (const Step& s : steps_)
-    if (s.kind == StepKind::view) view_out[s.out[0]] = 1;
-  for (std::size_t v = 0; v < g.values.size(); ++v) {
-    const Tensor& t = st.vals[v];
-    if (mem_.buffer_of[v] >= 0 || view_out[v] || g.nodes[g.values[v].node].kind == NodeKind::constant) continue;
-    t.impl()->storage = stagecraft::detail::Storage::allocate(t.nbytes(), dev);  // inputs, reads, results
-  }
+  fix_storage(st, dev, true);  // inputs, reads, results
   for (std::size_t i = 0; i < g.inputs.size(); ++i)
-    if (st.vals[g.inputs[i]].nbytes() > 0) gr->ins.push_back({g.inputs[i], static_cast<int>(i), -1});
+    if (st.vals[g.inputs[i]].nbytes() > 0) gr->ins.push_back({st.vals[g.inputs[i]], static_cast<int>(i), {}});
   for (const Step& s : steps_)
-    if (s.kind == StepKind::read_var && st.vals[s.out[0]].nbytes() > 0) gr->ins.push_back({s.out[0], -1, s.node});
+    if (s.kind == StepKind::read_var && st.vals[s.out[0]].nbytes() > 0)
+      gr->ins.push_back({st.vals[s.out[0]], -1, {&g.nodes[s.node], &g.values[s.out[0]]}});
+  // The bodies' variable reads: slots the top level fills at every launch, before any body runs.
+  std::vector<Read> body_reads;
+  variable_reads(body_reads, false);
+  for (const Read& r : body_reads) {
+    const Tensor slot = stagecraft::detail::empty_tensor(r.value->shape, r.value->dtype, dev, "cuda graph");
+    st.hoisted.emplace_back(r.node, slot);
+    if (slot.nbytes() > 0) gr->ins.push_back({slot, -1, r});
+  }
+  st.reads = &st.hoisted;
   auto escape = [&](int v) {
     if (g.nodes[g.values[v].node].kind == NodeKind::constant || st.vals[v].nbytes() == 0) return;
     if (std::find(gr->outs.begin(), gr->outs.end(), v) == gr->outs.end()) gr->outs.push_back(v);
@@ -709,6 +850,127 @@ inline std::shared_ptr<Plan::GraphRun> Plan::capture(std::span<const Tensor> arg
   (void)args;
 #endif
   return gr;
+}
+
+inline void Plan::fix_storage(RunState& st, Device dev, bool inputs) const {
+  const Graph& g = *g_;
+  std::vector<char> skip(g.values.size(), 0);
+  for (const Step& s : steps_)
+    if (s.kind == StepKind::view) skip[s.out[0]] = 1;  // shares its source's storage
+  if (!inputs)
+    for (int v : g.inputs) skip[v] = 1;
+  for (std::size_t v = 0; v < g.values.size(); ++v) {
+    const Tensor& t = st.vals[v];
+    if (mem_.buffer_of[v] >= 0 || skip[v] || g.nodes[g.values[v].node].kind == NodeKind::constant) continue;
+    t.impl()->storage = stagecraft::detail::Storage::allocate(t.nbytes(), dev);
+  }
+}
+
+inline std::unique_ptr<Plan::RunState> Plan::capture_body(std::span<const Tensor> args, const RunState& parent) const {
+  const Graph& g = *g_;
+  auto st = make_state();
+  st->capture = true;
+  st->reads = parent.reads;
+  fix_storage(*st, Device::cuda(graph_device_), false);
+  for (std::size_t i = 0; i < g.inputs.size(); ++i) detail_plan::rebind(st->vals[g.inputs[i]], args[i]);
+  for (std::size_t i = 0; i < steps_.size(); ++i) {
+    try {
+      run_step(steps_[i], i, *st);
+    } catch (const Error& e) {
+      detail_plan::rethrow_at(e, g.nodes[steps_[i].node].loc);
+    }
+  }
+  return st;
+}
+
+// A cond is an if/else node whose condition a kernel sets from the predicate; each branch's
+// steps are recorded into its body, followed by copies of its results into the cond's outputs.
+// A while_loop copies its initial values into its outputs, which carry the loop variables from
+// then on: its condition's steps are recorded before the node (on the initial values), and the
+// body holds the body's steps, copies of its results back into the outputs, then the condition's
+// steps again, whose result sets the node's condition for the next round (and counts the round).
+inline void Plan::capture_control(const Step& s, RunState& st) const {
+#if defined(STAGECRAFT_WITH_CUDA)
+  const Graph& g = *g_;
+  const Node& n = g.nodes[s.node];
+  const Device dev = Device::cuda(graph_device_);
+  const int device = graph_device_;
+  const std::source_location here = std::source_location::current();
+  auto check = [&](cuda::abi::Status e) { cuda::detail::check(e, dev, "cuda graph", here); };
+  auto copy = [&](const Tensor& dst, const Tensor& src) {
+    if (dst.nbytes() == 0 || dst.raw_data() == src.raw_data()) return;
+    cuda::detail::copy(dst.raw_data(), dev, src.raw_data(), dev, dst.nbytes(), "cuda graph", here);
+  };
+  auto output = [](const Plan& p, const RunState& b, std::size_t k) -> const Tensor& {
+    return b.vals[p.g_->outputs[k]];
+  };
+  auto dt = [](const Tensor& t) { return static_cast<cuda::abi::DT>(t.dtype()); };
+  struct Free {  // the node's record, and a body left open by an error
+    cuda::abi::CondNode node = nullptr;
+    ~Free() { cuda::abi::capture_cond_free(node); }
+  } rec;
+  std::vector<Tensor> in;
+  for (int v : s.in) in.push_back(st.vals[v]);
+  if (s.kind == StepKind::cond) {
+    const std::vector<Tensor> args(in.begin() + 1, in.end());
+    check(cuda::abi::capture_if(device, in[0].raw_data(), dt(in[0]), &rec.node));
+    for (int b = 0; b < 2; ++b) {
+      const Plan& body = *s.sub[b];
+      check(cuda::abi::capture_body_begin(rec.node, b));
+      std::unique_ptr<RunState> bs = body.capture_body(detail_plan::select_branch_args(args, n, b), st);
+      for (std::size_t k = 0; k < s.out.size(); ++k) copy(st.vals[s.out[k]], output(body, *bs, k));
+      check(cuda::abi::capture_body_end(rec.node));
+      st.bodies.push_back(std::move(bs));
+    }
+    return;
+  }
+  const auto nv = static_cast<std::size_t>(s.num_loop_vars);
+  const auto k_cond = static_cast<std::size_t>(n.attrs.i0);
+  const Plan& cond = *s.sub[0];
+  const Plan& body = *s.sub[1];
+  std::vector<Tensor> vars(nv), cond_args, body_args;
+  for (std::size_t j = 0; j < nv; ++j) {
+    vars[j] = st.vals[s.out[j]];  // carries the loop variables
+    copy(vars[j], in[j]);
+  }
+  cond_args = vars;
+  cond_args.insert(cond_args.end(), in.begin() + static_cast<std::ptrdiff_t>(nv),
+                   in.begin() + static_cast<std::ptrdiff_t>(nv + k_cond));
+  body_args = vars;
+  body_args.insert(body_args.end(), in.begin() + static_cast<std::ptrdiff_t>(nv + k_cond), in.end());
+  auto* count = s.out.size() > nv && st.vals[s.out.back()].nbytes() > 0
+                    ? static_cast<std::int64_t*>(st.vals[s.out.back()].raw_data())
+                    : nullptr;
+  std::unique_ptr<RunState> first = cond.capture_body(cond_args, st);
+  const Tensor& p0 = output(cond, *first, 0);
+  check(cuda::abi::capture_while(device, p0.raw_data(), dt(p0), count, &rec.node));
+  st.bodies.push_back(std::move(first));
+  check(cuda::abi::capture_body_begin(rec.node, 0));
+  std::unique_ptr<RunState> bs = body.capture_body(body_args, st);
+  // A result in a loop variable's storage (passed through, or a view of one) other than its own
+  // is staged first: the copies must read every old value before they write a new one.
+  std::vector<Tensor> src(nv);
+  for (std::size_t j = 0; j < nv; ++j) {
+    src[j] = output(body, *bs, j);
+    const auto* storage = src[j].impl()->storage.get();
+    const bool shared = std::any_of(vars.begin(), vars.end(), [&](const Tensor& v) { return v.impl()->storage.get() == storage; });
+    if (shared && src[j].raw_data() != vars[j].raw_data() && src[j].nbytes() > 0) {
+      Tensor staged = detail_plan::new_like(vars[j]);
+      copy(staged, src[j]);
+      st.scratch.push_back(staged);
+      src[j] = staged;
+    }
+  }
+  for (std::size_t j = 0; j < nv; ++j) copy(vars[j], src[j]);
+  std::unique_ptr<RunState> next = cond.capture_body(cond_args, st);
+  const Tensor& p1 = output(cond, *next, 0);
+  check(cuda::abi::capture_while_next(rec.node, p1.raw_data(), dt(p1), count));
+  check(cuda::abi::capture_body_end(rec.node));
+  st.bodies.push_back(std::move(bs));
+  st.bodies.push_back(std::move(next));
+#else
+  (void)s, (void)st;
+#endif
 }
 
 inline std::vector<Tensor> Plan::launch(GraphRun& gr, std::span<const Tensor> args) const {

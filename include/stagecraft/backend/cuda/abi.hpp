@@ -169,6 +169,29 @@ Status graph_launch(GraphExec g, const GraphCopy* ins, int n_in, const GraphCopy
 /// Frees g (a launch still running finishes first).
 void graph_destroy(GraphExec g) noexcept;
 
+// Control flow inside a capture: conditional graph nodes (CUDA 12.4 and later). A node is added
+// after what the capture recorded so far; its bodies are then recorded one at a time between
+// capture_body_begin and capture_body_end, on a stream of their own that this thread's launches on
+// the device (what stream() returns) go to meanwhile. Bodies nest: a body may add nodes of its own.
+/// A conditional node being recorded (its handle and body graphs), opaque here.
+using CondNode = void*;
+/// Adds an if/else node: body 0 runs when the scalar of `dt` at `pred` (device memory) is non-zero
+/// when the node is reached, body 1 otherwise.
+Status capture_if(int device, const void* pred, DT dt, CondNode* out) noexcept;
+/// Adds a while node: its body runs while the condition holds, first taken from the scalar at
+/// `pred`, then from capture_while_next's; `count` (an i64 in device memory, or null) is set to 0
+/// here and counts the body's runs.
+Status capture_while(int device, const void* pred, DT dt, std::int64_t* count, CondNode* out) noexcept;
+/// Records, at the end of a while node's body, the next test of its condition (and a count).
+Status capture_while_next(CondNode node, const void* pred, DT dt, std::int64_t* count) noexcept;
+/// This thread's launches on the node's device are recorded into its body `body` until
+/// capture_body_end.
+Status capture_body_begin(CondNode node, int body) noexcept;
+/// Ends the body being recorded: launches go back to the enclosing capture.
+Status capture_body_end(CondNode node) noexcept;
+/// Frees node's record (the node stays in its graph), ending a body capture left open first.
+void capture_cond_free(CondNode node) noexcept;
+
 // ---- kernels -------------------------------------------------------------------------------
 /// y = rule(x), elementwise; y is bool for LogicalNot, else of x's dtype.
 Status unary(UnaryRule r, DT dt, const void* x, void* y, const Geometry& g, Stream s) noexcept;
@@ -232,6 +255,12 @@ Status gemm(DT dt, const void* a, const void* b, void* c, const GemmArgs& g, int
 /// or no cuBLASLt algorithm for the shapes: not_supported, and nothing was queued.
 Status gemm_bias(DT dt, const void* a, const void* b, const void* bias, void* c, const GemmArgs& g, bool relu, int device,
                  Stream s) noexcept;
+/// c = op(a) b and bgrad[n] = the sum of b's column n (b read untransposed, K x N: a dense layer's
+/// bias gradient beside its weight gradient, both from the output's gradient b) in one cuBLASLt
+/// call (its BGRADA epilogue): f32, one matrix, K > 0. Anything else, or no cuBLASLt algorithm:
+/// not_supported, and nothing was queued.
+Status gemm_bgrad(DT dt, const void* a, const void* b, void* c, void* bgrad, const GemmArgs& g, int device,
+                  Stream s) noexcept;
 /// n normal (uniform when !normal) samples of dt (f32/f64) from the Philox stream of the device
 /// state {key, offset} (i64 [2]), the same numbers as the CPU op: p0, p1 are mean, stddev (lo, hi).
 Status philox(bool normal, DT dt, const std::int64_t* state, double p0, double p1, void* y, std::int64_t n,

@@ -225,6 +225,24 @@ inline bool gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, bool
   return true;
 }
 
+/// out = op(a) b and bgrad = the column sums of b (a dense layer's weight and bias gradients) in one
+/// cuBLASLt call; false (nothing queued) where cuBLASLt cannot (the caller runs the product and the
+/// sum instead).
+inline bool gemm_bgrad(const Tensor& a, const Tensor& b, bool ta, Tensor& out, Tensor& bgrad, const std::source_location& loc) {
+  abi::GemmArgs g;
+  g.M = out.shape()[0];
+  g.N = out.shape()[1];
+  g.K = a.shape()[ta ? 0 : 1];
+  g.ta = ta;
+  g.tb = false;
+  const Device d = out.device();
+  const abi::Status st = abi::gemm_bgrad(dt(out.dtype()), a.raw_data(), b.raw_data(), out.raw_data(), bgrad.raw_data(), g,
+                                         d.index(), stream(d, "matmul", loc));
+  if (st == abi::not_supported) return false;
+  check(st, d, "matmul", loc);
+  return true;
+}
+
 /// The device's fault record, and a tag for a launch of `op` that can find a bad index there: the
 /// site (the user's line; inside a traced plan, the node's) is kept for the error raised later.
 inline abi::Fault* fault_site(Device d, std::string_view op, const std::source_location& loc, std::int64_t axis,
