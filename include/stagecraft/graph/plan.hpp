@@ -191,6 +191,8 @@ class Plan {
   void add_step(Step s) { steps_.push_back(std::move(s)); }
   std::unique_ptr<RunState> make_state() const;
   void run_step(const Step& s, std::size_t i, RunState& st) const;
+  /// Binds args to the graph's inputs and runs every step (an error names the node's line).
+  void run_steps(RunState& st, std::span<const Tensor> args) const;
   void release(RunState& st) const;
 
   std::shared_ptr<const Graph> g_;
@@ -425,14 +427,7 @@ inline std::vector<Tensor> Plan::run(std::span<const Tensor> args) const {
     }
   } give_back{this, st};
   const Graph& g = *g_;
-  for (std::size_t i = 0; i < g.inputs.size(); ++i) detail_plan::rebind(st->vals[g.inputs[i]], args[i]);
-  for (std::size_t i = 0; i < steps_.size(); ++i) {
-    try {
-      run_step(steps_[i], i, *st);
-    } catch (const Error& e) {
-      detail_plan::rethrow_at(e, g.nodes[steps_[i].node].loc);
-    }
-  }
+  run_steps(*st, args);
   std::vector<Tensor> out;
   out.reserve(g.outputs.size());
   for (int v : g.outputs) {
@@ -440,6 +435,18 @@ inline std::vector<Tensor> Plan::run(std::span<const Tensor> args) const {
     out.push_back(g.nodes[g.values[v].node].kind == NodeKind::constant ? slot : detail_plan::detach(slot));
   }
   return out;
+}
+
+inline void Plan::run_steps(RunState& st, std::span<const Tensor> args) const {
+  const Graph& g = *g_;
+  for (std::size_t i = 0; i < g.inputs.size(); ++i) detail_plan::rebind(st.vals[g.inputs[i]], args[i]);
+  for (std::size_t i = 0; i < steps_.size(); ++i) {
+    try {
+      run_step(steps_[i], i, st);
+    } catch (const Error& e) {
+      detail_plan::rethrow_at(e, g.nodes[steps_[i].node].loc);
+    }
+  }
 }
 
 inline void Plan::release(RunState& st) const {
@@ -867,19 +874,11 @@ inline void Plan::fix_storage(RunState& st, Device dev, bool inputs) const {
 }
 
 inline std::unique_ptr<Plan::RunState> Plan::capture_body(std::span<const Tensor> args, const RunState& parent) const {
-  const Graph& g = *g_;
   auto st = make_state();
   st->capture = true;
   st->reads = parent.reads;
   fix_storage(*st, Device::cuda(graph_device_), false);
-  for (std::size_t i = 0; i < g.inputs.size(); ++i) detail_plan::rebind(st->vals[g.inputs[i]], args[i]);
-  for (std::size_t i = 0; i < steps_.size(); ++i) {
-    try {
-      run_step(steps_[i], i, *st);
-    } catch (const Error& e) {
-      detail_plan::rethrow_at(e, g.nodes[steps_[i].node].loc);
-    }
-  }
+  run_steps(*st, args);
   return st;
 }
 

@@ -206,41 +206,43 @@ inline void gemm(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t M, 
         loc);
 }
 
-/// out [M, N] = relu?(op(a) op(b) + bias) in one cuBLASLt call (a, b f32 matrices, read transposed
-/// where ta/tb; bias [N] or [1, N]); false, with nothing queued, where cuBLASLt cannot (the caller
-/// then runs the product and the sum apart).
-inline bool gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, bool relu, bool ta, bool tb, Tensor& out,
-                      const std::source_location& loc) {
+/// The arguments of one product out [M, N] = op(a) op(b), a [M, K] (or [K, M] when ta).
+inline abi::GemmArgs matrix_args(const Tensor& a, const Tensor& out, bool ta, bool tb) {
   abi::GemmArgs g;
   g.M = out.shape()[0];
   g.N = out.shape()[1];
   g.K = a.shape()[ta ? 0 : 1];
   g.ta = ta;
   g.tb = tb;
-  const Device d = out.device();
-  const abi::Status st = abi::gemm_bias(dt(out.dtype()), a.raw_data(), b.raw_data(), bias.raw_data(), out.raw_data(), g,
-                                        relu, d.index(), stream(d, "matmul", loc));
+  return g;
+}
+/// A cuBLASLt call's status: false for not_supported (nothing was queued), true for success; an
+/// error throws.
+inline bool lt_done(abi::Status st, Device d, const std::source_location& loc) {
   if (st == abi::not_supported) return false;
   check(st, d, "matmul", loc);
   return true;
+}
+
+/// out [M, N] = relu?(op(a) op(b) + bias) in one cuBLASLt call (a, b f32 matrices, read transposed
+/// where ta/tb; bias [N] or [1, N]); false, with nothing queued, where cuBLASLt cannot (the caller
+/// then runs the product and the sum apart).
+inline bool gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, bool relu, bool ta, bool tb, Tensor& out,
+                      const std::source_location& loc) {
+  const Device d = out.device();
+  return lt_done(abi::gemm_bias(dt(out.dtype()), a.raw_data(), b.raw_data(), bias.raw_data(), out.raw_data(),
+                                matrix_args(a, out, ta, tb), relu, d.index(), stream(d, "matmul", loc)),
+                 d, loc);
 }
 
 /// out = op(a) b and bgrad = the column sums of b (a dense layer's weight and bias gradients) in one
 /// cuBLASLt call; false (nothing queued) where cuBLASLt cannot (the caller runs the product and the
 /// sum instead).
 inline bool gemm_bgrad(const Tensor& a, const Tensor& b, bool ta, Tensor& out, Tensor& bgrad, const std::source_location& loc) {
-  abi::GemmArgs g;
-  g.M = out.shape()[0];
-  g.N = out.shape()[1];
-  g.K = a.shape()[ta ? 0 : 1];
-  g.ta = ta;
-  g.tb = false;
   const Device d = out.device();
-  const abi::Status st = abi::gemm_bgrad(dt(out.dtype()), a.raw_data(), b.raw_data(), out.raw_data(), bgrad.raw_data(), g,
-                                         d.index(), stream(d, "matmul", loc));
-  if (st == abi::not_supported) return false;
-  check(st, d, "matmul", loc);
-  return true;
+  return lt_done(abi::gemm_bgrad(dt(out.dtype()), a.raw_data(), b.raw_data(), out.raw_data(), bgrad.raw_data(),
+                                 matrix_args(a, out, ta, false), d.index(), stream(d, "matmul", loc)),
+                 d, loc);
 }
 
 /// The device's fault record, and a tag for a launch of `op` that can find a bad index there: the
