@@ -2,8 +2,11 @@
 // step at batch 128 and the 50-step LSTM cell with its backward pass at batch 1, each eager,
 // staged (kernel by kernel), staged and replayed as a CUDA graph, and LibTorch eager on the same
 // GPU. Each timed iteration ends with a synchronize: a row is the GPU's time per step.
-//   cuda/mlp_adam/batch128/mode:<m>, cuda/lstm50/mode:<m> (0 eager, 1 staged, 2 staged + graph),
-//   .../libtorch
+// And a loop whose number of rounds the data decide (100 rounds of a small update, tested on the
+// GPU each round): eager and staged wait for the GPU at every test; replayed as a CUDA graph, the
+// while_loop is a conditional node and the host does not wait.
+//   cuda/mlp_adam/batch128/mode:<m>, cuda/lstm50/mode:<m>, cuda/while100/mode:<m> (0 eager,
+//   1 staged, 2 staged + graph), .../libtorch
 #include "bench_models.hpp"
 #include "fashion_mnist_models.hpp"  // examples/: the model the example trains
 
@@ -73,6 +76,24 @@ void lstm(benchmark::State& state) {
 BENCHMARK(lstm)->Name("cuda/lstm50")->ArgName("mode")->Arg(eager)->Arg(staged)->Arg(staged_graph)
     ->UseRealTime()->Unit(benchmark::kMicrosecond);
 
+constexpr int while_rounds = 100;
+
+/// x <- 0.9 x + 0.1 tanh(x) over [64, 64] while the round counter n (a GPU scalar) is below 100.
+std::tuple<sc::Tensor, sc::Tensor> rounds(const sc::Tensor& x, const sc::Tensor& n) {
+  return sc::while_loop([](const sc::Tensor&, const sc::Tensor& k) { return k < static_cast<float>(while_rounds); },
+                        [](const sc::Tensor& v, const sc::Tensor& k) { return std::make_tuple(v * 0.9f + sc::tanh(v) * 0.1f, k + 1.f); },
+                        std::make_tuple(x, n));
+}
+
+void while_loop(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const sc::DeviceScope on(gpu);
+  const sc::Tensor x = sc::random::uniform({64, 64}, -1.0, 1.0, 13), n = sc::zeros({});
+  sc_modes(state, [](const sc::Tensor& a, const sc::Tensor& k) { return std::get<0>(rounds(a, k)); }, x, n);
+}
+BENCHMARK(while_loop)->Name("cuda/while100")->ArgName("mode")->Arg(eager)->Arg(staged)->Arg(staged_graph)
+    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+
 #if STAGECRAFT_BENCH_TORCH
 bool torch_gpu(benchmark::State& state) {
   if (!torch::cuda::is_available()) state.SkipWithError("LibTorch without CUDA");
@@ -118,6 +139,21 @@ void torch_lstm(benchmark::State& state) {
   }, torch_sync);
 }
 BENCHMARK(torch_lstm)->Name("cuda/lstm50/libtorch")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void torch_while(benchmark::State& state) {
+  if (!torch_gpu(state)) return;
+  const auto o = torch::TensorOptions().device(torch::kCUDA);
+  const torch::Tensor x0 = torch::rand({64, 64}, o) * 2 - 1, n0 = torch::zeros({}, o);
+  timed(state, [&] {
+    torch::Tensor v = x0, k = n0;
+    while ((k < static_cast<float>(while_rounds)).item<bool>()) {  // the test read on the host, as eager code does
+      v = v * 0.9f + torch::tanh(v) * 0.1f;
+      k = k + 1.f;
+    }
+    return v;
+  }, torch_sync);
+}
+BENCHMARK(torch_while)->Name("cuda/while100/libtorch")->UseRealTime()->Unit(benchmark::kMicrosecond);
 #endif
 
 }  // namespace
