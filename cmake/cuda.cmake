@@ -38,7 +38,25 @@ if(STAGECRAFT_WITH_CUDA)
   # C++20 by flag: CMake 3.25 knows no CUDA20 dialect for nvcc 13. std::array's constexpr members
   # are called from device code (the Philox rounds).
   target_compile_options(stagecraft_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr>)
-  target_link_libraries(stagecraft_cuda PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt CUDA::nvrtc)
+  target_link_libraries(stagecraft_cuda PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt CUDA::nvrtc ${CMAKE_DL_LIBS})
+  # cuDNN (conv2d and its gradients, kernels/cudnn.cu) is optional and loaded at run time: only its
+  # header is needed to build that path, and no user links it. Where the build finds the shared
+  # library, its directory is where the kernels look when the loader's path has none.
+  find_path(STAGECRAFT_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV CUDNN_ROOT ENV CUDNN_PATH
+    PATH_SUFFIXES include DOC "Directory of cudnn.h (optional: the cuDNN convolutions)")
+  find_library(STAGECRAFT_CUDNN_LIBRARY NAMES cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} ENV CUDNN_ROOT ENV CUDNN_PATH
+    PATH_SUFFIXES lib lib64 DOC "libcudnn (optional: only its directory is recorded, the kernels load it at run time)")
+  if(STAGECRAFT_CUDNN_INCLUDE_DIR)
+    target_include_directories(stagecraft_cuda PRIVATE ${STAGECRAFT_CUDNN_INCLUDE_DIR})
+    if(STAGECRAFT_CUDNN_LIBRARY)
+      get_filename_component(_sc_cudnn_dir "${STAGECRAFT_CUDNN_LIBRARY}" DIRECTORY)
+      set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/kernels/cudnn.cu APPEND PROPERTY
+        COMPILE_DEFINITIONS "STAGECRAFT_CUDNN_DIR=\"${_sc_cudnn_dir}\"")
+    endif()
+    message(STATUS "stagecraft: cuDNN convolutions ON (cudnn.h in ${STAGECRAFT_CUDNN_INCLUDE_DIR}, loaded at run time)")
+  else()
+    message(STATUS "stagecraft: cuDNN convolutions OFF (no cudnn.h; set STAGECRAFT_CUDNN_INCLUDE_DIR): im2col + cuBLAS")
+  endif()
   # kernels/rtc.cu compiles fused kernels at run time against the rules header: embed its text
   # (and the two standard headers NVRTC lacks), regenerated whenever one of them changes.
   set(_sc_rtc_dir ${CMAKE_CURRENT_BINARY_DIR}/stagecraft_rtc)

@@ -297,6 +297,11 @@ int run(const Options& o, const sc::data::Dataset& data) {
     const std::string g = staged_step.get_concrete(last_x, last_y).stats().plan.cuda_graph;
     std::fprintf(stderr, "cuda graph: %s\n", g.empty() ? "none (the step runs on the CPU)" : g.c_str());
   }
+  if (o.device.is_cuda() && o.model == "cnn") {
+    const sc::cuda::ConvStats cs = sc::cuda::conv_stats();
+    std::fprintf(stderr, "convolutions: %lld passes through cuDNN, %lld through im2col (%s)\n",
+                 static_cast<long long>(cs.cudnn), static_cast<long long>(cs.im2col), sc::cuda::cudnn_status().c_str());
+  }
   std::printf("test_accuracy=%.4f examples_per_sec=%lld\n", accuracy, static_cast<long long>(eps + 0.5));
   return 0;
 }

@@ -32,6 +32,44 @@ TEST_CASE("cuda: a request for a missing device is a DeviceError naming the op a
   CHECK_THAT(fill, Catch::Contains("[fill]") && Catch::Contains("cuda"));
 }
 
+TEST_CASE("cuda: cuDNN is loaded at run time, without a GPU and without being linked", "[cuda][conv]") {
+  const int v = sc::cuda::cudnn_version();
+  const std::string status = sc::cuda::cudnn_status();
+  INFO(status);
+  CHECK(sc::cuda::cudnn_version() == v);  // loaded once
+  if (v > 0) {
+    CHECK(v >= 80000);
+    CHECK_THAT(status, Catch::StartsWith("cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "."));
+  } else {
+    CHECK_FALSE(status.empty());  // why not
+  }
+#if defined(SC_TEST_EXPECT_CUDNN)
+  // The build found cudnn.h and libcudnn: the library must load from where the build found it.
+  CHECK(v > 0);
+#endif
+  if (!sc::cuda::built) CHECK(v == 0);
+}
+
+TEST_CASE("cuda: the GPU convolution setting: cuDNN by default, im2col on request, a bad name is a ValueError",
+          "[cuda][conv]") {
+  using sc::cuda::ConvAlgorithm;
+  const ConvAlgorithm saved = sc::cuda::conv_algorithm();
+  if (std::getenv("STAGECRAFT_CUDA_CONV") == nullptr) CHECK(saved == ConvAlgorithm::cudnn);
+  sc::cuda::set_conv_algorithm(ConvAlgorithm::im2col);
+  CHECK(sc::cuda::conv_algorithm() == ConvAlgorithm::im2col);
+  sc::cuda::set_conv_algorithm(saved);
+  CHECK(sc::cuda::detail::parse_conv_algorithm("im2col", "x") == ConvAlgorithm::im2col);
+  CHECK(sc::cuda::detail::parse_conv_algorithm("cudnn", "x") == ConvAlgorithm::cudnn);
+  const std::string bad =
+      error_of<sc::ValueError>([] { (void)sc::cuda::detail::parse_conv_algorithm("winograd", "STAGECRAFT_CUDA_CONV"); });
+  CHECK_THAT(bad, Catch::Contains("[conv2d] STAGECRAFT_CUDA_CONV must be 'cudnn' or 'im2col', got 'winograd'"));
+  sc::cuda::reset_conv_stats();
+  CHECK(sc::cuda::conv_stats().cudnn == 0);
+  CHECK(sc::cuda::conv_stats().im2col == 0);
+  (void)sc::nn::conv2d(sc::ones({1, 1, 3, 3}), sc::ones({1, 1, 2, 2}));  // on the CPU: not counted
+  CHECK(sc::cuda::conv_stats().cudnn + sc::cuda::conv_stats().im2col == 0);
+}
+
 TEST_CASE("cuda: the abi's dtype numbers are stagecraft's", "[cuda]") {
   STATIC_REQUIRE(static_cast<int>(abi::DT::b8) == static_cast<int>(sc::DType::b8));
   STATIC_REQUIRE(static_cast<int>(abi::DT::i32) == static_cast<int>(sc::DType::i32));

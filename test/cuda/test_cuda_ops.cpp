@@ -197,31 +197,63 @@ TEST_CASE("cuda: tape gradients of GPU tensors equal the CPU's", "[cuda]") {
   check_same(got[1], want[1], 1e-12);
 }
 
-TEST_CASE("cuda: conv2d, its gradient ops, im2col and col2im == CPU", "[cuda][conv]") {
+namespace {
+/// RAII: GPU convolutions run as `a` while alive (the process-wide setting is restored after).
+class ConvAlgorithmScope {
+ public:
+  explicit ConvAlgorithmScope(sc::cuda::ConvAlgorithm a) : saved_(sc::cuda::conv_algorithm()) {
+    sc::cuda::set_conv_algorithm(a);
+  }
+  ~ConvAlgorithmScope() { sc::cuda::set_conv_algorithm(saved_); }
+  ConvAlgorithmScope(const ConvAlgorithmScope&) = delete;
+  ConvAlgorithmScope& operator=(const ConvAlgorithmScope&) = delete;
+
+ private:
+  sc::cuda::ConvAlgorithm saved_;
+};
+const char* algorithm_name(sc::cuda::ConvAlgorithm a) {
+  return a == sc::cuda::ConvAlgorithm::cudnn ? "cudnn" : "im2col";
+}
+}  // namespace
+
+TEST_CASE("cuda: conv2d, its gradient ops, im2col and col2im == CPU (cuDNN and im2col)", "[cuda][conv]") {
   struct Case { sc::Shape x, w; std::int64_t stride, pad; };
   const std::vector<Case> cases = {{{2, 3, 7, 6}, {4, 3, 3, 2}, 1, 1}, {{2, 3, 8, 8}, {5, 3, 3, 3}, 2, 1},
                                    {{1, 2, 5, 5}, {3, 2, 1, 1}, 1, 0}, {{2, 3, 9, 7}, {2, 3, 3, 3}, 3, 0},
-                                   {{4, 16, 28, 28}, {8, 16, 3, 3}, 1, 1}, {{0, 3, 5, 5}, {2, 3, 3, 3}, 1, 1}};
-  for (const sc::DType d : {sc::i32, sc::f32, sc::f64})
-    for (const Case& c : cases) {
-      INFO("x " << sctest::str(c.x) << " w " << sctest::str(c.w) << " stride " << c.stride << " pad " << c.pad << " "
-                << sc::name(d));
-      const double tol = sc::is_floating(d) ? 1e-4 : 0;
-      const std::int64_t ho = (c.x[2] + 2 * c.pad - c.w[2]) / c.stride + 1;
-      const std::int64_t wo = (c.x[3] + 2 * c.pad - c.w[3]) / c.stride + 1;
-      const sc::Shape gs{c.x[0], c.w[0], ho, wo};
-      same_on_gpu([&](const auto& in) { return sc::nn::conv2d(in[0], in[1], c.stride, c.pad); },
-                  {values(c.x, d, 30), values(c.w, d, 31)}, tol);
-      same_on_gpu([&](const auto& in) { return sc::nn::conv2d_grad_input(in[0], in[1], c.x, c.stride, c.pad); },
-                  {values(gs, d, 32), values(c.w, d, 33)}, tol);
-      same_on_gpu([&](const auto& in) { return sc::nn::conv2d_grad_filter(in[0], in[1], c.w, c.stride, c.pad); },
-                  {values(c.x, d, 34), values(gs, d, 35)}, tol);
-      same_on_gpu([&](const auto& in) { return sc::im2col(in[0], c.w[2], c.w[3], c.stride, c.pad); },
-                  {values(c.x, d, 36)}, 0);
-      const sc::Shape cs{c.x[0], c.x[1] * c.w[2] * c.w[3], ho * wo};
-      same_on_gpu([&](const auto& in) { return sc::col2im(in[0], c.x, c.w[2], c.w[3], c.stride, c.pad); },
-                  {values(cs, d, 37)}, tol);
-    }
+                                   {{4, 16, 28, 28}, {8, 16, 3, 3}, 1, 1}, {{0, 3, 5, 5}, {2, 3, 3, 3}, 1, 1},
+                                   {{32, 1, 28, 28}, {8, 1, 5, 5}, 1, 2}};
+  if (sc::cuda::cudnn_version() == 0) WARN("cuDNN is not used here: " << sc::cuda::cudnn_status());
+  for (const sc::cuda::ConvAlgorithm algo : {sc::cuda::ConvAlgorithm::cudnn, sc::cuda::ConvAlgorithm::im2col})
+    for (const sc::DType d : {sc::i32, sc::f32, sc::f64})
+      for (const Case& c : cases) {
+        INFO("x " << sctest::str(c.x) << " w " << sctest::str(c.w) << " stride " << c.stride << " pad " << c.pad << " "
+                  << sc::name(d) << " " << algorithm_name(algo));
+        const ConvAlgorithmScope scope(algo);
+        sc::cuda::reset_conv_stats();
+        const double tol = sc::is_floating(d) ? 1e-4 : 0;
+        const std::int64_t ho = (c.x[2] + 2 * c.pad - c.w[2]) / c.stride + 1;
+        const std::int64_t wo = (c.x[3] + 2 * c.pad - c.w[3]) / c.stride + 1;
+        const sc::Shape gs{c.x[0], c.w[0], ho, wo};
+        same_on_gpu([&](const auto& in) { return sc::nn::conv2d(in[0], in[1], c.stride, c.pad); },
+                    {values(c.x, d, 30), values(c.w, d, 31)}, tol);
+        same_on_gpu([&](const auto& in) { return sc::nn::conv2d_grad_input(in[0], in[1], c.x, c.stride, c.pad); },
+                    {values(gs, d, 32), values(c.w, d, 33)}, tol);
+        same_on_gpu([&](const auto& in) { return sc::nn::conv2d_grad_filter(in[0], in[1], c.w, c.stride, c.pad); },
+                    {values(c.x, d, 34), values(gs, d, 35)}, tol);
+        same_on_gpu([&](const auto& in) { return sc::im2col(in[0], c.w[2], c.w[3], c.stride, c.pad); },
+                    {values(c.x, d, 36)}, 0);
+        const sc::Shape cs{c.x[0], c.x[1] * c.w[2] * c.w[3], ho * wo};
+        same_on_gpu([&](const auto& in) { return sc::col2im(in[0], c.x, c.w[2], c.w[3], c.stride, c.pad); },
+                    {values(cs, d, 37)}, tol);
+        // The three passes went where the setting sends them: cuDNN takes f32 when it is loaded
+        // (f64 too, unless its heuristic has no full-precision deterministic algorithm: then im2col).
+        const sc::cuda::ConvStats st = sc::cuda::conv_stats();
+        const bool cudnn_may = algo == sc::cuda::ConvAlgorithm::cudnn && sc::is_floating(d) && sc::cuda::cudnn_version() > 0;
+        CHECK(st.cudnn + st.im2col == (c.x[0] > 0 ? 3 : 0));  // an empty batch runs no pass
+        if (!cudnn_may) CHECK(st.cudnn == 0);
+        if (cudnn_may && d == sc::f32) CHECK(st.im2col == 0);
+        if (cudnn_may && d == sc::f64 && st.im2col > 0) WARN(st.im2col << " of 3 f64 passes fell back to im2col");
+      }
 }
 
 TEST_CASE("cuda: the pools and max_pool2d's gradient == CPU (ties, NaN)", "[cuda][pool]") {
@@ -257,10 +289,14 @@ TEST_CASE("cuda: a conv -> relu -> max-pool step's tape gradients equal the CPU'
     return tape.gradient(y, std::vector<sc::Tensor>{xx, ww});
   };
   const auto want = step(x, w);
-  const auto got = step(x.to(gpu), w.to(gpu));
-  REQUIRE(got.size() == 2);
-  check_same(got[0], want[0], 1e-10);
-  check_same(got[1], want[1], 1e-10);
+  for (const sc::cuda::ConvAlgorithm algo : {sc::cuda::ConvAlgorithm::cudnn, sc::cuda::ConvAlgorithm::im2col}) {
+    INFO(algorithm_name(algo));
+    const ConvAlgorithmScope scope(algo);
+    const auto got = step(x.to(gpu), w.to(gpu));
+    REQUIRE(got.size() == 2);
+    check_same(got[0], want[0], 1e-10);
+    check_same(got[1], want[1], 1e-10);
+  }
 }
 
 TEST_CASE("cuda: implicit copies are counted, and strict placement makes them errors", "[cuda]") {

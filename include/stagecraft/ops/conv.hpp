@@ -363,12 +363,15 @@ struct Conv2d {
     return {Shape{w.N, in[1].shape()[0], w.Ho, w.Wo}, in[0].dtype()};
   }
 
-  // On the GPU: the whole batch's columns (device memory is plentiful next to the launches a
-  // group loop would cost), one strided-batched cuBLAS product with w shared by every image.
+  // On the GPU: cuDNN where cuda::conv_algorithm() allows and it takes the convolution; else the
+  // whole batch's columns (device memory is plentiful next to the launches a group loop would
+  // cost), one strided-batched cuBLAS product with w shared by every image.
   static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
     if (out.numel() == 0) return;
     const Window w = conv_window(name, in[0].shape(), in[1].shape(), a.i1, a.i2, loc);
     const std::int64_t O = in[1].shape()[0], ckk = w.C * w.kh * w.kw, L = w.Ho * w.Wo;
+    namespace cu = backend::cuda;
+    if (cu::cudnn_conv(cu::abi::ConvPass::forward, in[0], in[1], out, cuda_geometry(w), O, name, loc)) return;
     Tensor cols = in[0];  // pointwise: the image is its own columns
     if (!(w.kh == 1 && w.kw == 1 && w.stride == 1 && w.pad == 0)) {
       cols = detail::empty_tensor(Shape{w.N, ckk, L}, out.dtype(), out.device(), name, loc);
@@ -430,6 +433,8 @@ struct Conv2dGradInput {
     if (out.numel() == 0) return;
     const Window w = conv_window(name, a.ints, in[1].shape(), a.i1, a.i2, loc);
     const std::int64_t O = in[1].shape()[0], ckk = w.C * w.kh * w.kw, L = w.Ho * w.Wo;
+    namespace cu = backend::cuda;
+    if (cu::cudnn_conv(cu::abi::ConvPass::grad_input, in[0], in[1], out, cuda_geometry(w), O, name, loc)) return;
     if (w.kh == 1 && w.kw == 1 && w.stride == 1 && w.pad == 0) {
       backend::cuda::gemm(in[1], in[0], out, ckk, L, O, true, false, Shape{}, Shape{w.N}, Shape{w.N}, name, loc);
       return;
@@ -489,8 +494,8 @@ struct Conv2dGradFilter {
     return {a.ints, in[0].dtype()};
   }
 
-  // On the GPU: per-image products g_n · cols_n^T as one strided-batched GEMM, then their sum
-  // over the batch (the reduction kernel), instead of N accumulating calls.
+  // On the GPU: cuDNN as Conv2d's; else per-image products g_n · cols_n^T as one strided-batched
+  // GEMM, then their sum over the batch (the reduction kernel), instead of N accumulating calls.
   static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
     if (out.numel() == 0) return;
     const Window w = conv_window(name, in[0].shape(), a.ints, a.i1, a.i2, loc);
@@ -499,6 +504,8 @@ struct Conv2dGradFilter {
       backend::cuda::fill(out, 0.0, name, loc);
       return;
     }
+    namespace cu = backend::cuda;
+    if (cu::cudnn_conv(cu::abi::ConvPass::grad_filter, in[0], in[1], out, cuda_geometry(w), O, name, loc)) return;
     Tensor cols = in[0];
     if (!(w.kh == 1 && w.kw == 1 && w.stride == 1 && w.pad == 0)) {
       cols = detail::empty_tensor(Shape{w.N, ckk, L}, out.dtype(), out.device(), name, loc);

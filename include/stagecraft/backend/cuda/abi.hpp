@@ -248,6 +248,22 @@ Status pool2d(bool is_max, DT dt, const void* x, void* y, const ConvGeometry& g,
 /// dx [N, C, H, W] = g [N, C, Ho, Wo] summed at each window's argmax in x (the first largest, or the
 /// first NaN, in row-major order), as ops::MaxPool2dGrad; one thread per pixel, no atomics.
 Status max_pool2d_grad(DT dt, const void* g, const void* x, void* dx, const ConvGeometry& geo, Stream s) noexcept;
+/// Which product of a convolution cudnn_conv computes.
+enum class ConvPass : int {
+  forward,     ///< y [N, O, Ho, Wo] = conv2d(a = x [N, C, H, W], b = w [O, C, kh, kw])
+  grad_input,  ///< dx [N, C, H, W] from a = dy [N, O, Ho, Wo] and b = w
+  grad_filter  ///< dw [O, C, kh, kw] from a = x and b = dy
+};
+/// The version of the cuDNN library the kernels loaded (91900 for 9.19.0), loading it on the first
+/// call (dlopen: $STAGECRAFT_CUDNN, else libcudnn.so.<major> from the loader's path or the
+/// directory the build found it in); 0 when there is none, and `why` (why_size bytes, may be
+/// null) says why. Needs no GPU.
+int cudnn_version(char* why, std::size_t why_size) noexcept;
+/// One pass of conv2d over geometry g with O output channels through cuDNN (f32 or f64, NCHW,
+/// full-precision and deterministic algorithms only). not_supported, with nothing queued, when
+/// cuDNN is not loaded or takes no such convolution (the caller runs the im2col kernels instead).
+Status cudnn_conv(ConvPass pass, DT dt, const void* a, const void* b, void* out, const ConvGeometry& g, std::int64_t O,
+                  int device, Stream s) noexcept;
 /// The product of GemmArgs (cuBLAS for f32 and f64, a plain kernel for integers).
 Status gemm(DT dt, const void* a, const void* b, void* c, const GemmArgs& g, int device, Stream s) noexcept;
 /// c = relu?(op(a) op(b) + bias) in one cuBLASLt call (its bias or ReLU-bias epilogue): f32, one

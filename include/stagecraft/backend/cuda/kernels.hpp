@@ -298,6 +298,25 @@ inline void col2im(const Tensor& cols, Tensor& x, const abi::ConvGeometry& g, st
   const Device d = x.device();
   check(abi::col2im(dt(x.dtype()), cols.raw_data(), x.raw_data(), g, stream(d, op, loc)), d, op, loc);
 }
+/// out = one pass of conv2d through cuDNN (abi::ConvPass says which; a and b as there) when
+/// cuda::conv_algorithm() allows it and cuDNN takes the convolution; false, with nothing queued,
+/// when the caller is to run the im2col kernels instead. Counted in cuda::conv_stats().
+inline bool cudnn_conv(abi::ConvPass pass, const Tensor& a, const Tensor& b, Tensor& out, const abi::ConvGeometry& g,
+                       std::int64_t O, std::string_view op, const std::source_location& loc) {
+  stagecraft::cuda::detail::ConvSettings& s = stagecraft::cuda::detail::conv_settings();
+  if (stagecraft::cuda::conv_algorithm() == stagecraft::cuda::ConvAlgorithm::cudnn) {
+    const Device d = out.device();
+    const abi::Status st =
+        abi::cudnn_conv(pass, dt(out.dtype()), a.raw_data(), b.raw_data(), out.raw_data(), g, O, d.index(), stream(d, op, loc));
+    if (st != abi::not_supported) {
+      check(st, d, op, loc);
+      s.cudnn.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+  }
+  s.im2col.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
 /// y = max or mean pool of x over the window g.
 inline void pool2d(bool is_max, const Tensor& x, Tensor& y, const abi::ConvGeometry& g, std::string_view op,
                    const std::source_location& loc) {

@@ -3,8 +3,10 @@
 // device: is_available() is false and every CUDA request is a DeviceError saying why.
 #pragma once
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <source_location>
@@ -192,6 +194,76 @@ class ScopedCallSite {
 };
 
 }  // namespace detail
+
+/// How conv2d and its two gradients run on a GPU.
+enum class ConvAlgorithm {
+  cudnn,  ///< cuDNN, where it is loaded and takes the convolution (f32 and f64); else as im2col (the default)
+  im2col  ///< the im2col / col2im kernels and cuBLAS products, always
+};
+
+namespace detail {
+/// The ConvAlgorithm named v ("cudnn" or "im2col"; `source` names where v came from in the error).
+inline ConvAlgorithm parse_conv_algorithm(std::string_view v, std::string_view source) {
+  if (v == "cudnn") return ConvAlgorithm::cudnn;
+  if (v == "im2col") return ConvAlgorithm::im2col;
+  throw ValueError("[conv2d] " + std::string(source) + " must be 'cudnn' or 'im2col', got '" + std::string(v) + "'");
+}
+struct ConvSettings {
+  std::atomic<int> algorithm{static_cast<int>(ConvAlgorithm::cudnn)};
+  std::atomic<std::int64_t> cudnn{0}, im2col{0};
+  ConvSettings() {
+    const char* env = std::getenv("STAGECRAFT_CUDA_CONV");
+    if (env != nullptr && *env != 0) algorithm = static_cast<int>(parse_conv_algorithm(env, "STAGECRAFT_CUDA_CONV"));
+  }
+};
+inline ConvSettings& conv_settings() {
+  static ConvSettings s;
+  return s;
+}
+}  // namespace detail
+
+/// Chooses how conv2d and its gradients run on GPUs from now on (process-wide). The default is
+/// cuDNN, or what $STAGECRAFT_CUDA_CONV ("cudnn" or "im2col") says; an unknown value there is a
+/// ValueError at the first convolution.
+inline void set_conv_algorithm(ConvAlgorithm a) { detail::conv_settings().algorithm = static_cast<int>(a); }
+inline ConvAlgorithm conv_algorithm() { return static_cast<ConvAlgorithm>(detail::conv_settings().algorithm.load()); }
+
+/// How many GPU convolution passes (conv2d, its input and its kernel gradient) ran through cuDNN
+/// and through the im2col kernels, process-wide: counted as eager ops and plan steps queue them
+/// (a CUDA graph's replays are not counted again).
+struct ConvStats {
+  std::int64_t cudnn = 0, im2col = 0;
+};
+inline ConvStats conv_stats() {
+  const detail::ConvSettings& s = detail::conv_settings();
+  return {s.cudnn.load(std::memory_order_relaxed), s.im2col.load(std::memory_order_relaxed)};
+}
+inline void reset_conv_stats() {
+  detail::conv_settings().cudnn = 0;
+  detail::conv_settings().im2col = 0;
+}
+
+/// The version of the cuDNN library the convolutions use (91900 for 9.19.0), loaded on the first
+/// call; 0 when there is none (built without CUDA or without cudnn.h, or no libcudnn found at run
+/// time: $STAGECRAFT_CUDNN may name the file). Needs no GPU.
+inline int cudnn_version() {
+#if defined(STAGECRAFT_WITH_CUDA)
+  return abi::cudnn_version(nullptr, 0);
+#else
+  return 0;
+#endif
+}
+/// "cuDNN 9.19.0", or why cuDNN is not used ("cannot load libcudnn.so.9: ...").
+inline std::string cudnn_status() {
+#if defined(STAGECRAFT_WITH_CUDA)
+  char why[256] = {};
+  const int v = abi::cudnn_version(why, sizeof why);
+  if (v == 0) return why;
+  return "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+#else
+  return "stagecraft was built without CUDA";
+#endif
+}
 
 /// Waits until every kernel and copy queued on CUDA device `index` has finished; an error of an
 /// earlier asynchronous launch is raised here. A no-op without CUDA devices.
