@@ -5,8 +5,13 @@
 // And a loop whose number of rounds the data decide (100 rounds of a small update, tested on the
 // GPU each round): eager and staged wait for the GPU at every test; replayed as a CUDA graph, the
 // while_loop is a conditional node and the host does not wait.
+// And the convolutions, cuDNN against the im2col kernels + cuBLAS (sc::cuda::ConvAlgorithm): the
+// Fashion-MNIST CNN's Adam step at batch 128, and its second layer's three passes (conv2d, its
+// input and its kernel gradient) alone, against LibTorch's (cuDNN) on the same GPU.
 //   cuda/mlp_adam/batch128/mode:<m>, cuda/lstm50/mode:<m>, cuda/while100/mode:<m> (0 eager,
 //   1 staged, 2 staged + graph), .../libtorch
+//   cuda/cnn_adam/batch128/algo:<a>/mode:<m>, cuda/conv2d/32x14x14_to_64/algo:<a> (0 cuDNN,
+//   1 im2col), .../libtorch
 #include "bench_models.hpp"
 #include "fashion_mnist_models.hpp"  // examples/: the model the example trains
 
@@ -94,9 +99,80 @@ void while_loop(benchmark::State& state) {
 BENCHMARK(while_loop)->Name("cuda/while100")->ArgName("mode")->Arg(eager)->Arg(staged)->Arg(staged_graph)
     ->UseRealTime()->Unit(benchmark::kMicrosecond);
 
+/// The label part naming where a row's convolutions ran (and the setting restored after).
+class ConvRow {
+ public:
+  explicit ConvRow(std::int64_t algo) : saved_(sc::cuda::conv_algorithm()) {
+    sc::cuda::set_conv_algorithm(algo == 0 ? sc::cuda::ConvAlgorithm::cudnn : sc::cuda::ConvAlgorithm::im2col);
+    sc::cuda::reset_conv_stats();
+  }
+  ~ConvRow() { sc::cuda::set_conv_algorithm(saved_); }
+  ConvRow(const ConvRow&) = delete;
+  ConvRow& operator=(const ConvRow&) = delete;
+  /// "cudnn 97%" of the passes queued so far (those of a CUDA graph's capture only once).
+  static std::string label() {
+    const sc::cuda::ConvStats st = sc::cuda::conv_stats();
+    const std::int64_t n = st.cudnn + st.im2col;
+    return "cudnn passes " + std::to_string(n ? 100 * st.cudnn / n : 0) + "% (" + sc::cuda::cudnn_status() + ")";
+  }
+
+ private:
+  sc::cuda::ConvAlgorithm saved_;
+};
+
+constexpr std::int64_t cnn_batch = 128;
+
+void cnn_step(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const ConvRow row(state.range(0));
+  const sc::DeviceScope on(gpu);
+  const sc::Tensor x = sc::random::uniform({cnn_batch, 28, 28}, 0.0, 1.0, 14);
+  const sc::Tensor y = sc::cast(sc::random::uniform({cnn_batch}, 0.0, 10.0, 15), sc::i64);
+  sc::manual_seed(0);
+  fashion::CNN model;
+  sc::optim::Adam opt(1e-3);
+  const std::vector<sc::Variable> vars = model.trainable_variables();
+  sc::cuda::set_graphs(state.range(1) == staged_graph);
+  auto step = [&](const sc::Tensor& a, const sc::Tensor& b) { return fashion::train_step(model, opt, vars, a, b); };
+  auto f = sc::function(step);
+  if (state.range(1) == eager) timed(state, [&] { return step(x, y); }, sc_sync);
+  else timed(state, [&] { return sc::Tensor(f(x, y)); }, sc_sync);
+  std::string label = ConvRow::label();
+  if (state.range(1) != eager) label += "; graph: " + f.get_concrete(x, y).stats().plan.cuda_graph;
+  state.SetLabel(label);
+  sc::cuda::set_graphs(false);
+  state.counters["examples/s"] = benchmark::Counter(static_cast<double>(cnn_batch), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(cnn_step)->Name("cuda/cnn_adam/batch128")->ArgNames({"algo", "mode"})
+    ->ArgsProduct({{0, 1}, {eager, staged, staged_graph}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+/// The CNN's second layer at batch 128: x [128, 32, 14, 14], w [64, 32, 3, 3], padding 1.
+const sc::Shape layer_x{cnn_batch, 32, 14, 14}, layer_w{64, 32, 3, 3}, layer_y{cnn_batch, 64, 14, 14};
+/// Floating-point operations of the three passes (2 per multiply-add, each pass one product's worth).
+constexpr double layer_flop = 3.0 * 2 * cnn_batch * 64 * 14 * 14 * 32 * 3 * 3;
+
+void conv_layer(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const ConvRow row(state.range(0));
+  const sc::DeviceScope on(gpu);
+  const sc::Tensor x = sc::random::uniform(layer_x, -1.0, 1.0, 16), w = sc::random::uniform(layer_w, -0.1, 0.1, 17);
+  const sc::Tensor g = sc::random::uniform(layer_y, -1.0, 1.0, 18);
+  timed(state, [&] {
+    return std::make_tuple(sc::nn::conv2d(x, w, 1, 1), sc::nn::conv2d_grad_input(g, w, layer_x, 1, 1),
+                           sc::nn::conv2d_grad_filter(x, g, layer_w, 1, 1));
+  }, sc_sync);
+  state.SetLabel(ConvRow::label());
+  state.counters["TFLOP/s"] = benchmark::Counter(layer_flop * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(conv_layer)->Name("cuda/conv2d/32x14x14_to_64")->ArgName("algo")->Arg(0)->Arg(1)
+    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+
 #if STAGECRAFT_BENCH_TORCH
+/// Skips the row where LibTorch has no GPU; else full FP32 convolutions as ours (LibTorch lets
+/// cuDNN use TF32 by default; its matmuls already are FP32).
 bool torch_gpu(benchmark::State& state) {
   if (!torch::cuda::is_available()) state.SkipWithError("LibTorch without CUDA");
+  at::globalContext().setAllowTF32CuDNN(false);
   return torch::cuda::is_available();
 }
 void torch_sync() { torch::cuda::synchronize(); }
@@ -154,6 +230,42 @@ void torch_while(benchmark::State& state) {
   }, torch_sync);
 }
 BENCHMARK(torch_while)->Name("cuda/while100/libtorch")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void torch_cnn_step(benchmark::State& state) {
+  if (!torch_gpu(state)) return;
+  const auto o = torch::TensorOptions().device(torch::kCUDA);
+  const torch::Tensor x = torch::rand({cnn_batch, 28, 28}, o);
+  const torch::Tensor y = torch::randint(0, 10, {cnn_batch}, o.dtype(torch::kLong));
+  torch::manual_seed(0);
+  bench::TorchCNN model;
+  model.to(torch::kCUDA);
+  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-3));
+  timed(state, [&] {
+    opt.zero_grad();
+    torch::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
+    loss.backward();
+    opt.step();
+    return loss;
+  }, torch_sync);
+  state.counters["examples/s"] = benchmark::Counter(static_cast<double>(cnn_batch), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(torch_cnn_step)->Name("cuda/cnn_adam/batch128/libtorch")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+/// The same three passes through ATen's convolution and its backward (cuDNN).
+void torch_conv_layer(benchmark::State& state) {
+  if (!torch_gpu(state)) return;
+  const auto o = torch::TensorOptions().device(torch::kCUDA);
+  const torch::Tensor x = torch::rand({cnn_batch, 32, 14, 14}, o) * 2 - 1, w = (torch::rand({64, 32, 3, 3}, o) - 0.5) * 0.2;
+  const torch::Tensor g = torch::rand({cnn_batch, 64, 14, 14}, o) * 2 - 1;
+  timed(state, [&] {
+    const torch::Tensor y = at::conv2d(x, w, {}, 1, 1);
+    const auto [dx, dw, db] = at::convolution_backward(g, x, w, at::OptionalIntArrayRef{}, {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, 1,
+                                                       {true, true, false});
+    return std::make_tuple(y, dx, dw);
+  }, torch_sync);
+  state.counters["TFLOP/s"] = benchmark::Counter(layer_flop * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(torch_conv_layer)->Name("cuda/conv2d/32x14x14_to_64/libtorch")->UseRealTime()->Unit(benchmark::kMicrosecond);
 #endif
 
 }  // namespace

@@ -52,27 +52,8 @@ void sc_staged_step(benchmark::State& state) {
 }
 
 #if STAGECRAFT_BENCH_TORCH
+using bench::TorchCNN;
 using bench::TorchMLP;
-
-/// The same CNN in LibTorch.
-struct TorchCNN : torch::nn::Module {
-  torch::nn::Conv2d c1{nullptr}, c2{nullptr};
-  torch::nn::Linear d1{nullptr}, d2{nullptr};
-  TorchCNN() {
-    c1 = register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1)));
-    c2 = register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)));
-    d1 = register_module("d1", torch::nn::Linear(64 * 7 * 7, 128));
-    d2 = register_module("d2", torch::nn::Linear(128, 10));
-  }
-  torch::Tensor forward(const torch::Tensor& images) {
-    const std::int64_t n = images.size(0);
-    torch::Tensor x = images.reshape({n, 1, 28, 28});
-    x = torch::max_pool2d(torch::relu(c1(x)), 2, 2);
-    x = torch::max_pool2d(torch::relu(c2(x)), 2, 2);
-    x = x.reshape({n, 64 * 7 * 7});
-    return d2(torch::relu(d1(x)));
-  }
-};
 
 template <class Model>
 void torch_step(benchmark::State& state) {

@@ -13,6 +13,14 @@ jobs=$(nproc)
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1 || true
 cat "$out/gpu.txt"
 
+# cuDNN (the convolutions; optional, loaded at run time): where the toolkit has none, PyTorch's
+# wheel (nvidia-cudnn) has the header and the library; CUDNN_ROOT lets the configure find both.
+if [[ -z ${CUDNN_ROOT:-} ]]; then
+  cudnn_root=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])" 2>/dev/null)
+  [[ -n $cudnn_root && -f $cudnn_root/include/cudnn.h ]] && export CUDNN_ROOT=$cudnn_root
+fi
+echo "CUDNN_ROOT=${CUDNN_ROOT:-(the toolkit's)}" | tee "$out/cudnn.txt"
+
 # Tests: the test preset (-Werror, assertions), CUDA on.
 if [[ $what == all || $what == tests ]]; then
   cmake --preset test -B build/gpu -DSTAGECRAFT_CUDA=ON ${SC_DEVICE_CMAKE_ARGS:-} > "$out/configure-test.log" 2>&1 ||
