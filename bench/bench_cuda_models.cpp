@@ -34,37 +34,45 @@ void timed(benchmark::State& state, Step&& step, Sync&& sync) {
 void sc_sync() { sc::cuda::synchronize(); }
 
 /// Times `mode` of one model's step(args...): eager, or traced by sc::function (CUDA graphs on
-/// for staged_graph); the row's label says how the staged plan ran.
-template <class Step, class... A>
-void sc_modes(benchmark::State& state, Step step, const A&... args) {
-  const auto mode = static_cast<Mode>(state.range(0));
+/// for staged_graph); the row's label is note() and how the staged plan ran.
+template <class Note, class Step, class... A>
+void sc_modes(benchmark::State& state, Mode mode, Note note, Step step, const A&... args) {
   sc::cuda::set_graphs(mode == staged_graph);
   auto f = sc::function(step);
   if (mode == eager) timed(state, [&] { return step(args...); }, sc_sync);
   else timed(state, [&] { return sc::Tensor(f(args...)); }, sc_sync);
-  if (mode != eager) state.SetLabel("graph: " + f.get_concrete(args...).stats().plan.cuda_graph);
+  std::string label = note();
+  if (mode != eager) label += (label.empty() ? "graph: " : "; graph: ") + f.get_concrete(args...).stats().plan.cuda_graph;
+  state.SetLabel(label);
   sc::cuda::set_graphs(false);
 }
+std::string no_note() { return {}; }
 
 bool need_gpu(benchmark::State& state) {
   if (!sc::cuda::is_available()) state.SkipWithError("no CUDA device");
   return sc::cuda::is_available();
 }
 
+/// A Fashion-MNIST model's Adam step (examples/fashion_mnist_models.hpp) at batch `batch` on random
+/// images and labels, in `mode`.
+template <class Model, class Note>
+void sc_adam_step(benchmark::State& state, std::int64_t batch, Mode mode, Note note) {
+  const sc::DeviceScope on(gpu);
+  const sc::Tensor x = sc::random::uniform({batch, 28, 28}, 0.0, 1.0, 11);
+  const sc::Tensor y = sc::cast(sc::random::uniform({batch}, 0.0, 10.0, 12), sc::i64);
+  sc::manual_seed(0);
+  Model model;
+  sc::optim::Adam opt(1e-3);
+  const std::vector<sc::Variable> vars = model.trainable_variables();
+  sc_modes(state, mode, note,
+           [&](const sc::Tensor& a, const sc::Tensor& b) { return fashion::train_step(model, opt, vars, a, b); }, x, y);
+  state.counters["examples/s"] = benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 constexpr std::int64_t mlp_batch = 128;
 
 void mlp_step(benchmark::State& state) {
-  if (!need_gpu(state)) return;
-  const sc::DeviceScope on(gpu);
-  const sc::Tensor x = sc::random::uniform({mlp_batch, 28, 28}, 0.0, 1.0, 11);
-  const sc::Tensor y = sc::cast(sc::random::uniform({mlp_batch}, 0.0, 10.0, 12), sc::i64);
-  sc::manual_seed(0);
-  fashion::MLP model;
-  sc::optim::Adam opt(1e-3);
-  const std::vector<sc::Variable> vars = model.trainable_variables();
-  sc_modes(state, [&](const sc::Tensor& a, const sc::Tensor& b) { return fashion::train_step(model, opt, vars, a, b); },
-           x, y);
-  state.counters["examples/s"] = benchmark::Counter(static_cast<double>(mlp_batch), benchmark::Counter::kIsIterationInvariantRate);
+  if (need_gpu(state)) sc_adam_step<fashion::MLP>(state, mlp_batch, static_cast<Mode>(state.range(0)), no_note);
 }
 BENCHMARK(mlp_step)->Name("cuda/mlp_adam/batch128")->ArgName("mode")->Arg(eager)->Arg(staged)->Arg(staged_graph)
     ->UseRealTime()->Unit(benchmark::kMicrosecond);
@@ -76,7 +84,7 @@ void lstm(benchmark::State& state) {
   const bench::LstmModel m(gpu);
   const auto vars = m.cell.trainable_variables();
   const sc::Tensor dummy = sc::zeros({1});
-  sc_modes(state, [&](const sc::Tensor&) { return m.step(vars); }, dummy);
+  sc_modes(state, static_cast<Mode>(state.range(0)), no_note, [&](const sc::Tensor&) { return m.step(vars); }, dummy);
 }
 BENCHMARK(lstm)->Name("cuda/lstm50")->ArgName("mode")->Arg(eager)->Arg(staged)->Arg(staged_graph)
     ->UseRealTime()->Unit(benchmark::kMicrosecond);
@@ -94,7 +102,8 @@ void while_loop(benchmark::State& state) {
   if (!need_gpu(state)) return;
   const sc::DeviceScope on(gpu);
   const sc::Tensor x = sc::random::uniform({64, 64}, -1.0, 1.0, 13), n = sc::zeros({});
-  sc_modes(state, [](const sc::Tensor& a, const sc::Tensor& k) { return std::get<0>(rounds(a, k)); }, x, n);
+  sc_modes(state, static_cast<Mode>(state.range(0)), no_note,
+           [](const sc::Tensor& a, const sc::Tensor& k) { return std::get<0>(rounds(a, k)); }, x, n);
 }
 BENCHMARK(while_loop)->Name("cuda/while100")->ArgName("mode")->Arg(eager)->Arg(staged)->Arg(staged_graph)
     ->UseRealTime()->Unit(benchmark::kMicrosecond);
@@ -125,23 +134,7 @@ constexpr std::int64_t cnn_batch = 128;
 void cnn_step(benchmark::State& state) {
   if (!need_gpu(state)) return;
   const ConvRow row(state.range(0));
-  const sc::DeviceScope on(gpu);
-  const sc::Tensor x = sc::random::uniform({cnn_batch, 28, 28}, 0.0, 1.0, 14);
-  const sc::Tensor y = sc::cast(sc::random::uniform({cnn_batch}, 0.0, 10.0, 15), sc::i64);
-  sc::manual_seed(0);
-  fashion::CNN model;
-  sc::optim::Adam opt(1e-3);
-  const std::vector<sc::Variable> vars = model.trainable_variables();
-  sc::cuda::set_graphs(state.range(1) == staged_graph);
-  auto step = [&](const sc::Tensor& a, const sc::Tensor& b) { return fashion::train_step(model, opt, vars, a, b); };
-  auto f = sc::function(step);
-  if (state.range(1) == eager) timed(state, [&] { return step(x, y); }, sc_sync);
-  else timed(state, [&] { return sc::Tensor(f(x, y)); }, sc_sync);
-  std::string label = ConvRow::label();
-  if (state.range(1) != eager) label += "; graph: " + f.get_concrete(x, y).stats().plan.cuda_graph;
-  state.SetLabel(label);
-  sc::cuda::set_graphs(false);
-  state.counters["examples/s"] = benchmark::Counter(static_cast<double>(cnn_batch), benchmark::Counter::kIsIterationInvariantRate);
+  sc_adam_step<fashion::CNN>(state, cnn_batch, static_cast<Mode>(state.range(1)), ConvRow::label);
 }
 BENCHMARK(cnn_step)->Name("cuda/cnn_adam/batch128")->ArgNames({"algo", "mode"})
     ->ArgsProduct({{0, 1}, {eager, staged, staged_graph}})->UseRealTime()->Unit(benchmark::kMicrosecond);
@@ -177,13 +170,15 @@ bool torch_gpu(benchmark::State& state) {
 }
 void torch_sync() { torch::cuda::synchronize(); }
 
-void torch_mlp_step(benchmark::State& state) {
+/// One Adam step of Model on random images and labels at batch Batch.
+template <class Model, std::int64_t Batch>
+void torch_adam_step(benchmark::State& state) {
   if (!torch_gpu(state)) return;
   const auto o = torch::TensorOptions().device(torch::kCUDA);
-  const torch::Tensor x = torch::rand({mlp_batch, 28, 28}, o);
-  const torch::Tensor y = torch::randint(0, 10, {mlp_batch}, o.dtype(torch::kLong));
+  const torch::Tensor x = torch::rand({Batch, 28, 28}, o);
+  const torch::Tensor y = torch::randint(0, 10, {Batch}, o.dtype(torch::kLong));
   torch::manual_seed(0);
-  bench::TorchMLP model;
+  Model model;
   model.to(torch::kCUDA);
   torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-3));
   timed(state, [&] {
@@ -193,9 +188,12 @@ void torch_mlp_step(benchmark::State& state) {
     opt.step();
     return loss;
   }, torch_sync);
-  state.counters["examples/s"] = benchmark::Counter(static_cast<double>(mlp_batch), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["examples/s"] = benchmark::Counter(static_cast<double>(Batch), benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(torch_mlp_step)->Name("cuda/mlp_adam/batch128/libtorch")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE2(torch_adam_step, bench::TorchMLP, mlp_batch)->Name("cuda/mlp_adam/batch128/libtorch")
+    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE2(torch_adam_step, bench::TorchCNN, cnn_batch)->Name("cuda/cnn_adam/batch128/libtorch")
+    ->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 void torch_lstm(benchmark::State& state) {
   if (!torch_gpu(state)) return;
@@ -230,26 +228,6 @@ void torch_while(benchmark::State& state) {
   }, torch_sync);
 }
 BENCHMARK(torch_while)->Name("cuda/while100/libtorch")->UseRealTime()->Unit(benchmark::kMicrosecond);
-
-void torch_cnn_step(benchmark::State& state) {
-  if (!torch_gpu(state)) return;
-  const auto o = torch::TensorOptions().device(torch::kCUDA);
-  const torch::Tensor x = torch::rand({cnn_batch, 28, 28}, o);
-  const torch::Tensor y = torch::randint(0, 10, {cnn_batch}, o.dtype(torch::kLong));
-  torch::manual_seed(0);
-  bench::TorchCNN model;
-  model.to(torch::kCUDA);
-  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-3));
-  timed(state, [&] {
-    opt.zero_grad();
-    torch::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
-    loss.backward();
-    opt.step();
-    return loss;
-  }, torch_sync);
-  state.counters["examples/s"] = benchmark::Counter(static_cast<double>(cnn_batch), benchmark::Counter::kIsIterationInvariantRate);
-}
-BENCHMARK(torch_cnn_step)->Name("cuda/cnn_adam/batch128/libtorch")->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 /// The same three passes through ATen's convolution and its backward (cuDNN).
 void torch_conv_layer(benchmark::State& state) {
