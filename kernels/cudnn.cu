@@ -204,22 +204,25 @@ int pick(const Perf* perf, int n, std::size_t limit, std::size_t* need) {
 }
 
 /// The plan of `key` on the device d, made on first use (the caller holds d.mu); not_supported when
-/// cuDNN takes no such convolution or has no algorithm for it.
+/// cuDNN takes no such convolution or has no algorithm for it: any refusal while setting it up
+/// (a descriptor cuDNN rejects, no algorithm, an allocation) leaves the convolution to the im2col
+/// kernels, and is remembered (a plan with no algorithm) so that it is not asked again.
 Status plan_for(const Api& api, DeviceState& d, const PlanKey& key, const abi::ConvGeometry& g, std::int64_t O,
                 const ConvPlan** out) {
   if (const auto it = d.plans.find(key); it != d.plans.end()) {
     *out = &it->second;
-    return cudaSuccess;
+    return it->second.algo < 0 ? abi::not_supported : cudaSuccess;
   }
   const auto pass = static_cast<abi::ConvPass>(std::get<0>(key));
   const cudnnDataType_t type = static_cast<abi::DT>(std::get<1>(key)) == abi::DT::f32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
   ConvPlan p;
-  auto release = [&](Status st) {
+  auto decline = [&] {
     if (p.x) api.destroy_tensor(p.x);
     if (p.y) api.destroy_tensor(p.y);
     if (p.w) api.destroy_filter(p.w);
     if (p.conv) api.destroy_conv(p.conv);
-    return st;
+    *out = &d.plans.emplace(key, ConvPlan{}).first->second;
+    return abi::not_supported;
   };
   auto i = [](std::int64_t v) { return static_cast<int>(v); };
   cudnnStatus_t st = api.create_tensor(&p.x);
@@ -232,7 +235,7 @@ Status plan_for(const Api& api, DeviceState& d, const PlanKey& key, const abi::C
   if (st == CUDNN_STATUS_SUCCESS)
     st = api.set_conv(p.conv, i(g.pad), i(g.pad), i(g.stride), i(g.stride), 1, 1, CUDNN_CROSS_CORRELATION, type);
   if (st == CUDNN_STATUS_SUCCESS) st = api.set_math(p.conv, CUDNN_FMA_MATH);
-  if (st != CUDNN_STATUS_SUCCESS) return release(from_cudnn(st));
+  if (st != CUDNN_STATUS_SUCCESS) return decline();
   int n = 0;
   switch (pass) {
     case abi::ConvPass::forward: {
@@ -254,8 +257,7 @@ Status plan_for(const Api& api, DeviceState& d, const PlanKey& key, const abi::C
       break;
     }
   }
-  if (st != CUDNN_STATUS_SUCCESS) return release(from_cudnn(st));
-  if (p.algo < 0) return release(abi::not_supported);
+  if (st != CUDNN_STATUS_SUCCESS || p.algo < 0) return decline();
   *out = &d.plans.emplace(key, p).first->second;  // std::map: the address stays valid
   return cudaSuccess;
 }
