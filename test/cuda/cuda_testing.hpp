@@ -38,6 +38,23 @@ inline sc::Tensor values(sc::Shape s, sc::DType d, std::uint64_t seed) {
   const sc::Tensor x = sctest::uniform_tensor(s, seed, -2.0, 2.0);
   return sc::is_floating(d) ? x.astype(d) : (x * 3).astype(d);
 }
+/// RAII: GPU convolutions run as `a` while alive (the process-wide setting is restored after).
+class ConvAlgorithmScope {
+ public:
+  explicit ConvAlgorithmScope(sc::cuda::ConvAlgorithm a) : saved_(sc::cuda::conv_algorithm()) {
+    sc::cuda::set_conv_algorithm(a);
+  }
+  ~ConvAlgorithmScope() { sc::cuda::set_conv_algorithm(saved_); }
+  ConvAlgorithmScope(const ConvAlgorithmScope&) = delete;
+  ConvAlgorithmScope& operator=(const ConvAlgorithmScope&) = delete;
+
+ private:
+  sc::cuda::ConvAlgorithm saved_;
+};
+inline const char* algorithm_name(sc::cuda::ConvAlgorithm a) {
+  return a == sc::cuda::ConvAlgorithm::cudnn ? "cudnn" : "im2col";
+}
+
 inline double tol_of(sc::DType d) { return d == sc::f32 ? 2e-6 : d == sc::f64 ? 1e-13 : 0.0; }
 
 }  // namespace sctest::cuda

@@ -197,24 +197,8 @@ TEST_CASE("cuda: tape gradients of GPU tensors equal the CPU's", "[cuda]") {
   check_same(got[1], want[1], 1e-12);
 }
 
-namespace {
-/// RAII: GPU convolutions run as `a` while alive (the process-wide setting is restored after).
-class ConvAlgorithmScope {
- public:
-  explicit ConvAlgorithmScope(sc::cuda::ConvAlgorithm a) : saved_(sc::cuda::conv_algorithm()) {
-    sc::cuda::set_conv_algorithm(a);
-  }
-  ~ConvAlgorithmScope() { sc::cuda::set_conv_algorithm(saved_); }
-  ConvAlgorithmScope(const ConvAlgorithmScope&) = delete;
-  ConvAlgorithmScope& operator=(const ConvAlgorithmScope&) = delete;
-
- private:
-  sc::cuda::ConvAlgorithm saved_;
-};
-const char* algorithm_name(sc::cuda::ConvAlgorithm a) {
-  return a == sc::cuda::ConvAlgorithm::cudnn ? "cudnn" : "im2col";
-}
-}  // namespace
+using sctest::cuda::algorithm_name;
+using sctest::cuda::ConvAlgorithmScope;
 
 TEST_CASE("cuda: conv2d, its gradient ops, im2col and col2im == CPU (cuDNN and im2col)", "[cuda][conv]") {
   struct Case { sc::Shape x, w; std::int64_t stride, pad; };

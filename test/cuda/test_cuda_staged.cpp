@@ -278,6 +278,36 @@ TEST_CASE("cuda graphs: a traced training step replays as one CUDA graph, equal 
   CHECK(plain.get_concrete(x0, y0).stats().plan.cuda_graph.rfind("off", 0) == 0);
 }
 
+TEST_CASE("cuda graphs: a traced convolution step with its gradients (cuDNN and im2col) replays as one graph, "
+          "equal to the CPU", "[cuda][staged][graph][conv]") {
+  const sc::Tensor x = values({8, 3, 12, 12}, sc::f32, 60), w = values({6, 3, 3, 3}, sc::f32, 61);
+  const auto step = [](const sc::Tensor& xx, const sc::Tensor& ww) {
+    sc::GradientTape tape;
+    tape.watch(xx);
+    tape.watch(ww);
+    const sc::Tensor y = sc::sum(sc::nn::max_pool2d(sc::relu(sc::nn::conv2d(xx, ww, 1, 1)), 2, 2));
+    const std::vector<sc::Tensor> g = tape.gradient(y, std::vector<sc::Tensor>{xx, ww});
+    return std::make_tuple(y, g[0], g[1]);
+  };
+  const auto [y_cpu, dx_cpu, dw_cpu] = step(x, w);
+  const sc::Tensor xg = x.to(gpu), wg = w.to(gpu);
+  for (const sc::cuda::ConvAlgorithm algo : {sc::cuda::ConvAlgorithm::cudnn, sc::cuda::ConvAlgorithm::im2col}) {
+    INFO(sctest::cuda::algorithm_name(algo));
+    const sctest::cuda::ConvAlgorithmScope scope(algo);
+    const GraphsOn on;
+    auto f = sc::function(step);
+    for (int it = 0; it < 3; ++it) {  // warm-up, capture and launch, replay
+      const auto [y, dx, dw] = f(xg, wg);
+      check_same(y, y_cpu, 1e-4);
+      check_same(dx, dx_cpu, 1e-4);
+      check_same(dw, dw_cpu, 1e-4);
+    }
+    const auto st = f.get_concrete(xg, wg).stats();
+    INFO(st);
+    CHECK(st.plan.cuda_graph.rfind("replaying", 0) == 0);
+  }
+}
+
 TEST_CASE("cuda graphs: a variable assigned between calls is read afresh by the graph", "[cuda][staged][graph]") {
   const GraphsOn on;
   sc::Variable v(sc::full({5}, 1.f).to(gpu), "v");
