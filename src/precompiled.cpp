@@ -1,8 +1,12 @@
-// stagecraft::precompiled: every op's eager dispatch and CPU kernels, and the traced fusion's
-// kernel tables, compiled once. Files built against this target see them as `extern template`
-// (STAGECRAFT_PRECOMPILED, set by the target) and skip instantiating them: the umbrella header
-// and a staged expression compile much faster (bench/compile_time.sh). The library stays
+// stagecraft::precompiled: every op's eager dispatch and CPU kernels, the traced fusion's kernel
+// tables, and the safetensors JSON reader and writer, compiled once. Files built against this
+// target (STAGECRAFT_PRECOMPILED, set by the target) see the templates as `extern template` and
+// the non-template functions as declarations, and skip compiling them: the umbrella header and a
+// staged expression compile much faster (bench/compile_time.sh). The library stays
 // header-only: this is an opt-in build-speed mode, with the same code and numbers.
+// The non-template functions the headers only declare under STAGECRAFT_PRECOMPILED
+// (STAGECRAFT_COMPILED_INLINE, config.hpp) are defined here, once.
+#define STAGECRAFT_PRECOMPILED_SOURCE 1
 #include <stagecraft/stagecraft.hpp>
 
 #if !defined(STAGECRAFT_PRECOMPILED)

@@ -19,6 +19,25 @@
 #define SC_ALWAYS_INLINE inline
 #endif
 
+// Non-template functions that stagecraft::precompiled compiles once into its archive (the graph
+// layer, the safetensors JSON code). In a header-only build they are inline definitions, as the
+// rest of the library. In a file built against stagecraft::precompiled (STAGECRAFT_PRECOMPILED)
+// the headers only declare them: the file does not parse, instantiate what they use, or emit
+// them. src/precompiled.cpp (STAGECRAFT_PRECOMPILED_SOURCE) holds the one definition of each.
+//   STAGECRAFT_COMPILED_INLINE  `inline`, or nothing where the archive holds the definition
+//   STAGECRAFT_DEFINE_COMPILED  1 where the definitions are compiled (guards them), else 0
+#if defined(STAGECRAFT_PRECOMPILED)
+#define STAGECRAFT_COMPILED_INLINE
+#if defined(STAGECRAFT_PRECOMPILED_SOURCE)
+#define STAGECRAFT_DEFINE_COMPILED 1
+#else
+#define STAGECRAFT_DEFINE_COMPILED 0
+#endif
+#else
+#define STAGECRAFT_COMPILED_INLINE inline
+#define STAGECRAFT_DEFINE_COMPILED 1
+#endif
+
 #if defined(_OPENMP)
 #define SC_HAS_OPENMP 1
 #else

@@ -29,8 +29,16 @@ struct Body {
 };
 
 /// Traces fn(args) as a body of the current trace. Arguments become its first inputs.
-inline Body trace_body(const std::string& name, const std::vector<TensorSpec>& arg_specs, const std::vector<Device>& devs,
-                       const std::function<Tensors(const Tensors&)>& fn, const std::source_location& loc) {
+STAGECRAFT_COMPILED_INLINE Body trace_body(const std::string& name, const std::vector<TensorSpec>& arg_specs,
+                                           const std::vector<Device>& devs,
+                                           const std::function<Tensors(const Tensors&)>& fn,
+                                           const std::source_location& loc);
+STAGECRAFT_COMPILED_INLINE std::vector<TensorSpec> specs_of(const Graph& g, const std::vector<int>& vals);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Body trace_body(const std::string& name, const std::vector<TensorSpec>& arg_specs,
+                                           const std::vector<Device>& devs,
+                                           const std::function<Tensors(const Tensors&)>& fn,
+                                           const std::source_location& loc) {
   GraphBuilder b(name, /*may_create_vars=*/false);
   {
     TapeIsolation isolate;
@@ -44,32 +52,53 @@ inline Body trace_body(const std::string& name, const std::vector<TensorSpec>& a
   return {std::make_shared<const Graph>(std::move(b.graph)), b.captured_outer, b.assigned()};
 }
 
-inline std::vector<TensorSpec> specs_of(const Graph& g, const std::vector<int>& vals) {
+STAGECRAFT_COMPILED_INLINE std::vector<TensorSpec> specs_of(const Graph& g, const std::vector<int>& vals) {
   std::vector<TensorSpec> s;
   for (int v : vals) s.push_back({g.values[v].shape, g.values[v].dtype});
   return s;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 inline std::string spec_text(const TensorSpec& s) { return std::string(name(s.dtype)) + s.shape.str(); }
 
 /// After a body assigned variables, the enclosing trace reads them afresh.
-inline void forget_assigned(GraphBuilder& parent, const Body& b) {
+STAGECRAFT_COMPILED_INLINE void forget_assigned(GraphBuilder& parent, const Body& b);
+
+/// Lifts tensors into the current trace.
+STAGECRAFT_COMPILED_INLINE Tensors lifted(const Tensors& ts, const std::source_location& loc);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void forget_assigned(GraphBuilder& parent, const Body& b) {
   for (const auto& v : b.assigned) parent.forget(v.get());
 }
 
-/// Lifts tensors into the current trace.
-inline Tensors lifted(const Tensors& ts, const std::source_location& loc) {
+STAGECRAFT_COMPILED_INLINE Tensors lifted(const Tensors& ts, const std::source_location& loc) {
   Tensors out;
   current_builder()->lift(ts, out, loc);
   return out;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// Zeros shaped like t (a placeholder gradient).
 inline Tensor zeros_like(const Tensor& t, const std::source_location& loc) { return zeros(t.shape(), t.dtype(), loc); }
 
 /// sum_k sum(outs[k] * seeds[k]) over the float outputs with a seed: a scalar whose gradient is
 /// the vector-Jacobian product of all outputs at once.
-inline Tensor weighted_total(const Tensors& outs, const Tensors& seeds, const std::source_location& loc) {
+STAGECRAFT_COMPILED_INLINE Tensor weighted_total(const Tensors& outs, const Tensors& seeds,
+                                                 const std::source_location& loc);
+
+/// body(args) and the gradients of weighted_total(body(args)) with respect to args (zeros for
+/// non-float and unconnected ones); args are lifted into the current trace first.
+STAGECRAFT_COMPILED_INLINE std::pair<Tensors, Tensors> body_outputs_and_vjp(const Graph& body, const Tensors& args,
+                                                                            const Tensors& seeds,
+                                                                            const std::source_location& loc,
+                                                                            bool side_effects = true);
+
+/// The gradients of body_outputs_and_vjp alone.
+STAGECRAFT_COMPILED_INLINE Tensors body_vjp(const Graph& body, const Tensors& args, const Tensors& seeds,
+                                            const std::source_location& loc, bool side_effects = true);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Tensor weighted_total(const Tensors& outs, const Tensors& seeds,
+                                                 const std::source_location& loc) {
   Tensor total;
   for (std::size_t k = 0; k < outs.size(); ++k) {
     if (!seeds[k].defined() || !is_floating(outs[k].dtype())) continue;
@@ -80,10 +109,10 @@ inline Tensor weighted_total(const Tensors& outs, const Tensors& seeds, const st
   return total;
 }
 
-/// body(args) and the gradients of weighted_total(body(args)) with respect to args (zeros for
-/// non-float and unconnected ones); args are lifted into the current trace first.
-inline std::pair<Tensors, Tensors> body_outputs_and_vjp(const Graph& body, const Tensors& args, const Tensors& seeds,
-                                                        const std::source_location& loc, bool side_effects = true) {
+STAGECRAFT_COMPILED_INLINE std::pair<Tensors, Tensors> body_outputs_and_vjp(const Graph& body, const Tensors& args,
+                                                                            const Tensors& seeds,
+                                                                            const std::source_location& loc,
+                                                                            bool side_effects) {
   const Tensors local = current_builder() ? lifted(args, loc) : args;
   GradientTape tape;
   Tensors sources;
@@ -105,19 +134,33 @@ inline std::pair<Tensors, Tensors> body_outputs_and_vjp(const Graph& body, const
   return {std::move(outs), std::move(res)};
 }
 
-/// The gradients of body_outputs_and_vjp alone.
-inline Tensors body_vjp(const Graph& body, const Tensors& args, const Tensors& seeds, const std::source_location& loc,
-                        bool side_effects = true) {
+STAGECRAFT_COMPILED_INLINE Tensors body_vjp(const Graph& body, const Tensors& args, const Tensors& seeds,
+                                            const std::source_location& loc, bool side_effects) {
   return body_outputs_and_vjp(body, args, seeds, loc, side_effects).second;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 Tensors cond_impl(const Tensor& pred, const Thunk& then_fn, const Thunk& else_fn, const std::source_location& loc);
 Tensors while_impl(const std::function<Tensor(const Tensors&)>& cond_fn, const std::function<Tensors(const Tensors&)>& body_fn,
                    const Tensors& vars, const std::source_location& loc, bool with_count = false);
 
 /// Records the gradient of a staged cond's outputs on the tapes watching its captures.
-inline void record_cond_gradient(const Tensor& pred, const Body& then_b, const Body& else_b, const Tensors& outs,
-                                 const std::source_location& loc) {
+STAGECRAFT_COMPILED_INLINE void record_cond_gradient(const Tensor& pred, const Body& then_b, const Body& else_b,
+                                                     const Tensors& outs, const std::source_location& loc);
+STAGECRAFT_COMPILED_INLINE Tensors cond_impl(const Tensor& pred, const Thunk& then_fn, const Thunk& else_fn,
+                                             const std::source_location& loc);
+
+/// Records the gradient of a staged while loop's outputs: for each float output, a backward
+/// loop over the iterations in reverse, recomputing each iteration's inputs from the initial
+/// values (time O(n^2) in the iteration count, memory O(1) in it).
+STAGECRAFT_COMPILED_INLINE void record_while_gradient(const Tensors& init, const Body& cond_b, const Body& body_b,
+                                                      const Tensors& outs, const std::source_location& loc);
+STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const Tensors&)>& cond_fn,
+                                              const std::function<Tensors(const Tensors&)>& body_fn,
+                                              const Tensors& vars, const std::source_location& loc, bool with_count);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void record_cond_gradient(const Tensor& pred, const Body& then_b, const Body& else_b,
+                                                     const Tensors& outs, const std::source_location& loc) {
   Tensors caps = then_b.captured;
   caps.insert(caps.end(), else_b.captured.begin(), else_b.captured.end());
   for (std::size_t k = 0; k < outs.size(); ++k) {
@@ -148,7 +191,8 @@ inline void record_cond_gradient(const Tensor& pred, const Body& then_b, const B
   }
 }
 
-inline Tensors cond_impl(const Tensor& pred, const Thunk& then_fn, const Thunk& else_fn, const std::source_location& loc) {
+STAGECRAFT_COMPILED_INLINE Tensors cond_impl(const Tensor& pred, const Thunk& then_fn, const Thunk& else_fn,
+                                             const std::source_location& loc) {
   stagecraft::detail::require_defined(pred, "cond", loc);
   if (pred.numel() != 1)
     stagecraft::detail::fail<ShapeError>("cond", loc, "the predicate must have one element, it has shape ", pred.shape());
@@ -188,11 +232,8 @@ inline Tensors cond_impl(const Tensor& pred, const Thunk& then_fn, const Thunk& 
   return outs;
 }
 
-/// Records the gradient of a staged while loop's outputs: for each float output, a backward
-/// loop over the iterations in reverse, recomputing each iteration's inputs from the initial
-/// values (time O(n^2) in the iteration count, memory O(1) in it).
-inline void record_while_gradient(const Tensors& init, const Body& cond_b, const Body& body_b, const Tensors& outs,
-                                  const std::source_location& loc) {
+STAGECRAFT_COMPILED_INLINE void record_while_gradient(const Tensors& init, const Body& cond_b, const Body& body_b,
+                                                      const Tensors& outs, const std::source_location& loc) {
   const std::size_t n = init.size();
   Tensors ins = init;
   ins.insert(ins.end(), cond_b.captured.begin(), cond_b.captured.end());
@@ -243,9 +284,9 @@ inline void record_while_gradient(const Tensors& init, const Body& cond_b, const
   }
 }
 
-inline Tensors while_impl(const std::function<Tensor(const Tensors&)>& cond_fn,
-                          const std::function<Tensors(const Tensors&)>& body_fn, const Tensors& vars,
-                          const std::source_location& loc, bool with_count) {
+STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const Tensors&)>& cond_fn,
+                                              const std::function<Tensors(const Tensors&)>& body_fn,
+                                              const Tensors& vars, const std::source_location& loc, bool with_count) {
   for (const Tensor& v : vars) stagecraft::detail::require_defined(v, "while_loop", loc);
   bool symbolic = stagecraft::detail::context().trace != nullptr;
   for (const Tensor& v : vars) symbolic |= v.is_symbolic();
@@ -310,6 +351,7 @@ inline Tensors while_impl(const std::function<Tensor(const Tensors&)>& cond_fn,
   if (!with_count) outs.pop_back();
   return outs;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace graph::detail_cf
 
@@ -386,14 +428,18 @@ V while_loop(C&& cond_fn, B&& body_fn, const V& loop_vars, std::source_location 
 }
 
 namespace graph::detail_interp {
-inline std::vector<Tensor> replay_cond(const Node& n, const std::vector<Tensor>& ins) {
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_cond(const Node& n, const std::vector<Tensor>& ins);
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_while(const Node& n, const std::vector<Tensor>& ins);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_cond(const Node& n, const std::vector<Tensor>& ins) {
   const std::source_location loc = std::source_location::current();
   const auto k = static_cast<std::ptrdiff_t>(n.attrs.i0);
   const std::vector<Tensor> then_args(ins.begin() + 1, ins.begin() + 1 + k), else_args(ins.begin() + 1 + k, ins.end());
   return detail_cf::cond_impl(
       ins[0], [&] { return interpret(*n.bodies[0], then_args); }, [&] { return interpret(*n.bodies[1], else_args); }, loc);
 }
-inline std::vector<Tensor> replay_while(const Node& n, const std::vector<Tensor>& ins) {
+
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_while(const Node& n, const std::vector<Tensor>& ins) {
   const std::source_location loc = std::source_location::current();
   const auto nv = static_cast<std::ptrdiff_t>(n.num_loop_vars), k = static_cast<std::ptrdiff_t>(n.attrs.i0);
   const std::vector<Tensor> vars(ins.begin(), ins.begin() + nv);
@@ -407,6 +453,7 @@ inline std::vector<Tensor> replay_while(const Node& n, const std::vector<Tensor>
       [&](const std::vector<Tensor>& v) { return interpret(*n.bodies[1], with(v, bcaps)); }, vars, loc,
       /*with_count=*/true);
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 }  // namespace graph::detail_interp
 
 }  // namespace stagecraft

@@ -33,7 +33,9 @@ namespace stagecraft::cuda {
 /// The directory where kernels compiled at run time are kept between processes: $STAGECRAFT_CACHE_DIR,
 /// else $XDG_CACHE_HOME/stagecraft, else $HOME/.cache/stagecraft (with "/cuda" appended; empty:
 /// no disk cache). Assign to change it (before the first traced function runs on a GPU).
-inline std::string& kernel_cache_dir() {
+STAGECRAFT_COMPILED_INLINE std::string& kernel_cache_dir();
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::string& kernel_cache_dir() {
   static std::string dir = [] {
     const char* own = std::getenv("STAGECRAFT_CACHE_DIR");
     if (own != nullptr) return *own ? std::string(own) + "/cuda" : std::string();
@@ -43,13 +45,16 @@ inline std::string& kernel_cache_dir() {
   }();
   return dir;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// How many fused kernels this process compiled, found compiled in memory, and loaded from the
 /// disk cache (all 0 without CUDA).
 struct FusedKernelStats {
   std::int64_t compiled = 0, memory_hits = 0, disk_hits = 0;
 };
-inline FusedKernelStats fused_kernel_stats() {
+STAGECRAFT_COMPILED_INLINE FusedKernelStats fused_kernel_stats();
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE FusedKernelStats fused_kernel_stats() {
 #if defined(STAGECRAFT_WITH_CUDA)
   const abi::RtcStats s = abi::rtc_stats();
   return {s.compiled, s.memory_hits, s.disk_hits};
@@ -57,6 +62,7 @@ inline FusedKernelStats fused_kernel_stats() {
   return {};
 #endif
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::cuda
 
@@ -84,7 +90,13 @@ inline constexpr std::array<std::string_view, ops::num_ops> rule_names = {{
 }};
 
 /// The CUDA C++ type of a dtype a fused program runs over.
-inline const char* c_type(DType d) {
+STAGECRAFT_COMPILED_INLINE const char* c_type(DType d);
+
+/// The index into an input of shape `in` for output element `i` of shape `out` (NumPy
+/// broadcasting; axes of one element dropped, neighbouring axes the input has or lacks alike merged).
+STAGECRAFT_COMPILED_INLINE std::string index_expr(const Shape& in, const Shape& out);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE const char* c_type(DType d) {
   switch (d) {
     case DType::i32: return "int";
     case DType::i64: return "long long";
@@ -94,9 +106,7 @@ inline const char* c_type(DType d) {
   }
 }
 
-/// The index into an input of shape `in` for output element `i` of shape `out` (NumPy
-/// broadcasting; axes of one element dropped, neighbouring axes the input has or lacks alike merged).
-inline std::string index_expr(const Shape& in, const Shape& out) {
+STAGECRAFT_COMPILED_INLINE std::string index_expr(const Shape& in, const Shape& out) {
   const int ro = out.rank(), ri = in.rank();
   struct Axis {
     std::int64_t n;
@@ -127,6 +137,7 @@ inline std::string index_expr(const Shape& in, const Shape& out) {
   }
   return e.empty() ? "0" : e;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// The CUDA vector type of 16 bytes of a dtype, its lane count and the lanes' member names.
 struct VectorType {
@@ -134,7 +145,9 @@ struct VectorType {
   int width;
   const char* lanes[4];
 };
-inline VectorType vector_of(DType d) {
+STAGECRAFT_COMPILED_INLINE VectorType vector_of(DType d);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE VectorType vector_of(DType d) {
   switch (d) {
     case DType::i32: return {"int4", 4, {"x", "y", "z", "w"}};
     case DType::f32: return {"float4", 4, {"x", "y", "z", "w"}};
@@ -142,6 +155,7 @@ inline VectorType vector_of(DType d) {
     default: return {"double2", 2, {"x", "y", nullptr, nullptr}};
   }
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// The statements of one element: inputs loaded by load(k), each instruction by its rule, each
 /// output stored by store(j, register).
@@ -164,19 +178,24 @@ std::string element_body(const FusedProgram& p, const std::string& T, const std:
 
 /// Threads that share one row of a reduction (a power of two, at most a block's 256): enough for
 /// the row's elements, so a short row leaves the block's other threads to the next rows.
-inline int reduce_threads_per_row(std::int64_t inner) {
+STAGECRAFT_COMPILED_INLINE int reduce_threads_per_row(std::int64_t inner);
+
+/// The combine step of reduction `op` in CUDA source: the op's rule, the new value first for max
+/// and min (as backend/cpu/reduce.hpp's reducers, so NaN propagates the same way).
+STAGECRAFT_COMPILED_INLINE std::string combine_expr(ops::OpId op, const std::string& acc, const std::string& v);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE int reduce_threads_per_row(std::int64_t inner) {
   int t = 1;
   while (t < inner && t < 256) t *= 2;
   return t;
 }
 
-/// The combine step of reduction `op` in CUDA source: the op's rule, the new value first for max
-/// and min (as backend/cpu/reduce.hpp's reducers, so NaN propagates the same way).
-inline std::string combine_expr(ops::OpId op, const std::string& acc, const std::string& v) {
+STAGECRAFT_COMPILED_INLINE std::string combine_expr(ops::OpId op, const std::string& acc, const std::string& v) {
   if (op == ops::OpId::Max) return "r::Maximum::f(" + v + ", " + acc + ")";
   if (op == ops::OpId::Min) return "r::Minimum::f(" + v + ", " + acc + ")";
   return "r::Add::f(" + acc + ", " + v + ")";
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// How the GPU cuts a reduction's rows (as the eager reductions do: see cuda::abi::reduce_split).
 using ReductionSplit = cuda::abi::ReduceSplit;
@@ -235,7 +254,9 @@ std::string reduction_source(const FusedProgram& p, const std::string& T, const 
 
 /// The program that combines the partials of a cut reduction: [rows, chunks] reduced over its rows
 /// by the same op (the kernel sc_fused_r2 of cuda_source).
-inline FusedProgram combine_program(const FusedProgram& p, ReductionSplit split) {
+STAGECRAFT_COMPILED_INLINE FusedProgram combine_program(const FusedProgram& p, ReductionSplit split);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE FusedProgram combine_program(const FusedProgram& p, ReductionSplit split) {
   const FusedReduction& rd = *p.reduction;
   const std::int64_t rows = p.out_shape.numel() / rd.inner;
   FusedProgram c;
@@ -245,19 +266,39 @@ inline FusedProgram combine_program(const FusedProgram& p, ReductionSplit split)
   c.reduction = FusedReduction{rd.op, 0, split.chunks, Shape{rows}};
   return c;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace detail_cuda_fused
 
 /// How the GPU cuts the rows of p's reduction (see detail_cuda_fused::ReductionSplit; p must have one).
-inline detail_cuda_fused::ReductionSplit cuda_reduction_split(const FusedProgram& p) {
+STAGECRAFT_COMPILED_INLINE detail_cuda_fused::ReductionSplit cuda_reduction_split(const FusedProgram& p);
+
+/// True when every input of p is read at the element's own index or is one value: the program then
+/// also has a kernel reading and writing 16 bytes per access (sc_fused_v).
+STAGECRAFT_COMPILED_INLINE bool cuda_vectorizable(const FusedProgram& p);
+
+/// Whether generated kernels use 16-byte loads and stores where a program allows them (default on;
+/// off: one element per access, for comparisons).
+STAGECRAFT_COMPILED_INLINE bool& cuda_vector_loads();
+
+/// True when p can run as a generated CUDA kernel: over a dtype and ops the generator knows, and
+/// a reduction consumer (if any) a sum, max or min over a floating dtype (as the CPU evaluator's).
+STAGECRAFT_COMPILED_INLINE bool cuda_fusible(const FusedProgram& p);
+
+/// The CUDA source of p: kernel `sc_fused(const T* in0.., T* out0.., long long n)`, one element per
+/// thread and step of a grid-stride loop; for vectorizable programs also `sc_fused_v` (same
+/// parameters), which reads and writes 16 bytes per access (all pointers 16-byte aligned) and does
+/// the last n % width elements one by one. A program with a reduction has instead
+/// `sc_fused_r(const T* in0.., T* out0.., T* red, long long n)`, see reduction_source().
+STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE detail_cuda_fused::ReductionSplit cuda_reduction_split(const FusedProgram& p) {
   const std::int64_t inner = p.reduction->inner;
   if (inner <= 0) return {1, inner};
   return cuda::abi::reduce_split(p.out_shape.numel() / inner, inner);
 }
 
-/// True when every input of p is read at the element's own index or is one value: the program then
-/// also has a kernel reading and writing 16 bytes per access (sc_fused_v).
-inline bool cuda_vectorizable(const FusedProgram& p) {
+STAGECRAFT_COMPILED_INLINE bool cuda_vectorizable(const FusedProgram& p) {
   if (p.reduction) return false;  // its kernel walks rows (sc_fused_r)
   for (const Shape& in : p.input_shapes) {
     const std::string e = detail_cuda_fused::index_expr(in, p.out_shape);
@@ -266,16 +307,12 @@ inline bool cuda_vectorizable(const FusedProgram& p) {
   return true;
 }
 
-/// Whether generated kernels use 16-byte loads and stores where a program allows them (default on;
-/// off: one element per access, for comparisons).
-inline bool& cuda_vector_loads() {
+STAGECRAFT_COMPILED_INLINE bool& cuda_vector_loads() {
   static bool on = true;
   return on;
 }
 
-/// True when p can run as a generated CUDA kernel: over a dtype and ops the generator knows, and
-/// a reduction consumer (if any) a sum, max or min over a floating dtype (as the CPU evaluator's).
-inline bool cuda_fusible(const FusedProgram& p) {
+STAGECRAFT_COMPILED_INLINE bool cuda_fusible(const FusedProgram& p) {
   if (detail_cuda_fused::c_type(p.dtype) == nullptr) return false;
   if (p.reduction && (!is_floating(p.dtype) || (p.reduction->op != ops::OpId::Sum && p.reduction->op != ops::OpId::Max &&
                                                 p.reduction->op != ops::OpId::Min)))
@@ -286,12 +323,7 @@ inline bool cuda_fusible(const FusedProgram& p) {
   return true;
 }
 
-/// The CUDA source of p: kernel `sc_fused(const T* in0.., T* out0.., long long n)`, one element per
-/// thread and step of a grid-stride loop; for vectorizable programs also `sc_fused_v` (same
-/// parameters), which reads and writes 16 bytes per access (all pointers 16-byte aligned) and does
-/// the last n % width elements one by one. A program with a reduction has instead
-/// `sc_fused_r(const T* in0.., T* out0.., T* red, long long n)`, see reduction_source().
-inline std::string cuda_source(const FusedProgram& p) {
+STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
   namespace d = detail_cuda_fused;
   if (!cuda_fusible(p))
     throw ValueError("[fused] the program cannot run as a CUDA kernel (an op or dtype without a rule, or a "
@@ -348,6 +380,7 @@ inline std::string cuda_source(const FusedProgram& p) {
        "  for (long long i = nv * " + W + " + t; i < n; i += step) {\n" + scalar_body + "  }\n}\n";
   return s;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// A program ready for the GPU: its source, and its kernel per device (compiled on first run there).
 class CudaFused {
@@ -375,8 +408,9 @@ class CudaFused {
 #endif
 };
 
-inline void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> outputs,
-                           const std::source_location& loc) const {
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> outputs,
+                                               const std::source_location& loc) const {
   const FusedProgram& p = program_;
   const std::size_t nout = p.outputs.size() + (p.reduction ? 1 : 0);
   if (SC_UNLIKELY(inputs.size() != p.input_shapes.size() || outputs.size() != nout || outputs.empty()))
@@ -459,5 +493,6 @@ inline void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> out
                       "fused", loc);
 #endif
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::graph

@@ -271,10 +271,13 @@ class ConcreteFunction {
 };
 
 /// Where retrace notices go (default: one line on std::cerr). Replace it to capture them.
-inline std::function<void(const std::string&)>& staging_log() {
+STAGECRAFT_COMPILED_INLINE std::function<void(const std::string&)>& staging_log();
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::function<void(const std::string&)>& staging_log() {
   static std::function<void(const std::string&)> sink = [](const std::string& s) { std::cerr << s << "\n"; };
   return sink;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 namespace detail_fn {
 

@@ -259,12 +259,15 @@ struct PreparedFused {
 /// True when `op` can be an instruction of a program over dtype d: an elementwise unary or binary op
 /// whose inputs and output all have dtype d (arithmetic/floating kinds; not comparisons or logical ops,
 /// which change the dtype; not where/cast).
-inline bool fusible(ops::OpId op, DType d) {
+STAGECRAFT_COMPILED_INLINE bool fusible(ops::OpId op, DType d);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE bool fusible(ops::OpId op, DType d) {
   if (static_cast<int>(op) >= ops::num_ops) return false;
   return visit_dtype(d, [&](auto tag) {
     return detail_fused::kernels<typename decltype(tag)::type>(op).k[detail_fused::vv] != nullptr;
   });
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 namespace detail_fused {
 
@@ -273,7 +276,16 @@ namespace detail_fused {
 }
 
 /// Checks p: operands precede their use, arities and dtypes fit, inputs broadcast to out_shape.
-inline void validate(const FusedProgram& p) {
+STAGECRAFT_COMPILED_INLINE void validate(const FusedProgram& p);
+
+/// Registers whose value is one element for the whole run (computed from single-element inputs
+/// only): computed once per run, not per tile.
+STAGECRAFT_COMPILED_INLINE std::vector<char> single_valued(const FusedProgram& p);
+
+/// Registers an output or a live instruction reads (dead instructions are skipped).
+STAGECRAFT_COMPILED_INLINE std::vector<char> live_registers(const FusedProgram& p);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void validate(const FusedProgram& p) {
   const int nin = static_cast<int>(p.input_shapes.size());
   for (int i = 0; i < nin; ++i) {
     Shape b;
@@ -309,9 +321,7 @@ inline void validate(const FusedProgram& p) {
   }
 }
 
-/// Registers whose value is one element for the whole run (computed from single-element inputs
-/// only): computed once per run, not per tile.
-inline std::vector<char> single_valued(const FusedProgram& p) {
+STAGECRAFT_COMPILED_INLINE std::vector<char> single_valued(const FusedProgram& p) {
   const int nin = static_cast<int>(p.input_shapes.size());
   std::vector<char> one(p.input_shapes.size() + p.code.size(), 0);
   for (int i = 0; i < nin; ++i) one[i] = p.input_shapes[i].numel() == 1;
@@ -320,8 +330,7 @@ inline std::vector<char> single_valued(const FusedProgram& p) {
   return one;
 }
 
-/// Registers an output or a live instruction reads (dead instructions are skipped).
-inline std::vector<char> live_registers(const FusedProgram& p) {
+STAGECRAFT_COMPILED_INLINE std::vector<char> live_registers(const FusedProgram& p) {
   const int nin = static_cast<int>(p.input_shapes.size());
   std::vector<char> live(p.input_shapes.size() + p.code.size(), 0);
   for (int r : p.outputs) live[r] = 1;
@@ -333,6 +342,7 @@ inline std::vector<char> live_registers(const FusedProgram& p) {
   }
   return live;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 template <class T>
 Step step_of(const FusedInstr& c, int y, Mode m) {
@@ -340,7 +350,9 @@ Step step_of(const FusedInstr& c, int y, Mode m) {
 }
 
 /// Homes of the input registers: one value, in place, or gathered into a dedicated slot.
-inline void place_inputs(PreparedFused& pf, const std::vector<char>& live) {
+STAGECRAFT_COMPILED_INLINE void place_inputs(PreparedFused& pf, const std::vector<char>& live);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void place_inputs(PreparedFused& pf, const std::vector<char>& live) {
   const FusedProgram& p = pf.program;
   for (int i = 0; i < static_cast<int>(p.input_shapes.size()); ++i) {
     Reg& r = pf.regs[i];
@@ -358,6 +370,7 @@ inline void place_inputs(PreparedFused& pf, const std::vector<char>& live) {
     }
   }
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// Homes of the results and the steps: single values once per run; per-element results written
 /// straight into their first output, else into scratch slots reused once their last reader ran.
@@ -427,7 +440,9 @@ std::int64_t grain_of(const FusedProgram& p, const std::vector<char>& live) {
 
 /// Validates p (ValueError "[fused] invalid program: ..." otherwise) and resolves, once, each
 /// instruction's kernel, each register's home and each broadcast input's walk.
-inline PreparedFused prepare(const FusedProgram& p) {
+STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p) {
   namespace f = detail_fused;
   f::validate(p);
   PreparedFused pf;
@@ -446,6 +461,7 @@ inline PreparedFused prepare(const FusedProgram& p) {
   });
   return pf;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 namespace detail_fused {
 
@@ -468,16 +484,21 @@ struct Scratch {
     return data;
   }
 };
-inline Scratch& thread_scratch() {
+STAGECRAFT_COMPILED_INLINE Scratch& thread_scratch();
+
+/// Bytes between scratch slots: a tile plus a cache line, so slots are not a multiple of 4 KiB
+/// apart (loads from one slot and stores to the next would falsely alias in the L1).
+STAGECRAFT_COMPILED_INLINE std::int64_t slot_stride(const PreparedFused& pf);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Scratch& thread_scratch() {
   thread_local Scratch s;
   return s;
 }
 
-/// Bytes between scratch slots: a tile plus a cache line, so slots are not a multiple of 4 KiB
-/// apart (loads from one slot and stores to the next would falsely alias in the L1).
-inline std::int64_t slot_stride(const PreparedFused& pf) {
+STAGECRAFT_COMPILED_INLINE std::int64_t slot_stride(const PreparedFused& pf) {
   return (pf.tile * static_cast<std::int64_t>(itemsize(pf.program.dtype)) + 63) / 64 * 64 + 64;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// A run's register locations, gathers and single values (the calling thread's, reused).
 struct RunState {
@@ -487,10 +508,13 @@ struct RunState {
   std::vector<std::pair<const std::byte*, bool>> streams;  ///< buffers walked tile by tile (true: written)
   std::vector<std::byte> partials;  ///< a reduction's partial results, one per chunk
 };
-inline RunState& run_state() {
+STAGECRAFT_COMPILED_INLINE RunState& run_state();
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE RunState& run_state() {
   thread_local RunState s;
   return s;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// Fills dst[0, len) with the input's elements at output positions [t0, t0 + len): one memcpy
 /// or fill per run of the innermost merged axis, the outer index advanced as an odometer.
@@ -609,15 +633,21 @@ void run_reduction(const PreparedFused& pf, RunState& st, T* out) {
   }
 }
 
-inline bool overlaps(const Tensor& a, const Tensor& b) {
+STAGECRAFT_COMPILED_INLINE bool overlaps(const Tensor& a, const Tensor& b);
+
+/// Throws, naming the tensor, unless t is a concrete tensor on `dev` of dtype `dt` and shape
+/// `want` (the CPU evaluator's and the generated GPU kernels' argument check).
+STAGECRAFT_COMPILED_INLINE void check_tensor(const Tensor& t, DType dt, Device dev, const Shape& want, const char* what,
+                                             std::size_t i);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE bool overlaps(const Tensor& a, const Tensor& b) {
   const auto* pa = static_cast<const std::byte*>(a.raw_data());
   const auto* pb = static_cast<const std::byte*>(b.raw_data());
   return pa && pb && pa < pb + b.nbytes() && pb < pa + a.nbytes();
 }
 
-/// Throws, naming the tensor, unless t is a concrete tensor on `dev` of dtype `dt` and shape
-/// `want` (the CPU evaluator's and the generated GPU kernels' argument check).
-inline void check_tensor(const Tensor& t, DType dt, Device dev, const Shape& want, const char* what, std::size_t i) {
+STAGECRAFT_COMPILED_INLINE void check_tensor(const Tensor& t, DType dt, Device dev, const Shape& want, const char* what,
+                                             std::size_t i) {
   const bool concrete = t.defined() && !t.is_symbolic();
   if (SC_LIKELY(concrete && t.device() == dev && t.dtype() == dt && t.shape() == want)) return;
   const std::string at = std::string("[fused] ") + what + " " + std::to_string(i);
@@ -628,6 +658,7 @@ inline void check_tensor(const Tensor& t, DType dt, Device dev, const Shape& wan
                      std::string(name(dt)));
   throw ShapeError(at + " has shape " + t.shape().str() + ", the program expects " + want.str());
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// Fills st for this run: single values computed, every register's location, the gathers.
 template <class T>
@@ -668,7 +699,18 @@ void bind(const PreparedFused& pf, std::span<const Tensor> in, std::span<Tensor>
 }  // namespace detail_fused
 
 /// Runs a prepared program (see run_fused); the tensors are checked, nothing is looked up.
-inline void run(const PreparedFused& pf, std::span<const Tensor> inputs, std::span<Tensor> outputs) {
+STAGECRAFT_COMPILED_INLINE void run(const PreparedFused& pf, std::span<const Tensor> inputs, std::span<Tensor> outputs);
+
+/// Runs p: inputs are concrete CPU tensors of dtype p.dtype and shapes p.input_shapes (contiguous,
+/// row-major); outputs are preallocated with p.out_shape and p.dtype, then (with a reduction) one
+/// of the reduction's out_shape. An output may share its buffer
+/// with an input of the same shape (in-place), so read each tile of the inputs before writing it.
+/// Runs on all threads (backend::cpu::parallel_for) for large outputs, one thread for small ones.
+STAGECRAFT_COMPILED_INLINE void run_fused(const FusedProgram& p, std::span<const Tensor> inputs,
+                                          std::span<Tensor> outputs);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void run(const PreparedFused& pf, std::span<const Tensor> inputs,
+                                    std::span<Tensor> outputs) {
   namespace f = detail_fused;
   const FusedProgram& p = pf.program;
   const std::size_t nout = p.outputs.size() + (p.reduction ? 1 : 0);
@@ -704,13 +746,10 @@ inline void run(const PreparedFused& pf, std::span<const Tensor> inputs, std::sp
   });
 }
 
-/// Runs p: inputs are concrete CPU tensors of dtype p.dtype and shapes p.input_shapes (contiguous,
-/// row-major); outputs are preallocated with p.out_shape and p.dtype, then (with a reduction) one
-/// of the reduction's out_shape. An output may share its buffer
-/// with an input of the same shape (in-place), so read each tile of the inputs before writing it.
-/// Runs on all threads (backend::cpu::parallel_for) for large outputs, one thread for small ones.
-inline void run_fused(const FusedProgram& p, std::span<const Tensor> inputs, std::span<Tensor> outputs) {
+STAGECRAFT_COMPILED_INLINE void run_fused(const FusedProgram& p, std::span<const Tensor> inputs,
+                                          std::span<Tensor> outputs) {
   run(prepare(p), inputs, outputs);
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::graph

@@ -12,8 +12,11 @@
 namespace stagecraft {
 namespace graph::detail_host {
 
-inline void check_outputs(const std::vector<Tensor>& res, const std::vector<TensorSpec>& specs,
-                          const std::source_location& loc) {
+STAGECRAFT_COMPILED_INLINE void check_outputs(const std::vector<Tensor>& res, const std::vector<TensorSpec>& specs,
+                                              const std::source_location& loc);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void check_outputs(const std::vector<Tensor>& res, const std::vector<TensorSpec>& specs,
+                                              const std::source_location& loc) {
   if (res.size() != specs.size())
     stagecraft::detail::fail<ValueError>("host_fn", loc, "the function returned ", res.size(),
                                          " tensors, its output specs promise ", specs.size());
@@ -24,13 +27,21 @@ inline void check_outputs(const std::vector<Tensor>& res, const std::vector<Tens
                                                             : std::string("undefined"),
                                            ", its spec says ", name(specs[k].dtype), specs[k].shape);
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 std::vector<Tensor> call(const std::shared_ptr<const HostFn>& h, const std::vector<Tensor>& inputs,
                          const std::source_location& loc);
 
 /// Records h's gradient (when it has one) for each float output on the tapes watching inputs.
-inline void record_gradient(const std::shared_ptr<const HostFn>& h, const std::vector<Tensor>& inputs,
-                            const std::vector<Tensor>& outs, const std::source_location& loc) {
+STAGECRAFT_COMPILED_INLINE void record_gradient(const std::shared_ptr<const HostFn>& h,
+                                                const std::vector<Tensor>& inputs, const std::vector<Tensor>& outs,
+                                                const std::source_location& loc);
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> call(const std::shared_ptr<const HostFn>& h,
+                                                    const std::vector<Tensor>& inputs, const std::source_location& loc);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void record_gradient(const std::shared_ptr<const HostFn>& h,
+                                                const std::vector<Tensor>& inputs, const std::vector<Tensor>& outs,
+                                                const std::source_location& loc) {
   if (!h->grad || stagecraft::detail::context().tapes == nullptr) return;
   const std::size_t ni = inputs.size(), no = outs.size();
   for (std::size_t k = 0; k < no; ++k) {
@@ -62,8 +73,9 @@ inline void record_gradient(const std::shared_ptr<const HostFn>& h, const std::v
   }
 }
 
-inline std::vector<Tensor> call(const std::shared_ptr<const HostFn>& h, const std::vector<Tensor>& inputs,
-                                const std::source_location& loc) {
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> call(const std::shared_ptr<const HostFn>& h,
+                                                    const std::vector<Tensor>& inputs,
+                                                    const std::source_location& loc) {
   for (const Tensor& t : inputs) stagecraft::detail::require_defined(t, "host_fn", loc);
   bool symbolic = stagecraft::detail::context().trace != nullptr;
   for (const Tensor& t : inputs) symbolic |= t.is_symbolic();
@@ -84,6 +96,7 @@ inline std::vector<Tensor> call(const std::shared_ptr<const HostFn>& h, const st
   record_gradient(h, inputs, outs, loc);
   return outs;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace graph::detail_host
 
@@ -91,10 +104,14 @@ inline std::vector<Tensor> call(const std::shared_ptr<const HostFn>& h, const st
 /// at every call of the plan. `outputs` describes what fn returns (checked at every call).
 /// `grad(inputs, outputs, output_grads)` -> input gradients (undefined: none) makes it
 /// differentiable. A graph holding a host_fn cannot be saved.
-inline std::vector<Tensor> host_fn(std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn,
-                                   std::vector<Tensor> inputs, std::vector<TensorSpec> outputs,
-                                   graph::HostFn::Grad grad = {},
-                                   std::source_location loc = std::source_location::current()) {
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> host_fn(std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn,
+                                                       std::vector<Tensor> inputs, std::vector<TensorSpec> outputs,
+                                                       graph::HostFn::Grad grad = {},
+                                                       std::source_location loc = std::source_location::current());
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> host_fn(std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn,
+                                                       std::vector<Tensor> inputs, std::vector<TensorSpec> outputs,
+                                                       graph::HostFn::Grad grad, std::source_location loc) {
   if (!fn) stagecraft::detail::fail<ValueError>("host_fn", loc, "the function is empty");
   auto h = std::make_shared<graph::HostFn>();
   h->fn = std::move(fn);
@@ -102,11 +119,15 @@ inline std::vector<Tensor> host_fn(std::function<std::vector<Tensor>(const std::
   h->outputs = std::move(outputs);
   return graph::detail_host::call(h, inputs, loc);
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 namespace graph::detail_interp {
-inline std::vector<Tensor> replay_host_fn(const Node& n, const std::vector<Tensor>& ins) {
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_host_fn(const Node& n, const std::vector<Tensor>& ins);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_host_fn(const Node& n, const std::vector<Tensor>& ins) {
   return detail_host::call(n.host, ins, std::source_location::current());
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 }  // namespace graph::detail_interp
 
 }  // namespace stagecraft

@@ -18,7 +18,11 @@ std::vector<Tensor> replay_host_fn(const Node& n, const std::vector<Tensor>& ins
 /// Runs g on args by calling each node's op (or the graph's own node kinds) through the public
 /// API; returns the outputs. Variables are read as the graph says, and assigned unless
 /// `side_effects` is false (a backward pass replaying a forward one).
-inline std::vector<Tensor> interpret(const Graph& g, const std::vector<Tensor>& args, bool side_effects = true) {
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> interpret(const Graph& g, const std::vector<Tensor>& args,
+                                                         bool side_effects = true);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> interpret(const Graph& g, const std::vector<Tensor>& args,
+                                                         bool side_effects) {
   std::vector<Tensor> vals(g.values.size());
   std::vector<Tensor> ins;
   for (const Node& n : g.nodes) {
@@ -46,5 +50,6 @@ inline std::vector<Tensor> interpret(const Graph& g, const std::vector<Tensor>& 
   for (int v : g.outputs) out.push_back(vals[v]);
   return out;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::graph

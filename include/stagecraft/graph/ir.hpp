@@ -40,7 +40,9 @@ enum class NodeKind : std::uint8_t {
 };
 
 /// The printed name of a node kind.
-inline const char* kind_name(NodeKind k) {
+STAGECRAFT_COMPILED_INLINE const char* kind_name(NodeKind k);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE const char* kind_name(NodeKind k) {
   switch (k) {
     case NodeKind::input: return "input";
     case NodeKind::constant: return "const";
@@ -53,6 +55,7 @@ inline const char* kind_name(NodeKind k) {
   }
   return "?";
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// A value of the graph: the output of one node.
 struct Value {
@@ -141,7 +144,12 @@ struct Graph {
 
 namespace detail_ir {
 
-inline std::string attr_text(const ops::Attrs& a) {
+STAGECRAFT_COMPILED_INLINE std::string attr_text(const ops::Attrs& a);
+STAGECRAFT_COMPILED_INLINE std::string type_text(const Value& v);
+STAGECRAFT_COMPILED_INLINE std::string loc_text(const SrcLoc& l);
+STAGECRAFT_COMPILED_INLINE std::string constant_text(const Tensor& t);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::string attr_text(const ops::Attrs& a) {
   // Generic: every field that differs from its default (transformations never name ops).
   const ops::Attrs d{};
   std::ostringstream os;
@@ -173,21 +181,21 @@ inline std::string attr_text(const ops::Attrs& a) {
   return os.str();
 }
 
-inline std::string type_text(const Value& v) {
+STAGECRAFT_COMPILED_INLINE std::string type_text(const Value& v) {
   std::string t = std::string(name(v.dtype)) + v.shape.str();
   // appended, not "@" + str(): GCC 12 at -O3 warns falsely (-Wrestrict) inside that operator+
   if (!v.device.is_cpu()) t.append("@").append(v.device.str());
   return t;
 }
 
-inline std::string loc_text(const SrcLoc& l) {
+STAGECRAFT_COMPILED_INLINE std::string loc_text(const SrcLoc& l) {
   std::string_view f = l.file;
   if (auto p = f.find_last_of("/\\"); p != std::string_view::npos) f.remove_prefix(p + 1);
   if (f.empty()) return {};
   return std::string(f) + ":" + std::to_string(l.line);
 }
 
-inline std::string constant_text(const Tensor& t) {
+STAGECRAFT_COMPILED_INLINE std::string constant_text(const Tensor& t) {
   if (t.numel() != 1) return "<" + std::to_string(t.numel()) + " values>";
   std::ostringstream os;
   os.precision(9);
@@ -199,10 +207,14 @@ inline std::string constant_text(const Tensor& t) {
   });
   return os.str();
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 inline void print_graph(std::ostream& os, const Graph& g, const std::string& indent);
 
-inline void print_node(std::ostream& os, const Graph& g, const Node& n, const std::string& indent) {
+STAGECRAFT_COMPILED_INLINE void print_node(std::ostream& os, const Graph& g, const Node& n, const std::string& indent);
+STAGECRAFT_COMPILED_INLINE void print_graph(std::ostream& os, const Graph& g, const std::string& indent);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void print_node(std::ostream& os, const Graph& g, const Node& n, const std::string& indent) {
   std::ostringstream line;
   line << indent;
   for (std::size_t i = 0; i < n.outputs.size(); ++i) line << (i ? ", " : "") << "%" << n.outputs[i];
@@ -234,7 +246,7 @@ inline void print_node(std::ostream& os, const Graph& g, const Node& n, const st
   for (std::size_t b = 0; b < n.bodies.size(); ++b) print_graph(os, *n.bodies[b], indent + "    ");
 }
 
-inline void print_graph(std::ostream& os, const Graph& g, const std::string& indent) {
+STAGECRAFT_COMPILED_INLINE void print_graph(std::ostream& os, const Graph& g, const std::string& indent) {
   os << indent << "graph " << g.name << "(";
   for (std::size_t i = 0; i < g.inputs.size(); ++i)
     os << (i ? ", " : "") << "%" << g.inputs[i] << ": " << type_text(g.values[g.inputs[i]]);
@@ -245,18 +257,22 @@ inline void print_graph(std::ostream& os, const Graph& g, const std::string& ind
   for (std::size_t i = 0; i < g.outputs.size(); ++i) os << (i ? ", " : "") << "%" << g.outputs[i];
   os << "\n" << indent << "}\n";
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace detail_ir
 
-inline std::string Graph::str() const {
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::string Graph::str() const {
   std::ostringstream os;
   detail_ir::print_graph(os, *this, "");
   return os.str();
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 inline std::ostream& operator<<(std::ostream& os, const Graph& g) { return os << g.str(); }
 
-inline std::string Graph::to_dot() const {
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::string Graph::to_dot() const {
   std::ostringstream os;
   os << "digraph \"" << name << "\" {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n";
   for (std::size_t i = 0; i < nodes.size(); ++i) {
@@ -280,6 +296,7 @@ inline std::string Graph::to_dot() const {
   os << "  out [shape=doublecircle, label=\"return\"];\n}\n";
   return os.str();
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace graph
 }  // namespace stagecraft

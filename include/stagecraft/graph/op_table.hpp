@@ -84,9 +84,12 @@ inline const OpFns& fns(ops::OpId id) { return op_fns[static_cast<std::size_t>(i
 
 /// Calls op `id` through dispatch (eagerly, or appending to the current trace), with the nodes
 /// it makes carrying `loc`.
-inline Tensor call_op(ops::OpId id, ops::Inputs in, const ops::Attrs& attrs, const SrcLoc& loc) {
+STAGECRAFT_COMPILED_INLINE Tensor call_op(ops::OpId id, ops::Inputs in, const ops::Attrs& attrs, const SrcLoc& loc);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Tensor call_op(ops::OpId id, ops::Inputs in, const ops::Attrs& attrs, const SrcLoc& loc) {
   const stagecraft::detail::LocOverride at(loc);
   return fns(id).call(in, attrs, std::source_location::current());
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace graph

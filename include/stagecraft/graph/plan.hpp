@@ -69,7 +69,9 @@ struct Step {
 /// gradient sum(g, {0}) become one step, one cuBLASLt call, where both are f32 matrices on one
 /// device and the later of the two reads nothing made after the earlier (the merged step runs
 /// there). Returns how many pairs were merged.
-inline int merge_bias_grads(const Graph& g, std::vector<Step>& steps) {
+STAGECRAFT_COMPILED_INLINE int merge_bias_grads(const Graph& g, std::vector<Step>& steps);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE int merge_bias_grads(const Graph& g, std::vector<Step>& steps) {
   std::vector<int> made_at(g.values.size(), -1);  // the step that makes each value
   auto index = [&] {
     std::fill(made_at.begin(), made_at.end(), -1);
@@ -114,6 +116,7 @@ inline int merge_bias_grads(const Graph& g, std::vector<Step>& steps) {
   }
   return merged;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace detail_plan
 
@@ -213,7 +216,8 @@ class Plan {
   mutable std::string graph_failure_;  ///< why the capture failed (then never tried again)
 };
 
-inline void Plan::lower(bool fuse) {
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
   const Graph& g = *g_;
   groups_ = fuse ? find_fusion_groups(g) : FusionGroups(g.nodes.size());
   // Assignments of a group's value placed before the group's last node run right after it.
@@ -321,7 +325,7 @@ inline void Plan::lower(bool fuse) {
   on_gpu_ = std::any_of(g_->values.begin(), g_->values.end(), [](const Value& v) { return v.device.is_cuda(); });
 }
 
-inline std::unique_ptr<Plan::RunState> Plan::make_state() const {
+STAGECRAFT_COMPILED_INLINE std::unique_ptr<Plan::RunState> Plan::make_state() const {
   const Graph& g = *g_;
   auto st = std::make_unique<RunState>();
   for (std::size_t b = 0; b < mem_.buffer_bytes.size(); ++b)
@@ -352,10 +356,25 @@ inline std::unique_ptr<Plan::RunState> Plan::make_state() const {
   }
   return st;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 namespace detail_plan {
 /// Throws an error of e's kind with message m.
-[[noreturn]] inline void rethrow_as(const Error& e, const std::string& m) {
+[[noreturn]] STAGECRAFT_COMPILED_INLINE void rethrow_as(const Error& e, const std::string& m);
+
+/// Rethrows a kernel's error (same kind) with the user's line of the node that raised it, when
+/// the message does not name a line yet.
+[[noreturn]] STAGECRAFT_COMPILED_INLINE void rethrow_at(const Error& e, const SrcLoc& loc);
+
+/// Rethrows an error a CUDA hook raised naming `here` (the plan's own line, the hooks take a
+/// std::source_location) without that line, so that rethrow_at names the node's.
+[[noreturn]] STAGECRAFT_COMPILED_INLINE void rethrow_unlocated(const Error& e, const std::source_location& here);
+
+/// A new handle over a run value's current storage (what leaves the plan: results, assigned
+/// variable values, host_fn arguments).
+STAGECRAFT_COMPILED_INLINE Tensor detach(const Tensor& slot);
+#if STAGECRAFT_DEFINE_COMPILED
+[[noreturn]] STAGECRAFT_COMPILED_INLINE void rethrow_as(const Error& e, const std::string& m) {
   if (dynamic_cast<const ShapeError*>(&e)) throw ShapeError(m);
   if (dynamic_cast<const DTypeError*>(&e)) throw DTypeError(m);
   if (dynamic_cast<const DeviceError*>(&e)) throw DeviceError(m);
@@ -365,9 +384,7 @@ namespace detail_plan {
   throw Error(m);
 }
 
-/// Rethrows a kernel's error (same kind) with the user's line of the node that raised it, when
-/// the message does not name a line yet.
-[[noreturn]] inline void rethrow_at(const Error& e, const SrcLoc& loc) {
+[[noreturn]] STAGECRAFT_COMPILED_INLINE void rethrow_at(const Error& e, const SrcLoc& loc) {
   std::string m = e.what();
   const std::string at = detail_ir::loc_text(loc);
   // Already located when it ends in " at file:line".
@@ -378,9 +395,7 @@ namespace detail_plan {
   rethrow_as(e, m);
 }
 
-/// Rethrows an error a CUDA hook raised naming `here` (the plan's own line, the hooks take a
-/// std::source_location) without that line, so that rethrow_at names the node's.
-[[noreturn]] inline void rethrow_unlocated(const Error& e, const std::source_location& here) {
+[[noreturn]] STAGECRAFT_COMPILED_INLINE void rethrow_unlocated(const Error& e, const std::source_location& here) {
   std::string m = e.what();
   const std::string suffix = " at " + stagecraft::detail::where(here);
   if (m.size() >= suffix.size() && m.compare(m.size() - suffix.size(), suffix.size(), suffix) == 0)
@@ -388,9 +403,7 @@ namespace detail_plan {
   rethrow_as(e, m);
 }
 
-/// A new handle over a run value's current storage (what leaves the plan: results, assigned
-/// variable values, host_fn arguments).
-inline Tensor detach(const Tensor& slot) {
+STAGECRAFT_COMPILED_INLINE Tensor detach(const Tensor& slot) {
   auto* impl = new stagecraft::detail::TensorImpl();
   impl->shape = slot.shape();
   impl->dtype = slot.dtype();
@@ -398,14 +411,19 @@ inline Tensor detach(const Tensor& slot) {
   impl->storage = slot.impl()->storage;
   return Tensor(stagecraft::detail::Ref<stagecraft::detail::TensorImpl>::adopt(impl));
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 inline void rebind(const Tensor& slot, const Tensor& src) { slot.impl()->storage = src.impl()->storage; }
 /// A new tensor of slot's shape, dtype and device with storage of its own (contents unset).
-inline Tensor new_like(const Tensor& slot) {
+STAGECRAFT_COMPILED_INLINE Tensor new_like(const Tensor& slot);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Tensor new_like(const Tensor& slot) {
   return stagecraft::detail::empty_tensor(slot.shape(), slot.dtype(), slot.device(), "cuda graph");
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 }  // namespace detail_plan
 
-inline std::vector<Tensor> Plan::run(std::span<const Tensor> args) const {
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> Plan::run(std::span<const Tensor> args) const {
   if (SC_UNLIKELY(graph_device_ >= 0) && graph_obstacle_.empty() && cuda::graphs_enabled())
     if (auto out = run_graph(args)) return std::move(*out);
   std::unique_ptr<RunState> st;
@@ -437,7 +455,7 @@ inline std::vector<Tensor> Plan::run(std::span<const Tensor> args) const {
   return out;
 }
 
-inline void Plan::run_steps(RunState& st, std::span<const Tensor> args) const {
+STAGECRAFT_COMPILED_INLINE void Plan::run_steps(RunState& st, std::span<const Tensor> args) const {
   const Graph& g = *g_;
   for (std::size_t i = 0; i < g.inputs.size(); ++i) detail_plan::rebind(st.vals[g.inputs[i]], args[i]);
   for (std::size_t i = 0; i < steps_.size(); ++i) {
@@ -449,24 +467,33 @@ inline void Plan::run_steps(RunState& st, std::span<const Tensor> args) const {
   }
 }
 
-inline void Plan::release(RunState& st) const {
+STAGECRAFT_COMPILED_INLINE void Plan::release(RunState& st) const {
   // Drop what the plan does not own, so it keeps no user tensor or old variable value alive.
   for (std::size_t v = 0; v < st.vals.size(); ++v)
     if (mem_.buffer_of[v] < 0 && g_->nodes[g_->values[v].node].kind != NodeKind::constant)
       st.vals[v].impl()->storage = {};
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 namespace detail_plan {
 /// A cond node's inputs after the predicate: then-branch captures (attrs.i0 of them), then
 /// else-branch captures; branch b's arguments.
-inline std::vector<Tensor> select_branch_args(const std::vector<Tensor>& args, const Node& n, int b) {
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> select_branch_args(const std::vector<Tensor>& args, const Node& n,
+                                                                  int b);
+
+/// Runs a while node: loop variables, then cond captures (attrs.i0), then body captures.
+STAGECRAFT_COMPILED_INLINE std::int64_t run_while(const Plan& cond, const Plan& body, const Node& n,
+                                                  std::vector<Tensor>& vars, const std::vector<Tensor>& caps);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> select_branch_args(const std::vector<Tensor>& args, const Node& n,
+                                                                  int b) {
   const auto k = static_cast<std::ptrdiff_t>(n.attrs.i0);
   if (b == 0) return {args.begin(), args.begin() + k};
   return {args.begin() + k, args.end()};
 }
-/// Runs a while node: loop variables, then cond captures (attrs.i0), then body captures.
-inline std::int64_t run_while(const Plan& cond, const Plan& body, const Node& n, std::vector<Tensor>& vars,
-                              const std::vector<Tensor>& caps) {
+
+STAGECRAFT_COMPILED_INLINE std::int64_t run_while(const Plan& cond, const Plan& body, const Node& n,
+                                                  std::vector<Tensor>& vars, const std::vector<Tensor>& caps) {
   const auto k = static_cast<std::ptrdiff_t>(n.attrs.i0);
   std::vector<Tensor> args;
   std::int64_t count = 0;
@@ -480,9 +507,11 @@ inline std::int64_t run_while(const Plan& cond, const Plan& body, const Node& n,
   }
   return count;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 }  // namespace detail_plan
 
-inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
   const Graph& g = *g_;
   const Node& n = g.nodes[s.node];
   auto fresh = [&](int v) {
@@ -609,6 +638,7 @@ inline void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
     }
   }
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::graph
 

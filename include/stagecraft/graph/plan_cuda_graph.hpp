@@ -40,7 +40,8 @@ struct Plan::GraphRun {
   }
 };
 
-inline std::string Plan::find_graph_obstacle(int& device) const {
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::string Plan::find_graph_obstacle(int& device) const {
   device = -1;
   const Graph& g = *g_;
   if (std::none_of(g.values.begin(), g.values.end(), [](const Value& v) { return v.device.is_cuda(); }))
@@ -94,7 +95,7 @@ inline std::string Plan::find_graph_obstacle(int& device) const {
   return "";
 }
 
-inline std::string Plan::body_obstacle(int device) const {
+STAGECRAFT_COMPILED_INLINE std::string Plan::body_obstacle(int device) const {
   // A body that launches nothing (it passes values through) is recorded as its copies.
   if (!graph_obstacle_.empty() && graph_obstacle_ != "it launches no kernel") return graph_obstacle_;
   if (graph_device_ != device) return "it runs on " + (graph_device_ < 0 ? std::string("no device") : Device::cuda(graph_device_).str());
@@ -105,7 +106,7 @@ inline std::string Plan::body_obstacle(int device) const {
   return "";
 }
 
-inline void Plan::variable_reads(std::vector<Read>& out, bool own) const {
+STAGECRAFT_COMPILED_INLINE void Plan::variable_reads(std::vector<Read>& out, bool own) const {
   for (const Step& s : steps_) {
     if (own && s.kind == StepKind::read_var) out.push_back({&g_->nodes[s.node], &g_->values[s.out[0]]});
     if (s.kind == StepKind::cond || s.kind == StepKind::while_loop)
@@ -113,7 +114,7 @@ inline void Plan::variable_reads(std::vector<Read>& out, bool own) const {
   }
 }
 
-inline std::string Plan::cuda_graph_status() const {
+STAGECRAFT_COMPILED_INLINE std::string Plan::cuda_graph_status() const {
   if (!on_gpu_) return "";  // nothing to say
   if (!graph_obstacle_.empty()) return "no (" + graph_obstacle_ + ")";
   std::lock_guard<std::mutex> lock(graph_mu_);
@@ -121,10 +122,13 @@ inline std::string Plan::cuda_graph_status() const {
   if (graph_) return "replaying (" + std::to_string(graph_launches_) + " launches)";
   return cuda::graphs_enabled() ? "not captured yet" : "off (cuda::set_graphs(true) turns it on)";
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 namespace detail_plan {
 /// v may stand for the value `want` of read_var node n.
-inline void check_read(const Node& n, const Value& want, const Tensor& v) {
+STAGECRAFT_COMPILED_INLINE void check_read(const Node& n, const Value& want, const Tensor& v);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void check_read(const Node& n, const Value& want, const Tensor& v) {
   if (SC_UNLIKELY(v.shape() != want.shape || v.dtype() != want.dtype))
     stagecraft::detail::fail_at<StagingError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name,
                                               "' changed shape or dtype since it was traced");
@@ -132,9 +136,11 @@ inline void check_read(const Node& n, const Value& want, const Tensor& v) {
     stagecraft::detail::fail_at<DeviceError>("read_var", n.loc.file, n.loc.line, "variable '", n.var->name, "' moved to ",
                                              v.device().str(), " since it was traced on ", want.device.str());
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 }  // namespace detail_plan
 
-inline std::optional<std::vector<Tensor>> Plan::run_graph(std::span<const Tensor> args) const {
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::optional<std::vector<Tensor>> Plan::run_graph(std::span<const Tensor> args) const {
 #if defined(STAGECRAFT_WITH_CUDA)
   for (const Tensor& a : args)  // a call with an argument elsewhere runs kernel by kernel
     if (a.device() != Device::cuda(graph_device_)) return std::nullopt;
@@ -160,6 +166,7 @@ inline std::optional<std::vector<Tensor>> Plan::run_graph(std::span<const Tensor
   return std::nullopt;
 #endif
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 
 /// One call's copies (this call's arguments and variable values in, new result tensors out).
@@ -169,7 +176,8 @@ struct Plan::GraphCall {
   std::vector<Tensor> fresh;  ///< by value: the new tensor of each value copied out
 };
 
-inline Plan::GraphCall Plan::graph_call(GraphRun& gr, std::span<const Tensor> args) const {
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Plan::GraphCall Plan::graph_call(GraphRun& gr, std::span<const Tensor> args) const {
   const Graph& g = *g_;
   const RunState& st = *gr.st;
   GraphCall c;
@@ -192,7 +200,7 @@ inline Plan::GraphCall Plan::graph_call(GraphRun& gr, std::span<const Tensor> ar
   return c;
 }
 
-inline std::shared_ptr<Plan::GraphRun> Plan::capture(std::span<const Tensor> args) const {
+STAGECRAFT_COMPILED_INLINE std::shared_ptr<Plan::GraphRun> Plan::capture(std::span<const Tensor> args) const {
   auto gr = std::make_shared<GraphRun>();
 #if defined(STAGECRAFT_WITH_CUDA)
   const Graph& g = *g_;
@@ -254,7 +262,7 @@ inline std::shared_ptr<Plan::GraphRun> Plan::capture(std::span<const Tensor> arg
   return gr;
 }
 
-inline void Plan::fix_storage(RunState& st, Device dev, bool inputs) const {
+STAGECRAFT_COMPILED_INLINE void Plan::fix_storage(RunState& st, Device dev, bool inputs) const {
   const Graph& g = *g_;
   std::vector<char> skip(g.values.size(), 0);
   for (const Step& s : steps_)
@@ -268,7 +276,8 @@ inline void Plan::fix_storage(RunState& st, Device dev, bool inputs) const {
   }
 }
 
-inline std::unique_ptr<Plan::RunState> Plan::capture_body(std::span<const Tensor> args, const RunState& parent) const {
+STAGECRAFT_COMPILED_INLINE std::unique_ptr<Plan::RunState> Plan::capture_body(std::span<const Tensor> args,
+                                                                              const RunState& parent) const {
   auto st = make_state();
   st->capture = true;
   st->reads = parent.reads;
@@ -283,7 +292,7 @@ inline std::unique_ptr<Plan::RunState> Plan::capture_body(std::span<const Tensor
 // then on: its condition's steps are recorded before the node (on the initial values), and the
 // body holds the body's steps, copies of its results back into the outputs, then the condition's
 // steps again, whose result sets the node's condition for the next round (and counts the round).
-inline void Plan::capture_control(const Step& s, RunState& st) const {
+STAGECRAFT_COMPILED_INLINE void Plan::capture_control(const Step& s, RunState& st) const {
 #if defined(STAGECRAFT_WITH_CUDA)
   const Graph& g = *g_;
   const Node& n = g.nodes[s.node];
@@ -367,7 +376,7 @@ inline void Plan::capture_control(const Step& s, RunState& st) const {
 #endif
 }
 
-inline std::vector<Tensor> Plan::launch(GraphRun& gr, std::span<const Tensor> args) const {
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> Plan::launch(GraphRun& gr, std::span<const Tensor> args) const {
   const Graph& g = *g_;
   std::vector<Tensor> out;
 #if defined(STAGECRAFT_WITH_CUDA)
@@ -394,5 +403,6 @@ inline std::vector<Tensor> Plan::launch(GraphRun& gr, std::span<const Tensor> ar
 #endif
   return out;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::graph

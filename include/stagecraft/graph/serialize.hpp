@@ -48,7 +48,9 @@ namespace graph::detail_ser {
 inline constexpr int max_depth = 64;  // nesting of bodies; bounds the reader's recursion
 
 /// A quoted string: printable ASCII as is, `"` and `\` escaped, every other byte as \xHH.
-inline std::string quote(std::string_view s) {
+STAGECRAFT_COMPILED_INLINE std::string quote(std::string_view s);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::string quote(std::string_view s) {
   static constexpr char hex[] = "0123456789abcdef";
   std::string out = "\"";
   for (char ch : s) {
@@ -59,6 +61,7 @@ inline std::string quote(std::string_view s) {
   }
   return out + "\"";
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 template <class Ints>
 std::string list(const Ints& xs) {
@@ -67,14 +70,18 @@ std::string list(const Ints& xs) {
   return s + "]";
 }
 
-inline std::string number(double x) {
+STAGECRAFT_COMPILED_INLINE std::string number(double x);
+
+/// Every Attrs field that differs from its default (doubles compared bitwise: -0.0 survives).
+STAGECRAFT_COMPILED_INLINE std::string attrs_text(const ops::Attrs& a);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::string number(double x) {
   char buf[64];
   const auto r = std::to_chars(buf, buf + sizeof buf, x);  // shortest text that reads back exactly
   return std::string(buf, r.ptr);
 }
 
-/// Every Attrs field that differs from its default (doubles compared bitwise: -0.0 survives).
-inline std::string attrs_text(const ops::Attrs& a) {
+STAGECRAFT_COMPILED_INLINE std::string attrs_text(const ops::Attrs& a) {
   const ops::Attrs d{};
   std::string s;
   const auto differs = [](double x, double y) { return std::bit_cast<std::uint64_t>(x) != std::bit_cast<std::uint64_t>(y); };
@@ -90,6 +97,7 @@ inline std::string attrs_text(const ops::Attrs& a) {
   if (a.flag != d.flag) s += " flag=1";
   return s;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// Writes a graph's text and collects the tensors it names (constants, variable values).
 class Writer {
@@ -525,8 +533,11 @@ class Reader {
 };
 
 /// The graph text of a file's metadata, once its format and version are checked.
-inline const std::string& graph_text(const std::map<std::string, std::string>& metadata, const std::string& path,
-                                     const std::source_location& loc) {
+STAGECRAFT_COMPILED_INLINE const std::string& graph_text(const std::map<std::string, std::string>& metadata,
+                                                         const std::string& path, const std::source_location& loc);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE const std::string& graph_text(const std::map<std::string, std::string>& metadata,
+                                                         const std::string& path, const std::source_location& loc) {
   const auto fail = [&](const auto&... parts) {
     stagecraft::detail::fail<IOError>("load_function", loc, "'", path, "' ", parts...);
   };
@@ -540,14 +551,25 @@ inline const std::string& graph_text(const std::map<std::string, std::string>& m
   if (text == metadata.end()) fail("is corrupt: its metadata has no \"graph\"");
   return text->second;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace graph::detail_ser
 
+/// Reads a function written by ConcreteFunction::save; it runs without the code that made it and
+/// owns fresh copies of the saved variables (see function_variables). A missing, truncated,
+/// corrupt, wrong-format or wrong-version file is an IOError naming the file and what is wrong.
+STAGECRAFT_COMPILED_INLINE ConcreteFunction load_function(const std::string& path,
+                                                          std::source_location loc = std::source_location::current());
+
+/// The variables a concrete function reads or assigns (a loaded function's own copies), in
+/// order of first use, bodies included.
+STAGECRAFT_COMPILED_INLINE std::vector<Variable> function_variables(const ConcreteFunction& cf);
+#if STAGECRAFT_DEFINE_COMPILED
 /// Writes the optimized graph, its constants and the current values of the variables it reads
 /// to one safetensors file (metadata: format "stagecraft.function", version, the graph text).
 /// Atomic: a failed save leaves an existing file untouched. A graph holding a host_fn cannot
 /// be saved (StagingError naming the node's line).
-inline void ConcreteFunction::save(const std::string& path, std::source_location loc) const {
+STAGECRAFT_COMPILED_INLINE void ConcreteFunction::save(const std::string& path, std::source_location loc) const {
   if (!impl_) stagecraft::detail::fail<ValueError>("save", loc, "the ConcreteFunction is empty (default-constructed)");
   graph::detail_ser::Writer w(loc);
   const std::string text = w.text(graph());
@@ -557,10 +579,7 @@ inline void ConcreteFunction::save(const std::string& path, std::source_location
   stagecraft::detail::safetensors::save(path, w.tensors, metadata, "save", loc);
 }
 
-/// Reads a function written by ConcreteFunction::save; it runs without the code that made it and
-/// owns fresh copies of the saved variables (see function_variables). A missing, truncated,
-/// corrupt, wrong-format or wrong-version file is an IOError naming the file and what is wrong.
-inline ConcreteFunction load_function(const std::string& path, std::source_location loc = std::source_location::current()) {
+STAGECRAFT_COMPILED_INLINE ConcreteFunction load_function(const std::string& path, std::source_location loc) {
   SafetensorsFile f = stagecraft::detail::safetensors::load(path, "load_function", loc);
   const std::string& text = graph::detail_ser::graph_text(f.metadata, path, loc);
   graph::detail_ser::Reader reader(text, path, f.tensors, loc);
@@ -577,9 +596,7 @@ inline ConcreteFunction load_function(const std::string& path, std::source_locat
   }
 }
 
-/// The variables a concrete function reads or assigns (a loaded function's own copies), in
-/// order of first use, bodies included.
-inline std::vector<Variable> function_variables(const ConcreteFunction& cf) {
+STAGECRAFT_COMPILED_INLINE std::vector<Variable> function_variables(const ConcreteFunction& cf) {
   std::vector<Variable> out;
   std::set<const void*> seen;
   const auto walk = [&](const auto& self, const graph::Graph& g) -> void {
@@ -591,5 +608,6 @@ inline std::vector<Variable> function_variables(const ConcreteFunction& cf) {
   if (cf.defined()) walk(walk, cf.graph());
   return out;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft

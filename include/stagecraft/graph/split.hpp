@@ -22,27 +22,34 @@ struct SplitGraphs {
 namespace detail_split {
 
 /// Appends node n to out with its inputs renumbered by new_id (which gains its outputs).
-inline void copy_node(Graph& out, const Graph& g, const Node& n, std::vector<int>& new_id) {
+STAGECRAFT_COMPILED_INLINE void copy_node(Graph& out, const Graph& g, const Node& n, std::vector<int>& new_id);
+
+/// Appends an input node (argument `index`) of value v's type; returns its value.
+STAGECRAFT_COMPILED_INLINE int add_input(Graph& out, const Value& v, int index);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void copy_node(Graph& out, const Graph& g, const Node& n, std::vector<int>& new_id) {
   Node m = n;
   for (int& v : m.inputs) v = new_id[v];
   append_node(out, g, std::move(m), new_id);
 }
 
-/// Appends an input node (argument `index`) of value v's type; returns its value.
-inline int add_input(Graph& out, const Value& v, int index) {
+STAGECRAFT_COMPILED_INLINE int add_input(Graph& out, const Value& v, int index) {
   Node n;
   n.kind = NodeKind::input;
   n.index = index;
   const int id = out.add_node(std::move(n), {TensorSpec{v.shape, v.dtype}}, v.device);
   return out.nodes[id].outputs[0];
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace detail_split
 
 /// Splits c, whose inputs are num_args arguments then the seeds and whose outputs are num_outs
 /// results then the gradients. Throws sc::Error when an assignment depends on a seed (the
 /// backward half may run any number of times).
-inline SplitGraphs split_forward_backward(const Graph& c, int num_args, int num_outs) {
+STAGECRAFT_COMPILED_INLINE SplitGraphs split_forward_backward(const Graph& c, int num_args, int num_outs);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE SplitGraphs split_forward_backward(const Graph& c, int num_args, int num_outs) {
   namespace s = detail_split;
   const std::size_t nv = c.values.size();
   std::vector<char> dep(nv, 0);  // depends on a seed
@@ -112,5 +119,6 @@ inline SplitGraphs split_forward_backward(const Graph& c, int num_args, int num_
   }
   return r;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::graph

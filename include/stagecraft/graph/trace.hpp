@@ -14,10 +14,13 @@ namespace stagecraft {
 namespace graph {
 
 /// A new trace serial (never 0, never reused).
-inline std::uint64_t next_trace_serial() {
+STAGECRAFT_COMPILED_INLINE std::uint64_t next_trace_serial();
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::uint64_t next_trace_serial() {
   static std::atomic<std::uint64_t> n{0};
   return ++n;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// Builds a Graph from the op calls made while it is the thread's innermost trace.
 class GraphBuilder final : public stagecraft::detail::TraceState {

@@ -12,14 +12,30 @@ namespace stagecraft::graph {
 
 /// True for nodes a pass may never remove or merge: they act on the world (variables, host
 /// code) or run bodies that may. A dead read_var is not one of them: reading has no effect.
-inline bool is_side_effect(const Node& n) {
+STAGECRAFT_COMPILED_INLINE bool is_side_effect(const Node& n);
+
+/// The value v stands for after the replacements (replace[v] < 0 or == v: itself); chains
+/// are followed (replace[a] = b, replace[b] = c: a stands for c).
+STAGECRAFT_COMPILED_INLINE int resolve_value(const std::vector<int>& replace, int v);
+
+/// Appends node n of graph g to out: n's inputs must already be out's values; its outputs get new
+/// values of the same types and devices, recorded in new_id (indexed by g's values).
+STAGECRAFT_COMPILED_INLINE void append_node(Graph& out, const Graph& g, Node n, std::vector<int>& new_id);
+
+/// A new graph holding the nodes i with keep[i] != 0 (input nodes always: they are the
+/// arguments), in program order, with values renumbered densely. Every use of a value v (node
+/// inputs, graph outputs) reads resolve_value(replace, v) instead; replace may be empty or
+/// shorter than the value list. Name, inputs (by position), outputs and strings are kept;
+/// bodies are shared, not copied. Throws sc::Error when a kept use reads a removed node.
+STAGECRAFT_COMPILED_INLINE Graph compact(const Graph& g, const std::vector<char>& keep,
+                                         const std::vector<int>& replace = {});
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE bool is_side_effect(const Node& n) {
   return n.kind == NodeKind::assign_var || n.kind == NodeKind::host_fn || n.kind == NodeKind::cond ||
          n.kind == NodeKind::while_loop;
 }
 
-/// The value v stands for after the replacements (replace[v] < 0 or == v: itself); chains
-/// are followed (replace[a] = b, replace[b] = c: a stands for c).
-inline int resolve_value(const std::vector<int>& replace, int v) {
+STAGECRAFT_COMPILED_INLINE int resolve_value(const std::vector<int>& replace, int v) {
   for (std::size_t steps = 0; v >= 0 && static_cast<std::size_t>(v) < replace.size(); ++steps) {
     const int r = replace[v];
     if (r < 0 || r == v) break;
@@ -30,9 +46,7 @@ inline int resolve_value(const std::vector<int>& replace, int v) {
   return v;
 }
 
-/// Appends node n of graph g to out: n's inputs must already be out's values; its outputs get new
-/// values of the same types and devices, recorded in new_id (indexed by g's values).
-inline void append_node(Graph& out, const Graph& g, Node n, std::vector<int>& new_id) {
+STAGECRAFT_COMPILED_INLINE void append_node(Graph& out, const Graph& g, Node n, std::vector<int>& new_id) {
   const std::vector<int> old_outputs = std::move(n.outputs);
   n.outputs.clear();
   std::vector<TensorSpec> specs;
@@ -46,12 +60,8 @@ inline void append_node(Graph& out, const Graph& g, Node n, std::vector<int>& ne
   }
 }
 
-/// A new graph holding the nodes i with keep[i] != 0 (input nodes always: they are the
-/// arguments), in program order, with values renumbered densely. Every use of a value v (node
-/// inputs, graph outputs) reads resolve_value(replace, v) instead; replace may be empty or
-/// shorter than the value list. Name, inputs (by position), outputs and strings are kept;
-/// bodies are shared, not copied. Throws sc::Error when a kept use reads a removed node.
-inline Graph compact(const Graph& g, const std::vector<char>& keep, const std::vector<int>& replace = {}) {
+STAGECRAFT_COMPILED_INLINE Graph compact(const Graph& g, const std::vector<char>& keep,
+                                         const std::vector<int>& replace) {
   Graph out;
   out.name = g.name;
   out.strings = g.strings;
@@ -78,6 +88,7 @@ inline Graph compact(const Graph& g, const std::vector<char>& keep, const std::v
   for (int v : g.outputs) out.outputs.push_back(use(v, nullptr));
   return out;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// g with `pass` applied to the bodies of its cond and while nodes (each body replaced by the
 /// pass's result: the bodies the caller's graph shares are never modified).

@@ -23,29 +23,37 @@ namespace detail_cse {
 
 /// Attrs equality in which a scalar is compared by its bits (0.0 and -0.0 differ; NaN never
 /// matches through operator==, so such nodes are simply kept apart).
-inline bool same_attrs(const ops::Attrs& a, const ops::Attrs& b) {
+STAGECRAFT_COMPILED_INLINE bool same_attrs(const ops::Attrs& a, const ops::Attrs& b);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE bool same_attrs(const ops::Attrs& a, const ops::Attrs& b) {
   return a == b && std::bit_cast<std::uint64_t>(a.scalar) == std::bit_cast<std::uint64_t>(b.scalar) &&
          std::bit_cast<std::uint64_t>(a.scalar2) == std::bit_cast<std::uint64_t>(b.scalar2);
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// Folds v into the hash h (boost::hash_combine's mixing).
 inline void mix(std::size_t& h, std::size_t v) { h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2); }
 
 /// h with a shape's rank and extents mixed in.
-inline std::size_t hash_shape(std::size_t h, const Shape& s) {
+STAGECRAFT_COMPILED_INLINE std::size_t hash_shape(std::size_t h, const Shape& s);
+
+/// True when two constants hold the same elements (see cse_max_compared_elements).
+STAGECRAFT_COMPILED_INLINE bool same_constant(const Tensor& a, const Tensor& b);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::size_t hash_shape(std::size_t h, const Shape& s) {
   mix(h, static_cast<std::size_t>(s.rank()));
   for (std::int64_t d : s) mix(h, static_cast<std::size_t>(d));
   return h;
 }
 
-/// True when two constants hold the same elements (see cse_max_compared_elements).
-inline bool same_constant(const Tensor& a, const Tensor& b) {
+STAGECRAFT_COMPILED_INLINE bool same_constant(const Tensor& a, const Tensor& b) {
   if (a.same(b)) return true;
   if (a.dtype() != b.dtype() || a.shape() != b.shape() || a.device() != b.device()) return false;
   if (a.shares_storage_with(b)) return true;  // tensors are contiguous views from the start of storage
   if (a.numel() > cse_max_compared_elements || !a.device().is_cpu()) return false;
   return a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// What a body may change: the variables it assigns, or everything (it calls host code).
 struct Effects {
@@ -54,7 +62,16 @@ struct Effects {
 };
 
 /// Adds what g and its nested bodies may change to e.
-inline void collect_effects(const Graph& g, Effects& e) {
+STAGECRAFT_COMPILED_INLINE void collect_effects(const Graph& g, Effects& e);
+
+/// The key an op or constant node is bucketed under (equal nodes share it).
+STAGECRAFT_COMPILED_INLINE std::size_t node_key(const Node& n, const std::vector<int>& replace);
+
+/// True when node b computes what node a computes (both op or both constant nodes).
+STAGECRAFT_COMPILED_INLINE bool same_node(const Graph& g, const Node& a, const Node& b,
+                                          const std::vector<int>& replace);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void collect_effects(const Graph& g, Effects& e) {
   for (const Node& n : g.nodes) {
     if (n.kind == NodeKind::assign_var) e.vars.insert(n.var.get());
     if (n.kind == NodeKind::host_fn) e.host = true;
@@ -63,8 +80,7 @@ inline void collect_effects(const Graph& g, Effects& e) {
   }
 }
 
-/// The key an op or constant node is bucketed under (equal nodes share it).
-inline std::size_t node_key(const Node& n, const std::vector<int>& replace) {
+STAGECRAFT_COMPILED_INLINE std::size_t node_key(const Node& n, const std::vector<int>& replace) {
   std::size_t h = static_cast<std::size_t>(n.kind);
   if (n.kind == NodeKind::op) {
     mix(h, static_cast<std::size_t>(n.op));
@@ -81,8 +97,8 @@ inline std::size_t node_key(const Node& n, const std::vector<int>& replace) {
   return h;  // devices are compared by same_node
 }
 
-/// True when node b computes what node a computes (both op or both constant nodes).
-inline bool same_node(const Graph& g, const Node& a, const Node& b, const std::vector<int>& replace) {
+STAGECRAFT_COMPILED_INLINE bool same_node(const Graph& g, const Node& a, const Node& b,
+                                          const std::vector<int>& replace) {
   if (a.kind != b.kind || a.outputs.size() != b.outputs.size()) return false;
   for (std::size_t k = 0; k < a.outputs.size(); ++k) {
     const Value& x = g.values[a.outputs[k]];
@@ -95,6 +111,7 @@ inline bool same_node(const Graph& g, const Node& a, const Node& b, const std::v
     if (resolve_value(replace, a.inputs[k]) != resolve_value(replace, b.inputs[k])) return false;
   return true;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace detail_cse
 
@@ -108,7 +125,9 @@ inline bool same_node(const Graph& g, const Node& a, const Node& b, const std::v
 ///  - read_var nodes of one variable are one while no assign_var of it, no cond/while body
 ///    assigning it and no host_fn (which may run any code) comes between them.
 /// Side-effect nodes are never merged. Bodies of cond/while nodes are processed on their own.
-inline Graph cse(const Graph& g) {
+STAGECRAFT_COMPILED_INLINE Graph cse(const Graph& g);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Graph cse(const Graph& g) {
   std::vector<char> keep(g.nodes.size(), 1);
   std::vector<int> replace(g.values.size(), -1);
   std::unordered_map<std::size_t, std::vector<int>> buckets;
@@ -155,5 +174,6 @@ inline Graph cse(const Graph& g) {
   }
   return with_bodies(compact(g, keep, replace), [](const Graph& b) { return cse(b); });
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::graph

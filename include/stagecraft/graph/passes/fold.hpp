@@ -40,7 +40,9 @@ class EagerScope {
 inline std::int64_t bytes_of(const Value& v) { return v.shape.numel() * static_cast<std::int64_t>(itemsize(v.dtype)); }
 
 /// True when op node n of g reads only CPU constants and its result is small enough to keep.
-inline bool foldable(const Graph& g, const Node& n) {
+STAGECRAFT_COMPILED_INLINE bool foldable(const Graph& g, const Node& n);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE bool foldable(const Graph& g, const Node& n) {
   if (n.kind != NodeKind::op || n.outputs.size() != 1) return false;
   const Value& out = g.values[n.outputs[0]];
   if (!out.device.is_cpu() || out.shape.numel() > fold_max_elements) return false;
@@ -52,6 +54,7 @@ inline bool foldable(const Graph& g, const Node& n) {
   }
   return out.shape.numel() <= fold_small_elements || bytes_of(out) <= in_bytes;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace detail_fold
 
@@ -60,7 +63,9 @@ inline bool foldable(const Graph& g, const Node& n) {
 /// same value id and source line; nodes reading it see a constant and may fold in turn. The
 /// constants it read are left for dce. A call that throws (say, an index out of range) is left
 /// as an op, so the error is raised when the graph runs, at the user's line.
-inline Graph fold(const Graph& g) {
+STAGECRAFT_COMPILED_INLINE Graph fold(const Graph& g);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Graph fold(const Graph& g) {
   Graph r = g;
   {
     const detail_fold::EagerScope eager;
@@ -88,5 +93,6 @@ inline Graph fold(const Graph& g) {
   }
   return with_bodies(std::move(r), [](const Graph& b) { return fold(b); });
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::graph

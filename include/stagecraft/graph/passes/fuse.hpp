@@ -38,30 +38,67 @@ struct FusionGroups {
 /// Outputs with fewer elements than this are not fused: below it the tile evaluator's set-up
 /// costs more than the memory passes fusion saves (an LSTM cell at batch 1: 388 µs fused, 300 µs
 /// unfused; bench_staged). Adjustable for experiments and tests.
-inline std::int64_t& fusion_min_elements() {
+STAGECRAFT_COMPILED_INLINE std::int64_t& fusion_min_elements();
+
+/// Whether traced functions on a GPU fuse elementwise groups into generated kernels (NVRTC); on
+/// by default in CUDA builds. Off, each op runs as its own eager kernel (for comparisons).
+STAGECRAFT_COMPILED_INLINE bool& cuda_fusion();
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::int64_t& fusion_min_elements() {
   static std::int64_t n = 1024;
   return n;
 }
 
-/// Whether traced functions on a GPU fuse elementwise groups into generated kernels (NVRTC); on
-/// by default in CUDA builds. Off, each op runs as its own eager kernel (for comparisons).
-inline bool& cuda_fusion() {
+STAGECRAFT_COMPILED_INLINE bool& cuda_fusion() {
   static bool on = cuda::built;
   return on;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 namespace detail_fuse {
 
 /// Nodes that read each value (in program order).
-inline std::vector<std::vector<int>> users_of(const Graph& g) {
+STAGECRAFT_COMPILED_INLINE std::vector<std::vector<int>> users_of(const Graph& g);
+
+/// True when node n can be an instruction of a program over its output dtype.
+STAGECRAFT_COMPILED_INLINE bool candidate(const Graph& g, const Node& n);
+
+/// True when node u (placed before i) is an assignment that can run after node i instead: no
+/// node in between reads that variable or has effects of its own. The plan then runs it right
+/// after the group (so an optimizer's whole update of one variable is one group).
+STAGECRAFT_COMPILED_INLINE bool deferrable(const Graph& g, int u, int i);
+
+/// True when every reader of the values `vals` placed before node `at` is a node of the group
+/// `grp` (by `tentative`) or an assignment that can be deferred until after `at`.
+STAGECRAFT_COMPILED_INLINE bool readers_ok(const Graph& g, const std::vector<std::vector<int>>& users,
+                                           const std::vector<int>& tentative, const std::vector<int>& vals, int grp,
+                                           int at);
+
+/// The trailing element count a reduction node reduces (its axes a suffix of its input's), or 0.
+STAGECRAFT_COMPILED_INLINE std::int64_t trailing_inner(const Graph& g, const Node& r);
+
+/// True when node n is a sum/max/min that can consume a group's value: the CPU evaluator's tiles
+/// or, on a GPU, the generated kernel's rows (sc_fused_r) reduce it as it is computed.
+STAGECRAFT_COMPILED_INLINE bool reduction_candidate(const Graph& g, const Node& n);
+
+/// True when node p is a matmul that can head a group of shape `shape` and dtype d.
+STAGECRAFT_COMPILED_INLINE bool head_candidate(const Graph& g, const Node& p, const Shape& shape, DType d);
+
+/// The matmul whose result a GPU group `ms` can take as a cuBLASLt epilogue, or -1: the group is
+/// `result + bias` or `relu(result + bias)` (the sum read by nothing else), over f32 on one GPU,
+/// with result = a [M, K] x b [K, N] (transpose flags allowed, no batch) read by nothing else and
+/// bias of shape [N] or [1, N]. The product and the group are then one cuBLASLt call.
+STAGECRAFT_COMPILED_INLINE int gpu_epilogue_head(const Graph& g, const std::vector<std::vector<int>>& users,
+                                                 const std::vector<int>& ms);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::vector<std::vector<int>> users_of(const Graph& g) {
   std::vector<std::vector<int>> users(g.values.size());
   for (std::size_t i = 0; i < g.nodes.size(); ++i)
     for (int v : g.nodes[i].inputs) users[v].push_back(static_cast<int>(i));
   return users;
 }
 
-/// True when node n can be an instruction of a program over its output dtype.
-inline bool candidate(const Graph& g, const Node& n) {
+STAGECRAFT_COMPILED_INLINE bool candidate(const Graph& g, const Node& n) {
   if (n.kind != NodeKind::op || n.outputs.size() != 1) return false;
   const OpFns& f = fns(n.op);
   if (!f.elementwise_unary && !f.elementwise_binary) return false;
@@ -77,10 +114,7 @@ inline bool candidate(const Graph& g, const Node& n) {
   return true;
 }
 
-/// True when node u (placed before i) is an assignment that can run after node i instead: no
-/// node in between reads that variable or has effects of its own. The plan then runs it right
-/// after the group (so an optimizer's whole update of one variable is one group).
-inline bool deferrable(const Graph& g, int u, int i) {
+STAGECRAFT_COMPILED_INLINE bool deferrable(const Graph& g, int u, int i) {
   const Node& a = g.nodes[u];
   if (a.kind != NodeKind::assign_var) return false;
   for (int k = u + 1; k < i; ++k) {
@@ -91,18 +125,16 @@ inline bool deferrable(const Graph& g, int u, int i) {
   return true;
 }
 
-/// True when every reader of the values `vals` placed before node `at` is a node of the group
-/// `grp` (by `tentative`) or an assignment that can be deferred until after `at`.
-inline bool readers_ok(const Graph& g, const std::vector<std::vector<int>>& users, const std::vector<int>& tentative,
-                       const std::vector<int>& vals, int grp, int at) {
+STAGECRAFT_COMPILED_INLINE bool readers_ok(const Graph& g, const std::vector<std::vector<int>>& users,
+                                           const std::vector<int>& tentative, const std::vector<int>& vals, int grp,
+                                           int at) {
   for (int v : vals)
     for (int u : users[v])
       if (u < at && tentative[u] != grp && !deferrable(g, u, at)) return false;
   return true;
 }
 
-/// The trailing element count a reduction node reduces (its axes a suffix of its input's), or 0.
-inline std::int64_t trailing_inner(const Graph& g, const Node& r) {
+STAGECRAFT_COMPILED_INLINE std::int64_t trailing_inner(const Graph& g, const Node& r) {
   const Shape& s = g.values[r.inputs[0]].shape;
   Shape axes;
   for (std::int64_t a : r.attrs.ints) axes.push_back(a < 0 ? a + s.rank() : a);
@@ -117,9 +149,7 @@ inline std::int64_t trailing_inner(const Graph& g, const Node& r) {
   return inner;
 }
 
-/// True when node n is a sum/max/min that can consume a group's value: the CPU evaluator's tiles
-/// or, on a GPU, the generated kernel's rows (sc_fused_r) reduce it as it is computed.
-inline bool reduction_candidate(const Graph& g, const Node& n) {
+STAGECRAFT_COMPILED_INLINE bool reduction_candidate(const Graph& g, const Node& n) {
   if (n.kind != NodeKind::op || n.outputs.size() != 1 || n.inputs.size() != 1) return false;
   if (n.op != ops::OpId::Sum && n.op != ops::OpId::Max && n.op != ops::OpId::Min) return false;
   const Value& in = g.values[n.inputs[0]];
@@ -129,18 +159,14 @@ inline bool reduction_candidate(const Graph& g, const Node& n) {
          trailing_inner(g, n) > 0;
 }
 
-/// True when node p is a matmul that can head a group of shape `shape` and dtype d.
-inline bool head_candidate(const Graph& g, const Node& p, const Shape& shape, DType d) {
+STAGECRAFT_COMPILED_INLINE bool head_candidate(const Graph& g, const Node& p, const Shape& shape, DType d) {
   if (p.kind != NodeKind::op || p.op != ops::OpId::MatMul || p.outputs.size() != 1) return false;
   const Value& v = g.values[p.outputs[0]];
   return v.device.is_cpu() && v.dtype == d && is_floating(d) && v.shape == shape;
 }
 
-/// The matmul whose result a GPU group `ms` can take as a cuBLASLt epilogue, or -1: the group is
-/// `result + bias` or `relu(result + bias)` (the sum read by nothing else), over f32 on one GPU,
-/// with result = a [M, K] x b [K, N] (transpose flags allowed, no batch) read by nothing else and
-/// bias of shape [N] or [1, N]. The product and the group are then one cuBLASLt call.
-inline int gpu_epilogue_head(const Graph& g, const std::vector<std::vector<int>>& users, const std::vector<int>& ms) {
+STAGECRAFT_COMPILED_INLINE int gpu_epilogue_head(const Graph& g, const std::vector<std::vector<int>>& users,
+                                                 const std::vector<int>& ms) {
   if (!cuda_fusion() || ms.empty() || ms.size() > 2) return -1;
   const Node& add = g.nodes[ms[0]];
   if (add.kind != NodeKind::op || add.op != ops::OpId::Add || add.inputs.size() != 2 || add.outputs.size() != 1) return -1;
@@ -167,6 +193,7 @@ inline int gpu_epilogue_head(const Graph& g, const std::vector<std::vector<int>>
   }
   return -1;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace detail_fuse
 
@@ -174,7 +201,9 @@ inline int gpu_epilogue_head(const Graph& g, const std::vector<std::vector<int>>
 /// when it has the group's shape and dtype and no node outside the group, placed before it,
 /// reads a value of the group (the group runs at its last node), except assignments that can be
 /// deferred until after it (see deferrable()).
-inline FusionGroups find_fusion_groups(const Graph& g) {
+STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
   FusionGroups r(g.nodes.size());
   const auto users = detail_fuse::users_of(g);
   std::vector<std::vector<int>> members;  // tentative groups
@@ -303,5 +332,6 @@ inline FusionGroups find_fusion_groups(const Graph& g) {
   }
   return r;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::graph

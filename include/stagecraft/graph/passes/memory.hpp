@@ -39,7 +39,9 @@ inline std::int64_t rounded(std::int64_t b) { return (b + 63) / 64 * 64; }
 /// Plans buffers for the values steps write. A value that leaves the plan (a result, a value
 /// assigned to a variable, an argument of a host function or a control-flow body), or whose
 /// view does, is not planned: it gets fresh storage at every run.
-inline MemoryPlan plan_memory(const Graph& g, const std::vector<MemoryPlan::StepUse>& steps) {
+STAGECRAFT_COMPILED_INLINE MemoryPlan plan_memory(const Graph& g, const std::vector<MemoryPlan::StepUse>& steps);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE MemoryPlan plan_memory(const Graph& g, const std::vector<MemoryPlan::StepUse>& steps) {
   const std::size_t nv = g.values.size();
   MemoryPlan mp;
   mp.buffer_of.assign(nv, -1);
@@ -125,5 +127,6 @@ inline MemoryPlan plan_memory(const Graph& g, const std::vector<MemoryPlan::Step
   }
   return mp;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::graph

@@ -37,8 +37,10 @@ inline constexpr int optimize_max_rounds = 4;
 /// until a round changes nothing or optimize_max_rounds have run. Appends one PassReport per
 /// pass run to *report when given. With `verify_each` the input and every pass's result are
 /// verified (sc::Error "[verify] after <pass>: ..." names the pass that broke the graph).
-inline Graph optimize(const Graph& g, std::vector<PassReport>* report = nullptr,
-                      bool verify_each = verify_passes_by_default) {
+STAGECRAFT_COMPILED_INLINE Graph optimize(const Graph& g, std::vector<PassReport>* report = nullptr,
+                                          bool verify_each = verify_passes_by_default);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Graph optimize(const Graph& g, std::vector<PassReport>* report, bool verify_each) {
   struct Pass {
     const char* name;
     Graph (*run)(const Graph&);
@@ -60,5 +62,6 @@ inline Graph optimize(const Graph& g, std::vector<PassReport>* report = nullptr,
   }
   return cur;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::graph

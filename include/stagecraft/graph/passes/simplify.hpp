@@ -35,7 +35,13 @@ struct View {
 
 /// True when value v is `x` everywhere: a CPU constant all of whose elements equal x exactly
 /// (in its own dtype: -0.0 counts as 0), or a fill op node of value x.
-inline bool is_all(const View& s, int v, double x) {
+STAGECRAFT_COMPILED_INLINE bool is_all(const View& s, int v, double x);
+
+/// Node n's result is operand x: x itself when shape and dtype agree, a broadcast_to of x
+/// when only the shape differs (the other operand broadcast it), else nothing.
+STAGECRAFT_COMPILED_INLINE Rewrite becomes_operand(const View& s, const Node& n, int x);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE bool is_all(const View& s, int v, double x) {
   const Node& p = s.producer(v);
   if (p.kind == NodeKind::op && p.op == ops::OpId::Fill) return p.attrs.scalar == x;
   if (p.kind != NodeKind::constant || !p.constant.device().is_cpu()) return false;
@@ -50,9 +56,7 @@ inline bool is_all(const View& s, int v, double x) {
   });
 }
 
-/// Node n's result is operand x: x itself when shape and dtype agree, a broadcast_to of x
-/// when only the shape differs (the other operand broadcast it), else nothing.
-inline Rewrite becomes_operand(const View& s, const Node& n, int x) {
+STAGECRAFT_COMPILED_INLINE Rewrite becomes_operand(const View& s, const Node& n, int x) {
   const Value& out = s.value(n.outputs[0]);
   const Value& xv = s.value(x);
   if (xv.dtype != out.dtype || xv.device != out.device) return {};
@@ -64,6 +68,7 @@ inline Rewrite becomes_operand(const View& s, const Node& n, int x) {
   b.attrs.ints = out.shape;
   return Rewrite::to_node(std::move(b));
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// op(x, c) -> x when c is all `E` (x*1, x+0, x-0, x/1).
 template <int E>
@@ -77,21 +82,48 @@ Rewrite left_identity(const View& s, const Node& n) {
 }
 
 /// f(f(x)) -> x for an involution f (neg).
-inline Rewrite involution(const View& s, const Node& n) {
+STAGECRAFT_COMPILED_INLINE Rewrite involution(const View& s, const Node& n);
+
+/// op(x) -> x when the result has x's shape and dtype (reshape, broadcast_to, cast).
+STAGECRAFT_COMPILED_INLINE Rewrite no_op_when_same_type(const View& s, const Node& n);
+
+/// reshape(reshape(x)) -> reshape(x), to the outer result's (resolved) shape.
+STAGECRAFT_COMPILED_INLINE Rewrite reshape_reshape(const View& s, const Node& n);
+
+/// The permutation a transpose node applies (empty and negative entries resolved).
+STAGECRAFT_COMPILED_INLINE Shape perm_of(const View& s, const Node& n);
+
+/// True when p maps every axis to itself.
+STAGECRAFT_COMPILED_INLINE bool is_identity(const Shape& p);
+
+/// transpose(x, p) -> x when p is the identity.
+STAGECRAFT_COMPILED_INLINE Rewrite transpose_identity(const View& s, const Node& n);
+
+/// transpose(transpose(x, p), q) -> transpose(x, r) with r[k] = p[q[k]] (output axis k is the
+/// inner result's axis q[k], which is x's axis p[q[k]]); the identity rule then removes it
+/// when r is the identity.
+STAGECRAFT_COMPILED_INLINE Rewrite transpose_transpose(const View& s, const Node& n);
+
+/// True when p swaps the last two axes and keeps the others (rank >= 2).
+STAGECRAFT_COMPILED_INLINE bool swaps_last_two(const Shape& p);
+
+/// matmul(transpose(x), y) -> matmul(x, y) with x's transpose flag flipped, when the transpose
+/// swaps x's last two axes only (likewise for y): BLAS reads x transposed, no copy is made.
+STAGECRAFT_COMPILED_INLINE Rewrite transpose_into_matmul(const View& s, const Node& n);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Rewrite involution(const View& s, const Node& n) {
   const Node& p = s.producer(s.in(n, 0));
   if (p.kind != NodeKind::op || p.op != n.op) return {};
   return becomes_operand(s, n, s.in(p, 0));
 }
 
-/// op(x) -> x when the result has x's shape and dtype (reshape, broadcast_to, cast).
-inline Rewrite no_op_when_same_type(const View& s, const Node& n) {
+STAGECRAFT_COMPILED_INLINE Rewrite no_op_when_same_type(const View& s, const Node& n) {
   const Value& out = s.value(n.outputs[0]);
   const Value& x = s.value(s.in(n, 0));
   return x.shape == out.shape && x.dtype == out.dtype ? Rewrite::to_value(s.in(n, 0)) : Rewrite{};
 }
 
-/// reshape(reshape(x)) -> reshape(x), to the outer result's (resolved) shape.
-inline Rewrite reshape_reshape(const View& s, const Node& n) {
+STAGECRAFT_COMPILED_INLINE Rewrite reshape_reshape(const View& s, const Node& n) {
   const Node& p = s.producer(s.in(n, 0));
   if (p.kind != NodeKind::op || p.op != ops::OpId::Reshape) return {};
   Node r = n;
@@ -100,26 +132,21 @@ inline Rewrite reshape_reshape(const View& s, const Node& n) {
   return Rewrite::to_node(std::move(r));
 }
 
-/// The permutation a transpose node applies (empty and negative entries resolved).
-inline Shape perm_of(const View& s, const Node& n) {
+STAGECRAFT_COMPILED_INLINE Shape perm_of(const View& s, const Node& n) {
   return ops::Transpose::resolve(s.value(s.in(n, 0)).shape, n.attrs.ints);
 }
-/// True when p maps every axis to itself.
-inline bool is_identity(const Shape& p) {
+
+STAGECRAFT_COMPILED_INLINE bool is_identity(const Shape& p) {
   for (int k = 0; k < p.rank(); ++k)
     if (p[k] != k) return false;
   return true;
 }
 
-/// transpose(x, p) -> x when p is the identity.
-inline Rewrite transpose_identity(const View& s, const Node& n) {
+STAGECRAFT_COMPILED_INLINE Rewrite transpose_identity(const View& s, const Node& n) {
   return is_identity(perm_of(s, n)) ? Rewrite::to_value(s.in(n, 0)) : Rewrite{};
 }
 
-/// transpose(transpose(x, p), q) -> transpose(x, r) with r[k] = p[q[k]] (output axis k is the
-/// inner result's axis q[k], which is x's axis p[q[k]]); the identity rule then removes it
-/// when r is the identity.
-inline Rewrite transpose_transpose(const View& s, const Node& n) {
+STAGECRAFT_COMPILED_INLINE Rewrite transpose_transpose(const View& s, const Node& n) {
   const Node& p = s.producer(s.in(n, 0));
   if (p.kind != NodeKind::op || p.op != ops::OpId::Transpose) return {};
   const Shape inner = perm_of(s, p), outer = perm_of(s, n);
@@ -131,8 +158,7 @@ inline Rewrite transpose_transpose(const View& s, const Node& n) {
   return Rewrite::to_node(std::move(t));
 }
 
-/// True when p swaps the last two axes and keeps the others (rank >= 2).
-inline bool swaps_last_two(const Shape& p) {
+STAGECRAFT_COMPILED_INLINE bool swaps_last_two(const Shape& p) {
   const int r = p.rank();
   if (r < 2 || p[r - 1] != r - 2 || p[r - 2] != r - 1) return false;
   for (int k = 0; k < r - 2; ++k)
@@ -140,9 +166,7 @@ inline bool swaps_last_two(const Shape& p) {
   return true;
 }
 
-/// matmul(transpose(x), y) -> matmul(x, y) with x's transpose flag flipped, when the transpose
-/// swaps x's last two axes only (likewise for y): BLAS reads x transposed, no copy is made.
-inline Rewrite transpose_into_matmul(const View& s, const Node& n) {
+STAGECRAFT_COMPILED_INLINE Rewrite transpose_into_matmul(const View& s, const Node& n) {
   for (std::size_t k = 0; k < 2; ++k) {
     const int v = s.in(n, k);
     const Node& p = s.producer(v);
@@ -157,6 +181,7 @@ inline Rewrite transpose_into_matmul(const View& s, const Node& n) {
   }
   return {};
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// One rewrite rule: the op it matches and what it does. Rules of one op are tried in order.
 struct Rule {
@@ -184,7 +209,9 @@ inline const Rule rules[] = {
 
 /// Rewrites node i of r until no rule applies (a bounded number of times); returns the value
 /// its output stands for, or -1 when the node stays (possibly rewritten).
-inline int simplify_node(Graph& r, std::size_t i, const std::vector<int>& replace) {
+STAGECRAFT_COMPILED_INLINE int simplify_node(Graph& r, std::size_t i, const std::vector<int>& replace);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE int simplify_node(Graph& r, std::size_t i, const std::vector<int>& replace) {
   const View s{r, replace};
   for (int round = 0; round < 8; ++round) {
     const Node& n = r.nodes[i];
@@ -203,6 +230,7 @@ inline int simplify_node(Graph& r, std::size_t i, const std::vector<int>& replac
   }
   return -1;
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace detail_simplify
 
@@ -212,7 +240,9 @@ inline int simplify_node(Graph& r, std::size_t i, const std::vector<int>& replac
 /// shape), neg(neg(x)), reshape and transpose chains, reshape/cast/broadcast_to that change
 /// nothing, and a transpose of the last two axes folded into the matmul reading it. Nodes it bypasses are left for dce. x+0 -> x keeps a -0.0 element of x as -0.0
 /// where the kernel would give +0.0 (equal values; the only bitwise difference it can make).
-inline Graph simplify(const Graph& g) {
+STAGECRAFT_COMPILED_INLINE Graph simplify(const Graph& g);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Graph simplify(const Graph& g) {
   Graph r = g;
   std::vector<char> keep(r.nodes.size(), 1);
   std::vector<int> replace(r.values.size(), -1);
@@ -224,5 +254,6 @@ inline Graph simplify(const Graph& g) {
   }
   return with_bodies(compact(r, keep, replace), [](const Graph& b) { return simplify(b); });
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::graph

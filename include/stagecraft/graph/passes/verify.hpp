@@ -22,7 +22,9 @@ struct Where {
 };
 
 /// Throws "[verify] after <pass>: <path>node i (name): what at file:line".
-[[noreturn]] inline void fail(const Where& w, const Node* n, int index, const std::string& what) {
+[[noreturn]] STAGECRAFT_COMPILED_INLINE void fail(const Where& w, const Node* n, int index, const std::string& what);
+#if STAGECRAFT_DEFINE_COMPILED
+[[noreturn]] STAGECRAFT_COMPILED_INLINE void fail(const Where& w, const Node* n, int index, const std::string& what) {
   std::string msg = "after " + std::string(w.pass) + ": " + w.path;
   if (n != nullptr) msg += "node " + std::to_string(index) + " (" + std::string(n->name()) + "): ";
   msg += what;
@@ -30,6 +32,7 @@ struct Where {
     detail::fail_at<Error>("verify", n->loc.file, n->loc.line, msg);
   throw Error("[verify] " + msg);
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// "f32[2, 3]".
 inline std::string type_of(const Shape& s, DType d) { return std::string(name(d)) + s.str(); }
@@ -37,7 +40,9 @@ inline std::string type_of(const Shape& s, DType d) { return std::string(name(d)
 /// A tensor with the value's shape, dtype and device and no storage: what infer() reads. It
 /// is marked symbolic (of a trace serial no trace has), so infer() skips its value checks
 /// (gather's index range) as it does while tracing.
-inline Tensor meta_tensor(const Value& v, int id) {
+STAGECRAFT_COMPILED_INLINE Tensor meta_tensor(const Value& v, int id);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Tensor meta_tensor(const Value& v, int id) {
   auto* impl = new detail::TensorImpl();
   impl->shape = v.shape;
   impl->dtype = v.dtype;
@@ -45,13 +50,32 @@ inline Tensor meta_tensor(const Value& v, int id) {
   impl->symbolic = {~std::uint64_t{0}, id};
   return Tensor(detail::Ref<detail::TensorImpl>::adopt(impl));
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// Checks g (and, through check_kind, its bodies); w says where g is.
 inline void verify_graph(const Graph& g, const Where& w);
 
 /// Checks that values `vals` of g have the types of `other`'s values `wv` (body boundaries).
-inline void same_types(const Where& w, const Node& n, int i, const Graph& g, const std::vector<int>& vals,
-                       const Graph& other, const std::vector<int>& wv, const char* what) {
+STAGECRAFT_COMPILED_INLINE void same_types(const Where& w, const Node& n, int i, const Graph& g,
+                                           const std::vector<int>& vals, const Graph& other, const std::vector<int>& wv,
+                                           const char* what);
+
+/// A cond node: inputs[0] picks bodies[0] (run on the next attrs.i0 inputs) or bodies[1] (the rest).
+STAGECRAFT_COMPILED_INLINE void check_cond(const Where& w, const Graph& g, const Node& n, int i);
+
+/// A while node: inputs are num_loop_vars loop variables, attrs.i0 cond captures, then body captures.
+STAGECRAFT_COMPILED_INLINE void check_while(const Where& w, const Graph& g, const Node& n, int i);
+
+/// An op node: its arity, and infer() on meta tensors gives its output's shape and dtype.
+STAGECRAFT_COMPILED_INLINE void check_op(const Where& w, const Graph& g, const Node& n, int i);
+
+/// The fields each node kind needs (inputs and outputs already checked to be defined).
+STAGECRAFT_COMPILED_INLINE void check_kind(const Where& w, const Graph& g, const Node& n, int i);
+STAGECRAFT_COMPILED_INLINE void verify_graph(const Graph& g, const Where& w);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void same_types(const Where& w, const Node& n, int i, const Graph& g,
+                                           const std::vector<int>& vals, const Graph& other, const std::vector<int>& wv,
+                                           const char* what) {
   if (vals.size() != wv.size())
     fail(w, &n, i, std::string(what) + ": " + std::to_string(vals.size()) + " values, the body has " +
                        std::to_string(wv.size()));
@@ -64,8 +88,7 @@ inline void same_types(const Where& w, const Node& n, int i, const Graph& g, con
   }
 }
 
-/// A cond node: inputs[0] picks bodies[0] (run on the next attrs.i0 inputs) or bodies[1] (the rest).
-inline void check_cond(const Where& w, const Graph& g, const Node& n, int i) {
+STAGECRAFT_COMPILED_INLINE void check_cond(const Where& w, const Graph& g, const Node& n, int i) {
   if (n.inputs.empty()) fail(w, &n, i, "has no predicate input");
   if (g.values[n.inputs[0]].shape.numel() != 1) fail(w, &n, i, "its predicate has more than one element");
   const auto k = static_cast<std::size_t>(n.attrs.i0);
@@ -78,8 +101,7 @@ inline void check_cond(const Where& w, const Graph& g, const Node& n, int i) {
   same_types(w, n, i, g, n.outputs, *n.bodies[1], n.bodies[1]->outputs, "result (else)");
 }
 
-/// A while node: inputs are num_loop_vars loop variables, attrs.i0 cond captures, then body captures.
-inline void check_while(const Where& w, const Graph& g, const Node& n, int i) {
+STAGECRAFT_COMPILED_INLINE void check_while(const Where& w, const Graph& g, const Node& n, int i) {
   const auto nv = static_cast<std::size_t>(n.num_loop_vars);
   if (n.num_loop_vars < 0 || nv > n.inputs.size()) fail(w, &n, i, "num_loop_vars is out of range");
   const auto k = static_cast<std::size_t>(n.attrs.i0);
@@ -102,8 +124,7 @@ inline void check_while(const Where& w, const Graph& g, const Node& n, int i) {
   if (c.dtype != DType::i64 || c.shape.rank() != 0) fail(w, &n, i, "its last result (the count) must be an i64 scalar");
 }
 
-/// An op node: its arity, and infer() on meta tensors gives its output's shape and dtype.
-inline void check_op(const Where& w, const Graph& g, const Node& n, int i) {
+STAGECRAFT_COMPILED_INLINE void check_op(const Where& w, const Graph& g, const Node& n, int i) {
   if (static_cast<int>(n.op) >= ops::num_ops) fail(w, &n, i, "has an unknown op id");
   const ops::OpInfo& info = ops::op_info(n.op);
   if (info.arity >= 0 && static_cast<int>(n.inputs.size()) != info.arity)
@@ -124,8 +145,7 @@ inline void check_op(const Where& w, const Graph& g, const Node& n, int i) {
                        type_of(m.shape, m.dtype));
 }
 
-/// The fields each node kind needs (inputs and outputs already checked to be defined).
-inline void check_kind(const Where& w, const Graph& g, const Node& n, int i) {
+STAGECRAFT_COMPILED_INLINE void check_kind(const Where& w, const Graph& g, const Node& n, int i) {
   auto counts = [&](std::size_t ins, std::size_t outs) {
     if (n.inputs.size() != ins || n.outputs.size() != outs)
       fail(w, &n, i, "has " + std::to_string(n.inputs.size()) + " inputs and " + std::to_string(n.outputs.size()) +
@@ -179,7 +199,7 @@ inline void check_kind(const Where& w, const Graph& g, const Node& n, int i) {
   }
 }
 
-inline void verify_graph(const Graph& g, const Where& w) {
+STAGECRAFT_COMPILED_INLINE void verify_graph(const Graph& g, const Where& w) {
   const int nv = static_cast<int>(g.values.size());
   std::vector<char> defined(g.values.size(), 0);
   for (int v = 0; v < nv; ++v) {
@@ -225,6 +245,7 @@ inline void verify_graph(const Graph& g, const Where& w) {
       fail(w, nullptr, -1,
            "result " + std::to_string(k) + " is %" + std::to_string(g.outputs[k]) + ", which does not exist");
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace detail_verify
 
@@ -232,8 +253,11 @@ inline void verify_graph(const Graph& g, const Where& w) {
 /// are the input nodes by position; each node kind has its fields; each op node's output has
 /// the shape and dtype its op infers. Throws sc::Error "[verify] after <pass>: node i (name):
 /// what is wrong at file:line" (the node's user line).
-inline void verify(const Graph& g, std::string_view after_pass) {
+STAGECRAFT_COMPILED_INLINE void verify(const Graph& g, std::string_view after_pass);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void verify(const Graph& g, std::string_view after_pass) {
   detail_verify::verify_graph(g, detail_verify::Where{after_pass, {}});
 }
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace stagecraft::graph
