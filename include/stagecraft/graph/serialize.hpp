@@ -65,9 +65,15 @@ STAGECRAFT_COMPILED_INLINE std::string quote(std::string_view s) {
 
 template <class Ints>
 std::string list(const Ints& xs) {
+  // Appended piece by piece: GCC 12 at -O3 warns (-Wrestrict, a false positive) on
+  // `const char* + std::string&&` inlined here.
   std::string s = "[";
-  for (auto x : xs) s += (s.size() > 1 ? "," : "") + std::to_string(x);
-  return s + "]";
+  for (auto x : xs) {
+    if (s.size() > 1) s += ',';
+    s += std::to_string(x);
+  }
+  s += ']';
+  return s;
 }
 
 STAGECRAFT_COMPILED_INLINE std::string number(double x);
