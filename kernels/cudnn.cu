@@ -118,8 +118,10 @@ const Loaded& loaded() {
     if (!ok) return out;  // the library stays open: harmless, and its symbols may be in use elsewhere
     out.version = static_cast<int>(api.get_version());
     // The legacy API's structures (the algorithm lists) are laid out as this header says only
-    // within one major version.
-    if (out.version / 10000 != CUDNN_MAJOR) {
+    // within one major version. cuDNN 9 numbers versions major * 10000 + minor * 100 + patch
+    // (91900), cuDNN 8 major * 1000 + minor * 100 + patch (8907).
+    const int major = out.version < 10000 ? out.version / 1000 : out.version / 10000;
+    if (major != CUDNN_MAJOR) {
       std::snprintf(out.why, sizeof out.why, "the loaded cuDNN is version %d, built against %d.x", out.version,
                     CUDNN_MAJOR);
       return out;

@@ -38,8 +38,8 @@ TEST_CASE("cuda: cuDNN is loaded at run time, without a GPU and without being li
   INFO(status);
   CHECK(sc::cuda::cudnn_version() == v);  // loaded once
   if (v > 0) {
-    CHECK(v >= 80000);
-    CHECK_THAT(status, Catch::StartsWith("cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "."));
+    CHECK(v >= 8000);  // cuDNN 8 or later (the legacy API's _v7 heuristics)
+    CHECK(status == "cuDNN " + sc::cuda::detail::cudnn_version_text(v));
   } else {
     CHECK_FALSE(status.empty());  // why not
   }
@@ -48,6 +48,15 @@ TEST_CASE("cuda: cuDNN is loaded at run time, without a GPU and without being li
   CHECK(v > 0);
 #endif
   if (!sc::cuda::built) CHECK(v == 0);
+}
+
+TEST_CASE("cuda: cuDNN's version numbers read in both of its schemes", "[cuda][conv]") {
+  using sc::cuda::detail::cudnn_version_text;
+  CHECK(cudnn_version_text(91900) == "9.19.0");  // cuDNN 9: major * 10000 + minor * 100 + patch
+  CHECK(cudnn_version_text(90100) == "9.1.0");
+  CHECK(cudnn_version_text(100203) == "10.2.3");
+  CHECK(cudnn_version_text(8907) == "8.9.7");  // cuDNN 8: major * 1000 + minor * 100 + patch
+  CHECK(cudnn_version_text(8100) == "8.1.0");
 }
 
 TEST_CASE("cuda: the GPU convolution setting: cuDNN by default, im2col on request, a bad name is a ValueError",

@@ -243,9 +243,20 @@ inline void reset_conv_stats() {
   detail::conv_settings().im2col = 0;
 }
 
-/// The version of the cuDNN library the convolutions use (91900 for 9.19.0), loaded on the first
-/// call; 0 when there is none (built without CUDA or without cudnn.h, or no libcudnn found at run
-/// time: $STAGECRAFT_CUDNN may name the file). Needs no GPU.
+namespace detail {
+/// "9.19.0" for cuDNN's version number: major * 10000 + minor * 100 + patch since cuDNN 9 (91900),
+/// major * 1000 + minor * 100 + patch before (8907 is 8.9.7).
+inline std::string cudnn_version_text(int v) {
+  const bool old = v < 10000;
+  return std::to_string(old ? v / 1000 : v / 10000) + "." + std::to_string(old ? v / 100 % 10 : v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
+}  // namespace detail
+
+/// The version of the cuDNN library the convolutions use, as cuDNN numbers it (91900 for 9.19.0,
+/// 8907 for 8.9.7: detail::cudnn_version_text), loaded on the first call; 0 when there is none
+/// (built without CUDA or without cudnn.h, or no libcudnn found at run time: $STAGECRAFT_CUDNN may
+/// name the file). Needs no GPU.
 inline int cudnn_version() {
 #if defined(STAGECRAFT_WITH_CUDA)
   return abi::cudnn_version(nullptr, 0);
@@ -259,7 +270,7 @@ inline std::string cudnn_status() {
   char why[256] = {};
   const int v = abi::cudnn_version(why, sizeof why);
   if (v == 0) return why;
-  return "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+  return "cuDNN " + detail::cudnn_version_text(v);
 #else
   return "stagecraft was built without CUDA";
 #endif
