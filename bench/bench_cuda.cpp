@@ -1,19 +1,16 @@
 // GPU benchmarks (issue 8), side by side in one run on one GPU: an eager small op (launch cost,
 // asynchronous), a device-to-device copy (the bandwidth line), the 9-op chain
 // tanh(x*a + b)*c - x/(1 + exp(-x)) eager and traced (one generated kernel), matmul 8192^3 against
-// cuBLAS called directly, a whole-tensor sum of squares eager and traced, and LibTorch's rows when
-// it is found with CUDA. Every timed loop ends with a synchronize, so a row is the time the GPU
-// needed, not the time to queue the work.
+// cuBLAS called directly, a whole-tensor sum of squares eager and traced. LibTorch's rows are
+// bench_cuda_torch (same names, /libtorch), run right after this one by bench/gpu_session.sh.
+// Every timed loop ends with a synchronize, so a row is the time the GPU needed, not the time to
+// queue the work.
 // Without a GPU each benchmark says so and skips.
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <stagecraft/stagecraft.hpp>
-
-#if defined(STAGECRAFT_BENCH_TORCH)
-#include <torch/torch.h>
-#endif
 
 namespace {
 
@@ -149,83 +146,28 @@ void matmul_stagecraft(benchmark::State& state) {
 }
 BENCHMARK(matmul_stagecraft)->Name("cuda/matmul/8192/stagecraft")->UseRealTime()->Unit(benchmark::kMillisecond);
 
+/// cublasSgemm on the same random matrices as the stagecraft row (zeros would run faster: less
+/// switching, higher clocks), into a preallocated result.
 void matmul_cublas(benchmark::State& state) {
   if (!need_gpu(state)) return;
-  float *a = nullptr, *b = nullptr, *c = nullptr;
-  const std::size_t bytes = sizeof(float) * mm * mm;
-  cudaMalloc(&a, bytes);
-  cudaMalloc(&b, bytes);
-  cudaMalloc(&c, bytes);
-  cudaMemset(a, 0, bytes);
-  cudaMemset(b, 0, bytes);
+  const sc::DeviceScope on(gpu);
+  const sc::Tensor a = sc::random::normal({mm, mm}, 1), b = sc::random::normal({mm, mm}, 2), c = sc::zeros({mm, mm});
+  sc::cuda::synchronize();
   cublasHandle_t h = nullptr;
   cublasCreate(&h);
   const float one = 1.f, zero = 0.f;
   const int n = static_cast<int>(mm);
+  const auto* pa = static_cast<const float*>(a.raw_data());
+  const auto* pb = static_cast<const float*>(b.raw_data());
+  auto* pc = static_cast<float*>(c.raw_data());
   for (auto _ : state) {
-    cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b, n, a, n, &zero, c, n);
+    cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, pb, n, pa, n, &zero, pc, n);  // row-major a b
     cudaDeviceSynchronize();
   }
   set_matmul_rate(state);
   cublasDestroy(h);
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(c);
 }
 BENCHMARK(matmul_cublas)->Name("cuda/matmul/8192/cublas")->UseRealTime()->Unit(benchmark::kMillisecond);
-
-#if defined(STAGECRAFT_BENCH_TORCH)
-bool torch_gpu(benchmark::State& state) { return runs(state, torch::cuda::is_available(), "LibTorch without CUDA"); }
-
-void torch_small_add(benchmark::State& state) {
-  if (!torch_gpu(state)) return;
-  const auto a = torch::ones({1}, torch::kCUDA), b = torch::ones({1}, torch::kCUDA);
-  constexpr int per_iter = 100;
-  for (auto _ : state) {
-    for (int i = 0; i < per_iter; ++i) benchmark::DoNotOptimize(a + b);
-    torch::cuda::synchronize();
-  }
-  state.SetItemsProcessed(state.iterations() * per_iter);
-}
-BENCHMARK(torch_small_add)->Name("cuda/small_add/libtorch")->UseRealTime();
-
-void torch_chain(benchmark::State& state) {
-  if (!torch_gpu(state)) return;
-  const std::int64_t n = state.range(0);
-  const auto o = torch::TensorOptions().device(torch::kCUDA);
-  const auto x = torch::rand({n}, o), a = torch::rand({n}, o), b = torch::rand({n}, o), c = torch::rand({n}, o);
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(torch::tanh(x * a + b) * c - x / (1 + torch::exp(-x)));
-    torch::cuda::synchronize();
-  }
-  state.SetBytesProcessed(state.iterations() * 5 * n * 4);
-}
-BENCHMARK(torch_chain)->Name("cuda/chain9/libtorch")->Arg(1 << 20)->Arg(big)->UseRealTime()->Unit(benchmark::kMillisecond);
-
-void torch_sumsq(benchmark::State& state) {
-  if (!torch_gpu(state)) return;
-  const auto o = torch::TensorOptions().device(torch::kCUDA);
-  const auto x = torch::rand({big}, o), a = torch::rand({big}, o);
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(torch::sum(torch::square(x - a)));
-    torch::cuda::synchronize();
-  }
-  state.SetBytesProcessed(state.iterations() * 2 * big * 4);
-}
-BENCHMARK(torch_sumsq)->Name("cuda/sumsq/256M/libtorch")->UseRealTime()->Unit(benchmark::kMillisecond);
-
-void torch_matmul(benchmark::State& state) {
-  if (!torch_gpu(state)) return;
-  const auto o = torch::TensorOptions().device(torch::kCUDA);
-  const auto a = torch::randn({mm, mm}, o), b = torch::randn({mm, mm}, o);
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(torch::matmul(a, b));
-    torch::cuda::synchronize();
-  }
-  set_matmul_rate(state);
-}
-BENCHMARK(torch_matmul)->Name("cuda/matmul/8192/libtorch")->UseRealTime()->Unit(benchmark::kMillisecond);
-#endif
 
 }  // namespace
 

@@ -1,13 +1,14 @@
 // GPU model rows of bench_cuda (issue 8), side by side in one run: the Fashion-MNIST MLP's Adam
 // step at batch 128 and the 50-step LSTM cell with its backward pass at batch 1, each eager,
-// staged (kernel by kernel), staged and replayed as a CUDA graph, and LibTorch eager on the same
-// GPU. Each timed iteration ends with a synchronize: a row is the GPU's time per step.
+// staged (kernel by kernel), staged and replayed as a CUDA graph (LibTorch eager on the same GPU:
+// bench_cuda_torch.cpp, same row names with /libtorch). Each timed iteration ends with a
+// synchronize: a row is the GPU's time per step.
 // And a loop whose number of rounds the data decide (100 rounds of a small update, tested on the
 // GPU each round): eager and staged wait for the GPU at every test; replayed as a CUDA graph, the
 // while_loop is a conditional node and the host does not wait.
 // And the convolutions, cuDNN against the im2col kernels + cuBLAS (sc::cuda::ConvAlgorithm): the
 // Fashion-MNIST CNN's Adam step at batch 128, and its second layer's three passes (conv2d, its
-// input and its kernel gradient) alone, against LibTorch's (cuDNN) on the same GPU.
+// input and its kernel gradient) alone (LibTorch's, cuDNN: bench_cuda_torch.cpp).
 //   cuda/mlp_adam/batch128/mode:<m>, cuda/lstm50/mode:<m>, cuda/while100/mode:<m> (0 eager,
 //   1 staged, 2 staged + graph), .../libtorch
 //   cuda/cnn_adam/batch128/algo:<a>/mode:<m>, cuda/conv2d/32x14x14_to_64/algo:<a> (0 cuDNN,
@@ -159,91 +160,5 @@ void conv_layer(benchmark::State& state) {
 }
 BENCHMARK(conv_layer)->Name("cuda/conv2d/32x14x14_to_64")->ArgName("algo")->Arg(0)->Arg(1)
     ->UseRealTime()->Unit(benchmark::kMicrosecond);
-
-#if STAGECRAFT_BENCH_TORCH
-/// Skips the row where LibTorch has no GPU; else full FP32 convolutions as ours (LibTorch lets
-/// cuDNN use TF32 by default; its matmuls already are FP32).
-bool torch_gpu(benchmark::State& state) {
-  if (!torch::cuda::is_available()) state.SkipWithError("LibTorch without CUDA");
-  at::globalContext().setAllowTF32CuDNN(false);
-  return torch::cuda::is_available();
-}
-void torch_sync() { torch::cuda::synchronize(); }
-
-/// One Adam step of Model on random images and labels at batch Batch.
-template <class Model, std::int64_t Batch>
-void torch_adam_step(benchmark::State& state) {
-  if (!torch_gpu(state)) return;
-  const auto o = torch::TensorOptions().device(torch::kCUDA);
-  const torch::Tensor x = torch::rand({Batch, 28, 28}, o);
-  const torch::Tensor y = torch::randint(0, 10, {Batch}, o.dtype(torch::kLong));
-  torch::manual_seed(0);
-  Model model;
-  model.to(torch::kCUDA);
-  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-3));
-  timed(state, [&] {
-    opt.zero_grad();
-    torch::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
-    loss.backward();
-    opt.step();
-    return loss;
-  }, torch_sync);
-  state.counters["examples/s"] = benchmark::Counter(static_cast<double>(Batch), benchmark::Counter::kIsIterationInvariantRate);
-}
-BENCHMARK_TEMPLATE2(torch_adam_step, bench::TorchMLP, mlp_batch)->Name("cuda/mlp_adam/batch128/libtorch")
-    ->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE2(torch_adam_step, bench::TorchCNN, cnn_batch)->Name("cuda/cnn_adam/batch128/libtorch")
-    ->UseRealTime()->Unit(benchmark::kMicrosecond);
-
-void torch_lstm(benchmark::State& state) {
-  if (!torch_gpu(state)) return;
-  const auto o = torch::TensorOptions().device(torch::kCUDA);
-  torch::manual_seed(1);
-  torch::nn::LSTMCell cell(32, 64);
-  cell->to(torch::kCUDA);
-  std::vector<torch::Tensor> xs;
-  for (int t = 0; t < bench::lstm_steps; ++t) xs.push_back(bench::as_torch(bench::input({1, 32}, 100 + t)).to(torch::kCUDA));
-  timed(state, [&] {
-    cell->zero_grad();
-    auto hc = std::make_tuple(torch::zeros({1, 64}, o), torch::zeros({1, 64}, o));
-    for (const auto& xt : xs) hc = cell(xt, hc);
-    torch::Tensor loss = std::get<0>(hc).sum();
-    loss.backward();
-    return loss;
-  }, torch_sync);
-}
-BENCHMARK(torch_lstm)->Name("cuda/lstm50/libtorch")->UseRealTime()->Unit(benchmark::kMicrosecond);
-
-void torch_while(benchmark::State& state) {
-  if (!torch_gpu(state)) return;
-  const auto o = torch::TensorOptions().device(torch::kCUDA);
-  const torch::Tensor x0 = torch::rand({64, 64}, o) * 2 - 1, n0 = torch::zeros({}, o);
-  timed(state, [&] {
-    torch::Tensor v = x0, k = n0;
-    while ((k < static_cast<float>(while_rounds)).item<bool>()) {  // the test read on the host, as eager code does
-      v = v * 0.9f + torch::tanh(v) * 0.1f;
-      k = k + 1.f;
-    }
-    return v;
-  }, torch_sync);
-}
-BENCHMARK(torch_while)->Name("cuda/while100/libtorch")->UseRealTime()->Unit(benchmark::kMicrosecond);
-
-/// The same three passes through ATen's convolution and its backward (cuDNN).
-void torch_conv_layer(benchmark::State& state) {
-  if (!torch_gpu(state)) return;
-  const auto o = torch::TensorOptions().device(torch::kCUDA);
-  const torch::Tensor x = torch::rand({cnn_batch, 32, 14, 14}, o) * 2 - 1, w = (torch::rand({64, 32, 3, 3}, o) - 0.5) * 0.2;
-  const torch::Tensor g = torch::rand({cnn_batch, 64, 14, 14}, o) * 2 - 1;
-  timed(state, [&] {
-    const torch::Tensor y = at::conv2d(x, w, {}, 1, 1);
-    const auto [dx, dw, db] = at::convolution_backward(g, x, w, at::OptionalIntArrayRef{}, {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, 1,
-                                                       {true, true, false});
-    return std::make_tuple(y, dx, dw);
-  }, torch_sync);
-  state.counters["TFLOP/s"] = benchmark::Counter(layer_flop * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
-}
-BENCHMARK(torch_conv_layer)->Name("cuda/conv2d/32x14x14_to_64/libtorch")->UseRealTime()->Unit(benchmark::kMicrosecond);
-#endif
 
 }  // namespace

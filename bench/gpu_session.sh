@@ -1,45 +1,132 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine (issue 8): build the CUDA targets, run every GPU test (the `cuda`
-# label: ops, gradients, layouts, traced functions with generated kernels, the Fashion-MNIST CPU ==
-# GPU check) and the GPU benchmarks, writing full logs under $OUT and a short table last.
-# On this machine first: bash ../shared/device/prepare-carry.sh; then run, carrying `.device`:
-#   source .device/setup.sh && bash bench/gpu_session.sh [tests|bench|all]
-# Torch_DIR (PyTorch's LibTorch, found from python3 when unset) adds LibTorch's GPU rows.
+# One call on a lent GPU machine (issues 8 and 9), over the kit bench/gpu_kit.sh packed here:
+#   here:  bash bench/gpu_kit.sh                   (builds and packs ./.gpukit; ~15-20 min on 2 cores)
+#   there: bash bench/gpu_session.sh [tests] [bench] [scaling] [examples]   (carry [".gpukit"])
+# tests     every GPU test (ctest -L cuda, without the host-only ones CI runs): ops and gradients
+#           against the CPU, layouts, traced functions with generated kernels, CUDA graphs, the
+#           templated sc::compile kernel, the example's CPU == GPU training check (both models,
+#           eager, staged and graph)
+# bench     bench_cuda (prebuilt), then bench_cuda_torch (compiled here against this machine's
+#           PyTorch while the tests run) on the same GPU; summary.txt: every median, the goals
+# scaling   issue 9's table: the example's MLP on the CPU at 1-16 threads beside PyTorch's copy
+# examples  fashion_mnist on all 60000 images, CPU and --device cuda (eager, graph)
+# No argument: all four, in that order. The session has 15 minutes of device time in all and one
+# call at most 10: each phase starts only if its usual time fits in $SC_BUDGET seconds (default
+# 540) from the start. Results under $OUT (at most 8 files come back): ctest-cuda.log,
+# summary.txt, scaling.txt, examples.log, the two JSON files, and aux.tgz with the rest.
 set -uo pipefail
-what=${1:-all}
+cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/stagecraft-gpu}
-mkdir -p "$out"
-jobs=$(nproc)
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1 || true
-cat "$out/gpu.txt"
+aux=/tmp/stagecraft-gpu-aux
+mkdir -p "$out" "$aux"
+phases=" $* "
+[[ -z ${*:-} ]] && phases=" tests bench scaling examples "
+has() { [[ $phases == *" $1 "* ]]; }
+t0=$SECONDS
+budget=${SC_BUDGET:-540}
+stamp() { echo "[$((SECONDS - t0)) s] $*"; }
+# fits <seconds>: true when that much time is left in the budget (else says so).
+fits() {
+  local left=$((budget - (SECONDS - t0)))
+  ((left >= $1)) && return 0
+  stamp "skipped: needs ~$1 s, $left s left of $budget"
+  return 1
+}
+finish() { tar -czf "$out/aux.tgz" -C "$aux" . 2>/dev/null; stamp "done"; }
+trap finish EXIT
 
-# cuDNN (the convolutions; optional, loaded at run time): where the toolkit has none, PyTorch's
-# wheel (nvidia-cudnn) has the header and the library; CUDNN_ROOT lets the configure find both.
-if [[ -z ${CUDNN_ROOT:-} ]]; then
-  cudnn_root=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])" 2>/dev/null)
-  [[ -n $cudnn_root && -f $cudnn_root/include/cudnn.h ]] && export CUDNN_ROOT=$cudnn_root
+kit=$PWD/.gpukit
+if [[ ! -f $kit/kit.tar.xz ]]; then
+  echo "gpu_session: no .gpukit/kit.tar.xz: run 'bash bench/gpu_kit.sh' on the build machine and carry .gpukit" >&2
+  exit 1
 fi
-echo "CUDNN_ROOT=${CUDNN_ROOT:-(the toolkit's)}" | tee "$out/cudnn.txt"
+x=$kit/x
+build=$x/build/kit
+if [[ ! -f $x/unpacked ]]; then
+  rm -rf "$x" && mkdir -p "$x" && tar -xJf "$kit/kit.tar.xz" -C "$x" || exit 1
+  # CTest's files name the build machine's paths: the build tree is now under .gpukit/x, the
+  # sources here.
+  old=$(cat "$x/build_root.txt")
+  find "$build" -name '*.cmake' -print0 | xargs -0 sed -i -e "s|$old/build/kit|@SC_BUILD@|g" \
+    -e "s|$old/|@SC_SRC@/|g" -e "s|$old\"|@SC_SRC@\"|g" -e "s|@SC_BUILD@|$build|g" -e "s|@SC_SRC@|$PWD|g"
+  touch "$x/unpacked"
+fi
+data=/usr/share/datasets/fashion-mnist
+mkdir -p "$data" && cp -u "$kit"/fashion-mnist/*.gz "$data"/ 2>/dev/null
+# cuDNN from PyTorch's wheel when the toolkit has none (the kernels load it at run time).
+cudnn_lib=$(python3 -c "import nvidia.cudnn as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)
+[[ -n $cudnn_lib && -f $cudnn_lib/libcudnn.so.9 && -z ${STAGECRAFT_CUDNN:-} ]] && export STAGECRAFT_CUDNN=$cudnn_lib/libcudnn.so.9
+export LD_LIBRARY_PATH=$x/lib:/usr/local/cuda/lib64${cudnn_lib:+:$cudnn_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export STAGECRAFT_CACHE_DIR=/tmp/stagecraft-kernel-cache
+gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1)
+stamp "$gpu; $(nproc) CPUs; cuDNN: ${STAGECRAFT_CUDNN:-none found}" | tee "$aux/machine.txt"
+fm=$build/examples/fashion_mnist
 
-# Tests: the test preset (-Werror, assertions), CUDA on.
-if [[ $what == all || $what == tests ]]; then
-  cmake --preset test -B build/gpu -DSTAGECRAFT_CUDA=ON ${SC_DEVICE_CMAKE_ARGS:-} > "$out/configure-test.log" 2>&1 ||
-    { tail -30 "$out/configure-test.log"; exit 1; }
-  cmake --build build/gpu -j "$jobs" --target test_cuda_host test_cuda_ops test_nvcc_staged fashion_mnist \
-    > "$out/build-test.log" 2>&1 || { grep -m20 -B2 -A8 "error" "$out/build-test.log"; exit 1; }
-  ctest --test-dir build/gpu -L cuda --output-on-failure -j 4 > "$out/ctest-cuda.log" 2>&1
-  echo "ctest -L cuda: exit $?"
-  grep -E "tests passed|tests failed|Failed|SKIPPED|\*\*\*" "$out/ctest-cuda.log" | tail -25
+# LibTorch's rows, compiled in the background while the tests use the GPU.
+torch_bin=$x/bench_cuda_torch
+if has bench && [[ ! -x $torch_bin ]]; then
+  (
+    T=$(python3 -c "import torch, os; print(os.path.dirname(torch.__file__))") &&
+      abi=$(python3 -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))") &&
+      cuda_libs=() && { [[ ! -f $T/lib/libtorch_cuda.so ]] || cuda_libs=(-ltorch_cuda -lc10_cuda); } &&
+      g++ -O2 -std=c++20 -D_GLIBCXX_USE_CXX11_ABI="$abi" -isystem "$T/include" -isystem "$T/include/torch/csrc/api/include" \
+        -isystem "$x/include" bench/bench_cuda_torch.cpp -o "$torch_bin" -L"$T/lib" -Wl,-rpath,"$T/lib" \
+        -Wl,--no-as-needed "${cuda_libs[@]}" -ltorch -ltorch_cpu -lc10 -Wl,--as-needed -L"$x/lib" -lbenchmark -lpthread
+  ) > "$aux/build-torch.log" 2>&1 &
+  torch_build=$!
 fi
 
-# Benchmarks: the release preset, CUDA on, LibTorch from the machine's PyTorch when there is one.
-if [[ $what == all || $what == bench ]]; then
-  torch_dir=${Torch_DIR:-$(python3 -c "import torch.utils; print(torch.utils.cmake_prefix_path)" 2>/dev/null)/Torch}
-  cmake --preset release -B build/gpu-release -DSTAGECRAFT_CUDA=ON ${SC_DEVICE_CMAKE_ARGS:-} \
-    ${torch_dir:+-DTorch_DIR=$torch_dir} > "$out/configure-bench.log" 2>&1 || { tail -30 "$out/configure-bench.log"; exit 1; }
-  cmake --build build/gpu-release -j "$jobs" --target bench_cuda > "$out/build-bench.log" 2>&1 ||
-    { grep -m20 -B2 -A8 "error" "$out/build-bench.log"; exit 1; }
-  build/gpu-release/bench/bench_cuda --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
-    --benchmark_out="$out/bench_cuda.json" --benchmark_out_format=json > "$out/bench_cuda.txt" 2>&1
-  grep -E "_median|^cuda" "$out/bench_cuda.txt" | grep -v "_mean\|_stddev\|_cv" | tail -30
+if has tests && fits 120; then
+  stamp "tests: ctest -L cuda -LE unit"
+  timeout $((budget - (SECONDS - t0) - 20)) ctest --test-dir "$build" -L cuda -LE unit -j 6 --timeout 300 \
+    --output-on-failure > "$out/ctest-cuda.log" 2>&1
+  stamp "tests: exit $?"
+  grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Timeout\)|\(Subprocess|\*\*\*|Not Run|Skipped" "$out/ctest-cuda.log" | tail -25
+fi
+
+if has bench && fits 150; then
+  flags=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_min_time=0.1)
+  stamp "bench: bench_cuda"
+  timeout 200 "$build/bench/bench_cuda" "${flags[@]}" --benchmark_out="$out/bench_cuda.json" \
+    --benchmark_out_format=json > "$aux/bench_cuda.txt" 2>&1
+  stamp "bench: bench_cuda exit $?"
+  if [[ -n ${torch_build:-} ]]; then wait "$torch_build" || { echo "bench_cuda_torch did not build:"; tail -15 "$aux/build-torch.log"; }; fi
+  if [[ -x $torch_bin ]] && fits 45; then
+    timeout 100 "$torch_bin" "${flags[@]}" --benchmark_out="$out/bench_cuda_torch.json" \
+      --benchmark_out_format=json > "$aux/bench_cuda_torch.txt" 2>&1
+    stamp "bench: bench_cuda_torch exit $?"
+  fi
+  { cat "$aux/machine.txt"; python3 bench/gpu_summary.py "$out"/bench_cuda*.json; } | tee "$out/summary.txt"
+fi
+
+if has scaling && fits 60; then
+  stamp "scaling: the example's MLP on 30000 images, 1 epoch (eager; staged at 1 and 16), against PyTorch's copy"
+  ex_s() { grep -o "examples_per_sec=[0-9]*" | cut -d= -f2; }
+  {
+    printf "%-8s %-12s %-12s %-12s %s\n" threads eager_ex/s staged_ex/s pytorch_ex/s "stagecraft's OpenBLAS core"
+    for n in 1 2 4 8 16; do
+      ((n > $(nproc))) && break
+      fits 25 || break
+      e=$(OMP_NUM_THREADS=$n timeout 60 "$fm" --epochs 1 --limit 30000 2> "$aux/scaling-$n.err" | ex_s)
+      s=-
+      ((n == 1 || n == 16)) && s=$(OMP_NUM_THREADS=$n timeout 60 "$fm" --epochs 1 --limit 30000 --mode staged 2>/dev/null | ex_s)
+      p=$(timeout 60 python3 bench/torch_fashion_mnist.py --threads "$n" --epochs 1 --limit 30000 2>&1 | ex_s)
+      printf "%-8s %-12s %-12s %-12s %s\n" "$n" "${e:--}" "${s:--}" "${p:--}" "$(grep -o "OpenBLAS core .*" "$aux/scaling-$n.err")"
+    done
+    python3 -c "import torch; print('PyTorch', torch.__version__, '|', ' '.join(torch.__config__.parallel_info().split()[:12]))" 2>&1
+  } | tee "$out/scaling.txt"
+fi
+
+if has examples && fits 60; then
+  stamp "examples: fashion_mnist, all 60000 training images"
+  {
+    for run in "mlp cpu eager 3" "mlp cuda eager 3" "mlp cuda graph 3" "cnn cpu eager 1" "cnn cuda graph 1"; do
+      read -r model dev mode epochs <<< "$run"
+      echo "== fashion_mnist --model $model --device $dev --mode $mode --epochs $epochs"
+      fits 20 || break
+      OMP_NUM_THREADS=$(nproc) timeout 60 "$fm" --model "$model" --device "$dev" --mode "$mode" --epochs "$epochs" 2>&1 |
+        grep -v "^epoch [0-9]*/"
+    done
+  } > "$out/examples.log" 2>&1
+  grep -E "^== |test_accuracy=.*examples_per_sec|cuda graph:|convolutions:|rror" "$out/examples.log"
 fi

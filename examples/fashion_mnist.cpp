@@ -302,6 +302,8 @@ int run(const Options& o, const sc::data::Dataset& data) {
     std::fprintf(stderr, "convolutions: %lld passes through cuDNN, %lld through im2col (%s)\n",
                  static_cast<long long>(cs.cudnn), static_cast<long long>(cs.im2col), sc::cuda::cudnn_status().c_str());
   }
+  // What the CPU ran (thread-scaling tables); after training: the BLAS core is chosen at the first product.
+  std::fprintf(stderr, "cpu: %d threads, OpenBLAS core %s\n", sc::num_threads(), sc::blas_core().c_str());
   std::printf("test_accuracy=%.4f examples_per_sec=%lld\n", accuracy, static_cast<long long>(eps + 0.5));
   return 0;
 }
