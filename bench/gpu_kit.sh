@@ -34,13 +34,12 @@ done
 for f in "$kit/stage/$build"/test/cuda/test_cuda_host*_include*.cmake; do echo "# test_cuda_host: CI runs it" > "$f"; done
 echo "$root" > "$kit/stage/build_root.txt"
 
-# Runtime libraries the lent machine lacks: Debian's OpenBLAS (OpenMP build) and Google Benchmark
-# (with its headers, for bench_cuda_torch).
-blas=$(ldd "$build/examples/fashion_mnist" | awk '/libopenblas/ {print $3}')
-cp -L "$blas" "$kit/stage/lib/libopenblas.so.0"
-bm=$(ldd "$build/bench/bench_cuda" | awk '/libbenchmark\.so/ {print $3}')
-cp -L "$bm" "$kit/stage/lib/$(basename "$bm")"
-ln -sf "$(basename "$bm")" "$kit/stage/lib/libbenchmark.so"
+# Runtime libraries the lent machine lacks, under their sonames: Debian's OpenBLAS (OpenMP build)
+# with its Fortran runtime, and Google Benchmark (with its headers, for bench_cuda_torch).
+ldd "$build/examples/fashion_mnist" "$build/bench/bench_cuda" |
+  awk '$2 == "=>" && $1 ~ /^lib(openblas|gfortran|quadmath|benchmark)\./ {print $1, $3}' | sort -u |
+  while read -r soname path; do cp -L "$path" "$kit/stage/lib/$soname"; done
+ln -sf "$(cd "$kit/stage/lib" && ls libbenchmark.so.* | head -1)" "$kit/stage/lib/libbenchmark.so"
 cp -r /usr/include/benchmark "$kit/stage/include/"
 (cd "$kit/stage" && tar -cf - . | xz -T2 -9 > ../kit.tar.xz)
 rm -rf "$kit/stage"

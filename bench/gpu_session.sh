@@ -54,8 +54,10 @@ fi
 data=/usr/share/datasets/fashion-mnist
 mkdir -p "$data" && cp -u "$kit"/fashion-mnist/*.gz "$data"/ 2>/dev/null
 # cuDNN from PyTorch's wheel when the toolkit has none (the kernels load it at run time).
-cudnn_lib=$(python3 -c "import nvidia.cudnn as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)
-[[ -n $cudnn_lib && -f $cudnn_lib/libcudnn.so.9 && -z ${STAGECRAFT_CUDNN:-} ]] && export STAGECRAFT_CUDNN=$cudnn_lib/libcudnn.so.9
+nv=$(python3 -c "import nvidia; print(list(nvidia.__path__)[0])" 2>/dev/null)
+cudnn_so=$(find ${nv:+"$nv"} /usr/local/cuda/lib64/ /usr/lib/x86_64-linux-gnu/ -maxdepth 4 -name 'libcudnn.so.[0-9]*' 2>/dev/null | sort | head -1)
+cudnn_lib=${cudnn_so:+$(dirname "$cudnn_so")}
+[[ -n $cudnn_so && -z ${STAGECRAFT_CUDNN:-} ]] && export STAGECRAFT_CUDNN=$cudnn_so
 export LD_LIBRARY_PATH=$x/lib:/usr/local/cuda/lib64${cudnn_lib:+:$cudnn_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export STAGECRAFT_CACHE_DIR=/tmp/stagecraft-kernel-cache
 gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1)

@@ -38,7 +38,7 @@ struct FunctionStats {
     for (const auto& p : passes) os << "  " << p.pass << ": " << p.nodes_before << " -> " << p.nodes_after << "\n";
     os << "optimized nodes: " << optimized_nodes << "\n"
        << "plan: " << plan.steps << " steps, " << plan.kernels << " kernels, " << plan.fused_groups
-       << " fused groups (" << plan.fused_nodes << " nodes)\n"
+       << " fused groups (" << plan.fused_nodes << " nodes, " << plan.specialized << " specialized)\n"
        << "memory: " << plan.peak_bytes << " bytes planned in " << plan.buffers << " buffers (intermediates: "
        << plan.intermediate_bytes << " bytes)\n";
     if (!plan.cuda_graph.empty()) os << "cuda graph: " << plan.cuda_graph << "\n";

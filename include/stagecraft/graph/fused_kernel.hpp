@@ -29,36 +29,10 @@
 #include "../backend/cpu/parallel.hpp"
 #include "../backend/cpu/reduce.hpp"
 #include "../ops/registry.hpp"
+#include "fused_program.hpp"
+#include "fused_special.hpp"
 
 namespace stagecraft::graph {
-
-/// One instruction: reg[num_inputs + k] = op(reg[a]) or op(reg[a], reg[b]) (b = -1 for unary).
-struct FusedInstr {
-  ops::OpId op;
-  int a;
-  int b = -1;
-};
-
-/// The reduction a program feeds (its consumer): register `reg` reduced over its trailing `inner`
-/// elements by sum, max or min (op is OpId::Sum, Max or Min), giving numel / inner results of
-/// shape out_shape. The register is reduced tile by tile as it is computed, never stored whole.
-struct FusedReduction {
-  ops::OpId op = ops::OpId::Sum;
-  int reg = -1;
-  std::int64_t inner = 1;
-  Shape out_shape;
-};
-
-/// A fused elementwise program over one dtype: registers 0..input_shapes.size()-1 are the inputs,
-/// each broadcast (NumPy rules) to out_shape; register input_shapes.size() + k is instruction k's result.
-struct FusedProgram {
-  DType dtype = DType::f32;
-  Shape out_shape;
-  std::vector<Shape> input_shapes;
-  std::vector<FusedInstr> code;
-  std::vector<int> outputs;  ///< registers written out, each to a tensor of out_shape and dtype
-  std::optional<FusedReduction> reduction = std::nullopt;  ///< written to one more output tensor, after `outputs`
-};
 
 namespace detail_fused {
 
@@ -254,6 +228,7 @@ struct PreparedFused {
   int num_slots = 0, num_scalars = 0;
   std::int64_t numel = 0, grain = 0;
   std::int64_t tile = 0;  ///< elements per tile, any positive count (default: tile_bytes of the dtype)
+  const SpecialKernel* special = nullptr;  ///< a compiled loop for this program (fused_special.hpp), or null
 };
 
 /// True when `op` can be an instruction of a program over dtype d: an elementwise unary or binary op
@@ -459,6 +434,7 @@ STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p) {
     f::place_results<T>(pf, live);
     pf.grain = f::grain_of<T>(p, live);
   });
+  pf.special = find_special(p);
   return pf;
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
@@ -724,6 +700,10 @@ STAGECRAFT_COMPILED_INLINE void run(const PreparedFused& pf, std::span<const Ten
   if (p.reduction) f::check_tensor(outputs[nout - 1], p.dtype, cpu, p.reduction->out_shape, "output", nout - 1);
   if (SC_UNLIKELY(pf.tile < 1)) throw ValueError("[fused] the tile must hold at least one element");
   if (pf.numel == 0) return;
+  if (pf.special) {
+    pf.special->run(inputs, outputs);
+    return;
+  }
   const std::span<Tensor> elementwise = outputs.first(p.outputs.size());
   visit_dtype(p.dtype, [&](auto tag) {  // (over bool no op is fusible: outputs are copied inputs)
     using T = typename decltype(tag)::type;

@@ -29,6 +29,7 @@ struct PlanStats {
   int epilogues = 0;                  ///< groups run as a matmul's epilogue (on a GPU: cuBLASLt's bias/ReLU),
                                       ///< and on a GPU bias gradients summed by the weight gradient's matmul
   int fused_reductions = 0;           ///< groups ending in a reduction
+  int specialized = 0;                ///< CPU groups run by a specialized kernel (fused_special.hpp)
   std::int64_t peak_bytes = 0;        ///< planned buffer memory (with reuse)
   std::int64_t intermediate_bytes = 0;  ///< every intermediate in its own buffer
   int buffers = 0;                    ///< planned buffers
@@ -312,6 +313,7 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
   for (const Step& s : steps_)  // (a GPU group with a matmul head is one cuBLASLt call)
     stats_.kernels += (s.kind == StepKind::kernel || s.kind == StepKind::fused) + (s.head_fns != nullptr && !s.gpu);
   stats_.fused_groups = static_cast<int>(groups_.groups.size());
+  for (const Step& s : steps_) stats_.specialized += s.fused != nullptr && s.fused->special != nullptr;
   stats_.epilogues = bias_grads;
   for (const FusionGroup& fg : groups_.groups) {
     stats_.fused_nodes += static_cast<int>(fg.nodes.size()) + (fg.head >= 0);

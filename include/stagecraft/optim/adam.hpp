@@ -62,9 +62,17 @@ class Adam : public Optimizer {
       fused::adam(g, var, m, v, lr, 1 - beta1_, 1 - beta2_, eps_);
       return;
     }
-    m.assign(add(m.value(), mul(sub(g, m.value(), loc), 1 - beta1_, loc), loc), loc);
-    v.assign(add(v.value(), mul(sub(square(g, loc), v.value(), loc), 1 - beta2_, loc), loc), loc);
-    var.assign_sub(div(mul(m.value(), lr, loc), add(sqrt(v.value(), loc), eps_, loc), loc), loc);
+    // One op per statement where a call has two made arguments: the order of the ops (and so the
+    // fused group a trace makes of them, fused.hpp's adam_program) does not depend on the compiler.
+    const Tensor m0 = m.value(), v0 = v.value();
+    const Tensor m1 = add(m0, mul(sub(g, m0, loc), 1 - beta1_, loc), loc);
+    m.assign(m1, loc);
+    const Tensor g2 = square(g, loc);
+    const Tensor v1 = add(v0, mul(sub(g2, v0, loc), 1 - beta2_, loc), loc);
+    v.assign(v1, loc);
+    const Tensor denominator = add(sqrt(v1, loc), eps_, loc);
+    const Tensor scaled = mul(m1, lr, loc);
+    var.assign_sub(div(scaled, denominator, loc), loc);
   }
 
  private:

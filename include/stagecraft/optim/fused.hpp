@@ -1,14 +1,17 @@
 // One-pass CPU updates for SGD and Adam: what their composite steps compute (3 to 12 elementwise
-// ops, each a pass over memory) in one loop per variable, used eagerly when it is safe.
+// ops, each a pass over memory) in one loop per variable, used eagerly when it is safe, and (Adam)
+// for the fused group a traced update becomes (graph/fused_special.hpp).
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 #include "../backend/cpu/elementwise.hpp"  // batch<T>: xsimd vectors
 #include "../backend/cpu/parallel.hpp"
 #include "../core/tensor.hpp"
 #include "../eager/context.hpp"
+#include "../graph/fused_special.hpp"
 #include "../state/variable.hpp"
 
 namespace stagecraft::optim::fused {
@@ -84,6 +87,28 @@ inline Tensor like(const Tensor& t) { return stagecraft::detail::empty_tensor(t.
 
 }  // namespace detail
 
+namespace detail {
+
+/// Adam's update of n elements (optim/adam.hpp: its op order and roundings), a1 = 1 - beta1,
+/// a2 = 1 - beta2, r = lr_t. Each element's inputs are read before its outputs are written, so an
+/// output may be an input's buffer.
+template <class T>
+void adam_loop(std::int64_t n, const T* pg, const T* pm, const T* pv, const T* pw, T* qm, T* qv, T* qw, T r, T a1,
+               T a2, T e) {
+  using std::sqrt;
+  for_each_element<T>(n, [&]<class V>(std::int64_t i) {
+    const V gi = load<V>(pg, i), m0 = load<V>(pm, i), v0 = load<V>(pv, i), w0 = load<V>(pw, i);
+    const V mi = m0 + rounded(V((gi - m0) * V(a1)));
+    const V vi = v0 + rounded(V((rounded(V(gi * gi)) - v0) * V(a2)));
+    const V step = rounded(V(mi * V(r))) / V(sqrt(vi) + V(e));
+    store(qm, i, mi);
+    store(qv, i, vi);
+    store(qw, i, V(w0 - step));
+  });
+}
+
+}  // namespace detail
+
 /// Adam's update (optim/adam.hpp, its op order and roundings): c1 = 1 - beta1, c2 = 1 - beta2.
 ///   m += (g - m) * c1;  v += (g*g - v) * c2;  w -= (m * lr) / (sqrt(v) + eps)
 inline void adam(const Tensor& g, Variable& var, Variable& m, Variable& v, const Tensor& lr, double c1, double c2,
@@ -91,29 +116,43 @@ inline void adam(const Tensor& g, Variable& var, Variable& m, Variable& v, const
   const Tensor m1 = detail::like(m.value()), v1 = detail::like(v.value()), w1 = detail::like(var.value());
   visit_floating(var.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T* pg = static_cast<const T*>(g.raw_data());
-    const T* pm = static_cast<const T*>(m.value().raw_data());
-    const T* pv = static_cast<const T*>(v.value().raw_data());
-    const T* pw = static_cast<const T*>(var.value().raw_data());
-    T* qm = static_cast<T*>(m1.raw_data());
-    T* qv = static_cast<T*>(v1.raw_data());
-    T* qw = static_cast<T*>(w1.raw_data());
-    const T a1 = static_cast<T>(c1), a2 = static_cast<T>(c2), e = static_cast<T>(eps), r = lr.item<T>();
-    using detail::load, detail::store, detail::rounded, std::sqrt;
-    detail::for_each_element<T>(var.numel(), [&]<class V>(std::int64_t i) {
-      const V gi = load<V>(pg, i);
-      const V mi = load<V>(pm, i) + rounded(V((gi - load<V>(pm, i)) * V(a1)));
-      const V vi = load<V>(pv, i) + rounded(V((rounded(V(gi * gi)) - load<V>(pv, i)) * V(a2)));
-      const V step = rounded(V(mi * V(r))) / V(sqrt(vi) + V(e));
-      store(qm, i, mi);
-      store(qv, i, vi);
-      store(qw, i, V(load<V>(pw, i) - step));
-    });
+    auto in = [](const Tensor& t) { return static_cast<const T*>(t.raw_data()); };
+    auto out = [](const Tensor& t) { return static_cast<T*>(t.raw_data()); };
+    detail::adam_loop<T>(var.numel(), in(g), in(m.value()), in(v.value()), in(var.value()), out(m1), out(v1), out(w1),
+                         lr.item<T>(), static_cast<T>(c1), static_cast<T>(c2), static_cast<T>(eps));
   });
   m.assign(m1);
   v.assign(v1);
   var.assign(w1);
 }
+
+/// The fused group a traced Adam update of one variable becomes (Adam::update's composite, op by
+/// op, as the fusion pass numbers it: inputs by first use g, m, 1 - beta1, v, 1 - beta2, eps, lr_t,
+/// w; outputs m, v, w), run by adam_loop instead of the tile evaluator (graph/fused_special.hpp).
+inline graph::FusedProgram adam_program() {
+  using ops::OpId;
+  const Shape all{1}, one{};  // an input of the output's shape; a single value
+  graph::FusedProgram p;
+  p.input_shapes = {all, all, one, all, one, one, one, all};
+  p.code = {{OpId::Sub, 0, 1},   {OpId::Mul, 8, 2},  {OpId::Add, 1, 9},   {OpId::Square, 0, -1},
+            {OpId::Sub, 11, 3},  {OpId::Mul, 12, 4}, {OpId::Add, 3, 13},  {OpId::Sqrt, 14, -1},
+            {OpId::Add, 15, 5},  {OpId::Mul, 10, 6}, {OpId::Div, 17, 16}, {OpId::Sub, 7, 18}};
+  p.outputs = {10, 14, 19};
+  return p;
+}
+
+/// adam_program()'s kernel: in (g, m, c1, v, c2, eps, lr, w), out (m, v, w), checked by the caller.
+inline void run_adam_program(std::span<const Tensor> in, std::span<Tensor> out) {
+  visit_floating(in[0].dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto p = [&](std::size_t k) { return static_cast<const T*>(in[k].raw_data()); };
+    auto q = [&](std::size_t k) { return static_cast<T*>(out[k].raw_data()); };
+    detail::adam_loop<T>(out[0].numel(), p(0), p(1), p(3), p(7), q(0), q(1), q(2), *p(6), *p(2), *p(4), *p(5));
+  });
+}
+
+/// Registered once per program: prepare() then runs a traced Adam update as adam_loop.
+inline const bool adam_program_registered = graph::register_special({"adam", adam_program(), &run_adam_program});
 
 /// SGD's update (optim/sgd.hpp): step = g * lr; without momentum w -= step; with momentum mu
 ///   velocity = velocity * mu - step;  w += velocity  (nesterov: w += velocity * mu - step)

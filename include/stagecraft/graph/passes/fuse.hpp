@@ -200,7 +200,8 @@ STAGECRAFT_COMPILED_INLINE int gpu_epilogue_head(const Graph& g, const std::vect
 /// Finds the fusion groups (two nodes or more). A node joins the group of an input's producer
 /// when it has the group's shape and dtype and no node outside the group, placed before it,
 /// reads a value of the group (the group runs at its last node), except assignments that can be
-/// deferred until after it (see deferrable()).
+/// deferred until after it (see deferrable()); a node reading several such groups joins them all
+/// into one when that holds for their union.
 STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
@@ -212,29 +213,56 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
     const Node& n = g.nodes[i];
     if (!detail_fuse::candidate(g, n)) continue;
     const Value& out = g.values[n.outputs[0]];
-    int join = -1;
+    std::vector<int> near;  // the groups of its inputs with its shape, dtype and device
     for (int v : n.inputs) {
-      const int p = g.values[v].node;
-      const int grp = tentative[p];
-      if (grp < 0) continue;
+      const int grp = tentative[g.values[v].node];
+      if (grp < 0 || std::find(near.begin(), near.end(), grp) != near.end()) continue;
       const Value& gv = g.values[g.nodes[members[grp][0]].outputs[0]];
-      if (gv.shape != out.shape || gv.dtype != out.dtype || gv.device != out.device) continue;
-      bool ok = true;  // every reader of the group so far, placed before i, is in the group
+      if (gv.shape == out.shape && gv.dtype == out.dtype && gv.device == out.device) near.push_back(grp);
+    }
+    // Every reader of group grp's values so far, placed before i, is in a group `inside` accepts
+    // (or an assignment that can wait until the group has run).
+    const auto readers_in = [&](int grp, auto&& inside) {
       for (int m : members[grp])
         for (int u : users[g.nodes[m].outputs[0]])
-          if (u < static_cast<int>(i) && tentative[u] != grp && !detail_fuse::deferrable(g, u, static_cast<int>(i)))
-            ok = false;
-      if (ok) {
-        join = grp;
-        break;
+          if (u < static_cast<int>(i) && !inside(tentative[u]) && !detail_fuse::deferrable(g, u, static_cast<int>(i)))
+            return false;
+      return true;
+    };
+    // A node reading two groups joins them into one where that is safe (Adam's update: the
+    // weight's step reads m's group and v's), else it joins the first it can.
+    const auto in_near = [&](int t) { return std::find(near.begin(), near.end(), t) != near.end(); };
+    int join = -1;
+    if (near.size() > 1 && std::all_of(near.begin(), near.end(), [&](int grp) { return readers_in(grp, in_near); })) {
+      join = near[0];
+      for (std::size_t k = 1; k < near.size(); ++k) {
+        for (int m : members[near[k]]) tentative[m] = join;
+        members[join].insert(members[join].end(), members[near[k]].begin(), members[near[k]].end());
+        members[near[k]].clear();
       }
+      std::sort(members[join].begin(), members[join].end());
     }
+    for (std::size_t k = 0; join < 0 && k < near.size(); ++k)
+      if (readers_in(near[k], [&](int t) { return t == near[k]; })) join = near[k];
     if (join < 0) {
       join = static_cast<int>(members.size());
       members.emplace_back();
     }
     members[join].push_back(static_cast<int>(i));
     tentative[i] = join;
+  }
+  // Groups emptied by a join are dropped, the others renumbered.
+  {
+    std::vector<int> renumber(members.size(), -1);
+    std::vector<std::vector<int>> kept;
+    for (std::size_t k = 0; k < members.size(); ++k)
+      if (!members[k].empty()) {
+        renumber[k] = static_cast<int>(kept.size());
+        kept.push_back(std::move(members[k]));
+      }
+    for (int& t : tentative)
+      if (t >= 0) t = renumber[t];
+    members = std::move(kept);
   }
   // Values of each tentative group.
   const auto values_of = [&](int grp) {
