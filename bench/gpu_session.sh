@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (issues 8 and 9), over the kit bench/gpu_kit.sh packed here:
-#   here:  bash bench/gpu_kit.sh                   (builds and packs ./.gpukit; ~15-20 min on 2 cores)
+#   here:  bash bench/gpu_kit.sh                   (builds and packs ./.gpukit; ~7 min on 2 cores)
 #   there: bash bench/gpu_session.sh [tests] [bench] [scaling] [examples]   (carry [".gpukit"])
 # tests     every GPU test (ctest -L cuda, without the host-only ones CI runs): ops and gradients
 #           against the CPU, layouts, traced functions with generated kernels, CUDA graphs, the
