@@ -14,6 +14,7 @@
 //   cuda/cnn_adam/batch128/algo:<a>/mode:<m>, cuda/conv2d/32x14x14_to_64/algo:<a> (0 cuDNN,
 //   1 im2col), .../libtorch
 #include "bench_models.hpp"
+#include "bench_timed.hpp"
 #include "fashion_mnist_models.hpp"  // examples/: the model the example trains
 
 namespace {
@@ -22,16 +23,7 @@ const sc::Device gpu = sc::Device::cuda(0);
 
 enum Mode : int { eager = 0, staged = 1, staged_graph = 2 };
 
-/// Three untimed steps, then `step` timed, each iteration waiting for the GPU with `sync`.
-template <class Step, class Sync>
-void timed(benchmark::State& state, Step&& step, Sync&& sync) {
-  for (int i = 0; i < 3; ++i) benchmark::DoNotOptimize(step());
-  sync();
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(step());
-    sync();
-  }
-}
+using bench::timed;
 void sc_sync() { sc::cuda::synchronize(); }
 
 /// Times `mode` of one model's step(args...): eager, or traced by sc::function (CUDA graphs on

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include "bench_timed.hpp"
 #include "torch_models.hpp"
 
 namespace {
@@ -47,12 +48,7 @@ torch::TensorOptions on_gpu() { return torch::TensorOptions().device(device); }
 /// Three untimed steps, then `step` timed, each iteration waiting for the GPU.
 template <class Step>
 void timed(benchmark::State& state, Step&& step) {
-  for (int i = 0; i < 3; ++i) benchmark::DoNotOptimize(step());
-  sync();
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(step());
-    sync();
-  }
+  bench::timed(state, step, sync);
 }
 
 void small_add(benchmark::State& state) {

@@ -16,6 +16,7 @@ struct FusedInstr {
   ops::OpId op;
   int a;
   int b = -1;
+  friend bool operator==(const FusedInstr&, const FusedInstr&) = default;
 };
 
 /// The reduction a program feeds (its consumer): register `reg` reduced over its trailing `inner`

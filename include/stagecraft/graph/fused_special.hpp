@@ -49,10 +49,7 @@ inline bool register_special(SpecialKernel k) {
 /// True when program p is shaped like pattern q (see SpecialKernel).
 inline bool matches(const FusedProgram& p, const FusedProgram& q) {
   if ((p.dtype != DType::f32 && p.dtype != DType::f64) || p.reduction || q.reduction) return false;
-  if (p.input_shapes.size() != q.input_shapes.size() || p.code.size() != q.code.size() || p.outputs != q.outputs)
-    return false;
-  for (std::size_t i = 0; i < p.code.size(); ++i)
-    if (p.code[i].op != q.code[i].op || p.code[i].a != q.code[i].a || p.code[i].b != q.code[i].b) return false;
+  if (p.input_shapes.size() != q.input_shapes.size() || p.code != q.code || p.outputs != q.outputs) return false;
   for (std::size_t i = 0; i < p.input_shapes.size(); ++i) {
     const bool single = q.input_shapes[i].rank() == 0;
     if (single ? p.input_shapes[i].numel() != 1 : p.input_shapes[i] != p.out_shape) return false;

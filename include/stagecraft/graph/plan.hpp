@@ -310,10 +310,11 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
   }
   mem_ = plan_memory(g, uses);
   stats_.steps = static_cast<int>(steps_.size());
-  for (const Step& s : steps_)  // (a GPU group with a matmul head is one cuBLASLt call)
+  for (const Step& s : steps_) {  // (a GPU group with a matmul head is one cuBLASLt call)
     stats_.kernels += (s.kind == StepKind::kernel || s.kind == StepKind::fused) + (s.head_fns != nullptr && !s.gpu);
+    stats_.specialized += s.fused != nullptr && s.fused->special != nullptr;
+  }
   stats_.fused_groups = static_cast<int>(groups_.groups.size());
-  for (const Step& s : steps_) stats_.specialized += s.fused != nullptr && s.fused->special != nullptr;
   stats_.epilogues = bias_grads;
   for (const FusionGroup& fg : groups_.groups) {
     stats_.fused_nodes += static_cast<int>(fg.nodes.size()) + (fg.head >= 0);

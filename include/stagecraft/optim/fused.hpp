@@ -85,10 +85,6 @@ inline void store(T* p, std::int64_t i, const V& v) {
 /// A fresh CPU tensor shaped like t (variables are replaced, never written in place).
 inline Tensor like(const Tensor& t) { return stagecraft::detail::empty_tensor(t.shape(), t.dtype(), Device::cpu()); }
 
-}  // namespace detail
-
-namespace detail {
-
 /// Adam's update of n elements (optim/adam.hpp: its op order and roundings), a1 = 1 - beta1,
 /// a2 = 1 - beta2, r = lr_t. Each element's inputs are read before its outputs are written, so an
 /// output may be an input's buffer.
