@@ -85,7 +85,7 @@ TEST_CASE("a non-persistent tape computes one gradient; a persistent one several
   CHECK_FALSE(t.persistent());
   CHECK(v(t.gradient(y, x)) == Vec{2, 4});
   const int line = __LINE__ + 1;
-  CHECK_THROWS_AS(t.gradient(y, x), sc::Error);
+  CHECK_THROWS_AS(t.gradient(y, x), sc::ValueError);
   CHECK_THROWS_WITH(t.gradient(y, x), Catch::Contains("[gradient]") && Catch::Contains("persistent") &&
                                           Catch::Contains(at_line(line + 1)));
 }
@@ -111,6 +111,30 @@ TEST_CASE("vector sources, non-scalar targets, unconnected sources", "[autodiff]
   CHECK(v(t.gradient(y, y)) == Vec{1, 1, 1});
   // A source that is used twice accumulates both paths.
   CHECK(v(t.gradient(a * a + a, a)) == Vec{3, 5, 7});
+}
+
+TEST_CASE("a source the tape does not track gets zeros, never part of its gradient", "[autodiff][tape]") {
+  const Tensor x = sc::tensor({1.0, 2.0}), c = sc::tensor({3.0, 4.0});
+  sc::GradientTape t(/*persistent=*/true);
+  t.watch(x);
+  // x * c is recorded (x is watched), c * c is not: following c would give [1, 2], only x's path.
+  const Tensor loss = sc::sum(x * c) + sc::sum(c * c);
+  const std::vector<Tensor> g = t.gradient(loss, {x, c});
+  CHECK(v(g[0]) == Vec{3, 4});
+  CHECK(v(g[1]) == Vec{0, 0});
+  // Frozen (non-trainable) variables are constants too; trainable ones are tracked.
+  sc::Variable frozen(sc::tensor({3.0, 4.0}), "frozen", /*trainable=*/false);
+  sc::Variable w(sc::tensor({1.0, 2.0}), "w");
+  sc::GradientTape t2;
+  const Tensor l2 = sc::sum(w * frozen) + sc::sum(frozen * frozen);
+  const std::vector<Tensor> g2 = t2.gradient(l2, std::vector<sc::Variable>{w, frozen});
+  CHECK(v(g2[0]) == Vec{3, 4});
+  CHECK(v(g2[1]) == Vec{0, 0});
+  // Watched, it gets the whole gradient: w + 2 * frozen.
+  sc::GradientTape t3;
+  t3.watch(frozen);
+  const Tensor l3 = sc::sum(w * frozen) + sc::sum(frozen * frozen);
+  CHECK(v(t3.gradient(l3, frozen)) == Vec{7, 10});
 }
 
 TEST_CASE("output_gradient seeds the backward pass (a vector-Jacobian product)", "[autodiff][tape]") {
@@ -229,6 +253,18 @@ TEST_CASE("a gradient rule returning the wrong count or shape is reported", "[au
     CHECK_THROWS_WITH(t.gradient(y, x), Catch::Contains("[custom_gradient] gradient rule returned 2 gradients for 1 inputs") &&
                                             Catch::Contains(at_line(line)));
   }
+  {
+    sc::GradientTape t;
+    t.watch(x);
+    const Tensor y = sc::custom_gradient([](auto& xs) { return xs[0]; }, rule({x, x}), {x});
+    CHECK_THROWS_AS(t.gradient(y, x), sc::ValueError);
+  }
+  {
+    sc::GradientTape t;
+    t.watch(x);
+    const Tensor y = sc::custom_gradient([](auto& xs) { return xs[0]; }, rule({sc::ones({3}, sc::f64)}), {x});
+    CHECK_THROWS_AS(t.gradient(y, x), sc::ShapeError);
+  }
   sc::GradientTape t;
   t.watch(x);
   const Tensor y = sc::custom_gradient([](auto& xs) { return xs[0]; }, rule({sc::ones({3}, sc::f64)}), {x});
@@ -282,9 +318,10 @@ TEST_CASE("trainable variables are watched automatically", "[autodiff][tape][var
   REQUIRE(gs.size() == 3);
   CHECK(v(gs[0]) == Vec{30, 60});
   CHECK(v(gs[1]) == Vec{2});
-  // Not trainable, so not watched; but it is an input of an op recorded for w, and the tape
-  // differentiates every input of what it recorded.
-  CHECK(v(gs[2]) == Vec{10, 40});
+  // Not trainable, so not watched: a constant to the tape (as in TensorFlow), although it is
+  // an input of an op recorded for w; ops on it alone were never recorded, so following it
+  // would give part of a gradient.
+  CHECK(v(gs[2]) == Vec{0, 0});
   CHECK(v(t.gradient(loss, w)) == Vec{30, 60});
   // Used only with unwatched tensors, its ops are not recorded: no gradient.
   const std::size_t before = t.size();

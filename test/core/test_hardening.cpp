@@ -203,6 +203,65 @@ TEST_CASE("undefined tensors and empty variables raise ValueError instead of cra
   CHECK_THROWS_AS(v.assign(sc::ones({2})), sc::ValueError);
 }
 
+TEST_CASE("undefined tensors, empty variables and failed allocations name the op and the user's line", "[hardening]") {
+  const auto here = [](int line) { return "test_hardening.cpp:" + std::to_string(line); };
+  sc::Tensor t;
+  int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(t.shape(), Catch::Contains("[tensor] the tensor is undefined") && Catch::Contains(here(line)));
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(t.numel(), Catch::Contains(here(line)));
+  sc::Variable v;
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::exp(v), Catch::Contains("[exp] got an undefined tensor") && Catch::Contains("empty sc::Variable") &&
+                                     Catch::Contains(here(line)));
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(v + 1.f, Catch::Contains(here(line)));
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(1.f * v, Catch::Contains(here(line)));
+  // The op that would make the too-large result, at the user's line (not the allocator's).
+  const sc::Tensor col = sc::reshape(sc::ones({1 << 19}), {-1, 1}), row = sc::reshape(sc::ones({1 << 19}), {1, -1});
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::matmul(col, row), Catch::Contains("[matmul] out of memory") &&
+                                              Catch::Contains("[524288, 524288]") && Catch::Contains(here(line)));
+  CHECK_THROWS_AS(sc::matmul(col, row), sc::DeviceError);
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::one_hot(sc::tensor({1}), std::int64_t{1} << 61),
+                    Catch::Contains("[one_hot] shape [1, 2305843009213693952] is too large") && Catch::Contains(here(line)));
+}
+
+TEST_CASE("integer full and arange are exact beyond 2^53", "[hardening]") {
+  constexpr std::int64_t odd = (std::int64_t{1} << 53) + 1;  // not a double
+  CHECK(sc::full({2}, odd).to_vector<std::int64_t>() == std::vector<std::int64_t>{odd, odd});
+  CHECK(sc::full({1}, std::numeric_limits<std::int64_t>::max()).item<std::int64_t>() ==
+        std::numeric_limits<std::int64_t>::max());
+  CHECK(sc::arange(odd, odd + 3).to_vector<std::int64_t>() == std::vector<std::int64_t>{odd, odd + 1, odd + 2});
+  constexpr std::int64_t lo = std::numeric_limits<std::int64_t>::min(), hi = std::numeric_limits<std::int64_t>::max();
+  CHECK(sc::arange(lo, lo + 2).to_vector<std::int64_t>() == std::vector<std::int64_t>{lo, lo + 1});
+  CHECK(sc::arange(hi - 2, hi).to_vector<std::int64_t>() == std::vector<std::int64_t>{hi - 2, hi - 1});
+  CHECK(sc::arange(hi, hi - 5, std::int64_t{-2}).to_vector<std::int64_t>() == std::vector<std::int64_t>{hi, hi - 2, hi - 4});
+  CHECK(sc::arange(std::int64_t{10}, std::int64_t{0}, std::int64_t{-3}).to_vector<std::int64_t>() ==
+        std::vector<std::int64_t>{10, 7, 4, 1});
+  CHECK(sc::arange(std::int64_t{0}, std::int64_t{5}, std::int64_t{-1}).numel() == 0);
+  CHECK(sc::arange(7).to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6});
+  CHECK(sc::arange(3).dtype() == sc::i64);
+  CHECK_THROWS_AS(sc::arange(std::int64_t{0}, std::int64_t{5}, std::int64_t{0}), sc::ValueError);
+  CHECK_THROWS_AS(sc::arange(lo, hi), sc::ShapeError);  // 2^64 elements
+}
+
+TEST_CASE("float to integer conversions in full, item and to_vector follow cast's rule", "[hardening]") {
+  constexpr std::int32_t lo32 = std::numeric_limits<std::int32_t>::min();
+  constexpr std::int64_t lo64 = std::numeric_limits<std::int64_t>::min();
+  CHECK(sc::full({3}, NAN, sc::i32).to_vector<std::int32_t>() == std::vector<std::int32_t>{lo32, lo32, lo32});
+  CHECK(sc::full({1}, 1e30, sc::i64).item<std::int64_t>() == lo64);
+  CHECK(sc::full({1}, -7.9, sc::i32).item<std::int32_t>() == -7);
+  const sc::Tensor x = sc::tensor({NAN, INFINITY, -1e20f, 2.5f});
+  CHECK(x.to_vector<std::int32_t>() == std::vector<std::int32_t>{lo32, lo32, lo32, 2});
+  CHECK(x.to_vector<std::int64_t>() == std::vector<std::int64_t>{lo64, lo64, lo64, 2});
+  CHECK(x.to_vector<std::int32_t>() == sc::cast(x, sc::i32).to_vector<std::int32_t>());
+  CHECK(sc::tensor({1e20}).item<std::int64_t>() == lo64);
+  CHECK(sc::scalar(NAN).item<std::int32_t>() == lo32);
+}
+
 TEST_CASE("weak integer scalars that do not fit the tensor's dtype are errors, not wraps", "[hardening]") {
   const sc::Tensor a = sc::tensor(std::vector<std::int32_t>{1, 2});
   CHECK_THROWS_AS(a + 3000000000LL, sc::DTypeError);

@@ -529,6 +529,19 @@ TEST_CASE("optimizer: errors", "[optim][errors]") {
   CHECK(adam.named_variables().size() == 1);
   CHECK(p.w.value().to_vector<double>() == p.rw);
 
+  // The same variable twice would take two updates in one step (and count one): refused.
+  sc::optim::SGD mom(0.1, 0.5);
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { mom.apply({g[0], g[1], g[0]}, {p.w, p.b, p.w}); });
+  CHECK_THAT(msg, Catch::Contains("[SGD::apply]") && Catch::Contains("'w' is passed twice (at 0 and 2)") &&
+                      Catch::Contains(at_line(line)));
+  CHECK(mom.iterations() == 0);
+  CHECK(p.w.value().to_vector<double>() == p.rw);
+  mom.apply({g[0], g[1]}, {p.w, p.b});  // then the same list without the repeat steps as usual
+  CHECK(mom.iterations() == 1);
+  CHECK_THROWS_AS(mom.apply({g[0], g[0]}, {p.w, p.w}), sc::ValueError);
+  CHECK(mom.iterations() == 1);
+
   sc::Variable n(sc::zeros({2}, sc::i64), "n");
   line = __LINE__ + 1;
   msg = error_of<sc::DTypeError>([&] { sgd.apply({sc::zeros({2}, sc::i64)}, {n}); });

@@ -38,7 +38,7 @@ inline Tensor sum_to(const Tensor& g, const Shape& shape, std::string_view op, c
     if (shape[i] == 1 && s.shape()[i] != 1) ones_axes.push_back(i);
   if (!ones_axes.empty()) s = sum(s, ones_axes, true, loc);
   if (SC_UNLIKELY(s.shape() != shape))
-    fail<Error>(op, loc, "gradient rule returned shape ", g.shape(), " for an input of shape ", shape);
+    fail<ShapeError>(op, loc, "gradient rule returned shape ", g.shape(), " for an input of shape ", shape);
   return s;
 }
 
@@ -110,7 +110,8 @@ class GradientTape {
     for (const Tensor& t : ts) watch(t, loc);
   }
 
-  /// d(sum of target)/d(source): same shape as source; zeros when source is unconnected.
+  /// d(sum of target)/d(source): same shape as source; zeros when source is unconnected or
+  /// not tracked by this tape (neither watched, nor a trainable variable, nor computed from one).
   Tensor gradient(const Tensor& target, const Tensor& source,
                   std::source_location loc = std::source_location::current()) {
     return run(target, std::vector<Tensor>{source}, loc)[0];
@@ -193,7 +194,7 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
     detail::fail<ValueError>("gradient", loc, "the tape's gradient() is already running (called again from inside a "
                              "gradient rule); use another tape inside custom gradients");
   if (rec.used_ && !rec.persistent_)
-    detail::fail<Error>("gradient", loc, "a non-persistent GradientTape can compute gradients only once; "
+    detail::fail<ValueError>("gradient", loc, "a non-persistent GradientTape can compute gradients only once; "
                                          "use sc::GradientTape tape(/*persistent=*/true) for several calls");
   if (!is_floating(target.dtype()))
     detail::fail<DTypeError>("gradient", loc, "the target has dtype ", name(target.dtype()),
@@ -231,9 +232,14 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
   } restore{&rec, was_recording};
   const std::vector<detail::Ref<detail::TapeEntry>>& entries = rec.entries_;
 
-  // Forward sweep: which recorded values depend on a source (only those need gradients).
+  // Forward sweep: which recorded values depend on a source (only those need gradients). A
+  // source the tape does not track (never watched, not a trainable variable it saw, not a
+  // recorded result) is a constant to it: the ops that used it only alongside watched
+  // tensors were recorded, the others were not, so following it would give part of a
+  // gradient. Its gradient is zeros, like an unconnected source's.
   std::unordered_set<const detail::TensorImpl*> depends;
-  for (const Tensor& s : sources) depends.insert(s.impl());
+  for (const Tensor& s : sources)
+    if (rec.watched_.contains(s.impl())) depends.insert(s.impl());
   std::vector<char> relevant(entries.size(), 0);
   for (std::size_t i = 0; i < entries.size(); ++i) {
     for (const Tensor& x : entries[i]->inputs)
@@ -270,9 +276,9 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
     if (e.custom) gs = (*e.custom)(g);
     else if (e.vjp) gs = e.vjp(g, e.inputs, e.output, e.attrs, wanted);
     else
-      detail::fail<Error>(e.op, e.loc, "has no gradient rule (asked by gradient() at ", detail::where(loc), ")");
+      detail::fail<ValueError>(e.op, e.loc, "has no gradient rule (asked by gradient() at ", detail::where(loc), ")");
     if (gs.size() != e.inputs.size())
-      detail::fail<Error>(e.op, e.loc, "gradient rule returned ", gs.size(), " gradients for ", e.inputs.size(), " inputs");
+      detail::fail<ValueError>(e.op, e.loc, "gradient rule returned ", gs.size(), " gradients for ", e.inputs.size(), " inputs");
     for (std::size_t k = 0; k < gs.size(); ++k) {
       const Tensor& x = e.inputs[k];
       if (!gs[k].defined() || !depends.count(x.impl())) continue;

@@ -19,7 +19,7 @@ Tensor make_host(const Shape& shape, Fill&& fill, std::string_view op = "tensor"
   Tensor t = empty_tensor(shape, dtype_of<T>(), Device::cpu(), op, loc);
   fill(static_cast<T*>(t.raw_data()));
   const Device d = current_device();
-  return d.is_cpu() ? t : t.to(d);
+  return d.is_cpu() ? t : t.to(d, loc);
 }
 
 template <class T> struct nested_list { using type = T; static constexpr int depth = 0; };
@@ -118,16 +118,23 @@ inline Tensor full(Shape shape, double value, DType d, std::source_location loc 
     return detail::make_host<T>(
         shape,
         [&](T* p) {
-          const T v = static_cast<T>(value);
+          const T v = rules::math::batch_cast<T>(value);  // NaN/out of range: T's lowest, as cast()
           for (std::int64_t i = 0, n = shape.numel(); i < n; ++i) p[i] = v;
         },
         "full", loc);
   });
 }
 /// A tensor of the given shape with every element `value`; the dtype is value's (7.f → f32).
+/// The value is stored as given (an i64 above 2^53 is not rounded through double).
 template <Element T>
 Tensor full(Shape shape, T value, std::source_location loc = std::source_location::current()) {
-  return full(shape, static_cast<double>(value), dtype_of<T>(), loc);
+  check_shape(shape, "full", loc, dtype_of<T>());
+  return detail::make_host<T>(
+      shape,
+      [&](T* p) {
+        for (std::int64_t i = 0, n = shape.numel(); i < n; ++i) p[i] = value;
+      },
+      "full", loc);
 }
 /// Zeros of the given shape and dtype (f32 by default).
 inline Tensor zeros(Shape shape, DType d = DType::f32, std::source_location loc = std::source_location::current()) {
@@ -163,16 +170,46 @@ inline Tensor arange(double start, double stop, double step, DType d,
         "arange", loc);
   });
 }
+namespace detail {
+/// Integer arange in exact 64-bit arithmetic (through double, values above 2^53 would round).
+/// Distances are unsigned: stop - start and i * step fit in 64 bits without overflow.
+inline Tensor arange_i64(std::int64_t start, std::int64_t stop, std::int64_t step, const std::source_location& loc) {
+  using U = std::uint64_t;
+  if (step == 0) fail<ValueError>("arange", loc, "step must not be zero");
+  U n = 0;
+  if ((step > 0 && stop > start) || (step < 0 && stop < start)) {
+    const U span = step > 0 ? U(stop) - U(start) : U(start) - U(stop);
+    const U mag = step > 0 ? U(step) : U(0) - U(step);
+    n = span / mag + (span % mag != 0 ? 1 : 0);
+  }
+  if (n > U(max_tensor_bytes) / sizeof(std::int64_t))
+    fail<ShapeError>("arange", loc, "[", start, ", ", stop, ") in steps of ", step, " has ", n,
+                     " elements: too many");
+  const auto count = static_cast<std::int64_t>(n);
+  return make_host<std::int64_t>(
+      Shape{count},
+      [&](std::int64_t* p) {
+        U v = U(start);  // start + i*step, exact: every value lies between start and stop
+        for (std::int64_t i = 0; i < count; ++i, v += U(step)) p[i] = static_cast<std::int64_t>(v);
+      },
+      "arange", loc);
+}
+}  // namespace detail
+
 /// 0, 1, ..., stop-1 as i64 (as NumPy's and PyTorch's arange of integers).
 template <Scalar T>
 Tensor arange(T stop, std::source_location loc = std::source_location::current()) {
-  return arange(0.0, static_cast<double>(stop), 1.0, std::is_floating_point_v<T> ? dtype_of<T>() : DType::i64, loc);
+  if constexpr (std::is_floating_point_v<T>) return arange(0.0, static_cast<double>(stop), 1.0, dtype_of<T>(), loc);
+  else return detail::arange_i64(0, static_cast<std::int64_t>(stop), 1, loc);
 }
 /// start, start+step, ... below stop; the dtype follows the arguments' type (ints give i64).
 template <Scalar T>
 Tensor arange(T start, T stop, T step = T(1), std::source_location loc = std::source_location::current()) {
-  return arange(static_cast<double>(start), static_cast<double>(stop), static_cast<double>(step),
-                std::is_floating_point_v<T> ? dtype_of<T>() : DType::i64, loc);
+  if constexpr (std::is_floating_point_v<T>)
+    return arange(static_cast<double>(start), static_cast<double>(stop), static_cast<double>(step), dtype_of<T>(), loc);
+  else
+    return detail::arange_i64(static_cast<std::int64_t>(start), static_cast<std::int64_t>(stop),
+                              static_cast<std::int64_t>(step), loc);
 }
 /// The n×n identity (f32 by default).
 inline Tensor eye(std::int64_t n, DType d = DType::f32, std::source_location loc = std::source_location::current()) {

@@ -14,6 +14,7 @@
 #include "shape.hpp"
 #include "storage.hpp"
 #include "../eager/context.hpp"
+#include "../ops/rules.hpp"
 
 namespace stagecraft {
 
@@ -49,11 +50,13 @@ class Tensor {
   bool defined() const noexcept { return static_cast<bool>(impl_); }
   /// The extents; on an undefined tensor (as shape(), dtype(), device(), numel() and rank())
   /// a ValueError, never a crash.
-  const Shape& shape() const { return checked().shape; }
-  DType dtype() const { return checked().dtype; }
-  Device device() const { return checked().device; }
-  std::int64_t numel() const { return checked().shape.numel(); }
-  int rank() const { return checked().shape.rank(); }
+  const Shape& shape(std::source_location loc = std::source_location::current()) const { return checked(loc).shape; }
+  DType dtype(std::source_location loc = std::source_location::current()) const { return checked(loc).dtype; }
+  Device device(std::source_location loc = std::source_location::current()) const { return checked(loc).device; }
+  std::int64_t numel(std::source_location loc = std::source_location::current()) const {
+    return checked(loc).shape.numel();
+  }
+  int rank(std::source_location loc = std::source_location::current()) const { return checked(loc).shape.rank(); }
   /// Extent of one axis (negative counts from the end).
   std::int64_t size(std::int64_t axis, std::source_location loc = std::source_location::current()) const {
     return shape()[normalize_axis(axis, rank(), "size", loc)];
@@ -98,12 +101,13 @@ class Tensor {
   bool same(const Tensor& o) const noexcept { return impl_ == o.impl_; }
 
  private:
-  const detail::TensorImpl& checked() const {
-    if (SC_UNLIKELY(!impl_)) undefined();
+  const detail::TensorImpl& checked(const std::source_location& loc) const {
+    if (SC_UNLIKELY(!impl_)) undefined(loc);
     return *impl_;
   }
-  [[noreturn]] SC_COLD static void undefined() {
-    throw ValueError("[tensor] the tensor is undefined (default-constructed or moved from); give it a value first");
+  [[noreturn]] SC_COLD static void undefined(const std::source_location& loc) {
+    detail::fail<ValueError>("tensor", loc, "the tensor is undefined (default-constructed or moved from); give it "
+                             "a value first");
   }
   detail::Ref<detail::TensorImpl> impl_;
 };
@@ -174,13 +178,15 @@ template <class T>
 T load_as(const void* p, DType d, std::int64_t i) {
   return visit_dtype(d, [&](auto tag) -> T {
     using S = typename decltype(tag)::type;
-    return static_cast<T>(static_cast<const S*>(p)[i]);
+    return rules::math::batch_cast<T>(static_cast<const S*>(p)[i]);  // NaN/out of range: T's lowest
   });
 }
 
 /// Throws ValueError when a tensor handle is undefined.
 inline void require_defined(const Tensor& t, std::string_view op, const std::source_location& loc) {
-  if (SC_UNLIKELY(!t.defined())) fail<ValueError>(op, loc, "got an undefined tensor");
+  if (SC_UNLIKELY(!t.defined()))
+    fail<ValueError>(op, loc, "got an undefined tensor (a default-constructed or moved-from sc::Tensor, or an empty "
+                     "sc::Variable)");
 }
 /// Throws (StagingError) when a value is needed from a symbolic tensor.
 inline void require_concrete(const Tensor& t, std::string_view op, const std::source_location& loc) {
@@ -236,7 +242,7 @@ inline Tensor Tensor::to(Device d, std::source_location loc) const {
   for (const Device x : {device(), d})
     if (x.is_cuda()) cuda::detail::require_device(x, "to", loc);
   const cuda::detail::ScopedCallSite site("to", loc);
-  Tensor out = detail::empty_tensor(shape(), dtype(), d);
+  Tensor out = detail::empty_tensor(shape(), dtype(), d, "to", loc);
   cuda::detail::copy(out.raw_data(), d, raw_data(), device(), nbytes(), "to", loc);
   return out;
 }

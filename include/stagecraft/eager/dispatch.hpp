@@ -121,14 +121,14 @@ Tensor run_eager(ops::Inputs in, const ops::Attrs& attrs, const ops::OutMeta& me
 #if defined(STAGECRAFT_WITH_CUDA)
       if constexpr (CudaOp<Op>) {
         const cuda::detail::ScopedCallSite site(Op::name, loc);  // names the op in an out-of-memory error
-        Tensor out = empty_tensor(meta.shape, meta.dtype, dev);
+        Tensor out = empty_tensor(meta.shape, meta.dtype, dev, Op::name, loc);
         Op::cuda(in, out, attrs, loc);
         return out;
       }
 #endif
       fail<DeviceError>(Op::name, loc, "has no kernel for ", dev.str(), " in this build");
     }
-    Tensor out = empty_tensor(meta.shape, meta.dtype, dev);
+    Tensor out = empty_tensor(meta.shape, meta.dtype, dev, Op::name, loc);
     Op::cpu(in, out, attrs);
     return out;
   }

@@ -338,7 +338,7 @@ inline bool in_place(const Header& h) {
 /// read, not rejected: the elements are reordered into stagecraft's row-major layout.
 inline Tensor decode(const Header& h, const unsigned char* src, const Ctx& c) {
   if (h.type.dtype == DType::b8) check_bools(src, h.data_bytes, c);
-  Tensor t = empty_tensor(h.shape, h.type.dtype, Device::cpu());
+  Tensor t = empty_tensor(h.shape, h.type.dtype, Device::cpu(), c.op, c.loc);
   if (h.data_bytes == 0) return t;
   if (in_place(h)) {
     std::memcpy(t.raw_data(), src, h.data_bytes);
@@ -428,7 +428,7 @@ inline Tensor load(const std::string& path, std::string_view op, const std::sour
     read(buf.data(), buf.size(), "the data");
     return decode(h, buf.data(), c);
   }
-  Tensor t = empty_tensor(h.shape, h.type.dtype, Device::cpu());
+  Tensor t = empty_tensor(h.shape, h.type.dtype, Device::cpu(), c.op, c.loc);
   read(t.raw_data(), h.data_bytes, "the data");
   if (h.type.dtype == DType::b8) check_bools(t.raw_data(), h.data_bytes, c);
   return t;

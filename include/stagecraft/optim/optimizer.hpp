@@ -63,7 +63,18 @@ class Optimizer {
                                              grads[i].shape(), " but variable ", i, " ('", vars[i].name(),
                                              "') has shape ", vars[i].shape());
     }
-    if (!known) build(vars, loc);
+    if (!known) {  // the list of a step taken before has no repeats (build() keeps each once)
+      std::unordered_map<const void*, std::size_t> first;
+      for (std::size_t i = 0; i < vars.size(); ++i) {
+        if (!vars[i].defined()) continue;
+        const auto [at, fresh] = first.emplace(key(vars[i]), i);
+        if (SC_UNLIKELY(!fresh))
+          stagecraft::detail::fail<ValueError>(op_name("apply"), loc, "variable '", vars[i].name(), "' is passed twice (at ",
+                                               at->second, " and ", i, "); pass each variable once, with the sum of "
+                                               "its gradients");
+      }
+      build(vars, loc);
+    }
     GradientTape::StopRecording quiet;  // optimizer steps are never part of a gradient
     // From here on: ops only, never a value read on the host (see the class comment).
     iterations_.assign_add(one_, loc);  // now t, 1 for the first step

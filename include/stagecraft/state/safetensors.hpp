@@ -261,7 +261,7 @@ inline SafetensorsFile load(const std::filesystem::path& path, std::string_view 
   SafetensorsFile out;
   out.metadata = std::move(h.metadata);
   for (const Entry& e : h.entries) {  // sorted by offset and contiguous: read in one pass
-    Tensor t = detail::empty_tensor(e.shape, e.dtype, Device::cpu());
+    Tensor t = detail::empty_tensor(e.shape, e.dtype, Device::cpu(), op, loc);
     read(t.raw_data(), t.nbytes(), "the data of tensor \"" + e.name + "\"");
     if (e.dtype == DType::b8) {  // a bool must be 0 or 1; any other byte is undefined behaviour to read
       const auto* b = static_cast<const unsigned char*>(t.raw_data());

@@ -94,7 +94,9 @@ class Variable {
     return impl_->get();
   }
   /// Reads the current value wherever a Tensor is expected.
-  operator Tensor() const { return value(); }  // NOLINT: implicit by design
+  /// An empty variable gives an undefined tensor here, so the op it is passed to reports it
+  /// with its name and the user's line.
+  operator Tensor() const { return impl_ ? value() : Tensor(); }  // NOLINT: implicit by design
 
   /// Replaces the value; t must have the variable's shape (its dtype is converted). Inside a
   /// traced function the assignment becomes part of the graph and runs at every call.
