@@ -443,7 +443,7 @@ TEST_CASE("reduction errors name the op, the shape and the user's line", "[reduc
   CHECK_NOTHROW(sc::argmax(sc::zeros({0, 2}), 1));  // empty output, non-empty axis
 
   line = __LINE__ + 1;
-  CHECK_THROWS_WITH(sc::sum(sc::Tensor{}), Catch::Contains("[sum] got an undefined tensor" + at(line)));
+  CHECK_THROWS_WITH(sc::sum(sc::Tensor{}), Catch::Contains("[sum] got an undefined tensor") && Catch::Contains(at(line)));
   CHECK_THROWS_AS(sc::argmax(sc::Tensor{}, 0), sc::ValueError);
   CHECK_THROWS_AS(sc::mean(sc::Tensor{}), sc::ValueError);
 }
