@@ -5,8 +5,11 @@
 #include <stagecraft/graph/function.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "testing.hpp"
@@ -68,6 +71,34 @@ TEST_CASE("function: retraces on a new signature and says why", "[function]") {
   CHECK_THAT(log.lines.back(), Catch::Contains("traced 4 times"));
 }
 
+TEST_CASE("function: a plain argument's C++ type and sign of zero are part of the signature", "[function]") {
+  LogCapture log;
+  // A generic lambda: each argument type is another function (here with another result count).
+  auto f = sc::function(
+      [](sc::Tensor x, auto k) {
+        if constexpr (std::is_same_v<decltype(k), bool>) return std::make_tuple(x * 10.f, x);
+        else return x * static_cast<float>(k);
+      },
+      "typed");
+  check_same(f(sc::ones({2}), 1), sc::ones({2}));
+  const auto r = f(sc::ones({2}), true);  // 1 and true are equal numbers, not the same function
+  CHECK(f.trace_count() == 2);
+  check_same(std::get<0>(r), sc::full({2}, 10.f));
+  check_same(std::get<1>(r), sc::ones({2}));
+  CHECK_THAT(log.lines.back(), Catch::Contains("argument 1 changed from 1 (int32) to 1 (bool)"));
+  check_same(f(sc::ones({2}), 1.0), sc::ones({2}));
+  CHECK(f.trace_count() == 3);
+  // 0.0 and -0.0: x / k differs (+inf and -inf)
+  auto g = sc::function([](sc::Tensor x, float k) { return x / k; });
+  CHECK(g(sc::ones({1}), 0.f).item<float>() == INFINITY);
+  CHECK(g(sc::ones({1}), -0.f).item<float>() == -INFINITY);
+  CHECK(g.trace_count() == 2);
+  CHECK_THAT(log.lines.back(), Catch::Contains("changed from 0 to -0"));
+  g(sc::ones({1}), NAN);
+  g(sc::ones({1}), NAN);  // a NaN matches itself
+  CHECK(g.trace_count() == 3);
+}
+
 TEST_CASE("function: tuple and vector results", "[function]") {
   auto f = sc::function([](sc::Tensor x) { return std::make_tuple(x + 1.f, std::vector<sc::Tensor>{x * 2.f, -x}); });
   auto [a, v] = f(sc::ones({2}));
@@ -92,6 +123,40 @@ TEST_CASE("function: variables are read by reference", "[function][variables]") 
   w.assign(sc::full({3}, 5.f));
   check_same(f(sc::ones({3})), sc::full({3}, 5.f));
   CHECK(f.trace_count() == 1);
+}
+
+TEST_CASE("function: a tape outside the call differentiates the variables read inside", "[function][variables][grad]") {
+  sc::Variable w(sc::ones({3}), "w");
+  sc::Variable frozen(sc::full({3}, 5.f), "frozen", /*trainable=*/false);
+  sc::Variable count(sc::zeros({}), "count", /*trainable=*/false);
+  auto f = sc::function([&](sc::Tensor x) {
+    count.assign_add(sc::scalar(1.f));  // an assigned variable keeps its read
+    return sc::sum(w * x * frozen) + sc::sum(w * w);
+  });
+  auto eager = [&](sc::Tensor x) { return sc::sum(w * x * frozen) + sc::sum(w * w); };
+  const sc::Tensor x = sc::tensor({2.f, -1.f, 0.5f});
+  for (int step = 0; step < 3; ++step) {
+    sc::GradientTape t(/*persistent=*/true);
+    const sc::Tensor y = f(x);
+    const std::vector<sc::Tensor> g = t.gradient(y, std::vector<sc::Variable>{w, frozen});
+    sc::GradientTape te(/*persistent=*/true);
+    const sc::Tensor ye = eager(x);
+    const std::vector<sc::Tensor> ge = te.gradient(ye, std::vector<sc::Variable>{w, frozen});
+    check_same(y, ye, 1e-6);
+    check_same(g[0], ge[0], 1e-6);  // x * frozen + 2w
+    check_same(g[1], sc::zeros({3}));  // frozen: a constant to the tape, as in eager
+    w.assign(w - 0.1f * g[0]);         // the next call reads the new value
+  }
+  CHECK(f.trace_count() == 1);
+  CHECK(count.value().item<float>() == 3.f);
+  // Second order through the call: d2/dw2 of sum(w * w) is 2 everywhere.
+  sc::GradientTape outer;
+  sc::Tensor dw;
+  {
+    sc::GradientTape inner;
+    dw = inner.gradient(f(x), w.value());
+  }
+  check_same(outer.gradient(dw, w.value()), sc::full({3}, 2.f));
 }
 
 TEST_CASE("function: assignments run at every call, in program order", "[function][variables]") {

@@ -3,6 +3,8 @@
 #pragma once
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <cmath>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -11,6 +13,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -121,6 +124,23 @@ class ConcreteFunction {
   std::vector<Tensor> run(const std::vector<Tensor>& args, const std::source_location& loc) const {
     const stagecraft::detail::Context& ctx = stagecraft::detail::context();
     const bool recording = ctx.tapes != nullptr && ctx.no_record == 0;
+    if (recording) {
+      // A tape outside sees the variables the function reads as inputs of the call, so their
+      // gradients flow (otherwise a traced forward pass under an eager tape would give zeros).
+      if (const VarInputs& vi = variable_inputs(); vi.fn) {
+        std::vector<Tensor> all = args;
+        const graph::Graph& vg = vi.fn->graph();
+        for (std::size_t k = 0; k < vi.vars.size(); ++k) {
+          const Tensor v = Variable::from_state(vi.vars[k]).value();
+          const graph::Value& want = vg.values[vg.inputs[args.size() + k]];
+          if (v.shape() != want.shape || v.dtype() != want.dtype || v.device() != want.device)
+            stagecraft::detail::fail<StagingError>("read_var", loc, "variable '", vi.vars[k]->name,
+                                                   "' changed shape, dtype or device since it was traced");
+          all.push_back(v);
+        }
+        return vi.fn->run(all, loc);
+      }
+    }
     if (recording && ctx.tapes->tapes.size() == 1) {
       const Split& sp = split();
       std::vector<Tensor> all = sp.forward->plan().run(args);
@@ -144,6 +164,11 @@ class ConcreteFunction {
   void save(const std::string& path, std::source_location loc = std::source_location::current()) const;
 
  private:
+  /// The function with the variables it reads as extra arguments (see variable_inputs()).
+  struct VarInputs {
+    std::shared_ptr<const ConcreteFunction> fn;  ///< null: it reads no such variable
+    std::vector<std::shared_ptr<stagecraft::detail::VariableState>> vars;  ///< extra arguments, in order
+  };
   struct Impl {
     std::shared_ptr<const graph::Graph> traced, optimized;
     std::shared_ptr<const graph::Plan> plan;
@@ -152,7 +177,43 @@ class ConcreteFunction {
     mutable std::shared_ptr<const ConcreteFunction> backward;  ///< (args..., output seeds...) -> arg gradients
     /// forward: args -> (outputs..., residuals...); backward: (residuals..., output seeds...) -> arg gradients.
     mutable std::shared_ptr<const ConcreteFunction> split_forward, split_backward;
+    mutable std::once_flag var_inputs_once;
+    mutable std::shared_ptr<const VarInputs> var_inputs;
   };
+
+  /// For recording tapes: the traced graph with each floating-point variable it reads, and
+  /// never assigns (here or in a body), read through an extra argument instead of a read_var
+  /// node. A read_var gives the value at the start of the call, which is what is passed in, so
+  /// the two run alike; a variable assigned in the function keeps its read_var.
+  const VarInputs& variable_inputs() const {
+    std::call_once(impl_->var_inputs_once, [&] {
+      auto vi = std::make_shared<VarInputs>();
+      std::unordered_set<const stagecraft::detail::VariableInfo*> assigned;
+      const std::function<void(const graph::Graph&)> scan = [&](const graph::Graph& g) {
+        for (const graph::Node& n : g.nodes) {
+          if (n.kind == graph::NodeKind::assign_var) assigned.insert(n.var.get());
+          for (const auto& b : n.bodies) scan(*b);
+        }
+      };
+      scan(*impl_->traced);
+      graph::Graph g = *impl_->traced;
+      for (graph::Node& n : g.nodes) {
+        if (n.kind != graph::NodeKind::read_var || assigned.count(n.var.get()) ||
+            !is_floating(g.values[n.outputs[0]].dtype))
+          continue;
+        vi->vars.push_back(n.var);
+        n.kind = graph::NodeKind::input;
+        n.index = static_cast<int>(g.inputs.size());
+        n.var = nullptr;
+        g.inputs.push_back(n.outputs[0]);
+      }
+      if (!vi->vars.empty())
+        vi->fn = std::make_shared<const ConcreteFunction>(std::make_shared<const graph::Graph>(std::move(g)),
+                                                          impl_->optimized != impl_->traced);
+      impl_->var_inputs = std::move(vi);
+    });
+    return *impl_->var_inputs;
+  }
   struct Split {
     const ConcreteFunction* forward;
     const ConcreteFunction* backward;
@@ -313,20 +374,24 @@ struct ArgKey {
   TensorSig tensor;
   std::vector<TensorSig> list;
   const void* id = nullptr;  ///< a variable's identity
+  const void* type = nullptr;  ///< a plain value's C++ type (f(x, 1) and f(x, true) trace apart)
+  std::string_view type_name;  ///< that type, in words
   double number = 0;
   long long integer = 0;
   std::string str;  ///< variable name, or a printed plain value
   friend bool operator==(const ArgKey& a, const ArgKey& b) {
-    if (a.kind != b.kind) return false;
+    if (a.kind != b.kind || a.type != b.type) return false;
     switch (a.kind) {
       case 'T': return a.tensor == b.tensor;
       case 'V': return a.id == b.id;
       case 'L': return a.list == b.list;
-      case 'N': return a.integer == b.integer && (a.number == b.number || (a.number != a.number && b.number != b.number));
+      // the bits: 0.0 and -0.0 trace apart (x / k differs), and a NaN matches itself
+      case 'N': return a.integer == b.integer && std::bit_cast<std::uint64_t>(a.number) == std::bit_cast<std::uint64_t>(b.number);
       default: return a.str == b.str;
     }
   }
-  std::string text() const {
+  std::string text(bool with_type = false) const {
+    const std::string type = with_type && !type_name.empty() ? " (" + std::string(type_name) + ")" : "";
     switch (kind) {
       case 'T': return tensor.text();
       case 'V': return "variable '" + str + "'";
@@ -338,19 +403,48 @@ struct ArgKey {
       case 'N': {
         std::ostringstream os;
         os.precision(17);
-        if (number == static_cast<double>(integer)) os << integer;
+        if (number == static_cast<double>(integer) && !std::signbit(number)) os << integer;
         else os << number;
-        return os.str();
+        return os.str() + type;
       }
+      case 'S': return str + type;
       default: return str;
     }
   }
 };
 
+/// One address per type: a plain argument's type identity without RTTI.
+template <class T>
+inline constexpr char type_tag = 0;
+template <class T>
+constexpr std::string_view plain_type_name() {
+  if constexpr (std::same_as<T, bool>) return "bool";
+  else if constexpr (std::same_as<T, char>) return "char";
+  else if constexpr (std::same_as<T, float>) return "float";
+  else if constexpr (std::same_as<T, double>) return "double";
+  else if constexpr (std::same_as<T, long double>) return "long double";
+  else if constexpr (std::is_enum_v<T>) return "enum";
+  else if constexpr (std::same_as<T, std::string>) return "std::string";
+  else if constexpr (std::same_as<T, const char*>) return "const char*";
+  else if constexpr (std::same_as<T, Shape>) return "Shape";
+  else if constexpr (std::same_as<T, DType>) return "DType";
+  else return "";
+}
+
 template <class T>
 ArgKey key_of(const T& a) {
   using D = std::decay_t<T>;
   ArgKey k;
+  if constexpr (PlainArg<D>) {
+    k.type = &type_tag<D>;
+    // integer types of one signedness print alike: say their size too
+    if constexpr (std::is_integral_v<D> && !std::same_as<D, bool> && !std::same_as<D, char>)
+      k.type_name = sizeof(D) == 8 ? (std::is_signed_v<D> ? "int64" : "uint64")
+                    : sizeof(D) == 4 ? (std::is_signed_v<D> ? "int32" : "uint32")
+                    : sizeof(D) == 2 ? (std::is_signed_v<D> ? "int16" : "uint16")
+                                     : (std::is_signed_v<D> ? "int8" : "uint8");
+    else k.type_name = plain_type_name<D>();
+  }
   if constexpr (TensorArg<D>) {
     k.kind = 'T';
     if (a.defined()) k.tensor = sig_of(a);
@@ -504,8 +598,9 @@ class Function {
     std::string why;
     for (std::size_t i = 0; i < sig.size(); ++i)
       if (!(sig[i] == (*prev)[i])) {
+        const bool typed = sig[i].type != (*prev)[i].type;  // name the types only when they differ
         why += (why.empty() ? "" : "; ") + std::string("argument ") + std::to_string(i) + " changed from " +
-               (*prev)[i].text() + " to " + sig[i].text();
+               (*prev)[i].text(typed) + " to " + sig[i].text(typed);
       }
     const int n = static_cast<int>(s_->entries.size()) + 1;
     staging_log()("[sc::function] retracing '" + s_->name + "' (trace " + std::to_string(n) + "): " + why);
