@@ -100,6 +100,45 @@ TEST_CASE("while_loop: eager and traced agree; the count depends on data", "[whi
   CHECK(f.trace_count() == 1);
 }
 
+TEST_CASE("while_loop: a variable the loop assigns is read afresh at every round, by cond and body", "[while][variables]") {
+  sc::Variable acc(sc::scalar(0.f), "acc", false), k(sc::scalar(std::int64_t{0}), "k", false);
+  sc::Variable w(sc::scalar(2.f), "w");  // read in the loop, never assigned: one read per call
+  auto body = [&](sc::Tensor x) {
+    // the body reads acc (assign_add) after its own assignment of the round before
+    sc::Tensor i = sc::while_loop([](sc::Tensor n) { return n < 4; },
+                                  [&](sc::Tensor n) {
+                                    acc.assign_add(sc::scalar(1.f));
+                                    return n + std::int64_t{1};
+                                  },
+                                  sc::scalar(std::int64_t{0}));
+    // the condition reads k, which only the body assigns: `while (k < 3) { k += 1; y *= w; }`
+    sc::Tensor y = sc::while_loop([&](sc::Tensor) { return k < std::int64_t{3}; },
+                                  [&](sc::Tensor v) {
+                                    k.assign_add(sc::scalar(std::int64_t{1}));
+                                    return v * w;
+                                  },
+                                  x);
+    return std::make_tuple(y + acc, i);
+  };
+  auto f = sc::function(body);
+  for (const bool traced : {false, true}) {
+    INFO((traced ? "traced" : "eager"));
+    acc.assign(sc::scalar(0.f));
+    k.assign(sc::scalar(std::int64_t{0}));
+    auto [y, i] = traced ? f(sc::scalar(1.f)) : body(sc::scalar(1.f));
+    CHECK(acc.value().item<float>() == 4.f);
+    CHECK(i.item<std::int64_t>() == 4);
+    CHECK(k.value().item<std::int64_t>() == 3);
+    CHECK(y.item<float>() == 8.f + 4.f);  // three rounds of * 2
+    k.assign(sc::scalar(std::int64_t{1}));  // two rounds from here; acc goes on from 4
+    auto [y2, i2] = traced ? f(sc::scalar(1.f)) : body(sc::scalar(1.f));
+    CHECK(acc.value().item<float>() == 8.f);
+    CHECK(k.value().item<std::int64_t>() == 3);
+    CHECK(y2.item<float>() == 4.f + 8.f);
+  }
+  CHECK(f.trace_count() == 1);
+}
+
 TEST_CASE("while_loop: gradients through a staged loop equal eager ones", "[while][grad]") {
   const sc::Tensor a = sc::tensor({0.3f, -0.2f});
   auto grads = [&](const sc::Tensor& x, const sc::Tensor& scale) {

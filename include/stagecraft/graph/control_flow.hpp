@@ -7,6 +7,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <unordered_set>
 #include <vector>
 
 #include "../autodiff/tape.hpp"
@@ -75,6 +76,62 @@ STAGECRAFT_COMPILED_INLINE Tensors lifted(const Tensors& ts, const std::source_l
   Tensors out;
   current_builder()->lift(ts, out, loc);
   return out;
+}
+#endif  // STAGECRAFT_DEFINE_COMPILED
+
+/// A loop's bodies read the variables the loop assigns afresh at each round: a body reads a
+/// variable through a capture of the enclosing graph's read (one value for the whole loop),
+/// which is right for a variable the loop leaves alone, and wrong for one it assigns (`while
+/// (k < 3) k += 1` would never end). Such captures become read_var nodes of the body itself.
+STAGECRAFT_COMPILED_INLINE void read_assigned_in_place(Body& cond_b, Body& body_b);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void collect_assigned(const Graph& g, std::unordered_set<const stagecraft::detail::VariableInfo*>& out) {
+  for (const Node& n : g.nodes) {
+    if (n.kind == NodeKind::assign_var) out.insert(n.var.get());
+    for (const auto& b : n.bodies) collect_assigned(*b, out);
+  }
+}
+
+STAGECRAFT_COMPILED_INLINE void read_in_place(Body& b, const std::unordered_set<const stagecraft::detail::VariableInfo*>& vars) {
+  const Graph& old = *b.graph;
+  const std::size_t args = old.inputs.size() - b.captured.size();  // loop variables come first
+  std::vector<std::size_t> drop;
+  for (std::size_t k = 0; k < b.captured.size(); ++k) {
+    const stagecraft::detail::VariableInfo* v = b.captured[k].impl()->variable;
+    if (v != nullptr && vars.count(v)) drop.push_back(k);
+  }
+  if (drop.empty()) return;
+  Graph g = old;
+  Tensors captured;
+  std::vector<int> inputs(g.inputs.begin(), g.inputs.begin() + static_cast<std::ptrdiff_t>(args));
+  std::size_t d = 0;
+  for (std::size_t k = 0; k < b.captured.size(); ++k) {
+    const int val = g.inputs[args + k];
+    if (d < drop.size() && drop[d] == k) {
+      ++d;
+      Node& n = g.nodes[static_cast<std::size_t>(g.values[val].node)];
+      auto* info = const_cast<stagecraft::detail::VariableInfo*>(b.captured[k].impl()->variable);
+      n.kind = NodeKind::read_var;
+      n.var = std::static_pointer_cast<stagecraft::detail::VariableState>(info->shared_from_this());
+      n.index = 0;
+      continue;
+    }
+    g.nodes[static_cast<std::size_t>(g.values[val].node)].index = static_cast<int>(inputs.size());
+    inputs.push_back(val);
+    captured.push_back(b.captured[k]);
+  }
+  g.inputs = std::move(inputs);
+  b.graph = std::make_shared<const Graph>(std::move(g));
+  b.captured = std::move(captured);
+}
+
+STAGECRAFT_COMPILED_INLINE void read_assigned_in_place(Body& cond_b, Body& body_b) {
+  std::unordered_set<const stagecraft::detail::VariableInfo*> vars;
+  collect_assigned(*cond_b.graph, vars);
+  collect_assigned(*body_b.graph, vars);
+  if (vars.empty()) return;
+  read_in_place(cond_b, vars);
+  read_in_place(body_b, vars);
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
 
@@ -325,6 +382,7 @@ STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const T
     return Tensors{c.rank() == 0 ? c : reshape(c, Shape{}, loc)};
   }, loc);
   Body body_b = trace_body("while_body", specs, devs, body_fn, loc);
+  read_assigned_in_place(cond_b, body_b);
   const auto outs_spec = specs_of(*body_b.graph, body_b.graph->outputs);
   if (outs_spec.size() != specs.size())
     stagecraft::detail::fail<StagingError>("while_loop", loc, "body_fn returns ", outs_spec.size(), " tensors for ", specs.size(), " loop variables");
