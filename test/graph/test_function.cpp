@@ -234,6 +234,27 @@ TEST_CASE("function: misuse is a StagingError naming the fix", "[function][error
     return -x;
   });
   CHECK_THAT(error_of<sc::StagingError>([&] { h(sc::ones({2})); }), Catch::Contains("sc::cond"));
+
+  auto d = sc::function([](sc::Tensor x) { return x * x.data<float>()[0]; });
+  const std::string m3 = error_of<sc::StagingError>([&] { d(sc::ones({2})); });
+  CHECK_THAT(m3, Catch::Contains("[data] a symbolic tensor") && Catch::Contains("test_function.cpp"));
+}
+
+TEST_CASE("function: a concrete function called inside another one is inlined", "[function]") {
+  sc::Variable w(sc::full({3}, 2.f), "w");
+  auto inner = sc::function([&](sc::Tensor x) { return sc::tanh(x) * w; });
+  const sc::ConcreteFunction cf = inner.get_concrete(sc::ones({3}));
+  auto outer = sc::function([&](sc::Tensor x) {
+    sc::Tensor y = cf(x * 2.f);  // symbolic argument: the graph is inlined here
+    return y + 1.f;
+  });
+  const sc::Tensor x = sc::tensor({0.5f, -1.f, 2.f});
+  check_same(outer(x), sc::tanh(x * 2.f) * w + 1.f, 1e-6);
+  w.assign(sc::full({3}, -1.f));  // the inlined graph reads the variable by reference too
+  check_same(outer(x), sc::tanh(x * 2.f) * w + 1.f, 1e-6);
+  CHECK(outer.trace_count() == 1);
+  // outside a trace, a wrong signature is still an error
+  CHECK_THROWS_AS(cf(sc::ones({4})), sc::ShapeError);
 }
 
 TEST_CASE("function: variables may be created on the first trace only", "[function][variables]") {

@@ -79,10 +79,12 @@ class Tensor {
 
   /// Typed pointer to the first element of a concrete CPU tensor (T must match dtype()).
   template <Element T>
-  T* data() const {
-    if (SC_UNLIKELY(dtype_of<T>() != dtype()))
-      throw DTypeError("[data] tensor has dtype " + std::string(name(dtype())) +
-                       ", asked for " + std::string(name(dtype_of<T>())));
+  T* data(std::source_location loc = std::source_location::current()) const {
+    if (SC_UNLIKELY(dtype_of<T>() != dtype(loc)))
+      detail::fail<DTypeError>("data", loc, "tensor has dtype ", name(dtype()), ", asked for ", name(dtype_of<T>()));
+    if (SC_UNLIKELY(is_symbolic()))
+      detail::fail<StagingError>("data", loc, "a symbolic tensor (a value of a function being traced) has no data; "
+                                 "use sc::host_fn to run C++ code on its values");
     return static_cast<T*>(raw_data());
   }
   /// Untyped pointer to the first element (nullptr when symbolic or empty).

@@ -319,8 +319,9 @@ class ConcreteFunction {
     if (args.size() != g.inputs.size())
       stagecraft::detail::fail<ValueError>("ConcreteFunction", loc, "'", g.name, "' takes ", g.inputs.size(), " tensors, got ",
                                args.size());
+    const bool tracing = stagecraft::detail::context().trace != nullptr;  // then call() inlines the graph
     for (std::size_t i = 0; i < args.size(); ++i) {
-      stagecraft::detail::require_concrete(args[i], "ConcreteFunction", loc);
+      if (!tracing) stagecraft::detail::require_concrete(args[i], "ConcreteFunction", loc);
       const graph::Value& v = g.values[g.inputs[i]];
       if (args[i].shape() != v.shape || args[i].dtype() != v.dtype || args[i].device() != v.device)
         stagecraft::detail::fail<ShapeError>("ConcreteFunction", loc, "argument ", i, " of '", g.name, "' must be ",
