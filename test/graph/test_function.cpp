@@ -125,6 +125,41 @@ TEST_CASE("function: variables are read by reference", "[function][variables]") 
   CHECK(f.trace_count() == 1);
 }
 
+TEST_CASE("function: a variable reached through a Tensor is still read at each call; a snapshot is a value",
+          "[function][variables]") {
+  // sc::cond on a variable: the branch is chosen at each call, not fixed at the trace
+  sc::Variable flag(sc::scalar(true), "flag", /*trainable=*/false);
+  auto f = sc::function([&](sc::Tensor x) { return sc::cond(flag, [&] { return x * 2.f; }, [&] { return x * 3.f; }); });
+  CHECK(f(sc::scalar(1.f)).item<float>() == 2.f);
+  flag.assign(sc::scalar(false));
+  CHECK(f(sc::scalar(1.f)).item<float>() == 3.f);
+  CHECK(f.trace_count() == 1);
+  // item() of a variable while tracing would fix its value into the graph: an error naming the fix
+  sc::Variable s(sc::scalar(2.f), "s");
+  auto g = sc::function([&](sc::Tensor x) { return x * s.value().item<float>(); });
+  const std::string m = error_of<sc::StagingError>([&] { g(sc::scalar(1.f)); });
+  CHECK_THAT(m, Catch::Contains("[item]") && Catch::Contains("sc::cond") && Catch::Contains("test_function.cpp"));
+  // a value taken before the function is a value, as eagerly: it does not follow the variable
+  sc::Variable w(sc::scalar(1.f), "w");
+  const sc::Tensor snapshot = w.value();
+  auto eager = [&](sc::Tensor x) { return x * snapshot + w; };
+  auto h = sc::function(eager);
+  check_same(h(sc::scalar(1.f)), eager(sc::scalar(1.f)));
+  w.assign(sc::scalar(5.f));
+  check_same(h(sc::scalar(1.f)), eager(sc::scalar(1.f)));  // 1 * 1 + 5
+  CHECK(h(sc::scalar(1.f)).item<float>() == 6.f);
+  // a tape inside the function watching a tensor captured from outside differentiates it
+  const sc::Tensor c = sc::full({2}, .5f);
+  auto body = [&](sc::Tensor x) {
+    sc::GradientTape t;
+    t.watch(c);
+    return t.gradient(sc::sum(c * x * x), c);
+  };
+  auto traced = sc::function(body);
+  check_same(traced(sc::tensor({3.f, -2.f})), body(sc::tensor({3.f, -2.f})));
+  check_same(traced(sc::tensor({3.f, -2.f})), sc::tensor({9.f, 4.f}));
+}
+
 TEST_CASE("function: a tape outside the call differentiates the variables read inside", "[function][variables][grad]") {
   sc::Variable w(sc::ones({3}), "w");
   sc::Variable frozen(sc::full({3}, 5.f), "frozen", /*trainable=*/false);

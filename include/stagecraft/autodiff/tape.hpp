@@ -103,7 +103,7 @@ class GradientTape {
   void watch(const Tensor& t, std::source_location loc = std::source_location::current()) {
     detail::require_defined(t, "GradientTape::watch", loc);
     same_thread("GradientTape::watch", loc);
-    rec_->watch(t);
+    rec_->watch(in_trace(t, loc));
   }
   /// Watches several tensors.
   void watch(const std::vector<Tensor>& ts, std::source_location loc = std::source_location::current()) {
@@ -175,6 +175,16 @@ class GradientTape {
   std::vector<Tensor> run(const Tensor& target, const std::vector<Tensor>& sources, const std::source_location& loc,
                           const Tensor* seed = nullptr);
 
+  /// Inside a traced function, a tensor from outside it (a captured constant) is used by the
+  /// ops as the graph's value for it: the tape watches and differentiates that value.
+  static Tensor in_trace(const Tensor& t, const std::source_location& loc) {
+    detail::TraceState* tr = detail::context().trace;
+    if (tr == nullptr || !t.defined() || t.is_symbolic()) return t;
+    std::vector<Tensor> out;
+    tr->lift({&t, 1}, out, loc);
+    return out[0];
+  }
+
   void same_thread(std::string_view op, const std::source_location& loc) const {
     if (SC_UNLIKELY(std::this_thread::get_id() != rec_->owner()))
       detail::fail<ValueError>(op, loc, "the tape was made on another thread; a GradientTape records and "
@@ -185,8 +195,11 @@ class GradientTape {
   detail::TapeScope scope_;
 };
 
-inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::vector<Tensor>& sources,
+inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::vector<Tensor>& given,
                                              const std::source_location& loc, const Tensor* seed) {
+  std::vector<Tensor> sources;
+  sources.reserve(given.size());
+  for (const Tensor& s : given) sources.push_back(in_trace(s, loc));
   detail::require_defined(target, "gradient", loc);
   same_thread("gradient", loc);
   detail::TapeRecorder& rec = *rec_;

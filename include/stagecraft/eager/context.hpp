@@ -47,6 +47,9 @@ struct TraceState {
                         const ops::OutMeta& meta, const std::source_location& loc) = 0;
   /// The in-trace value of a variable after an assignment inside the trace (null: none yet).
   virtual const Tensor* shadow(const VariableInfo* var) = 0;
+  /// A read of the variable in this trace: what Variable::value() gives while tracing, so
+  /// every use inside a function reads the variable at each call.
+  virtual Tensor read(const VariableInfo* var, const std::source_location& loc) = 0;
   /// Records `var = value` as a side effect of the graph, in program order.
   virtual void assign(const VariableInfo* var, const Tensor& value, const std::source_location& loc) = 0;
   /// Whether a Variable may be created now (only on a function's first trace).

@@ -82,6 +82,11 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
     return handle(graph.out(id));
   }
 
+  Tensor read(const stagecraft::detail::VariableInfo* var, const std::source_location& loc) override {
+    if (parent != nullptr) return capture(parent->read(var, loc), loc);  // a body reads through its parent
+    return read_of(state_of(var), loc);
+  }
+
   const Tensor* shadow(const stagecraft::detail::VariableInfo* var) override {
     auto it = vars_.find(var);
     if (it != vars_.end()) return &it->second.shadow;
@@ -172,14 +177,9 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
     stagecraft::detail::TensorImpl* p = t.impl();
     if (p->symbolic.trace == serial) return t;
     if (p->symbolic.trace != 0) return capture(t, loc);
-    if (p->variable != nullptr) {
-      if (parent != nullptr) {  // a body reads variables through its enclosing graph (a capture)
-        std::vector<Tensor> outer;
-        parent->lift({&t, 1}, outer, loc);
-        return capture(outer[0], loc);
-      }
-      return read_of(state_of(p->variable), loc);
-    }
+    // A concrete tensor here, even a variable's value, is a constant: inside a trace,
+    // Variable::value() gives a read of the graph, so this value was taken before the trace
+    // (`Tensor snapshot = w;`) and keeps the value it had then, as it does eagerly.
     auto it = constants_.find(p);
     if (it != constants_.end()) return it->second;
     Node n;

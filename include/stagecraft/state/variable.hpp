@@ -85,12 +85,16 @@ class Variable {
   }
 
   /// The current value (a handle of its own: it stays this value after later assignments).
-  /// While a function is traced, after an assignment inside the trace, the value assigned (a
-  /// symbolic tensor of the trace).
-  Tensor value() const {
+  /// While a function is traced, a symbolic read of the variable (after an assignment inside
+  /// the trace, the value assigned).
+  Tensor value(std::source_location loc = std::source_location::current()) const {
     if (SC_UNLIKELY(!impl_)) empty();
-    if (detail::TraceState* tr = detail::context().trace; SC_UNLIKELY(tr != nullptr))
+    if (detail::TraceState* tr = detail::context().trace; SC_UNLIKELY(tr != nullptr)) {
       if (const Tensor* s = tr->shadow(impl_.get())) return *s;
+      // A read in the graph, not the value at trace time: sc::cond on it, item() of it and
+      // every op on it see the variable as it is at each call.
+      return tr->read(impl_.get(), loc);
+    }
     return impl_->get();
   }
   /// Reads the current value wherever a Tensor is expected.
