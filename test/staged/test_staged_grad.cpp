@@ -18,7 +18,7 @@ std::vector<Tensor> tape_grads(const F& f, const Tensor& x, const Tensor& y) {
   return t.gradient(sc::sum(out), std::vector<Tensor>{x, y});
 }
 
-/// d sum(f) / dx by central differences, element by element (f64).
+/// d sum(f) / dx by central differences, element by element (in f64, returned in the argument's dtype).
 template <class F>
 Tensor numeric_grad(const F& f, const Tensor& x, const Tensor& y, int which) {
   const Tensor& v = which == 0 ? x : y;
@@ -34,7 +34,7 @@ Tensor numeric_grad(const F& f, const Tensor& x, const Tensor& y, int which) {
     };
     out[i] = (at(h) - at(-h)) / (2 * h);
   }
-  return sc::tensor(out, v.shape());
+  return sc::cast(sc::tensor(out, v.shape()), v.dtype());
 }
 
 template <class F>
@@ -121,6 +121,48 @@ TEST_CASE("second order: grad<0>(grad<0>(g)) equals nested tapes", "[staged][gra
   std::vector<double> want;
   for (double v : x.to_vector<double>()) want.push_back(24 * v);
   check_same(d3(x, y), sc::tensor(want, x.shape()), 1e-9, "x^4 third derivative");
+}
+
+TEST_CASE("pow with a scalar or a tensor exponent: first and second derivatives", "[staged][grad]") {
+  // A C++ scalar exponent is a weak constant: the rule's where(b == 0, 0, ...) has a constant
+  // condition, computed in the branches' type (on the fused loop and the op-by-op path alike).
+  for (sc::DType d : {sc::f32, sc::f64}) {
+    const Tensor x = away_from_zero({4, 3}, 31, d), y = away_from_zero({3}, 32, d);
+    const std::string at = std::string(" ") + std::string(sc::name(d));
+    check_grads([](const auto& a, const auto& b) { return sc::pow(a, 3.f) * b + sc::pow(b, 2); }, "pow(x, 3.f), pow(y, 2)" + at,
+                x, y);
+    check_grads([](const auto& a, const auto& b) { return sc::pow(sc::abs(a) + 0.5f, 1.5) - sc::pow(a * b, 0); },
+                "pow(|x| + 0.5, 1.5), pow(xy, 0)" + at, x, y);
+  }
+  const Tensor x = away_from_zero({7}, 33, sc::f64), y = away_from_zero({7}, 34, sc::f64);
+  auto check2 = [&](auto f, const std::string& what) {
+    INFO(what);
+    const auto g = sc::compile(f);
+    check_same(sc::grad<0>(sc::grad<0>(g))(x, y), nested_second(f, x, y, x), 1e-9, what);
+    check_same(sc::grad<1>(sc::grad<0>(g))(x, y), nested_second(f, x, y, y), 1e-9, what + " (mixed)");
+  };
+  check2([](const auto& a, const auto& b) { return sc::pow(a, 3.f) * b + sc::pow(a, 1); }, "pow(x, 3.f) * y + pow(x, 1)");
+  check2([](const auto& a, const auto& b) { return sc::pow(sc::abs(a) + 0.5f, b); }, "pow(|x| + 0.5, y)");
+  // the exponent 0 and 1 at x = 0: the derivatives are exactly 0 (where eager's rule puts them)
+  const Tensor z = sc::zeros({3}, sc::f32);
+  const auto p1 = sc::compile([](auto a) { return sc::pow(a, 1); });
+  check_same(sc::grad<0>(sc::compile([](auto a) { return sc::pow(a, 0.f); }))(z), sc::zeros({3}), 0.0, "d/dx x^0 at 0");
+  check_same(sc::grad<0>(p1)(z), sc::ones({3}), 0.0, "d/dx x^1 at 0");
+  check_same(sc::grad<0>(sc::grad<0>(p1))(z), sc::zeros({3}), 0.0, "d2/dx2 x^1 at 0");
+}
+
+TEST_CASE("the gradient with respect to an argument has its dtype", "[staged][grad]") {
+  // The fused loop runs only where the argument's dtype is the graph's; otherwise the op-by-op
+  // path casts, as the tape does.
+  const Tensor x = away_from_zero({2, 3}, 41, sc::f32), yi = sc::tensor(std::vector<std::int32_t>{3, -4, 5}, sc::Shape{3});
+  const auto mul = sc::compile([](auto a, auto b) { return a * b; });
+  check_same(sc::grad<0>(mul)(x, yi), sc::broadcast_to(sc::cast(yi, sc::f32), {2, 3}), 0.0, "d(x y)/dx, x f32, y i32");
+  const Tensor x64 = sc::cast(x, sc::f64), y32 = away_from_zero({3}, 42, sc::f32);
+  check_grads([](const auto& a, const auto& b) { return a * b; }, "x f64, y f32", x64, y32);
+  check_grads([](const auto& a, const auto& b) { return sc::tanh(a) * b + sc::sum(a * b, {-1}, true); },
+              "a reduction inside, x f32, y f64", x, sc::cast(y32, sc::f64));
+  const Tensor d2 = sc::grad<0>(sc::grad<0>(sc::compile([](auto a, auto b) { return a * a * b; })))(x, sc::cast(y32, sc::f64));
+  check_same(d2, sc::broadcast_to(sc::cast(2 * y32, sc::f32), {2, 3}), 1e-6, "second order, x f32, y f64");
 }
 
 TEST_CASE("a compiled function runs fused eagerly, traced and under a tape", "[staged][grad]") {

@@ -40,6 +40,11 @@ TEST_CASE("graphs with matmul, reductions, softmax and conv2d equal eager and tr
   // reductions of an empty axis and bad axes raise eager's errors
   check_stages([](const auto& a) { return sc::max(a * 2, {1}); }, 0.0, "max over an empty axis", sc::zeros({3, 0}));
   check_stages([](const auto& a) { return sc::sum(a * 2, {5}); }, 0.0, "sum over a bad axis", x);
+  check_stages([](const auto& a) { return sc::sum(a * 2, {-1, 1}); }, 0.0, "sum over a repeated axis", x);
+  const std::string msg = sctest::error_of<sc::ShapeError>([&] {
+    (void)sc::compile([](auto a) { return sc::mean(a * 2, {1, 1}); })(sc::ones({2, 3}));
+  });
+  CHECK(msg.find("[mean] axis 1 appears twice in axes [1, 1] for shape [2, 3]") == 0);
 }
 
 TEST_CASE("shared sub-expressions are bound once and read back", "[staged][cse]") {

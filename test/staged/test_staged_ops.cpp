@@ -124,3 +124,20 @@ TEST_CASE("staged errors name the op, the shapes and the user's line", "[staged]
   CHECK(cmsg.find("test_staged_ops.cpp") != std::string::npos);
   CHECK_THROWS_AS(sc::stage(Tensor()), sc::Error);
 }
+
+TEST_CASE("an integer scalar that does not fit the tensor's dtype raises eager's DTypeError", "[staged][errors]") {
+  const Tensor i = sc::tensor(std::vector<std::int32_t>{1, -2}, sc::Shape{2});
+  sctest::check_stages([](const auto& a) { return a + 3000000000LL; }, 0.0, "i32 + 3e9", i);
+  sctest::check_stages([](const auto& a) { return a + 3000000000LL; }, 0.0, "i64 + 3e9 fits", sc::cast(i, sc::i64));
+  // the fused loop names the op reading the scalar and the caller's line
+  const std::string msg = sctest::error_of<sc::DTypeError>([&] {
+    (void)sc::compile([](auto a) { return a * 2 - 3000000000LL; })(i);
+  });
+  CHECK(msg.find("[sub] the integer 3000000000 does not fit the tensor's dtype i32") == 0);
+  CHECK(msg.find("test_staged_ops.cpp") != std::string::npos);
+  // the op-by-op path (operands of two dtypes), and a cast inside a float expression
+  const auto mixed = sc::compile([](auto a, auto b) { return (a + 3000000000LL) * b; });
+  CHECK(sctest::error_kind([&] { (void)mixed(i, sc::ones({2})); }) == "DTypeError");
+  const auto inner = sc::compile([](auto a) { return sc::sum(sc::cast<sc::f32>(sc::cast<sc::i32>(a) - 3000000000LL)); });
+  CHECK(sctest::error_kind([&] { (void)inner(sc::ones({2})); }) == "DTypeError");
+}

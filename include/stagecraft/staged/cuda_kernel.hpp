@@ -198,21 +198,28 @@ struct PMap2 {
     }
   }
 };
-/// where(c, a, b), N the staged Select node.
+/// where(c, a, b), N the staged Select node; a weak condition is computed in the branches' type
+/// first, as Select::cond does.
 template <class N, class C, class A, class B>
 struct PSelect {
   C c;
   A a;
   B b;
+  template <DType D, class CV, class AtT>
+  SC_GPU_FN bool cond(const AtT& at) const {
+    if constexpr (decltype(N::c)::weak) return conv<bool>(c.template get<D, CV>(at));
+    else return c.template get<D, bool>(at);
+  }
   template <DType D, class V, class AtT>
   SC_GPU_FN V get(const AtT& at) const {
-    const bool m = c.template get<D, bool>(at);
     if constexpr (N::weak) {
+      const bool m = cond<D, V>(at);
       const V x = a.template get<D, V>(at);
       const V y = b.template get<D, V>(at);
       return WhereRule::f(m, x, y);
     } else {
       using CV = ctype_t<dtype_v<N, D>>;
+      const bool m = cond<D, CV>(at);
       const CV x = a.template get<D, CV>(at);
       const CV y = b.template get<D, CV>(at);
       return conv<V>(WhereRule::f(m, x, y));
@@ -489,7 +496,10 @@ Tensor run_on_host(const E& e, const Env<NA, DS>& env, bool vector = false, bool
     if (fusable<NS>(sl, used, d) && shape_of<NA>(e, env, sl, shape)) {
       visit_dtype(d, [&](auto tag) {
         constexpr DType D = dtype_of<typename decltype(tag)::type>();
-        if constexpr (E::template valid<D>()) out = run_program_on_host<D, NA>(e, sl, used, shape, vector, vectorized);
+        if constexpr (E::template valid<D>()) {
+          check_constants<D>(e, E::template dtype<D>(), "compile", env.loc);  // as run_elementwise does
+          out = run_program_on_host<D, NA>(e, sl, used, shape, vector, vectorized);
+        }
       });
     }
   }

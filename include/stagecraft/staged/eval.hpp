@@ -195,16 +195,74 @@ bool shape_of(const GradRoot<I, A, F>& n, const Env<NA, DS>& env, const Slots<NS
          broadcast_shapes(f, out, b) && b == out;
 }
 
+// ---- integer constants (eager's weak-scalar rule: one that does not fit its dtype raises) ---
+
+/// Whether the graph's fused region holds a C++ integer constant (only those can fail to fit).
+template <class N>
+constexpr bool has_int_const() {
+  if constexpr (is_const<N>) return std::is_integral_v<typename N::value_type> && !std::is_same_v<typename N::value_type, bool>;
+  else if constexpr (requires(const N& n) { n.m; }) return false;  // its operands are checked when evaluated
+  else if constexpr (requires(const N& n) { n.c; })
+    return has_int_const<decltype(N::c)>() || has_int_const<decltype(N::a)>() || has_int_const<decltype(N::b)>();
+  else if constexpr (requires(const N& n) { n.b; }) return has_int_const<decltype(N::a)>() || has_int_const<decltype(N::b)>();
+  else if constexpr (requires(const N& n) { n.a; }) return has_int_const<decltype(N::a)>();
+  else return false;
+}
+
+/// Integer v read as dtype d: a DTypeError where it would wrap, as eager's weak scalars
+/// (detail::weak_scalar) raise; op: the op that reads it.
+template <class V>
+void check_fits(V v, DType d, std::string_view op, const std::source_location& loc) {
+  visit_dtype(d, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      const T t = static_cast<T>(v);
+      if (SC_UNLIKELY(static_cast<V>(t) != v || (t < T(0)) != (v < V(0))))
+        detail::fail<DTypeError>(op, loc, "the integer ", v, " does not fit the tensor's dtype ", d,
+                                 "; convert the tensor first (.astype(sc::i64))");
+    }
+  });
+}
+
+/// Checks each integer constant of n's fused region against the dtype it is read in, for the
+/// graph's dtype D: a weak node is read in `as` (its consumer's dtype), any other computes in
+/// its own; op names the reader.
+template <DType D, class N>
+void check_constants(const N& n, DType as, std::string_view op, const std::source_location& loc) {
+  if constexpr (!has_int_const<N>()) {
+    return;
+  } else if constexpr (is_const<N>) {
+    check_fits(n.v, as, op, loc);
+  } else if constexpr (requires { N::grad_arg; }) {
+    check_constants<D>(n.a, D, "grad", loc);
+  } else if constexpr (requires { N::convert_to; }) {
+    check_constants<D>(n.a, N::convert_to, "cast", loc);
+  } else if constexpr (requires { n.c; }) {
+    const DType t = N::weak ? as : N::template dtype<D>();
+    check_constants<D>(n.c, t, "where", loc);
+    check_constants<D>(n.a, t, "where", loc);
+    check_constants<D>(n.b, t, "where", loc);
+  } else {
+    const DType t = N::weak ? as : N::template compute<D>();
+    check_constants<D>(n.a, t, N::op_type::name, loc);
+    if constexpr (requires { n.b; }) check_constants<D>(n.b, t, N::op_type::name, loc);
+  }
+}
+
 // ---- the eager path ----------------------------------------------------------------------
 
 template <int S, int NA, int NS, class N, unsigned DS>
 Tensor eager_of(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl);
-
-/// A weak node as a tensor of dtype d (a scalar, or where the node reads tensors, their shape).
 template <int S, int NA, int NS, class N, unsigned DS>
-Tensor eager_weak(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl, DType d) {
+Tensor condition(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl, DType d);
+
+/// A weak node as a tensor of dtype d (a scalar, or where the node reads tensors, their shape);
+/// op: the op that reads it (named where an integer constant does not fit d).
+template <int S, int NA, int NS, class N, unsigned DS>
+Tensor eager_weak(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl, DType d, std::string_view op) {
   const auto& loc = env.loc;
   if constexpr (constant_node<N>) {
+    check_constants<DType::f64>(n, d, op, loc);  // every node here is weak: it reads d
     return visit_dtype(d, [&](auto tag) {
       using T = typename decltype(tag)::type;
       const T v = n.template get<0, DType::f64, T, ScalarLane<true>>(Ctx<1>{}, 0);
@@ -213,17 +271,26 @@ Tensor eager_weak(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl, DType
   } else if constexpr (requires { n.c; }) {  // a weak select: where(cond, k1, k2)
     using Cn = decltype(n.c);
     using A = decltype(n.a);
-    return where(eager_of<S>(n.c, env, sl), eager_weak<S + Cn::slots>(n.a, env, sl, d),
-                 eager_weak<S + Cn::slots + A::slots>(n.b, env, sl, d), loc);
+    return where(condition<S>(n, env, sl, d), eager_weak<S + Cn::slots>(n.a, env, sl, d, "where"),
+                 eager_weak<S + Cn::slots + A::slots>(n.b, env, sl, d, "where"), loc);
   } else if constexpr (requires { n.b; }) {
     using A = decltype(n.a);
     using Op = typename N::op_type;
-    return detail::dispatch2<Op>(eager_weak<S>(n.a, env, sl, d), eager_weak<S + A::slots>(n.b, env, sl, d), {}, loc);
+    return detail::dispatch2<Op>(eager_weak<S>(n.a, env, sl, d, Op::name),
+                                 eager_weak<S + A::slots>(n.b, env, sl, d, Op::name), {}, loc);
   } else {
     using Op = typename N::op_type;
-    const Tensor x = eager_weak<S>(n.a, env, sl, d);
+    const Tensor x = eager_weak<S>(n.a, env, sl, d, Op::name);
     return detail::dispatch<Op>({&x, 1}, {}, loc);
   }
+}
+
+/// The condition of select n whose branches are of dtype d: a weak one computed in d first (as
+/// Select::cond does in the fused loop).
+template <int S, int NA, int NS, class N, unsigned DS>
+Tensor condition(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl, DType d) {
+  if constexpr (decltype(n.c)::weak) return eager_weak<S>(n.c, env, sl, d, "where");
+  else return eager_of<S>(n.c, env, sl);
 }
 
 template <int S, int NA, int NS, class N, unsigned DS>
@@ -237,7 +304,7 @@ Tensor eager_of(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl) {
     const Tensor& x = env.args[N::grad_arg];
     if constexpr (std::is_same_v<typename N::Adj, Zero>) return zeros(x.shape(), x.dtype(), loc);
     Tensor g;
-    if constexpr (N::Adj::weak) g = eager_weak<S>(n.a, env, sl, x.dtype());
+    if constexpr (N::Adj::weak) g = eager_weak<S>(n.a, env, sl, x.dtype(), "grad");
     else g = eager_of<S>(n.a, env, sl);
     if (g.dtype() != x.dtype()) g = cast(g, x.dtype(), loc);
     Shape f, full;  // the adjoint has the differentiated expression's shape
@@ -249,15 +316,20 @@ Tensor eager_of(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl) {
     using Cn = decltype(n.c);
     using A = decltype(n.a);
     using B = decltype(n.b);
-    const Tensor c = eager_of<S>(n.c, env, sl);
+    Tensor c;  // a tensor condition first, as before the branches; a weak one in their dtype d
+    if constexpr (!Cn::weak) c = eager_of<S>(n.c, env, sl);
+    auto cond = [&](DType d) { return Cn::weak ? condition<S>(n, env, sl, d) : c; };
     if constexpr (A::weak) {
       const Tensor b = eager_of<S + Cn::slots + A::slots>(n.b, env, sl);
-      return where(c, eager_weak<S + Cn::slots>(n.a, env, sl, promote_scalar(b.dtype(), A::skind)), b, loc);
+      const DType d = promote_scalar(b.dtype(), A::skind);
+      return where(cond(d), eager_weak<S + Cn::slots>(n.a, env, sl, d, "where"), b, loc);
     } else if constexpr (B::weak) {
       const Tensor a = eager_of<S + Cn::slots>(n.a, env, sl);
-      return where(c, a, eager_weak<S + Cn::slots + A::slots>(n.b, env, sl, promote_scalar(a.dtype(), B::skind)), loc);
+      const DType d = promote_scalar(a.dtype(), B::skind);
+      return where(cond(d), a, eager_weak<S + Cn::slots + A::slots>(n.b, env, sl, d, "where"), loc);
     } else {
-      return where(c, eager_of<S + Cn::slots>(n.a, env, sl), eager_of<S + Cn::slots + A::slots>(n.b, env, sl), loc);
+      const Tensor a = eager_of<S + Cn::slots>(n.a, env, sl), b = eager_of<S + Cn::slots + A::slots>(n.b, env, sl);
+      return where(cond(promote(a.dtype(), b.dtype())), a, b, loc);
     }
   } else if constexpr (requires { N::convert_to; }) {
     return cast(eager_of<S>(n.a, env, sl), N::convert_to, loc);
@@ -267,10 +339,11 @@ Tensor eager_of(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl) {
     using B = decltype(n.b);
     if constexpr (A::weak) {
       const Tensor b = eager_of<S + A::slots>(n.b, env, sl);
-      return detail::dispatch2<Op>(eager_weak<S>(n.a, env, sl, promote_scalar(b.dtype(), A::skind)), b, {}, loc);
+      return detail::dispatch2<Op>(eager_weak<S>(n.a, env, sl, promote_scalar(b.dtype(), A::skind), Op::name), b, {}, loc);
     } else if constexpr (B::weak) {
       const Tensor a = eager_of<S>(n.a, env, sl);
-      return detail::dispatch2<Op>(a, eager_weak<S + A::slots>(n.b, env, sl, promote_scalar(a.dtype(), B::skind)), {}, loc);
+      return detail::dispatch2<Op>(a, eager_weak<S + A::slots>(n.b, env, sl, promote_scalar(a.dtype(), B::skind), Op::name),
+                                   {}, loc);
     } else {
       return detail::dispatch2<Op>(eager_of<S>(n.a, env, sl), eager_of<S + A::slots>(n.b, env, sl), {}, loc);
     }
@@ -585,7 +658,7 @@ Tensor run_elementwise(const E& e, const Env<NA, DS>& env) {
   if constexpr (E::weak) {
     // no tensor fixes the dtype (a gradient's adjoint such as where(x > 0, 0.25f, 0) evaluated on
     // its own): the scalars' own dtype, as eager gives where(x > 0, 0.25f, 0)
-    return eager_weak<NA>(e, env, sl, promote_scalar(DType::b8, E::skind));
+    return eager_weak<NA>(e, env, sl, promote_scalar(DType::b8, E::skind), "compile");
   } else {
     constexpr Used<NS> used = used_slots<NA, E>();
     // the fused loop on the CPU, or (in a file nvcc compiles) the templated kernel on a GPU
@@ -599,6 +672,7 @@ Tensor run_elementwise(const E& e, const Env<NA, DS>& env) {
       visit_dtype(d, [&](auto tag) {
         constexpr DType D = dtype_of<typename decltype(tag)::type>();
         if constexpr (fuses(DS, D) && E::template valid<D>()) {
+          check_constants<D>(e, E::template dtype<D>(), "compile", env.loc);
           if constexpr (gpu) {
             if (dev.is_cuda()) {
               out = fused_cuda<D, NA>(e, sl, used, shape, dev, env.loc);
@@ -634,14 +708,17 @@ struct ReduceOp {
 };
 
 /// Whether op reduces trailing axes of `shape` only (then: the elements per output, `inner`, and
-/// the output's shape); false also for an empty input or axes eager would refuse (it raises).
+/// the output's shape); false also for an empty input or axes eager would refuse (out of range,
+/// repeated: the eager op then raises it).
 template <ReduceKind K>
 bool trailing_reduction(const ReduceOp<K>& op, const Shape& shape, std::int64_t& inner, Shape& oshape) {
   const int rank = shape.rank();
   std::vector<char> reduced(static_cast<std::size_t>(rank), op.axes.empty() ? 1 : 0);
   for (std::int64_t ax : op.axes) {
     if (ax < -rank || ax >= rank) return false;  // eager raises it
-    reduced[static_cast<std::size_t>(ax < 0 ? ax + rank : ax)] = 1;
+    char& r = reduced[static_cast<std::size_t>(ax < 0 ? ax + rank : ax)];
+    if (r) return false;  // a repeated axis: eager raises it
+    r = 1;
   }
   int first = rank;  // reduced axes must be the trailing ones
   while (first > 0 && reduced[static_cast<std::size_t>(first - 1)]) --first;
@@ -681,8 +758,10 @@ bool reduce_with(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, bool
   bool done = false;
   visit_floating(d, [&](auto tag) {
     constexpr DType D = dtype_of<typename decltype(tag)::type>();
-    if constexpr (fuses(DS, D) && A::template valid<D>() && A::template dtype<D>() == D)
+    if constexpr (fuses(DS, D) && A::template valid<D>() && A::template dtype<D>() == D) {
+      check_constants<D>(a, D, "compile", env.loc);
       done = run(std::integral_constant<DType, D>{}, sl, used, shape, inner, oshape, dev);
+    }
   });
   return done;
 }

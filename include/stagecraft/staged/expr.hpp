@@ -356,7 +356,9 @@ struct Map2 : Node {
 
 /// where(cond, a, b): cond read as truth, a and b promoted together (weak scalars follow). With
 /// both branches weak (where(x > 0, 1, 0) in a derivative) the node is weak: it takes its
-/// consumer's type, and only the condition has a dtype of its own.
+/// consumer's type, and only the condition has a dtype of its own. A weak condition (b == 0 for
+/// a scalar b, in pow's derivative) is computed in the type the branches are, then read as truth:
+/// a comparison's operands are values, never masks.
 template <class Cn, class A, class B>
 struct Select : Node {
   Cn c;
@@ -385,20 +387,25 @@ struct Select : Node {
 
   template <int S, DType D, class V, class L, class C>
   SC_ALWAYS_INLINE V get(const C& cx, std::int64_t i) const {
+    using M = native_t<L, DType::b8>;
     if constexpr (weak) {
-      using M = native_t<L, DType::b8>;
-      const M m = c.template get<S, D, M, L>(cx, i);
+      const M m = cond<S, D, M, V, L>(cx, i);
       const V x = a.template get<S + Cn::slots, D, V, L>(cx, i);
       const V y = b.template get<S + Cn::slots + A::slots, D, V, L>(cx, i);
       return rules::Where::f(m, x, y);
     } else {
       using CV = native_t<L, dtype<D>()>;
-      using M = native_t<L, DType::b8>;
-      const M m = c.template get<S, D, M, L>(cx, i);
+      const M m = cond<S, D, M, CV, L>(cx, i);
       const CV x = a.template get<S + Cn::slots, D, CV, L>(cx, i);
       const CV y = b.template get<S + Cn::slots + A::slots, D, CV, L>(cx, i);
       return to<V>(rules::Where::f(m, x, y));
     }
+  }
+  /// The condition as a mask M; a weak one computed in the branches' type CV first.
+  template <int S, DType D, class M, class CV, class L, class C>
+  SC_ALWAYS_INLINE M cond(const C& cx, std::int64_t i) const {
+    if constexpr (Cn::weak && !is_mask<CV> && !std::is_same_v<CV, bool>) return to<M>(c.template get<S, D, CV, L>(cx, i));
+    else return c.template get<S, D, M, L>(cx, i);
   }
 };
 
@@ -456,6 +463,8 @@ struct GradRoot : Node {
   static constexpr int slots = A::slots;
   static constexpr bool weak = false;
   static constexpr bool costly = A::costly;
+  // the fused loop counts argument I as read (uses_arg below), so D, every slot's dtype, is its
+  // argument's dtype
   template <DType D> static constexpr DType dtype() { return D; }
   template <DType D> static constexpr bool valid() { return A::template valid<D>(); }
   template <DType D> static constexpr bool uniform() {
@@ -485,8 +494,12 @@ struct uses_arg<I, Select<Cn, A, B>, Deep>
     : std::bool_constant<uses_arg<I, Cn, Deep>::value || uses_arg<I, A, Deep>::value || uses_arg<I, B, Deep>::value> {};
 template <int I, DType X, class A, bool Deep>
 struct uses_arg<I, Convert<X, A>, Deep> : uses_arg<I, A, Deep> {};
-template <int I, int J, class A, class F, bool Deep>
-struct uses_arg<I, GradRoot<J, A, F>, Deep> : uses_arg<I, A, Deep> {};
+// a gradient's root reads its argument's dtype (its result has it), so its fused loop counts
+// the argument as read: the loop then runs only where that dtype is the graph's
+template <int I, int J, class A, class F>
+struct uses_arg<I, GradRoot<J, A, F>, false> : std::bool_constant<I == J || uses_arg<I, A, false>::value> {};
+template <int I, int J, class A, class F>
+struct uses_arg<I, GradRoot<J, A, F>, true> : uses_arg<I, A, true> {};
 template <int I, class M, class... A>
 struct uses_arg<I, Mat<M, A...>, true> : std::bool_constant<(uses_arg<I, A, true>::value || ...)> {};
 
