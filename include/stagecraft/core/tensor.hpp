@@ -103,11 +103,13 @@ class Tensor {
   bool same(const Tensor& o) const noexcept { return impl_ == o.impl_; }
 
  private:
-  const detail::TensorImpl& checked(const std::source_location& loc) const {
+  // loc by value: a pointer in a register, made only on the cold path (by reference it would be
+  // stored to the stack at every accessor call of the hot paths)
+  const detail::TensorImpl& checked(std::source_location loc) const {
     if (SC_UNLIKELY(!impl_)) undefined(loc);
     return *impl_;
   }
-  [[noreturn]] SC_COLD static void undefined(const std::source_location& loc) {
+  [[noreturn]] SC_COLD static void undefined(std::source_location loc) {
     detail::fail<ValueError>("tensor", loc, "the tensor is undefined (default-constructed or moved from); give it "
                              "a value first");
   }
