@@ -224,8 +224,8 @@ Tensor dispatch2(const Tensor& a, const Tensor& b, const ops::Attrs& attrs, cons
 /// A rank-0 tensor holding a C++ scalar with the dtype the weak-scalar rule gives it next to
 /// `like` (see core/dtype.hpp).
 template <Scalar S>
-Tensor weak_scalar(S value, const Tensor& like, const std::source_location& loc) {
-  require_defined(like, "scalar", loc);
+Tensor weak_scalar(S value, const Tensor& like, const std::source_location& loc, std::string_view op = "scalar") {
+  require_defined(like, op, loc);
   const DType d = promote_scalar(like.dtype(), scalar_kind<S>());
   Tensor t = empty_tensor(Shape{}, d, Device::cpu());
   visit_dtype(d, [&](auto tag) {
@@ -233,7 +233,7 @@ Tensor weak_scalar(S value, const Tensor& like, const std::source_location& loc)
     if constexpr (std::is_integral_v<S> && std::is_integral_v<T> && !std::is_same_v<T, bool>) {
       const T v = static_cast<T>(value);
       if (SC_UNLIKELY(static_cast<S>(v) != value || (v < T(0)) != (value < S(0))))  // it would wrap silently
-        fail<DTypeError>("scalar", loc, "the integer ", value, " does not fit the tensor's dtype ", d,
+        fail<DTypeError>(op, loc, "the integer ", value, " does not fit the tensor's dtype ", d,
                          "; convert the tensor first (.astype(sc::i64))");
     }
     *static_cast<T*>(t.raw_data()) = static_cast<T>(value);

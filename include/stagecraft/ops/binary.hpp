@@ -67,11 +67,11 @@ SC_COMPARE_OP(LogicalOr, "logical_or", logical)
   }                                                                                                  \
   template <Scalar V>                                                                                \
   Tensor fn(const Tensor& a, V b, std::source_location loc = std::source_location::current()) {      \
-    return detail::dispatch2<ops::S>(a, detail::weak_scalar(b, a, loc), {}, loc);                    \
+    return detail::dispatch2<ops::S>(a, detail::weak_scalar(b, a, loc, ops::S::name), {}, loc);      \
   }                                                                                                  \
   template <Scalar V>                                                                                \
   Tensor fn(V a, const Tensor& b, std::source_location loc = std::source_location::current()) {      \
-    return detail::dispatch2<ops::S>(detail::weak_scalar(a, b, loc), b, {}, loc);                    \
+    return detail::dispatch2<ops::S>(detail::weak_scalar(a, b, loc, ops::S::name), b, {}, loc);      \
   }
 /// a + b (numeric).
 SC_BINARY_API(add, Add)
@@ -110,11 +110,11 @@ SC_BINARY_API(logical_or, LogicalOr)
   inline Tensor operator op(Operand a, const Tensor& b) { return detail::dispatch2<ops::S>(a.t, b, {}, a.loc); } \
   template <Scalar V>                                                                          \
   Tensor operator op(Operand a, V b) {                                                         \
-    return detail::dispatch2<ops::S>(a.t, detail::weak_scalar(b, a.t, a.loc), {}, a.loc);      \
+    return detail::dispatch2<ops::S>(a.t, detail::weak_scalar(b, a.t, a.loc, ops::S::name), {}, a.loc); \
   }                                                                                            \
   template <Scalar V>                                                                          \
   Tensor operator op(V a, Operand b) {                                                         \
-    return detail::dispatch2<ops::S>(detail::weak_scalar(a, b.t, b.loc), b.t, {}, b.loc);      \
+    return detail::dispatch2<ops::S>(detail::weak_scalar(a, b.t, b.loc, ops::S::name), b.t, {}, b.loc); \
   }
 SC_BINARY_OPERATOR(+, Add)
 SC_BINARY_OPERATOR(-, Sub)
@@ -138,12 +138,12 @@ SC_BINARY_OPERATOR(!=, NotEqual)
   template <Scalar V>                                                                                  \
   Tensor operator op(const Tensor& a, V b) {                                                           \
     const auto loc = std::source_location::current();                                                  \
-    return detail::dispatch2<ops::S>(a, detail::weak_scalar(b, a, loc), {}, loc);                      \
+    return detail::dispatch2<ops::S>(a, detail::weak_scalar(b, a, loc, ops::S::name), {}, loc);        \
   }                                                                                                    \
   template <Scalar V>                                                                                  \
   Tensor operator op(V a, const Tensor& b) {                                                           \
     const auto loc = std::source_location::current();                                                  \
-    return detail::dispatch2<ops::S>(detail::weak_scalar(a, b, loc), b, {}, loc);                      \
+    return detail::dispatch2<ops::S>(detail::weak_scalar(a, b, loc, ops::S::name), b, {}, loc);        \
   }
 SC_LOGICAL_OPERATOR(&&, LogicalAnd)
 SC_LOGICAL_OPERATOR(||, LogicalOr)

@@ -67,12 +67,12 @@ inline Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b,
 /// where with a C++ scalar for the 'else' branch (weak, takes a's dtype).
 template <Scalar V>
 Tensor where(const Tensor& cond, const Tensor& a, V b, std::source_location loc = std::source_location::current()) {
-  return where(cond, a, detail::weak_scalar(b, a, loc), loc);
+  return where(cond, a, detail::weak_scalar(b, a, loc, "where"), loc);
 }
 /// where with a C++ scalar for the 'then' branch (weak, takes b's dtype).
 template <Scalar V>
 Tensor where(const Tensor& cond, V a, const Tensor& b, std::source_location loc = std::source_location::current()) {
-  return where(cond, detail::weak_scalar(a, b, loc), b, loc);
+  return where(cond, detail::weak_scalar(a, b, loc, "where"), b, loc);
 }
 
 // The gradient rule, after the functions it uses: the condition gets none, each branch gets
