@@ -84,6 +84,9 @@ STAGECRAFT_COMPILED_INLINE Tensors lifted(const Tensors& ts, const std::source_l
 /// which is right for a variable the loop leaves alone, and wrong for one it assigns (`while
 /// (k < 3) k += 1` would never end). Such captures become read_var nodes of the body itself.
 STAGECRAFT_COMPILED_INLINE void read_assigned_in_place(Body& cond_b, Body& body_b);
+/// Adds the variables g assigns, in it or in its bodies, to out.
+STAGECRAFT_COMPILED_INLINE void collect_assigned(const Graph& g,
+                                                 std::unordered_set<const stagecraft::detail::VariableInfo*>& out);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE void collect_assigned(const Graph& g, std::unordered_set<const stagecraft::detail::VariableInfo*>& out) {
   for (const Node& n : g.nodes) {

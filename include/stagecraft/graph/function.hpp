@@ -189,13 +189,7 @@ class ConcreteFunction {
     std::call_once(impl_->var_inputs_once, [&] {
       auto vi = std::make_shared<VarInputs>();
       std::unordered_set<const stagecraft::detail::VariableInfo*> assigned;
-      const std::function<void(const graph::Graph&)> scan = [&](const graph::Graph& g) {
-        for (const graph::Node& n : g.nodes) {
-          if (n.kind == graph::NodeKind::assign_var) assigned.insert(n.var.get());
-          for (const auto& b : n.bodies) scan(*b);
-        }
-      };
-      scan(*impl_->traced);
+      graph::detail_cf::collect_assigned(*impl_->traced, assigned);
       graph::Graph g = *impl_->traced;
       for (graph::Node& n : g.nodes) {
         if (n.kind != graph::NodeKind::read_var || assigned.count(n.var.get()) ||
