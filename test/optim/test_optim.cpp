@@ -583,6 +583,24 @@ TEST_CASE("optimizer: errors", "[optim][errors]") {
   line = __LINE__ + 1;
   msg = error_of<sc::ValueError>([&] { sgd.set_learning_rate(std::nan("")); });
   CHECK_THAT(msg, Catch::Contains("learning rate") && Catch::Contains(at_line(line)));
+
+  // A gradient that escaped a traced function is refused before the step changes anything (its
+  // first op failed after the counter and the variables before it had been updated).
+  sc::Tensor escaped;
+  auto leak = sc::function([&](sc::Tensor x) {
+    escaped = x * 2.f;
+    return x;
+  });
+  leak(sc::ones({3}, p.b.dtype()));
+  sc::optim::SGD esc(0.1, 0.5);
+  esc.apply({g[0], g[1]}, {p.w, p.b});
+  const std::vector<double> w1 = p.w.value().to_vector<double>();
+  line = __LINE__ + 1;
+  msg = error_of<sc::StagingError>([&] { esc.apply({g[0], escaped}, {p.w, p.b}); });
+  CHECK_THAT(msg, Catch::Contains("[SGD::apply]") && Catch::Contains("gradient 1 (for variable 'b') is symbolic") &&
+                      Catch::Contains(at_line(line)));
+  CHECK(esc.iterations() == 1);
+  CHECK(p.w.value().to_vector<double>() == w1);
 }
 
 TEST_CASE("optimizers train a tiny regression to low loss", "[optim][train][grad]") {

@@ -13,6 +13,7 @@
 
 #include "../autodiff/tape.hpp"
 #include "../core/creation.hpp"
+#include "../eager/context.hpp"
 #include "../ops/cast.hpp"
 #include "../state/variable.hpp"
 
@@ -56,8 +57,14 @@ class Optimizer {
                                            " variables; pass one gradient per variable, in order");
     // Every check comes before any change, so a failed step leaves no trace.
     const bool known = same_as_built(vars);
+    const bool tracing = stagecraft::detail::context().trace != nullptr;
     for (std::size_t i = 0; i < vars.size(); ++i) {
       if (!grads[i].defined() || !vars[i].defined()) continue;  // build() names an empty variable
+      // Else its first op would fail after the counter and the variables before it had changed.
+      if (SC_UNLIKELY(!tracing && grads[i].is_symbolic()))
+        stagecraft::detail::fail<StagingError>(op_name("apply"), loc, "gradient ", i, " (for variable '",
+                                               vars[i].name(), "') is symbolic outside the trace that made it (it "
+                                               "escaped an sc::function); return it from the function instead");
       if (SC_UNLIKELY(grads[i].shape() != vars[i].shape()))
         stagecraft::detail::fail<ShapeError>(op_name("apply"), loc, "gradient ", i, " has shape ",
                                              grads[i].shape(), " but variable ", i, " ('", vars[i].name(),
