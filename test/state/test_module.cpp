@@ -159,8 +159,12 @@ TEST_CASE("module: registration errors", "[module][errors]") {
   msg = error_of<sc::ValueError>([&] { m.add("me", m); });
   CHECK_THAT(msg, Catch::Contains("cannot contain itself") && Catch::Contains(at_line(line)));
 
+  line = __LINE__ + 1;
   msg = error_of<sc::ValueError>([&] { m.emplace<sc::nn::Dense>("l1", 2, 2); });
-  CHECK_THAT(msg, Catch::Contains("already registered"));
+  CHECK_THAT(msg, Catch::Contains("already registered") && Catch::Contains(at_line(line)));  // was module.hpp's
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { m.emplace<sc::nn::Dense>(std::string("p/q"), 2, 2); });
+  CHECK_THAT(msg, Catch::Contains("'p/q'") && Catch::Contains(at_line(line)));
 
   // A cycle through two modules is found when walking, naming the add() that closed it.
   sc::Module a, b;

@@ -1,5 +1,6 @@
 // Module: a tree of named sub-modules and variables, walked in registration order.
 #pragma once
+#include <concepts>
 #include <deque>
 #include <initializer_list>
 #include <memory>
@@ -91,15 +92,26 @@ class Module {
     return stagecraft::add(a, b, loc);
   }
 
+  /// emplace()'s name and the caller's line (a variadic call has no place for a trailing
+  /// source_location argument; converting the name records where the call is).
+  struct NameAt {
+    template <class S>
+      requires std::constructible_from<std::string, S>
+    NameAt(S&& n, std::source_location l = std::source_location::current())  // NOLINT: implicit by design
+        : name(std::forward<S>(n)), loc(l) {}
+    std::string name;
+    std::source_location loc;
+  };
+
   /// Makes a sub-module owned by this one (for layers made at run time, e.g. in a loop)
   /// and registers it; returns it. `auto& l = emplace<sc::nn::Dense>("l3", 64, 10);`
   template <class M, class... Args>
-  M& emplace(std::string name, Args&&... args) {
-    check_name(name, std::source_location::current());
+  M& emplace(NameAt name, Args&&... args) {
+    check_name(name.name, name.loc);
     auto owned = std::make_unique<M>(std::forward<Args>(args)...);
     M& ref = *owned;
     owned_modules_.push_back(std::move(owned));
-    entries_.push_back({std::move(name), &ref, nullptr, std::source_location::current()});
+    entries_.push_back({std::move(name.name), &ref, nullptr, name.loc});
     return ref;
   }
 
