@@ -324,6 +324,12 @@ TEST_CASE("LSTMCell: errors", "[layers][lstm][errors]") {
   line = __LINE__ + 1;
   msg = error_of<sc::ValueError>([&] { sc::nn::LSTMCell bad(3, 0); });
   CHECK_THAT(msg, Catch::Contains("[LSTMCell]") && Catch::Contains("hidden >= 1") && Catch::Contains(at_line(line)));
+  // 4 * hidden overflowed int64 (undefined behaviour), then a wrapped shape reached random::uniform.
+  for (const std::int64_t hidden : {std::int64_t{1} << 62, (std::int64_t{1} << 61) + 1}) {
+    line = __LINE__ + 1;
+    msg = error_of<sc::ShapeError>([&] { sc::nn::LSTMCell bad(1, hidden, 1); });
+    CHECK_THAT(msg, Catch::Contains("[LSTMCell]") && Catch::Contains("4 * hidden") && Catch::Contains(at_line(line)));
+  }
 }
 
 TEST_CASE("LSTMCell: gradients", "[layers][lstm][grad]") {

@@ -1,6 +1,7 @@
 // nn::LSTMCell: one step of a long short-term memory layer (gates i, f, g, o fused in one kernel).
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <source_location>
 #include <utility>
@@ -30,6 +31,10 @@ class LSTMCell : public Module {
     if (input < 1 || hidden < 1)
       stagecraft::detail::fail<ValueError>("LSTMCell", loc, "needs input >= 1 and hidden >= 1, got ", input, " and ",
                                            hidden);
+    // The gate blocks are 4 * hidden wide: a larger hidden would overflow that product (UB).
+    if (hidden > std::numeric_limits<std::int64_t>::max() / 4)
+      stagecraft::detail::fail<ShapeError>("LSTMCell", loc, "hidden ", hidden, " is too large: the 4 gate blocks of ",
+                                           "4 * hidden columns overflow int64");
     const std::uint64_t s = seed ? *seed : init::next_seed();
     kernel = Variable(init::glorot_uniform({input, 4 * hidden}, init::derive_seed(s, 0), dtype, loc), "kernel");
     recurrent_kernel =
