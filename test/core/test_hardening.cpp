@@ -139,6 +139,39 @@ TEST_CASE("Batcher with a huge batch size has one batch", "[hardening]") {
   CHECK(sc::data::Batcher(x, y, 2).batches_per_epoch() == 3);
 }
 
+TEST_CASE("IDX reader and Batcher errors name the op and the caller's line", "[hardening]") {
+  using sctest::error_of;
+  const auto at = [](int line) { return "test_hardening.cpp:" + std::to_string(line); };
+  sctest::TempDir dir;
+  const std::string p = dir / "short.idx";
+  sctest::write_bytes(p, idx_bytes({2, 3}, 5));  // one payload byte short
+  // These were "[read_idx] ..." with no line at all.
+  int line = __LINE__ + 1;
+  std::string msg = error_of<sc::IOError>([&] { (void)sc::data::read_idx(p); });
+  CHECK_THAT(msg, Catch::Contains("[read_idx]") && Catch::Contains("corrupt") && Catch::Contains("5 payload bytes") &&
+                      Catch::Contains(at(line)));
+  line = __LINE__ + 1;
+  msg = error_of<sc::IOError>([&] { (void)sc::data::read_idx_tensor(p, true); });
+  CHECK_THAT(msg, Catch::Contains("[read_idx]") && Catch::Contains(at(line)));
+  line = __LINE__ + 1;
+  msg = error_of<sc::IOError>([&] { (void)sc::data::read_idx((dir / "none.idx").string()); });
+  CHECK_THAT(msg, Catch::Contains("no such file") && Catch::Contains(at(line)));
+  // A directory was "corrupt compressed data ... Is a directory".
+  line = __LINE__ + 1;
+  msg = error_of<sc::IOError>([&] { (void)sc::data::read_idx(dir.path.string()); });
+  CHECK_THAT(msg, Catch::Contains("not a regular file") && Catch::Contains(at(line)));
+  line = __LINE__ + 1;
+  msg = error_of<sc::IOError>([&] { (void)sc::data::load_fashion_mnist(dir.path.string()); });
+  CHECK_THAT(msg, Catch::Contains("[load_fashion_mnist] missing") && Catch::Contains(at(line)));
+  // An undefined tensor was "[tensor] the tensor is undefined ... at batcher.hpp".
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { sc::data::Batcher b(sc::Tensor(), sc::zeros({5}), 2); });
+  CHECK_THAT(msg, Catch::Contains("[Batcher]") && Catch::Contains(at(line)));
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { sc::data::Batcher b(sc::zeros({5}), sc::Tensor(), 2); });
+  CHECK_THAT(msg, Catch::Contains("[Batcher]") && Catch::Contains(at(line)));
+}
+
 TEST_CASE("log_softmax and cross_entropy keep their precision for large logits", "[hardening]") {
   const sc::Tensor x = sc::tensor({1e7f, 1e7f});
   const auto v = sc::nn::log_softmax(x).to_vector<float>();

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <source_location>
 #include <utility>
 
 #include "../core/random.hpp"
@@ -23,6 +24,8 @@ class Batcher {
   Batcher(Tensor x, Tensor y, std::int64_t batch_size, std::uint64_t seed = 0, bool shuffle = true,
           bool drop_last = false, std::source_location loc = std::source_location::current())
       : x_(std::move(x)), y_(std::move(y)), batch_(batch_size), seed_(seed), shuffle_(shuffle), drop_last_(drop_last) {
+    stagecraft::detail::require_defined(x_, "Batcher", loc);
+    stagecraft::detail::require_defined(y_, "Batcher", loc);
     if (x_.rank() == 0 || y_.rank() == 0 || x_.shape()[0] != y_.shape()[0])
       stagecraft::detail::fail<ShapeError>("Batcher", loc, "inputs ", x_.shape(), " and labels ", y_.shape(),
                                            " need the same extent along axis 0");

@@ -1,9 +1,13 @@
 // IDX files (the MNIST family's format), plain or gzip-compressed (zlib), and Fashion-MNIST.
 #pragma once
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <source_location>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 #include <zlib.h>
@@ -23,10 +27,16 @@ struct IdxFile {
 namespace detail {
 
 /// Reads a whole file through zlib (which reads plain files unchanged).
-inline std::vector<std::uint8_t> read_maybe_gzip(const std::string& path) {
-  if (!std::filesystem::exists(path)) throw IOError("[read_idx] no such file: " + path);
+inline std::vector<std::uint8_t> read_maybe_gzip(const std::string& path, std::string_view op,
+                                                 const std::source_location& loc) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    stagecraft::detail::fail<IOError>(op, loc, "'", path, "': cannot read: ", ec.message());
+  if (!std::filesystem::exists(st)) stagecraft::detail::fail<IOError>(op, loc, "'", path, "': no such file");
+  if (!std::filesystem::is_regular_file(st)) stagecraft::detail::fail<IOError>(op, loc, "'", path, "' is not a regular file");
   gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) throw IOError("[read_idx] cannot open " + path);
+  if (!f) stagecraft::detail::fail<IOError>(op, loc, "'", path, "': cannot open: ", std::strerror(errno));
   std::vector<std::uint8_t> out;
   std::uint8_t buf[1 << 16];
   for (;;) {
@@ -35,13 +45,14 @@ inline std::vector<std::uint8_t> read_maybe_gzip(const std::string& path) {
       int err = 0;
       const std::string msg = gzerror(f, &err);
       gzclose(f);
-      throw IOError("[read_idx] corrupt compressed data in " + path + ": " + msg);
+      stagecraft::detail::fail<IOError>(op, loc, "'", path, "' is corrupt: bad compressed data: ", msg);
     }
     if (n == 0) break;
     out.insert(out.end(), buf, buf + n);
   }
   // A gzip stream cut short reads as a clean end of file; gzclose reports the bad CRC/length.
-  if (gzclose(f) != Z_OK) throw IOError("[read_idx] truncated or corrupt gzip file " + path);
+  if (gzclose(f) != Z_OK)
+    stagecraft::detail::fail<IOError>(op, loc, "'", path, "' is corrupt: a truncated or damaged gzip stream");
   return out;
 }
 
@@ -68,46 +79,50 @@ inline bool idx_fits(const Shape& s, std::size_t item) {
 }  // namespace detail
 
 /// Reads an IDX file (".gz" or plain). A missing, truncated or corrupt file is an IOError.
-inline IdxFile read_idx(const std::string& path) {
-  const std::vector<std::uint8_t> bytes = detail::read_maybe_gzip(path);
-  if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0)
-    throw IOError("[read_idx] " + path + " is not an IDX file (bad magic number)");
+inline IdxFile read_idx(const std::string& path, std::source_location loc = std::source_location::current()) {
+  constexpr std::string_view op = "read_idx";
+  const auto corrupt = [&](const auto&... parts) {
+    stagecraft::detail::fail<IOError>(op, loc, "'", path, "' is corrupt: ", parts...);
+  };
+  const std::vector<std::uint8_t> bytes = detail::read_maybe_gzip(path, op, loc);
+  if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0) corrupt("not an IDX file (bad magic number)");
   IdxFile f;
   f.type = bytes[2];
   const int rank = bytes[3];
   const std::size_t item = detail::idx_item_size(f.type);
-  if (item == 0) throw IOError("[read_idx] " + path + " has unknown element type " + std::to_string(f.type));
-  if (rank > max_rank) throw IOError("[read_idx] " + path + " has rank " + std::to_string(rank));
+  if (item == 0) corrupt("unknown element type ", int(f.type));
+  if (rank > max_rank) corrupt("rank ", rank, " is over stagecraft's max_rank ", max_rank);
   const std::size_t header = 4 + 4 * static_cast<std::size_t>(rank);
-  if (bytes.size() < header) throw IOError("[read_idx] " + path + " is truncated (header)");
+  if (bytes.size() < header) corrupt("the file ends inside the header (truncated?)");
   for (int d = 0; d < rank; ++d) f.shape.push_back(detail::be32(&bytes[4 + 4 * d]));
   // the extents come from the file: their product may wrap, so it is checked before any use (an
   // empty tensor's other extents count too: [0, 2^32-1, 2^32-1, 2^32-1] is no tensor's shape)
-  if (!detail::idx_fits(f.shape, item))
-    throw IOError("[read_idx] " + path + " is corrupt: its header " + f.shape.str() + " describes more than 2^62 bytes");
+  if (!detail::idx_fits(f.shape, item)) corrupt("its header ", f.shape, " describes more than 2^62 bytes");
   const std::size_t want = static_cast<std::size_t>(f.shape.numel()) * item;
   if (bytes.size() - header != want)
-    throw IOError("[read_idx] " + path + " holds " + std::to_string(bytes.size() - header) +
-                  " payload bytes, its header " + f.shape.str() + " says " + std::to_string(want));
+    corrupt("it holds ", bytes.size() - header, " payload bytes, its header ", f.shape, " says ", want);
   f.payload.assign(bytes.begin() + static_cast<std::ptrdiff_t>(header), bytes.end());
   return f;
 }
 
 /// An unsigned-byte IDX file as a tensor: f32 scaled by `scale` (images: 1/255), or i64
 /// (labels) when as_labels is set.
-inline Tensor read_idx_tensor(const std::string& path, bool as_labels, float scale = 1.f / 255.f) {
-  const IdxFile f = read_idx(path);
-  if (f.type != 0x08) throw IOError("[read_idx] " + path + " is not an unsigned-byte IDX file");
+inline Tensor read_idx_tensor(const std::string& path, bool as_labels, float scale = 1.f / 255.f,
+                              std::source_location loc = std::source_location::current()) {
+  const IdxFile f = read_idx(path, loc);
+  if (f.type != 0x08)
+    stagecraft::detail::fail<IOError>("read_idx", loc, "'", path, "' is not an unsigned-byte IDX file (type ",
+                                      int(f.type), ")");
   if (!detail::idx_fits(f.shape, as_labels ? sizeof(std::int64_t) : sizeof(float)))
-    throw IOError("[read_idx] " + path + " is corrupt: its header " + f.shape.str() + " describes more than 2^62 bytes as " +
-                  (as_labels ? "i64" : "f32"));
+    stagecraft::detail::fail<IOError>("read_idx", loc, "'", path, "' is corrupt: its header ", f.shape,
+                                      " describes more than 2^62 bytes as ", as_labels ? "i64" : "f32");
   if (as_labels) {
     std::vector<std::int64_t> v(f.payload.begin(), f.payload.end());
-    return tensor(v, f.shape);
+    return tensor(v, f.shape, loc);
   }
   std::vector<float> v(f.payload.size());
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(f.payload[i]) * scale;
-  return tensor(v, f.shape);
+  return tensor(v, f.shape, loc);
 }
 
 /// Fashion-MNIST: images f32 [N, 28, 28] in [0, 1] and labels i64 [N].
@@ -120,21 +135,26 @@ inline const char* default_fashion_mnist_dir = "/usr/share/datasets/fashion-mnis
 
 /// Loads Fashion-MNIST from `dir` (the four *-ubyte.gz files). Missing files raise IOError
 /// with the package to install.
-inline Dataset load_fashion_mnist(const std::string& dir = default_fashion_mnist_dir) {
+inline Dataset load_fashion_mnist(const std::string& dir = default_fashion_mnist_dir,
+                                  std::source_location loc = std::source_location::current()) {
+  constexpr std::string_view op = "load_fashion_mnist";
   const auto file = [&](const char* name) {
     const std::string p = dir + "/" + name;
     if (!std::filesystem::exists(p))
-      throw IOError("[load_fashion_mnist] missing " + p +
-                    ": install the data with `apt-get install dataset-fashion-mnist` (or bash cmake/install-deps.sh)");
+      stagecraft::detail::fail<IOError>(op, loc, "missing ", p, ": install the data with `apt-get install "
+                                        "dataset-fashion-mnist` (or bash cmake/install-deps.sh)");
     return p;
   };
   Dataset d;
-  d.train_images = read_idx_tensor(file("train-images-idx3-ubyte.gz"), false);
-  d.train_labels = read_idx_tensor(file("train-labels-idx1-ubyte.gz"), true);
-  d.test_images = read_idx_tensor(file("t10k-images-idx3-ubyte.gz"), false);
-  d.test_labels = read_idx_tensor(file("t10k-labels-idx1-ubyte.gz"), true);
-  if (d.train_images.shape()[0] != d.train_labels.shape()[0] || d.test_images.shape()[0] != d.test_labels.shape()[0])
-    throw IOError("[load_fashion_mnist] image and label counts differ in " + dir);
+  d.train_images = read_idx_tensor(file("train-images-idx3-ubyte.gz"), false, 1.f / 255.f, loc);
+  d.train_labels = read_idx_tensor(file("train-labels-idx1-ubyte.gz"), true, 1.f / 255.f, loc);
+  d.test_images = read_idx_tensor(file("t10k-images-idx3-ubyte.gz"), false, 1.f / 255.f, loc);
+  d.test_labels = read_idx_tensor(file("t10k-labels-idx1-ubyte.gz"), true, 1.f / 255.f, loc);
+  const auto count = [](const Tensor& t) { return t.rank() == 0 ? std::int64_t{-1} : t.shape()[0]; };
+  if (count(d.train_images) != count(d.train_labels) || count(d.test_images) != count(d.test_labels))
+    stagecraft::detail::fail<IOError>(op, loc, "image and label counts differ in ", dir, " (train ",
+                                      d.train_images.shape(), " and ", d.train_labels.shape(), ", test ",
+                                      d.test_images.shape(), " and ", d.test_labels.shape(), ")");
   return d;
 }
 
