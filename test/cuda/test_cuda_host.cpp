@@ -183,3 +183,16 @@ TEST_CASE("cuda: a bad index found by a kernel is reported with its launch's op,
   CHECK_THROWS_AS(cd::check(abi::device_fault, sc::Device::cuda(0), "synchronize", std::source_location::current()),
                   sc::ValueError);
 }
+
+#include <stagecraft/staged/cuda_kernel.hpp>
+
+TEST_CASE("cuda: sc::compile's kernels index with 32 bits only where a grid-stride step cannot overflow", "[cuda]") {
+  namespace gpu = sc::staging::gpu;
+  constexpr std::int64_t int_max = std::numeric_limits<std::int32_t>::max();
+  constexpr std::int64_t grid = gpu::max_blocks * gpu::kernel_block;  // a whole grid's step
+  STATIC_REQUIRE(gpu::index32_fits(std::int64_t{1} << 28));              // the benchmarks' 256M elements
+  STATIC_REQUIRE(gpu::index32_fits(int_max - grid));                      // the last index plus a step fits
+  // 2^31 - 1 elements fit an int, but the step past the last one would not: 64-bit indices.
+  STATIC_REQUIRE_FALSE(gpu::index32_fits(int_max - grid + 1));
+  STATIC_REQUIRE_FALSE(gpu::index32_fits(int_max));
+}

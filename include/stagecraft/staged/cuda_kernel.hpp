@@ -381,6 +381,15 @@ Geometry<NS, Idx> geometry(const Slots<NS>& sl, const Used<NS>& used, const Shap
 
 /// Threads per block of the kernels (and of the host's emulation of the reduction's tree).
 inline constexpr int kernel_block = 256;
+/// The most blocks a launch of the kernels has (a grid-stride loop takes the rest).
+inline constexpr std::int64_t max_blocks = std::int64_t{1} << 20;
+
+/// True when the kernels over n elements may index with 32-bit integers: every index a thread
+/// forms stays below 2^31, the step past the last element of a grid-stride loop (up to a whole
+/// grid, max_blocks * kernel_block) included; beyond, i += step would overflow and wrap negative.
+constexpr bool index32_fits(std::int64_t n) {
+  return n <= std::int64_t{std::numeric_limits<std::int32_t>::max()} - max_blocks * kernel_block;
+}
 
 // ---- reductions at the root ----------------------------------------------------------------
 
@@ -532,7 +541,7 @@ void launch(const P& prog, const Geometry<NS, Idx>& g, R* y, Device dev, const s
   const cudaStream_t s = static_cast<cudaStream_t>(cuda::detail::stream(dev, "compile", loc));
   const bool vec = vector_ok<D>(g, y);
   const long long work = vec ? static_cast<long long>(g.n) / lanes_v<ctype_t<D>> : static_cast<long long>(g.n);
-  const long long blocks = std::clamp<long long>((work + kernel_block - 1) / kernel_block, 1, 1 << 20);
+  const long long blocks = std::clamp<long long>((work + kernel_block - 1) / kernel_block, 1, max_blocks);
   if (vec) fused_kernel_v<D, R, P, NS, Idx><<<static_cast<unsigned>(blocks), kernel_block, 0, s>>>(prog, g, y);
   else fused_kernel<D, R, P, NS, Idx><<<static_cast<unsigned>(blocks), kernel_block, 0, s>>>(prog, g, y);
   cuda::detail::check(static_cast<int>(cudaGetLastError()), dev, "compile", loc);
@@ -562,7 +571,7 @@ template <DType D, ReduceKind K, class P, int NS, class Idx>
 void launch_reduce(const P& prog, const Geometry<NS, Idx>& g, std::int64_t rows, std::int64_t inner, ctype_t<D>* y,
                    Device dev, const std::source_location& loc) {
   const cudaStream_t s = static_cast<cudaStream_t>(cuda::detail::stream(dev, "compile", loc));
-  const long long blocks = std::min<long long>(rows, 1 << 20);
+  const long long blocks = std::min<long long>(rows, max_blocks);
   reduce_kernel<D, K, P, NS, Idx><<<static_cast<unsigned>(blocks), kernel_block, 0, s>>>(
       prog, g, static_cast<Idx>(rows), static_cast<Idx>(inner), y);
   cuda::detail::check(static_cast<int>(cudaGetLastError()), dev, "compile", loc);
@@ -589,7 +598,7 @@ Tensor fused_cuda(const E& e, const Slots<NS>& sl, const Used<NS>& used, const S
   const typename L::type prog = L::make(e);
   R* y = static_cast<R*>(out.raw_data());
   // 32-bit indices where every offset fits (a slot has at most the output's elements)
-  if (n <= std::numeric_limits<std::int32_t>::max())
+  if (gpu::index32_fits(n))
     gpu::launch<D>(prog, gpu::geometry<std::int32_t>(sl, used, shape), y, dev, loc);
   else
     gpu::launch<D>(prog, gpu::geometry<std::int64_t>(sl, used, shape), y, dev, loc);
@@ -610,7 +619,7 @@ bool fused_reduce_cuda(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env
                                 out = detail::empty_tensor(oshape, D, dev, "compile", env.loc);
                                 auto* y = static_cast<ctype_t<D>*>(out.raw_data());
                                 const std::int64_t n = shape.numel(), rows = n / inner;
-                                if (n <= std::numeric_limits<std::int32_t>::max())
+                                if (gpu::index32_fits(n))
                                   gpu::launch_reduce<D, K>(prog, gpu::geometry<std::int32_t>(sl, used, shape), rows, inner, y,
                                                            dev, env.loc);
                                 else
