@@ -139,14 +139,17 @@ Status lt_handle(int device, cublasLtHandle_t* out) {
   return cudaSuccess;
 }
 
-/// The plan of key, made on first use; the caller holds handle_mutex(device). Null with the
-/// status when cuBLASLt has no algorithm for it (the caller then falls back).
+/// The plan of key, made on first use; the caller holds handle_mutex(device). not_supported when
+/// cuBLASLt takes no such product (the caller then falls back), whatever status its set-up or
+/// heuristic refuses with: an epilogue's layout rules (BGRADA takes only an untransposed A, for
+/// one) may read as INVALID_VALUE rather than NOT_SUPPORTED or no algorithm, and nothing was
+/// queued. The refusal is kept (a plan without descriptors): the heuristic is asked once.
 Status lt_plan(cublasLtHandle_t h, const LtKey& key, const LtPlan** out) {
   static std::map<LtKey, LtPlan> by_device[max_devices];  // each guarded by its handle_mutex
   std::map<LtKey, LtPlan>& plans = by_device[std::get<0>(key)];
   if (const auto it = plans.find(key); it != plans.end()) {
     *out = &it->second;
-    return cudaSuccess;
+    return it->second.op ? cudaSuccess : abi::not_supported;
   }
   const auto [device, M, N, K, ta, tb, epi] = key;
   LtPlan p;
@@ -158,11 +161,12 @@ Status lt_plan(cublasLtHandle_t h, const LtKey& key, const LtPlan** out) {
   const cublasLtEpilogue_t epilogue = epi == Epi::bias        ? CUBLASLT_EPILOGUE_BIAS
                                       : epi == Epi::relu_bias ? CUBLASLT_EPILOGUE_RELU_BIAS
                                                               : CUBLASLT_EPILOGUE_BGRADA;
-  auto fail = [&](cublasStatus_t st) {
+  auto fail = [&](cublasStatus_t) {
     if (p.op) cublasLtMatmulDescDestroy(p.op);
     for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c})
       if (l) cublasLtMatrixLayoutDestroy(l);
-    return from_cublas(st);
+    *out = &plans.emplace(key, LtPlan{}).first->second;
+    return abi::not_supported;
   };
   cublasStatus_t st = cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb);
