@@ -58,7 +58,11 @@ nv=$(python3 -c "import nvidia; print(list(nvidia.__path__)[0])" 2>/dev/null)
 cudnn_so=$(find ${nv:+"$nv"} /usr/local/cuda/lib64/ /usr/lib/x86_64-linux-gnu/ -maxdepth 4 -name 'libcudnn.so.[0-9]*' 2>/dev/null | sort | head -1)
 cudnn_lib=${cudnn_so:+$(dirname "$cudnn_so")}
 [[ -n $cudnn_so && -z ${STAGECRAFT_CUDNN:-} ]] && export STAGECRAFT_CUDNN=$cudnn_so
-export LD_LIBRARY_PATH=$x/lib:/usr/local/cuda/lib64${cudnn_lib:+:$cudnn_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# cuDNN 9's libcudnn.so.9 is a shim that dlopens its sub-libraries (libcudnn_graph, _cnn, ...) by
+# name, and LD_LIBRARY_PATH is searched before the shim's own RUNPATH ($ORIGIN): its directory
+# comes first, else a toolkit's cuDNN of another version in /usr/local/cuda/lib64 would lend its
+# sub-libraries to this shim (a version mismatch: cudnnCreate fails and every conv falls back).
+export LD_LIBRARY_PATH=$x/lib${cudnn_lib:+:$cudnn_lib}:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export STAGECRAFT_CACHE_DIR=/tmp/stagecraft-kernel-cache
 gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1)
 stamp "$gpu; $(nproc) CPUs; cuDNN: ${STAGECRAFT_CUDNN:-none found}" | tee "$aux/machine.txt"
