@@ -48,11 +48,18 @@ thread_local bool capture_armed = false;
 
 /// A free staging buffer of at least n bytes (allocated when none is free); the caller holds mu.
 Status staging(DeviceState& d, std::size_t n, Pinned** out) {
-  for (Pinned& b : d.pinned)
-    if (b.bytes >= n && cudaEventQuery(b.done) == cudaSuccess) {
+  for (Pinned& b : d.pinned) {
+    if (b.bytes < n) continue;
+    const cudaError_t q = cudaEventQuery(b.done);
+    if (q == cudaSuccess) {
       *out = &b;
       return cudaSuccess;
     }
+    // A copy still in flight: cudaErrorNotReady is not an error, but the runtime keeps it as the
+    // thread's last error, which the next launch's check (launched()) would then report as its
+    // own failure ("device not ready" from the first kernel after two quick uploads).
+    if (q == cudaErrorNotReady) cudaGetLastError();
+  }
   std::size_t bytes = 4096;
   while (bytes < n) bytes *= 2;
   Pinned b;
