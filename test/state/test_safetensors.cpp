@@ -498,4 +498,32 @@ TEST_CASE("safetensors saves are atomic: a crash mid-save leaves the old file in
   CHECK(files[1].rfind("ck.safetensors.tmp.", 0) == 0);
 }
 
+TEST_CASE("safetensors and npy saves skip temporary names a crashed run with the same pid left", "[safetensors][atomic]") {
+  TempDir dir;
+  const fs::path p = dir / "ck.safetensors";
+  // The temporary name of a save, seen from inside it: "ck.safetensors.tmp.<pid>.<n>".
+  std::string seen;
+  sc::detail::safetensors::write_hook = [&](std::uint64_t) {
+    for (const std::string& f : dir.files())
+      if (f.find(".tmp.") != std::string::npos) seen = f;
+  };
+  sc::save_safetensors(p, {{"old", filled<double>({3})}});
+  sc::detail::safetensors::write_hook = nullptr;
+  REQUIRE(seen.rfind("ck.safetensors.tmp." + std::to_string(::getpid()) + ".", 0) == 0);
+  const std::size_t dot = seen.rfind('.');
+  const unsigned long next = std::stoul(seen.substr(dot + 1)) + 1;
+  // A job restarted with the same pid (a container's) finds its crashed run's leftovers under the
+  // names it would take next: every first save failed with "cannot create the temporary file
+  // (...): File exists".
+  for (unsigned long k = next; k < next + 3; ++k) write_bytes(dir / (seen.substr(0, dot + 1) + std::to_string(k)), "partial");
+  sc::save_safetensors(p, {{"new", filled<float>({2})}});
+  CHECK(sc::load_safetensors(p).tensors.count("new") == 1);
+  // That save took name next + 3; save_npy shares the writer and its numbers.
+  const std::string pid_dot = ".tmp." + std::to_string(::getpid()) + ".";
+  write_bytes(dir / ("x.npy" + pid_dot + std::to_string(next + 4)), "partial");
+  sc::io::save_npy((dir / "x.npy").string(), filled<float>({2}));
+  CHECK(same_bytes(sc::io::load_npy((dir / "x.npy").string()), filled<float>({2})));
+  CHECK(dir.files().size() == 6);  // the leftovers stay: another process may still own them
+}
+
 // ---- Checkpoint -------------------------------------------------------------------------

@@ -99,9 +99,15 @@ class AtomicFile {
   AtomicFile(std::filesystem::path target, std::string_view op, const std::source_location& loc)
       : target_(through_links(std::move(target))), op_(op), loc_(loc) {
     static std::atomic<unsigned> counter{0};  // distinct names for threads of one process
-    tmp_ = target_;
-    tmp_ += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    // A name already taken is skipped: the leftover of a run that crashed mid-save with this pid (a
+    // container's job restarts with the same pid, and its first save would fail at every restart),
+    // or a process with this pid in another PID namespace writing beside the same target.
+    for (int tries = 0;; ++tries) {
+      tmp_ = target_;
+      tmp_ += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+      fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (fd_ >= 0 || errno != EEXIST || tries == max_name_tries) break;
+    }
     if (fd_ < 0) fail_errno("cannot create the temporary file");
     struct ::stat st {};
     if (::stat(target_.c_str(), &st) == 0 && ::fchmod(fd_, st.st_mode & 07777) != 0)
@@ -168,6 +174,8 @@ class AtomicFile {
     const int err = errno;
     fail(what, " (", tmp_.string(), "): ", std::strerror(err));
   }
+
+  static constexpr int max_name_tries = 1000;  // temporary names tried before giving up
 
   std::filesystem::path target_, tmp_;
   std::string_view op_;
