@@ -33,6 +33,11 @@ std::uint64_t fnv1a(std::string_view s, std::uint64_t h = 14695981039346656037ul
   return h;
 }
 
+/// NVRTC's options besides the architecture. No contraction of a * b + c into one rounding: each
+/// rule rounds as its eager kernel does.
+constexpr const char* compile_options[] = {"--std=c++20", "--fmad=false"};
+constexpr int num_options = static_cast<int>(sizeof(compile_options) / sizeof(compile_options[0]));
+
 /// What every compiled kernel depends on besides its source: NVRTC's version, the options and
 /// the embedded headers' text (a new library version never reads an old cache file as its own).
 const std::string& key_prefix() {
@@ -42,8 +47,10 @@ const std::string& key_prefix() {
     std::uint64_t h = 0;
     for (int i = 0; i < num_headers; ++i) h = fnv1a(rtc_header_texts[i], fnv1a(rtc_header_names[i], h));
     char buf[96];
-    std::snprintf(buf, sizeof buf, "nvrtc %d.%d headers %016llx\n", major, minor, static_cast<unsigned long long>(h));
-    return std::string(buf);
+    std::snprintf(buf, sizeof buf, "nvrtc %d.%d headers %016llx options", major, minor, static_cast<unsigned long long>(h));
+    std::string p = buf;
+    for (const char* o : compile_options) p.append(" ").append(o);
+    return p + "\n";
   }();
   return prefix;
 }
@@ -70,9 +77,9 @@ Status compile(const char* source, int arch, std::string& code, std::string& err
     err = nvrtcGetErrorString(r);
     return rtc_compile_error;
   }
-  // No contraction of a * b + c into one rounding: each rule rounds as its eager kernel does.
-  const char* opts[] = {"--std=c++20", arch_opt.c_str(), "--fmad=false"};
-  const nvrtcResult r = nvrtcCompileProgram(p, static_cast<int>(sizeof opts / sizeof opts[0]), opts);
+  const char* opts[num_options + 1] = {arch_opt.c_str()};
+  for (int i = 0; i < num_options; ++i) opts[i + 1] = compile_options[i];
+  const nvrtcResult r = nvrtcCompileProgram(p, num_options + 1, opts);
   if (r != NVRTC_SUCCESS) {
     std::size_t n = 0;
     nvrtcGetProgramLogSize(p, &n);
