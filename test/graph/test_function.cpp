@@ -194,6 +194,80 @@ TEST_CASE("function: a tape outside the call differentiates the variables read i
   check_same(outer.gradient(dw, w.value()), sc::full({3}, 2.f));
 }
 
+TEST_CASE("function: a tape outside the call sees a variable's assignments as eager does", "[function][variables][grad]") {
+  SECTION("no gradient flows from a read after an assignment into the assigned expression") {
+    // Eagerly, an assignment stores the value under a fresh identity no tape recorded.
+    auto run = [](bool traced) {
+      sc::Variable w(sc::full({2}, 2.f), "w");
+      sc::Variable s(sc::zeros({2}), "s", /*trainable=*/false);
+      auto body = [&](const sc::Tensor& x) {
+        s.assign(w * x);
+        return sc::sum(s * 2.f);
+      };
+      auto f = sc::function(body);
+      sc::GradientTape t;
+      const sc::Tensor y = traced ? sc::Tensor(f(sc::full({2}, 3.f))) : body(sc::full({2}, 3.f));
+      CHECK(y.item<float>() == 24.f);
+      return t.gradient(y, w);
+    };
+    check_same(run(true), run(false));
+    check_same(run(true), sc::zeros({2}));
+  }
+  SECTION("reads before, between and after assignments") {
+    // The gradient with respect to the variable is that of the reads of its final value; the
+    // value it had before the call keeps the gradient of the reads before the first assignment.
+    sc::Variable v(sc::tensor({2.f, -1.f}), "v");
+    sc::Variable steps(sc::zeros({}, sc::DType::i64), "steps");
+    auto body = [&](const sc::Tensor& x) {
+      const sc::Tensor a = sc::sum(v * x);
+      v.assign(v * 1.5f);
+      const sc::Tensor b = sc::sum(v * v * x);
+      v.assign(v + 1.f);
+      steps.assign(steps + std::int64_t{1});
+      return a + b + sc::sum(sc::exp(v) * x) + sc::cast(steps, sc::DType::f32);
+    };
+    auto f = sc::function(body);
+    const sc::Tensor x = sc::tensor({0.5f, 2.f});
+    for (int call = 0; call < 2; ++call) {
+      const sc::Tensor start = v.value(), steps_start = steps.value();
+      std::vector<sc::Tensor> traced, eager;
+      for (bool staged : {true, false}) {
+        if (!staged) {  // the eager run starts where the traced one did
+          v.assign(start);
+          steps.assign(steps_start);
+        }
+        const sc::Tensor old = v.value();
+        sc::GradientTape tape(/*persistent=*/true);
+        tape.watch(x);
+        const sc::Tensor y = staged ? sc::Tensor(f(x)) : body(x);
+        auto& out = staged ? traced : eager;
+        out = {y, tape.gradient(y, v), tape.gradient(y, old), tape.gradient(y, x), v.value()};
+      }
+      for (std::size_t k = 0; k < traced.size(); ++k) {
+        INFO("result " << k << " of call " << call);
+        check_same(traced[k], eager[k], 1e-6);
+      }
+      check_same(traced[1], sc::exp(traced[4]) * x, 1e-6);  // d/dv of the final reads only
+      check_same(traced[2], x, 1e-6);                        // the reads before the first assignment
+    }
+    CHECK(f.trace_count() == 1);
+    CHECK(steps.value().item<std::int64_t>() == 2);
+  }
+  SECTION("under two tapes") {
+    sc::Variable v(sc::tensor({0.5f}), "v");
+    auto body = [&](const sc::Tensor& x) {
+      v.assign(v * 2.f);
+      return sc::sum(v * v * x);
+    };
+    auto f = sc::function(body);
+    const sc::Tensor x = sc::tensor({3.f});
+    sc::GradientTape outer, inner;
+    const sc::Tensor y = f(x);
+    check_same(inner.gradient(y, v), sc::tensor({6.f}), 1e-6);  // 2 v x at v = 1
+    check_same(outer.gradient(y, v), sc::tensor({6.f}), 1e-6);
+  }
+}
+
 TEST_CASE("function: assignments run at every call, in program order", "[function][variables]") {
   sc::Variable counter(sc::scalar(0.f), "counter", false);
   auto f = sc::function([&](sc::Tensor x) {

@@ -227,6 +227,16 @@ void record_on_tapes(ops::Inputs in, const ops::Attrs& attrs, const Tensor& out,
   }
 }
 
+/// Lets every recording tape see the values in `in` now, as an op reading them would: a
+/// trainable variable's current value becomes watched (an assignment later makes it a plain
+/// tensor, which no tape would then watch automatically).
+inline void see_inputs(ops::Inputs in) {
+  if (context().tapes == nullptr || context().no_record > 0) return;
+  for (const Ref<TapeRecorder>& t : tape_stack().tapes)
+    if (t->recording())
+      for (const Tensor& x : in) (void)t->is_watched(x);
+}
+
 /// Records a user-defined gradient (sc::custom_gradient) on every tape watching an input.
 inline void record_custom(std::string_view op, ops::Inputs in, const Tensor& out, CustomVjp fn,
                           const std::source_location& loc) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -138,7 +139,15 @@ class ConcreteFunction {
                                                    "' changed shape, dtype or device since it was traced");
           all.push_back(v);
         }
-        return vi.fn->run(all, loc);
+        if (vi.after.empty()) return vi.fn->run(all, loc);
+        // The function reads values it assigns: it runs as traced (the assignments happen), then
+        // the variant differentiates its outputs with respect to the values read before the call
+        // and the variables' values after it, as an eager run's tape would.
+        stagecraft::detail::see_inputs(all);  // the values read before the call, while they are the variables'
+        std::vector<Tensor> outs = impl_->plan->run(args);
+        for (const auto& var : vi.after) all.push_back(Variable::from_state(var).value());
+        vi.fn->record_gradient(all, outs, loc);
+        return outs;
       }
     }
     if (recording && ctx.tapes->tapes.size() == 1) {
@@ -168,6 +177,9 @@ class ConcreteFunction {
   struct VarInputs {
     std::shared_ptr<const ConcreteFunction> fn;  ///< null: it reads no such variable
     std::vector<std::shared_ptr<stagecraft::detail::VariableState>> vars;  ///< extra arguments, in order
+    /// Then one extra argument per read of a variable's final value: their values after the
+    /// call. Non-empty: fn assigns nothing and only differentiates (see final_reads_variant).
+    std::vector<std::shared_ptr<stagecraft::detail::VariableState>> after;
   };
   struct Impl {
     std::shared_ptr<const graph::Graph> traced, optimized;
@@ -184,9 +196,14 @@ class ConcreteFunction {
   /// For recording tapes: the traced graph with each floating-point variable it reads, and
   /// never assigns (here or in a body), read through an extra argument instead of a read_var
   /// node. A read_var gives the value at the start of the call, which is what is passed in, so
-  /// the two run alike; a variable assigned in the function keeps its read_var.
+  /// the two run alike; a variable assigned in the function keeps its read_var. A function that
+  /// reads a value it assigned (after its last assignment) gets final_reads_variant instead.
   const VarInputs& variable_inputs() const {
     std::call_once(impl_->var_inputs_once, [&] {
+      if (auto fr = final_reads_variant()) {
+        impl_->var_inputs = std::move(fr);
+        return;
+      }
       auto vi = std::make_shared<VarInputs>();
       std::unordered_set<const stagecraft::detail::VariableInfo*> assigned;
       graph::detail_cf::collect_assigned(*impl_->traced, assigned);
@@ -208,6 +225,76 @@ class ConcreteFunction {
     });
     return *impl_->var_inputs;
   }
+  /// After an eager assignment, a tape sees the variable's new value as a fresh source: the
+  /// gradient with respect to the variable (its value after the call) is that of the reads that
+  /// follow its last assignment. For a function that reads such a final value (a stop_gradient
+  /// whose i0 names the variable's last assign_var, see GraphBuilder::assign): the traced graph
+  /// with every variable read an extra argument (the values before the call), then each final
+  /// read one (the values after it), and no assignments, for recording the gradient of a call
+  /// that ran the function itself. Null when there is no final read of a floating-point value,
+  /// or when a cond or while body assigns (a final value may then come out of a loop round).
+  std::shared_ptr<VarInputs> final_reads_variant() const {
+    const graph::Graph& t = *impl_->traced;
+    std::unordered_map<const stagecraft::detail::VariableInfo*, std::size_t> last;
+    std::unordered_set<const stagecraft::detail::VariableInfo*> in_bodies;
+    for (std::size_t i = 0; i < t.nodes.size(); ++i) {
+      const graph::Node& n = t.nodes[i];
+      if (n.kind == graph::NodeKind::assign_var) last[n.var.get()] = i;
+      for (const auto& b : n.bodies) graph::detail_cf::collect_assigned(*b, in_bodies);
+    }
+    if (!in_bodies.empty()) return nullptr;
+    auto final_read = [&](const graph::Node& n) -> const graph::Node* {
+      // (a graph made from this one by interpreting it, a backward pass, copies the tag: it must
+      // name an assignment of the same value here)
+      const auto i = static_cast<std::size_t>(n.attrs.i0 - 1);
+      if (n.kind != graph::NodeKind::op || n.op != ops::OpId::StopGradient || n.attrs.i0 <= 0 || i >= t.nodes.size())
+        return nullptr;
+      const graph::Node& a = t.nodes[i];
+      if (a.kind != graph::NodeKind::assign_var || a.inputs != n.inputs) return nullptr;
+      return last.at(a.var.get()) == i ? &a : nullptr;
+    };
+    bool any = false;
+    for (const graph::Node& n : t.nodes) any |= final_read(n) != nullptr && is_floating(t.values[n.outputs[0]].dtype);
+    if (!any) return nullptr;
+
+    auto vi = std::make_shared<VarInputs>();
+    graph::Graph g;
+    g.name = t.name;
+    g.values = t.values;
+    g.inputs = t.inputs;
+    g.outputs = t.outputs;
+    g.strings = t.strings;
+    auto to_input = [&g](graph::Node& n) {
+      n.kind = graph::NodeKind::input;
+      n.index = static_cast<int>(g.inputs.size());
+      n.inputs.clear();
+      n.attrs = {};
+      n.var = nullptr;
+      g.inputs.push_back(n.outputs[0]);
+    };
+    for (const graph::Node& n : t.nodes) {
+      if (n.kind == graph::NodeKind::assign_var) continue;
+      for (int v : n.outputs) g.values[static_cast<std::size_t>(v)].node = static_cast<int>(g.nodes.size());
+      g.nodes.push_back(n);
+      if (n.kind == graph::NodeKind::read_var) {
+        vi->vars.push_back(n.var);
+        to_input(g.nodes.back());
+      }
+    }
+    std::size_t k = 0;
+    for (const graph::Node& n : t.nodes) {
+      if (n.kind == graph::NodeKind::assign_var) continue;
+      graph::Node& m = g.nodes[k++];
+      if (const graph::Node* a = final_read(n)) {
+        vi->after.push_back(a->var);
+        to_input(m);
+      }
+    }
+    vi->fn = std::make_shared<const ConcreteFunction>(std::make_shared<const graph::Graph>(std::move(g)),
+                                                      impl_->optimized != impl_->traced);
+    return vi;
+  }
+
   struct Split {
     const ConcreteFunction* forward;
     const ConcreteFunction* backward;

@@ -116,9 +116,20 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
     n.var = state;
     n.inputs = {value_of(v)};
     n.loc = here(loc);
-    graph.add_node(std::move(n), {});
-    // The value under a fresh identity that knows its variable (as an eager assign makes).
-    Tensor s = stagecraft::detail::alias_tensor(v, v.shape());
+    const int assign_node = graph.add_node(std::move(n), {});
+    // What value() gives from now on: the value as a stop_gradient (an eager assignment stores it
+    // under a fresh identity that no tape recorded, so no gradient flows from a later read back
+    // into the expression that computed it), under an identity that knows its variable. Its i0
+    // names the assignment (node index + 1), so a tape outside the call can find the reads of
+    // the variable's final value (ConcreteFunction::variable_inputs).
+    Node r;
+    r.kind = NodeKind::op;
+    r.op = ops::OpId::StopGradient;
+    r.inputs = {value_of(v)};
+    r.attrs.i0 = assign_node + 1;
+    r.loc = here(loc);
+    const int read = graph.add_node(std::move(r), {TensorSpec{v.shape(), v.dtype()}}, v.device());
+    Tensor s = stagecraft::detail::alias_tensor(handle(graph.out(read)), v.shape());
     s.impl()->variable = state.get();
     vars_[var].shadow = std::move(s);
     assigned_.push_back(state);
