@@ -55,10 +55,11 @@ Status staging(DeviceState& d, std::size_t n, Pinned** out) {
       *out = &b;
       return cudaSuccess;
     }
-    // A copy still in flight: cudaErrorNotReady is not an error, but the runtime keeps it as the
-    // thread's last error, which the next launch's check (launched()) would then report as its
-    // own failure ("device not ready" from the first kernel after two quick uploads).
-    if (q == cudaErrorNotReady) cudaGetLastError();
+    // A copy still in flight (cudaErrorNotReady; or an event recorded while capturing): the buffer
+    // is not taken. The runtime keeps that status as the thread's last error, which the next
+    // launch's check (launched()) would report as its own failure ("device not ready" from the
+    // first kernel after two quick uploads); a sticky error is not cleared by this.
+    cudaGetLastError();
   }
   std::size_t bytes = 4096;
   while (bytes < n) bytes *= 2;
