@@ -30,6 +30,16 @@ TEST_CASE("cuda: copies round-trip host -> device -> device -> host", "[cuda]") 
   CHECK_THAT(os.str(), Catch::Contains("1.") && Catch::Contains("device=cuda:0"));
 }
 
+TEST_CASE("cuda: uploads back to back leave no error for the next launch", "[cuda]") {
+  // The second upload finds the first's staging buffer still copying (its event not ready): that
+  // status must not be left for the next kernel's launch check to report as its own error.
+  for (int round = 0; round < 3; ++round) {
+    const sc::Tensor x = values({1 << 21}, sc::f32, 80 + round), y = values({1 << 21}, sc::f32, 90 + round);
+    const sc::Tensor xg = x.to(gpu), yg = y.to(gpu);  // 8 MiB each: staged through pinned buffers
+    check_same(xg + yg, x + y, 0);
+  }
+}
+
 TEST_CASE("cuda: unary ops == CPU", "[cuda]") {
   using U = sc::Tensor (*)(const sc::Tensor&, std::source_location);
   const std::vector<std::pair<const char*, U>> floating = {
