@@ -310,19 +310,23 @@ Status cudnn_conv(ConvPass pass, DT dt, const void* a, const void* b, void* out,
   const float one_f = 1, zero_f = 0;
   const void* one = dt == DT::f64 ? static_cast<const void*>(&one_d) : &one_f;
   const void* zero = dt == DT::f64 ? static_cast<const void*>(&zero_d) : &zero_f;
+  // The whole workspace is offered: a call given less than its algorithm needs fails (BAD_PARAM),
+  // and the heuristic's figure (p->workspace, at most this) is not promised to be the amount the
+  // call checks against (cudnnGet*WorkspaceSize is); offering more costs nothing.
+  const std::size_t ws = d.workspace_size;
   cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
   switch (pass) {
     case ConvPass::forward:  // a = x, b = w, out = y
       st = api.forward(d.handle, one, p->x, a, p->w, b, p->conv, static_cast<cudnnConvolutionFwdAlgo_t>(p->algo),
-                       d.workspace, p->workspace, zero, p->y, out);
+                       d.workspace, ws, zero, p->y, out);
       break;
     case ConvPass::grad_input:  // a = dy, b = w, out = dx
       st = api.backward_data(d.handle, one, p->w, b, p->y, a, p->conv, static_cast<cudnnConvolutionBwdDataAlgo_t>(p->algo),
-                             d.workspace, p->workspace, zero, p->x, out);
+                             d.workspace, ws, zero, p->x, out);
       break;
     case ConvPass::grad_filter:  // a = x, b = dy, out = dw
       st = api.backward_filter(d.handle, one, p->x, a, p->y, b, p->conv,
-                               static_cast<cudnnConvolutionBwdFilterAlgo_t>(p->algo), d.workspace, p->workspace, zero,
+                               static_cast<cudnnConvolutionBwdFilterAlgo_t>(p->algo), d.workspace, ws, zero,
                                p->w, out);
       break;
   }
