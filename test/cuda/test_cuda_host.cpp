@@ -2,6 +2,10 @@
 // device is found, and the kernels' broadcasting geometry. They run on every machine.
 #include "testing.hpp"
 
+#include <stagecraft/staged/cuda_kernel.hpp>  // the host compiler's view of sc::compile's kernels
+
+#include <limits>
+
 using sctest::error_of;
 namespace abi = sc::cuda::abi;
 
@@ -183,8 +187,6 @@ TEST_CASE("cuda: a bad index found by a kernel is reported with its launch's op,
   CHECK_THROWS_AS(cd::check(abi::device_fault, sc::Device::cuda(0), "synchronize", std::source_location::current()),
                   sc::ValueError);
 }
-
-#include <stagecraft/staged/cuda_kernel.hpp>
 
 TEST_CASE("cuda: sc::compile's kernels index with 32 bits only where a grid-stride step cannot overflow", "[cuda]") {
   namespace gpu = sc::staging::gpu;
