@@ -560,6 +560,15 @@ TEST_CASE("optimizer: errors", "[optim][errors]") {
   CHECK_THAT(msg, Catch::Contains("[Adam::slot]") && Catch::Contains("'w' has no slots yet") &&
                       Catch::Contains(at_line(line)));
   adam.build({p.w});
+  {  // A slot kept while more variables get slots stays valid (it was a reference into the slot
+     // list, dangling after the list grew: a heap-use-after-free under ASan).
+    const sc::Variable& m = adam.slot(p.w, "m");
+    std::vector<sc::Variable> more;
+    for (int i = 0; i < 8; ++i) more.emplace_back(sc::ones({2}), "more" + std::to_string(i));
+    for (const sc::Variable& v : more) adam.build({v});
+    CHECK(m.name() == "m/0:w");
+    CHECK(m.same(adam.slot(p.w, "m")));
+  }
   line = __LINE__ + 1;
   msg = error_of<sc::ValueError>([&] { (void)adam.slot(p.w, "velocity"); });
   CHECK_THAT(msg, Catch::Contains("no slot named 'velocity'") && Catch::Contains(at_line(line)));

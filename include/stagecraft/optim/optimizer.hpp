@@ -145,9 +145,10 @@ class Optimizer {
     for (auto& [n, v] : named_variables()) out.push_back(v);
     return out;
   }
-  /// The slot `slot` ("velocity", "m", "v") of a variable the optimizer has seen.
-  const Variable& slot(const Variable& var, std::string_view slot,
-                       std::source_location loc = std::source_location::current()) const {
+  /// The slot `slot` ("velocity", "m", "v") of a variable the optimizer has seen: a handle of its
+  /// own (a reference into the slot list would dangle once build() or apply() adds variables).
+  Variable slot(const Variable& var, std::string_view slot,
+                std::source_location loc = std::source_location::current()) const {
     const auto it = var.defined() ? index_.find(key(var)) : index_.end();
     if (it == index_.end())
       stagecraft::detail::fail<ValueError>(op_name("slot"), loc, "variable '", var.defined() ? var.name() : "",
