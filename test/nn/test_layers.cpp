@@ -179,6 +179,32 @@ TEST_CASE("Dense: errors", "[layers][dense][errors]") {
                       Catch::Contains(at_line(line)));
 }
 
+TEST_CASE("layers made inside a traced function are refused at the user's line", "[layers][errors]") {
+  // Their variables' StagingError named dense.hpp / conv.hpp / lstm.hpp instead.
+  int line = 0;
+  auto dense = sc::function([&](sc::Tensor x) {
+    line = __LINE__ + 1;
+    sc::nn::Dense d(3, 2, 1);
+    return d(x);
+  });
+  std::string msg = error_of<sc::StagingError>([&] { (void)dense(sc::ones({2, 3})); });
+  CHECK_THAT(msg, Catch::Contains("'kernel'") && Catch::Contains("init_scope") && Catch::Contains(at_line(line)));
+  auto conv = sc::function([&](sc::Tensor x) {
+    line = __LINE__ + 1;
+    sc::nn::Conv2D c(1, 2, 3, 1, 1, 1);
+    return c(x);
+  });
+  msg = error_of<sc::StagingError>([&] { (void)conv(sc::ones({1, 1, 4, 4})); });
+  CHECK_THAT(msg, Catch::Contains("'kernel'") && Catch::Contains(at_line(line)));
+  auto lstm = sc::function([&](sc::Tensor x) {
+    line = __LINE__ + 1;
+    sc::nn::LSTMCell l(3, 2, 1);
+    return l(x, l.initial_state(2)).first;
+  });
+  msg = error_of<sc::StagingError>([&] { (void)lstm(sc::ones({2, 3})); });
+  CHECK_THAT(msg, Catch::Contains("'kernel'") && Catch::Contains(at_line(line)));
+}
+
 TEST_CASE("Dense: gradients", "[layers][dense][grad]") {
   sc::nn::Dense d(3, 2, 5, sc::f64);
   randomize(d.bias, 1);

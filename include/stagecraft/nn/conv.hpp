@@ -30,8 +30,8 @@ class Conv2D : public Module {
                                            " and ", padding);
     const std::uint64_t s = seed ? *seed : init::next_seed();
     const Shape ks{out_ch, in_ch, kernel_size, kernel_size};
-    kernel = Variable(init::he_normal(ks, init::derive_seed(s, 0), dtype, loc), "kernel");
-    bias = Variable(init::zeros({out_ch}, dtype, loc), "bias");
+    kernel = Variable(init::he_normal(ks, init::derive_seed(s, 0), dtype, loc), "kernel", true, loc);
+    bias = Variable(init::zeros({out_ch}, dtype, loc), "bias", true, loc);
     add({{"kernel", kernel}, {"bias", bias}}, loc);
   }
 

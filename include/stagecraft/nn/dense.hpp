@@ -23,8 +23,8 @@ class Dense : public Module {
     if (in < 1 || out < 1)
       stagecraft::detail::fail<ValueError>("Dense", loc, "needs in >= 1 and out >= 1, got ", in, " and ", out);
     const std::uint64_t s = seed ? *seed : init::next_seed();
-    kernel = Variable(init::glorot_uniform({in, out}, init::derive_seed(s, 0), dtype, loc), "kernel");
-    bias = Variable(init::zeros({out}, dtype, loc), "bias");
+    kernel = Variable(init::glorot_uniform({in, out}, init::derive_seed(s, 0), dtype, loc), "kernel", true, loc);
+    bias = Variable(init::zeros({out}, dtype, loc), "bias", true, loc);
     add({{"kernel", kernel}, {"bias", bias}}, loc);
   }
 

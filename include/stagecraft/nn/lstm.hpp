@@ -36,11 +36,12 @@ class LSTMCell : public Module {
       stagecraft::detail::fail<ShapeError>("LSTMCell", loc, "hidden ", hidden, " is too large: the 4 gate blocks of ",
                                            "4 * hidden columns overflow int64");
     const std::uint64_t s = seed ? *seed : init::next_seed();
-    kernel = Variable(init::glorot_uniform({input, 4 * hidden}, init::derive_seed(s, 0), dtype, loc), "kernel");
-    recurrent_kernel =
-        Variable(init::glorot_uniform({hidden, 4 * hidden}, init::derive_seed(s, 1), dtype, loc), "recurrent_kernel");
+    kernel = Variable(init::glorot_uniform({input, 4 * hidden}, init::derive_seed(s, 0), dtype, loc), "kernel",
+                      true, loc);
+    recurrent_kernel = Variable(init::glorot_uniform({hidden, 4 * hidden}, init::derive_seed(s, 1), dtype, loc),
+                                "recurrent_kernel", true, loc);
     const Tensor zero = stagecraft::zeros({hidden}, dtype, loc);
-    bias = Variable(concat({zero, stagecraft::ones({hidden}, dtype, loc), zero, zero}, 0, loc), "bias");
+    bias = Variable(concat({zero, stagecraft::ones({hidden}, dtype, loc), zero, zero}, 0, loc), "bias", true, loc);
     add({{"kernel", kernel}, {"recurrent_kernel", recurrent_kernel}, {"bias", bias}}, loc);
   }
 
