@@ -395,6 +395,45 @@ TEST_CASE("optimizer: the step counter advances by an op on its variable", "[opt
   check_close(pa.w.value().to_vector<double>(), pr.rw, 1e-12);
 }
 
+TEST_CASE("optimizer: a variable first stepped on a later trace names build()", "[optim][staging]") {
+  // Its slots would be variables made on a later trace: the error named Variable and the slot
+  // ('velocity/0:w') and suggested init_scope, which cannot reach the optimizer's slots.
+  Problem p(sc::f32);
+  sc::optim::SGD sgd(0.1, 0.9);
+  int line = 0;
+  auto step = sc::function([&](sc::Tensor g) {
+    if (g.shape()[0] == 3) {
+      line = __LINE__ + 1;
+      sgd.apply({g}, {p.b});
+    }
+    return g;
+  });
+  step(sc::ones({2}));
+  std::string msg = error_of<sc::StagingError>([&] { (void)step(sc::ones({3})); });
+  CHECK_THAT(msg, Catch::Contains("[SGD::build]") && Catch::Contains("'b'") && Catch::Contains("build(vars)") &&
+                      Catch::Contains(at_line(line)));
+  CHECK(sgd.named_variables().size() == 1);
+  // Built before the first call, the same step traces and runs on any trace.
+  sc::optim::SGD built(0.1, 0.9);
+  built.build({p.b});
+  auto step2 = sc::function([&](sc::Tensor g) {
+    if (g.shape()[0] == 3) built.apply({g}, {p.b});
+    return g;
+  });
+  step2(sc::ones({2}));
+  step2(sc::ones({3}));
+  CHECK(built.iterations() == 1);
+  // Without slots (plain SGD) nothing is created, and a later first step is fine.
+  sc::optim::SGD plain(0.1);
+  auto step3 = sc::function([&](sc::Tensor g) {
+    if (g.shape()[0] == 3) plain.apply({g}, {p.b});
+    return g;
+  });
+  step3(sc::ones({2}));
+  step3(sc::ones({3}));
+  CHECK(plain.iterations() == 1);
+}
+
 TEST_CASE("optimizer: the learning rate is a variable; set between steps it takes effect", "[optim]") {
   for (sc::DType dt : {sc::f32, sc::f64}) {
     INFO(sc::name(dt));

@@ -112,6 +112,14 @@ class Optimizer {
                                              stagecraft::name(v.dtype()),
                                              "; only floating-point variables can be trained");
     }
+    // Slots are variables: a traced function may create them on its first trace only.
+    if (const auto* tr = stagecraft::detail::context().trace; SC_UNLIKELY(tr != nullptr && !tr->may_create_variables()))
+      for (const Variable& v : vars)
+        if (!index_.count(key(v)) && !slot_names_.empty())
+          stagecraft::detail::fail<StagingError>(op_name("build"), loc, "variable '", v.name(), "' gets its first ",
+                                                 name(), " step on a later trace of a traced function, and its slots "
+                                                 "would be new variables; call build(vars) before the function's "
+                                                 "first call (or take its first step on the first trace)");
     for (const Variable& v : vars) {
       if (index_.count(key(v))) continue;
       const std::size_t idx = vars_.size();
