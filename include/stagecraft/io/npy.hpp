@@ -405,13 +405,12 @@ inline Tensor load(const std::string& path, std::string_view op, const std::sour
     fail<IOError>(op, loc, "'", path, "': cannot read: ", ec.message());
   if (!std::filesystem::exists(st)) fail<IOError>(op, loc, "'", path, "': no such file");
   if (!std::filesystem::is_regular_file(st)) fail<IOError>(op, loc, "'", path, "' is not a regular file");
-  const std::uint64_t size = std::filesystem::file_size(path, ec);
-  if (ec) fail<IOError>(op, loc, "'", path, "': cannot read its size: ", ec.message());
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) {
     const int err = errno;
     fail<IOError>(op, loc, "'", path, "': cannot open: ", std::strerror(err));
   }
+  const std::uint64_t size = safetensors::open_file_size(f.get(), op, path, loc);  // of this file, not the path's
   const auto read = [&](void* dst, std::uint64_t n, std::string_view what) {
     if (n > 0 && std::fread(dst, 1, n, f.get()) != n) c.corrupt("the file ends inside ", what, " (truncated?)");
   };

@@ -234,6 +234,20 @@ inline void save(const std::filesystem::path& path, const std::vector<std::pair<
   f.commit();
 }
 
+/// The size of an opened regular file. Taken from the open file, not its path: a save that renames
+/// a new file over the path between a stat and the open (atomic writers do, while a reader may be
+/// restoring) paired one file's size with the other's bytes, a spurious "corrupt" IOError.
+inline std::uint64_t open_file_size(std::FILE* f, std::string_view op, const std::string& file,
+                                    const std::source_location& loc) {
+  struct ::stat st {};
+  if (::fstat(::fileno(f), &st) != 0) {
+    const int err = errno;
+    detail::fail<IOError>(op, loc, "'", file, "': cannot read its size: ", std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) detail::fail<IOError>(op, loc, "'", file, "' is not a regular file");
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
 /// load_safetensors with the op name errors carry (Checkpoint::restore reuses it).
 inline SafetensorsFile load(const std::filesystem::path& path, std::string_view op, const std::source_location& loc) {
   const std::string file = path.string();
@@ -243,13 +257,12 @@ inline SafetensorsFile load(const std::filesystem::path& path, std::string_view 
     detail::fail<IOError>(op, loc, "'", file, "': cannot read: ", ec.message());
   if (!std::filesystem::exists(st)) detail::fail<IOError>(op, loc, "'", file, "': no such file");
   if (!std::filesystem::is_regular_file(st)) detail::fail<IOError>(op, loc, "'", file, "' is not a regular file");
-  const std::uint64_t size = std::filesystem::file_size(path, ec);
-  if (ec) detail::fail<IOError>(op, loc, "'", file, "': cannot read its size: ", ec.message());
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(file.c_str(), "rb"), &std::fclose);
   if (!f) {
     const int err = errno;
     detail::fail<IOError>(op, loc, "'", file, "': cannot open: ", std::strerror(err));
   }
+  const std::uint64_t size = open_file_size(f.get(), op, file, loc);
   const auto corrupt = [&](const auto&... parts) { detail::fail<IOError>(op, loc, "'", file, "' is corrupt: ", parts...); };
   const auto read = [&](void* dst, std::size_t n, std::string_view what) {
     if (n > 0 && std::fread(dst, 1, n, f.get()) != n) corrupt("the file ends inside ", what, " (truncated?)");
