@@ -159,6 +159,85 @@ TEST_CASE("while_loop: gradients through a staged loop equal eager ones", "[whil
   check_close(gt[1], ge[1], 1e-5);
 }
 
+TEST_CASE("while_loop and cond: computing a gradient assigns no variable again", "[while][cond][variables][grad]") {
+  // A gradient recomputes the rounds (and branches) it needs without side effects, from the
+  // values the variables had before the loop; the counters move once per call.
+  sc::Variable count(sc::zeros({}), "count", /*trainable=*/false);
+  sc::Variable flips(sc::zeros({}), "flips", /*trainable=*/false);
+  sc::Variable w(sc::tensor({2.f}), "w");
+  auto body = [&](const sc::Tensor& x) {
+    auto [n, a] = sc::while_loop([](const sc::Tensor& j, const sc::Tensor&) { return j < std::int64_t{3}; },
+                                 [&](const sc::Tensor& j, const sc::Tensor& p) {
+                                   count.assign(count + 1.f);
+                                   return std::make_tuple(j + std::int64_t{1}, p * w);
+                                 },
+                                 std::make_tuple(sc::zeros({}, sc::DType::i64), x));
+    (void)n;
+    const sc::Tensor b = sc::cond(sc::sum(a) > 0.f, [&] { flips.assign(flips + 1.f); return a * 2.f; }, [&] { return a; });
+    return sc::sum(b);
+  };
+  SECTION("a tape inside the function") {
+    auto f = sc::function([&](const sc::Tensor& x) {
+      sc::GradientTape t;
+      return t.gradient(body(x), w);
+    });
+    for (int call = 1; call <= 2; ++call) {
+      check_close(f(sc::tensor({3.f})), sc::tensor({2.f * 3.f * 3.f * 4.f}));  // d/dw 2 x w^3
+      CHECK(count.value().item<float>() == 3.f * static_cast<float>(call));
+      CHECK(flips.value().item<float>() == static_cast<float>(call));
+    }
+  }
+  SECTION("two tapes outside the call (the backward pass recomputes the forward one)") {
+    auto f = sc::function(body);
+    sc::GradientTape outer, inner;
+    const sc::Tensor y = f(sc::tensor({3.f}));
+    check_close(inner.gradient(y, w), sc::tensor({72.f}));
+    check_close(outer.gradient(y, w), sc::tensor({72.f}));
+    CHECK(count.value().item<float>() == 3.f);
+    CHECK(flips.value().item<float>() == 1.f);
+  }
+}
+
+TEST_CASE("while_loop: a tape outside the call differentiates a variable the loop assigns", "[while][variables][grad]") {
+  // The loop reads and assigns v and k; the function reads v before the loop and after it.
+  // Eager and traced agree under one tape and under two, and the gradient assigns nothing.
+  auto run = [](bool traced, bool two_tapes) {
+    sc::Variable v(sc::tensor({1.f, -0.5f}), "v");
+    sc::Variable k(sc::zeros({}, sc::DType::i64), "k", /*trainable=*/false);
+    const sc::Tensor x = sc::tensor({3.f, -2.f});
+    auto body = [&](const sc::Tensor& xx) {
+      const sc::Tensor a = sc::sum(v * xx);
+      const sc::Tensor acc = sc::while_loop([&](const sc::Tensor&) { return k < std::int64_t{3}; },
+                                            [&](const sc::Tensor& s) {
+                                              const sc::Tensor before = sc::sum(sc::square(v));
+                                              v.assign(v * 1.5f + 0.25f);
+                                              k.assign(k + std::int64_t{1});
+                                              return s + before;
+                                            },
+                                            sc::zeros({}));
+      return a + acc + sc::sum(sc::exp(v) * xx);
+    };
+    auto f = sc::function(body);
+    const sc::Tensor old = v.value();
+    sc::GradientTape outer;
+    sc::GradientTape tape(/*persistent=*/true);
+    tape.watch(x);
+    if (two_tapes) outer.watch(x);
+    const sc::Tensor y = traced ? sc::Tensor(f(x)) : body(x);
+    std::vector<sc::Tensor> r{y, tape.gradient(y, v), tape.gradient(y, old), tape.gradient(y, x), v.value(), k.value()};
+    return r;
+  };
+  for (bool two : {false, true}) {
+    const auto e = run(false, two), t = run(true, two);
+    for (std::size_t i = 0; i < e.size(); ++i) {
+      INFO("result " << i << (two ? ", two tapes" : ", one tape"));
+      check_close(t[i], e[i], 1e-5);
+    }
+    check_close(t[1], sc::exp(t[4]) * sc::tensor({3.f, -2.f}), 1e-5);  // the read after the loop
+    CHECK(t[5].item<std::int64_t>() == 3);
+  }
+}
+
 TEST_CASE("while_loop: a body that changes a shape is a StagingError", "[while][errors]") {
   auto f = sc::function([](sc::Tensor x) {
     return sc::while_loop([](sc::Tensor v) { return sc::sum(v) > 1.f; }, [](sc::Tensor v) { return sc::sum(v, {0}, true); }, x);

@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -87,7 +88,27 @@ STAGECRAFT_COMPILED_INLINE void read_assigned_in_place(Body& cond_b, Body& body_
 /// Adds the variables g assigns, in it or in its bodies, to out.
 STAGECRAFT_COMPILED_INLINE void collect_assigned(const Graph& g,
                                                  std::unordered_set<const stagecraft::detail::VariableInfo*>& out);
+/// The variables the graphs assign (in them or their bodies), in program order, each once, with
+/// their values now (in a trace: its reads of them here): where a replay without side effects
+/// of the graphs starts.
+STAGECRAFT_COMPILED_INLINE ReplayVars assigned_values(const std::vector<const Graph*>& gs);
 #if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void assigned_in_order(const Graph& g, ReplayVars& out) {
+  for (const Node& n : g.nodes) {
+    if (n.kind == NodeKind::assign_var && out.find(n.var.get()) == nullptr) {
+      out.vars.push_back(n.var.get());
+      out.values.push_back(Variable::from_state(n.var).value());
+    }
+    for (const auto& b : n.bodies) assigned_in_order(*b, out);
+  }
+}
+
+STAGECRAFT_COMPILED_INLINE ReplayVars assigned_values(const std::vector<const Graph*>& gs) {
+  ReplayVars rv;
+  for (const Graph* g : gs) assigned_in_order(*g, rv);
+  return rv;
+}
+
 STAGECRAFT_COMPILED_INLINE void collect_assigned(const Graph& g, std::unordered_set<const stagecraft::detail::VariableInfo*>& out) {
   for (const Node& n : g.nodes) {
     if (n.kind == NodeKind::assign_var) out.insert(n.var.get());
@@ -148,14 +169,17 @@ STAGECRAFT_COMPILED_INLINE Tensor weighted_total(const Tensors& outs, const Tens
 
 /// body(args) and the gradients of weighted_total(body(args)) with respect to args (zeros for
 /// non-float and unconnected ones); args are lifted into the current trace first.
+/// With `replay`, body runs without side effects from those variable values (interpret_pure).
 STAGECRAFT_COMPILED_INLINE std::pair<Tensors, Tensors> body_outputs_and_vjp(const Graph& body, const Tensors& args,
                                                                             const Tensors& seeds,
                                                                             const std::source_location& loc,
-                                                                            bool side_effects = true);
+                                                                            bool side_effects = true,
+                                                                            const ReplayVars* replay = nullptr);
 
 /// The gradients of body_outputs_and_vjp alone.
 STAGECRAFT_COMPILED_INLINE Tensors body_vjp(const Graph& body, const Tensors& args, const Tensors& seeds,
-                                            const std::source_location& loc, bool side_effects = true);
+                                            const std::source_location& loc, bool side_effects = true,
+                                            const ReplayVars* replay = nullptr);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE Tensor weighted_total(const Tensors& outs, const Tensors& seeds,
                                                  const std::source_location& loc) {
@@ -172,7 +196,7 @@ STAGECRAFT_COMPILED_INLINE Tensor weighted_total(const Tensors& outs, const Tens
 STAGECRAFT_COMPILED_INLINE std::pair<Tensors, Tensors> body_outputs_and_vjp(const Graph& body, const Tensors& args,
                                                                             const Tensors& seeds,
                                                                             const std::source_location& loc,
-                                                                            bool side_effects) {
+                                                                            bool side_effects, const ReplayVars* replay) {
   const Tensors local = current_builder() ? lifted(args, loc) : args;
   GradientTape tape;
   Tensors sources;
@@ -181,7 +205,9 @@ STAGECRAFT_COMPILED_INLINE std::pair<Tensors, Tensors> body_outputs_and_vjp(cons
       tape.watch(a);
       sources.push_back(a);
     }
-  Tensors outs = interpret(body, local, side_effects);
+  ReplayVars rv;
+  if (replay != nullptr) rv = *replay;
+  Tensors outs = replay != nullptr ? interpret_pure(body, local, rv) : interpret(body, local, side_effects);
   const Tensor total = weighted_total(outs, seeds, loc);
   Tensors gs;
   if (total.defined() && !sources.empty()) gs = tape.gradient(total, sources, loc);
@@ -195,8 +221,9 @@ STAGECRAFT_COMPILED_INLINE std::pair<Tensors, Tensors> body_outputs_and_vjp(cons
 }
 
 STAGECRAFT_COMPILED_INLINE Tensors body_vjp(const Graph& body, const Tensors& args, const Tensors& seeds,
-                                            const std::source_location& loc, bool side_effects) {
-  return body_outputs_and_vjp(body, args, seeds, loc, side_effects).second;
+                                            const std::source_location& loc, bool side_effects,
+                                            const ReplayVars* replay) {
+  return body_outputs_and_vjp(body, args, seeds, loc, side_effects, replay).second;
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
 
@@ -204,34 +231,41 @@ Tensors cond_impl(const Tensor& pred, const Thunk& then_fn, const Thunk& else_fn
 Tensors while_impl(const std::function<Tensor(const Tensors&)>& cond_fn, const std::function<Tensors(const Tensors&)>& body_fn,
                    const Tensors& vars, const std::source_location& loc, bool with_count = false);
 
-/// Records the gradient of a staged cond's outputs on the tapes watching its captures.
+/// Records the gradient of a staged cond's outputs on the tapes watching its captures. `pre`:
+/// the variables the branches assign, with their values before the cond (the backward pass
+/// replays a branch from them, without assigning).
 STAGECRAFT_COMPILED_INLINE void record_cond_gradient(const Tensor& pred, const Body& then_b, const Body& else_b,
-                                                     const Tensors& outs, const std::source_location& loc);
+                                                     const ReplayVars& pre, const Tensors& outs,
+                                                     const std::source_location& loc);
 STAGECRAFT_COMPILED_INLINE Tensors cond_impl(const Tensor& pred, const Thunk& then_fn, const Thunk& else_fn,
                                              const std::source_location& loc);
 
 /// Records the gradient of a staged while loop's outputs: for each float output, a backward
 /// loop over the iterations in reverse, recomputing each iteration's inputs from the initial
 /// values (time O(n^2) in the iteration count, memory O(1) in it).
+/// `pre`: the variables the loop assigns, with their values before it (the backward pass replays
+/// the rounds from them, without assigning).
 STAGECRAFT_COMPILED_INLINE void record_while_gradient(const Tensors& init, const Body& cond_b, const Body& body_b,
-                                                      const Tensors& outs, const std::source_location& loc);
+                                                      const ReplayVars& pre, const Tensors& outs,
+                                                      const std::source_location& loc);
 STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const Tensors&)>& cond_fn,
                                               const std::function<Tensors(const Tensors&)>& body_fn,
                                               const Tensors& vars, const std::source_location& loc, bool with_count);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE void record_cond_gradient(const Tensor& pred, const Body& then_b, const Body& else_b,
-                                                     const Tensors& outs, const std::source_location& loc) {
+                                                     const ReplayVars& pre, const Tensors& outs,
+                                                     const std::source_location& loc) {
   Tensors caps = then_b.captured;
   caps.insert(caps.end(), else_b.captured.begin(), else_b.captured.end());
   for (std::size_t k = 0; k < outs.size(); ++k) {
     if (!is_floating(outs[k].dtype())) continue;
-    auto vjp = [pred, then_b, else_b, k, n = outs.size(), loc](const Tensor& g) {
+    auto vjp = [pred, then_b, else_b, pre, k, n = outs.size(), loc](const Tensor& g) {
       auto branch = [&](int which) {
         return [&, which]() {
           const Body& b = which == 0 ? then_b : else_b;
           Tensors seeds(n);
           seeds[k] = g;
-          Tensors gb = body_vjp(*b.graph, b.captured, seeds, loc);
+          Tensors gb = body_vjp(*b.graph, b.captured, seeds, loc, false, &pre);
           Tensors all;
           for (const Tensor& c : then_b.captured) all.push_back(zeros_like(c, loc));
           for (const Tensor& c : else_b.captured) all.push_back(zeros_like(c, loc));
@@ -285,15 +319,18 @@ STAGECRAFT_COMPILED_INLINE Tensors cond_impl(const Tensor& pred, const Thunk& th
   n.attrs.i0 = static_cast<std::int64_t>(then_b.captured.size());
   n.bodies = {then_b.graph, else_b.graph};
   const Device dev = then_b.graph->outputs.empty() ? Device::cpu() : then_b.graph->values[then_b.graph->outputs[0]].device;
+  std::optional<ReplayVars> pre;  // read before the node: the values the branches start from
+  if (stagecraft::detail::context().tapes != nullptr) pre = assigned_values({then_b.graph.get(), else_b.graph.get()});
   Tensors outs = parent->append_node(std::move(n), ts, dev, loc);
   forget_assigned(*parent, then_b);
   forget_assigned(*parent, else_b);
-  if (stagecraft::detail::context().tapes != nullptr) record_cond_gradient(p1, then_b, else_b, outs, loc);
+  if (pre) record_cond_gradient(p1, then_b, else_b, *pre, outs, loc);
   return outs;
 }
 
 STAGECRAFT_COMPILED_INLINE void record_while_gradient(const Tensors& init, const Body& cond_b, const Body& body_b,
-                                                      const Tensors& outs, const std::source_location& loc) {
+                                                      const ReplayVars& pre, const Tensors& outs,
+                                                      const std::source_location& loc) {
   const std::size_t n = init.size();
   Tensors ins = init;
   ins.insert(ins.end(), cond_b.captured.begin(), cond_b.captured.end());
@@ -301,7 +338,7 @@ STAGECRAFT_COMPILED_INLINE void record_while_gradient(const Tensors& init, const
   const Tensor count = outs[n];
   for (std::size_t k = 0; k < n; ++k) {
     if (!is_floating(outs[k].dtype())) continue;
-    auto vjp = [init, cond_b, body_b, count, k, n, loc](const Tensor& g) {
+    auto vjp = [init, cond_b, body_b, pre, count, k, n, loc](const Tensor& g) {
       const Tensors& caps = body_b.captured;
       // State: i, then gradients of the loop variables at iteration i, then of the captures.
       Tensors state{count - std::int64_t{1}};
@@ -310,22 +347,38 @@ STAGECRAFT_COMPILED_INLINE void record_while_gradient(const Tensors& init, const
       auto back_cond = [](const Tensors& st) { return st[0] >= std::int64_t{0}; };
       auto back_body = [&](const Tensors& st) {
         const Tensor& i = st[0];
-        // The loop variables entering iteration i: the body applied i times to the initial values.
+        // The loop variables entering iteration i: the body applied i times to the initial values
+        // (and the variables the loop assigns, carried beside them: the replay assigns nothing).
+        const auto nv = static_cast<std::ptrdiff_t>(n), m = static_cast<std::ptrdiff_t>(pre.vars.size());
         Tensors fwd{zeros(Shape{}, DType::i64, loc)};
         fwd.insert(fwd.end(), init.begin(), init.end());
+        fwd.insert(fwd.end(), pre.values.begin(), pre.values.end());
         auto rc = [&i](const Tensors& v) { return v[0] < i; };
         auto rb = [&](const Tensors& v) {
-          Tensors args(v.begin() + 1, v.end());
+          ReplayVars rv{pre.vars, Tensors(v.begin() + 1 + nv, v.end())};
+          Tensors args(v.begin() + 1, v.begin() + 1 + nv);
+          if (m > 0) {  // the test runs before each round: what it assigns, the round sees
+            Tensors cargs = args;
+            cargs.insert(cargs.end(), cond_b.captured.begin(), cond_b.captured.end());
+            interpret_pure(*cond_b.graph, cargs, rv);
+          }
           args.insert(args.end(), caps.begin(), caps.end());
           Tensors next{v[0] + std::int64_t{1}};
-          for (const Tensor& t : interpret(*body_b.graph, args)) next.push_back(t);
+          for (const Tensor& t : interpret_pure(*body_b.graph, args, rv)) next.push_back(t);
+          next.insert(next.end(), rv.values.begin(), rv.values.end());
           return next;
         };
         const Tensors xs = while_impl(rc, rb, fwd, loc);
-        Tensors args(xs.begin() + 1, xs.end());
+        Tensors args(xs.begin() + 1, xs.begin() + 1 + nv);
+        ReplayVars at_i{pre.vars, Tensors(xs.begin() + 1 + nv, xs.end())};
+        if (m > 0) {
+          Tensors cargs = args;
+          cargs.insert(cargs.end(), cond_b.captured.begin(), cond_b.captured.end());
+          interpret_pure(*cond_b.graph, cargs, at_i);
+        }
         args.insert(args.end(), caps.begin(), caps.end());
         const Tensors seeds(st.begin() + 1, st.begin() + 1 + static_cast<std::ptrdiff_t>(n));
-        const Tensors d = body_vjp(*body_b.graph, args, seeds, loc);
+        const Tensors d = body_vjp(*body_b.graph, args, seeds, loc, false, &at_i);
         Tensors next{i - std::int64_t{1}};
         for (std::size_t j = 0; j < n; ++j) next.push_back(d[j]);
         for (std::size_t c = 0; c < caps.size(); ++c)
@@ -405,10 +458,12 @@ STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const T
   n.bodies = {cond_b.graph, body_b.graph};
   std::vector<TensorSpec> out_specs = specs;
   out_specs.push_back({Shape{}, DType::i64});  // the iteration count (for the gradient)
+  std::optional<ReplayVars> pre;  // read before the node: the values the first round starts from
+  if (stagecraft::detail::context().tapes != nullptr) pre = assigned_values({cond_b.graph.get(), body_b.graph.get()});
   Tensors outs = parent->append_node(std::move(n), out_specs, devs.empty() ? Device::cpu() : devs[0], loc);
   forget_assigned(*parent, cond_b);
   forget_assigned(*parent, body_b);
-  if (stagecraft::detail::context().tapes != nullptr) record_while_gradient(vars, cond_b, body_b, outs, loc);
+  if (pre) record_while_gradient(vars, cond_b, body_b, *pre, outs, loc);
   if (!with_count) outs.pop_back();
   return outs;
 }
@@ -489,30 +544,70 @@ V while_loop(C&& cond_fn, B&& body_fn, const V& loop_vars, std::source_location 
 }
 
 namespace graph::detail_interp {
-STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_cond(const Node& n, const std::vector<Tensor>& ins);
-STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_while(const Node& n, const std::vector<Tensor>& ins);
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_cond(const Node& n, const std::vector<Tensor>& ins, ReplayVars* rv);
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_while(const Node& n, const std::vector<Tensor>& ins, ReplayVars* rv);
+STAGECRAFT_COMPILED_INLINE ReplayVars replay_vars_of(const Graph& g);
 #if STAGECRAFT_DEFINE_COMPILED
-STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_cond(const Node& n, const std::vector<Tensor>& ins) {
+STAGECRAFT_COMPILED_INLINE ReplayVars replay_vars_of(const Graph& g) { return detail_cf::assigned_values({&g}); }
+
+// Without side effects (rv), a branch or a round returns the variable values it leaves after
+// its outputs, so they flow through a staged cond or while as ordinary values.
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_cond(const Node& n, const std::vector<Tensor>& ins, ReplayVars* rv) {
   const std::source_location loc = std::source_location::current();
   const auto k = static_cast<std::ptrdiff_t>(n.attrs.i0);
   const std::vector<Tensor> then_args(ins.begin() + 1, ins.begin() + 1 + k), else_args(ins.begin() + 1 + k, ins.end());
-  return detail_cf::cond_impl(
-      ins[0], [&] { return interpret(*n.bodies[0], then_args); }, [&] { return interpret(*n.bodies[1], else_args); }, loc);
+  if (rv == nullptr)
+    return detail_cf::cond_impl(
+        ins[0], [&] { return interpret(*n.bodies[0], then_args); }, [&] { return interpret(*n.bodies[1], else_args); },
+        loc);
+  auto branch = [&](const Graph& b, const std::vector<Tensor>& args) {
+    ReplayVars r = *rv;
+    std::vector<Tensor> o = run(b, args, &r);
+    o.insert(o.end(), r.values.begin(), r.values.end());
+    return o;
+  };
+  std::vector<Tensor> all = detail_cf::cond_impl(
+      ins[0], [&] { return branch(*n.bodies[0], then_args); }, [&] { return branch(*n.bodies[1], else_args); }, loc);
+  const auto nout = static_cast<std::ptrdiff_t>(all.size() - rv->values.size());
+  rv->values.assign(all.begin() + nout, all.end());
+  all.resize(static_cast<std::size_t>(nout));
+  return all;
 }
 
-STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_while(const Node& n, const std::vector<Tensor>& ins) {
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> replay_while(const Node& n, const std::vector<Tensor>& ins, ReplayVars* rv) {
   const std::source_location loc = std::source_location::current();
   const auto nv = static_cast<std::ptrdiff_t>(n.num_loop_vars), k = static_cast<std::ptrdiff_t>(n.attrs.i0);
-  const std::vector<Tensor> vars(ins.begin(), ins.begin() + nv);
+  const auto m = static_cast<std::ptrdiff_t>(rv != nullptr ? rv->values.size() : 0);
+  std::vector<Tensor> vars(ins.begin(), ins.begin() + nv);
+  if (rv != nullptr) vars.insert(vars.end(), rv->values.begin(), rv->values.end());
   const std::vector<Tensor> ccaps(ins.begin() + nv, ins.begin() + nv + k), bcaps(ins.begin() + nv + k, ins.end());
-  auto with = [](std::vector<Tensor> a, const std::vector<Tensor>& extra) {
-    a.insert(a.end(), extra.begin(), extra.end());
+  // the loop variables of a round with its captures; the variable values carried after them
+  auto args_of = [nv](const std::vector<Tensor>& v, const std::vector<Tensor>& caps) {
+    std::vector<Tensor> a(v.begin(), v.begin() + nv);
+    a.insert(a.end(), caps.begin(), caps.end());
     return a;
   };
-  return detail_cf::while_impl(
-      [&](const std::vector<Tensor>& v) { return interpret(*n.bodies[0], with(v, ccaps))[0]; },
-      [&](const std::vector<Tensor>& v) { return interpret(*n.bodies[1], with(v, bcaps)); }, vars, loc,
-      /*with_count=*/true);
+  auto carried = [&](const std::vector<Tensor>& v) {
+    ReplayVars r;
+    if (rv != nullptr) r = {rv->vars, std::vector<Tensor>(v.begin() + nv, v.begin() + nv + m)};
+    return r;
+  };
+  std::vector<Tensor> all = detail_cf::while_impl(
+      [&](const std::vector<Tensor>& v) {
+        ReplayVars r = carried(v);
+        return run(*n.bodies[0], args_of(v, ccaps), rv != nullptr ? &r : nullptr)[0];
+      },
+      [&](const std::vector<Tensor>& v) {
+        ReplayVars r = carried(v);
+        std::vector<Tensor> o = run(*n.bodies[1], args_of(v, bcaps), rv != nullptr ? &r : nullptr);
+        o.insert(o.end(), r.values.begin(), r.values.end());
+        return o;
+      },
+      vars, loc, /*with_count=*/true);
+  if (rv == nullptr) return all;
+  rv->values.assign(all.begin() + nv, all.begin() + nv + m);
+  all.erase(all.begin() + nv, all.begin() + nv + m);  // the loop variables, then the count
+  return all;
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
 }  // namespace graph::detail_interp

@@ -227,34 +227,57 @@ class ConcreteFunction {
   }
   /// After an eager assignment, a tape sees the variable's new value as a fresh source: the
   /// gradient with respect to the variable (its value after the call) is that of the reads that
-  /// follow its last assignment. For a function that reads such a final value (a stop_gradient
-  /// whose i0 names the variable's last assign_var, see GraphBuilder::assign): the traced graph
-  /// with every variable read an extra argument (the values before the call), then each final
-  /// read one (the values after it), and no assignments, for recording the gradient of a call
-  /// that ran the function itself. Null when there is no final read of a floating-point value,
-  /// or when a cond or while body assigns (a final value may then come out of a loop round).
+  /// follow its last assignment. For a function that reads such a final value (a read_var after
+  /// the last cond or while that assigns the variable, or a stop_gradient whose i0 names its last
+  /// assign_var, see GraphBuilder::assign): the traced graph with each read of a value from
+  /// before the call an extra argument, then each final read one (the values after the call),
+  /// for recording the gradient of a call that ran the function itself. Its backward pass
+  /// replays it without side effects (interpret), from the values before the call: a variable a
+  /// body assigns starts from an extra argument assigned at the top. Null when there is no final
+  /// read of a floating-point value. Reads inside a loop or branch after an assignment there are
+  /// not final reads (an eager run's last round would count them).
   std::shared_ptr<VarInputs> final_reads_variant() const {
+    using VarPtr = std::shared_ptr<stagecraft::detail::VariableState>;
     const graph::Graph& t = *impl_->traced;
-    std::unordered_map<const stagecraft::detail::VariableInfo*, std::size_t> last;
-    std::unordered_set<const stagecraft::detail::VariableInfo*> in_bodies;
+    // each variable's assignments at the top level: assign_var nodes, and cond or while nodes
+    // whose bodies assign it
+    std::unordered_map<const stagecraft::detail::VariableInfo*, std::size_t> first, last;
+    std::vector<VarPtr> in_bodies;
+    std::function<void(const graph::Graph&, std::size_t)> bodies_assign = [&](const graph::Graph& b, std::size_t i) {
+      for (const graph::Node& n : b.nodes) {
+        if (n.kind == graph::NodeKind::assign_var) {
+          if (std::find(in_bodies.begin(), in_bodies.end(), n.var) == in_bodies.end()) in_bodies.push_back(n.var);
+          first.try_emplace(n.var.get(), i);
+          last[n.var.get()] = i;
+        }
+        for (const auto& c : n.bodies) bodies_assign(*c, i);
+      }
+    };
     for (std::size_t i = 0; i < t.nodes.size(); ++i) {
       const graph::Node& n = t.nodes[i];
-      if (n.kind == graph::NodeKind::assign_var) last[n.var.get()] = i;
-      for (const auto& b : n.bodies) graph::detail_cf::collect_assigned(*b, in_bodies);
+      if (n.kind == graph::NodeKind::assign_var) {
+        first.try_emplace(n.var.get(), i);
+        last[n.var.get()] = i;
+      }
+      for (const auto& b : n.bodies) bodies_assign(*b, i);
     }
-    if (!in_bodies.empty()) return nullptr;
-    auto final_read = [&](const graph::Node& n) -> const graph::Node* {
+    auto final_read = [&](std::size_t i, const graph::Node& n) -> VarPtr {
+      if (n.kind == graph::NodeKind::read_var) {
+        const auto it = last.find(n.var.get());
+        return it != last.end() && i > it->second ? n.var : nullptr;
+      }
       // (a graph made from this one by interpreting it, a backward pass, copies the tag: it must
       // name an assignment of the same value here)
-      const auto i = static_cast<std::size_t>(n.attrs.i0 - 1);
-      if (n.kind != graph::NodeKind::op || n.op != ops::OpId::StopGradient || n.attrs.i0 <= 0 || i >= t.nodes.size())
+      const auto a = static_cast<std::size_t>(n.attrs.i0 - 1);
+      if (n.kind != graph::NodeKind::op || n.op != ops::OpId::StopGradient || n.attrs.i0 <= 0 || a >= t.nodes.size())
         return nullptr;
-      const graph::Node& a = t.nodes[i];
-      if (a.kind != graph::NodeKind::assign_var || a.inputs != n.inputs) return nullptr;
-      return last.at(a.var.get()) == i ? &a : nullptr;
+      const graph::Node& an = t.nodes[a];
+      if (an.kind != graph::NodeKind::assign_var || an.inputs != n.inputs) return nullptr;
+      return last.at(an.var.get()) == a ? an.var : nullptr;
     };
     bool any = false;
-    for (const graph::Node& n : t.nodes) any |= final_read(n) != nullptr && is_floating(t.values[n.outputs[0]].dtype);
+    for (std::size_t i = 0; i < t.nodes.size(); ++i)
+      any |= final_read(i, t.nodes[i]) != nullptr && is_floating(t.values[t.nodes[i].outputs[0]].dtype);
     if (!any) return nullptr;
 
     auto vi = std::make_shared<VarInputs>();
@@ -264,6 +287,34 @@ class ConcreteFunction {
     g.inputs = t.inputs;
     g.outputs = t.outputs;
     g.strings = t.strings;
+    std::vector<std::size_t> pre, post;  // nodes of g that become the extra arguments
+    // a variable a body assigns starts the replay from its value before the call
+    for (const VarPtr& var : in_bodies) {
+      const Tensor now = var->get();
+      graph::Node in;
+      in.kind = graph::NodeKind::input;
+      const int v = g.add_node(std::move(in), {TensorSpec{now.shape(), now.dtype()}}, now.device());
+      pre.push_back(static_cast<std::size_t>(v));
+      vi->vars.push_back(var);
+      graph::Node as;
+      as.kind = graph::NodeKind::assign_var;
+      as.var = var;
+      as.inputs = {g.out(v)};
+      as.attrs.flag = true;  // the replay's start: gradients reach the argument (interpret)
+      g.add_node(std::move(as), {});
+    }
+    for (std::size_t i = 0; i < t.nodes.size(); ++i) {
+      const graph::Node& n = t.nodes[i];
+      for (int v : n.outputs) g.values[static_cast<std::size_t>(v)].node = static_cast<int>(g.nodes.size());
+      g.nodes.push_back(n);
+      if (VarPtr var = final_read(i, n)) {
+        vi->after.push_back(std::move(var));
+        post.push_back(g.nodes.size() - 1);
+      } else if (n.kind == graph::NodeKind::read_var && (!first.count(n.var.get()) || i < first.at(n.var.get()))) {
+        vi->vars.push_back(n.var);
+        pre.push_back(g.nodes.size() - 1);
+      }  // a read between assignments stays: the replay reads the value it assigned
+    }
     auto to_input = [&g](graph::Node& n) {
       n.kind = graph::NodeKind::input;
       n.index = static_cast<int>(g.inputs.size());
@@ -272,24 +323,8 @@ class ConcreteFunction {
       n.var = nullptr;
       g.inputs.push_back(n.outputs[0]);
     };
-    for (const graph::Node& n : t.nodes) {
-      if (n.kind == graph::NodeKind::assign_var) continue;
-      for (int v : n.outputs) g.values[static_cast<std::size_t>(v)].node = static_cast<int>(g.nodes.size());
-      g.nodes.push_back(n);
-      if (n.kind == graph::NodeKind::read_var) {
-        vi->vars.push_back(n.var);
-        to_input(g.nodes.back());
-      }
-    }
-    std::size_t k = 0;
-    for (const graph::Node& n : t.nodes) {
-      if (n.kind == graph::NodeKind::assign_var) continue;
-      graph::Node& m = g.nodes[k++];
-      if (const graph::Node* a = final_read(n)) {
-        vi->after.push_back(a->var);
-        to_input(m);
-      }
-    }
+    for (std::size_t k : pre) to_input(g.nodes[k]);
+    for (std::size_t k : post) to_input(g.nodes[k]);
     vi->fn = std::make_shared<const ConcreteFunction>(std::make_shared<const graph::Graph>(std::move(g)),
                                                       impl_->optimized != impl_->traced);
     return vi;

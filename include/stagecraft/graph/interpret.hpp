@@ -8,21 +8,55 @@
 
 namespace stagecraft::graph {
 
+/// The variables a replay without side effects assigns, with their values in the replay: its
+/// reads of them see these values, its assignments replace them, and the variables themselves
+/// are left alone (a backward pass that recomputes a forward one must not assign again).
+struct ReplayVars {
+  std::vector<const stagecraft::detail::VariableInfo*> vars;
+  std::vector<Tensor> values;
+  Tensor* find(const stagecraft::detail::VariableInfo* v) {
+    for (std::size_t k = 0; k < vars.size(); ++k)
+      if (vars[k] == v) return &values[k];
+    return nullptr;
+  }
+};
+
 namespace detail_interp {
-/// The node kinds interpret() hands to control_flow.hpp and host_fn.hpp (defined there).
-std::vector<Tensor> replay_cond(const Node& n, const std::vector<Tensor>& ins);
-std::vector<Tensor> replay_while(const Node& n, const std::vector<Tensor>& ins);
+/// The node kinds interpret() hands to control_flow.hpp and host_fn.hpp (defined there); rv is
+/// null when the replay has side effects.
+std::vector<Tensor> replay_cond(const Node& n, const std::vector<Tensor>& ins, ReplayVars* rv);
+std::vector<Tensor> replay_while(const Node& n, const std::vector<Tensor>& ins, ReplayVars* rv);
 std::vector<Tensor> replay_host_fn(const Node& n, const std::vector<Tensor>& ins);
+/// The variables g assigns (in it or in its bodies), each with its value now (control_flow.hpp).
+ReplayVars replay_vars_of(const Graph& g);
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> run(const Graph& g, const std::vector<Tensor>& args, ReplayVars* rv);
 }  // namespace detail_interp
 
 /// Runs g on args by calling each node's op (or the graph's own node kinds) through the public
 /// API; returns the outputs. Variables are read as the graph says, and assigned unless
-/// `side_effects` is false (a backward pass replaying a forward one).
+/// `side_effects` is false (a backward pass replaying a forward one): then the replay starts
+/// from the variables' current values and keeps what it assigns to itself (interpret_pure).
 STAGECRAFT_COMPILED_INLINE std::vector<Tensor> interpret(const Graph& g, const std::vector<Tensor>& args,
                                                          bool side_effects = true);
+/// Runs g without side effects from the variable values in rv, which must hold every variable g
+/// assigns; rv ends with the values the replay assigned.
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> interpret_pure(const Graph& g, const std::vector<Tensor>& args,
+                                                              ReplayVars& rv);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE std::vector<Tensor> interpret(const Graph& g, const std::vector<Tensor>& args,
                                                          bool side_effects) {
+  if (side_effects) return detail_interp::run(g, args, nullptr);
+  ReplayVars rv = detail_interp::replay_vars_of(g);
+  return detail_interp::run(g, args, &rv);
+}
+
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> interpret_pure(const Graph& g, const std::vector<Tensor>& args,
+                                                              ReplayVars& rv) {
+  return detail_interp::run(g, args, &rv);
+}
+
+STAGECRAFT_COMPILED_INLINE std::vector<Tensor> detail_interp::run(const Graph& g, const std::vector<Tensor>& args,
+                                                                  ReplayVars* rv) {
   std::vector<Tensor> vals(g.values.size());
   std::vector<Tensor> ins;
   for (const Node& n : g.nodes) {
@@ -33,15 +67,25 @@ STAGECRAFT_COMPILED_INLINE std::vector<Tensor> interpret(const Graph& g, const s
       case NodeKind::input: outs = {args.at(static_cast<std::size_t>(n.index))}; break;
       case NodeKind::constant: outs = {n.constant}; break;
       case NodeKind::op: outs = {call_op(n.op, ins, n.attrs, n.loc)}; break;
-      case NodeKind::read_var: outs = {Variable::from_state(n.var).value()}; break;
+      case NodeKind::read_var: {
+        const Tensor* kept = rv != nullptr ? rv->find(n.var.get()) : nullptr;
+        outs = {kept != nullptr ? *kept : Variable::from_state(n.var).value()};
+        break;
+      }
       case NodeKind::assign_var: {
-        if (!side_effects) break;
+        if (rv != nullptr) {
+          // as an eager assignment: the value under a fresh identity no gradient flows back through
+          // (attrs.flag: the assignment that sets where a variant's replay starts, a source itself)
+          if (Tensor* kept = rv->find(n.var.get()))
+            *kept = n.attrs.flag ? ins[0] : call_op(ops::OpId::StopGradient, {&ins[0], 1}, {}, n.loc);
+          break;
+        }
         const stagecraft::detail::LocOverride at(n.loc);
         Variable::from_state(n.var).assign(ins[0]);
         break;
       }
-      case NodeKind::cond: outs = detail_interp::replay_cond(n, ins); break;
-      case NodeKind::while_loop: outs = detail_interp::replay_while(n, ins); break;
+      case NodeKind::cond: outs = detail_interp::replay_cond(n, ins, rv); break;
+      case NodeKind::while_loop: outs = detail_interp::replay_while(n, ins, rv); break;
       case NodeKind::host_fn: outs = detail_interp::replay_host_fn(n, ins); break;
     }
     for (std::size_t k = 0; k < n.outputs.size() && k < outs.size(); ++k) vals[n.outputs[k]] = outs[k];
