@@ -16,7 +16,9 @@ kit=.gpukit
 targets=(test_cuda_ops test_nvcc_staged fashion_mnist bench_cuda)
 
 if [[ ! -f $build/CMakeCache.txt ]]; then
+  # the .cu files' host code gets the same -march as the C++ (inline functions built both ways)
   cmake --preset release -B "$build" -DSTAGECRAFT_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 \
+    -DCMAKE_CUDA_FLAGS=-Xcompiler=-march=x86-64-v3 \
     -DSTAGECRAFT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > /dev/null
 fi
 cmake --build "$build" --target "${targets[@]}"

@@ -183,10 +183,12 @@ TEST_CASE("cuda: random numbers equal the CPU's for the same seed", "[cuda]") {
   for (const sc::DType d : {sc::f32, sc::f64}) {
     const sc::Tensor n = sc::random::normal({1001}, 42, 0.5, 2.0, d);
     const sc::Tensor u = sc::random::uniform({1001}, -1.0, 3.0, 42, d);
+    const sc::Tensor u3 = sc::random::uniform({1001}, -1.0, 2.3, 42, d);  // a width whose product rounds
     sc::DeviceScope on(gpu);
-    // Uniform is exact arithmetic; normal goes through log/cos/sin, whose last bits may differ in
-    // f64 (CUDA's libm is within 1-2 ulp, not always correctly rounded).
+    // Uniform is exact arithmetic (no fused multiply-add on either side); normal goes through
+    // log/cos/sin, whose last bits may differ in f64 (CUDA's libm is within 1-2 ulp).
     check_same(sc::random::uniform({1001}, -1.0, 3.0, 42, d), u, 0);
+    check_same(sc::random::uniform({1001}, -1.0, 2.3, 42, d), u3, 0);
     check_same(sc::random::normal({1001}, 42, 0.5, 2.0, d), n, d == sc::f32 ? 1e-6 : 1e-14);
   }
 }

@@ -42,13 +42,28 @@ SC_HOST_DEVICE void normal4(const std::array<std::uint32_t, 4>& w, double mean, 
   }
 }
 
+/// a * b + c with the product rounded before the add, whatever the compiler's contraction
+/// setting: a fused multiply-add (nvcc's default, GCC's with FMA hardware) rounds once, so the
+/// CPU and the GPU would give different last bits.
+SC_HOST_DEVICE inline double mul_then_add(double a, double b, double c) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(__dmul_rn(a, b), c);
+#else
+  double p = a * b;
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(p));  // the compiler cannot see through it, so cannot fuse it into the add
+#endif
+  return p + c;
+#endif
+}
+
 /// Four uniform samples of F in [lo, hi) (lo when lo == hi) from one block's words.
 template <class F>
 SC_HOST_DEVICE void uniform4(const std::array<std::uint32_t, 4>& w, double lo, double hi, F* v) {
   // The clamp is in the result's type: an f32 value just below hi in double can round up to it.
   const F top = static_cast<F>(hi), bottom = static_cast<F>(lo);
   for (int k = 0; k < 4; ++k) {
-    v[k] = static_cast<F>(lo + (hi - lo) * (static_cast<double>(w[k]) * (1.0 / 4294967296.0)));
+    v[k] = static_cast<F>(mul_then_add(hi - lo, static_cast<double>(w[k]) * (1.0 / 4294967296.0), lo));
     if (v[k] >= top && bottom < top) v[k] = std::nextafter(top, bottom);
   }
 }
