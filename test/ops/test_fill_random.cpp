@@ -120,10 +120,16 @@ TEST_CASE("random: seeded calls give the values they gave before they were ops",
   CHECK(sc::random::permutation(8, 3).to_vector<std::int64_t>() == std::vector<std::int64_t>{7, 4, 5, 1, 2, 3, 0, 6});
 }
 
-TEST_CASE("random: f64 uniform is the same bits whatever the build's fused multiply-add", "[random]") {
+TEST_CASE("random: f64 uniform and normal are the same bits whatever the build's fused multiply-add", "[random]") {
   // lo + (hi - lo) * u with the product rounded first: a build with FMA (-march=x86-64-v3 or
   // native, and nvcc by default) gave other last bits when hi - lo is not a power of two.
-  CHECK(v(sc::random::uniform({3}, -1.0, 2.3, 42, sc::f64)) == std::vector<double>{1.0227676075650378, 0.54633551004808378, -0.75833526670467111});
+  CHECK(v(sc::random::uniform({3}, -1.0, 2.3, 42, sc::f64)) ==
+        std::vector<double>{1.0227676075650378, 0.54633551004808378, -0.75833526670467111});
+  // normal: mean + (stddev r) cos(theta) likewise (1363 of 8000 samples differed)
+  const std::vector<double> n = v(sc::random::normal({4000}, 7, 0.3, 1.7, sc::f64));
+  CHECK(n[0] == 0.3004956649889538);
+  CHECK(n[1] == -0.21823987643298687);
+  CHECK(n[3999] == 3.4662818018790742);
 }
 
 TEST_CASE("random: an explicit seed gives the same numbers at every call; the state offset shifts the stream", "[random]") {

@@ -31,17 +31,6 @@ SC_HOST_DEVICE inline std::array<std::uint32_t, 4> random_block(std::uint64_t se
 /// A float in (0, 1) from a 32-bit word (never 0, so log() is safe).
 SC_HOST_DEVICE inline double unit_open(std::uint32_t w) { return (static_cast<double>(w) + 0.5) * (1.0 / 4294967296.0); }
 
-/// Four normal samples of F (Box–Muller, in double) from one block's words.
-template <class F>
-SC_HOST_DEVICE void normal4(const std::array<std::uint32_t, 4>& w, double mean, double stddev, F* v) {
-  for (int k = 0; k < 4; k += 2) {
-    const double r = std::sqrt(-2.0 * std::log(unit_open(w[k])));
-    const double th = 2.0 * std::numbers::pi * unit_open(w[k + 1]);
-    v[k] = static_cast<F>(mean + stddev * r * std::cos(th));
-    v[k + 1] = static_cast<F>(mean + stddev * r * std::sin(th));
-  }
-}
-
 /// a * b + c with the product rounded before the add, whatever the compiler's contraction
 /// setting: a fused multiply-add (nvcc's default, GCC's with FMA hardware) rounds once, so the
 /// CPU and the GPU would give different last bits.
@@ -55,6 +44,17 @@ SC_HOST_DEVICE inline double mul_then_add(double a, double b, double c) {
 #endif
   return p + c;
 #endif
+}
+
+/// Four normal samples of F (Box–Muller, in double) from one block's words.
+template <class F>
+SC_HOST_DEVICE void normal4(const std::array<std::uint32_t, 4>& w, double mean, double stddev, F* v) {
+  for (int k = 0; k < 4; k += 2) {
+    const double r = std::sqrt(-2.0 * std::log(unit_open(w[k])));
+    const double th = 2.0 * std::numbers::pi * unit_open(w[k + 1]);
+    v[k] = static_cast<F>(mul_then_add(stddev * r, std::cos(th), mean));
+    v[k + 1] = static_cast<F>(mul_then_add(stddev * r, std::sin(th), mean));
+  }
 }
 
 /// Four uniform samples of F in [lo, hi) (lo when lo == hi) from one block's words.
