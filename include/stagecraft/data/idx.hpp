@@ -34,7 +34,8 @@ inline std::vector<std::uint8_t> read_maybe_gzip(const std::string& path, std::s
   if (ec && ec != std::errc::no_such_file_or_directory)
     stagecraft::detail::fail<IOError>(op, loc, "'", path, "': cannot read: ", ec.message());
   if (!std::filesystem::exists(st)) stagecraft::detail::fail<IOError>(op, loc, "'", path, "': no such file");
-  if (!std::filesystem::is_regular_file(st)) stagecraft::detail::fail<IOError>(op, loc, "'", path, "' is not a regular file");
+  if (!std::filesystem::is_regular_file(st))
+    stagecraft::detail::fail<IOError>(op, loc, "'", path, "' is not a regular file");
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) stagecraft::detail::fail<IOError>(op, loc, "'", path, "': cannot open: ", std::strerror(errno));
   std::vector<std::uint8_t> out;
