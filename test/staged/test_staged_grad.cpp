@@ -103,6 +103,19 @@ TEST_CASE("grad<I> of arguments used trivially or not at all", "[staged][grad]")
   check_same(dy, sc::zeros({3}), 0.0, "unused argument: zeros");
 }
 
+TEST_CASE("grad<I> of a sum at the root checks its axes as the forward sum does", "[staged][grad][errors]") {
+  const Tensor x = away_from_zero({2, 3}, 7, sc::f32);
+  const auto repeated = sc::compile([](auto a) { return sc::sum(a * a, {1, -1}); });
+  const std::string msg = sctest::error_of<sc::ShapeError>([&] { (void)sc::grad<0>(repeated)(x); });
+  CHECK(msg.find("[sum] axis -1 appears twice in axes [1, -1] for shape [2, 3]") == 0);
+  CHECK(msg.find("test_staged_grad.cpp") != std::string::npos);
+  const auto out_of_range = sc::compile([](auto a) { return sc::sum(sc::exp(a), {2}); });
+  CHECK_THROWS_AS(sc::grad<0>(out_of_range)(x), sc::ShapeError);
+  // valid axes: the root sum changes nothing
+  const auto rows = sc::compile([](auto a) { return sc::sum(a * a, {1}); });
+  check_same(sc::grad<0>(rows)(x), x * 2.f, 1e-6, "sum over axis 1");
+}
+
 TEST_CASE("second order: grad<0>(grad<0>(g)) equals nested tapes", "[staged][grad]") {
   const Tensor x = away_from_zero({7}, 3, sc::f64), y = away_from_zero({7}, 4, sc::f64);
   auto check2 = [&](auto f, const std::string& what) {

@@ -31,6 +31,27 @@ struct GradFn {
     const auto e = f(x...);
     return wrap(make_grad<I>(e.node));
   }
+  /// make_grad drops a sum at the root (the sum of a sum is the sum), and its axes with it: for
+  /// an elementwise operand, check them as the forward sum does (an axis out of range or named
+  /// twice is eager's ShapeError). An operand with a materialized op would have to be computed
+  /// to know its shape: there the axes are not checked.
+  template <int N, unsigned DS>
+  void check(const std::array<Tensor, N>& args, const std::source_location& loc) const {
+    const auto e = [&]<int... K>(std::integer_sequence<int, K...>) {
+      return f(staged<Arg<K>>{}...);
+    }(std::make_integer_sequence<int, N>{});
+    using E = typename decltype(e)::node_type;
+    if constexpr (sum_root<E>::value) {
+      const auto& inner = std::get<0>(e.node.args);
+      if constexpr (!has_mat<std::remove_cvref_t<decltype(inner)>>()) {
+        if (e.node.m.axes.empty()) return;
+        Shape shape;
+        if (!own_shape<N>(inner, Env<N, DS>{args, loc}, shape)) return;  // the gradient raises it
+        bool mask[max_rank];
+        ops::reduced_mask(Shape(e.node.m.axes), shape, "sum", loc, mask);
+      }
+    }
+  }
 };
 }  // namespace staging
 
@@ -150,6 +171,7 @@ class Compiled {
     static_assert(staging::arg_count<typename E::node_type>::value <= N,
                   "stagecraft: sc::compile: the expression reads more arguments than the call passes");
     for (int k = 0; k < N; ++k) detail::require_defined(args[static_cast<std::size_t>(k)], "compile", loc);
+    if constexpr (requires { f_.template check<N, DS>(args, loc); }) f_.template check<N, DS>(args, loc);
     {
       std::lock_guard<std::mutex> lock(last_->mu);
       last_->specs.resize(N);
