@@ -317,6 +317,19 @@ TEST_CASE("cuda: implicit copies are counted, and strict placement makes them er
   }
   sc::set_strict_device_placement(false);
   CHECK(sc::device_stats().implicit_copies == 2);
+  // A variable keeps its device: a value from elsewhere is copied there, counted like an op's.
+  sc::Variable v(dev, "v");
+  v.assign(host * 3.f);
+  CHECK(v.device() == gpu);
+  CHECK(sc::device_stats().implicit_copies == 3);
+  check_same(v.value().to(sc::Device::cpu()), host * 3.f, 0);
+  sc::set_strict_device_placement(true);
+  const int vline = __LINE__ + 1;
+  CHECK_THROWS_WITH(v.assign(host), Catch::Contains("[Variable::assign] would copy an input of shape [3, 4] from cpu "
+                                                    "to cuda:0 (the variable lives there)") &&
+                                        Catch::Contains("test_cuda_ops.cpp:" + std::to_string(vline)));
+  sc::set_strict_device_placement(false);
+  check_same(v.value().to(sc::Device::cpu()), host * 3.f, 0);  // unchanged
   sc::reset_device_stats();
   CHECK(sc::device_stats().implicit_copies == 0);
 }

@@ -568,6 +568,14 @@ TEST_CASE("optimizer: errors", "[optim][errors]") {
   CHECK(adam.named_variables().size() == 1);
   CHECK(p.w.value().to_vector<double>() == p.rw);
 
+  // Nothing to update (no variables, or none with a gradient) would only advance the counter.
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { adam.apply({}, {}); });
+  CHECK_THAT(msg, Catch::Contains("[Adam::apply] got no variables to apply") && Catch::Contains(at_line(line)));
+  msg = error_of<sc::ValueError>([&] { adam.apply({sc::Tensor(), sc::Tensor()}, {p.w, p.b}); });
+  CHECK_THAT(msg, Catch::Contains("got no gradients to apply (2 variables, none with a gradient)"));
+  CHECK(adam.iterations() == 0);
+
   // The same variable twice would take two updates in one step (and count one): refused.
   sc::optim::SGD mom(0.1, 0.5);
   line = __LINE__ + 1;

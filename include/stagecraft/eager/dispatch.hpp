@@ -64,14 +64,14 @@ inline ImplicitCopyCounters& implicit_copy_counters() {
   return c;
 }
 
-/// An input about to be copied to `to` because a DeviceScope sent the op there: counted, or a
-/// DeviceError in strict mode (set_strict_device_placement).
-inline void count_implicit_copy(const Tensor& t, Device to, std::string_view op, const std::source_location& loc) {
+/// An input about to be copied to `to` (`why`: because a DeviceScope sent the op there, by
+/// default): counted, or a DeviceError in strict mode (set_strict_device_placement).
+inline void count_implicit_copy(const Tensor& t, Device to, std::string_view op, const std::source_location& loc,
+                                std::string_view why = "a DeviceScope sent the op there") {
   ImplicitCopyCounters& c = implicit_copy_counters();
   if (SC_UNLIKELY(c.strict.load(std::memory_order_relaxed)))
     fail<DeviceError>(op, loc, "would copy an input of shape ", t.shape(), " from ", t.device().str(), " to ",
-                      to.str(), " (a DeviceScope sent the op there) and strict device placement is on; move it "
-                      "with .to() first");
+                      to.str(), " (", why, ") and strict device placement is on; move it with .to() first");
   c.copies.fetch_add(1, std::memory_order_relaxed);
   c.bytes.fetch_add(static_cast<std::int64_t>(t.nbytes()), std::memory_order_relaxed);
 }

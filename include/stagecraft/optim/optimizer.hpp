@@ -1,6 +1,7 @@
 // optim::Optimizer: the base of SGD and Adam — slot bookkeeping, checks, the step counter and
 // the learning rate (both variables, so a traced step reads them at every call).
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -55,6 +56,13 @@ class Optimizer {
     if (SC_UNLIKELY(grads.size() != vars.size()))
       stagecraft::detail::fail<ValueError>(op_name("apply"), loc, "got ", grads.size(), " gradients for ", vars.size(),
                                            " variables; pass one gradient per variable, in order");
+    // A step with nothing to update is a mistake (a model whose layers were never registered,
+    // a loss the tape did not see): it would only advance the step counter.
+    if (SC_UNLIKELY(std::none_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); })))
+      stagecraft::detail::fail<ValueError>(op_name("apply"), loc, vars.empty() ? "got no variables" : "got no gradients",
+                                           " to apply (", vars.size(), " variables, none with a gradient); check "
+                                           "that the model's variables are passed and the loss was computed from "
+                                           "them under the tape");
     // Every check comes before any change, so a failed step leaves no trace.
     const bool known = same_as_built(vars);
     const bool tracing = stagecraft::detail::context().trace != nullptr;

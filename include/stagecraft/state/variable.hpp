@@ -102,12 +102,19 @@ class Variable {
   /// with its name and the user's line.
   operator Tensor() const { return impl_ ? value() : Tensor(); }  // NOLINT: implicit by design
 
-  /// Replaces the value; t must have the variable's shape (its dtype is converted). Inside a
-  /// traced function the assignment becomes part of the graph and runs at every call.
+  /// Replaces the value; t must have the variable's shape (its dtype is converted, and a value
+  /// on another device is copied to the variable's: an implicit copy, counted, and a
+  /// DeviceError in strict mode). Inside a traced function the assignment becomes part of the
+  /// graph and runs at every call.
   void assign(const Tensor& t, std::source_location loc = std::source_location::current()) {
     check(t, "Variable::assign", loc);
     GradientTape::StopRecording quiet;  // state updates are not part of any gradient
-    store(t.dtype() == dtype() ? t : cast(t, dtype(), loc), loc);
+    Tensor v = t.dtype() == dtype() ? t : cast(t, dtype(), loc);
+    if (const Device home = device(); SC_UNLIKELY(v.device() != home)) {  // a variable keeps its device
+      detail::count_implicit_copy(v, home, "Variable::assign", loc, "the variable lives there");
+      v = v.to(home, loc);
+    }
+    store(v, loc);
   }
   /// value += t.
   void assign_add(const Tensor& t, std::source_location loc = std::source_location::current()) {
