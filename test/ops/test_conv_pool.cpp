@@ -494,6 +494,74 @@ TEST_CASE("pool errors name the op, the shapes and the user's line", "[pool][err
                     Catch::Contains("[max_pool2d] expects a numeric input, got bool") && Catch::Contains(at(line)));
 }
 
+// Paddings, strides and kernels near INT64_MAX: the window sizes are checked, not overflowed (UBSan
+// reported 2 * padding + H overflowing in Window::make, and ceil(first / stride) in valid_cols).
+TEST_CASE("conv2d, im2col and the pools check window sizes that would overflow int64", "[conv][pool][errors]") {
+  constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  const auto x = sc::ones({2, 3, 5, 5});
+  const auto w = sc::ones({4, 3, 3, 3});
+  int line = __LINE__ + 1;
+  std::string m = sctest::error_of<sc::ShapeError>([&] { (void)sc::nn::conv2d(x, w, 1, big / 2); });
+  CHECK_THAT(m, Catch::Contains("[conv2d] padding 4611686018427387903 on the input [2, 3, 5, 5] overflows int64 "
+                                "(w [4, 3, 3, 3])") && Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::nn::conv2d(x, w, 1, big), sc::ShapeError);
+  CHECK_THROWS_AS(sc::nn::conv2d(x, w, big, big), sc::ShapeError);
+  // The layer: the error names conv2d at the line that calls the layer.
+  sc::nn::Conv2D layer(3, 4, 3, 1, big / 2, 1);
+  line = __LINE__ + 1;
+  m = sctest::error_of<sc::ShapeError>([&] { (void)layer(x); });
+  CHECK_THAT(m, Catch::Contains("[conv2d] padding 4611686018427387903 on the input [2, 3, 5, 5] overflows int64") &&
+                    Catch::Contains(at(line)));
+  // A padding that fits but gives more windows than a tensor may hold.
+  line = __LINE__ + 1;
+  m = sctest::error_of<sc::ShapeError>([&] { (void)sc::nn::conv2d(x, w, 1, std::int64_t{1} << 40); });
+  CHECK_THAT(m, Catch::Contains("[conv2d] a 3x3 kernel with stride 1 and padding 1099511627776 over the input "
+                                "[2, 3, 5, 5] gives 2199023255555x2199023255555 windows of 3 channels: more than "
+                                "2^62 window elements an image (w [4, 3, 3, 3])") && Catch::Contains(at(line)));
+  // The gradient ops share the check.
+  CHECK_THROWS_AS(sc::nn::conv2d_grad_input(sc::ones({2, 4, 1, 1}), w, {2, 3, 5, 5}, 1, big / 2), sc::ShapeError);
+  CHECK_THROWS_AS(sc::nn::conv2d_grad_filter(x, sc::ones({2, 4, 1, 1}), {4, 3, 3, 3}, 1, big / 2), sc::ShapeError);
+  // So does a traced call, at the user's line.
+  auto f = sc::function([&](sc::Tensor a) { return sc::nn::conv2d(a, w, 1, big / 2); });
+  line = __LINE__ + 1;
+  m = sctest::error_of<sc::ShapeError>([&] { (void)f(x); });
+  CHECK_THAT(m, Catch::Contains("[conv2d] padding 4611686018427387903") && Catch::Contains("test_conv_pool.cpp"));
+
+  // A huge stride with a huge padding that fits: one window, all padding (ceil(pad / stride) overflowed).
+  const std::int64_t pad = std::int64_t{1} << 61;
+  const sc::Tensor y = sc::nn::conv2d(x, w, big, pad);
+  CHECK(y.shape() == sc::Shape{2, 4, 1, 1});
+  CHECK(y.to_vector<float>() == std::vector<float>(8, 0.f));
+  CHECK(sc::im2col(x, 3, 3, big, pad).to_vector<float>() == std::vector<float>(2 * 27, 0.f));
+  {
+    sc::GradientTape tape;
+    tape.watch(x);
+    tape.watch(w);
+    const auto grads = tape.gradient(sc::sum(sc::nn::conv2d(x, w, big, pad)), {x, w});
+    CHECK(grads[0].to_vector<float>() == std::vector<float>(2 * 3 * 5 * 5, 0.f));
+    CHECK(grads[1].to_vector<float>() == std::vector<float>(4 * 3 * 3 * 3, 0.f));
+  }
+
+  const std::int64_t k31 = std::int64_t{1} << 31;
+  line = __LINE__ + 1;
+  m = sctest::error_of<sc::ShapeError>([&] { (void)sc::im2col(sc::ones({1, 1, 2, 2}), k31, k31, 1, k31); });
+  CHECK_THAT(m, Catch::Contains("[im2col] a 2147483648x2147483648 kernel with stride 1 and padding 2147483648 over "
+                                "the input [1, 1, 2, 2]") && Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::col2im(sc::ones({1, 1, 1}), {1, 1, 2, 2}, 1, 1, 1, big), sc::ShapeError);
+
+  // Pools (no padding): a huge stride is one window per row and column, a huge kernel an error.
+  const auto p = sc::reshape(sc::arange(0, 2 * 3 * 25, 1, sc::f32), {2, 3, 5, 5});
+  CHECK(sc::nn::max_pool2d(p, 2, big).to_vector<float>() == std::vector<float>{6, 31, 56, 81, 106, 131});
+  CHECK(sc::nn::avg_pool2d(p, 5, big).shape() == sc::Shape{2, 3, 1, 1});
+  CHECK(sc::nn::max_pool2d_grad(sc::ones({2, 3, 1, 1}), p, 2, big).shape() == p.shape());
+  line = __LINE__ + 1;
+  m = sctest::error_of<sc::ShapeError>([&] { (void)sc::nn::max_pool2d(p, big, 1); });
+  CHECK_THAT(m, Catch::Contains("[max_pool2d] kernel 9223372036854775807x9223372036854775807 is larger than the "
+                                "input [2, 3, 5, 5] padded by 0") && Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::nn::avg_pool2d(p, big, big), sc::ShapeError);
+  CHECK_THROWS_AS(sc::nn::max_pool2d_grad(sc::ones({2, 3, 1, 1}), p, big, 1), sc::ShapeError);
+}
+
 // The 2x2 / stride-2 fast paths (forward and gradient) on every window pattern drawn from a few
 // values: ties, NaN in any position (two NaNs: the first takes the gradient), infinities; and
 // gradients that are themselves infinite or NaN land only where they belong (exactly 0 elsewhere).

@@ -18,7 +18,8 @@ struct Window {
   std::int64_t N = 0, C = 0, H = 0, W = 0, kh = 1, kw = 1, stride = 1, pad = 0, Ho = 0, Wo = 0;
 
   /// Checks the window against an input shape (rank 4, stride >= 1, padding >= 0, kernel
-  /// >= 1 and within the padded input) and fills in the sizes; errors name `op` and `what`.
+  /// >= 1 and within the padded input, sizes that fit int64) and fills in the sizes; errors
+  /// name `op` and `what`.
   static Window make(std::string_view op, const Shape& x, std::int64_t kh, std::int64_t kw, std::int64_t stride,
                      std::int64_t pad, const std::source_location& loc, std::string_view what = "") {
     if (SC_UNLIKELY(x.rank() != 4))
@@ -28,11 +29,22 @@ struct Window {
     if (SC_UNLIKELY(kh < 1 || kw < 1))
       detail::fail<ShapeError>(op, loc, "kernel must be at least 1x1, got ", kh, "x", kw, " for input ", x, what);
     Window w{x[0], x[1], x[2], x[3], kh, kw, stride, pad, 0, 0};
-    if (SC_UNLIKELY(kh > w.H + 2 * pad || kw > w.W + 2 * pad))
+    std::int64_t ph = 0, pw = 0;  // the padded extents; a padding near INT64_MAX would overflow them
+    if (SC_UNLIKELY(__builtin_mul_overflow(pad, 2, &pw) || __builtin_add_overflow(w.H, pw, &ph) ||
+                    __builtin_add_overflow(w.W, pw, &pw)))
+      detail::fail<ShapeError>(op, loc, "padding ", pad, " on the input ", x, " overflows int64", what);
+    if (SC_UNLIKELY(kh > ph || kw > pw))
       detail::fail<ShapeError>(op, loc, "kernel ", kh, "x", kw, " is larger than the input ", x, " padded by ",
                                pad, what);
-    w.Ho = (w.H + 2 * pad - kh) / stride + 1;
-    w.Wo = (w.W + 2 * pad - kw) / stride + 1;
+    w.Ho = (ph - kh) / stride + 1;
+    w.Wo = (pw - kw) / stride + 1;
+    // The columns of one image, [C*kh*kw, Ho*Wo], must be a shape a tensor may have: im2col makes
+    // them, the convolutions a chunk of them, and their sizes are products nothing checks later.
+    std::uint64_t cols = 0;
+    if (SC_UNLIKELY(w.C >= 0 && !detail::shape_bytes(Shape{w.C, kh, kw, w.Ho, w.Wo}, 1, cols)))
+      detail::fail<ShapeError>(op, loc, "a ", kh, "x", kw, " kernel with stride ", stride, " and padding ", pad,
+                               " over the input ", x, " gives ", w.Ho, "x", w.Wo, " windows of ", w.C,
+                               " channels: more than 2^62 window elements an image", what);
     return w;
   }
 
@@ -40,7 +52,7 @@ struct Window {
   /// the rest read padding.
   void valid_cols(std::int64_t j, std::int64_t& lo, std::int64_t& hi) const {
     const std::int64_t first = pad - j, last = W - 1 + pad - j;  // need first <= ox*stride <= last
-    lo = first > 0 ? (first + stride - 1) / stride : 0;
+    lo = first > 0 ? (first - 1) / stride + 1 : 0;  // ceil(first / stride); first + stride could overflow
     hi = last >= 0 ? std::min(Wo, last / stride + 1) : 0;
     lo = std::min(lo, hi);
   }
@@ -87,7 +99,7 @@ inline std::int64_t row_grain(std::int64_t per_row) {
 /// read padding): valid_cols for rows.
 inline void valid_rows(const Window& w, std::int64_t i, std::int64_t& lo, std::int64_t& hi) {
   const std::int64_t first = w.pad - i, last = w.H - 1 + w.pad - i;
-  lo = first > 0 ? (first + w.stride - 1) / w.stride : 0;
+  lo = first > 0 ? (first - 1) / w.stride + 1 : 0;  // as in valid_cols
   hi = last >= 0 ? std::min(w.Ho, last / w.stride + 1) : 0;
   lo = std::min(lo, hi);
 }
