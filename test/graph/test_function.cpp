@@ -422,12 +422,28 @@ TEST_CASE("function: several threads call one function", "[function][threads]") 
 }
 
 TEST_CASE("function: a bad label in a staged step is an error naming the user's line", "[function][errors]") {
+  const int line = __LINE__ + 1;
   auto f = sc::function([](sc::Tensor logits, sc::Tensor labels) { return sc::nn::cross_entropy(logits, labels); });
   const sc::Tensor logits = sc::zeros({2, 3});
   CHECK(f(logits, sc::tensor(std::vector<std::int64_t>{0, 2}, sc::Shape{2})).item<float>() == Approx(std::log(3.f)));
-  const std::string m = error_of<sc::ValueError>([&] { f(logits, sc::tensor(std::vector<std::int64_t>{0, 7}, sc::Shape{2})); });
-  CHECK_THAT(m, Catch::Contains("out of range"));
-  CHECK_THAT(m, Catch::Contains("test_function.cpp"));
+  const sc::Tensor bad = sc::tensor(std::vector<std::int64_t>{0, 7}, sc::Shape{2});
+  const std::string m = error_of<sc::ValueError>([&] { f(logits, bad); });
+  // The op that asked for the check, as eager says it (it named the internal check_range op).
+  const std::string eager = error_of<sc::ValueError>([&] { (void)sc::nn::cross_entropy(logits, bad); });
+  CHECK_THAT(eager, Catch::Contains("[cross_entropy] label 7 at index 1 is out of range [0, 3)"));
+  CHECK_THAT(m, Catch::Contains("[cross_entropy] label 7 at index 1 is out of range [0, 3) at test_function.cpp:" +
+                                std::to_string(line)));
+  CHECK_THAT(m, !Catch::Contains("check_range"));
+  // The asker is an attribute, so the graph's text form keeps it.
+  const std::string text = f.get_concrete(logits, bad).graph().str();
+  CHECK_THAT(text, Catch::Contains("check_range(") && Catch::Contains("i1=3, i2=1"));
+  // check_range on its own still names itself.
+  auto g = sc::function([](sc::Tensor x) { return sc::detail::check_range(x, 0, 3); });
+  CHECK_THAT(error_of<sc::ValueError>([&] { g(bad); }),
+             Catch::Contains("[check_range] value 7 at index 1 is out of range [0, 3) at test_function.cpp:"));
+  const auto here = std::source_location::current();
+  CHECK_THAT(error_of<sc::ValueError>([&] { (void)sc::detail::check_range(bad, 0, 3, here, "x"); }),
+             Catch::Contains("[check_range] no range check is registered for op 'x'"));
 }
 
 TEST_CASE("function: an Adam step staged equals it eager; each variable's update is one fused group",
