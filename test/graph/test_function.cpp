@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -118,11 +119,19 @@ TEST_CASE("function: results stay valid across later calls", "[function]") {
 
 TEST_CASE("function: variables are read by reference", "[function][variables]") {
   sc::Variable w(sc::full({3}, 2.f), "w");
+  const int line = __LINE__ + 1;
   auto f = sc::function([&](sc::Tensor x) { return x * w; });
   check_same(f(sc::ones({3})), sc::full({3}, 2.f));
   w.assign(sc::full({3}, 5.f));
   check_same(f(sc::ones({3})), sc::full({3}, 5.f));
   CHECK(f.trace_count() == 1);
+  // The read (a conversion, which cannot know its caller) carries the line of the op using it.
+  std::ostringstream text;
+  text << f.get_concrete(sc::ones({3})).traced_graph();
+  INFO(text.str());
+  CHECK(text.str().find("read_var \"w\"") != std::string::npos);
+  CHECK(text.str().find("variable.hpp") == std::string::npos);
+  CHECK(text.str().find("test_function.cpp:" + std::to_string(line)) != std::string::npos);
 }
 
 TEST_CASE("function: a variable reached through a Tensor is still read at each call; a snapshot is a value",

@@ -184,8 +184,22 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
     return r;
   }
 
+  /// A variable read made where the caller's line is unknown (a Variable converted to a Tensor)
+  /// takes the line of the first op that uses it, in whichever enclosing trace it was made.
+  void locate_read(const Tensor& t, const std::source_location& loc) {
+    const stagecraft::detail::TensorImpl* p = t.impl();
+    if (p->variable == nullptr) return;
+    if (p->symbolic.trace != serial) {
+      if (parent != nullptr) static_cast<GraphBuilder*>(parent)->locate_read(t, loc);  // the only TraceState
+      return;
+    }
+    Node& n = graph.nodes[static_cast<std::size_t>(graph.values[static_cast<std::size_t>(p->symbolic.id)].node)];
+    if (n.kind == NodeKind::read_var && n.loc.line == 0) n.loc = here(loc);
+  }
+
   Tensor lift_one(const Tensor& t, const std::source_location& loc) {
     stagecraft::detail::TensorImpl* p = t.impl();
+    if (p->variable != nullptr && p->symbolic.trace != 0) locate_read(t, loc);
     if (p->symbolic.trace == serial) return t;
     if (p->symbolic.trace != 0) return capture(t, loc);
     // A concrete tensor here, even a variable's value, is a constant: inside a trace,

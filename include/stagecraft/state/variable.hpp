@@ -100,7 +100,9 @@ class Variable {
   /// Reads the current value wherever a Tensor is expected.
   /// An empty variable gives an undefined tensor here, so the op it is passed to reports it
   /// with its name and the user's line.
-  operator Tensor() const { return impl_ ? value() : Tensor(); }  // NOLINT: implicit by design
+  /// (Inside a trace the read's line is that of the first op using it: a conversion cannot know
+  /// its caller's.)
+  operator Tensor() const { return impl_ ? value(std::source_location{}) : Tensor(); }  // NOLINT: implicit by design
 
   /// Replaces the value; t must have the variable's shape (its dtype is converted, and a value
   /// on another device is copied to the variable's: an implicit copy, counted, and a
