@@ -89,6 +89,27 @@ inline constexpr bool is_mask = false;
 template <class T, class A>
 inline constexpr bool is_mask<xsimd::batch_bool<T, A>> = true;
 
+/// An op's floating-point result, rounded where eager rounds it (on its way to memory): without
+/// this the compiler may contract one op's product and the next op's sum into one fused
+/// multiply-add (GCC does by default where the target has FMA), and the fused loop would differ
+/// from eager in the last bit. An empty asm on the register: it emits nothing, and the rule's own
+/// math (a polynomial inside exp or tanh) keeps its fused multiply-adds.
+template <class V>
+SC_ALWAYS_INLINE V rounded(V v) {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDA_ARCH__)
+  if constexpr (is_batch<V>) {
+    if constexpr (std::is_floating_point_v<typename V::value_type>) {
+      auto r = static_cast<typename V::register_type>(v);
+      __asm__("" : "+v"(r));
+      return V(r);
+    }
+  } else if constexpr (std::is_same_v<V, float> || std::is_same_v<V, double>) {
+    __asm__("" : "+v"(v));
+  }
+#endif
+  return v;
+}
+
 /// x as V: value <-> mask conversions read truth as eager's cast to bool does (NaN is true).
 template <class V, class X>
 SC_ALWAYS_INLINE V to(const X& x) {
@@ -289,7 +310,7 @@ struct Map1 : Node {
       return to<V>(Op::f(a.template get<S, D, V, L>(c, i)));
     } else {
       using CV = native_t<L, compute<D>()>;
-      return to<V>(apply_rule<Op>(a.template get<S, D, CV, L>(c, i)));
+      return to<V>(rounded(apply_rule<Op>(a.template get<S, D, CV, L>(c, i))));
     }
   }
 };
@@ -343,7 +364,7 @@ struct Map2 : Node {
       } else {
         const CV x = a.template get<S, D, CV, L>(c, i);
         const CV y = b.template get<S + A::slots, D, CV, L>(c, i);
-        return to<V>(apply_rule<Op>(x, y));
+        return to<V>(rounded(apply_rule<Op>(x, y)));
       }
     }
   }
