@@ -93,10 +93,12 @@ inline constexpr bool is_mask<xsimd::batch_bool<T, A>> = true;
 /// this the compiler may contract one op's product and the next op's sum into one fused
 /// multiply-add (GCC does by default where the target has FMA), and the fused loop would differ
 /// from eager in the last bit. An empty asm on the register: it emits nothing, and the rule's own
-/// math (a polynomial inside exp or tanh) keeps its fused multiply-adds.
+/// math (a polynomial inside exp or tanh) keeps its fused multiply-adds. STAGECRAFT_FUSED_CONTRACT
+/// lets the compiler contract across ops (a few percent faster where it does, other last bits).
 template <class V>
 SC_ALWAYS_INLINE V rounded(V v) {
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDA_ARCH__)
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) && \
+    !defined(__CUDA_ARCH__) && !defined(STAGECRAFT_FUSED_CONTRACT)
   if constexpr (is_batch<V>) {
     if constexpr (std::is_floating_point_v<typename V::value_type>) {
       auto r = static_cast<typename V::register_type>(v);
