@@ -353,30 +353,32 @@ STAGECRAFT_COMPILED_INLINE void record_while_gradient(const Tensors& init, const
         Tensors fwd{zeros(Shape{}, DType::i64, loc)};
         fwd.insert(fwd.end(), init.begin(), init.end());
         fwd.insert(fwd.end(), pre.values.begin(), pre.values.end());
-        auto rc = [&i](const Tensors& v) { return v[0] < i; };
-        auto rb = [&](const Tensors& v) {
-          ReplayVars rv{pre.vars, Tensors(v.begin() + 1 + nv, v.end())};
+        // A round's arguments and the variable values it starts from, from a replay state [count,
+        // loop variables..., variable values...]; the test runs before each round (what it
+        // assigns, the round sees).
+        auto round_start = [&](const Tensors& v, ReplayVars& rv) {
+          rv = {pre.vars, Tensors(v.begin() + 1 + nv, v.end())};
           Tensors args(v.begin() + 1, v.begin() + 1 + nv);
-          if (m > 0) {  // the test runs before each round: what it assigns, the round sees
+          if (m > 0) {
             Tensors cargs = args;
             cargs.insert(cargs.end(), cond_b.captured.begin(), cond_b.captured.end());
             interpret_pure(*cond_b.graph, cargs, rv);
           }
           args.insert(args.end(), caps.begin(), caps.end());
+          return args;
+        };
+        auto rc = [&i](const Tensors& v) { return v[0] < i; };
+        auto rb = [&](const Tensors& v) {
+          ReplayVars rv;
+          const Tensors args = round_start(v, rv);
           Tensors next{v[0] + std::int64_t{1}};
           for (const Tensor& t : interpret_pure(*body_b.graph, args, rv)) next.push_back(t);
           next.insert(next.end(), rv.values.begin(), rv.values.end());
           return next;
         };
         const Tensors xs = while_impl(rc, rb, fwd, loc);
-        Tensors args(xs.begin() + 1, xs.begin() + 1 + nv);
-        ReplayVars at_i{pre.vars, Tensors(xs.begin() + 1 + nv, xs.end())};
-        if (m > 0) {
-          Tensors cargs = args;
-          cargs.insert(cargs.end(), cond_b.captured.begin(), cond_b.captured.end());
-          interpret_pure(*cond_b.graph, cargs, at_i);
-        }
-        args.insert(args.end(), caps.begin(), caps.end());
+        ReplayVars at_i;
+        const Tensors args = round_start(xs, at_i);
         const Tensors seeds(st.begin() + 1, st.begin() + 1 + static_cast<std::ptrdiff_t>(n));
         const Tensors d = body_vjp(*body_b.graph, args, seeds, loc, false, &at_i);
         Tensors next{i - std::int64_t{1}};
