@@ -36,8 +36,10 @@ if(STAGECRAFT_WITH_CUDA)
   # SC_HOST_DEVICE (detail/host_device.hpp) makes the rules callable from these kernels.
   target_compile_definitions(stagecraft_cuda PRIVATE STAGECRAFT_KERNELS=1)
   # C++20 by flag: CMake 3.25 knows no CUDA20 dialect for nvcc 13. std::array's constexpr members
-  # are called from device code (the Philox rounds).
-  target_compile_options(stagecraft_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr>)
+  # are called from device code (the Philox rounds). --fmad=false: a product and a following sum
+  # round apart, as on the CPU and in the NVRTC-generated fused kernels (kernels/rtc.cu), so eager
+  # and traced GPU runs give the same bits.
+  target_compile_options(stagecraft_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr --fmad=false>)
   target_link_libraries(stagecraft_cuda PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt CUDA::nvrtc ${CMAKE_DL_LIBS})
   # cuDNN (conv2d and its gradients, kernels/cudnn.cu) is optional and loaded at run time: only its
   # header is needed to build that path, and no user links it. Where the build finds the shared
