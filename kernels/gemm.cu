@@ -1,6 +1,7 @@
 // Matrix products: cuBLAS for f32/f64 (row-major operands read transposed by flags, never copied),
 // a plain kernel for integers (cuBLAS has none), one cuBLAS handle per device on its stream; and
 // f32 products with a bias (and ReLU) epilogue in one cuBLASLt call, for the staged plans.
+#include <climits>
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
@@ -80,9 +81,18 @@ Status blas(Gemm gemm, cublasHandle_t h, const T* a, const T* b, T* c, const abi
   const int M = static_cast<int>(g.M), N = static_cast<int>(g.N), K = static_cast<int>(g.K);
   const int lda = g.ta ? M : K, ldb = g.tb ? K : N;
   const long long mn = static_cast<long long>(g.M) * g.N;
-  if (!g.a_offsets && !g.b_offsets)
-    return from_cublas(gemm(h, opb, opa, N, M, K, &one, b, ldb, g.b_stride, a, lda, g.a_stride, &zero, c, N, mn,
-                            static_cast<int>(g.batch)));
+  // cuBLAS counts in int: the host refused larger dimensions (abi.hpp), and more batches than an
+  // int holds go in several calls.
+  if (g.M > INT_MAX || g.N > INT_MAX || g.K > INT_MAX) return cudaErrorInvalidValue;
+  if (!g.a_offsets && !g.b_offsets) {
+    for (std::int64_t i = 0; i < g.batch; i += INT_MAX) {
+      const int count = static_cast<int>(std::min<std::int64_t>(g.batch - i, INT_MAX));
+      if (const Status st = from_cublas(gemm(h, opb, opa, N, M, K, &one, b + i * g.b_stride, ldb, g.b_stride,
+                                             a + i * g.a_stride, lda, g.a_stride, &zero, c + i * mn, N, mn, count)))
+        return st;
+    }
+    return cudaSuccess;
+  }
   for (std::int64_t i = 0; i < g.batch; ++i) {  // batches broadcast unevenly: one call each
     const T* ai = a + (g.a_offsets ? g.a_offsets[i] : i * g.a_stride);
     const T* bi = b + (g.b_offsets ? g.b_offsets[i] : i * g.b_stride);

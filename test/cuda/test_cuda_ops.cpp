@@ -179,6 +179,17 @@ TEST_CASE("cuda: matmul and batched matmul with transpose flags == CPU", "[cuda]
     }
 }
 
+TEST_CASE("cuda: a float product with an extent over 2^31 - 1 is a ShapeError naming the operands", "[cuda]") {
+  // cuBLAS counts in int. K = 2^31: two 8 GiB operands, refused before anything is queued.
+  sc::DeviceScope on(gpu);
+  const sc::Tensor a = sc::zeros({1, std::int64_t{1} << 31}, sc::f32);
+  const sc::Tensor b = sc::zeros({std::int64_t{1} << 31, 1}, sc::f32);
+  CHECK_THROWS_AS(sc::matmul(a, b), sc::ShapeError);
+  CHECK_THROWS_WITH(sc::matmul(a, b), Catch::Contains("[matmul] cuBLAS takes matrix extents up to 2^31 - 1: the product "
+                                                      "of [1, 2147483648] and [2147483648, 1] on cuda:0"));
+  sc::cuda::synchronize();  // nothing was queued that fails
+}
+
 TEST_CASE("cuda: random numbers equal the CPU's for the same seed", "[cuda]") {
   for (const sc::DType d : {sc::f32, sc::f64}) {
     const sc::Tensor n = sc::random::normal({1001}, 42, 0.5, 2.0, d);

@@ -264,7 +264,8 @@ int cudnn_version(char* why, std::size_t why_size) noexcept;
 /// cuDNN is not loaded or takes no such convolution (the caller runs the im2col kernels instead).
 Status cudnn_conv(ConvPass pass, DT dt, const void* a, const void* b, void* out, const ConvGeometry& g, std::int64_t O,
                   int device, Stream s) noexcept;
-/// The product of GemmArgs (cuBLAS for f32 and f64, a plain kernel for integers).
+/// The product of GemmArgs (cuBLAS for f32 and f64, a plain kernel for integers). cuBLAS counts
+/// M, N and K in int: larger ones are the caller's error to raise (invalid value here).
 Status gemm(DT dt, const void* a, const void* b, void* c, const GemmArgs& g, int device, Stream s) noexcept;
 /// c = relu?(op(a) op(b) + bias) in one cuBLASLt call (its bias or ReLU-bias epilogue): f32, one
 /// matrix (batch 1, no offsets), K > 0, bias of N elements added to every row of c. Anything else,

@@ -3,6 +3,7 @@
 // DeviceError naming the op and the user's line.
 #pragma once
 #include <initializer_list>
+#include <limits>
 #include <source_location>
 #include <string_view>
 #include <type_traits>
@@ -196,6 +197,15 @@ inline void gemm(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t M, 
   g.ta = ta;
   g.tb = tb;
   g.batch = batch.numel();
+  constexpr std::int64_t int_max = std::numeric_limits<int>::max();
+  if (SC_UNLIKELY((M > int_max || N > int_max || K > int_max) && is_floating(out.dtype())))
+    stagecraft::detail::fail<ShapeError>(op, loc, "cuBLAS takes matrix extents up to 2^31 - 1: the product of ",
+                                         ta ? "[" + std::to_string(K) + ", " + std::to_string(M) + "]^T"
+                                            : "[" + std::to_string(M) + ", " + std::to_string(K) + "]",
+                                         " and ",
+                                         tb ? "[" + std::to_string(N) + ", " + std::to_string(K) + "]^T"
+                                            : "[" + std::to_string(K) + ", " + std::to_string(N) + "]",
+                                         " on ", out.device().str(), " has a larger one");
   std::vector<std::int64_t> ao, bo;
   batch_offsets(a_batch, batch, M * K, g.a_stride, ao);
   batch_offsets(b_batch, batch, K * N, g.b_stride, bo);
