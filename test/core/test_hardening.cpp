@@ -2,6 +2,7 @@
 // untrusted files, allocation failures, numerically hard cases, and file modes kept on save.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -137,6 +138,29 @@ TEST_CASE("Batcher with a huge batch size has one batch", "[hardening]") {
   sc::data::Batcher d(x, y, 2, 0, true, /*drop_last=*/true);
   CHECK(d.batches_per_epoch() == 2);
   CHECK(sc::data::Batcher(x, y, 2).batches_per_epoch() == 3);
+}
+
+TEST_CASE("Batcher over billions of empty rows makes no permutation of them", "[hardening]") {
+  // An IDX file may claim 4e9 rows of nothing; a permutation of them would be 32 GB.
+  const std::int64_t n = 4'000'000'000LL;
+  const sc::Tensor x = sc::zeros({n, 0}), y = sc::zeros({n, 3, 0}, sc::i32);
+  sc::data::Batcher b(x, y, 1'500'000'000LL, /*seed=*/7);
+  CHECK(b.batches_per_epoch() == 3);
+  std::vector<std::int64_t> rows;
+  while (const auto batch = b.next()) {
+    CHECK(batch->x.shape() == sc::Shape{batch->x.shape()[0], 0});
+    CHECK(batch->y.shape() == sc::Shape{batch->x.shape()[0], 3, 0});
+    rows.push_back(batch->x.shape()[0]);
+  }
+  CHECK(rows == std::vector<std::int64_t>{1'500'000'000LL, 1'500'000'000LL, 1'000'000'000LL});
+  b.start_epoch(1);
+  CHECK(b.next().has_value());
+  // Rows with elements in either tensor are still shuffled: every row once, not in order.
+  sc::data::Batcher c(sc::zeros({6, 0}), sc::arange<std::int64_t>(6), 6, /*seed=*/3);
+  std::vector<std::int64_t> got = c.next()->y.to_vector<std::int64_t>();
+  CHECK(got != std::vector<std::int64_t>{0, 1, 2, 3, 4, 5});
+  std::sort(got.begin(), got.end());
+  CHECK(got == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5});
 }
 
 TEST_CASE("IDX reader and Batcher errors name the op and the caller's line", "[hardening]") {
