@@ -166,6 +166,17 @@ TEST_CASE("module: registration errors", "[module][errors]") {
   msg = error_of<sc::ValueError>([&] { m.emplace<sc::nn::Dense>(std::string("p/q"), 2, 2); });
   CHECK_THAT(msg, Catch::Contains("'p/q'") && Catch::Contains(at_line(line)));
 
+  // A layer's own constructor error named module.hpp (its defaulted line is inside emplace).
+  const std::size_t vars = m.named_variables().size();
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { m.emplace<sc::nn::Dense>("bad", 0, 2); });
+  CHECK_THAT(msg, Catch::Contains("[Dense]") && Catch::Contains(at_line(line)));
+  line = __LINE__ + 1;
+  msg = error_of<sc::ValueError>([&] { m.emplace<sc::nn::Conv2D>("badc", 1, 2, 3, /*stride=*/0); });
+  CHECK_THAT(msg, Catch::Contains("[Conv2D]") && Catch::Contains(at_line(line)));
+  CHECK(m.named_variables().size() == vars);  // nothing was registered
+  m.emplace<sc::nn::Dense>("bad", 1, 2);      // and the name is free
+
   // A cycle through two modules is found when walking, naming the add() that closed it.
   sc::Module a, b;
   a.add("b", b);

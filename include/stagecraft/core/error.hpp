@@ -59,5 +59,21 @@ template <class E, class... Parts>
           std::to_string(line));
 }
 
+/// Rethrows e, of its own kind, with its closing " at <from>" replaced by " at <to>" (a caller's
+/// line put in for a location that names a library line); unchanged when it ends otherwise.
+[[noreturn]] SC_COLD inline void relocate(const Error& e, const std::string& from, const std::source_location& to) {
+  std::string msg = e.what();
+  const std::string tail = " at " + from;
+  if (msg.size() < tail.size() || msg.compare(msg.size() - tail.size(), tail.size(), tail) != 0) throw;
+  msg.replace(msg.size() - from.size(), from.size(), where(to));
+  if (dynamic_cast<const ShapeError*>(&e)) throw ShapeError(msg);
+  if (dynamic_cast<const DTypeError*>(&e)) throw DTypeError(msg);
+  if (dynamic_cast<const DeviceError*>(&e)) throw DeviceError(msg);
+  if (dynamic_cast<const StagingError*>(&e)) throw StagingError(msg);
+  if (dynamic_cast<const IOError*>(&e)) throw IOError(msg);
+  if (dynamic_cast<const ValueError*>(&e)) throw ValueError(msg);
+  throw;
+}
+
 }  // namespace detail
 }  // namespace stagecraft

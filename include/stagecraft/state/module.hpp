@@ -108,7 +108,11 @@ class Module {
   template <class M, class... Args>
   M& emplace(NameAt name, Args&&... args) {
     check_name(name.name, name.loc);
-    auto owned = std::make_unique<M>(std::forward<Args>(args)...);
+    // A layer's defaulted source_location names the line of `new M` (kept on `here`'s line): its
+    // errors get the caller's line instead.
+    std::unique_ptr<M> owned;
+    const auto here = std::source_location::current(); try { owned.reset(new M(std::forward<Args>(args)...)); }
+    catch (const Error& e) { stagecraft::detail::relocate(e, stagecraft::detail::where(here), name.loc); }
     M& ref = *owned;
     owned_modules_.push_back(std::move(owned));
     entries_.push_back({std::move(name.name), &ref, nullptr, name.loc});
