@@ -1,13 +1,16 @@
-// Test helpers for file I/O: a temporary directory removed at the end of the test, and whole-file
-// byte reads and writes (for corrupting files on purpose).
+// Test helpers for file I/O: a temporary directory removed at the end of the test, whole-file byte
+// reads and writes (for corrupting files on purpose), and reads raced against rewrites.
 #pragma once
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace sctest {
@@ -52,6 +55,30 @@ inline void patch_byte(const std::filesystem::path& p, std::size_t pos, char c) 
   std::fstream f(p, std::ios::binary | std::ios::in | std::ios::out);
   f.seekp(static_cast<std::streamoff>(pos));
   f.put(c);
+}
+
+/// What race_reads() saw: the reads that found something wrong, and the last one's message.
+struct RaceResult {
+  int errors = 0;
+  std::string last;
+};
+/// Calls write(i) for i = 0, 1, ... on another thread while `reads` calls of read() run here;
+/// read() returns an empty string when what it read was whole, else what was wrong.
+inline RaceResult race_reads(const std::function<void(int)>& write, const std::function<std::string()>& read,
+                             int reads = 2000) {
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (int i = 0; !stop; ++i) write(i);
+  });
+  RaceResult r;
+  for (int k = 0; k < reads; ++k)
+    if (std::string what = read(); !what.empty()) {
+      ++r.errors;
+      r.last = std::move(what);
+    }
+  stop = true;
+  writer.join();
+  return r;
 }
 
 }  // namespace sctest

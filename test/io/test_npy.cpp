@@ -2,13 +2,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -401,25 +399,17 @@ TEST_CASE("npy: a load while saves replace the file reads one whole file", "[npy
   const std::string p = dir / "x.npy";
   const sc::Tensor small = filled({4}, sc::f32), big = filled({1000}, sc::f32);
   sc::io::save_npy(p, small);
-  std::atomic<bool> stop{false};
-  std::thread writer([&] {
-    for (int i = 0; !stop; ++i) sc::io::save_npy(p, i % 2 ? big : small);
-  });
-  int errors = 0;
-  std::string last;
-  for (int k = 0; k < 2000; ++k) {
-    try {
-      const sc::Tensor t = sc::io::load_npy(p);
-      if (!same_bytes(t, t.numel() == 4 ? small : big)) ++errors;
-    } catch (const sc::IOError& e) {
-      ++errors;
-      last = e.what();
-    }
-  }
-  stop = true;
-  writer.join();
-  INFO(last);
-  CHECK(errors == 0);
+  const sctest::RaceResult r = sctest::race_reads([&](int i) { sc::io::save_npy(p, i % 2 ? big : small); },
+                                                  [&]() -> std::string {
+                                                    try {
+                                                      const sc::Tensor t = sc::io::load_npy(p);
+                                                      return same_bytes(t, t.numel() == 4 ? small : big) ? "" : "mixed";
+                                                    } catch (const sc::IOError& e) {
+                                                      return e.what();
+                                                    }
+                                                  });
+  INFO(r.last);
+  CHECK(r.errors == 0);
 }
 
 TEST_CASE("npy writers need a defined, concrete tensor", "[npy]") {

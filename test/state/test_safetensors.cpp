@@ -2,7 +2,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -10,7 +9,6 @@
 #include <limits>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -539,33 +537,22 @@ TEST_CASE("safetensors: a load or restore while saves replace the file reads one
   big.track("a", a);
   big.track("b", b);
   small.save(p);
-  std::atomic<bool> stop{false};
-  std::thread writer([&] {
-    for (int i = 0; !stop; ++i) (i % 2 ? big : small).save(p);
-  });
-  int errors = 0;
-  std::string last;
-  for (int k = 0; k < 2000; ++k) {
+  const sctest::RaceResult r = sctest::race_reads([&](int i) { (i % 2 ? big : small).save(p); }, [&]() -> std::string {
     try {
       const sc::SafetensorsFile f = sc::load_safetensors(p);
-      if (f.tensors.size() != 1 && f.tensors.size() != 2) ++errors;
+      if (f.tensors.size() != 1 && f.tensors.size() != 2) return "load: " + std::to_string(f.tensors.size()) + " tensors";
     } catch (const sc::IOError& e) {
-      ++errors;
-      last = e.what();
+      return e.what();
     }
     try {
       small.restore(p);
     } catch (const sc::IOError& e) {  // the big file is a mismatch, reported as such
-      if (std::string(e.what()).find("unexpected keys (1): b") == std::string::npos) {
-        ++errors;
-        last = e.what();
-      }
+      if (std::string(e.what()).find("unexpected keys (1): b") == std::string::npos) return e.what();
     }
-  }
-  stop = true;
-  writer.join();
-  INFO(last);
-  CHECK(errors == 0);
+    return "";
+  });
+  INFO(r.last);
+  CHECK(r.errors == 0);
   CHECK(same_bytes(a.value(), filled<float>({4})));
 }
 
