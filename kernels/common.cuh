@@ -74,8 +74,8 @@ cudaStream_t capture_stream_of(int device);
 /// Sends this thread's recorded launches to s (a conditional node's body; the previous stream
 /// again when the body ends). Only while this thread captures.
 void redirect_capture(cudaStream_t s);
-/// The stream bodies at nesting depth `depth` (1, 2, ...) of the device's captures are recorded
-/// on, created on first use.
+/// The stream bodies at nesting depth `depth` (1, 2, ...) of this thread's captures on the device
+/// are recorded on, created on first use (each thread has its own, as it has its capture stream).
 Status body_stream(int device, int depth, cudaStream_t* out);
 
 /// Records a bad index in the device's fault record: the first launch to find one wins (the

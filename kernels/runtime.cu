@@ -24,8 +24,6 @@ constexpr std::size_t max_staged = std::size_t{16} << 20;
 struct DeviceState {
   std::mutex mu;
   cudaStream_t stream = nullptr;
-  cudaStream_t capture = nullptr;  // where this device's graphs are captured (capture_begin)
-  std::vector<cudaStream_t> bodies;  // where conditional nodes' bodies are, by depth - 1
   std::vector<Pinned> pinned;  // host-to-device staging buffers, reused once their copy ended
   abi::Fault* fault = nullptr;    // the fault record kernels write (device memory)
   abi::Fault found;               // what the last check read from it, until take_fault
@@ -45,6 +43,28 @@ Status check_device(int device) {
 thread_local int capture_device = -1;
 thread_local cudaStream_t capture_stream = nullptr;
 thread_local bool capture_armed = false;
+
+/// This thread's streams for capturing, per device: where it records a graph (capture_begin) and,
+/// by depth - 1, the bodies of conditional nodes. Per thread, so that two threads capture at once
+/// (a capture stream shared by the device's threads fails the second one's capture, or spoils the
+/// first's).
+struct CaptureStreams {
+  cudaStream_t graph[max_devices] = {};
+  std::vector<cudaStream_t> bodies[max_devices];
+  CaptureStreams() = default;
+  CaptureStreams(const CaptureStreams&) = delete;
+  CaptureStreams& operator=(const CaptureStreams&) = delete;
+  ~CaptureStreams() {  // at thread exit (failures ignored: the runtime may be going away)
+    for (int d = 0; d < max_devices; ++d) {
+      if (graph[d]) cudaStreamDestroy(graph[d]);
+      for (cudaStream_t s : bodies[d]) cudaStreamDestroy(s);
+    }
+  }
+};
+CaptureStreams& capture_streams() {
+  thread_local CaptureStreams streams;
+  return streams;
+}
 
 /// A free staging buffer of at least n bytes (allocated when none is free); the caller holds mu.
 Status staging(DeviceState& d, std::size_t n, Pinned** out) {
@@ -108,14 +128,14 @@ void redirect_capture(cudaStream_t s) {
 Status body_stream(int device, int depth, cudaStream_t* out) {
   if (const Status e = check_device(device)) return e;
   if (depth < 1) return cudaErrorInvalidValue;
-  DeviceState& d = state(device);
-  const std::lock_guard<std::mutex> lock(d.mu);
-  while (d.bodies.size() < static_cast<std::size_t>(depth)) {
+  std::vector<cudaStream_t>& bodies = capture_streams().bodies[device];
+  while (bodies.size() < static_cast<std::size_t>(depth)) {
+    if (const auto e = cudaSetDevice(device)) return e;
     cudaStream_t s = nullptr;
     if (const auto e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) return e;
-    d.bodies.push_back(s);
+    bodies.push_back(s);
   }
-  *out = d.bodies[depth - 1];
+  *out = bodies[depth - 1];
   return cudaSuccess;
 }
 
@@ -169,16 +189,11 @@ Status stream(int device, Stream* out) noexcept {
 
 Status capture_begin(int device) noexcept {
   if (capture_device >= 0) return cudaErrorStreamCaptureUnsupported;  // one capture per thread
-  cudaStream_t own = nullptr;  // made first: the graph launches there
+  cudaStream_t own = nullptr;  // made first (and the device made current): the graph launches there
   if (const Status e = main_stream(device, &own)) return e;
-  DeviceState& d = state(device);
-  cudaStream_t cap = nullptr;
-  {
-    const std::lock_guard<std::mutex> lock(d.mu);
-    if (!d.capture)
-      if (const auto e = cudaStreamCreateWithFlags(&d.capture, cudaStreamNonBlocking)) return e;
-    cap = d.capture;
-  }
+  cudaStream_t& cap = capture_streams().graph[device];
+  if (!cap)
+    if (const auto e = cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking)) return e;
   // Relaxed: other threads go on using the device (their launches are not on this stream), and
   // the allocator may take memory ordered on the main stream meanwhile.
   if (const auto e = cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed)) return e;

@@ -5,9 +5,12 @@
 
 #include <stagecraft/graph/cuda_fused.hpp>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <string>
+#include <thread>
 
 using sctest::cuda::check_same;
 using sctest::cuda::gpu;
@@ -396,6 +399,44 @@ TEST_CASE("cuda graphs: a plan with cond and while_loop replays as one graph, br
   const auto st = graphed.get_concrete(x0, y0).stats();
   INFO(st);
   CHECK(st.plan.cuda_graph == "replaying (7 launches)");
+}
+
+TEST_CASE("cuda graphs: two threads capture their plans at the same time, each replaying its own graph",
+          "[cuda][staged][graph]") {
+  // The capture streams (and the conditional bodies' streams) are per thread: a stream shared by
+  // the device's threads made the second capture fail and its plan run kernel by kernel for good.
+  const GraphsOn on;
+  constexpr int threads = 2, calls = 6;
+  std::vector<std::vector<std::tuple<sc::Tensor, sc::Tensor, sc::Tensor, sc::Tensor, sc::Tensor>>> got(threads);
+  std::vector<std::string> status(threads), failure(threads);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      try {
+        auto f = sc::function(controlled);
+        const sc::Tensor x = values({6, 5}, sc::f32, 90 + t).to(gpu), y = values({6, 5}, sc::f32, 95 + t).to(gpu);
+        ready.fetch_add(1);
+        while (ready.load() < threads) std::this_thread::yield();  // both capture at the second call
+        for (int c = 0; c < calls; ++c) got[t].push_back(f(x, y));
+        status[t] = f.get_concrete(x, y).stats().plan.cuda_graph;
+      } catch (const std::exception& e) {
+        failure[t] = e.what();
+      }
+    });
+  for (std::thread& th : pool) th.join();
+  for (int t = 0; t < threads; ++t) {
+    INFO("thread " << t << ": " << failure[t]);
+    REQUIRE(failure[t].empty());
+    CHECK(status[t] == "replaying (" + std::to_string(calls - 1) + " launches)");
+    const sc::Tensor x = values({6, 5}, sc::f32, 90 + t), y = values({6, 5}, sc::f32, 95 + t);
+    const auto want = controlled(x, y);  // eager, on the CPU
+    for (const auto& r : got[t]) {
+      check_same(std::get<0>(r), std::get<0>(want), 1e-5);
+      check_same(std::get<3>(r), std::get<3>(want), 0.0);
+      check_same(std::get<4>(r), std::get<4>(want), 1e-5);
+    }
+  }
 }
 
 TEST_CASE("cuda staged: a dense layer's weight and bias gradients from one cuBLASLt call equal the CPU's",
