@@ -59,6 +59,17 @@ template <class E, class... Parts>
           std::to_string(line));
 }
 
+/// Throws an error of e's kind (ShapeError, ..., or Error) with message m.
+[[noreturn]] SC_COLD inline void rethrow_as(const Error& e, const std::string& m) {
+  if (dynamic_cast<const ShapeError*>(&e)) throw ShapeError(m);
+  if (dynamic_cast<const DTypeError*>(&e)) throw DTypeError(m);
+  if (dynamic_cast<const DeviceError*>(&e)) throw DeviceError(m);
+  if (dynamic_cast<const StagingError*>(&e)) throw StagingError(m);
+  if (dynamic_cast<const IOError*>(&e)) throw IOError(m);
+  if (dynamic_cast<const ValueError*>(&e)) throw ValueError(m);
+  throw Error(m);
+}
+
 /// Rethrows e, of its own kind, with its closing " at <from>" replaced by " at <to>" (a caller's
 /// line put in for a location that names a library line); unchanged when it ends otherwise.
 [[noreturn]] SC_COLD inline void relocate(const Error& e, const std::string& from, const std::source_location& to) {
@@ -66,13 +77,7 @@ template <class E, class... Parts>
   const std::string tail = " at " + from;
   if (msg.size() < tail.size() || msg.compare(msg.size() - tail.size(), tail.size(), tail) != 0) throw;
   msg.replace(msg.size() - from.size(), from.size(), where(to));
-  if (dynamic_cast<const ShapeError*>(&e)) throw ShapeError(msg);
-  if (dynamic_cast<const DTypeError*>(&e)) throw DTypeError(msg);
-  if (dynamic_cast<const DeviceError*>(&e)) throw DeviceError(msg);
-  if (dynamic_cast<const StagingError*>(&e)) throw StagingError(msg);
-  if (dynamic_cast<const IOError*>(&e)) throw IOError(msg);
-  if (dynamic_cast<const ValueError*>(&e)) throw ValueError(msg);
-  throw;
+  rethrow_as(e, msg);
 }
 
 }  // namespace detail

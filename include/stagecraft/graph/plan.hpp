@@ -362,9 +362,6 @@ STAGECRAFT_COMPILED_INLINE std::unique_ptr<Plan::RunState> Plan::make_state() co
 #endif  // STAGECRAFT_DEFINE_COMPILED
 
 namespace detail_plan {
-/// Throws an error of e's kind with message m.
-[[noreturn]] STAGECRAFT_COMPILED_INLINE void rethrow_as(const Error& e, const std::string& m);
-
 /// Rethrows a kernel's error (same kind) with the user's line of the node that raised it, when
 /// the message does not name a line yet.
 [[noreturn]] STAGECRAFT_COMPILED_INLINE void rethrow_at(const Error& e, const SrcLoc& loc);
@@ -377,16 +374,6 @@ namespace detail_plan {
 /// variable values, host_fn arguments).
 STAGECRAFT_COMPILED_INLINE Tensor detach(const Tensor& slot);
 #if STAGECRAFT_DEFINE_COMPILED
-[[noreturn]] STAGECRAFT_COMPILED_INLINE void rethrow_as(const Error& e, const std::string& m) {
-  if (dynamic_cast<const ShapeError*>(&e)) throw ShapeError(m);
-  if (dynamic_cast<const DTypeError*>(&e)) throw DTypeError(m);
-  if (dynamic_cast<const DeviceError*>(&e)) throw DeviceError(m);
-  if (dynamic_cast<const StagingError*>(&e)) throw StagingError(m);
-  if (dynamic_cast<const IOError*>(&e)) throw IOError(m);
-  if (dynamic_cast<const ValueError*>(&e)) throw ValueError(m);
-  throw Error(m);
-}
-
 [[noreturn]] STAGECRAFT_COMPILED_INLINE void rethrow_at(const Error& e, const SrcLoc& loc) {
   std::string m = e.what();
   const std::string at = detail_ir::loc_text(loc);
@@ -395,7 +382,7 @@ STAGECRAFT_COMPILED_INLINE Tensor detach(const Tensor& slot);
   const bool located = p != std::string::npos && colon != std::string::npos && colon > p && colon + 1 < m.size() &&
                        m.find_first_not_of("0123456789", colon + 1) == std::string::npos;
   if (!at.empty() && !located) m += " at " + at + " (while running a staged function)";
-  rethrow_as(e, m);
+  stagecraft::detail::rethrow_as(e, m);
 }
 
 [[noreturn]] STAGECRAFT_COMPILED_INLINE void rethrow_unlocated(const Error& e, const std::source_location& here) {
@@ -403,7 +390,7 @@ STAGECRAFT_COMPILED_INLINE Tensor detach(const Tensor& slot);
   const std::string suffix = " at " + stagecraft::detail::where(here);
   if (m.size() >= suffix.size() && m.compare(m.size() - suffix.size(), suffix.size(), suffix) == 0)
     m.erase(m.size() - suffix.size());
-  rethrow_as(e, m);
+  stagecraft::detail::rethrow_as(e, m);
 }
 
 STAGECRAFT_COMPILED_INLINE Tensor detach(const Tensor& slot) {
