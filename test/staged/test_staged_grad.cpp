@@ -116,6 +116,32 @@ TEST_CASE("grad<I> of a sum at the root checks its axes as the forward sum does"
   check_same(sc::grad<0>(rows)(x), x * 2.f, 1e-6, "sum over axis 1");
 }
 
+TEST_CASE("grad<I> raises the forward's shape and dtype errors, as the tape does", "[staged][grad][errors]") {
+  // The tape runs the forward first, so its errors are the forward op's: a broadcast that fails
+  // is the op's ShapeError (not a complaint about the gradient's shape), bool arithmetic the op's
+  // DTypeError, and an integer result is not differentiable.
+  const Tensor x = away_from_zero({2, 3}, 51, sc::f32), y = away_from_zero({4}, 52, sc::f32);
+  const auto mul = sc::compile([](auto a, auto b) { return a * b + a; });
+  for (const std::string& msg : {sctest::error_of<sc::ShapeError>([&] { (void)sc::grad<0>(mul)(x, y); }),
+                                 sctest::error_of<sc::ShapeError>([&] { (void)sc::grad<1>(mul)(x, y); }),
+                                 sctest::error_of<sc::ShapeError>([&] { (void)sc::grad<0>(sc::grad<0>(mul))(x, y); })}) {
+    CHECK(msg.find("[mul] cannot broadcast shapes [2, 3] and [4]") == 0);
+    CHECK(msg.find("test_staged_grad.cpp") != std::string::npos);
+  }
+  const auto sel = sc::compile([](auto a, auto b) { return sc::where(a > 0, a, b) * 2; });
+  CHECK(sctest::error_of<sc::ShapeError>([&] { (void)sc::grad<0>(sel)(x, y); }).find("[where] cannot broadcast") == 0);
+  const Tensor m = x > 0, n = sc::slice(x, {0, 0}, {1, 3}) > 1;
+  const auto sub = sc::compile([](auto a, auto b) { return a - b; });
+  CHECK(sctest::error_of<sc::DTypeError>([&] { (void)sc::grad<0>(sub)(m, n); }).find("[sub] expects numeric dtypes, got bool") == 0);
+  const Tensor i = sc::cast(x * 3.f, sc::i32), j = sc::cast(y * 3.f, sc::i32);
+  const std::string imsg = sctest::error_of<sc::DTypeError>([&] { (void)sc::grad<0>(sub)(i, sc::slice(i, {0, 0}, {1, 3})); });
+  CHECK(imsg.find("[grad] the result has dtype i32; only floating-point results are differentiable") == 0);
+  CHECK(imsg.find("test_staged_grad.cpp") != std::string::npos);
+  CHECK(sctest::error_kind([&] { (void)sc::grad<1>(mul)(i, j); }) == "ShapeError");
+  // valid calls are unchanged
+  check_same(sc::grad<0>(sub)(x, sc::slice(x, {0, 0}, {1, 3})), sc::ones({2, 3}), 0.0, "d(a - b)/da");
+}
+
 TEST_CASE("second order: grad<0>(grad<0>(g)) equals nested tapes", "[staged][grad]") {
   const Tensor x = away_from_zero({7}, 3, sc::f64), y = away_from_zero({7}, 4, sc::f64);
   auto check2 = [&](auto f, const std::string& what) {

@@ -37,10 +37,13 @@ struct GradFn {
   /// to know its shape: there the axes are not checked.
   template <int N, unsigned DS>
   void check(const std::array<Tensor, N>& args, const std::source_location& loc) const {
+    if constexpr (requires { f.template check<N, DS>(args, loc); }) f.template check<N, DS>(args, loc);
     const auto e = [&]<int... K>(std::integer_sequence<int, K...>) {
       return f(staged<Arg<K>>{}...);
     }(std::make_integer_sequence<int, N>{});
     using E = typename decltype(e)::node_type;
+    if constexpr (sum_root<E>::value) check_forward<N, DS>(std::get<0>(e.node.args), args, loc);
+    else check_forward<N, DS>(e.node, args, loc);
     if constexpr (sum_root<E>::value) {
       const auto& inner = std::get<0>(e.node.args);
       if constexpr (!has_mat<std::remove_cvref_t<decltype(inner)>>()) {
@@ -50,6 +53,33 @@ struct GradFn {
         bool mask[max_rank];
         ops::reduced_mask(Shape(e.node.m.axes), shape, "sum", loc, mask);
       }
+    }
+  }
+  /// The errors a tape raises before it differentiates, which the derivative alone would not
+  /// show: an op of the forward whose shapes do not broadcast or whose dtypes it refuses (the
+  /// forward then runs op by op, so the op raises its own error), and a result that is not
+  /// floating. A forward with a materialized op is left to the gradient, which computes it.
+  template <int N, unsigned DS, class X>
+  static void check_forward(const X& x, const std::array<Tensor, N>& args, const std::source_location& loc) {
+    if constexpr (!has_mat<X>() && !X::weak) {
+      const Env<N, DS> env{args, loc};
+      Shape shape;
+      bool ok = own_shape<N>(x, env, shape);
+      DType out = args[0].dtype();
+      bool one_dtype = true;  // the dtype is known without running the forward where every argument has one
+      for (const Tensor& t : args) one_dtype = one_dtype && t.dtype() == out;
+      if (ok && one_dtype) {
+        visit_dtype(out, [&](auto tag) {
+          constexpr DType D = dtype_of<typename decltype(tag)::type>();
+          if constexpr (X::template valid<D>()) out = X::template dtype<D>();
+          else ok = false;
+        });
+      }
+      if (!ok) out = eager_of<N>(x, env, make_slots<N>(x, env)).dtype();  // raises the op's error
+      else if (!one_dtype) return;
+      if (!is_floating(out))
+        detail::fail<DTypeError>("grad", loc, "the result has dtype ", name(out),
+                                 "; only floating-point results are differentiable");
     }
   }
 };
