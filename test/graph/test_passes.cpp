@@ -72,7 +72,7 @@ const sc::TensorSpec f23{sc::Shape{2, 3}, sc::f32};
 }  // namespace
 
 TEST_CASE("simplify removes identity elements", "[passes][simplify]") {
-  const Graph g = trace({f23}, [](const Tensors& x) { return Tensors{x[0] * 1.f + 0.f - 0.f}; });
+  const Graph g = trace({f23}, [](const Tensors& x) { return Tensors{x[0] * 1.f + -0.f - 0.f}; });
   CHECK(g.num_compute_nodes() == 3);
   const Graph s = sc::graph::dce(sc::graph::simplify(g));
   sc::graph::verify(s, "simplify+dce");
@@ -85,7 +85,7 @@ TEST_CASE("simplify removes identity elements", "[passes][simplify]") {
 TEST_CASE("simplify: identities on the left, division, and fills", "[passes][simplify]") {
   const Graph g = trace({f23}, [](const Tensors& x) {
     sc::Tensor y = 1.f * x[0];
-    y = 0.f + y;
+    y = -0.f + y;
     y = y / 1.f;
     y = y * sc::detail::fill(sc::Shape{2, 3}, 1.0, sc::f32);  // a fill of ones is one too
     return Tensors{y};
@@ -94,6 +94,27 @@ TEST_CASE("simplify: identities on the left, division, and fills", "[passes][sim
   sc::graph::verify(s, "simplify");
   CHECK(s.num_compute_nodes() == 0);
   check_same_results(g, s);
+}
+
+TEST_CASE("simplify keeps x + 0.0 and x - (-0.0), which turn -0.0 into +0.0 as eager does", "[passes][simplify]") {
+  const Graph g = trace({f23}, [](const Tensors& x) {
+    return Tensors{x[0] + 0.f, 0.f + x[0], x[0] - (-0.f), x[0] + sc::zeros({2, 3}), x[0] + sc::zeros({3}, sc::i32)};
+  });
+  const Graph s = sc::graph::dce(sc::graph::simplify(g));
+  sc::graph::verify(s, "simplify");
+  CHECK(count(s, "add") == 4);
+  CHECK(count(s, "sub") == 1);
+  // an integer zero is one for integers
+  const Graph gi = trace({{sc::Shape{3}, sc::i32}}, [](const Tensors& x) { return Tensors{(0 + x[0] + 0) - 0}; });
+  CHECK(sc::graph::dce(sc::graph::simplify(gi)).num_compute_nodes() == 0);
+  // the simplified graph gives eager's bits: -0.0 + 0.0 is +0.0
+  const Graph one = trace({{sc::Shape{3}, sc::f32}}, [](const Tensors& x) { return Tensors{x[0] + 0.f, x[0] - (-0.f)}; });
+  const sc::Tensor x = sc::tensor({-0.f, 0.f, -1.f});
+  for (const sc::Tensor& r : run(sc::graph::dce(sc::graph::simplify(one)), {x})) {
+    const std::vector<float> got = r.to_vector<float>();
+    CHECK_FALSE(std::signbit(got[0]));
+    CHECK(got[2] == -1.f);
+  }
 }
 
 TEST_CASE("simplify keeps a broadcast when the identity operand is larger", "[passes][simplify]") {

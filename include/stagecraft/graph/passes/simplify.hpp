@@ -1,7 +1,9 @@
 // Algebraic simplification: a small table of rewrite rules (x*1 -> x, neg(neg(x)) -> x,
 // reshape/transpose chains, casts to the same dtype, transposes folded into matmul). The one pass that names ops: it is a table.
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "../ir.hpp"
@@ -37,10 +39,35 @@ struct View {
 /// (in its own dtype: -0.0 counts as 0), or a fill op node of value x.
 STAGECRAFT_COMPILED_INLINE bool is_all(const View& s, int v, double x);
 
+/// True when value v is zeros that add to (negative) or subtract from (!negative) every value of
+/// node n's floating dtype without changing it: -0.0 + 0.0 is +0.0, so only x + (-0.0) and
+/// x - (+0.0) are x for every x (an integer or bool zero is +0.0 there). Any zero for integers.
+STAGECRAFT_COMPILED_INLINE bool is_all_zero(const View& s, const Node& n, int v, bool negative);
+
 /// Node n's result is operand x: x itself when shape and dtype agree, a broadcast_to of x
 /// when only the shape differs (the other operand broadcast it), else nothing.
 STAGECRAFT_COMPILED_INLINE Rewrite becomes_operand(const View& s, const Node& n, int x);
 #if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE bool is_all_zero(const View& s, const Node& n, int v, bool negative) {
+  if (!is_all(s, v, 0)) return false;
+  if (!is_floating(s.value(n.outputs[0]).dtype)) return true;
+  const Node& p = s.producer(v);
+  if (p.kind == NodeKind::op) return is_floating(s.value(v).dtype) ? std::signbit(p.attrs.scalar) == negative : !negative;
+  const Tensor& t = p.constant;
+  if (!is_floating(t.dtype())) return !negative;
+  return visit_dtype(t.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_floating_point_v<T>) {
+      const T* d = static_cast<const T*>(t.raw_data());
+      for (std::int64_t i = 0; i < t.numel(); ++i)
+        if (std::signbit(d[i]) != negative) return false;
+      return true;
+    } else {
+      return !negative;
+    }
+  });
+}
+
 STAGECRAFT_COMPILED_INLINE bool is_all(const View& s, int v, double x) {
   const Node& p = s.producer(v);
   if (p.kind == NodeKind::op && p.op == ops::OpId::Fill) return p.attrs.scalar == x;
@@ -79,6 +106,16 @@ Rewrite right_identity(const View& s, const Node& n) {
 template <int E>
 Rewrite left_identity(const View& s, const Node& n) {
   return is_all(s, s.in(n, 0), E) ? becomes_operand(s, n, s.in(n, 1)) : Rewrite{};
+}
+
+/// x+(-0) -> x, -0+x -> x, x-0 -> x: a zero of the sign that changes no value (is_all_zero).
+template <bool Negative>
+Rewrite right_zero(const View& s, const Node& n) {
+  return is_all_zero(s, n, s.in(n, 1), Negative) ? becomes_operand(s, n, s.in(n, 0)) : Rewrite{};
+}
+template <bool Negative>
+Rewrite left_zero(const View& s, const Node& n) {
+  return is_all_zero(s, n, s.in(n, 0), Negative) ? becomes_operand(s, n, s.in(n, 1)) : Rewrite{};
 }
 
 /// f(f(x)) -> x for an involution f (neg).
@@ -193,9 +230,9 @@ struct Rule {
 inline const Rule rules[] = {
     {ops::OpId::Mul, "x*1 -> x", &right_identity<1>},
     {ops::OpId::Mul, "1*x -> x", &left_identity<1>},
-    {ops::OpId::Add, "x+0 -> x", &right_identity<0>},
-    {ops::OpId::Add, "0+x -> x", &left_identity<0>},
-    {ops::OpId::Sub, "x-0 -> x", &right_identity<0>},
+    {ops::OpId::Add, "x+(-0) -> x", &right_zero<true>},
+    {ops::OpId::Add, "(-0)+x -> x", &left_zero<true>},
+    {ops::OpId::Sub, "x-0 -> x", &right_zero<false>},
     {ops::OpId::Div, "x/1 -> x", &right_identity<1>},
     {ops::OpId::Neg, "neg(neg(x)) -> x", &involution},
     {ops::OpId::Reshape, "reshape(x, shape of x) -> x", &no_op_when_same_type},
@@ -235,11 +272,11 @@ STAGECRAFT_COMPILED_INLINE int simplify_node(Graph& r, std::size_t i, const std:
 }  // namespace detail_simplify
 
 /// Algebraic simplification, pure, by the rule table above (detail_simplify::rules): identity
-/// elements (x*1, 1*x, x+0, 0+x, x-0, x/1, where the constant is all ones or zeros, or a fill
-/// of that value; kept when the op changes x's dtype, a broadcast_to when it only changes its
-/// shape), neg(neg(x)), reshape and transpose chains, reshape/cast/broadcast_to that change
-/// nothing, and a transpose of the last two axes folded into the matmul reading it. Nodes it bypasses are left for dce. x+0 -> x keeps a -0.0 element of x as -0.0
-/// where the kernel would give +0.0 (equal values; the only bitwise difference it can make).
+/// elements (x*1, 1*x, x+(-0), (-0)+x, x-0, x/1, where the constant is all ones or zeros of that
+/// sign (is_all_zero: x+0.0 stays, as it turns -0.0 into +0.0), or a fill of that value; kept
+/// when the op changes x's dtype, a broadcast_to when it only changes its shape), neg(neg(x)),
+/// reshape and transpose chains, reshape/cast/broadcast_to that change nothing, and a transpose
+/// of the last two axes folded into the matmul reading it. Nodes it bypasses are left for dce.
 STAGECRAFT_COMPILED_INLINE Graph simplify(const Graph& g);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE Graph simplify(const Graph& g) {
