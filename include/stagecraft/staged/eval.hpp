@@ -4,7 +4,8 @@
 // graph op by op through the eager ops, which gives eager's numbers and eager's errors.
 //
 // The fused loop: SIMD batches of the shared dtype when every value of the graph is that dtype or
-// a mask (uniform<D>), else one element at a time; linear when every slot has the output's layout
+// a mask (uniform<D>), else one element at a time (where no floating unary op's scalar math
+// would differ from eager's SIMD rule: such graphs run op by op); linear when every slot has the output's layout
 // (or is a single element), rows of a collapsed strided walk otherwise; threaded over the output
 // for large sizes; streaming stores for outputs too large to stay in cache. A reduction at the
 // root reduces while it evaluates: no intermediate tensor.
@@ -324,6 +325,26 @@ template <DType D, int NA, class E, int NS>
 Tensor fused_cuda(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape& shape, Device dev,
                   const std::source_location& loc);
 
+/// Whether the graph's fused region holds a floating unary op (exp, tanh, sin, ...) that is not
+/// on constants only. Outside SIMD lanes it would run its scalar math, which differs from the SIMD
+/// rule eager runs in the last bit (and sin's and cos's SIMD results depend on the other lanes
+/// of the batch): such graphs run op by op, with eager's numbers.
+template <class N>
+constexpr bool has_floating_unary() {
+  if constexpr (requires(const N& n) { n.m; }) return false;  // materialized: computed by the eager op
+  else if constexpr (requires(const N& n) { n.c; })
+    return has_floating_unary<decltype(N::c)>() || has_floating_unary<decltype(N::a)>() || has_floating_unary<decltype(N::b)>();
+  else if constexpr (requires(const N& n) { n.b; }) return has_floating_unary<decltype(N::a)>() || has_floating_unary<decltype(N::b)>();
+  else if constexpr (requires(const N& n) { n.a; }) {
+    if constexpr (requires { N::kind; }) {
+      if constexpr (N::kind == Kind::unary_floating && !N::weak) return true;
+    }
+    return has_floating_unary<decltype(N::a)>();
+  } else {
+    return false;
+  }
+}
+
 template <int NA, class E, unsigned DS>
 Tensor run_elementwise(const E& e, const Env<NA, DS>& env) {
   constexpr int NS = NA + E::slots;
@@ -352,7 +373,9 @@ Tensor run_elementwise(const E& e, const Env<NA, DS>& env) {
               return;
             }
           }
-          out = fused<D, NA>(e, sl, used, shape);
+          // SIMD lanes, or one element at a time where the scalar math gives eager's bits
+          if constexpr ((E::template uniform<D>() && simd_dtype(D)) || !has_floating_unary<E>())
+            out = fused<D, NA>(e, sl, used, shape);
         }
       });
       if (out.defined()) return out;
