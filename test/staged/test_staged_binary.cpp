@@ -78,3 +78,25 @@ TEST_CASE("staged broadcasting walks: long rows, size-1 operands and splits acro
     }
   }
 }
+
+TEST_CASE("sin and cos over broadcasting walks and reduced rows give eager's bits", "[staged][ops]") {
+  // xsimd reduces a batch's sin and cos arguments by the method its largest |x| needs, so a lane's
+  // last bit depends on its neighbours: the rows of a broadcasting walk (3 elements here) or of a
+  // reduction batch other elements together than eager's flat loop, and such graphs run op by op.
+  for (std::int64_t n : {40, 513}) {
+    std::vector<float> va(static_cast<std::size_t>(n * 3)), vb(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < va.size(); ++i) va[i] = i % 11 == 0 ? 1e30f : (i % 7 == 3 ? 3e9f : std::sin(float(i)) * 3);
+    for (std::size_t i = 0; i < vb.size(); ++i) vb[i] = i % 5 == 0 ? -1e30f : std::cos(float(i)) * 2;
+    const Tensor a32 = sc::tensor(va, sc::Shape{n, 3}), b32 = sc::tensor(vb, sc::Shape{n, 1});
+    for (sc::DType d : {sc::f32, sc::f64}) {
+      const Tensor a = sc::cast(a32, d), b = sc::cast(b32, d);
+      const std::string at = std::string(sc::name(d)) + " n=" + std::to_string(n);
+      check_stages([](const auto& x, const auto& y) { return sc::cos(x + y); }, 0.0, "cos(a + b) " + at, a, b);
+      check_stages([](const auto& x, const auto& y) { return sc::sin(x) * y; }, 0.0, "sin(a) * b " + at, a, b);
+      check_stages([](const auto& x, const auto& y) { return sc::cos(x - y); }, 0.0, "transposed " + at, sc::transpose(a),
+                   sc::reshape(b, {1, n}));
+      check_stages([](const auto& x, const auto&) { return sc::max(sc::sin(x * 2), {-1}); }, 0.0, "max of sin over rows " + at,
+                   a, b);
+    }
+  }
+}

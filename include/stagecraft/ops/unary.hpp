@@ -49,12 +49,18 @@ struct Sigmoid : Unary<Sigmoid, UnaryKind::floating>, rules::Sigmoid {
   SC_OP_HEAD(Sigmoid, "sigmoid")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
+/// sin x. Its SIMD rule's bits depend on the batch: xsimd reduces the arguments by the method the
+/// batch's largest |x| needs, so a loop that batches other elements together than eager's flat
+/// loop may differ in the last bit (the staged fused loop then runs op by op).
 struct Sin : Unary<Sin, UnaryKind::floating>, rules::Sin {
   SC_OP_HEAD(Sin, "sin")
+  static constexpr bool batch_dependent = true;
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
+/// cos x; its SIMD rule's bits depend on the batch, as sin's do.
 struct Cos : Unary<Cos, UnaryKind::floating>, rules::Cos {
   SC_OP_HEAD(Cos, "cos")
+  static constexpr bool batch_dependent = true;
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
 struct LogicalNot : Unary<LogicalNot, UnaryKind::predicate>, rules::LogicalNot {

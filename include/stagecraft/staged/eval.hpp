@@ -126,6 +126,32 @@ Layout layout_of(const Slots<NS>& sl, const Used<NS>& used, std::int64_t n) {
   return l;
 }
 
+/// Whether a node of the graph's fused region (outside materialized operands) satisfies P.
+template <template <class> class P, class N>
+constexpr bool any_node() {
+  if constexpr (requires(const N& n) { n.m; }) return false;  // computed by the eager op
+  else if constexpr (P<N>::value) return true;
+  else if constexpr (requires(const N& n) { n.c; })
+    return any_node<P, decltype(N::c)>() || any_node<P, decltype(N::a)>() || any_node<P, decltype(N::b)>();
+  else if constexpr (requires(const N& n) { n.b; }) return any_node<P, decltype(N::a)>() || any_node<P, decltype(N::b)>();
+  else if constexpr (requires(const N& n) { n.a; }) return any_node<P, decltype(N::a)>();
+  else return false;
+}
+/// A floating unary op (exp, tanh, sin, ...) on a value that is not a constant. Outside SIMD lanes
+/// it would run its scalar math, which differs from the SIMD rule eager runs in the last bit:
+/// graphs that are not SIMD (integer or bool tensors) and hold one run op by op.
+template <class N>
+struct floating_unary_node : std::false_type {};
+template <class Op, class A>
+struct floating_unary_node<Map1<Op, A>> : std::bool_constant<Map1<Op, A>::kind == Kind::unary_floating && !A::weak> {};
+/// An op whose SIMD bits depend on the batch's other lanes (Op::batch_dependent: sin, cos): a
+/// strided walk or a reduction's rows batch other elements together than eager's flat loop.
+template <class N>
+struct batch_dependent_node : std::false_type {};
+template <class N>
+  requires requires { N::op_type::batch_dependent; }
+struct batch_dependent_node<N> : std::bool_constant<!N::weak> {};
+
 /// Elements per segment of a broadcasting walk.
 inline constexpr std::int64_t walk_segment = 256;
 
@@ -243,8 +269,12 @@ Tensor fused(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape&
   constexpr DType OD = E::template dtype<D>();
   using R = ctype_t<OD>;
   using T = ctype_t<D>;  // every slot's dtype
+  const std::int64_t n = shape.numel();
+  const Layout lay = layout_of<NS>(sl, used, n);
+  if constexpr (any_node<batch_dependent_node, E>()) {
+    if (lay == Layout::strided && n > 0) return Tensor();  // rows batch unlike eager: op by op
+  }
   Tensor out = detail::empty_tensor(shape, OD, Device::cpu());
-  const std::int64_t n = out.numel();
   if (n == 0) return out;
   R* y = static_cast<R*>(out.raw_data());
   // shared sub-expressions bound once per batch (cse.hpp); the kernel runs the rewritten graph
@@ -256,7 +286,6 @@ Tensor fused(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape&
     base[k] = used[k] ? sl[k].raw_data() : nullptr;
     step[k] = used[k] && sl[k].numel() == n ? 1 : 0;
   }
-  const Layout lay = layout_of<NS>(sl, used, n);
   std::int64_t grain = E::costly ? backend::cpu::grain_costly : backend::cpu::grain_cheap;
   std::int64_t units = n;
   backend::cpu::StridedPlan<NS> plan;
@@ -325,26 +354,6 @@ template <DType D, int NA, class E, int NS>
 Tensor fused_cuda(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape& shape, Device dev,
                   const std::source_location& loc);
 
-/// Whether the graph's fused region holds a floating unary op (exp, tanh, sin, ...) that is not
-/// on constants only. Outside SIMD lanes it would run its scalar math, which differs from the SIMD
-/// rule eager runs in the last bit (and sin's and cos's SIMD results depend on the other lanes
-/// of the batch): such graphs run op by op, with eager's numbers.
-template <class N>
-constexpr bool has_floating_unary() {
-  if constexpr (requires(const N& n) { n.m; }) return false;  // materialized: computed by the eager op
-  else if constexpr (requires(const N& n) { n.c; })
-    return has_floating_unary<decltype(N::c)>() || has_floating_unary<decltype(N::a)>() || has_floating_unary<decltype(N::b)>();
-  else if constexpr (requires(const N& n) { n.b; }) return has_floating_unary<decltype(N::a)>() || has_floating_unary<decltype(N::b)>();
-  else if constexpr (requires(const N& n) { n.a; }) {
-    if constexpr (requires { N::kind; }) {
-      if constexpr (N::kind == Kind::unary_floating && !N::weak) return true;
-    }
-    return has_floating_unary<decltype(N::a)>();
-  } else {
-    return false;
-  }
-}
-
 template <int NA, class E, unsigned DS>
 Tensor run_elementwise(const E& e, const Env<NA, DS>& env) {
   constexpr int NS = NA + E::slots;
@@ -374,7 +383,7 @@ Tensor run_elementwise(const E& e, const Env<NA, DS>& env) {
             }
           }
           // SIMD lanes, or one element at a time where the scalar math gives eager's bits
-          if constexpr ((E::template uniform<D>() && simd_dtype(D)) || !has_floating_unary<E>())
+          if constexpr ((E::template uniform<D>() && simd_dtype(D)) || !any_node<floating_unary_node, E>())
             out = fused<D, NA>(e, sl, used, shape);
         }
       });
@@ -480,6 +489,10 @@ bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Ten
       using L = SimdLane<T, false>;
       using B = xsimd::batch<T>;
       constexpr std::int64_t W = B::size;
+      // rows that do not start on a batch boundary batch unlike eager's flat loop
+      if constexpr (any_node<batch_dependent_node, A>()) {
+        if (inner % W != 0) return false;
+      }
       constexpr std::int64_t chunk = std::int64_t{1} << 15;
       const std::int64_t outer = n / inner, per_row = (inner + chunk - 1) / chunk, units = outer * per_row;
       constexpr bool is_max = K == ReduceKind::max, is_min = K == ReduceKind::min;
