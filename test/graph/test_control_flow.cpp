@@ -238,6 +238,153 @@ TEST_CASE("while_loop: a tape outside the call differentiates a variable the loo
   }
 }
 
+namespace {
+/// Runs make(v, k, x) under a persistent tape (and an outer one), traced (sc::function) or
+/// eagerly, from v = [1, -0.5] and k = k0; returns y, the gradients of y with respect to v (its
+/// value after the run), to v's value before it and to x, then v's and k's values after.
+template <class Make>
+std::vector<sc::Tensor> run_under_tapes(bool traced, bool two_tapes, std::int64_t k0, Make make) {
+  sc::Variable v(sc::tensor({1.f, -0.5f}), "v");
+  sc::Variable k(sc::scalar(k0), "k", /*trainable=*/false);
+  const sc::Tensor x = sc::tensor({3.f, -2.f});
+  auto body = [&](const sc::Tensor& xx) { return make(v, k, xx); };
+  auto f = sc::function(body);
+  const sc::Tensor old = v.value();
+  sc::GradientTape outer;
+  sc::GradientTape tape(/*persistent=*/true);
+  tape.watch(x);
+  if (two_tapes) outer.watch(x);
+  const sc::Tensor y = traced ? sc::Tensor(f(x)) : body(x);
+  return {y, tape.gradient(y, v), tape.gradient(y, old), tape.gradient(y, x), v.value(), k.value()};
+}
+
+template <class Make>
+void check_traced_as_eager(std::int64_t k0, Make make) {
+  for (bool two : {false, true}) {
+    const auto e = run_under_tapes(false, two, k0, make), t = run_under_tapes(true, two, k0, make);
+    const char* what[] = {"y", "d/dv (after)", "d/dv (before)", "d/dx", "v", "k"};
+    for (std::size_t i = 0; i < e.size(); ++i) {
+      INFO(what[i] << (two ? ", two tapes" : ", one tape"));
+      check_close(t[i], e[i], 1e-5);
+    }
+  }
+}
+
+sc::Tensor one_more(const sc::Variable& k) { return k + std::int64_t{1}; }
+}  // namespace
+
+TEST_CASE("while_loop and cond: a tape outside the call counts the reads after a body's last assignment",
+          "[while][cond][variables][grad]") {
+  // Eagerly, the reads that follow the last assignment (in the last round, in the branch taken)
+  // read the variable's final value: they count in the gradient with respect to it.
+  SECTION("a round assigns, then reads") {
+    for (std::int64_t k0 : {0, 3}) {  // three rounds, then none (the reads before the loop are final)
+      INFO("k starts at " << k0);
+      check_traced_as_eager(k0, [](sc::Variable& v, sc::Variable& k, const sc::Tensor& x) {
+        const sc::Tensor a = sc::sum(v * x);
+        const sc::Tensor acc = sc::while_loop([&](const sc::Tensor&) { return k < std::int64_t{3}; },
+                                              [&](const sc::Tensor& s) {
+                                                v.assign(v * 1.5f + 0.25f);
+                                                k.assign(one_more(k));
+                                                return s + sc::sum(sc::square(v) * x);
+                                              },
+                                              sc::zeros({}));
+        return a + acc + sc::sum(sc::exp(v) * x);
+      });
+    }
+  }
+  SECTION("a round reads at its start and assigns only in its first round") {
+    check_traced_as_eager(0, [](sc::Variable& v, sc::Variable& k, const sc::Tensor& x) {
+      return sc::while_loop([&](const sc::Tensor&) { return k < std::int64_t{3}; },
+                            [&](const sc::Tensor& s) {
+                              const sc::Tensor before = sc::sum(v * v * x);
+                              (void)sc::cond(k < std::int64_t{1}, [&] { v.assign(v * 1.5f); return sc::zeros({}); },
+                                             [&] { return sc::zeros({}); });
+                              k.assign(one_more(k));
+                              return s + before;
+                            },
+                            sc::zeros({}));
+    });
+  }
+  SECTION("a branch assigns, then reads") {
+    for (float sign : {1.f, -1.f}) {  // the branch that assigns, then the other
+      INFO("sign " << sign);
+      check_traced_as_eager(0, [sign](sc::Variable& v, sc::Variable&, const sc::Tensor& x) {
+        const sc::Tensor a = sc::sum(v * x);
+        const sc::Tensor b = sc::cond(sc::sum(x) * sign > 0.f, [&] { v.assign(v * 2.f); return sc::sum(v * v * x); },
+                                      [&] { return sc::sum(v * x); });
+        return a + b;
+      });
+    }
+  }
+  SECTION("a branch in a round assigns, then reads") {
+    check_traced_as_eager(0, [](sc::Variable& v, sc::Variable& k, const sc::Tensor& x) {
+      return sc::while_loop([&](const sc::Tensor&) { return k < std::int64_t{3}; },
+                            [&](const sc::Tensor& s) {
+                              const sc::Tensor r = sc::cond(k != std::int64_t{1},
+                                                            [&] { v.assign(v * 0.5f + 1.f); return sc::sum(sc::exp(v) * x); },
+                                                            [&] { return sc::sum(v * x); });
+                              k.assign(one_more(k));
+                              return s + r;
+                            },
+                            sc::zeros({}));
+    });
+  }
+  SECTION("nested loops assign, then read") {
+    check_traced_as_eager(0, [](sc::Variable& v, sc::Variable& k, const sc::Tensor& x) {
+      auto [j, acc] = sc::while_loop(
+          [](const sc::Tensor& jj, const sc::Tensor&) { return jj < std::int64_t{2}; },
+          [&](const sc::Tensor& jj, const sc::Tensor& s) {
+            const sc::Tensor inner = sc::while_loop([&](const sc::Tensor&) { return k < (jj + std::int64_t{1}) * std::int64_t{2}; },
+                                                    [&](const sc::Tensor& t) {
+                                                      v.assign(v * 0.5f + 1.f);
+                                                      k.assign(one_more(k));
+                                                      return t + sc::sum(v * v * x);
+                                                    },
+                                                    sc::zeros({}));
+            return std::make_tuple(jj + std::int64_t{1}, s + inner + sc::sum(v * x));
+          },
+          std::make_tuple(sc::zeros({}, sc::DType::i64), sc::zeros({})));
+      (void)j;
+      return acc;
+    });
+  }
+  SECTION("a loop in a branch assigns, then the branch reads (and a branch in a branch)") {
+    for (std::int64_t k0 : {0, 2}) {  // two rounds, then none
+      INFO("k starts at " << k0);
+      check_traced_as_eager(k0, [](sc::Variable& v, sc::Variable& k, const sc::Tensor& x) {
+        return sc::cond(sc::sum(x) > 0.f,
+                        [&] {
+                          const sc::Tensor acc = sc::while_loop([&](const sc::Tensor&) { return k < std::int64_t{2}; },
+                                                                [&](const sc::Tensor& s) {
+                                                                  v.assign(v * 1.5f - 0.5f);
+                                                                  k.assign(one_more(k));
+                                                                  return s + sc::sum(v * v * x);
+                                                                },
+                                                                sc::zeros({}));
+                          const sc::Tensor inner = sc::cond(k > std::int64_t{1}, [&] { v.assign(v * v); return sc::sum(v * x); },
+                                                            [&] { return sc::sum(sc::exp(v) * x); });
+                          return acc + inner + sc::sum(v * x);
+                        },
+                        [&] { return sc::sum(v * x); });
+      });
+    }
+  }
+  SECTION("an assignment after the loop: no read in it is final") {
+    check_traced_as_eager(0, [](sc::Variable& v, sc::Variable& k, const sc::Tensor& x) {
+      const sc::Tensor acc = sc::while_loop([&](const sc::Tensor&) { return k < std::int64_t{2}; },
+                                            [&](const sc::Tensor& s) {
+                                              v.assign(v * 1.5f);
+                                              k.assign(one_more(k));
+                                              return s + sc::sum(v * x);
+                                            },
+                                            sc::zeros({}));
+      v.assign(v - 1.f);
+      return acc + sc::sum(v * v * x);
+    });
+  }
+}
+
 TEST_CASE("while_loop: a body that changes a shape is a StagingError", "[while][errors]") {
   auto f = sc::function([](sc::Tensor x) {
     return sc::while_loop([](sc::Tensor v) { return sc::sum(v) > 1.f; }, [](sc::Tensor v) { return sc::sum(v, {0}, true); }, x);

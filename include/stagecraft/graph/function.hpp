@@ -197,7 +197,7 @@ class ConcreteFunction {
   /// never assigns (here or in a body), read through an extra argument instead of a read_var
   /// node. A read_var gives the value at the start of the call, which is what is passed in, so
   /// the two run alike; a variable assigned in the function keeps its read_var. A function that
-  /// reads a value it assigned (after its last assignment) gets final_reads_variant instead.
+  /// reads a floating-point variable it assigns (see final_reads_variant) gets that instead.
   const VarInputs& variable_inputs() const {
     std::call_once(impl_->var_inputs_once, [&] {
       if (auto fr = final_reads_variant()) {
@@ -229,13 +229,17 @@ class ConcreteFunction {
   /// gradient with respect to the variable (its value after the call) is that of the reads that
   /// follow its last assignment. For a function that reads such a final value (a read_var after
   /// the last cond or while that assigns the variable, or a stop_gradient whose i0 names its last
-  /// assign_var, see GraphBuilder::assign): the traced graph with each read of a value from
-  /// before the call an extra argument, then each final read one (the values after the call),
-  /// for recording the gradient of a call that ran the function itself. Its backward pass
+  /// assign_var, see GraphBuilder::assign), or whose last assignment of a variable is in a body,
+  /// or that reads a variable before assigning it: the traced graph with each read of a value
+  /// from before the call an extra argument, then each final read one (the values after the
+  /// call), for recording the gradient of a call that ran the function itself. Its backward pass
   /// replays it without side effects (interpret), from the values before the call: a variable a
-  /// body assigns starts from an extra argument assigned at the top. Null when there is no final
-  /// read of a floating-point value. Reads inside a loop or branch after an assignment there are
-  /// not final reads (an eager run's last round would count them).
+  /// body assigns starts from an extra argument assigned at the top. Where the last assignment
+  /// is in a body (the last round of a loop, a branch), which one it is is known only at run
+  /// time: the variable's value after the call is one more argument, given to the replay by a
+  /// marked assign_var at the top, and the replay counts the assignments and makes the last one
+  /// give that value (graph::ReplayVars), so the reads that follow it, there, read it as an
+  /// eager run's do. Null when none of these reads a floating-point value.
   std::shared_ptr<VarInputs> final_reads_variant() const {
     using VarPtr = std::shared_ptr<stagecraft::detail::VariableState>;
     const graph::Graph& t = *impl_->traced;
@@ -275,9 +279,20 @@ class ConcreteFunction {
       if (an.kind != graph::NodeKind::assign_var || an.inputs != n.inputs) return nullptr;
       return last.at(an.var.get()) == a ? an.var : nullptr;
     };
-    bool any = false;
-    for (std::size_t i = 0; i < t.nodes.size(); ++i)
-      any |= final_read(i, t.nodes[i]) != nullptr && is_floating(t.values[t.nodes[i].outputs[0]].dtype);
+    // a variable whose last assignment is in a body (the last cond or while that assigns it):
+    // the reads there that follow the last assignment made at run time read its final value
+    std::vector<VarPtr> in_body_finals;
+    for (const VarPtr& var : in_bodies)
+      if (t.nodes[last.at(var.get())].kind != graph::NodeKind::assign_var && is_floating(var->get().dtype()))
+        in_body_finals.push_back(var);
+    bool any = !in_body_finals.empty();
+    for (std::size_t i = 0; i < t.nodes.size(); ++i) {
+      const graph::Node& n = t.nodes[i];
+      if (n.outputs.empty() || !is_floating(t.values[n.outputs[0]].dtype)) continue;
+      // a final read, or a read before the first assignment (the value before the call)
+      any |= final_read(i, n) != nullptr ||
+             (n.kind == graph::NodeKind::read_var && first.count(n.var.get()) && i < first.at(n.var.get()));
+    }
     if (!any) return nullptr;
 
     auto vi = std::make_shared<VarInputs>();
@@ -301,6 +316,21 @@ class ConcreteFunction {
       as.var = var;
       as.inputs = {g.out(v)};
       as.attrs.flag = true;  // the replay's start: gradients reach the argument (interpret)
+      g.add_node(std::move(as), {});
+    }
+    // and its final value, for the reads in a body that follow its last assignment
+    for (const VarPtr& var : in_body_finals) {
+      const Tensor now = var->get();
+      graph::Node in;
+      in.kind = graph::NodeKind::input;
+      const int v = g.add_node(std::move(in), {TensorSpec{now.shape(), now.dtype()}}, now.device());
+      post.push_back(static_cast<std::size_t>(v));
+      vi->after.push_back(var);
+      graph::Node as;
+      as.kind = graph::NodeKind::assign_var;
+      as.var = var;
+      as.inputs = {g.out(v)};
+      as.attrs.i0 = graph::final_value_mark;  // see graph::ReplayVars
       g.add_node(std::move(as), {});
     }
     for (std::size_t i = 0; i < t.nodes.size(); ++i) {

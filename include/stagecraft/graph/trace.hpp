@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "../autodiff/record.hpp"
@@ -83,14 +84,15 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
   }
 
   Tensor read(const stagecraft::detail::VariableInfo* var, const std::source_location& loc) override {
-    if (parent != nullptr) return capture(parent->read(var, loc), loc);  // a body reads through its parent
+    // a body reads through its parent, until a cond or while in it assigned the variable
+    if (parent != nullptr && !changed_here_.count(var)) return capture(parent->read(var, loc), loc);
     return read_of(state_of(var), loc);
   }
 
   const Tensor* shadow(const stagecraft::detail::VariableInfo* var) override {
     auto it = vars_.find(var);
     if (it != vars_.end()) return &it->second.shadow;
-    return parent != nullptr ? parent->shadow(var) : nullptr;
+    return parent != nullptr && !changed_here_.count(var) ? parent->shadow(var) : nullptr;
   }
 
   /// Appends a node of the graph's own kinds (cond, while, host_fn) on lifted inputs; returns
@@ -139,8 +141,12 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
 
   /// Variables assigned in this trace (an enclosing trace re-reads them after a cond/while).
   const std::vector<std::shared_ptr<stagecraft::detail::VariableState>>& assigned() const { return assigned_; }
-  /// Forgets what this trace knows of a variable's value (it changed in a nested body).
-  void forget(const stagecraft::detail::VariableInfo* var) { vars_.erase(var); }
+  /// Forgets what this trace knows of a variable's value (it changed in a nested body): the next
+  /// read is a read_var here (what an enclosing trace knows is older still).
+  void forget(const stagecraft::detail::VariableInfo* var) {
+    vars_.erase(var);
+    changed_here_.insert(var);
+  }
 
   /// Values of enclosing traces used here, in order of first use: `captured_outer[k]` (the
   /// outer tensor) is this graph's input `captured_inputs[k]`.
@@ -233,6 +239,12 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
     captured_outer.push_back(outer);
     captured_inputs.push_back(graph.out(id));
     Tensor h = handle(graph.out(id));
+    if (outer.impl()->variable != nullptr) {
+      // still the variable's value: a loop nested in this body that assigns the variable reads
+      // it afresh at each round (read_assigned_in_place finds it by this)
+      h = stagecraft::detail::alias_tensor(h, outer.shape());
+      h.impl()->variable = outer.impl()->variable;
+    }
     captures_.emplace(key, h);
     return h;
   }
@@ -245,6 +257,7 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
   std::vector<Tensor> handles_;
   std::unordered_map<const stagecraft::detail::TensorImpl*, Tensor> constants_;
   std::unordered_map<const stagecraft::detail::VariableInfo*, VarEntry> vars_;
+  std::unordered_set<const stagecraft::detail::VariableInfo*> changed_here_;  ///< by a nested body
   std::unordered_map<std::uint64_t, Tensor> captures_;
   std::vector<std::shared_ptr<stagecraft::detail::VariableState>> assigned_;
 };
