@@ -618,3 +618,28 @@ TEMPLATE_TEST_CASE("max_pool2d 2x2 fast paths: every window pattern", "[pool][gr
     }
   }
 }
+
+// Integer sums wrap (two's complement) on every path (README): the scatter-adds of col2im (conv2d's
+// input gradient) and of max_pool2d_grad, where overlapping windows meet, overflowed as signed
+// integers (undefined; -fsanitize=undefined stopped there).
+TEMPLATE_TEST_CASE("integer gradients of conv2d and max_pool2d wrap where overlapping windows sum", "[conv][pool][grad]",
+                   std::int32_t, std::int64_t) {
+  using T = TestType;
+  using U = std::make_unsigned_t<T>;
+  const T big = std::numeric_limits<T>::max();
+  const T four = static_cast<T>(U(4) * static_cast<U>(big));  // big summed four times, wrapped: -4
+  const sc::Tensor g = sc::full(sc::Shape{1, 1, 2, 2}, big);
+  for (const std::int64_t pad : {0, 1}) {
+    // a 2x2 kernel of ones over 3x3 (padded to 5x5: a 4x4 gradient, every pixel in four windows)
+    const sc::Tensor gp = pad == 0 ? g : sc::full(sc::Shape{1, 1, 4, 4}, big);
+    const std::vector<T> dx =
+        sc::nn::conv2d_grad_input(gp, sc::full(sc::Shape{1, 1, 2, 2}, T(1)), sc::Shape{1, 1, 3, 3}, 1, pad).template to_vector<T>();
+    INFO("padding " << pad);
+    CHECK(dx[4] == four);  // the centre is in all four windows
+    CHECK(dx[0] == (pad == 0 ? big : four));
+  }
+  const sc::Tensor x = sc::reshape(sc::tensor(std::vector<T>{1, 1, 1, 1, 9, 1, 1, 1, 1}), sc::Shape{1, 1, 3, 3});
+  const std::vector<T> dp = sc::nn::max_pool2d_grad(g, x, 2, 1).template to_vector<T>();  // the centre 9 is every window's max
+  CHECK(dp[4] == four);
+  CHECK(dp[0] == T(0));
+}

@@ -246,6 +246,19 @@ TEST_CASE("gather errors", "[layout][gather][errors]") {
   CHECK_THROWS_WITH(sc::ops::Gather::cpu(in, out, {}), Catch::Contains("[gather] index 9 is out of range"));
 }
 
+// Integer sums wrap (two's complement) as add's do (README); scatter_add's accumulation overflowed
+// as signed integers (undefined; -fsanitize=undefined stopped there).
+TEMPLATE_TEST_CASE("scatter_add: integer sums wrap", "[layout][scatter_add]", std::int32_t, std::int64_t) {
+  using T = TestType;
+  const T big = std::numeric_limits<T>::max(), low = std::numeric_limits<T>::min();
+  const sc::Tensor x = sc::tensor(std::vector<T>{big, T(1)});
+  const sc::Tensor idx = sc::tensor(std::vector<std::int64_t>{0, 0, 1, -1});
+  const sc::Tensor upd = sc::tensor(std::vector<T>{T(1), T(1), low, T(-2)});
+  const std::vector<T> y = sc::scatter_add(x, idx, upd).template to_vector<T>();
+  CHECK(y[0] == static_cast<T>(low + 1));   // big + 1 + 1, wrapped
+  CHECK(y[1] == static_cast<T>(big));       // 1 + low - 2, wrapped
+}
+
 // ---- one_hot ---------------------------------------------------------------------------------
 
 TEST_CASE("one_hot matches the loop reference; out-of-range indices give zero rows", "[layout][one_hot]") {

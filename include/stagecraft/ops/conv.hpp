@@ -8,6 +8,7 @@
 #include "../eager/dispatch.hpp"
 #include "matmul.hpp"
 #include "reshape.hpp"
+#include "rules.hpp"  // wrap_add: integer sums wrap, as add does
 
 namespace stagecraft {
 namespace ops {
@@ -181,7 +182,7 @@ void col2im_flat(const Window& w, std::int64_t images, T* col, T* x, std::int64_
             for (std::int64_t ox = hi; ox < w.Wo; ++ox) d[ox] = T(0);
           }
           const std::int64_t e0 = ylo * w.Wo + lo, e1 = (yhi - 1) * w.Wo + hi, shift = (i - w.pad) * w.W + j - w.pad;
-          for (std::int64_t e = e0; e < e1; ++e) dst[e + shift] += src[e];
+          for (std::int64_t e = e0; e < e1; ++e) dst[e + shift] = rules::math::wrap_add(dst[e + shift], src[e]);
         }
     }
   });
@@ -209,8 +210,8 @@ void col2im_into(const Window& w, std::int64_t images, const T* col, T* x, std::
           w.valid_cols(j, lo, hi);
           if (lo == hi) continue;
           T* d = dst + (lo * s - w.pad + j);  // the pixel window column lo reads
-          if (s == 1) for (std::int64_t ox = lo; ox < hi; ++ox) d[ox - lo] += src[ox];
-          else for (std::int64_t ox = lo; ox < hi; ++ox) d[(ox - lo) * s] += src[ox];
+          if (s == 1) for (std::int64_t ox = lo; ox < hi; ++ox) d[ox - lo] = rules::math::wrap_add(d[ox - lo], src[ox]);
+          else for (std::int64_t ox = lo; ox < hi; ++ox) d[(ox - lo) * s] = rules::math::wrap_add(d[(ox - lo) * s], src[ox]);
         }
       }
     }

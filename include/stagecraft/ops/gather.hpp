@@ -7,6 +7,7 @@
 #include "../core/creation.hpp"
 #include "fill.hpp"
 #include "reshape.hpp"
+#include "rules.hpp"  // wrap_add: integer sums wrap, as add does
 
 namespace stagecraft {
 namespace ops {
@@ -181,7 +182,7 @@ struct ScatterAdd {
   }
   /// x is copied in contiguous chunks; then threads split the (outer index, inner position)
   /// columns: each owns its columns of the output and adds every update into them, so
-  /// duplicate indices never race.
+  /// duplicate indices never race. Integer sums wrap (two's complement), as add's do.
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
     const layout::AxisSplit sp = layout::split_at_axis(in[0].shape(), a.axis);
@@ -212,7 +213,7 @@ struct ScatterAdd {
             for (std::int64_t n = 0; n < N; ++n) {
               T* __restrict yr = yo + (ix[n] < 0 ? ix[n] + E : ix[n]) * inner;
               const T* __restrict ur = uo + n * inner;
-              for (std::int64_t i = 0; i < len; ++i) yr[i] += ur[i];
+              for (std::int64_t i = 0; i < len; ++i) yr[i] = rules::math::wrap_add(yr[i], ur[i]);
             }
             c += len;
           }

@@ -308,7 +308,8 @@ struct MaxPool2dGrad {
     for (std::int64_t oy = 0; oy < w.Ho; ++oy)
       for (std::int64_t ox = 0; ox < w.Wo; ++ox) {
         const std::int64_t top = oy * w.stride * w.W + ox * w.stride;
-        dx[top + argmax_in_window<K>(w, x + top)] += g[oy * w.Wo + ox];
+        T& d = dx[top + argmax_in_window<K>(w, x + top)];
+        d = rules::math::wrap_add(d, g[oy * w.Wo + ox]);  // integer sums wrap, as add's do
       }
   }
 };
