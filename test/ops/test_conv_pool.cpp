@@ -492,6 +492,11 @@ TEST_CASE("pool errors name the op, the shapes and the user's line", "[pool][err
   line = __LINE__ + 1;
   CHECK_THROWS_WITH(sc::nn::max_pool2d(sc::ones({1, 1, 4, 4}, sc::boolean), 2, 2),
                     Catch::Contains("[max_pool2d] expects a numeric input, got bool") && Catch::Contains(at(line)));
+  // avg_pool2d of a bool tensor was promoted to f32 silently (a mask averaged as 0/1 numbers)
+  line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::nn::avg_pool2d(sc::ones({1, 1, 4, 4}, sc::boolean), 2, 2),
+                    Catch::Contains("[avg_pool2d] expects a numeric input, got bool") && Catch::Contains(at(line)));
+  CHECK_THROWS_AS(sc::nn::avg_pool2d(sc::ones({1, 1, 4, 4}, sc::boolean), 2, 2), sc::DTypeError);
 }
 
 // Paddings, strides and kernels near INT64_MAX: the window sizes are checked, not overflowed (UBSan

@@ -341,9 +341,13 @@ inline Tensor max_pool2d_grad(const Tensor& g, const Tensor& x, std::int64_t ker
   return detail::dispatch<ops::MaxPool2dGrad>(in.span(), ops::pool_attrs(kernel, stride), loc);
 }
 
-/// Mean over kernel x kernel windows of x [N,C,H,W], as max_pool2d (integers become f32).
+/// Mean over kernel x kernel windows of x [N,C,H,W], as max_pool2d (integers become f32; bool is
+/// a DTypeError, as for max_pool2d and conv2d).
 inline Tensor avg_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride,
                          std::source_location loc = std::source_location::current()) {
+  // Checked before promotion, which would quietly turn a bool tensor into 0/1 numbers.
+  detail::require_defined(x, ops::AvgPool2d::name, loc);
+  ops::require_dtype(!is_bool(x.dtype()), ops::AvgPool2d::name, x.dtype(), "a numeric input", loc);
   return detail::dispatch<ops::AvgPool2d>({&x, 1}, ops::pool_attrs(kernel, stride), loc);
 }
 
