@@ -43,6 +43,21 @@ TEST_CASE("fill: every dtype and shape, rank 0 and empty included", "[fill]") {
         CHECK(got == v(sc::full(s, value, d)));
       }
   CHECK(std::isnan(sc::detail::fill({2}, std::nan(""), sc::f32).to_vector<float>()[1]));
+  // A value an integer dtype cannot hold (NaN, infinities, out of range) gives its lowest value, as
+  // cast() and full() do (README); fill and arange converted with static_cast, which is undefined.
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::int32_t lo32 = std::numeric_limits<std::int32_t>::min();
+  const std::int64_t lo64 = std::numeric_limits<std::int64_t>::min();
+  for (double value : {std::nan(""), inf, -inf, 3e9, -3e9, 1e300}) {
+    INFO("value " << value);
+    CHECK(sc::detail::fill({3}, value, sc::i32).to_vector<std::int32_t>() == std::vector<std::int32_t>(3, lo32));
+    CHECK(sc::full({3}, value, sc::i32).to_vector<std::int32_t>() == std::vector<std::int32_t>(3, lo32));
+  }
+  for (double value : {std::nan(""), inf, 1e19, -1e19})
+    CHECK(sc::detail::fill({2}, value, sc::i64).to_vector<std::int64_t>() == std::vector<std::int64_t>(2, lo64));
+  CHECK(sc::arange(0.0, 6e9, 1.5e9, sc::i32).to_vector<std::int32_t>() ==
+        std::vector<std::int32_t>{0, 1500000000, lo32, lo32});
+  CHECK(sc::arange(-2e19, 0.0, 1e19, sc::i64).to_vector<std::int64_t>() == std::vector<std::int64_t>{lo64, lo64});
   CHECK(sc::detail::fill({}, -std::numeric_limits<double>::infinity(), sc::f64).item<double>() ==
         -std::numeric_limits<double>::infinity());
 }

@@ -165,7 +165,8 @@ inline Tensor arange(double start, double stop, double step, DType d,
     return detail::make_host<T>(
         Shape{n},
         [&](T* p) {
-          for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start + static_cast<double>(i) * step);
+          // NaN/out of range: T's lowest, as cast() and full() (static_cast would be undefined)
+          for (std::int64_t i = 0; i < n; ++i) p[i] = rules::math::batch_cast<T>(start + static_cast<double>(i) * step);
         },
         "arange", loc);
   });

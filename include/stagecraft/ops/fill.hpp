@@ -5,6 +5,7 @@
 
 #include "../backend/cpu/parallel.hpp"
 #include "../core/creation.hpp"  // check_shape
+#include "rules.hpp"  // batch_cast: defined float-to-integer conversions
 #include "../eager/dispatch.hpp"
 
 namespace stagecraft {
@@ -27,7 +28,7 @@ struct Fill {
   static void cpu(Inputs, Tensor& out, const Attrs& a) {
     visit_dtype(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
-      const T v = static_cast<T>(a.scalar);
+      const T v = rules::math::batch_cast<T>(a.scalar);  // NaN/out of range: T's lowest, as cast() and full()
       T* y = static_cast<T*>(out.raw_data());
       backend::cpu::parallel_for(out.numel(), backend::cpu::grain_cheap, [&](std::int64_t b, std::int64_t e) {
         for (std::int64_t i = b; i < e; ++i) y[i] = v;
