@@ -104,7 +104,8 @@ STAGECRAFT_COMPILED_INLINE std::vector<Tensor> detail_interp::run(const Graph& g
       case NodeKind::constant: outs = {n.constant}; break;
       case NodeKind::op:
         if (finals && n.op == ops::OpId::StopGradient && n.attrs.i0 > 0) {
-          const auto it = std::find_if(assigned.rbegin(), assigned.rend(), [&](const auto& a) { return a.first == n.inputs[0]; });
+          const auto it = std::find_if(assigned.rbegin(), assigned.rend(),
+                                       [&](const auto& a) { return a.first == n.inputs[0]; });
           if (it != assigned.rend()) {
             outs = {it->second};
             break;
