@@ -523,6 +523,32 @@ TEST_CASE("a fused max or min propagates NaN like the eager reduction", "[fused]
   }
 }
 
+TEST_CASE("a max or min of sin or cos over rows off the batch boundaries gives eager's bits", "[fused][reduce]") {
+  // xsimd reduces a batch's sin and cos arguments by the method its largest |x| needs, so a lane's
+  // last bit depends on its neighbours: rows of 3 or 5 reduced tile by tile from their own start
+  // would batch other elements together than the eager op's flat loop.
+  for (std::int64_t n : {40, 513, 3000}) {
+    for (std::int64_t w : {3, 5}) {
+      std::vector<float> x(static_cast<std::size_t>(n * w));
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = i % 11 == 0 ? 1e30f : (i % 7 == 3 ? 3e9f : std::sin(float(i)) * 3);
+      const sc::Tensor in = sc::tensor(x, sc::Shape{n, w});
+      for (const char* uname : {"sin", "cos"}) {
+        const sc::Tensor u = eager_table[static_cast<std::size_t>(op(uname))](in, sc::Tensor());
+        for (const char* rname : {"max", "min"}) {
+          g::FusedProgram p{sc::f32, {n, w}, {{n, w}}, {{op(uname), 0}}, {}};
+          p.reduction = g::FusedReduction{op(rname), 1, w, {n}};
+          std::vector<sc::Tensor> out = {sc::zeros({n})};
+          g::run_fused(p, std::vector<sc::Tensor>{in}, out);
+          const std::vector<float> got = out[0].to_vector<float>();
+          const std::vector<float> want = (std::string_view(rname) == "max" ? sc::max(u, {-1}) : sc::min(u, {-1})).to_vector<float>();
+          INFO(rname << "(" << uname << ") over rows of " << w << ", " << n << " rows");
+          CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("a reduction's results do not depend on the thread count", "[fused][reduce]") {
   const std::vector<sc::Tensor> in = {make<float>({300000}, 5)};
   g::FusedProgram p{sc::f32, {300000}, {{300000}}, {{op("exp"), 0}}, {}};

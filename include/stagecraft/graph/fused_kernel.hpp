@@ -126,12 +126,14 @@ void scalar_kernel(const T* a, const T* b, T* y, std::int64_t n) {
   }
 }
 
-/// Everything the evaluator needs of one (op, dtype): a kernel per mode (null: not available)
-/// and the op's relative cost (for the parallel grain).
+/// Everything the evaluator needs of one (op, dtype): a kernel per mode (null: not available),
+/// the op's relative cost (for the parallel grain), and whether its SIMD bits depend on the other
+/// lanes of the batch (Op::batch_dependent: sin, cos).
 template <class T>
 struct OpKernels {
   std::array<Kernel<T>, num_modes> k{};
   int cost = 1;
+  bool batch_dependent = false;
 };
 
 template <class Op, class T, int M>
@@ -153,6 +155,7 @@ constexpr OpKernels<T> kernels_of() {
       r.k[vs] = pick<Op, T, vs>();
     }
     r.cost = static_cast<int>(std::max<std::int64_t>(1, backend::cpu::grain_cheap / Op::grain()));
+    if constexpr (requires { Op::batch_dependent; }) r.batch_dependent = Op::batch_dependent && has_simd<Op, T>();
   }
   return r;
 }
@@ -229,6 +232,7 @@ struct PreparedFused {
   std::int64_t numel = 0, grain = 0;
   std::int64_t tile = 0;  ///< elements per tile, any positive count (default: tile_bytes of the dtype)
   const SpecialKernel* special = nullptr;  ///< a compiled loop for this program (fused_special.hpp), or null
+  bool batch_dependent = false;  ///< an instruction's SIMD bits depend on the batch (OpKernels)
 };
 
 /// True when `op` can be an instruction of a program over dtype d: an elementwise unary or binary op
@@ -433,6 +437,7 @@ STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p) {
     using T = typename decltype(tag)::type;
     f::place_results<T>(pf, live);
     pf.grain = f::grain_of<T>(p, live);
+    for (const FusedInstr& c : p.code) pf.batch_dependent = pf.batch_dependent || f::kernels<T>(c.op).batch_dependent;
   });
   pf.special = find_special(p);
   return pf;
@@ -583,6 +588,20 @@ inline constexpr std::int64_t reduce_chunk_tiles = 32;
 template <class Rd, class T>
 void run_reduction(const PreparedFused& pf, RunState& st, T* out) {
   const FusedReduction& rd = *pf.program.reduction;
+  if (pf.batch_dependent && rd.inner % static_cast<std::int64_t>(batch<T>::size) != 0) {
+    // Rows that do not start on a batch boundary would batch other elements together than the
+    // eager op's flat loop, which changes the bits of sin and cos: the program runs over the whole
+    // output in flat tiles (into a buffer), then each row is reduced.
+    std::vector<T> flat(static_cast<std::size_t>(pf.numel));
+    backend::cpu::parallel_for(pf.numel, pf.grain, [&](std::int64_t b, std::int64_t e) {
+      run_tiles<T>(pf, st, b, e, [&](const auto& at, std::int64_t t0, std::int64_t len) {
+        std::copy_n(at(rd.reg, t0), len, flat.data() + t0);
+      });
+    });
+    for (std::int64_t row = 0; row < pf.numel / rd.inner; ++row)
+      out[row] = backend::cpu::reduce_row<Rd, T, T>(flat.data() + row * rd.inner, rd.inner);
+    return;
+  }
   const std::int64_t rows = pf.numel / rd.inner, chunk = pf.tile * reduce_chunk_tiles;
   const std::int64_t per_row = (rd.inner + chunk - 1) / chunk, tasks = rows * per_row;
   st.partials.resize(static_cast<std::size_t>(tasks) * sizeof(T));
