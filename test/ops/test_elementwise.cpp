@@ -18,6 +18,17 @@ TEST_CASE("errors name the op, the shapes and the user's line", "[elementwise][e
   const int line = __LINE__ + 1;
   CHECK_THROWS_WITH(a + b, Catch::Contains("[add] cannot broadcast shapes [2, 3] and [4] (f32, f32) at test_elementwise.cpp:" + std::to_string(line)));
   CHECK_THROWS_AS(sc::neg(sc::tensor({true})), sc::DTypeError);
+  // A C++ integer that fits i32 and i64 tensors alike suggests no conversion to i64 (the hint is for
+  // i32 tensors; an i64 or bool tensor was told to convert to the i64 it already is or gets).
+  const sc::Tensor l = sc::tensor({std::int64_t{1}});
+  const int line2 = __LINE__ + 1;
+  CHECK_THROWS_WITH(l + 18446744073709551615ull,
+                    Catch::Contains("[add] the integer 18446744073709551615 does not fit i64") &&
+                        Catch::Contains("pass a floating-point scalar") && !Catch::Contains(".astype(sc::i64)") &&
+                        Catch::Contains("test_elementwise.cpp:" + std::to_string(line2)));
+  CHECK_THROWS_WITH(sc::tensor({true}) * 18446744073709551615ull,
+                    Catch::Contains("[mul] the integer 18446744073709551615 does not fit i64 (the bool tensor's"));
+  CHECK_THROWS_WITH(sc::tensor({1}) + 3000000000LL, Catch::Contains("does not fit the tensor's dtype i32; convert the tensor first (.astype(sc::i64))"));
 }
 
 TEST_CASE("maximum and minimum propagate NaN in the SIMD part of a row too", "[elementwise]") {

@@ -232,9 +232,14 @@ Tensor weak_scalar(S value, const Tensor& like, const std::source_location& loc,
     using T = typename decltype(tag)::type;
     if constexpr (std::is_integral_v<S> && std::is_integral_v<T> && !std::is_same_v<T, bool>) {
       const T v = static_cast<T>(value);
-      if (SC_UNLIKELY(static_cast<S>(v) != value || (v < T(0)) != (value < S(0))))  // it would wrap silently
-        fail<DTypeError>(op, loc, "the integer ", value, " does not fit the tensor's dtype ", d,
-                         "; convert the tensor first (.astype(sc::i64))");
+      if (SC_UNLIKELY(static_cast<S>(v) != value || (v < T(0)) != (value < S(0)))) {  // it would wrap silently
+        if (d == DType::i32)
+          fail<DTypeError>(op, loc, "the integer ", value, " does not fit the tensor's dtype ", d,
+                           "; convert the tensor first (.astype(sc::i64))");
+        fail<DTypeError>(op, loc, "the integer ", value, " does not fit ", d, " (the ", name(like.dtype()),
+                         " tensor's operations take it as ", d, ", the widest integer dtype); pass a floating-point ",
+                         "scalar or convert the tensor to a float dtype");
+      }
     }
     *static_cast<T*>(t.raw_data()) = static_cast<T>(value);
   });
