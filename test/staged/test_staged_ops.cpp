@@ -147,6 +147,12 @@ TEST_CASE("an integer scalar that does not fit the tensor's dtype raises eager's
   });
   CHECK(msg.find("[sub] the integer 3000000000 does not fit the tensor's dtype i32") == 0);
   CHECK(msg.find("test_staged_ops.cpp") != std::string::npos);
+  // too large for i64 too: eager's words, no .astype(sc::i64) hint for an i64 tensor
+  const std::string wide = sctest::error_of<sc::DTypeError>([&] {
+    (void)sc::compile([](auto a) { return a + 18446744073709551615ull; })(sc::cast(i, sc::i64));
+  });
+  CHECK(wide.find("[add] the integer 18446744073709551615 does not fit i64") == 0);
+  CHECK(wide.find(".astype") == std::string::npos);
   // the op-by-op path (operands of two dtypes), and a cast inside a float expression
   const auto mixed = sc::compile([](auto a, auto b) { return (a + 3000000000LL) * b; });
   CHECK(sctest::error_kind([&] { (void)mixed(i, sc::ones({2})); }) == "DTypeError");

@@ -221,6 +221,19 @@ Tensor dispatch2(const Tensor& a, const Tensor& b, const ops::Attrs& attrs, cons
   return dispatch<Op>(in.span(), attrs, loc);
 }
 
+/// The DTypeError of a C++ integer that does not fit d, the dtype in which the op of a `like`
+/// tensor reads it (eager's weak scalars, and the staged stages' integer constants).
+template <class V>
+[[noreturn]] SC_COLD void integer_misfit(std::string_view op, const std::source_location& loc, V value, DType d,
+                                         DType like) {
+  if (d == DType::i32)
+    fail<DTypeError>(op, loc, "the integer ", value, " does not fit the tensor's dtype ", d,
+                     "; convert the tensor first (.astype(sc::i64))");
+  fail<DTypeError>(op, loc, "the integer ", value, " does not fit ", d, " (the ", name(like),
+                   " tensor's operations take it as ", d, ", the widest integer dtype); pass a floating-point ",
+                   "scalar or convert the tensor to a float dtype");
+}
+
 /// A rank-0 tensor holding a C++ scalar with the dtype the weak-scalar rule gives it next to
 /// `like` (see core/dtype.hpp).
 template <Scalar S>
@@ -232,14 +245,8 @@ Tensor weak_scalar(S value, const Tensor& like, const std::source_location& loc,
     using T = typename decltype(tag)::type;
     if constexpr (std::is_integral_v<S> && std::is_integral_v<T> && !std::is_same_v<T, bool>) {
       const T v = static_cast<T>(value);
-      if (SC_UNLIKELY(static_cast<S>(v) != value || (v < T(0)) != (value < S(0)))) {  // it would wrap silently
-        if (d == DType::i32)
-          fail<DTypeError>(op, loc, "the integer ", value, " does not fit the tensor's dtype ", d,
-                           "; convert the tensor first (.astype(sc::i64))");
-        fail<DTypeError>(op, loc, "the integer ", value, " does not fit ", d, " (the ", name(like.dtype()),
-                         " tensor's operations take it as ", d, ", the widest integer dtype); pass a floating-point ",
-                         "scalar or convert the tensor to a float dtype");
-      }
+      if (SC_UNLIKELY(static_cast<S>(v) != value || (v < T(0)) != (value < S(0))))  // it would wrap silently
+        integer_misfit(op, loc, value, d, like.dtype());
     }
     *static_cast<T*>(t.raw_data()) = static_cast<T>(value);
   });

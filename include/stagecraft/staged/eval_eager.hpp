@@ -212,8 +212,7 @@ void check_fits(V v, DType d, std::string_view op, const std::source_location& l
     if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
       const T t = static_cast<T>(v);
       if (SC_UNLIKELY(static_cast<V>(t) != v || (t < T(0)) != (v < V(0))))
-        detail::fail<DTypeError>(op, loc, "the integer ", v, " does not fit the tensor's dtype ", d,
-                                 "; convert the tensor first (.astype(sc::i64))");
+        detail::integer_misfit(op, loc, v, d, d);
     }
   });
 }
