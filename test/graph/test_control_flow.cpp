@@ -198,46 +198,6 @@ TEST_CASE("while_loop and cond: computing a gradient assigns no variable again",
   }
 }
 
-TEST_CASE("while_loop: a tape outside the call differentiates a variable the loop assigns", "[while][variables][grad]") {
-  // The loop reads and assigns v and k; the function reads v before the loop and after it.
-  // Eager and traced agree under one tape and under two, and the gradient assigns nothing.
-  auto run = [](bool traced, bool two_tapes) {
-    sc::Variable v(sc::tensor({1.f, -0.5f}), "v");
-    sc::Variable k(sc::zeros({}, sc::DType::i64), "k", /*trainable=*/false);
-    const sc::Tensor x = sc::tensor({3.f, -2.f});
-    auto body = [&](const sc::Tensor& xx) {
-      const sc::Tensor a = sc::sum(v * xx);
-      const sc::Tensor acc = sc::while_loop([&](const sc::Tensor&) { return k < std::int64_t{3}; },
-                                            [&](const sc::Tensor& s) {
-                                              const sc::Tensor before = sc::sum(sc::square(v));
-                                              v.assign(v * 1.5f + 0.25f);
-                                              k.assign(k + std::int64_t{1});
-                                              return s + before;
-                                            },
-                                            sc::zeros({}));
-      return a + acc + sc::sum(sc::exp(v) * xx);
-    };
-    auto f = sc::function(body);
-    const sc::Tensor old = v.value();
-    sc::GradientTape outer;
-    sc::GradientTape tape(/*persistent=*/true);
-    tape.watch(x);
-    if (two_tapes) outer.watch(x);
-    const sc::Tensor y = traced ? sc::Tensor(f(x)) : body(x);
-    std::vector<sc::Tensor> r{y, tape.gradient(y, v), tape.gradient(y, old), tape.gradient(y, x), v.value(), k.value()};
-    return r;
-  };
-  for (bool two : {false, true}) {
-    const auto e = run(false, two), t = run(true, two);
-    for (std::size_t i = 0; i < e.size(); ++i) {
-      INFO("result " << i << (two ? ", two tapes" : ", one tape"));
-      check_close(t[i], e[i], 1e-5);
-    }
-    check_close(t[1], sc::exp(t[4]) * sc::tensor({3.f, -2.f}), 1e-5);  // the read after the loop
-    CHECK(t[5].item<std::int64_t>() == 3);
-  }
-}
-
 namespace {
 /// Runs make(v, k, x) under a persistent tape (and an outer one), traced (sc::function) or
 /// eagerly, from v = [1, -0.5] and k = k0; returns y, the gradients of y with respect to v (its
@@ -272,6 +232,30 @@ void check_traced_as_eager(std::int64_t k0, Make make) {
 
 sc::Tensor one_more(const sc::Variable& k) { return k + std::int64_t{1}; }
 }  // namespace
+
+TEST_CASE("while_loop: a tape outside the call differentiates a variable the loop assigns", "[while][variables][grad]") {
+  // The loop reads and assigns v and k; the function reads v before the loop and after it.
+  // Eager and traced agree under one tape and under two, and the gradient assigns nothing.
+  auto make = [](sc::Variable& v, sc::Variable& k, const sc::Tensor& xx) {
+    const sc::Tensor a = sc::sum(v * xx);
+    const sc::Tensor acc = sc::while_loop([&](const sc::Tensor&) { return k < std::int64_t{3}; },
+                                          [&](const sc::Tensor& s) {
+                                            const sc::Tensor before = sc::sum(sc::square(v));
+                                            v.assign(v * 1.5f + 0.25f);
+                                            k.assign(k + std::int64_t{1});
+                                            return s + before;
+                                          },
+                                          sc::zeros({}));
+    return a + acc + sc::sum(sc::exp(v) * xx);
+  };
+  check_traced_as_eager(0, make);
+  for (bool two : {false, true}) {
+    const auto t = run_under_tapes(true, two, 0, make);
+    check_close(t[1], sc::exp(t[4]) * sc::tensor({3.f, -2.f}), 1e-5);  // the read after the loop
+    CHECK(t[5].item<std::int64_t>() == 3);
+  }
+}
+
 
 TEST_CASE("while_loop and cond: a tape outside the call counts the reads after a body's last assignment",
           "[while][cond][variables][grad]") {

@@ -303,35 +303,35 @@ class ConcreteFunction {
     g.outputs = t.outputs;
     g.strings = t.strings;
     std::vector<std::size_t> pre, post;  // nodes of g that become the extra arguments
-    // a variable a body assigns starts the replay from its value before the call
-    for (const VarPtr& var : in_bodies) {
+    // An argument of var's value, assigned to var at the top (its attrs say what for); returns
+    // the argument's node.
+    auto top_assign = [&](const VarPtr& var, const ops::Attrs& attrs) {
       const Tensor now = var->get();
       graph::Node in;
       in.kind = graph::NodeKind::input;
       const int v = g.add_node(std::move(in), {TensorSpec{now.shape(), now.dtype()}}, now.device());
-      pre.push_back(static_cast<std::size_t>(v));
-      vi->vars.push_back(var);
       graph::Node as;
       as.kind = graph::NodeKind::assign_var;
       as.var = var;
       as.inputs = {g.out(v)};
-      as.attrs.flag = true;  // the replay's start: gradients reach the argument (interpret)
+      as.attrs = attrs;
       g.add_node(std::move(as), {});
+      return static_cast<std::size_t>(v);
+    };
+    // a variable a body assigns starts the replay from its value before the call (flag: the
+    // replay's start, gradients reach the argument, see interpret)
+    ops::Attrs start;
+    start.flag = true;
+    for (const VarPtr& var : in_bodies) {
+      pre.push_back(top_assign(var, start));
+      vi->vars.push_back(var);
     }
     // and its final value, for the reads in a body that follow its last assignment
+    ops::Attrs final_value;
+    final_value.i0 = graph::final_value_mark;  // see graph::ReplayVars
     for (const VarPtr& var : in_body_finals) {
-      const Tensor now = var->get();
-      graph::Node in;
-      in.kind = graph::NodeKind::input;
-      const int v = g.add_node(std::move(in), {TensorSpec{now.shape(), now.dtype()}}, now.device());
-      post.push_back(static_cast<std::size_t>(v));
+      post.push_back(top_assign(var, final_value));
       vi->after.push_back(var);
-      graph::Node as;
-      as.kind = graph::NodeKind::assign_var;
-      as.var = var;
-      as.inputs = {g.out(v)};
-      as.attrs.i0 = graph::final_value_mark;  // see graph::ReplayVars
-      g.add_node(std::move(as), {});
     }
     for (std::size_t i = 0; i < t.nodes.size(); ++i) {
       const graph::Node& n = t.nodes[i];
