@@ -183,7 +183,8 @@ inline Tensor min(const Tensor& x, std::vector<std::int64_t> axes = {}, bool kee
 }
 
 /// Mean over axes ({} = all): sum / count. Floats keep their dtype; integers and bool give
-/// f32 (summed in f64 so large integer sums neither wrap nor round). An empty axis gives NaN.
+/// f32 (summed in f64: large integer sums do not wrap, and are exact up to 2^53). An empty axis
+/// gives NaN.
 inline Tensor mean(const Tensor& x, std::vector<std::int64_t> axes = {}, bool keepdims = false,
                    std::source_location loc = std::source_location::current()) {
   const ops::Attrs a = detail::reduce_attrs(x, axes, keepdims, "mean", loc);
