@@ -126,17 +126,22 @@ Layout layout_of(const Slots<NS>& sl, const Used<NS>& used, std::int64_t n) {
   return l;
 }
 
-/// Whether a node of the graph's fused region (outside materialized operands) satisfies P.
-template <template <class> class P, class N>
+/// Whether a node of the graph's fused region satisfies P; a materialized operand (computed by
+/// the eager op, not walked) counts as `at_mat`.
+template <template <class> class P, class N, bool at_mat = false>
 constexpr bool any_node() {
-  if constexpr (requires(const N& n) { n.m; }) return false;  // computed by the eager op
+  if constexpr (requires(const N& n) { n.m; }) return at_mat;
   else if constexpr (P<N>::value) return true;
   else if constexpr (requires(const N& n) { n.c; })
-    return any_node<P, decltype(N::c)>() || any_node<P, decltype(N::a)>() || any_node<P, decltype(N::b)>();
-  else if constexpr (requires(const N& n) { n.b; }) return any_node<P, decltype(N::a)>() || any_node<P, decltype(N::b)>();
-  else if constexpr (requires(const N& n) { n.a; }) return any_node<P, decltype(N::a)>();
+    return any_node<P, decltype(N::c), at_mat>() || any_node<P, decltype(N::a), at_mat>() ||
+           any_node<P, decltype(N::b), at_mat>();
+  else if constexpr (requires(const N& n) { n.b; })
+    return any_node<P, decltype(N::a), at_mat>() || any_node<P, decltype(N::b), at_mat>();
+  else if constexpr (requires(const N& n) { n.a; }) return any_node<P, decltype(N::a), at_mat>();
   else return false;
 }
+template <class N>
+struct no_node : std::false_type {};
 /// A floating unary op (exp, tanh, sin, ...) on a value that is not a constant. Outside SIMD lanes
 /// it would run its scalar math, which differs from the SIMD rule eager runs in the last bit:
 /// graphs that are not SIMD (integer or bool tensors) and hold one run op by op.

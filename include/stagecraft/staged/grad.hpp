@@ -287,12 +287,7 @@ struct sum_root<Mat<ReduceOp<ReduceKind::sum>, A>> : std::true_type {};
 /// Whether node N holds a materialized op (its shape is then known only once computed).
 template <class N>
 constexpr bool has_mat() {
-  if constexpr (requires(const N& n) { n.m; }) return true;
-  else if constexpr (requires(const N& n) { n.c; })
-    return has_mat<decltype(N::c)>() || has_mat<decltype(N::a)>() || has_mat<decltype(N::b)>();
-  else if constexpr (requires(const N& n) { n.b; }) return has_mat<decltype(N::a)>() || has_mat<decltype(N::b)>();
-  else if constexpr (requires(const N& n) { n.a; }) return has_mat<decltype(N::a)>();
-  else return false;
+  return any_node<no_node, N, /*at_mat=*/true>();
 }
 
 template <int I, class E>
