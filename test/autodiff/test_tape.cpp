@@ -64,7 +64,7 @@ TEST_CASE("three nested tapes give the third derivative", "[autodiff][tape]") {
   CHECK(o2.gradient(g1, x).item<double>() == Approx(12));
 }
 
-TEST_CASE("a non-persistent tape computes one gradient; a persistent one several", "[autodiff][tape]") {
+TEST_CASE("a non-persistent tape computes one gradient, a persistent one several", "[autodiff][tape]") {
   const Tensor x = sc::tensor({1.0, 2.0});
   {
     sc::GradientTape t(/*persistent=*/true);
@@ -344,7 +344,7 @@ TEST_CASE("a variable's value outliving it, or replaced, is a plain tensor", "[a
   CHECK(v(y) == Vec{3, 8});
 }
 
-TEST_CASE("variable assignments are not recorded; a wrong shape is a ShapeError", "[autodiff][tape][variable]") {
+TEST_CASE("variable assignments are not recorded, a wrong shape is a ShapeError", "[autodiff][tape][variable]") {
   sc::Variable w(sc::tensor({1.0, 2.0}), "w");
   sc::GradientTape t(/*persistent=*/true);
   const Tensor y = w * 3.0;

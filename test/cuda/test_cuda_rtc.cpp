@@ -130,7 +130,7 @@ TEST_CASE("rtc: broadcast indices drop size-1 axes and merge neighbours", "[cuda
   CHECK(cf::index_expr({1, 5}, {2, 1, 5}) == "(i % 5LL)");  // the size-1 axis dropped
 }
 
-TEST_CASE("rtc: floating sum, max and min reductions get a row kernel; others cannot be generated", "[cuda][rtc]") {
+TEST_CASE("rtc: floating sum, max and min reductions get a row kernel, others cannot be generated", "[cuda][rtc]") {
   for (sc::DType d : {sc::f32, sc::f64}) {
     for (sc::ops::OpId op : {sc::ops::OpId::Sum, sc::ops::OpId::Max, sc::ops::OpId::Min}) {
       FusedProgram p = every_op(d);

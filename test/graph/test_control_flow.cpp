@@ -88,7 +88,7 @@ TEST_CASE("cond: variables read and assigned in branches", "[cond][variables]") 
   CHECK(hits.value().item<float>() == 2.f);
 }
 
-TEST_CASE("while_loop: eager and traced agree; the count depends on data", "[while]") {
+TEST_CASE("while_loop: eager and traced agree, the count depends on data", "[while]") {
   auto f = sc::function([](sc::Tensor x) { return shrink(x); });
   for (float start : {3.f, 40.f, 0.5f}) {
     const sc::Tensor x = sc::full({4}, start);

@@ -134,7 +134,7 @@ TEST_CASE("function: variables are read by reference", "[function][variables]") 
   CHECK(text.str().find("test_function.cpp:" + std::to_string(line)) != std::string::npos);
 }
 
-TEST_CASE("function: a variable reached through a Tensor is still read at each call; a snapshot is a value",
+TEST_CASE("function: a variable reached through a Tensor is still read at each call, a snapshot is a value",
           "[function][variables]") {
   // sc::cond on a variable: the branch is chosen at each call, not fixed at the trace
   sc::Variable flag(sc::scalar(true), "flag", /*trainable=*/false);
@@ -455,7 +455,7 @@ TEST_CASE("function: a bad label in a staged step is an error naming the user's 
              Catch::Contains("[check_range] no range check is registered for op 'x'"));
 }
 
-TEST_CASE("function: an Adam step staged equals it eager; each variable's update is one fused group",
+TEST_CASE("function: an Adam step staged equals it eager, each variable's update is one fused group",
           "[function][train]") {
   auto run = [](bool staged) {
     sc::manual_seed(3);

@@ -203,7 +203,7 @@ TEST_CASE("save/load: cond and while_loop bodies", "[serialize][control]") {
 }
 #endif
 
-TEST_CASE("save: a host_fn cannot be saved; empty functions neither", "[serialize][errors]") {
+TEST_CASE("save: a host_fn cannot be saved, empty functions neither", "[serialize][errors]") {
   TempDir dir("sc_ser");
   auto g = std::make_shared<sc::graph::Graph>();
   sc::graph::Node in;

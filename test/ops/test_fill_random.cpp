@@ -147,7 +147,7 @@ TEST_CASE("random: f64 uniform and normal are the same bits whatever the build's
   CHECK(n[3999] == 3.4662818018790742);
 }
 
-TEST_CASE("random: an explicit seed gives the same numbers at every call; the state offset shifts the stream", "[random]") {
+TEST_CASE("random: an explicit seed gives the same numbers at every call, the state offset shifts the stream", "[random]") {
   CHECK(v(sc::random::normal({64}, 5)) == v(sc::random::normal({64}, 5)));
   CHECK(v(sc::random::uniform({64}, 0.0, 1.0, 5)) == v(sc::random::uniform({64}, 0.0, 1.0, 5)));
   // Block b of a draw at offset o is block o + b of the stream from offset 0.

@@ -261,7 +261,7 @@ TEMPLATE_TEST_CASE("scatter_add: integer sums wrap", "[layout][scatter_add]", st
 
 // ---- one_hot ---------------------------------------------------------------------------------
 
-TEST_CASE("one_hot matches the loop reference; out-of-range indices give zero rows", "[layout][one_hot]") {
+TEST_CASE("one_hot matches the loop reference, out-of-range indices give zero rows", "[layout][one_hot]") {
   const std::vector<std::pair<std::vector<std::int64_t>, sc::Shape>> sets = {
       {{2}, {}}, {{0, 3, 1, 4, -1, 9}, {6}}, {{0, 1, 2, 3, 2, 1}, {2, 3}}, {{}, {0}}, {{1, 1}, {1, 2, 1}}};
   for (const auto& [iv, is] : sets)

@@ -339,7 +339,7 @@ TEST_CASE("sum over an empty axis is 0, mean NaN, logsumexp -inf", "[reduce]") {
   CHECK(sc::max(e, {0}).shape() == Shape{0});  // nothing to reduce into: no error
 }
 
-TEST_CASE("NaN propagates through max and min; argmax and argmin pick the first NaN", "[reduce]") {
+TEST_CASE("NaN propagates through max and min, argmax and argmin pick the first NaN", "[reduce]") {
   const float n = std::numeric_limits<float>::quiet_NaN();
   for (const i64 len : {5, 200}) {  // scalar path and SIMD path
     std::vector<float> v(static_cast<std::size_t>(len), 1.f);
@@ -364,7 +364,7 @@ TEST_CASE("NaN propagates through max and min; argmax and argmin pick the first 
   CHECK((two[0] == 2.f && std::isnan(two[1])));
 }
 
-TEST_CASE("argmax and argmin match plain loops; ties give the first index", "[reduce]") {
+TEST_CASE("argmax and argmin match plain loops, ties give the first index", "[reduce]") {
   const Shape shapes[] = {{1}, {7}, {3, 4}, {2, 3, 4}, {1, 300}, {300, 1}, {4, 130}, {130, 4}, {3, 700, 2}, {2, 5, 300}};
   std::uint64_t seed = 500;
   for (const Shape& s : shapes)

@@ -434,7 +434,7 @@ TEST_CASE("optimizer: a variable first stepped on a later trace names build()", 
   CHECK(plain.iterations() == 1);
 }
 
-TEST_CASE("optimizer: the learning rate is a variable; set between steps it takes effect", "[optim]") {
+TEST_CASE("optimizer: the learning rate is a variable, set between steps it takes effect", "[optim]") {
   for (sc::DType dt : {sc::f32, sc::f64}) {
     INFO(sc::name(dt));
     const double tol = dt == sc::f32 ? 2e-6 : 1e-13;
