@@ -7,4 +7,14 @@
 #include <catch2/catch.hpp>
 #endif
 
-int main(int argc, char* argv[]) { return Catch::Session().run(argc, argv); }
+#include <cstdlib>
+
+#include <stagecraft/backend/cpu/parallel.hpp>
+
+int main(int argc, char* argv[]) {
+  // The tests' tensors are small: split loops as finely as their grains allow, so that the
+  // threaded paths run (the library's default gives each thread 64 times more work), unless
+  // STAGECRAFT_GRAIN_SCALE says otherwise.
+  if (std::getenv("STAGECRAFT_GRAIN_SCALE") == nullptr) stagecraft::set_parallel_grain_scale(1);
+  return Catch::Session().run(argc, argv);
+}

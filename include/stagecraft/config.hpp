@@ -47,6 +47,12 @@
 namespace stagecraft::config {
 /// Elementwise loops with fewer elements than this run serially (no thread start-up).
 inline constexpr long parallel_threshold = 1 << 15;
+/// The default factor on the work each thread of a parallel loop gets (parallel_for: at least
+/// max(grain / 2, 64) elements times this). On the 16-core Xeon (a virtual machine) a parallel
+/// region cost so much that the Fashion-MNIST MLP ran 18.8K examples/s at 16 threads with factor
+/// 1 (81.7K on one thread) and 125K with 64 (bench/RESULTS.md, thread scaling). Changed at run
+/// time by STAGECRAFT_GRAIN_SCALE or sc::set_parallel_grain_scale.
+inline constexpr long parallel_grain_scale = 64;
 /// Bytes every CPU buffer is aligned to (one cache line, enough for AVX-512).
 inline constexpr unsigned alignment = 64;
 }  // namespace stagecraft::config

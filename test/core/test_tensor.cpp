@@ -1,4 +1,5 @@
 // Tensor creation, item/to_vector, from_blob, reshape sharing, the allocator, printing, random.
+#include <atomic>
 #include <sstream>
 
 #include <catch2/catch.hpp>
@@ -92,6 +93,33 @@ TEST_CASE("printing is NumPy-like and elides large tensors", "[print]") {
   os.str("");
   os << sc::scalar(true);
   CHECK(os.str() == "Tensor(true, shape=[], dtype=bool)");
+}
+
+TEST_CASE("the grain scale sets how many threads a parallel loop uses", "[threads]") {
+  STATIC_REQUIRE(sc::config::parallel_grain_scale == 64);  // the library's default (test_main sets 1)
+  const std::int64_t saved = sc::parallel_grain_scale();
+  const int threads = sc::num_threads();
+  sc::set_num_threads(2);
+  const auto used = [](std::int64_t n) {
+    std::atomic<int> ranges{0};
+    sc::backend::cpu::parallel_for(n, sc::backend::cpu::grain_cheap, [&](std::int64_t, std::int64_t) { ++ranges; });
+    return ranges.load();
+  };
+  const std::int64_t n = 4 * sc::backend::cpu::grain_cheap;
+  sc::set_parallel_grain_scale(1);
+  CHECK(sc::parallel_grain_scale() == 1);
+#if SC_HAS_OPENMP
+  CHECK(used(n) == 2);
+#endif
+  sc::set_parallel_grain_scale(64);
+  CHECK(used(n) == 1);  // 64 times the work per thread: one thread
+#if SC_HAS_OPENMP
+  CHECK(used(64 * sc::backend::cpu::grain_cheap) == 2);  // a loop that large still splits
+#endif
+  sc::set_parallel_grain_scale(0);  // clamped
+  CHECK(sc::parallel_grain_scale() == 1);
+  sc::set_parallel_grain_scale(saved);
+  sc::set_num_threads(threads);
 }
 
 TEST_CASE("random numbers are seeded and thread-count independent", "[random]") {

@@ -1,7 +1,9 @@
 // The one thread pool: OpenMP (OpenBLAS's openmp build shares its runtime with these loops).
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 
 #include "../../config.hpp"
 #if SC_HAS_OPENMP
@@ -27,6 +29,28 @@ inline void set_num_threads(int n) {
 #endif
 }
 
+namespace detail {
+/// The process's grain scale: STAGECRAFT_GRAIN_SCALE when set (a positive integer), else
+/// config::parallel_grain_scale.
+inline std::atomic<std::int64_t>& grain_scale_setting() {
+  static std::atomic<std::int64_t> scale{[] {
+    const char* v = std::getenv("STAGECRAFT_GRAIN_SCALE");
+    const long long k = v != nullptr ? std::atoll(v) : config::parallel_grain_scale;
+    return static_cast<std::int64_t>(std::clamp<long long>(k, 1, 1 << 20));
+  }()};
+  return scale;
+}
+}  // namespace detail
+
+/// The factor on the work each thread of the CPU backend's parallel loops gets: larger values
+/// use fewer threads on mid-sized tensors (a parallel region costs more on some machines,
+/// virtual ones especially; config::parallel_grain_scale says what was measured).
+inline std::int64_t parallel_grain_scale() { return detail::grain_scale_setting().load(std::memory_order_relaxed); }
+/// Sets parallel_grain_scale (at least 1); 1 splits loops as finely as their grains allow.
+inline void set_parallel_grain_scale(std::int64_t k) {
+  detail::grain_scale_setting().store(std::clamp<std::int64_t>(k, 1, std::int64_t{1} << 20), std::memory_order_relaxed);
+}
+
 namespace backend::cpu {
 
 /// Runs f(begin, end) over [0, n) split into one contiguous range per thread, or serially
@@ -36,7 +60,8 @@ template <class F>
 void parallel_for(std::int64_t n, std::int64_t grain, F&& f) {
 #if SC_HAS_OPENMP
   if (n >= grain && n >= 2 * 64 && !omp_in_parallel() && omp_get_max_threads() > 1) {
-    const int want = static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), n / std::max<std::int64_t>(grain / 2, 64)));
+    const std::int64_t per_thread = std::max<std::int64_t>(grain / 2, 64) * parallel_grain_scale();
+    const int want = static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), n / per_thread));
     if (want > 1) {
 #pragma omp parallel num_threads(want)
       {
