@@ -44,6 +44,20 @@ __global__ void scatter_add_kernel(const I* ix, const T* u, T* y, std::int64_t o
   }
 }
 
+/// y = x, each element checked against [lo, hi): one outside is recorded (its value, and its index
+/// in the record's bound) for the next wait, as a bad gather index is.
+template <class I>
+__global__ void check_range_kernel(const I* x, I* y, std::int64_t n, std::int64_t lo, std::int64_t hi,
+                                   abi::Fault* fault, std::int32_t tag) {
+  for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < n;
+       e += std::int64_t{gridDim.x} * blockDim.x) {
+    const I v = x[e];
+    y[e] = v;
+    if (static_cast<std::int64_t>(v) < lo || static_cast<std::int64_t>(v) >= hi)
+      report_fault(fault, tag, static_cast<std::int64_t>(v), e);
+  }
+}
+
 template <class F>
 Status visit_index(DT index_dt, F&& f) {
   if (index_dt == DT::i32) return f(std::int32_t{});
@@ -86,8 +100,8 @@ Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void
   const std::int64_t numel = outer * E * inner;
   if (numel == 0) return cudaSuccess;
   const auto st = static_cast<cudaStream_t>(s);
-  return visit(dt, [&](auto tag) -> Status {
-    using T = decltype(tag);
+  return visit(dt, [&](auto ttag) -> Status {  // not `tag`: the launch's tag is passed below
+    using T = decltype(ttag);
     if constexpr (std::is_same_v<T, bool>) {
       return cudaErrorNotSupported;
     } else {
@@ -103,6 +117,19 @@ Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void
         return launched();
       });
     }
+  });
+}
+
+Status check_range(DT dt, const void* x, void* y, std::int64_t n, std::int64_t lo, std::int64_t hi, Fault* fault,
+                   std::int32_t tag, Stream s) noexcept {
+  if (n == 0) return cudaSuccess;
+  const auto st = static_cast<cudaStream_t>(s);
+  return visit_index(dt, [&](auto itag) -> Status {
+    using I = decltype(itag);
+    check_range_kernel<<<grid_for(n), block_threads, 0, st>>>(static_cast<const I*>(x), static_cast<I*>(y), n, lo, hi,
+                                                              fault, tag);
+    arm_fault_check();
+    return launched();
   });
 }
 

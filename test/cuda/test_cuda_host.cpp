@@ -63,13 +63,13 @@ TEST_CASE("cuda: cuDNN's version numbers read in both of its schemes", "[cuda][c
   CHECK(cudnn_version_text(8100) == "8.1.0");
 }
 
-TEST_CASE("cuda: the GPU convolution setting: cuDNN by default, im2col on request, a bad name is a ValueError",
+TEST_CASE("cuda: the GPU convolution setting: im2col by default, cuDNN on request, a bad name is a ValueError",
           "[cuda][conv]") {
   using sc::cuda::ConvAlgorithm;
   const ConvAlgorithm saved = sc::cuda::conv_algorithm();
-  if (std::getenv("STAGECRAFT_CUDA_CONV") == nullptr) CHECK(saved == ConvAlgorithm::cudnn);
-  sc::cuda::set_conv_algorithm(ConvAlgorithm::im2col);
-  CHECK(sc::cuda::conv_algorithm() == ConvAlgorithm::im2col);
+  if (std::getenv("STAGECRAFT_CUDA_CONV") == nullptr) CHECK(saved == ConvAlgorithm::im2col);
+  sc::cuda::set_conv_algorithm(ConvAlgorithm::cudnn);
+  CHECK(sc::cuda::conv_algorithm() == ConvAlgorithm::cudnn);
   sc::cuda::set_conv_algorithm(saved);
   CHECK(sc::cuda::detail::parse_conv_algorithm("im2col", "x") == ConvAlgorithm::im2col);
   CHECK(sc::cuda::detail::parse_conv_algorithm("cudnn", "x") == ConvAlgorithm::cudnn);
@@ -182,7 +182,20 @@ TEST_CASE("cuda: a bad index found by a kernel is reported with its launch's op,
   for (std::size_t k = 0; k < cd::FaultLog::size; ++k) log.record(site);
   CHECK_FALSE(log.find(tag, found));
   CHECK_THAT(cd::fault_text(nullptr, f, sc::Device::cuda(0), "synchronize", std::source_location::current()),
-             Catch::Contains("index 7 is out of range for an axis of extent 5") && Catch::Contains("[synchronize] at"));
+             Catch::Contains("a value out of range (7) in a launch too long ago to name") &&
+                 Catch::Contains("[synchronize] at"));
+  // A range check's fault (check_range, e.g. cross_entropy's labels): the value, its index, the range.
+  cd::FaultSite range;
+  range.op = "cross_entropy";
+  range.what = "label";
+  range.file = "train.cpp";
+  range.line = 40;
+  range.lo = 0;
+  range.hi = 10;
+  f.value = 12;
+  f.bound = 3;  // the index
+  CHECK(cd::fault_text(&range, f, sc::Device::cuda(0), "item", std::source_location::current())
+            .rfind("[cross_entropy] label 12 at index 3 is out of range [0, 10) at train.cpp:40; found on cuda:0", 0) == 0);
   // check() of a fault status raises the ValueError (nothing recorded on this device: no site).
   CHECK_THROWS_AS(cd::check(abi::device_fault, sc::Device::cuda(0), "synchronize", std::source_location::current()),
                   sc::ValueError);

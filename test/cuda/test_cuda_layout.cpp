@@ -55,7 +55,8 @@ TEST_CASE("cuda: gradients through broadcasting, layout ops and cross_entropy ==
     for (const sc::Tensor& t : in) tape.watch(t);
     const sc::Tensor h = sc::relu(sc::matmul(in[0], in[1]) + in[2]);  // bias broadcast over the batch
     const sc::Tensor logits = sc::concat({sc::slice(h, {0, 0}, {-1, 3}), sc::transpose(in[3])}, 1);
-    return tape.gradient(sc::nn::cross_entropy(logits, sc::tensor(std::vector<std::int64_t>{0, 2, 4, 1}, sc::Shape{4})), in);
+    const sc::Tensor labels = sc::tensor(std::vector<std::int64_t>{0, 2, 4, 1}, sc::Shape{4}).to(in[0].device());
+    return tape.gradient(sc::nn::cross_entropy(logits, labels), in);
   };
   const std::vector<sc::Tensor> in = {values({4, 5}, sc::f64, 36), values({5, 6}, sc::f64, 37),
                                       values({6}, sc::f64, 38), values({2, 4}, sc::f64, 39)};
@@ -125,17 +126,18 @@ TEST_CASE("cuda: an index out of range on the GPU is raised at the next wait, na
   const sc::Tensor x = values({5, 3}, sc::f32, 63).to(gpu);
   const sc::Tensor bad = sc::tensor(std::vector<std::int64_t>{1, 7, 0}, sc::Shape{3}).to(gpu);
   const sc::Tensor good = sc::tensor(std::vector<std::int64_t>{4, -5}, sc::Shape{2}).to(gpu);
+  // The message's start (a matcher built here would refer to temporaries gone by the check).
   const auto says = [](int line) {
-    return Catch::Contains("[gather] index 7 is out of range for axis 0 of extent 5 (shape [5, 3]) at "
-                           "test_cuda_layout.cpp:" + std::to_string(line)) &&
-           Catch::Contains("found on cuda:0 by the kernel");
+    return "[gather] index 7 is out of range for axis 0 of extent 5 (shape [5, 3]) at test_cuda_layout.cpp:" +
+           std::to_string(line);
   };
+  const std::string found = "found on cuda:0 by the kernel";
   // Eager: the launch returns (indices on the GPU are not read back); the wait raises.
   const int line = __LINE__ + 1;
   const sc::Tensor y = sc::gather(x, bad, 0);
   CHECK_THROWS_AS(y.to_vector<float>(), sc::ValueError);
   const sc::Tensor y2 = sc::gather(x, bad, 0);
-  CHECK_THROWS_WITH(sc::cuda::synchronize(), says(line + 2));
+  CHECK_THROWS_WITH(sc::cuda::synchronize(), Catch::Contains(says(line + 2)) && Catch::Contains(found));
   // Raised once: the device and later ops are fine, valid negative indices too.
   CHECK_NOTHROW(sc::cuda::synchronize());
   check_same(sc::gather(x, good, 0), sc::gather(x.to(sc::Device::cpu()), good.to(sc::Device::cpu()), 0), 0);
@@ -149,5 +151,26 @@ TEST_CASE("cuda: an index out of range on the GPU is raised at the next wait, na
   const int tline = __LINE__ + 1;
   auto f = sc::function([](sc::Tensor a, sc::Tensor i) { return sc::gather(a, i, 0) * 2.f; });
   const sc::Tensor t = f(x, bad);
-  CHECK_THROWS_WITH(t.to_vector<float>(), says(tline));
+  CHECK_THROWS_WITH(t.to_vector<float>(), Catch::Contains(says(tline)) && Catch::Contains(found));
+}
+
+TEST_CASE("cuda: a label out of range on the GPU is raised at the next wait, eager and staged", "[cuda]") {
+  const sc::Tensor logits = values({4, 3}, sc::f32, 64).to(gpu);
+  const sc::Tensor bad = sc::tensor(std::vector<std::int64_t>{0, 2, 3, 1}, sc::Shape{4}).to(gpu);
+  const sc::Tensor good = sc::tensor(std::vector<std::int64_t>{0, 2, 1, 1}, sc::Shape{4});
+  const std::string says = "[cross_entropy] label 3 at index 2 is out of range [0, 3) at test_cuda_layout.cpp:";
+  // Eager: the labels are not read back; the kernel's check raises at the wait.
+  const int line = __LINE__ + 1;
+  const sc::Tensor loss = sc::nn::cross_entropy(logits, bad);
+  CHECK_THROWS_WITH(loss.item<float>(), Catch::Contains(says + std::to_string(line)) &&
+                                            Catch::Contains("found on cuda:0 by the kernel"));
+  // Good labels on the GPU: the loss equals the CPU's.
+  check_same(sc::nn::cross_entropy(logits, good.to(gpu)), sc::nn::cross_entropy(logits.to(sc::Device::cpu()), good), 1e-6);
+  // Staged: the plan's check_range node runs the same kernel, naming the line inside the function.
+  const int tline = __LINE__ + 1;
+  auto f = sc::function([](sc::Tensor z, sc::Tensor y) { return sc::nn::cross_entropy(z, y); });
+  check_same(f(logits, good.to(gpu)), sc::nn::cross_entropy(logits.to(sc::Device::cpu()), good), 1e-6);
+  const sc::Tensor staged = f(logits, bad);
+  CHECK_THROWS_WITH(sc::cuda::synchronize(), Catch::Contains(says + std::to_string(tline)));
+  CHECK_NOTHROW(sc::cuda::synchronize());  // raised once
 }

@@ -185,8 +185,12 @@ TEST_CASE("cuda: a float product with an extent over 2^31 - 1 is a ShapeError na
   const sc::Tensor a = sc::zeros({1, std::int64_t{1} << 31}, sc::f32);
   const sc::Tensor b = sc::zeros({std::int64_t{1} << 31, 1}, sc::f32);
   CHECK_THROWS_AS(sc::matmul(a, b), sc::ShapeError);
-  CHECK_THROWS_WITH(sc::matmul(a, b), Catch::Contains("[matmul] cuBLAS takes matrix extents up to 2^31 - 1: the product "
-                                                      "of [1, 2147483648] and [2147483648, 1] on cuda:0"));
+  CHECK_THROWS_WITH(sc::matmul(a, b), Catch::Contains("[matmul] inner or column dimension above 2^31 - 1 in "
+                                                      "[1, 2147483648] x [2147483648, 1]"));
+  // M = 2^31 rows: the shape check lets it through (the CPU splits such a product), cuBLAS cannot.
+  const sc::Tensor tall = sc::zeros({std::int64_t{1} << 31, 1}, sc::f32), one = sc::zeros({1, 1}, sc::f32);
+  CHECK_THROWS_WITH(sc::matmul(tall, one), Catch::Contains("[matmul] cuBLAS takes matrix extents up to 2^31 - 1: the "
+                                                           "product of [2147483648, 1] and [1, 1] on cuda:0"));
   sc::cuda::synchronize();  // nothing was queued that fails
 }
 
@@ -306,6 +310,42 @@ TEST_CASE("cuda: a conv -> relu -> max-pool step's tape gradients equal the CPU'
   }
 }
 
+TEST_CASE("cuda: a rank-0 CPU tensor joins a GPU op as a number would, other mixes are DeviceErrors", "[cuda]") {
+  const sc::Tensor x = values({3, 4}, sc::f32, 71);
+  const sc::Tensor xg = x.to(gpu);
+  sc::reset_device_stats();
+  const sc::Tensor two = sc::scalar(2.0f);  // on the CPU
+  check_same(xg * two, x * two, 0);
+  check_same(two - xg, two - x, 0);
+  check_same(sc::where(xg > 0, xg, two), sc::where(x > 0, x, two), 0);
+  CHECK(sc::device_stats().implicit_copies == 0);  // as a C++ number's, not counted
+  sc::set_strict_device_placement(true);
+  CHECK_NOTHROW(xg * two);
+  sc::set_strict_device_placement(false);
+  // Any other tensor stays where it is: an error naming both devices and the line.
+  const sc::Tensor row = values({4}, sc::f32, 72);
+  const int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(xg + row, Catch::Contains("[add] inputs are on different devices (cuda:0 and cpu)") &&
+                                  Catch::Contains("test_cuda_ops.cpp:" + std::to_string(line)));
+  CHECK_THROWS_AS(row + xg, sc::DeviceError);
+  // An eager sc::cond reads a GPU predicate back; a Variable can start on the GPU and stays there.
+  const sc::Tensor r = sc::cond(sc::sum(xg) > -1000.f, [&] { return xg * 3.f; }, [&] { return xg; });
+  check_same(r, x * 3.f, 0);
+  sc::Variable v(xg, "v");
+  CHECK(v.device() == gpu);
+  check_same(v.value(), x, 0);
+}
+
+TEST_CASE("cuda: a traced graph with GPU constants prints without reading them back", "[cuda]") {
+  auto f = sc::function([](sc::Tensor a) { return a * 2.f + 1.f; });
+  const sc::Tensor x = values({6}, sc::f32, 73);
+  const sc::Tensor y = f(x.to(gpu));
+  check_same(y, x * 2.f + 1.f, 0);
+  const std::string text = f.get_concrete(x.to(gpu)).graph().str();
+  INFO(text);
+  CHECK(text.find("value on cuda:0>") != std::string::npos);
+}
+
 TEST_CASE("cuda: implicit copies are counted, and strict placement makes them errors", "[cuda]") {
   const sc::Tensor host = values({3, 4}, sc::f32, 70);
   sc::reset_device_stats();
@@ -333,14 +373,14 @@ TEST_CASE("cuda: implicit copies are counted, and strict placement makes them er
   v.assign(host * 3.f);
   CHECK(v.device() == gpu);
   CHECK(sc::device_stats().implicit_copies == 3);
-  check_same(v.value().to(sc::Device::cpu()), host * 3.f, 0);
+  check_same(v.value(), host * 3.f, 0);
   sc::set_strict_device_placement(true);
   const int vline = __LINE__ + 1;
   CHECK_THROWS_WITH(v.assign(host), Catch::Contains("[Variable::assign] would copy an input of shape [3, 4] from cpu "
                                                     "to cuda:0 (the variable lives there)") &&
                                         Catch::Contains("test_cuda_ops.cpp:" + std::to_string(vline)));
   sc::set_strict_device_placement(false);
-  check_same(v.value().to(sc::Device::cpu()), host * 3.f, 0);  // unchanged
+  check_same(v.value(), host * 3.f, 0);  // unchanged
   sc::reset_device_stats();
   CHECK(sc::device_stats().implicit_copies == 0);
 }

@@ -322,10 +322,11 @@ TEST_CASE("cuda graphs: a variable assigned between calls is read afresh by the 
     check_same(f(x), want.to(sc::Device::cpu()), 1e-6);
   }
   CHECK(f.get_concrete(x).stats().plan.cuda_graph == "replaying (3 launches)");
-  // A new shape is a new trace (its own plan and graph); a wrong shape of the variable is the
-  // plan's StagingError, as without graphs.
-  v.assign(sc::full({6}, 1.f).to(gpu));
-  CHECK_THROWS_AS(f(x), sc::StagingError);
+  // A variable's shape is fixed: a value of another shape is refused at the assignment, and the
+  // graph goes on replaying with the value it had.
+  CHECK_THROWS_WITH(v.assign(sc::full({6}, 1.f).to(gpu)), Catch::Contains("variable 'v' has shape [5], the value has "
+                                                                          "shape [6]"));
+  check_same(f(x), (sc::exp(v.value() * x) + v.value()).to(sc::Device::cpu()), 1e-6);
 }
 
 TEST_CASE("cuda graphs: random numbers drawn in a replayed graph follow each call's state", "[cuda][staged][graph]") {
@@ -352,14 +353,15 @@ TEST_CASE("cuda graphs: random numbers drawn in a replayed graph follow each cal
 }
 
 namespace {
-/// A cond whose branch the data picks, a while_loop whose rounds the data count and whose body
+/// A cond whose branch the data picks, a while_loop whose rounds the data count (5 to 17 in the
+/// test's 8 calls) and whose body
 /// swaps two loop variables (a result in another variable's storage), and a while_loop with a
 /// cond inside its body: every decision made on the GPU when replayed as one graph.
 std::tuple<sc::Tensor, sc::Tensor, sc::Tensor, sc::Tensor, sc::Tensor> controlled(sc::Tensor x, sc::Tensor y) {
   const sc::Tensor a = sc::cond(sc::sum(x) > 0.f, [&] { return sc::tanh(x) * 3.f + y; }, [&] { return x * x - 1.f; });
   auto [fv, fw, fn] = sc::while_loop([](sc::Tensor v, sc::Tensor, sc::Tensor) { return sc::sum(v * v) > 1.f; },
                                      [](sc::Tensor v, sc::Tensor w, sc::Tensor n) { return std::make_tuple(w * 0.5f, v, n + 1.f); },
-                                     std::make_tuple(a, y, sc::sum(x) * 0.f));
+                                     std::make_tuple(a, a * 0.5f, sc::sum(x) * 0.f));  // a's size sets the rounds
   const sc::Tensor fz = sc::while_loop(
       [](sc::Tensor z) { return sc::max(z) > 0.1f; },
       [](sc::Tensor z) { return sc::cond(sc::sum(z) > 4.f, [&] { return z * 0.5f; }, [&] { return z - 0.3f; }); },

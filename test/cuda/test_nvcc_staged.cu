@@ -243,10 +243,31 @@ int gpu_tests() {
   for (const Case& c : cases()) {
     std::vector<sc::Tensor> on_gpu;
     for (const sc::Tensor& t : c.args) on_gpu.push_back(t.to(gpu));
+    if (c.name == "matmul + leaf f32") {  // its leaf is on the CPU: a DeviceError with GPU arguments
+      ++checks;
+      try {
+        c.compiled(on_gpu);
+        fail("gpu: a CPU leaf with GPU arguments ran");
+      } catch (const sc::DeviceError& e) {
+        if (std::string(e.what()).find("different devices (cuda:0 and cpu)") == std::string::npos)
+          fail(std::string("gpu: a CPU leaf with GPU arguments: ") + e.what());
+      }
+      continue;
+    }
     const sc::Tensor got = c.compiled(on_gpu);
     if (got.device() != gpu) fail("gpu: " + c.name + ": the result is not on the GPU");
     // transcendental functions differ from the CPU's by a few ulps
     check_same("gpu vs cpu: " + c.name, got, c.compiled(c.args), c.tol == 0 ? 0 : std::max(c.tol, c.tol * 8));
+  }
+  {  // the same case with its leaf on the GPU
+    const sc::Tensor leaf = values({3}, sc::f32, 20);
+    const auto mat_with = [](const sc::Tensor& l) {
+      return sc::compile([l](const auto& a, const auto& b, const auto& c) { return sc::sigmoid(sc::matmul(a, b) + c) * sc::stage(l); });
+    };
+    const sc::Tensor a = values({2, 4}, sc::f32, 21), b = values({4, 3}, sc::f32, 22), c = values({3}, sc::f32, 23);
+    const sc::Tensor got = mat_with(leaf.to(gpu))(a.to(gpu), b.to(gpu), c.to(gpu));
+    if (got.device() != gpu) fail("gpu: matmul + GPU leaf: the result is not on the GPU");
+    check_same("gpu vs cpu: matmul + GPU leaf", got, mat_with(leaf)(a, b, c), 8e-6);
   }
   auto chain = sc::compile([](const auto& a, const auto& b) { return sc::tanh(sc::relu(a * 2.f + b)) * b - sc::exp(-sc::abs(a)); });
   const sc::Tensor a = values({1 << 22}, sc::f32, 30), b = values({1 << 22}, sc::f32, 31);

@@ -47,7 +47,7 @@ inline Tensor jacobian(const std::function<Tensor(const Tensor&)>& f, const Tens
   detail::require_defined(y, "jacobian", loc);
   Shape js = y.shape();
   for (auto d : x.shape()) js.push_back(d);
-  if (y.numel() == 0 || x.numel() == 0) return detail::fill(js, 0.0, x.dtype(), loc);
+  if (y.numel() == 0 || x.numel() == 0) return detail::fill_on(x.device(), js, 0.0, x.dtype(), loc);
   const Tensor index = arange(y.numel(), loc);
   std::vector<Tensor> rows;
   rows.reserve(static_cast<std::size_t>(y.numel()));

@@ -192,12 +192,17 @@ inline void require_defined(const Tensor& t, std::string_view op, const std::sou
     fail<ValueError>(op, loc, "got an undefined tensor (a default-constructed or moved-from sc::Tensor, or an empty "
                      "sc::Variable)");
 }
-/// Throws (StagingError) when a value is needed from a symbolic tensor.
-inline void require_concrete(const Tensor& t, std::string_view op, const std::source_location& loc) {
+/// Throws (StagingError) when a value is needed from a symbolic tensor; a tensor on any device
+/// passes.
+inline void require_value(const Tensor& t, std::string_view op, const std::source_location& loc) {
   require_defined(t, op, loc);
   if (SC_UNLIKELY(t.is_symbolic()))
     fail<StagingError>(op, loc, "needs a concrete value, but this tensor is symbolic (being traced); "
                                 "use sc::cond / sc::while_loop for data-dependent control flow");
+}
+/// require_value, and the value must be on the host (DeviceError otherwise): for reading it there.
+inline void require_concrete(const Tensor& t, std::string_view op, const std::source_location& loc) {
+  require_value(t, op, loc);
   if (SC_UNLIKELY(!t.device().is_cpu()))
     fail<DeviceError>(op, loc, "reads values on the host; call .to(sc::Device::cpu()) first");
 }

@@ -53,7 +53,6 @@ STAGECRAFT_OP_LIST(SC_EXTERN_DISPATCH)
 /// Converts t to dtype d through the Cast op (so a trace records the conversion).
 Tensor cast_to(const Tensor& t, DType d, const std::source_location& loc);
 
-/// The device an op runs on: the DeviceScope's, else its inputs' (which must agree).
 /// The process-wide counters of device_stats().
 struct ImplicitCopyCounters {
   std::atomic<std::int64_t> copies{0}, bytes{0};
@@ -76,14 +75,31 @@ inline void count_implicit_copy(const Tensor& t, Device to, std::string_view op,
   c.bytes.fetch_add(static_cast<std::int64_t>(t.nbytes()), std::memory_order_relaxed);
 }
 
+/// A rank-0 CPU tensor: it joins another device's op as a C++ number would (PyTorch's rule for
+/// CPU scalars), copied there uncounted.
+inline bool host_scalar(const Tensor& t) { return t.device().is_cpu() && t.rank() == 0; }
+
+/// Inputs on several devices: the one device besides rank-0 CPU tensors, else a DeviceError.
+SC_COLD inline Device mixed_device(ops::Inputs in, std::string_view op, const std::source_location& loc) {
+  const Tensor* first = nullptr;
+  for (const Tensor& t : in) {
+    if (host_scalar(t)) continue;
+    if (first == nullptr) first = &t;
+    else if (t.device() != first->device())
+      fail<DeviceError>(op, loc, "inputs are on different devices (", first->device().str(), " and ",
+                        t.device().str(), "); move one with .to() or use a sc::DeviceScope");
+  }
+  return first != nullptr ? first->device() : Device::cpu();
+}
+
+/// The device an op runs on: the DeviceScope's, else its inputs' (which must agree, rank-0 CPU
+/// tensors aside).
 inline Device choose_device(ops::Inputs in, std::string_view op, const std::source_location& loc) {
   if (const Device* d = scoped_device()) return *d;
   if (in.empty()) return Device::cpu();
   const Device dev = in[0].device();
   for (const Tensor& t : in)
-    if (SC_UNLIKELY(t.device() != dev))
-      fail<DeviceError>(op, loc, "inputs are on different devices (", dev.str(), " and ",
-                        t.device().str(), "); move one with .to() or use a sc::DeviceScope");
+    if (SC_UNLIKELY(t.device() != dev)) return mixed_device(in, op, loc);
   return dev;
 }
 
@@ -177,11 +193,11 @@ Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_locat
     }
   }
   for (const Tensor& t : in)
-    if (SC_UNLIKELY(t.device() != dev)) {  // a DeviceScope moved the op: bring inputs along
+    if (SC_UNLIKELY(t.device() != dev)) {  // a DeviceScope moved the op, or a CPU scalar joins it
       std::vector<Tensor> moved(in.begin(), in.end());
       for (Tensor& m : moved)
         if (m.device() != dev) {
-          count_implicit_copy(m, dev, Op::name, loc);
+          if (!host_scalar(m) || scoped_device() != nullptr) count_implicit_copy(m, dev, Op::name, loc);
           m = m.to(dev, loc);
         }
       return dispatch<Op>(moved, attrs, loc);

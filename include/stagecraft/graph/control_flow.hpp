@@ -291,8 +291,8 @@ STAGECRAFT_COMPILED_INLINE Tensors cond_impl(const Tensor& pred, const Thunk& th
   if (pred.numel() != 1)
     stagecraft::detail::fail<ShapeError>("cond", loc, "the predicate must have one element, it has shape ", pred.shape());
   if (!pred.is_symbolic()) {  // plain C++ control flow (a tape records the branch's ops)
-    stagecraft::detail::require_concrete(pred, "cond", loc);
-    return stagecraft::detail::load_as<bool>(pred.raw_data(), pred.dtype(), 0) ? then_fn() : else_fn();
+    const Tensor p = stagecraft::detail::on_host(pred, "cond", loc);  // a GPU predicate is read back (a wait)
+    return stagecraft::detail::load_as<bool>(p.raw_data(), p.dtype(), 0) ? then_fn() : else_fn();
   }
   GraphBuilder* parent = current_builder();
   if (parent == nullptr || !parent->owns(pred.impl()->symbolic))

@@ -467,7 +467,7 @@ class ConcreteFunction {
                                args.size());
     const bool tracing = stagecraft::detail::context().trace != nullptr;  // then call() inlines the graph
     for (std::size_t i = 0; i < args.size(); ++i) {
-      if (!tracing) stagecraft::detail::require_concrete(args[i], "ConcreteFunction", loc);
+      if (!tracing) stagecraft::detail::require_value(args[i], "ConcreteFunction", loc);
       const graph::Value& v = g.values[g.inputs[i]];
       if (args[i].shape() != v.shape || args[i].dtype() != v.dtype || args[i].device() != v.device)
         stagecraft::detail::fail<ShapeError>("ConcreteFunction", loc, "argument ", i, " of '", g.name, "' must be ",

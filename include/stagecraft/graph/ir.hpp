@@ -196,6 +196,8 @@ STAGECRAFT_COMPILED_INLINE std::string loc_text(const SrcLoc& l) {
 }
 
 STAGECRAFT_COMPILED_INLINE std::string constant_text(const Tensor& t) {
+  if (!t.device().is_cpu())  // its value is not read back (a wait) to print a graph
+    return "<" + std::to_string(t.numel()) + (t.numel() == 1 ? " value on " : " values on ") + t.device().str() + ">";
   if (t.numel() != 1) return "<" + std::to_string(t.numel()) + " values>";
   std::ostringstream os;
   os.precision(9);

@@ -84,8 +84,10 @@ inline Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                                          labels.shape()[0], ")");
   const std::int64_t classes = logits.shape()[1];
   functional_detail::check_labels(labels, classes, loc);
-  // Symbolic labels (a staged step) are checked when the plan runs, by the check_range op.
-  const Tensor checked = labels.is_symbolic() ? stagecraft::detail::check_range(labels, 0, classes, loc, op) : labels;
+  // Symbolic labels (a staged step) are checked when the plan runs, and labels on a GPU by its
+  // kernel (raised at the next wait, as a bad gather index), by the check_range op.
+  const bool later = labels.is_symbolic() || !labels.device().is_cpu();
+  const Tensor checked = later ? stagecraft::detail::check_range(labels, 0, classes, loc, op) : labels;
   // where(one_hot, log p, 0) rather than one_hot * log p: a -inf logit on another class
   // (a mask) would make 0 * -inf = NaN.
   const Tensor picked = where(one_hot(checked, classes, DType::b8, loc), log_softmax(logits, 1, loc), 0.0, loc);

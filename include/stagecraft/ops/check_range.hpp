@@ -36,6 +36,10 @@ struct CheckRange {
     if (SC_UNLIKELY(a.i1 < a.i0)) detail::fail<ValueError>(op, loc, "empty range [", a.i0, ", ", a.i1, ")");
     return {in[0].shape(), in[0].dtype()};
   }
+  /// On the GPU: checked by the kernel without a wait; a value outside is raised at the next one.
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    backend::cuda::check_range(in[0], out, a.i0, a.i1, asker(a).op, asker(a).value, loc);
+  }
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     visit_dtype(in[0].dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;

@@ -304,7 +304,7 @@ inline Tensor one_hot(const Tensor& indices, std::int64_t depth, DType dtype = D
 // gather's adjoint: every picked row's gradient added back into a zero x (repeats accumulate);
 // indices get none.
 inline std::vector<Tensor> ops::Gather::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs& a) {
-  return {scatter_add(detail::fill(in[0].shape(), 0.0, g.dtype()), in[1], g, a.axis), Tensor()};
+  return {scatter_add(detail::fill_on(g.device(), in[0].shape(), 0.0, g.dtype()), in[1], g, a.axis), Tensor()};
 }
 // Linear in x and updates: x's gradient passes through; updates read theirs back by gather.
 inline std::vector<Tensor> ops::ScatterAdd::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs& a) {

@@ -56,7 +56,8 @@ struct MatMul {
     if (SC_UNLIKELY(!broadcast_shapes(g.a_batch, g.b_batch, g.batch)))
       detail::fail<ShapeError>(name, loc, "batch dimensions do not broadcast: ", a, " x ", b);
     if (SC_UNLIKELY(g.K > INT_MAX || g.N > INT_MAX || (g.ta && g.M > INT_MAX)))  // BLAS takes 32-bit sizes
-      detail::fail<ShapeError>(name, loc, "inner or column dimension above 2^31 in ", a, " x ", b);
+      detail::fail<ShapeError>(name, loc, "inner or column dimension above 2^31 - 1 in ", a, " x ", b,
+                               " (BLAS and cuBLAS count in 32-bit int)");
     return g;
   }
 

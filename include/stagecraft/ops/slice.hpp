@@ -92,12 +92,12 @@ inline std::vector<Tensor> ops::Slice::vjp(const Tensor& g, Inputs in, const Ten
     std::vector<Tensor> parts;
     if (before > 0) {
       block[k] = before;
-      parts.push_back(detail::fill(block, 0.0, g.dtype()));
+      parts.push_back(detail::fill_on(g.device(), block, 0.0, g.dtype()));
     }
     parts.push_back(r);
     if (after > 0) {
       block[k] = after;
-      parts.push_back(detail::fill(block, 0.0, g.dtype()));
+      parts.push_back(detail::fill_on(g.device(), block, 0.0, g.dtype()));
     }
     r = concat(parts, k);
   }

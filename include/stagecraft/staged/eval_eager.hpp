@@ -295,7 +295,10 @@ Tensor eager_of(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl) {
     return sl[S];
   } else if constexpr (requires { N::grad_arg; }) {
     const Tensor& x = env.args[N::grad_arg];
-    if constexpr (std::is_same_v<typename N::Adj, Zero>) return zeros(x.shape(), x.dtype(), loc);
+    if constexpr (std::is_same_v<typename N::Adj, Zero>) {
+      const Tensor z = zeros(x.shape(), x.dtype(), loc);
+      return x.device().is_cpu() ? z : z.to(x.device(), loc);  // where the argument lives
+    }
     Tensor g;
     if constexpr (N::Adj::weak) g = eager_weak<S>(n.a, env, sl, x.dtype(), "grad");
     else g = eager_of<S>(n.a, env, sl);

@@ -78,7 +78,7 @@ class Variable {
         detail::fail<StagingError>("Variable", loc, "the initial value of variable '", name, "' is computed inside a "
                                    "traced function (symbolic); compute it inside `{ sc::init_scope lift; ... }`");
     }
-    detail::require_concrete(initial, "Variable", loc);
+    detail::require_value(initial, "Variable", loc);  // on any device: it stays there
     impl_->name = std::move(name);
     impl_->trainable = trainable;
     set(initial);

@@ -228,6 +228,10 @@ inline constexpr Status device_fault = 7001;
 Status fault_record(int device, Fault** out) noexcept;
 /// The fault the last check found on `device` (tag 0: none), cleared.
 Status take_fault(int device, Fault* out) noexcept;
+/// y = x (n elements of dt, i32 or i64) after checking lo <= x < hi: an element outside is recorded
+/// in `fault` with `tag` (its value, and its index as the record's bound) and copied all the same.
+Status check_range(DT dt, const void* x, void* y, std::int64_t n, std::int64_t lo, std::int64_t hi, Fault* fault,
+                   std::int32_t tag, Stream s) noexcept;
 /// y [outer, N, inner] = x [outer, E, inner] picked along the middle axis by ix [N] (i32 or i64,
 /// negative counts from the end), elements of itemsize 1, 4 or 8 bytes; an index out of range
 /// gives 0 and is recorded in `fault` (the device's record) with `tag`.

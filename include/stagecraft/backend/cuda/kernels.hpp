@@ -273,6 +273,28 @@ inline abi::Fault* fault_site(Device d, std::string_view op, const std::source_l
   return record;
 }
 
+/// y = x after checking lo <= x < hi on the GPU, without waiting: a value outside is raised at the
+/// next wait, as "[op] <what> v at index i is out of range [lo, hi)" at the user's line (op and
+/// what: static names, from ops::range_askers).
+inline void check_range(const Tensor& x, Tensor& y, std::int64_t lo, std::int64_t hi, std::string_view op,
+                        std::string_view what, const std::source_location& loc) {
+  const Device d = y.device();
+  std::int32_t tag = 0;
+  abi::Fault* record = nullptr;
+  check(abi::fault_record(d.index(), &record), d, op, loc);
+  stagecraft::cuda::detail::FaultSite site;
+  site.op = op;
+  const stagecraft::detail::SrcLoc* over = stagecraft::detail::context().loc_override;
+  site.file = over ? over->file : loc.file_name();
+  site.line = over ? over->line : loc.line();
+  site.what = what;
+  site.lo = lo;
+  site.hi = hi;
+  tag = stagecraft::cuda::detail::fault_log().record(site);
+  check(abi::check_range(dt(x.dtype()), x.raw_data(), y.raw_data(), x.numel(), lo, hi, record, tag, stream(d, op, loc)),
+        d, op, loc);
+}
+
 /// y = gather of x [outer, E, inner] by idx along the middle axis (infer has checked the shapes;
 /// indices on the GPU are checked by the kernel, which records a bad one for the next wait).
 inline void gather(const Tensor& x, const Tensor& idx, Tensor& y, std::int64_t outer, std::int64_t E,

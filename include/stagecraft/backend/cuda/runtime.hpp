@@ -53,6 +53,10 @@ struct FaultSite {
   std::int64_t axis = 0;
   int rank = 0;
   std::int64_t dims[abi::max_rank] = {};
+  /// A range check's (check_range): what a value is called ("label"; static) and the range
+  /// [lo, hi); empty for a bad index (the record's bound is then the index's position).
+  std::string_view what;
+  std::int64_t lo = 0, hi = 0;
 };
 
 /// The latest launches that can fault, by tag (1, 2, ...; 0 means "no fault"): a ring, so a fault
@@ -96,15 +100,19 @@ inline std::string fault_text(const FaultSite* site, const abi::Fault& f, Device
   const std::string raised = "found on " + d.str() + " by the kernel, raised at the next wait for the device ([" +
                              std::string(op) + "] at " + stagecraft::detail::where(loc) + ")";
   if (site == nullptr)
-    return "[gather/scatter_add] index " + std::to_string(f.value) + " is out of range for an axis of extent " +
-           std::to_string(f.bound) + " (a launch too long ago to name); " + raised;
-  std::string shape = "[";
-  for (int k = 0; k < site->rank; ++k) shape += (k ? ", " : "") + std::to_string(site->dims[k]);
+    return "[gather/scatter_add/check_range] a value out of range (" + std::to_string(f.value) + ") in a launch too "
+           "long ago to name; " + raised;
   std::string_view file = site->file;
   if (auto p = file.find_last_of("/\\"); p != std::string_view::npos) file.remove_prefix(p + 1);
+  const std::string at = " at " + std::string(file) + ":" + std::to_string(site->line) + "; " + raised;
+  if (!site->what.empty())
+    return "[" + std::string(site->op) + "] " + std::string(site->what) + " " + std::to_string(f.value) + " at index " +
+           std::to_string(f.bound) + " is out of range [" + std::to_string(site->lo) + ", " + std::to_string(site->hi) +
+           ")" + at;
+  std::string shape = "[";
+  for (int k = 0; k < site->rank; ++k) shape += (k ? ", " : "") + std::to_string(site->dims[k]);
   return "[" + std::string(site->op) + "] index " + std::to_string(f.value) + " is out of range for axis " +
-         std::to_string(site->axis) + " of extent " + std::to_string(f.bound) + " (shape " + shape + "]) at " +
-         std::string(file) + ":" + std::to_string(site->line) + "; " + raised;
+         std::to_string(site->axis) + " of extent " + std::to_string(f.bound) + " (shape " + shape + "])" + at;
 }
 
 /// Throws the ValueError of the fault the last wait for `d` found.
@@ -197,8 +205,8 @@ class ScopedCallSite {
 
 /// How conv2d and its two gradients run on a GPU.
 enum class ConvAlgorithm {
-  cudnn,  ///< cuDNN, where it is loaded and takes the convolution (f32 and f64); else as im2col (the default)
-  im2col  ///< the im2col / col2im kernels and cuBLAS products, always
+  cudnn,  ///< cuDNN, where it is loaded and takes the convolution (f32 and f64); else as im2col
+  im2col  ///< the im2col / col2im kernels and cuBLAS products, always (the default)
 };
 
 namespace detail {
@@ -209,7 +217,10 @@ inline ConvAlgorithm parse_conv_algorithm(std::string_view v, std::string_view s
   throw ValueError("[conv2d] " + std::string(source) + " must be 'cudnn' or 'im2col', got '" + std::string(v) + "'");
 }
 struct ConvSettings {
-  std::atomic<int> algorithm{static_cast<int>(ConvAlgorithm::cudnn)};
+  // im2col by default: on an H100 the Fashion-MNIST CNN's Adam step took 1.55 ms eager and 1.11 ms
+  // staged that way, 1.93 and 1.72 ms through cuDNN's deterministic direct algorithms (its FFT
+  // and Winograd ones, faster, round differently; bench/results/gpu.md)
+  std::atomic<int> algorithm{static_cast<int>(ConvAlgorithm::im2col)};
   std::atomic<std::int64_t> cudnn{0}, im2col{0};
   ConvSettings() {
     const char* env = std::getenv("STAGECRAFT_CUDA_CONV");
@@ -223,7 +234,7 @@ inline ConvSettings& conv_settings() {
 }  // namespace detail
 
 /// Chooses how conv2d and its gradients run on GPUs from now on (process-wide). The default is
-/// cuDNN, or what $STAGECRAFT_CUDA_CONV ("cudnn" or "im2col") says; an unknown value there is a
+/// im2col, or what $STAGECRAFT_CUDA_CONV ("cudnn" or "im2col") says; an unknown value there is a
 /// ValueError at the first convolution.
 inline void set_conv_algorithm(ConvAlgorithm a) { detail::conv_settings().algorithm = static_cast<int>(a); }
 inline ConvAlgorithm conv_algorithm() { return static_cast<ConvAlgorithm>(detail::conv_settings().algorithm.load()); }
