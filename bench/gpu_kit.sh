@@ -28,7 +28,7 @@ rm -rf "$kit" && mkdir -p "$kit/stage/lib" "$kit/stage/include"
 # lists catch_discover_tests wrote) so that `ctest -L cuda` runs there as here.
 for t in test/cuda/test_cuda_ops test/cuda/test_nvcc_staged examples/fashion_mnist bench/bench_cuda; do
   mkdir -p "$kit/stage/$build/$(dirname "$t")"
-  strip -o "$kit/stage/$build/$t" "$build/$t"
+  strip --strip-debug -o "$kit/stage/$build/$t" "$build/$t"  # symbols kept: a backtrace there names functions
 done
 (cd "$build" && find . -name CTestTestfile.cmake -o -name '*_tests*.cmake' -o -name '*_include*.cmake') |
   while read -r f; do mkdir -p "$kit/stage/$build/$(dirname "$f")" && cp "$build/$f" "$kit/stage/$build/$f"; done

@@ -10,6 +10,8 @@
 #           PyTorch while the tests run) on the same GPU; summary.txt: every median, the goals
 # scaling   issue 9's table: the example's MLP on the CPU at 1-16 threads beside PyTorch's copy
 # examples  fashion_mnist on all 60000 images, CPU and --device cuda (eager, graph)
+# debug     backtraces of crashing GPU tests ($SC_DEBUG_TESTS) and the example's whole output
+# threads   the example at 16 threads under OpenMP/OpenBLAS settings (issue 9's scaling)
 # No argument: all four, in that order. The session has 15 minutes of device time in all and one
 # call at most 10: each phase starts only if its usual time fits in $SC_BUDGET seconds (default
 # 540) from the start. Results under $OUT (at most 8 files come back): ctest-cuda.log,
@@ -84,10 +86,29 @@ fi
 
 if has tests && fits 120; then
   stamp "tests: ctest -L cuda -LE unit"
+  # SC_CTEST_ARGS: more ctest arguments (-R <regex>: some tests only)
   timeout $((budget - (SECONDS - t0) - 20)) ctest --test-dir "$build" -L cuda -LE unit -j 6 --timeout 300 \
-    --output-on-failure > "$out/ctest-cuda.log" 2>&1
+    --output-on-failure ${SC_CTEST_ARGS:-} > "$out/ctest-cuda.log" 2>&1
   stamp "tests: exit $?"
   grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Timeout\)|\(Subprocess|\*\*\*|Not Run|Skipped" "$out/ctest-cuda.log" | tail -25
+fi
+
+# debug: the GPU tests named in $SC_DEBUG_TESTS (one Catch name per line) under cuda-gdb, a
+# backtrace for each crash (the kit keeps the binaries' symbols), and a short run of the example
+# on the GPU with its whole output: for a failure `ctest` shows too little of.
+if has debug && fits 40; then
+  stamp "debug: backtraces"
+  while IFS= read -r name; do
+    [[ -z $name ]] && continue
+    fits 20 || break
+    echo "== $name"
+    timeout 60 cuda-gdb -q -batch -ex run -ex bt -ex "info threads" --args "$build/test/cuda/test_cuda_ops" "${name//,/\\,}" 2>&1 |
+      grep -v "^\[New Thread\|^\[Thread .* exited\|^\[Detaching" | tail -60
+  done <<< "${SC_DEBUG_TESTS:-}" > "$out/debug.log" 2>&1
+  echo "== fashion_mnist --device cuda --limit 2000" >> "$out/debug.log"
+  timeout 60 "$fm" --device cuda --epochs 1 --limit 2000 >> "$out/debug.log" 2>&1
+  echo "exit $?" >> "$out/debug.log"
+  stamp "debug: done"
 fi
 
 if has bench && fits 150; then
@@ -105,6 +126,39 @@ if has bench && fits 150; then
   { cat "$aux/machine.txt"; python3 bench/gpu_summary.py "$out"/bench_cuda*.json; } | tee "$out/summary.txt"
 fi
 
+# threads: the example's MLP at 16 threads under OpenMP and OpenBLAS settings (wait policy,
+# binding, BLAS threads), beside 1 and 4 threads: where the time goes when more threads are slower.
+if has threads && fits 40; then
+  stamp "threads: settings at 16 threads"
+  ex_s() { grep -o "examples_per_sec=[0-9]*" | cut -d= -f2; }
+  best=0
+  {
+    # SC_THREADS_VARIANTS: "threads|VAR=value ..." entries, one per line (the default list without it)
+    variants=${SC_THREADS_VARIANTS:-"1|
+4|
+16|
+16|OMP_WAIT_POLICY=passive
+16|OMP_WAIT_POLICY=active
+16|OMP_PROC_BIND=close OMP_PLACES=cores
+16|OPENBLAS_NUM_THREADS=1
+16|STAGECRAFT_BLAS_CORE=keep
+1|STAGECRAFT_BLAS_CORE=keep"}
+    while IFS= read -r v; do
+      [[ -z $v ]] && continue
+      n=${v%%|*} extra=${v#*|}
+      fits 10 || break
+      e=$(env OMP_NUM_THREADS=$n $extra timeout 30 "$fm" --epochs 1 --limit 20000 2>/dev/null | ex_s)
+      printf "%-3s %-50s %s\n" "$n" "${extra:-default}" "${e:--}"
+      # the best STAGECRAFT_GRAIN_SCALE at 16 threads, for the scaling table below
+      if [[ $n == 16 && $extra == STAGECRAFT_GRAIN_SCALE=* && -n $e ]] && ((e > best)); then
+        best=$e
+        echo "$extra" > "$aux/best-grain"
+      fi
+    done <<< "$variants"
+  } | tee "$out/threads.txt"
+  [[ -f $aux/best-grain ]] && SC_SCALING_ENV=$(cat "$aux/best-grain") && echo "scaling with $SC_SCALING_ENV"
+fi
+
 if has scaling && fits 60; then
   stamp "scaling: the example's MLP on 30000 images, 1 epoch (eager; staged at 1 and 16), against PyTorch's copy"
   ex_s() { grep -o "examples_per_sec=[0-9]*" | cut -d= -f2; }
@@ -113,12 +167,13 @@ if has scaling && fits 60; then
     for n in 1 2 4 8 16; do
       ((n > $(nproc))) && break
       fits 25 || break
-      e=$(OMP_NUM_THREADS=$n timeout 60 "$fm" --epochs 1 --limit 30000 2> "$aux/scaling-$n.err" | ex_s)
+      e=$(env OMP_NUM_THREADS=$n ${SC_SCALING_ENV:-} timeout 60 "$fm" --epochs 1 --limit 30000 2> "$aux/scaling-$n.err" | ex_s)
       s=-
-      ((n == 1 || n == 16)) && s=$(OMP_NUM_THREADS=$n timeout 60 "$fm" --epochs 1 --limit 30000 --mode staged 2>/dev/null | ex_s)
+      ((n == 1 || n == 16)) && s=$(env OMP_NUM_THREADS=$n ${SC_SCALING_ENV:-} timeout 60 "$fm" --epochs 1 --limit 30000 --mode staged 2>/dev/null | ex_s)
       p=$(timeout 60 python3 bench/torch_fashion_mnist.py --threads "$n" --epochs 1 --limit 30000 2>&1 | ex_s)
       printf "%-8s %-12s %-12s %-12s %s\n" "$n" "${e:--}" "${s:--}" "${p:--}" "$(grep -o "OpenBLAS core .*" "$aux/scaling-$n.err")"
     done
+    echo "stagecraft's runs with: ${SC_SCALING_ENV:-defaults}"
     python3 -c "import torch; print('PyTorch', torch.__version__, '|', ' '.join(torch.__config__.parallel_info().split()[:12]))" 2>&1
   } | tee "$out/scaling.txt"
 fi
