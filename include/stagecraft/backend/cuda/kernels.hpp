@@ -255,22 +255,29 @@ inline bool gemm_bgrad(const Tensor& a, const Tensor& b, bool ta, Tensor& out, T
                  d, loc);
 }
 
-/// The device's fault record, and a tag for a launch of `op` that can find a bad index there: the
-/// site (the user's line; inside a traced plan, the node's) is kept for the error raised later.
-inline abi::Fault* fault_site(Device d, std::string_view op, const std::source_location& loc, std::int64_t axis,
-                              const Shape& xs, std::int32_t& tag) {
+/// The device's fault record, and a tag for a launch of `op` that can find a bad value there:
+/// `site` (what the caller filled in), with the op and the line (the user's; inside a traced
+/// plan, the node's), is kept for the error raised later.
+inline abi::Fault* fault_record_for(Device d, stagecraft::cuda::detail::FaultSite site, std::string_view op,
+                                    const std::source_location& loc, std::int32_t& tag) {
   abi::Fault* record = nullptr;
   check(abi::fault_record(d.index(), &record), d, op, loc);
-  stagecraft::cuda::detail::FaultSite site;
   site.op = op;
   const stagecraft::detail::SrcLoc* over = stagecraft::detail::context().loc_override;
   site.file = over ? over->file : loc.file_name();
   site.line = over ? over->line : loc.line();
+  tag = stagecraft::cuda::detail::fault_log().record(site);
+  return record;
+}
+
+/// fault_record_for a launch that can find a bad index along `axis` of a tensor of shape xs.
+inline abi::Fault* fault_site(Device d, std::string_view op, const std::source_location& loc, std::int64_t axis,
+                              const Shape& xs, std::int32_t& tag) {
+  stagecraft::cuda::detail::FaultSite site;
   site.axis = axis;
   site.rank = xs.rank();
   for (int k = 0; k < xs.rank(); ++k) site.dims[k] = xs[k];
-  tag = stagecraft::cuda::detail::fault_log().record(site);
-  return record;
+  return fault_record_for(d, site, op, loc, tag);
 }
 
 /// y = x after checking lo <= x < hi on the GPU, without waiting: a value outside is raised at the
@@ -279,18 +286,12 @@ inline abi::Fault* fault_site(Device d, std::string_view op, const std::source_l
 inline void check_range(const Tensor& x, Tensor& y, std::int64_t lo, std::int64_t hi, std::string_view op,
                         std::string_view what, const std::source_location& loc) {
   const Device d = y.device();
-  std::int32_t tag = 0;
-  abi::Fault* record = nullptr;
-  check(abi::fault_record(d.index(), &record), d, op, loc);
   stagecraft::cuda::detail::FaultSite site;
-  site.op = op;
-  const stagecraft::detail::SrcLoc* over = stagecraft::detail::context().loc_override;
-  site.file = over ? over->file : loc.file_name();
-  site.line = over ? over->line : loc.line();
   site.what = what;
   site.lo = lo;
   site.hi = hi;
-  tag = stagecraft::cuda::detail::fault_log().record(site);
+  std::int32_t tag = 0;
+  abi::Fault* record = fault_record_for(d, site, op, loc, tag);
   check(abi::check_range(dt(x.dtype()), x.raw_data(), y.raw_data(), x.numel(), lo, hi, record, tag, stream(d, op, loc)),
         d, op, loc);
 }
