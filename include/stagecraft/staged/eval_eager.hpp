@@ -15,6 +15,7 @@
 #include "../eager/context.hpp"
 #include "../ops/broadcast_to.hpp"
 #include "../ops/cast.hpp"
+#include "../ops/fill.hpp"
 #include "../ops/reduce.hpp"
 #include "../ops/where.hpp"
 #include "cse.hpp"
@@ -295,10 +296,7 @@ Tensor eager_of(const N& n, const Env<NA, DS>& env, const Slots<NS>& sl) {
     return sl[S];
   } else if constexpr (requires { N::grad_arg; }) {
     const Tensor& x = env.args[N::grad_arg];
-    if constexpr (std::is_same_v<typename N::Adj, Zero>) {
-      const Tensor z = zeros(x.shape(), x.dtype(), loc);
-      return x.device().is_cpu() ? z : z.to(x.device(), loc);  // where the argument lives
-    }
+    if constexpr (std::is_same_v<typename N::Adj, Zero>) return detail::fill_on(x.device(), x.shape(), 0.0, x.dtype(), loc);
     Tensor g;
     if constexpr (N::Adj::weak) g = eager_weak<S>(n.a, env, sl, x.dtype(), "grad");
     else g = eager_of<S>(n.a, env, sl);

@@ -140,11 +140,7 @@ double constant_value(const N& n) {
 /// Adjoint g (or the constant `seed`) with region r's shape, reduced to `like`'s shape and dtype.
 inline Tensor region_adjoint(const std::source_location& loc, const Tensor& g, bool constant, double seed,
                              const Tensor& r, const Tensor& like) {
-  Tensor s = g;
-  if (constant) {  // made where the argument lives
-    s = full(r.shape(), seed, like.dtype(), loc);
-    if (!like.device().is_cpu()) s = s.to(like.device(), loc);
-  }
+  Tensor s = constant ? detail::fill_on(like.device(), r.shape(), seed, like.dtype(), loc) : g;  // where `like` lives
   if (s.dtype() != like.dtype()) s = cast(s, like.dtype(), loc);
   Shape full_shape;
   if (!broadcast_shapes(s.shape(), r.shape(), full_shape))
