@@ -187,6 +187,7 @@ std::vector<OpEntry> binary_entries() {
   auto ne = [](double a, double b) { return a != b ? 1.0 : 0.0; };
   auto land = [](double a, double b) { return truth(a) * truth(b); };
   auto lor = [](double a, double b) { return std::max(truth(a), truth(b)); };
+  auto relu_grad = [](double g, double x) { return x > 0 ? g : 0.0; };  // a NaN x gives 0
   const BK A = BK::arithmetic, C = BK::compare, L = BK::logical;
   const std::vector<BinarySpec> specs = {
       {"add", "sc::add", SC_CALL(sc::add(x[0], x[1])), add, A, exact_rounding},
@@ -199,6 +200,7 @@ std::vector<OpEntry> binary_entries() {
       {"div", "operator/", SC_CALL(x[0] / x[1]), div, BK::floating, exact_rounding, false},
       {"maximum", "sc::maximum", SC_CALL(sc::maximum(x[0], x[1])), fmax_nan, A, exact_rounding},
       {"minimum", "sc::minimum", SC_CALL(sc::minimum(x[0], x[1])), fmin_nan, A, exact_rounding},
+      {"relu_grad", "sc::detail::relu_grad", SC_CALL(sc::detail::relu_grad(x[0], x[1])), relu_grad, A, exact_rounding},
       {"less", "sc::less", SC_CALL(sc::less(x[0], x[1])), lt, C, exact_rounding},
       {"less", "operator<", SC_CALL(x[0] < x[1]), lt, C, exact_rounding, false},
       {"less_equal", "sc::less_equal", SC_CALL(sc::less_equal(x[0], x[1])), le, C, exact_rounding},

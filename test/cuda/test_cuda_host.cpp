@@ -100,6 +100,7 @@ TEST_CASE("cuda: every elementwise op maps to its rule's kernel", "[cuda]") {
   STATIC_REQUIRE(be::binary_rule<sc::ops::Add>() == abi::BinaryRule::Add);
   STATIC_REQUIRE(be::binary_rule<sc::ops::LessEqual>() == abi::BinaryRule::LessEqual);
   STATIC_REQUIRE(be::binary_rule<sc::ops::LogicalOr>() == abi::BinaryRule::LogicalOr);
+  STATIC_REQUIRE(be::binary_rule<sc::ops::ReluGrad>() == abi::BinaryRule::ReluGrad);
   STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Exp>);
   STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Maximum>);
   STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::Where>);

@@ -104,6 +104,7 @@ TEMPLATE_TEST_CASE("rules: scalar and SIMD forms agree on special values", "[rul
   binary_agrees<T, r::Div>();
   binary_agrees<T, r::Maximum>();
   binary_agrees<T, r::Minimum>();
+  binary_agrees<T, r::ReluGrad>();
 }
 
 TEST_CASE("rules: values of the piecewise rules", "[rules]") {
@@ -116,6 +117,12 @@ TEST_CASE("rules: values of the piecewise rules", "[rules]") {
   CHECK(r::Sign::f(std::uint8_t{5}) == 1);
   CHECK(std::isnan(r::Relu::f(nan)));
   CHECK(r::Relu::f(-2) == 0);
+  CHECK(r::ReluGrad::f(3.0, 0.5) == 3.0);
+  CHECK(r::ReluGrad::f(3.0, 0.0) == 0.0);
+  CHECK(r::ReluGrad::f(3.0, -0.0) == 0.0);
+  CHECK(r::ReluGrad::f(3.0, nan) == 0.0);  // as where(x > 0, g, 0)
+  CHECK(std::signbit(r::ReluGrad::f(-0.0, 1.0)));  // g itself where x > 0
+  CHECK(r::ReluGrad::f(std::int32_t{-7}, std::int32_t{2}) == -7);
   CHECK(std::isnan(r::Maximum::f(nan, 1.0)));
   CHECK(std::isnan(r::Maximum::f(1.0, nan)));
   CHECK(std::isnan(r::Minimum::f(1.0, nan)));

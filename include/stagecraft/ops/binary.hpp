@@ -43,6 +43,13 @@ struct Minimum : Binary<Minimum, BinaryKind::arithmetic>, rules::Minimum {
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 
+/// g where x > 0, else 0: relu's gradient (relu_grad(g, x)) as one elementwise op, which fuses
+/// with its neighbours; where(x > 0, g, 0) made a bool tensor and took two passes.
+struct ReluGrad : Binary<ReluGrad, BinaryKind::arithmetic>, rules::ReluGrad {
+  SC_OP_HEAD(ReluGrad, "relu_grad")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
+};
+
 #define SC_COMPARE_OP(S, str, kind)                            \
   struct S : Binary<S, BinaryKind::kind>, rules::S {           \
     SC_OP_HEAD(S, str)                                         \
@@ -104,6 +111,13 @@ SC_BINARY_API(logical_and, LogicalAnd)
 /// Either nonzero, as bool.
 SC_BINARY_API(logical_or, LogicalOr)
 #undef SC_BINARY_API
+
+namespace detail {
+/// g where x > 0, else 0 (relu's gradient rule).
+inline Tensor relu_grad(const Tensor& g, const Tensor& x, std::source_location loc = std::source_location::current()) {
+  return dispatch2<ops::ReluGrad>(g, x, {}, loc);
+}
+}  // namespace detail
 
 // Operators: the left operand is an Operand so the user's line is kept.
 #define SC_BINARY_OPERATOR(op, S)                                                              \
@@ -202,6 +216,10 @@ inline std::vector<Tensor> Maximum::vjp(const Tensor& g, Inputs in, const Tensor
   const Tensor tie = a == b;
   const Tensor half = g * 0.5;
   return {w[0] ? where(pick_a, g, where(tie, half, 0)) : Tensor(), w[1] ? where(pick_a, 0, where(tie, half, g)) : Tensor()};
+}
+// Linear in g (the same selection); x only selects: no gradient.
+inline std::vector<Tensor> ReluGrad::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&, Wanted w) {
+  return {w[0] ? detail::relu_grad(g, in[1]) : Tensor(), Tensor()};
 }
 // As Maximum's rule, with the kernel's choice of a for the minimum.
 inline std::vector<Tensor> Minimum::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&, Wanted w) {

@@ -11,7 +11,7 @@
   /* elementwise binary (ops/binary.hpp) */                     \
   X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(Maximum) X(Minimum)      \
   X(Less) X(LessEqual) X(Greater) X(GreaterEqual) X(Equal)      \
-  X(NotEqual) X(LogicalAnd) X(LogicalOr)                        \
+  X(NotEqual) X(LogicalAnd) X(LogicalOr) X(ReluGrad)            \
   /* selection and conversion (ops/where.hpp, ops/cast.hpp) */  \
   X(Where) X(Cast)                                              \
   /* reductions (ops/reduce.hpp) */                             \

@@ -37,7 +37,7 @@ struct Geometry {
 /// The binary rules, as SC_CUDA_UNARY_RULES.
 #define SC_CUDA_BINARY_RULES(X)                                                                         \
   X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(Maximum) X(Minimum) X(Less) X(LessEqual) X(Greater) X(GreaterEqual) \
-  X(Equal) X(NotEqual) X(LogicalAnd) X(LogicalOr)
+  X(Equal) X(NotEqual) X(LogicalAnd) X(LogicalOr) X(ReluGrad)
 
 #define SC_CUDA_ENUM_ITEM(R) R,
 /// Which unary rule a kernel applies.
