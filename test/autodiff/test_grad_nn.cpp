@@ -57,6 +57,9 @@ Fn inner_gradient(Fn f, std::size_t which) {
   };
 }
 
+// Class labels for 3 rows of 4 classes.
+Tensor kLabels3() { return sc::tensor(std::vector<std::int64_t>{3, 0, 2}, Shape{3}); }
+
 const Fn kMatmul = [](const std::vector<Tensor>& x) { return sc::matmul(x[0], x[1]); };
 
 }  // namespace
@@ -342,6 +345,16 @@ TEST_CASE("second derivatives: matmul, softmax, conv2d and the pools", "[autodif
        {vals({2, 2, 3, 4}, 512), distinct({2, 2, 4, 5}, 513)}},
       {"d/dx avg_pool2d", inner_gradient([](auto& x) { return sc::nn::avg_pool2d(sc::square(x[0]), 2, 2); }, 0),
        {vals({2, 2, 4, 5}, 510)}},
+      // cross_entropy is one op whose gradient is another (softmax_cross_entropy_grad): through
+      // both, and the gradient op's own gradients w.r.t. g and the logits.
+      {"d/dx cross_entropy", inner_gradient([](auto& x) { return sc::nn::cross_entropy(sc::square(x[0]), kLabels3()); }, 0),
+       {vals({3, 4}, 514, -2, 2)}},
+      {"d/dg softmax_cross_entropy_grad",
+       inner_gradient([](auto& x) { return sc::detail::softmax_cross_entropy_grad(x[0], x[1], kLabels3()); }, 0),
+       {vals({}, 515, 0.5, 2), vals({3, 4}, 516, -2, 2)}},
+      {"d/dx softmax_cross_entropy_grad",
+       inner_gradient([](auto& x) { return sc::detail::softmax_cross_entropy_grad(x[0], x[1], kLabels3()); }, 1),
+       {vals({}, 517, 0.5, 2), vals({3, 4}, 518, -2, 2)}},
   });
 }
 

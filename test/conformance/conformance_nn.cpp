@@ -283,7 +283,52 @@ std::vector<OpEntry> cross_entropy_entries() {
   // A -inf logit on another class (a mask) must not turn the loss into NaN.
   ce.cases.push_back({{{{2, 3}, sc::f32, Gen::normal, 0, {-inf_v, 0, 1}}, {{2}, sc::i64, Gen::normal, 0, {2, 1}}}, {},
                       "-inf on an unpicked class"});
-  return {ce};
+  // The op behind it, called directly (its cases: cross_entropy's, and a batch of none: NaN).
+  OpEntry op{"softmax_cross_entropy", "sc::detail::softmax_cross_entropy(logits, labels)",
+             SC_CALL(sc::detail::softmax_cross_entropy(x[0], x[1], std::source_location::current())), ref, Tol{8}, {},
+             1u};
+  op.cases = ce.cases;
+  op.cases.push_back({{{{0, 4}, sc::f64, Gen::normal, 0, {}}, {{0}, sc::i32, Gen::index, 4, {}}}, {}, "no rows"});
+  // Its gradient (g, logits, labels): (softmax(x) - one_hot(label)) * g / N, row by row in double;
+  // scale: (p + [j == label]) |g| / N, the size of the terms the element is made of.
+  RefFn grad_ref = [](const std::vector<Ref>& in, const Params&) {
+    const Ref &g = in[0], &x = in[1], &labels = in[2];
+    const std::int64_t N = x.shape[0], C = x.shape[1];
+    Ref dx = make_ref(x.shape, x.dtype);
+    dx.scale.assign(dx.v.size(), 0.0);
+    const double s = g.v[0] / static_cast<double>(N);
+    for (std::int64_t n = 0; n < N; ++n) {
+      double m = -std::numeric_limits<double>::infinity(), sum = 0;
+      for (std::int64_t c = 0; c < C; ++c) m = std::max(m, x.v[n * C + c]);
+      for (std::int64_t c = 0; c < C; ++c) sum += std::exp(x.v[n * C + c] - m);
+      for (std::int64_t c = 0; c < C; ++c) {
+        const double p = std::exp(x.v[n * C + c] - m) / sum, y = c == static_cast<std::int64_t>(labels.v[n]) ? 1.0 : 0.0;
+        dx.v[n * C + c] = round_to((p - y) * s, dx.dtype);
+        dx.scale[n * C + c] = (p + y) * std::fabs(s);
+      }
+    }
+    return dx;
+  };
+  OpEntry gr{"softmax_cross_entropy_grad", "sc::detail::softmax_cross_entropy_grad(g, logits, labels)",
+             SC_CALL(sc::detail::softmax_cross_entropy_grad(x[0], x[1], x[2])), grad_ref, Tol{8}, {}, 3u};
+  for (DType d : floats)
+    for (DType l : ints) {
+      auto add = [&](sc::Shape logits, Gen gen, const char* note) {
+        gr.cases.push_back(
+            {{{{}, d, Gen::normal, 0, {}}, {logits, d, gen, 0, {}}, {{logits[0]}, l, Gen::index, logits[1], {}}}, {}, note});
+      };
+      add({4, 5}, Gen::normal, "");
+      add({1, 1}, Gen::normal, "one class");
+      add({8, 3}, Gen::large, "logits near ±1e4");
+      add({256, 10}, Gen::normal, "large batch");
+      add({3, 1000}, Gen::normal, "many classes");
+    }
+  gr.cases.push_back({{{{}, sc::f32, Gen::normal, 0, {0.5}},
+                       {{2, 3}, sc::f32, Gen::normal, 0, {-inf_v, 0, 1}},
+                       {{2}, sc::i64, Gen::normal, 0, {2, 1}}},
+                      {},
+                      "-inf on an unpicked class: its share is 0"});
+  return {ce, op, gr};
 }
 
 }  // namespace

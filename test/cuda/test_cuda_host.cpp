@@ -125,6 +125,8 @@ TEST_CASE("cuda: every elementwise op maps to its rule's kernel", "[cuda]") {
   STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::MaxPool2d>);
   STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::MaxPool2dGrad>);
   STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::AvgPool2d>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::SoftmaxCrossEntropy>);
+  STATIC_REQUIRE(sc::detail::CudaOp<sc::ops::SoftmaxCrossEntropyGrad>);
 }
 
 TEST_CASE("cuda: broadcast geometry gives size-1 and missing axes stride 0", "[cuda]") {

@@ -49,6 +49,23 @@ TEST_CASE("cuda: softmax, log_softmax, logsumexp, mean and cross_entropy == CPU"
   }
 }
 
+TEST_CASE("cuda: the cross_entropy op and its gradient == CPU: one block, two kernels, many classes", "[cuda]") {
+  for (const sc::DType d : {sc::f32, sc::f64})
+    for (const sc::DType l : {sc::i32, sc::i64})
+      // [128, 10]: the one-block kernel; [9000, 10] (over abi::xent_one_block): rows, then their sum;
+      // [5, 1000]: a warp over many classes.
+      for (const sc::Shape& s : {sc::Shape{128, 10}, sc::Shape{9000, 10}, sc::Shape{5, 1000}}) {
+        INFO(sc::name(d) << " logits " << s << ", " << sc::name(l) << " labels");
+        const double tol = d == sc::f32 ? 1e-5 : 1e-12;
+        const sc::Tensor x = values(s, d, 40) * 6;
+        const sc::Tensor labels = sc::cast(sc::random::uniform({s[0]}, 0.0, static_cast<double>(s[1]), 41), l);
+        const sc::Tensor g = sc::full({}, 0.75, d);
+        same_on_gpu([](const auto& in) { return sc::nn::cross_entropy(in[0], in[1]); }, {x, labels}, tol);
+        same_on_gpu([](const auto& in) { return sc::detail::softmax_cross_entropy_grad(in[0], in[1], in[2]); },
+                    {g, x, labels}, tol);
+      }
+}
+
 TEST_CASE("cuda: gradients through broadcasting, layout ops and cross_entropy == CPU", "[cuda]") {
   const auto grads = [](const std::vector<sc::Tensor>& in) {
     sc::GradientTape tape;
@@ -166,7 +183,7 @@ TEST_CASE("cuda: a label out of range on the GPU is raised at the next wait, eag
                                             Catch::Contains("found on cuda:0 by the kernel"));
   // Good labels on the GPU: the loss equals the CPU's.
   check_same(sc::nn::cross_entropy(logits, good.to(gpu)), sc::nn::cross_entropy(logits.to(sc::Device::cpu()), good), 1e-6);
-  // Staged: the plan's check_range node runs the same kernel, naming the line inside the function.
+  // Staged: the loss op's kernel checks the labels the same way, naming the line inside the function.
   const int tline = __LINE__ + 1;
   auto f = sc::function([](sc::Tensor z, sc::Tensor y) { return sc::nn::cross_entropy(z, y); });
   check_same(f(logits, good.to(gpu)), sc::nn::cross_entropy(logits.to(sc::Device::cpu()), good), 1e-6);

@@ -443,9 +443,13 @@ TEST_CASE("function: a bad label in a staged step is an error naming the user's 
   CHECK_THAT(m, Catch::Contains("[cross_entropy] label 7 at index 1 is out of range [0, 3) at test_function.cpp:" +
                                 std::to_string(line)));
   CHECK_THAT(m, !Catch::Contains("check_range"));
-  // The asker is an attribute, so the graph's text form keeps it.
+  // The loss is one op that checks its labels itself (no separate check_range node).
   const std::string text = f.get_concrete(logits, bad).graph().str();
-  CHECK_THAT(text, Catch::Contains("check_range(") && Catch::Contains("i1=3, i2=1"));
+  CHECK_THAT(text, Catch::Contains("softmax_cross_entropy(") && !Catch::Contains("check_range("));
+  // An asker is an attribute, so the graph's text form keeps it.
+  auto h = sc::function([](sc::Tensor x) { return sc::detail::check_range(x, 0, 3, std::source_location::current(), "cross_entropy"); });
+  CHECK_THAT(h.get_concrete(bad).graph().str(), Catch::Contains("check_range(") && Catch::Contains("i1=3, i2=1"));
+  CHECK_THAT(error_of<sc::ValueError>([&] { h(bad); }), Catch::Contains("[cross_entropy] label 7 at index 1 is out of range [0, 3)"));
   // check_range on its own still names itself.
   auto g = sc::function([](sc::Tensor x) { return sc::detail::check_range(x, 0, 3); });
   CHECK_THAT(error_of<sc::ValueError>([&] { g(bad); }),

@@ -7,6 +7,7 @@
 #include "../ops/binary.hpp"
 #include "../ops/cast.hpp"
 #include "../ops/check_range.hpp"
+#include "../ops/cross_entropy.hpp"
 #include "../ops/gather.hpp"
 #include "../ops/reduce.hpp"
 #include "../ops/unary.hpp"
@@ -82,16 +83,11 @@ inline Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
     stagecraft::detail::fail<ShapeError>(op, loc, "logits ", logits.shape(), " and labels ", labels.shape(),
                                          " disagree on the batch size (", logits.shape()[0], " != ",
                                          labels.shape()[0], ")");
-  const std::int64_t classes = logits.shape()[1];
-  functional_detail::check_labels(labels, classes, loc);
-  // Symbolic labels (a staged step) are checked when the plan runs, and labels on a GPU by its
-  // kernel (raised at the next wait, as a bad gather index), by the check_range op.
-  const bool later = labels.is_symbolic() || !labels.device().is_cpu();
-  const Tensor checked = later ? stagecraft::detail::check_range(labels, 0, classes, loc, op) : labels;
-  // where(one_hot, log p, 0) rather than one_hot * log p: a -inf logit on another class
-  // (a mask) would make 0 * -inf = NaN.
-  const Tensor picked = where(one_hot(checked, classes, DType::b8, loc), log_softmax(logits, 1, loc), 0.0, loc);
-  return neg(mean(sum(picked, {1}, false, loc), {}, false, loc), loc);
+  functional_detail::check_labels(labels, logits.shape()[1], loc);
+  // One op (and one for its gradient): symbolic labels (a staged step) are checked by its kernel
+  // when the plan runs, and labels on a GPU by the GPU's (raised at the next wait, as a bad gather
+  // index). Its numbers are log_softmax's: (x - shift) - log(sum(exp(x - shift))) at the label.
+  return stagecraft::detail::softmax_cross_entropy(logits, labels, loc);
 }
 
 }  // namespace stagecraft::nn

@@ -30,7 +30,9 @@
   /* creation (ops/fill.hpp, ops/random.hpp) */                 \
   X(Fill) X(RandomNormal) X(RandomUniform)                      \
   /* runtime checks (ops/check_range.hpp) */                    \
-  X(CheckRange)
+  X(CheckRange)                                                 \
+  /* losses (ops/cross_entropy.hpp) */                          \
+  X(SoftmaxCrossEntropy) X(SoftmaxCrossEntropyGrad)
 // clang-format on
 
 namespace stagecraft::ops {

@@ -13,6 +13,7 @@
 #include "cast.hpp"
 #include "check_range.hpp"
 #include "concat.hpp"
+#include "cross_entropy.hpp"
 #include "conv.hpp"
 #include "fill.hpp"
 #include "gather.hpp"

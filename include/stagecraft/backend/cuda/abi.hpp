@@ -242,6 +242,18 @@ Status gather(int itemsize, DT index_dt, const void* x, const void* ix, void* y,
 /// recorded as gather's.
 Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y, std::int64_t outer,
                    std::int64_t E, std::int64_t inner, std::int64_t N, Fault* fault, std::int32_t tag, Stream s) noexcept;
+/// softmax_cross_entropy over logits [N, C] (f32/f64) and labels [N] (i32/i64): y (a scalar of dt) =
+/// the mean over rows of log(sum(exp(z))) - z[label], z = the row minus its shift (its max, 0 when
+/// not finite), as ops::SoftmaxCrossEntropy; a warp per row, the rows' values summed in double in a
+/// fixed order. One launch when N * C <= xent_one_block; else `scratch` (N doubles) takes the rows'
+/// values and a second launch sums them. A label outside [0, C) is recorded in `fault` with `tag`.
+inline constexpr std::int64_t xent_one_block = std::int64_t{1} << 16;
+Status softmax_cross_entropy(DT dt, DT label_dt, const void* x, const void* labels, void* y, std::int64_t N,
+                             std::int64_t C, double* scratch, Fault* fault, std::int32_t tag, Stream s) noexcept;
+/// dx [N, C] = (softmax(x) - one_hot(labels)) * g / N, g a scalar of dt on the device, as
+/// ops::SoftmaxCrossEntropyGrad; a label outside is recorded as softmax_cross_entropy's.
+Status softmax_cross_entropy_grad(DT dt, DT label_dt, const void* g, const void* x, const void* labels, void* dx,
+                                  std::int64_t N, std::int64_t C, Fault* fault, std::int32_t tag, Stream s) noexcept;
 /// cols [N, C*kh*kw, Ho*Wo] = the windows of x [N, C, H, W] (zero padding), as ops::Im2Col.
 Status im2col(DT dt, const void* x, void* cols, const ConvGeometry& g, Stream s) noexcept;
 /// x [N, C, H, W] = the columns summed back onto the pixels they read (overwrites x), as ops::Col2Im;

@@ -296,6 +296,45 @@ inline void check_range(const Tensor& x, Tensor& y, std::int64_t lo, std::int64_
         d, op, loc);
 }
 
+/// The fault record of a kernel that checks class labels against [0, classes) (cross_entropy's).
+inline abi::Fault* label_fault(Device d, std::int64_t classes, std::string_view op, const std::source_location& loc,
+                               std::int32_t& tag) {
+  stagecraft::cuda::detail::FaultSite site;
+  site.what = "label";
+  site.lo = 0;
+  site.hi = classes;
+  return fault_record_for(d, site, op, loc, tag);
+}
+
+/// y (a scalar) = softmax_cross_entropy(x [N, C], labels [N]) on the GPU, without waiting: a label
+/// outside [0, C) is raised at the next wait as "[op] label v at index i is out of range [0, C)".
+inline void softmax_cross_entropy(const Tensor& x, const Tensor& labels, Tensor& y, std::string_view op,
+                                  const std::source_location& loc) {
+  const Device d = y.device();
+  const std::int64_t N = x.shape()[0], C = x.shape()[1];
+  std::int32_t tag = 0;
+  abi::Fault* fault = label_fault(d, C, op, loc, tag);
+  Tensor scratch;  // the rows' values, for a batch too large for one block (freed in stream order)
+  if (N * C > abi::xent_one_block) scratch = stagecraft::detail::empty_tensor(Shape{N}, DType::f64, d, op, loc);
+  check(abi::softmax_cross_entropy(dt(x.dtype()), dt(labels.dtype()), x.raw_data(), labels.raw_data(), y.raw_data(), N, C,
+                                   scratch.defined() ? static_cast<double*>(scratch.raw_data()) : nullptr, fault, tag,
+                                   stream(d, op, loc)),
+        d, op, loc);
+}
+
+/// dx = softmax_cross_entropy_grad(g, x, labels) on the GPU (labels checked as the forward's).
+inline void softmax_cross_entropy_grad(const Tensor& g, const Tensor& x, const Tensor& labels, Tensor& dx,
+                                       std::string_view op, const std::source_location& loc) {
+  const Device d = dx.device();
+  const std::int64_t N = x.shape()[0], C = x.shape()[1];
+  if (N == 0 || C == 0) return;
+  std::int32_t tag = 0;
+  abi::Fault* fault = label_fault(d, C, op, loc, tag);
+  check(abi::softmax_cross_entropy_grad(dt(x.dtype()), dt(labels.dtype()), g.raw_data(), x.raw_data(), labels.raw_data(),
+                                        dx.raw_data(), N, C, fault, tag, stream(d, op, loc)),
+        d, op, loc);
+}
+
 /// y = gather of x [outer, E, inner] by idx along the middle axis (infer has checked the shapes;
 /// indices on the GPU are checked by the kernel, which records a bad one for the next wait).
 inline void gather(const Tensor& x, const Tensor& idx, Tensor& y, std::int64_t outer, std::int64_t E,
