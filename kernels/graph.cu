@@ -1,8 +1,12 @@
 // CUDA graphs of staged plans: one capture of the copies that bring a call's arguments in, the
-// plan's kernels, and the copies that carry its results out. The copies are graph nodes whose
+// plan's kernels, and the copies that carry its results out. The copies are kernels whose
 // pointers each launch replaces, so a call costs one graph launch however many tensors it moves.
 // (One capture rather than a child graph between copy nodes: a library that allocates in stream
 // order while captured, as cuBLAS does, leaves memory nodes, which a child graph may not hold.)
+// A copy kernel moves up to copy_list_max tensors (a block row each): a training step's ~20
+// variables come in with one node and leave with another, where a memcpy node each cost a node's
+// latency and a host call per launch to re-point it.
+#include <cstdint>
 #include <new>
 #include <vector>
 
@@ -11,40 +15,77 @@
 namespace stagecraft::cuda::kernels {
 namespace {
 
+constexpr int copy_list_max = 32;
+
+/// The copies of one copy kernel, passed by value (its node's parameters: replaced per launch).
+struct CopyList {
+  int n = 0;
+  void* dst[copy_list_max] = {};
+  const void* src[copy_list_max] = {};
+  std::size_t bytes[copy_list_max] = {};
+};
+
+/// n / sizeof(W) words of type W from s to d, the grid's threads striding over them.
+template <class W>
+__device__ void copy_words(void* d, const void* s, std::size_t n, std::size_t first, std::size_t step) {
+  auto* dw = static_cast<W*>(d);
+  const auto* sw = static_cast<const W*>(s);
+  for (std::size_t i = first; i < n / sizeof(W); i += step) dw[i] = sw[i];
+}
+
+/// Copy k = blockIdx.y of the list, blocks along x striding over its bytes: 16 at a time when
+/// both ends and the size allow (the allocator's blocks do), else 4, else byte by byte.
+__global__ void copy_list_kernel(CopyList l) {
+  const int k = blockIdx.y;
+  if (k >= l.n) return;
+  const std::size_t n = l.bytes[k];
+  const std::size_t first = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x, step = std::size_t{gridDim.x} * blockDim.x;
+  const auto bits = reinterpret_cast<std::uintptr_t>(l.dst[k]) | reinterpret_cast<std::uintptr_t>(l.src[k]) | n;
+  if ((bits & 15u) == 0) copy_words<uint4>(l.dst[k], l.src[k], n, first, step);
+  else if ((bits & 3u) == 0) copy_words<unsigned>(l.dst[k], l.src[k], n, first, step);
+  else copy_words<unsigned char>(l.dst[k], l.src[k], n, first, step);
+}
+
+/// A copy kernel's node and the launch shape it was captured with.
+struct CopyNode {
+  cudaGraphNode_t node = nullptr;
+  int which = 0;  ///< 0: copies in, 1: copies out
+  int first = 0;  ///< index of its first copy
+  int n = 0;
+  dim3 grid, block;
+};
+
+/// The copy kernels this thread's capture recorded (capture_copies(.., 0, ..) starts anew).
+thread_local std::vector<CopyNode> recorded_copies;
+
 struct Exec {
   int device = 0;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  std::vector<cudaGraphNode_t> ins, outs;
+  std::vector<CopyNode> copies;
+  int n_in = 0, n_out = 0;
 };
 
-/// The memcpy node of g that writes dst (found among `nodes`, each taken once).
-Status find_copies(const std::vector<cudaGraphNode_t>& nodes, std::vector<char>& taken, const abi::GraphCopy* c, int n,
-                   std::vector<cudaGraphNode_t>& out) {
-  for (int i = 0; i < n; ++i) {
-    cudaGraphNode_t found = nullptr;
-    for (std::size_t k = 0; k < nodes.size() && !found; ++k) {
-      cudaGraphNodeType type{};
-      if (taken[k] || cudaGraphNodeGetType(nodes[k], &type) != cudaSuccess || type != cudaGraphNodeTypeMemcpy) continue;
-      cudaMemcpy3DParms p{};
-      if (cudaGraphMemcpyNodeGetParams(nodes[k], &p) != cudaSuccess) continue;
-      if (p.dstPtr.ptr == c[i].dst && p.srcPtr.ptr == c[i].src) {
-        taken[k] = 1;
-        found = nodes[k];
-      }
+/// Points the copy kernels of x at this launch's tensors (as many copies, of the same sizes, as captured).
+Status set_copies(Exec& x, const abi::GraphCopy* ins, int n_in, const abi::GraphCopy* outs, int n_out) {
+  if (n_in != x.n_in || n_out != x.n_out) return cudaErrorInvalidValue;
+  for (const CopyNode& c : x.copies) {
+    const abi::GraphCopy* from = (c.which == 0 ? ins : outs) + c.first;
+    CopyList l;
+    l.n = c.n;
+    for (int i = 0; i < c.n; ++i) {
+      l.dst[i] = from[i].dst;
+      l.src[i] = from[i].src;
+      l.bytes[i] = from[i].bytes;
     }
-    if (!found) return cudaErrorGraphExecUpdateFailure;  // the capture did not record the copy
-    out.push_back(found);
+    void* args[] = {&l};
+    cudaKernelNodeParams p{};
+    p.func = reinterpret_cast<void*>(&copy_list_kernel);
+    p.gridDim = c.grid;
+    p.blockDim = c.block;
+    p.kernelParams = args;
+    if (const auto e = cudaGraphExecKernelNodeSetParams(x.exec, c.node, &p)) return e;
   }
-  return cudaSuccess;
-}
-
-Status set_copies(cudaGraphExec_t x, const std::vector<cudaGraphNode_t>& nodes, const abi::GraphCopy* c, int n) {
-  if (static_cast<std::size_t>(n) != nodes.size()) return cudaErrorInvalidValue;
-  for (int i = 0; i < n; ++i)
-    if (const auto e = cudaGraphExecMemcpyNodeSetParams1D(x, nodes[i], c[i].dst, c[i].src, c[i].bytes,
-                                                          cudaMemcpyDeviceToDevice))
-      return e;
   return cudaSuccess;
 }
 
@@ -135,6 +176,43 @@ void graph_body_destroy(GraphBody body) noexcept {
   if (body) cudaGraphDestroy(static_cast<cudaGraph_t>(body));
 }
 
+Status capture_copies(int device, int which, const GraphCopy* c, int n) noexcept {
+  if (which == 0) recorded_copies.clear();
+  const cudaStream_t s = capture_stream_of(device);
+  if (!s) return cudaErrorStreamCaptureUnmatched;
+  for (int first = 0; first < n; first += copy_list_max) {
+    CopyList l;
+    l.n = n - first < copy_list_max ? n - first : copy_list_max;
+    std::size_t most = 0;
+    for (int i = 0; i < l.n; ++i) {
+      l.dst[i] = c[first + i].dst;
+      l.src[i] = c[first + i].src;
+      l.bytes[i] = c[first + i].bytes;
+      most = l.bytes[i] > most ? l.bytes[i] : most;
+    }
+    // Enough blocks that each thread moves a few 16-byte words of the largest copy (the sizes
+    // are the graph's: the same at every launch).
+    const std::size_t per_block = std::size_t{block_threads} * 16 * 4;
+    const std::size_t bx = (most + per_block - 1) / per_block;
+    const dim3 grid(static_cast<unsigned>(bx < 1 ? 1 : (bx > 1024 ? 1024 : bx)), static_cast<unsigned>(l.n)), block(block_threads);
+    copy_list_kernel<<<grid, block, 0, s>>>(l);
+    if (const Status e = launched()) return e;
+    // The node just recorded: the one the capture's next launch would depend on.
+    cudaStreamCaptureStatus status{};
+    cudaGraph_t graph = nullptr;
+    const cudaGraphNode_t* deps = nullptr;
+    std::size_t n_deps = 0;
+    if (const auto e = cudaStreamGetCaptureInfo(s, &status, nullptr, &graph, &deps, nullptr, &n_deps)) return e;
+    if (status != cudaStreamCaptureStatusActive || n_deps != 1) return cudaErrorStreamCaptureInvalidated;
+    try {
+      recorded_copies.push_back({deps[0], which, first, l.n, grid, block});
+    } catch (const std::bad_alloc&) {
+      return cudaErrorMemoryAllocation;
+    }
+  }
+  return cudaSuccess;
+}
+
 Status graph_instantiate(int device, GraphBody body, const GraphCopy* ins, int n_in, const GraphCopy* outs, int n_out,
                          GraphExec* out) noexcept {
   *out = nullptr;
@@ -153,13 +231,17 @@ Status graph_instantiate(int device, GraphBody body, const GraphCopy* ins, int n
   try {
     cudaStream_t s = nullptr;  // makes the device current
     if (const Status e = main_stream(device, &s)) return fail(e);
-    std::size_t count = 0;
-    if (const auto e = cudaGraphGetNodes(x->graph, nullptr, &count)) return fail(e);
-    std::vector<cudaGraphNode_t> nodes(count);
-    if (const auto e = cudaGraphGetNodes(x->graph, nodes.data(), &count)) return fail(e);
-    std::vector<char> taken(count, 0);
-    if (const Status e = find_copies(nodes, taken, ins, n_in, x->ins)) return fail(e);
-    if (const Status e = find_copies(nodes, taken, outs, n_out, x->outs)) return fail(e);
+    x->copies = std::move(recorded_copies);
+    recorded_copies.clear();
+    x->n_in = n_in;
+    x->n_out = n_out;
+    int covered[2] = {0, 0};  // the capture recorded a kernel for every copy, in order
+    for (const CopyNode& c : x->copies) {
+      if (c.first != covered[c.which]) return fail(cudaErrorGraphExecUpdateFailure);
+      covered[c.which] += c.n;
+    }
+    if (covered[0] != n_in || covered[1] != n_out) return fail(cudaErrorGraphExecUpdateFailure);
+    (void)ins, (void)outs;
     if (const auto e = cudaGraphInstantiate(&x->exec, x->graph, 0)) return fail(e);
   } catch (const std::bad_alloc&) {
     return fail(cudaErrorMemoryAllocation);
@@ -172,8 +254,7 @@ Status graph_launch(GraphExec g, const GraphCopy* ins, int n_in, const GraphCopy
   auto* x = static_cast<Exec*>(g);
   cudaStream_t s = nullptr;
   if (const Status e = main_stream(x->device, &s)) return e;
-  if (const Status e = set_copies(x->exec, x->ins, ins, n_in)) return e;
-  if (const Status e = set_copies(x->exec, x->outs, outs, n_out)) return e;
+  if (const Status e = set_copies(*x, ins, n_in, outs, n_out)) return e;
   if (const auto e = cudaGraphLaunch(x->exec, s)) return e;
   if (arm) arm_fault_check(x->device);
   return cudaSuccess;

@@ -329,6 +329,47 @@ TEST_CASE("cuda graphs: a variable assigned between calls is read afresh by the 
   check_same(f(x), (sc::exp(v.value() * x) + v.value()).to(sc::Device::cpu()), 1e-6);
 }
 
+TEST_CASE("cuda graphs: 40 variables (two copy kernels each way) and sliced arguments copy in and out", "[cuda][staged][graph]") {
+  // A graph's copies in and out are kernels of up to 32 tensors each: 40 variables read and
+  // assigned need two each way. The arguments are slices (at offsets of 4 bytes and of 3 bools,
+  // where the copy kernel takes its word and byte paths if slices are views).
+  const GraphsOn on;
+  std::vector<sc::Variable> vars, twins;
+  for (int i = 0; i < 40; ++i) {
+    const sc::Tensor init = values({3 + i % 5}, sc::f32, 70 + i).to(gpu);
+    vars.emplace_back(init, "v" + std::to_string(i));
+    twins.emplace_back(init, "t" + std::to_string(i));
+  }
+  auto update = [](std::vector<sc::Variable>& vs, const sc::Tensor& a, const sc::Tensor& c) {
+    const sc::Tensor shift = sc::sum(a) * 0.25f + sc::sum(sc::cast(c, sc::f32));
+    sc::Tensor total = shift * 0.f;
+    for (sc::Variable& v : vs) {
+      const sc::Tensor next = v.value() * 0.5f + shift;
+      v.assign(next);
+      total = total + sc::sum(next);
+    }
+    return total;
+  };
+  auto f = sc::function([&](sc::Tensor a, sc::Tensor c) { return update(vars, a, c); });
+  for (int it = 0; it < 4; ++it) {
+    const sc::Tensor a = sc::slice(values({11}, sc::f32, 91 + it).to(gpu), {1}, {8});
+    const sc::Tensor c = sc::slice((values({16}, sc::f32, 95 + it) > 0.f).to(gpu), {3}, {13});
+    sc::cuda::set_graphs(false);
+    const sc::Tensor want = update(twins, a, c);
+    sc::cuda::set_graphs(true);
+    check_same(f(a, c), want.to(sc::Device::cpu()), 1e-5);
+  }
+  for (std::size_t i = 0; i < vars.size(); ++i) {
+    INFO("variable " << i);
+    check_same(vars[i].value(), twins[i].value().to(sc::Device::cpu()), 1e-6);
+  }
+  const sc::Tensor a0 = sc::slice(values({11}, sc::f32, 91).to(gpu), {1}, {8});
+  const sc::Tensor c0 = sc::slice((values({16}, sc::f32, 95) > 0.f).to(gpu), {3}, {13});
+  const auto st = f.get_concrete(a0, c0).stats();
+  INFO(st);
+  CHECK(st.plan.cuda_graph == "replaying (3 launches)");
+}
+
 TEST_CASE("cuda graphs: random numbers drawn in a replayed graph follow each call's state", "[cuda][staged][graph]") {
   // The Philox state is device memory the kernel reads when it runs, so a replay draws from the
   // state of its own call.

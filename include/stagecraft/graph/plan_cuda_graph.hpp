@@ -235,17 +235,16 @@ STAGECRAFT_COMPILED_INLINE std::shared_ptr<Plan::GraphRun> Plan::capture(std::sp
 
   // The capture records this call's copies (their pointers are replaced at every launch).
   const GraphCall c = graph_call(*gr, args);
-  auto copy = [&](const cuda::abi::GraphCopy& k) {
-    cuda::detail::copy(k.dst, dev, k.src, dev, k.bytes, "cuda graph", here);
-  };
   cuda::detail::check(cuda::abi::capture_begin(graph_device_), dev, "cuda graph", here);
   cuda::abi::GraphBody body = nullptr;
   bool armed = false;
   try {
     const cuda::detail::CaptureScope hold(gr->hold, graph_device_);
-    for (const auto& k : c.in) copy(k);
+    cuda::detail::check(cuda::abi::capture_copies(graph_device_, 0, c.in.data(), static_cast<int>(c.in.size())), dev,
+                        "cuda graph", here);
     for (std::size_t i = 0; i < steps_.size(); ++i) run_step(steps_[i], i, st);
-    for (const auto& k : c.out) copy(k);
+    cuda::detail::check(cuda::abi::capture_copies(graph_device_, 1, c.out.data(), static_cast<int>(c.out.size())), dev,
+                        "cuda graph", here);
   } catch (...) {
     (void)cuda::abi::capture_end(graph_device_, &body, &armed);
     cuda::abi::graph_body_destroy(body);

@@ -158,9 +158,13 @@ Status capture_begin(int device) noexcept;
 Status capture_end(int device, GraphBody* body, bool* armed) noexcept;
 /// Frees a body that was not instantiated.
 void graph_body_destroy(GraphBody body) noexcept;
+/// Records, in this thread's capture on `device`, kernels that make the copies c[0..n): which = 0
+/// for a graph's copies in (recorded first: this starts the capture's list anew, even with n = 0),
+/// 1 for its copies out. graph_instantiate finds them; graph_launch re-points them.
+Status capture_copies(int device, int which, const GraphCopy* c, int n) noexcept;
 /// The executable graph of `body` (taken: freed with the graph, or here on failure), whose capture
-/// recorded the copies `ins` (n_in) and `outs` (n_out) with copy_d2d: each is found by its
-/// pointers, which graph_launch replaces at every launch.
+/// recorded the copies `ins` (n_in) and `outs` (n_out) with capture_copies on this thread: their
+/// pointers are replaced at every launch.
 Status graph_instantiate(int device, GraphBody body, const GraphCopy* ins, int n_in, const GraphCopy* outs, int n_out,
                          GraphExec* out) noexcept;
 /// Launches g on its device's stream with these copies (as many, and of the bytes, given to
