@@ -53,6 +53,12 @@ inline constexpr long parallel_threshold = 1 << 15;
 /// 1 (81.7K on one thread) and 125K with 64 (bench/RESULTS.md, thread scaling). Changed at run
 /// time by STAGECRAFT_GRAIN_SCALE or sc::set_parallel_grain_scale.
 inline constexpr long parallel_grain_scale = 64;
+/// The least floating-point work (2 M N K) each OpenBLAS thread of a matrix product gets: a product
+/// of less runs on fewer threads (OpenBLAS otherwise threads every product above ~0.5 MFLOP over
+/// all of them). 0 (the default) leaves OpenBLAS's choice alone. Changed at run time by
+/// STAGECRAFT_BLAS_THREAD_FLOPS or sc::set_blas_thread_flops; under test on the 16-core Xeon,
+/// where the example's MLP ran 11% slower on 16 threads than on 8 (bench/RESULTS.md).
+inline constexpr long blas_thread_flops = 0;
 /// Bytes every CPU buffer is aligned to (one cache line, enough for AVX-512).
 inline constexpr unsigned alignment = 64;
 }  // namespace stagecraft::config

@@ -1,6 +1,7 @@
 // Tensor creation, item/to_vector, from_blob, reshape sharing, the allocator, printing, random.
 #include <atomic>
 #include <sstream>
+#include <vector>
 
 #include <catch2/catch.hpp>
 #include <stagecraft/stagecraft.hpp>
@@ -119,6 +120,43 @@ TEST_CASE("the grain scale sets how many threads a parallel loop uses", "[thread
   sc::set_parallel_grain_scale(0);  // clamped
   CHECK(sc::parallel_grain_scale() == 1);
   sc::set_parallel_grain_scale(saved);
+  sc::set_num_threads(threads);
+}
+
+TEST_CASE("the BLAS thread cap gives a small product fewer threads, then restores the count", "[threads]") {
+  STATIC_REQUIRE(sc::config::blas_thread_flops == 0);  // off by default
+  const int threads = sc::num_threads();
+  const std::int64_t saved = sc::blas_thread_flops();
+  sc::set_num_threads(4);
+  sc::set_blas_thread_flops(1000);
+  {
+    const sc::backend::cpu::BlasThreadCap cap(2500);  // 2.5 threads' worth of work: 2
+#if SC_HAS_OPENMP
+    CHECK(sc::num_threads() == 2);
+#endif
+  }
+  CHECK(sc::num_threads() == 4);
+  {
+    const sc::backend::cpu::BlasThreadCap cap(10);  // less than one thread's worth: 1
+#if SC_HAS_OPENMP
+    CHECK(sc::num_threads() == 1);
+#endif
+  }
+  {
+    const sc::backend::cpu::BlasThreadCap cap(1e9);  // plenty: all four
+    CHECK(sc::num_threads() == 4);
+  }
+  CHECK(sc::num_threads() == 4);
+  // Products under the cap give the same numbers (each element's sum is one thread's either way).
+  const sc::Tensor a = sc::random::uniform({64, 48}, -1.0, 1.0, 5), b = sc::random::uniform({48, 40}, -1.0, 1.0, 6);
+  sc::set_blas_thread_flops(0);
+  const std::vector<float> free_run = sc::matmul(a, b).to_vector<float>();
+  sc::set_blas_thread_flops(100000);
+  CHECK(sc::matmul(a, b).to_vector<float>() == free_run);
+  CHECK(sc::num_threads() == 4);
+  sc::set_blas_thread_flops(-5);  // clamped: off
+  CHECK(sc::blas_thread_flops() == 0);
+  sc::set_blas_thread_flops(saved);
   sc::set_num_threads(threads);
 }
 

@@ -27,12 +27,14 @@ inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
 inline void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const float* A, const float* B, float* C, bool ta,
                  bool tb) {
   ensure_blas_core();
+  const BlasThreadCap cap(2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
   cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), bi(M), bi(N), bi(K), 1.f, A, bi(ta ? M : K), B, bi(tb ? K : N), 0.f, C,
               bi(N));
 }
 inline void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const double* A, const double* B, double* C, bool ta,
                  bool tb) {
   ensure_blas_core();
+  const BlasThreadCap cap(2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
   cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), bi(M), bi(N), bi(K), 1.0, A, bi(ta ? M : K), B, bi(tb ? K : N), 0.0, C,
               bi(N));
 }
@@ -225,6 +227,7 @@ void gemm_ld(std::int64_t M, std::int64_t N, std::int64_t K, const T* A, std::in
       else for (std::int64_t m = 0; m < M; ++m) std::memset(C + m * ldc, 0, static_cast<std::size_t>(N) * sizeof(T));
     }
     const T beta = T(1);
+    const BlasThreadCap cap(2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
     if constexpr (std::is_same_v<T, float>)
       cblas_sgemm(CblasRowMajor, blas_detail::tr(ta), blas_detail::tr(tb), blas_detail::bi(M), blas_detail::bi(N),
                   blas_detail::bi(K), 1.f, A, blas_detail::bi(lda), B, blas_detail::bi(ldb), beta, C,

@@ -51,7 +51,60 @@ inline void set_parallel_grain_scale(std::int64_t k) {
   detail::grain_scale_setting().store(std::clamp<std::int64_t>(k, 1, std::int64_t{1} << 20), std::memory_order_relaxed);
 }
 
+namespace detail {
+/// The process's BLAS thread work: STAGECRAFT_BLAS_THREAD_FLOPS when set (>= 0), else
+/// config::blas_thread_flops.
+inline std::atomic<std::int64_t>& blas_thread_flops_setting() {
+  static std::atomic<std::int64_t> flops{[] {
+    const char* v = std::getenv("STAGECRAFT_BLAS_THREAD_FLOPS");
+    const long long k = v != nullptr ? std::atoll(v) : config::blas_thread_flops;
+    return static_cast<std::int64_t>(std::max<long long>(k, 0));
+  }()};
+  return flops;
+}
+}  // namespace detail
+
+/// The least work (floating-point operations) each OpenBLAS thread of a matrix product gets (0:
+/// OpenBLAS decides alone); see config::blas_thread_flops.
+inline std::int64_t blas_thread_flops() { return detail::blas_thread_flops_setting().load(std::memory_order_relaxed); }
+/// Sets blas_thread_flops (0 turns the cap off).
+inline void set_blas_thread_flops(std::int64_t flops) {
+  detail::blas_thread_flops_setting().store(std::max<std::int64_t>(flops, 0), std::memory_order_relaxed);
+}
+
 namespace backend::cpu {
+
+/// While alive, OpenBLAS (whose OpenMP build asks OpenMP for its thread count at each call) runs a
+/// product of `flops` on at most flops / blas_thread_flops() threads. Nothing changes inside a
+/// parallel region (the product is serial there), with the cap off, or without OpenMP.
+class BlasThreadCap {
+ public:
+  explicit BlasThreadCap(double flops) {
+#if SC_HAS_OPENMP
+    const std::int64_t per = blas_thread_flops();
+    if (per <= 0 || omp_in_parallel()) return;
+    const int max = omp_get_max_threads();
+    const double fit = flops / static_cast<double>(per);
+    const int want = fit < 1 ? 1 : (fit >= max ? max : static_cast<int>(fit));
+    if (want < max) {
+      saved_ = max;
+      omp_set_num_threads(want);
+    }
+#else
+    (void)flops;
+#endif
+  }
+  ~BlasThreadCap() {
+#if SC_HAS_OPENMP
+    if (saved_ > 0) omp_set_num_threads(saved_);
+#endif
+  }
+  BlasThreadCap(const BlasThreadCap&) = delete;
+  BlasThreadCap& operator=(const BlasThreadCap&) = delete;
+
+ private:
+  int saved_ = 0;
+};
 
 /// Runs f(begin, end) over [0, n) split into one contiguous range per thread, or serially
 /// when n < grain (small tensors pay no thread start-up) or when already in a parallel region.
