@@ -12,6 +12,9 @@
 # examples  fashion_mnist on all 60000 images, CPU and --device cuda (eager, graph)
 # debug     backtraces of crashing GPU tests ($SC_DEBUG_TESTS) and the example's whole output
 # threads   the example at 16 threads under OpenMP/OpenBLAS settings (issue 9's scaling)
+# profile   each model's step (mlp, lstm, cnn; $SC_PROFILE_MODELS) eager, staged and as a graph: its
+#           wall time against its host enqueue time, and Nsight Compute's time per kernel
+#           (profile.txt; bench/ncu_summary.py)
 # No argument: all four, in that order. The session has 15 minutes of device time in all and one
 # call at most 10: each phase starts only if its usual time fits in $SC_BUDGET seconds (default
 # 540) from the start. Results under $OUT (at most 8 files come back): ctest-cuda.log,
@@ -126,12 +129,31 @@ if has bench && fits 150; then
   { cat "$aux/machine.txt"; python3 bench/gpu_summary.py "$out"/bench_cuda*.json; } | tee "$out/summary.txt"
 fi
 
+# profile: where the GPU steps' time goes. profile_cuda_steps prints a step's wall time and the
+# host's time to queue it (host-bound when they are close); ncu then times each kernel of two steps.
+if has profile && fits 60; then
+  stamp "profile: profile_cuda_steps, then ncu per kernel"
+  prof=$build/bench/profile_cuda_steps
+  {
+    for model in ${SC_PROFILE_MODELS:-mlp lstm cnn}; do
+      for mode in eager staged graph; do
+        fits 25 || break 2
+        echo "== $model $mode"
+        timeout 60 "$prof" "$model" "$mode" 0 2>&1 | tail -3
+        timeout 90 ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
+          "$prof" "$model" "$mode" 2 > "$aux/ncu-$model-$mode.csv" 2> "$aux/ncu-$model-$mode.err"
+        python3 bench/ncu_summary.py "$aux/ncu-$model-$mode.csv" 2 | head -${SC_PROFILE_ROWS:-25}
+      done
+    done
+  } > "$out/profile.txt" 2>&1
+  grep -E "^== |step_us|per step" "$out/profile.txt"
+fi
+
 # threads: the example's MLP at 16 threads under OpenMP and OpenBLAS settings (wait policy,
 # binding, BLAS threads), beside 1 and 4 threads: where the time goes when more threads are slower.
 if has threads && fits 40; then
   stamp "threads: settings at 16 threads"
   ex_s() { grep -o "examples_per_sec=[0-9]*" | cut -d= -f2; }
-  best=0
   {
     # SC_THREADS_VARIANTS: "threads|VAR=value ..." entries, one per line (the default list without it)
     variants=${SC_THREADS_VARIANTS:-"1|
@@ -142,21 +164,26 @@ if has threads && fits 40; then
 16|OMP_PROC_BIND=close OMP_PLACES=cores
 16|OPENBLAS_NUM_THREADS=1
 16|STAGECRAFT_BLAS_CORE=keep
-1|STAGECRAFT_BLAS_CORE=keep"}
+1|STAGECRAFT_BLAS_CORE=keep
+8|
+16|STAGECRAFT_BLAS_THREAD_FLOPS=1000000
+16|STAGECRAFT_BLAS_THREAD_FLOPS=4000000
+16|STAGECRAFT_BLAS_THREAD_FLOPS=16000000"}
     while IFS= read -r v; do
       [[ -z $v ]] && continue
       n=${v%%|*} extra=${v#*|}
       fits 10 || break
       e=$(env OMP_NUM_THREADS=$n $extra timeout 30 "$fm" --epochs 1 --limit 20000 2>/dev/null | ex_s)
       printf "%-3s %-50s %s\n" "$n" "${extra:-default}" "${e:--}"
-      # the best STAGECRAFT_GRAIN_SCALE at 16 threads, for the scaling table below
-      if [[ $n == 16 && $extra == STAGECRAFT_GRAIN_SCALE=* && -n $e ]] && ((e > best)); then
-        best=$e
-        echo "$extra" > "$aux/best-grain"
-      fi
     done <<< "$variants"
   } | tee "$out/threads.txt"
-  [[ -f $aux/best-grain ]] && SC_SCALING_ENV=$(cat "$aux/best-grain") && echo "scaling with $SC_SCALING_ENV"
+  # The best stagecraft setting at 16 threads (STAGECRAFT_GRAIN_SCALE, STAGECRAFT_BLAS_THREAD_FLOPS)
+  # runs the scaling table below when it beats the defaults by 3%.
+  base16=$(awk '$1 == 16 && $2 == "default" {print $3}' "$out/threads.txt" | head -1)
+  best=$(sort -k3 -n "$out/threads.txt" | awk '$1 == 16 && $2 ~ /^STAGECRAFT_(GRAIN_SCALE|BLAS_THREAD_FLOPS)=/ && $3 != "-" {l = $0} END {print l}')
+  if [[ -n $best && -n $base16 && $base16 != - ]] && (($(echo "$best" | awk '{print $3}') * 100 > base16 * 103)); then
+    SC_SCALING_ENV=$(echo "$best" | awk '{print $2}') && echo "scaling with $SC_SCALING_ENV"
+  fi
 fi
 
 if has scaling && fits 60; then

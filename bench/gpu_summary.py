@@ -62,6 +62,15 @@ def main(paths):
     tadd = get("cuda/small_add/libtorch", "items_per_second")
     show("eager small op, us per launch (stagecraft)", add and f"{1e6 / add:.2f}", "<= 3 us", lambda v: float(v) <= 3)
     show("eager small op, us per launch (LibTorch)", tadd and f"{1e6 / tadd:.2f}", "-", lambda v: True)
+    # Where the eager op's time goes (bench_cuda_launch.cu): the launch floor, the abi kernel alone
+    # (no dispatch or allocation), the allocator, cudaGetLastError.
+    for label, name in (("  floor: empty kernel launch", "cuda/launch/empty_kernel/param280:0"),
+                        ("  floor: empty kernel, 280-byte parameter", "cuda/launch/empty_kernel/param280:1"),
+                        ("  the add kernel through the abi (no dispatch, no allocation)", "cuda/launch/abi_add"),
+                        ("  caching allocator: allocate + free (host)", "cuda/launch/alloc_free_cached"),
+                        ("  cudaGetLastError (host)", "cuda/launch/get_last_error")):
+        r = get(name, "items_per_second")
+        show(f"{label}, us", r and f"{1e6 / r:.2f}", "-", lambda v: True)
     copy = get("cuda/copy_d2d/256M", "bytes_per_second")
     show("device-to-device copy, TB/s", copy and f"{copy / 1e12:.2f}", "-", lambda v: True)
     for label, name in (("9-op chain traced (vec16)", f"cuda/chain9/staged/n:{big}/vec16:1"),
