@@ -3,6 +3,8 @@
 // GPU variables. Needs a GPU: gpu_main.cpp skips every test (exit 77) where none is found.
 #include "cuda_testing.hpp"
 
+#include <memory>
+
 using namespace sctest::cuda;
 
 TEST_CASE("cuda: transpose, slice, broadcast_to and concat == CPU", "[cuda]") {
@@ -104,6 +106,41 @@ TEST_CASE("cuda: an SGD step of GPU variables == the CPU's", "[cuda]") {
   };
   const auto want = train(false), got = train(true);
   for (std::size_t i = 0; i < got.size(); ++i) check_same(got[i], want[i], 1e-12);
+}
+
+TEST_CASE("cuda: fused optimizer updates (one kernel per variable) equal the composite ops bit for bit", "[cuda]") {
+  // Adam, SGD, SGD with momentum and Nesterov's, f32 and f64: the eager GPU update runs one
+  // kernel (optim/fused.hpp); with fused updates off, the 3 to 12 ops of the composite. Both must
+  // give the same bits, and the CPU's within rounding (same ops, same order).
+  enum class Opt { adam, sgd, momentum, nesterov };
+  for (const sc::DType d : {sc::f32, sc::f64})
+    for (const Opt which : {Opt::adam, Opt::sgd, Opt::momentum, Opt::nesterov}) {
+      INFO(sc::name(d) << " optimizer " << static_cast<int>(which));
+      const auto train = [&](sc::Device dev, bool fused) {
+        const sc::DeviceScope scope(dev);
+        const bool was = sc::optim::fused::enabled;
+        sc::optim::fused::enabled = fused;
+        sc::nn::Dense layer(8, 4, /*seed=*/7, d);
+        std::unique_ptr<sc::optim::Optimizer> opt;
+        if (which == Opt::adam) opt = std::make_unique<sc::optim::Adam>(0.01);
+        else opt = std::make_unique<sc::optim::SGD>(0.1, which == Opt::sgd ? 0.0 : 0.9, which == Opt::nesterov);
+        const sc::Tensor x = sc::random::normal({16, 8}, 3, 0.0, 1.0, d);
+        const sc::Tensor labels = sc::tensor(std::vector<std::int64_t>{0, 1, 2, 3, 3, 2, 1, 0, 0, 0, 1, 1, 2, 2, 3, 3},
+                                             sc::Shape{16});
+        for (int step = 0; step < 3; ++step) {
+          sc::GradientTape tape;
+          const sc::Tensor loss = sc::nn::cross_entropy(layer(x), labels);
+          opt->apply(tape.gradient(loss, layer.trainable_variables()), layer.trainable_variables());
+        }
+        sc::optim::fused::enabled = was;
+        return std::vector<sc::Tensor>{layer.kernel.value().to(sc::Device::cpu()), layer.bias.value().to(sc::Device::cpu())};
+      };
+      const auto fused = train(gpu, true), composite = train(gpu, false), cpu = train(sc::Device::cpu(), true);
+      for (std::size_t i = 0; i < fused.size(); ++i) {
+        CHECK(fused[i].to_vector<double>() == composite[i].to_vector<double>());
+        check_same(fused[i], cpu[i], d == sc::f32 ? 1e-6 : 1e-12);
+      }
+    }
 }
 
 TEST_CASE("cuda: gather and scatter_add == CPU (negative and duplicate indices)", "[cuda]") {

@@ -1,6 +1,7 @@
-// One-pass CPU updates for SGD and Adam: what their composite steps compute (3 to 12 elementwise
-// ops, each a pass over memory) in one loop per variable, used eagerly when it is safe, and (Adam)
-// for the fused group a traced update becomes (graph/fused_special.hpp).
+// One-pass updates for SGD and Adam: what their composite steps compute (3 to 12 elementwise
+// ops, each a pass over memory) in one loop per variable on the CPU, or one kernel on a GPU
+// (kernels/optim.cu: on a GPU each op was a launch, 72 of an MLP Adam step's), used eagerly when
+// it is safe, and (Adam, CPU) for the fused group a traced update becomes (graph/fused_special.hpp).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "../backend/cpu/elementwise.hpp"  // batch<T>: xsimd vectors
 #include "../backend/cpu/parallel.hpp"
+#include "../backend/cuda/kernels.hpp"
 #include "../core/tensor.hpp"
 #include "../eager/context.hpp"
 #include "../graph/fused_special.hpp"
@@ -20,17 +22,23 @@ namespace stagecraft::optim::fused {
 /// composite ops there instead, e.g. to compare the two.
 inline thread_local bool enabled = true;
 
-/// True when an update of `var` from g may run as one CPU loop instead of ops: nothing is being
-/// traced (a traced step must stay a graph of ops), no tape could record it (apply() runs under
-/// StopRecording, so this only guards a direct call), and var, its n slots, g and lr are concrete
-/// CPU tensors of var's floating dtype (tensors are contiguous). Otherwise the composite runs.
+/// True when an update of `var` from g may run as one CPU loop (or one GPU kernel) instead of ops:
+/// nothing is being traced (a traced step must stay a graph of ops), no tape could record it
+/// (apply() runs under StopRecording, so this only guards a direct call), and var, its n slots and
+/// g are concrete tensors of var's floating dtype on var's device (the CPU, or a GPU in a CUDA
+/// build; tensors are contiguous), lr one element of that dtype there or on the CPU. Otherwise
+/// the composite runs.
 inline bool eligible(const Tensor& g, const Variable& var, const Variable* slots, std::size_t n, const Tensor& lr) {
   const detail::Context& ctx = detail::context();
   if (!enabled || ctx.trace != nullptr || (ctx.tapes != nullptr && ctx.no_record == 0)) return false;
   const DType d = var.dtype();
   if (d != DType::f32 && d != DType::f64) return false;
-  auto ok = [d](const Tensor& t) { return !t.is_symbolic() && t.device().is_cpu() && t.dtype() == d; };
-  if (!ok(var.value()) || !ok(g) || !ok(lr) || lr.numel() != 1 || g.shape() != var.shape()) return false;
+  const Tensor w = var.value();
+  const Device dev = w.device();
+  if (!dev.is_cpu() && !(cuda::built && dev.is_cuda())) return false;
+  auto ok = [d, dev](const Tensor& t) { return !t.is_symbolic() && t.device() == dev && t.dtype() == d; };
+  if (!ok(w) || !ok(g) || g.shape() != w.shape()) return false;
+  if (lr.is_symbolic() || lr.dtype() != d || lr.numel() != 1 || !(lr.device() == dev || lr.device().is_cpu())) return false;
   for (std::size_t i = 0; i < n; ++i)
     if (!ok(slots[i].value())) return false;
   return true;
@@ -82,8 +90,8 @@ inline void store(T* p, std::int64_t i, const V& v) {
   else v.store_unaligned(p + i);
 }
 
-/// A fresh CPU tensor shaped like t (variables are replaced, never written in place).
-inline Tensor like(const Tensor& t) { return stagecraft::detail::empty_tensor(t.shape(), t.dtype(), Device::cpu()); }
+/// A fresh tensor shaped like t on its device (variables are replaced, never written in place).
+inline Tensor like(const Tensor& t) { return stagecraft::detail::empty_tensor(t.shape(), t.dtype(), t.device()); }
 
 /// Adam's update of n elements (optim/adam.hpp: its op order and roundings), a1 = 1 - beta1,
 /// a2 = 1 - beta2, r = lr_t. Each element's inputs are read before its outputs are written, so an
@@ -109,7 +117,18 @@ void adam_loop(std::int64_t n, const T* pg, const T* pm, const T* pv, const T* p
 ///   m += (g - m) * c1;  v += (g*g - v) * c2;  w -= (m * lr) / (sqrt(v) + eps)
 inline void adam(const Tensor& g, Variable& var, Variable& m, Variable& v, const Tensor& lr, double c1, double c2,
                  double eps) {
-  const Tensor m1 = detail::like(m.value()), v1 = detail::like(v.value()), w1 = detail::like(var.value());
+  Tensor m1 = detail::like(m.value()), v1 = detail::like(v.value()), w1 = detail::like(var.value());
+  if (w1.device().is_cuda()) {
+#if defined(STAGECRAFT_WITH_CUDA)
+    // (c1, c2 and eps are rounded to var's dtype in the kernel's launch, as static_cast<T> below.)
+    backend::cuda::adam_update(g, m.value(), v.value(), var.value(), m1, v1, w1, lr, c1, c2, eps, "Adam",
+                               std::source_location::current());
+#endif
+    m.assign(m1);
+    v.assign(v1);
+    var.assign(w1);
+    return;
+  }
   visit_floating(var.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     auto in = [](const Tensor& t) { return static_cast<const T*>(t.raw_data()); };
@@ -154,8 +173,17 @@ inline const bool adam_program_registered = graph::register_special({"adam", ada
 ///   velocity = velocity * mu - step;  w += velocity  (nesterov: w += velocity * mu - step)
 /// velocity is null without momentum.
 inline void sgd(const Tensor& g, Variable& var, Variable* velocity, const Tensor& lr, double momentum, bool nesterov) {
-  const Tensor w1 = detail::like(var.value());
-  const Tensor vel1 = velocity != nullptr ? detail::like(velocity->value()) : Tensor();
+  Tensor w1 = detail::like(var.value());
+  Tensor vel1 = velocity != nullptr ? detail::like(velocity->value()) : Tensor();
+  if (w1.device().is_cuda()) {
+#if defined(STAGECRAFT_WITH_CUDA)
+    backend::cuda::sgd_update(g, var.value(), velocity != nullptr ? velocity->value() : Tensor(), w1, vel1, lr, momentum,
+                              nesterov, "SGD", std::source_location::current());
+#endif
+    if (velocity != nullptr) velocity->assign(vel1);
+    var.assign(w1);
+    return;
+  }
   visit_floating(var.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* pg = static_cast<const T*>(g.raw_data());

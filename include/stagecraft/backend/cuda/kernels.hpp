@@ -296,6 +296,40 @@ inline void check_range(const Tensor& x, Tensor& y, std::int64_t lo, std::int64_
         d, op, loc);
 }
 
+/// The learning-rate operand of the fused optimizer kernels: a device pointer when lr lives on the
+/// GPU (read when the kernel runs: no wait), else its value read here.
+inline const void* rate_on_device(const Tensor& lr, double& host) {
+  if (lr.device().is_cuda()) return lr.raw_data();
+  host = lr.dtype() == DType::f32 ? static_cast<double>(*static_cast<const float*>(lr.raw_data()))
+                                  : *static_cast<const double*>(lr.raw_data());
+  return nullptr;
+}
+
+/// Adam's update of w (m, v its slots, g its gradient) into the new tensors m1, v1, w1, one kernel
+/// (abi::adam_update); lr (w's dtype, one element) on the GPU or the CPU.
+inline void adam_update(const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& w, Tensor& m1, Tensor& v1,
+                        Tensor& w1, const Tensor& lr, double a1, double a2, double eps, std::string_view op,
+                        const std::source_location& loc) {
+  const Device d = w.device();
+  double host = 0;
+  const void* dev = rate_on_device(lr, host);
+  check(abi::adam_update(dt(w.dtype()), g.raw_data(), m.raw_data(), v.raw_data(), w.raw_data(), m1.raw_data(),
+                         v1.raw_data(), w1.raw_data(), dev, host, a1, a2, eps, w.numel(), stream(d, op, loc)),
+        d, op, loc);
+}
+
+/// SGD's update of w into w1 (and of the velocity vel into vel1; both undefined without momentum).
+inline void sgd_update(const Tensor& g, const Tensor& w, const Tensor& vel, Tensor& w1, Tensor& vel1, const Tensor& lr,
+                       double momentum, bool nesterov, std::string_view op, const std::source_location& loc) {
+  const Device d = w.device();
+  double host = 0;
+  const void* dev = rate_on_device(lr, host);
+  check(abi::sgd_update(dt(w.dtype()), g.raw_data(), w.raw_data(), vel.defined() ? vel.raw_data() : nullptr,
+                        w1.raw_data(), vel1.defined() ? vel1.raw_data() : nullptr, dev, host, momentum, nesterov,
+                        w.numel(), stream(d, op, loc)),
+        d, op, loc);
+}
+
 /// The fault record of a kernel that checks class labels against [0, classes) (cross_entropy's).
 inline abi::Fault* label_fault(Device d, std::int64_t classes, std::string_view op, const std::source_location& loc,
                                std::int32_t& tag) {
