@@ -237,22 +237,34 @@ inline bool lt_done(abi::Status st, Device d, const std::source_location& loc) {
 /// out [M, N] = relu?(op(a) op(b) + bias) in one cuBLASLt call (a, b f32 matrices, read transposed
 /// where ta/tb; bias [N] or [1, N]); false, with nothing queued, where cuBLASLt cannot (the caller
 /// then runs the product and the sum apart).
+/// (The plan calls it and gemm_bgrad directly: without CUDA they compile to `false`, so that a
+/// CPU-only program built at -O0 does not refer to the kernels' symbols.)
 inline bool gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, bool relu, bool ta, bool tb, Tensor& out,
                       const std::source_location& loc) {
+#if defined(STAGECRAFT_WITH_CUDA)
   const Device d = out.device();
   return lt_done(abi::gemm_bias(dt(out.dtype()), a.raw_data(), b.raw_data(), bias.raw_data(), out.raw_data(),
                                 matrix_args(a, out, ta, tb), relu, d.index(), stream(d, "matmul", loc)),
                  d, loc);
+#else
+  (void)a, (void)b, (void)bias, (void)relu, (void)ta, (void)tb, (void)out, (void)loc;
+  return false;
+#endif
 }
 
 /// out = op(a) b and bgrad = the column sums of b (a dense layer's weight and bias gradients) in one
 /// cuBLASLt call; false (nothing queued) where cuBLASLt cannot (the caller runs the product and the
 /// sum instead).
 inline bool gemm_bgrad(const Tensor& a, const Tensor& b, bool ta, Tensor& out, Tensor& bgrad, const std::source_location& loc) {
+#if defined(STAGECRAFT_WITH_CUDA)
   const Device d = out.device();
   return lt_done(abi::gemm_bgrad(dt(out.dtype()), a.raw_data(), b.raw_data(), out.raw_data(), bgrad.raw_data(),
                                  matrix_args(a, out, ta, false), d.index(), stream(d, "matmul", loc)),
                  d, loc);
+#else
+  (void)a, (void)b, (void)ta, (void)out, (void)bgrad, (void)loc;
+  return false;
+#endif
 }
 
 /// The device's fault record, and a tag for a launch of `op` that can find a bad value there:
