@@ -71,18 +71,7 @@ inline Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
   constexpr std::string_view op = "cross_entropy";
   stagecraft::detail::require_defined(logits, op, loc);
   stagecraft::detail::require_defined(labels, op, loc);
-  if (SC_UNLIKELY(!is_floating(logits.dtype())))
-    stagecraft::detail::fail<DTypeError>(op, loc, "expects f32 or f64 logits, got ", name(logits.dtype()));
-  if (SC_UNLIKELY(!is_integral(labels.dtype())))
-    stagecraft::detail::fail<DTypeError>(op, loc, "expects i32 or i64 class labels, got ", name(labels.dtype()),
-                                         " (cast them with .astype(sc::i64))");
-  if (SC_UNLIKELY(logits.rank() != 2 || labels.rank() != 1))
-    stagecraft::detail::fail<ShapeError>(op, loc, "expects logits [N, C] and labels [N], got ", logits.shape(),
-                                         " and ", labels.shape());
-  if (SC_UNLIKELY(logits.shape()[0] != labels.shape()[0]))
-    stagecraft::detail::fail<ShapeError>(op, loc, "logits ", logits.shape(), " and labels ", labels.shape(),
-                                         " disagree on the batch size (", logits.shape()[0], " != ",
-                                         labels.shape()[0], ")");
+  ops::xent::check_inputs(op, logits, labels, loc);  // the op's own checks, named as this function
   functional_detail::check_labels(labels, logits.shape()[1], loc);
   // One op (and one for its gradient): symbolic labels (a staged step) are checked by its kernel
   // when the plan runs, and labels on a GPU by the GPU's (raised at the next wait, as a bad gather
