@@ -552,7 +552,7 @@ FusedProgram broadcast_program(sc::DType d) {
 void check_against_cpu(const FusedProgram& p, const HostBuilt& k, bool vector, std::vector<sc::Tensor> in = {}) {
   const sc::DType d = p.dtype;
   for (std::size_t i = in.size(); i < p.input_shapes.size(); ++i) {
-    const sc::Tensor u = sctest::uniform_tensor(p.input_shapes[i], 40 + i, 0.5, 2.0);
+    const sc::Tensor u = sctest::uniform_tensor(p.arg_shape(i), 40 + i, 0.5, 2.0);  // (a window's parent)
     in.push_back(sc::is_floating(d) ? u.astype(d) : (u * 3).astype(d));
   }
   std::vector<sc::Tensor> want, got;
@@ -605,6 +605,34 @@ TEST_CASE("rtc: the generated kernel, built for the host, computes what the CPU 
     REQUIRE(k.error().empty());
     check_against_cpu(p, k, false);
   }
+}
+
+TEST_CASE("rtc: inputs read through windows (absorbed slices), built for the host, compute what the CPU evaluator does",
+          "[cuda][rtc][window]") {
+  using sc::ops::OpId;
+  for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64})
+    for (bool reduce : {false, true}) {
+      if (reduce && !sc::is_floating(d)) continue;
+      INFO(sc::name(d) << (reduce ? ", rows summed" : ""));
+      // x: a [7, 9] window of [10, 14] at (2, 3); y [9] plain; z: one row of [4, 11] at (1, 2),
+      // broadcast over the rows; s: one element of [3, 3] at (2, 1)
+      FusedProgram p = row_program(d, 7, 9, OpId::Sum);
+      if (!reduce) p.reduction.reset();
+      if (!sc::is_floating(d)) p.code[3] = {OpId::Neg, 6};  // (no tanh for integers)
+      p.input_shapes = {{7, 9}, {9}, {1, 9}, {1, 1}};
+      p.windows = {{{10, 14}, {2, 3}}, {}, {{4, 11}, {1, 2}}, {{3, 3}, {2, 1}}};
+      CHECK_FALSE(sc::graph::cuda_vectorizable(p));
+      const std::string src = sc::graph::cuda_source(p);
+      CHECK_THAT(src, Catch::Contains("in0[31LL + (i % 9LL) + ((i / 9LL) % 7LL) * 14LL]"));
+      CHECK_THAT(src, Catch::Contains("in3[7LL]"));
+#if defined(STAGECRAFT_WITH_CUDA)
+      check_compiles(src);
+#endif
+      const HostBuilt k(p);
+      INFO(k.error());
+      REQUIRE(k.error().empty());
+      check_against_cpu(p, k, false);
+    }
 }
 
 TEST_CASE("rtc: the 16-byte kernel, built for the host, computes the same, tail included", "[cuda][rtc]") {

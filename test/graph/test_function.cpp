@@ -7,6 +7,8 @@
 #include <stagecraft/graph/function.hpp>
 
 #include <atomic>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -500,6 +502,54 @@ TEST_CASE("function: a traced MLP Adam step fused as on a GPU is 28 kernels: one
     INFO(gone);
     CHECK(ops.count(gone) == 0);
   }
+}
+
+TEST_CASE("function: slices read only by a fused group are read through windows, no kernel of their own",
+          "[function][fusion]") {
+  struct FuseAll {
+    std::int64_t saved = sc::graph::fusion_min_elements();
+    FuseAll() { sc::graph::fusion_min_elements() = 1; }
+    ~FuseAll() { sc::graph::fusion_min_elements() = saved; }
+  } fuse_all;
+  const auto bits = [](const sc::Tensor& a, const sc::Tensor& b) {
+    const auto x = a.to_vector<float>(), y = b.to_vector<float>();
+    bool same = x.size() == y.size();
+    for (std::size_t i = 0; same && i < x.size(); ++i) same = std::bit_cast<std::uint32_t>(x[i]) == std::bit_cast<std::uint32_t>(y[i]);
+    return same;
+  };
+  const sc::Tensor x = sc::random::uniform({5, 12}, -3.0, 3.0, 71);
+  // gates: four column windows of one value, one group, one kernel
+  const auto gates = [](const sc::Tensor& z) {
+    const auto part = [&](std::int64_t k) { return sc::slice(z, {0, 3 * k}, {-1, 3}); };
+    const sc::Tensor c = sc::sigmoid(part(0)) * sc::tanh(part(2)) + sc::sigmoid(part(1));
+    return sc::sigmoid(part(3)) * sc::tanh(c);
+  };
+  auto f = sc::function(gates);
+  CHECK(bits(sc::Tensor(f(x)), gates(x)));
+  const sc::ConcreteFunction c = f.get_concrete(x);
+  INFO(c.stats());
+  CHECK(c.stats().plan.kernels == 1);
+  // a row window broadcast over an output of its parent's shape, the parent dying there: the
+  // output must not take the parent's buffer (each row would read a row already overwritten)
+  const auto rows = [](const sc::Tensor& v) {
+    const sc::Tensor e = sc::exp(v) - 1.f;
+    // (transposed after: the group's output is an intermediate the plan places)
+    return sc::transpose(sc::slice(e, {2, 0}, {1, -1}) * (v * 2.f) + sc::slice(e, {4, 0}, {1, -1}));
+  };
+  auto h = sc::function(rows);
+  CHECK(bits(sc::Tensor(h(x)), rows(x)));
+  // a slice also read outside the group stays a kernel (its result is needed there)
+  const auto shared = [](const sc::Tensor& v) {
+    const sc::Tensor s = sc::slice(v, {0, 2}, {-1, 4});
+    return std::vector<sc::Tensor>{sc::exp(s) * s + 1.f, sc::sum(s, {1})};
+  };
+  auto k = sc::function(shared);
+  const std::vector<sc::Tensor> got = k(x), want = shared(x);
+  CHECK(bits(got[0], want[0]));
+  CHECK(bits(got[1], want[1]));
+  std::map<std::string, int> ops;
+  for (const sc::graph::Node& n : k.get_concrete(x).graph().nodes) ++ops[std::string(n.name())];
+  CHECK(ops["slice"] == 1);
 }
 
 TEST_CASE("function: an Adam step staged equals it eager, each variable's update is one fused group",

@@ -599,3 +599,46 @@ TEST_CASE("invalid reductions are named errors", "[fused][reduce][errors]") {
   std::vector<sc::Tensor> none;
   CHECK_THROWS_AS(g::run_fused(p, std::vector<sc::Tensor>{sc::zeros({4, 6})}, none), sc::ValueError);
 }
+
+TEST_CASE("inputs read through windows of larger tensors (absorbed slices) equal plain loops", "[fused][window]") {
+  // out = (A + B) * Cw * s: A a [R, C] window of a larger tensor, Cw a one-row window broadcast
+  // over the rows, s one element of a third; the reference walks the parents by hand.
+  constexpr std::int64_t R = 37, C = 45;
+  std::vector<float> pa((R + 3) * (C + 5)), b(R * C), pc(4 * (C + 2)), ps(9);
+  Rng r(21);
+  for (auto* v : {&pa, &b, &pc, &ps})
+    for (float& x : *v) x = static_cast<float>(static_cast<int>(r.next() % 2001) - 1000) / 64.f;
+  const sc::Tensor ta = sc::tensor(pa, sc::Shape{R + 3, C + 5}), tb = sc::tensor(b, sc::Shape{R, C}),
+                   tc = sc::tensor(pc, sc::Shape{4, C + 2}), ts = sc::tensor(ps, sc::Shape{3, 3});
+  g::FusedProgram p{sc::f32, {R, C}, {{R, C}, {R, C}, {1, C}, {1, 1}}, {}, {}};
+  p.code = {{OpId::Add, 0, 1}, {OpId::Mul, 4, 2}, {OpId::Mul, 5, 3}};
+  p.outputs = {6, 4};
+  p.windows = {{{R + 3, C + 5}, {2, 3}}, {}, {{4, C + 2}, {1, 2}}, {{3, 3}, {2, 1}}};
+  std::vector<float> want(R * C), sum(R * C);
+  for (std::int64_t i = 0; i < R; ++i)
+    for (std::int64_t j = 0; j < C; ++j) {
+      const float s = pa[(i + 2) * (C + 5) + j + 3] + b[i * C + j];
+      sum[i * C + j] = s;
+      want[i * C + j] = s * pc[1 * (C + 2) + j + 2] * ps[2 * 3 + 1];
+    }
+  for (std::int64_t tile : {std::int64_t{0}, std::int64_t{16}, std::int64_t{5}}) {
+    INFO("tile " << tile);
+    g::PreparedFused pf = g::prepare(p);
+    if (tile > 0) pf.tile = tile;
+    std::vector<sc::Tensor> out = {sc::zeros({R, C}), sc::zeros({R, C})};
+    const std::vector<sc::Tensor> in = {ta, tb, tc, ts};
+    g::run(pf, in, out);
+    CHECK(out[0].to_vector<float>() == want);
+    CHECK(out[1].to_vector<float>() == sum);
+  }
+  // The tensors passed are the parents: a tensor of the window's shape is an error, as is a
+  // window reaching outside its parent.
+  std::vector<sc::Tensor> out = {sc::zeros({R, C}), sc::zeros({R, C})};
+  const std::vector<sc::Tensor> small = {tb, tb, tc, ts};
+  CHECK_THROWS_WITH(g::run_fused(p, small, out), Catch::Contains("input 0"));
+  g::FusedProgram bad = p;
+  bad.windows[0].begin = {4, 3};
+  CHECK_THROWS_WITH(g::prepare(bad), Catch::Contains("is not a window of [40, 50] at [4, 3]"));
+  bad.windows.pop_back();
+  CHECK_THROWS_WITH(g::prepare(bad), Catch::Contains("3 windows for 4 inputs"));
+}

@@ -95,7 +95,30 @@ STAGECRAFT_COMPILED_INLINE const char* c_type(DType d);
 /// The index into an input of shape `in` for output element `i` of shape `out` (NumPy
 /// broadcasting; axes of one element dropped, neighbouring axes the input has or lacks alike merged).
 STAGECRAFT_COMPILED_INLINE std::string index_expr(const Shape& in, const Shape& out);
+
+/// The index into the tensor passed as input k of p for output element `i`, where that input is a
+/// window of its parent (FusedWindow): the window's offset plus each output axis's coordinate
+/// times the parent's stride (axes it broadcasts over skipped).
+STAGECRAFT_COMPILED_INLINE std::string window_index_expr(const FusedProgram& p, std::size_t k);
 #if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::string window_index_expr(const FusedProgram& p, std::size_t k) {
+  const Shape st = p.strides_over_out(k);
+  const Shape& out = p.out_shape;
+  std::string e = tag("", p.arg_offset(k)) + "LL";
+  std::int64_t inner = 1;  // output elements below axis d
+  for (int d = out.rank() - 1; d >= 0; --d) {
+    if (out[d] != 1 && st[d] != 0) {
+      std::string t = "i";
+      if (inner != 1) t = "(" + t + tag(" / ", inner) + "LL)";
+      t = "(" + t + tag(" % ", out[d]) + "LL)";
+      if (st[d] != 1) t += tag(" * ", st[d]) + "LL";
+      e += " + " + t;
+    }
+    inner *= out[d];
+  }
+  return e;
+}
+
 STAGECRAFT_COMPILED_INLINE const char* c_type(DType d) {
   switch (d) {
     case DType::i32: return "int";
@@ -300,6 +323,7 @@ STAGECRAFT_COMPILED_INLINE detail_cuda_fused::ReductionSplit cuda_reduction_spli
 
 STAGECRAFT_COMPILED_INLINE bool cuda_vectorizable(const FusedProgram& p) {
   if (p.reduction) return false;  // its kernel walks rows (sc_fused_r)
+  if (p.any_window()) return false;  // a window's rows need not start 16 bytes apart
   for (const Shape& in : p.input_shapes) {
     const std::string e = detail_cuda_fused::index_expr(in, p.out_shape);
     if (e != "i" && e != "0") return false;
@@ -336,7 +360,10 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
   if (p.reduction) params += T + "* red, ";
   params += "long long n";
   std::vector<std::string> index(static_cast<std::size_t>(nin));
-  for (int k = 0; k < nin; ++k) index[static_cast<std::size_t>(k)] = d::index_expr(p.input_shapes[static_cast<std::size_t>(k)], p.out_shape);
+  for (int k = 0; k < nin; ++k) {
+    const auto u = static_cast<std::size_t>(k);
+    index[u] = p.windowed(u) ? d::window_index_expr(p, u) : d::index_expr(p.input_shapes[u], p.out_shape);
+  }
   auto load_at = [&](int k) { return d::tag("in", k) + "[" + index[static_cast<std::size_t>(k)] + "]"; };
   auto store_at = [](int j, const std::string& r) { return d::tag("out", j) + "[i] = " + r; };
   const std::string head = "// stagecraft fused kernel: " + std::string(name(p.dtype)) + p.out_shape.str() + "\n" +
@@ -419,7 +446,7 @@ STAGECRAFT_COMPILED_INLINE void CudaFused::run(std::span<const Tensor> inputs, s
                      std::to_string(outputs.size()));
   const Device dev = outputs[0].device();
   for (std::size_t i = 0; i < inputs.size(); ++i)
-    detail_fused::check_tensor(inputs[i], p.dtype, dev, p.input_shapes[i], "input", i);
+    detail_fused::check_tensor(inputs[i], p.dtype, dev, p.arg_shape(i), "input", i);
   for (std::size_t j = 0; j < p.outputs.size(); ++j) detail_fused::check_tensor(outputs[j], p.dtype, dev, p.out_shape, "output", j);
   if (p.reduction) {
     detail_fused::check_tensor(outputs[nout - 1], p.dtype, dev, p.reduction->out_shape, "output", nout - 1);

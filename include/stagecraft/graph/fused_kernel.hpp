@@ -272,6 +272,18 @@ STAGECRAFT_COMPILED_INLINE void validate(const FusedProgram& p) {
       fail_program("input " + std::to_string(i) + " of shape " + p.input_shapes[i].str() +
                    " does not broadcast to the output shape " + p.out_shape.str());
   }
+  if (!p.windows.empty() && static_cast<int>(p.windows.size()) != nin)
+    fail_program("there are " + std::to_string(p.windows.size()) + " windows for " + std::to_string(nin) + " inputs");
+  for (int i = 0; i < nin && !p.windows.empty(); ++i) {
+    const FusedWindow& w = p.windows[i];
+    if (!w.on()) continue;
+    const Shape& in = p.input_shapes[i];
+    bool ok = w.parent.rank() == in.rank() && w.begin.rank() == in.rank();
+    for (int d = 0; ok && d < in.rank(); ++d) ok = w.begin[d] >= 0 && w.begin[d] <= w.parent[d] - in[d];
+    if (!ok)
+      fail_program("input " + std::to_string(i) + " of shape " + in.str() + " is not a window of " + w.parent.str() +
+                   " at " + w.begin.str());
+  }
   for (int k = 0; k < static_cast<int>(p.code.size()); ++k) {
     const FusedInstr& c = p.code[k];
     const std::string at = "instruction " + std::to_string(k);
@@ -340,10 +352,11 @@ STAGECRAFT_COMPILED_INLINE void place_inputs(PreparedFused& pf, const std::vecto
       if (live[i]) pf.scalar_inputs.push_back(i);
     } else if (live[i]) {
       r = {Home::input, i, pf.num_slots++};  // the slot is used when gathered
-      VectorInput v{i, p.input_shapes[i].numel() != pf.numel, {}};
+      // a windowed input is gathered from its parent's strides as a broadcast one is
+      VectorInput v{i, p.input_shapes[i].numel() != pf.numel || p.windowed(static_cast<std::size_t>(i)), {}};
       if (v.broadcast) {
-        const Shape* in[1] = {&p.input_shapes[i]};
-        v.plan = backend::cpu::collapse<1>(p.out_shape, in);
+        const Shape st[1] = {p.strides_over_out(static_cast<std::size_t>(i))};
+        v.plan = backend::cpu::collapse_strides<1>(p.out_shape, st);
       }
       pf.vector_inputs.push_back(v);
     }
@@ -670,7 +683,8 @@ void bind(const PreparedFused& pf, std::span<const Tensor> in, std::span<Tensor>
     else l = {nullptr, g.slot * slot_stride(pf), 0};
   }
   for (std::size_t j = 0; j < out.size(); ++j) st.locs[pf.regs.size() + j] = {static_cast<std::byte*>(out[j].raw_data()), 0, sizeof(T)};
-  for (int i : pf.scalar_inputs) values[pf.regs[i].index] = *static_cast<const T*>(in[i].raw_data());
+  for (int i : pf.scalar_inputs)
+    values[pf.regs[i].index] = static_cast<const T*>(in[i].raw_data())[pf.program.arg_offset(static_cast<std::size_t>(i))];
   for (const Step& s : pf.once)
     reinterpret_cast<Kernel<T>>(s.fn)(values + pf.regs[s.a].index, s.b >= 0 ? values + pf.regs[s.b].index : nullptr,
                                       values + pf.regs[s.y].index, 1);
@@ -686,7 +700,8 @@ void bind(const PreparedFused& pf, std::span<const Tensor> in, std::span<Tensor>
     if (!v.broadcast) st.streams.emplace_back(static_cast<const std::byte*>(in[v.input].raw_data()), false);
     if (!v.broadcast && !aliased) continue;  // read in place
     const std::int64_t off = pf.regs[v.input].slot * slot_stride(pf);
-    st.gathers.push_back({static_cast<const std::byte*>(in[v.input].raw_data()), v.broadcast ? &v.plan : nullptr, off});
+    const std::int64_t first = pf.program.arg_offset(static_cast<std::size_t>(v.input)) * std::int64_t{sizeof(T)};
+    st.gathers.push_back({static_cast<const std::byte*>(in[v.input].raw_data()) + first, v.broadcast ? &v.plan : nullptr, off});
     st.locs[v.input] = {nullptr, off, 0};
   }
 }
@@ -714,7 +729,7 @@ STAGECRAFT_COMPILED_INLINE void run(const PreparedFused& pf, std::span<const Ten
                      std::to_string(nout) + " outputs, got " + std::to_string(inputs.size()) + " and " +
                      std::to_string(outputs.size()));
   const Device cpu = Device::cpu();
-  for (std::size_t i = 0; i < inputs.size(); ++i) f::check_tensor(inputs[i], p.dtype, cpu, p.input_shapes[i], "input", i);
+  for (std::size_t i = 0; i < inputs.size(); ++i) f::check_tensor(inputs[i], p.dtype, cpu, p.arg_shape(i), "input", i);
   for (std::size_t j = 0; j < p.outputs.size(); ++j) f::check_tensor(outputs[j], p.dtype, cpu, p.out_shape, "output", j);
   if (p.reduction) f::check_tensor(outputs[nout - 1], p.dtype, cpu, p.reduction->out_shape, "output", nout - 1);
   if (SC_UNLIKELY(pf.tile < 1)) throw ValueError("[fused] the tile must hold at least one element");

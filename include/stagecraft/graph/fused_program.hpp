@@ -29,6 +29,17 @@ struct FusedReduction {
   Shape out_shape;
 };
 
+/// An input read through a window of a larger tensor (a slice the fusion pass took into the
+/// group): the tensor passed has shape `parent` (row-major), and the input's element at index j
+/// (a multi-index of its input_shapes entry, same rank) is the parent's element at begin + j.
+/// No window: begin of rank 0.
+struct FusedWindow {
+  Shape parent;
+  Shape begin;
+  bool on() const { return begin.rank() > 0; }
+  friend bool operator==(const FusedWindow&, const FusedWindow&) = default;
+};
+
 /// A fused elementwise program over one dtype: registers 0..input_shapes.size()-1 are the inputs,
 /// each broadcast (NumPy rules) to out_shape; register input_shapes.size() + k is instruction k's result.
 struct FusedProgram {
@@ -38,6 +49,48 @@ struct FusedProgram {
   std::vector<FusedInstr> code;
   std::vector<int> outputs;  ///< registers written out, each to a tensor of out_shape and dtype
   std::optional<FusedReduction> reduction = std::nullopt;  ///< written to one more output tensor, after `outputs`
+  std::vector<FusedWindow> windows = {};  ///< empty (no input windowed), or one per input
+
+  bool windowed(std::size_t k) const { return k < windows.size() && windows[k].on(); }
+  bool any_window() const {
+    for (const FusedWindow& w : windows)
+      if (w.on()) return true;
+    return false;
+  }
+  /// The shape of the tensor passed as input k: its window's parent, else input_shapes[k].
+  const Shape& arg_shape(std::size_t k) const { return windowed(k) ? windows[k].parent : input_shapes[k]; }
+  /// Input k's element strides in the tensor passed (row-major over arg_shape(k)).
+  Shape arg_strides(std::size_t k) const {
+    const Shape& a = arg_shape(k);
+    Shape st = a;
+    std::int64_t n = 1;
+    for (int d = a.rank() - 1; d >= 0; --d) {
+      st[d] = n;
+      n *= a[d];
+    }
+    return st;
+  }
+  /// Input k's element strides in the tensor passed over out_shape's axes (0 where input k is
+  /// broadcast): what a reader of the output's elements steps by along each axis.
+  Shape strides_over_out(std::size_t k) const {
+    const Shape& in = input_shapes[k];
+    const Shape st = arg_strides(k);
+    Shape r;
+    const int ro = out_shape.rank(), ri = in.rank();
+    for (int d = 0; d < ro; ++d) {
+      const int j = d - (ro - ri);
+      r.push_back(j >= 0 && in[j] == out_shape[d] && out_shape[d] != 1 ? st[j] : 0);
+    }
+    return r;
+  }
+  /// Elements from the start of the tensor passed as input k to its first element read.
+  std::int64_t arg_offset(std::size_t k) const {
+    if (!windowed(k)) return 0;
+    const Shape st = arg_strides(k);
+    std::int64_t off = 0;
+    for (int d = 0; d < st.rank(); ++d) off += windows[k].begin[d] * st[d];
+    return off;
+  }
 };
 
 }  // namespace stagecraft::graph

@@ -302,7 +302,10 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
     if (s.head_out >= 0) u.first_out = {s.head_out};
     u.out = s.kind == StepKind::kernel || s.kind == StepKind::fused ? s.out : std::vector<int>{};
     u.views = s.kind == StepKind::view;
-    u.in_place_ok = s.kind == StepKind::fused ||
+    // (not a group reading a window: an output of the window's parent's shape may not take its buffer)
+    const bool windows = s.kind == StepKind::fused &&
+                         (s.gpu ? s.cuda_fused->program().any_window() : s.fused->program.any_window());
+    u.in_place_ok = (s.kind == StepKind::fused && !windows) ||
                     (s.kind == StepKind::kernel && (s.fns->elementwise_unary || s.fns->elementwise_binary));
     // A GPU reduction's rows, and a cuBLASLt epilogue's product, are written while inputs are read.
     u.last_out_apart = s.kind == StepKind::fused && s.gpu && (s.cuda_fused->program().reduction.has_value() || s.bias >= 0);

@@ -309,11 +309,10 @@ struct StridedPlan {
   Shape shape;
   Shape strides[N];
 };
+/// The plan of N operands with element strides st[k] over out's axes (0 on broadcast axes).
 template <int N>
-StridedPlan<N> collapse(const Shape& out, const Shape* const (&ins)[N]) {
+StridedPlan<N> collapse_strides(const Shape& out, const Shape (&st)[N]) {
   StridedPlan<N> p;
-  Shape st[N];
-  for (int k = 0; k < N; ++k) st[k] = broadcast_strides(*ins[k], out);
   for (int i = 0; i < out.rank(); ++i) {
     if (out[i] == 1) continue;  // size-1 axes carry nothing
     const int r = p.shape.rank();
@@ -332,6 +331,12 @@ StridedPlan<N> collapse(const Shape& out, const Shape* const (&ins)[N]) {
     for (int k = 0; k < N; ++k) p.strides[k].push_back(0);
   }
   return p;
+}
+template <int N>
+StridedPlan<N> collapse(const Shape& out, const Shape* const (&ins)[N]) {
+  Shape st[N];
+  for (int k = 0; k < N; ++k) st[k] = broadcast_strides(*ins[k], out);
+  return collapse_strides<N>(out, st);
 }
 
 /// Calls row(offsets..., out_offset, row_length) for every innermost row of the plan.

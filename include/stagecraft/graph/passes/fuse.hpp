@@ -11,6 +11,7 @@
 #include "../fused_kernel.hpp"
 #include "../ir.hpp"
 #include "../op_table.hpp"
+#include "../../ops/slice.hpp"
 
 namespace stagecraft::graph {
 
@@ -80,6 +81,12 @@ STAGECRAFT_COMPILED_INLINE std::int64_t trailing_inner(const Graph& g, const Nod
 /// True when node n is a sum/max/min that can consume a group's value: the CPU evaluator's tiles
 /// or, on a GPU, the generated kernel's rows (sc_fused_r) reduce it as it is computed.
 STAGECRAFT_COMPILED_INLINE bool reduction_candidate(const Graph& g, const Node& n);
+
+/// True when node `sn` is a slice whose result only group `gid` reads (and not a result of the
+/// graph), of a value of rank >= 1 on its device: the group can read it through a window.
+STAGECRAFT_COMPILED_INLINE bool window_candidate(const Graph& g, const std::vector<std::vector<int>>& users,
+                                                 const std::vector<char>& is_output, const std::vector<int>& group_of,
+                                                 int gid, int sn);
 
 /// True when node p is a matmul that can head a group of shape `shape` and dtype d.
 STAGECRAFT_COMPILED_INLINE bool head_candidate(const Graph& g, const Node& p, const Shape& shape, DType d);
@@ -157,6 +164,21 @@ STAGECRAFT_COMPILED_INLINE bool reduction_candidate(const Graph& g, const Node& 
   const bool here = in.device.is_cpu() || (in.device.is_cuda() && cuda_fusion());
   return here && out.device == in.device && is_floating(in.dtype) && out.dtype == in.dtype && in.shape.numel() > 0 &&
          trailing_inner(g, n) > 0;
+}
+
+STAGECRAFT_COMPILED_INLINE bool window_candidate(const Graph& g, const std::vector<std::vector<int>>& users,
+                                                 const std::vector<char>& is_output, const std::vector<int>& group_of,
+                                                 int gid, int sn) {
+  const Node& n = g.nodes[sn];
+  if (n.kind != NodeKind::op || n.op != ops::OpId::Slice || n.inputs.size() != 1 || n.outputs.size() != 1) return false;
+  const int v = n.outputs[0];
+  const Value &out = g.values[v], &in = g.values[n.inputs[0]];
+  if (is_output[v] || users[v].empty() || in.shape.rank() < 1 || in.shape.rank() != out.shape.rank() ||
+      in.dtype != out.dtype || in.device != out.device)
+    return false;
+  for (int u : users[v])
+    if (group_of[u] != gid) return false;
+  return true;
 }
 
 STAGECRAFT_COMPILED_INLINE bool head_candidate(const Graph& g, const Node& p, const Shape& shape, DType d) {
@@ -323,14 +345,35 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
     fg.program.dtype = first.dtype;
     fg.program.out_shape = first.shape;
     std::vector<int> reg(g.values.size(), -1);
-    // External inputs first (registers 0..k), then one register per instruction.
+    // External inputs first (registers 0..k), then one register per instruction. A slice that
+    // only this group reads is read through a window of the sliced value instead: no kernel of
+    // its own (an LSTM's gates, read from one [N, 4H] product).
+    std::vector<int> absorbed;
     for (int m : ms)
       for (int v : g.nodes[m].inputs)
         if (r.group_of[g.values[v].node] != gid && reg[v] < 0) {
           reg[v] = static_cast<int>(fg.inputs.size());
-          fg.inputs.push_back(v);
+          const int sn = g.values[v].node;
+          FusedWindow w;
+          if (fg.head < 0 && detail_fuse::window_candidate(g, users, is_output, r.group_of, gid, sn)) {
+            const Node& sl = g.nodes[sn];
+            const Shape& parent = g.values[sl.inputs[0]].shape;
+            w.parent = parent;
+            for (int d = 0; d < parent.rank(); ++d) w.begin.push_back(ops::Slice::start(parent, sl.attrs, d));
+            fg.inputs.push_back(sl.inputs[0]);
+            absorbed.push_back(sn);
+          } else {
+            fg.inputs.push_back(v);
+          }
           fg.program.input_shapes.push_back(g.values[v].shape);
+          fg.program.windows.push_back(std::move(w));
         }
+    if (absorbed.empty()) fg.program.windows.clear();
+    for (int sn : absorbed) {
+      r.group_of[sn] = gid;
+      fg.nodes.push_back(sn);
+    }
+    std::sort(fg.nodes.begin(), fg.nodes.end());  // (each slice comes before its readers)
     const int base = static_cast<int>(fg.inputs.size());
     for (std::size_t j = 0; j < ms.size(); ++j) {
       const Node& n = g.nodes[ms[j]];
