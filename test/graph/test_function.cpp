@@ -552,6 +552,55 @@ TEST_CASE("function: slices read only by a fused group are read through windows,
   CHECK(ops["slice"] == 1);
 }
 
+TEST_CASE("function: a traced LSTM fused as on a GPU: gates read through windows, their gradients one concat, bit for bit",
+          "[function][train]") {
+  // The four gate slices' gradients are zero-padded and summed: distributed over the pads
+  // (graph::distribute_over_concat), each step's sum is one concat of four pieces. 10 steps of the
+  // bench's LSTM (32 -> 64, batch 1: its zero pads are fill ops), every size fused as a GPU
+  // plan fuses, the slices read through windows. The bench's 50 steps (the kernel's gradient
+  // only) went from 953 kernels to 405.
+  struct FuseAll {
+    std::int64_t saved = sc::graph::fusion_min_elements();
+    FuseAll() { sc::graph::fusion_min_elements() = 1; }
+    ~FuseAll() { sc::graph::fusion_min_elements() = saved; }
+  } fuse_all;
+  constexpr int steps = 10;
+  sc::nn::LSTMCell cell{32, 64, 3};
+  std::vector<sc::Tensor> xs;
+  for (int t = 0; t < steps; ++t) xs.push_back(sc::random::uniform({1, 32}, -1.0, 1.0, 40 + t));
+  const std::vector<sc::Variable> vars = cell.trainable_variables();
+  const auto body = [&] {
+    sc::GradientTape tape;
+    auto state = cell.initial_state(1);
+    for (const sc::Tensor& x : xs) state = cell(x, state);
+    const sc::Tensor loss = sc::sum(state.first * state.second);
+    std::vector<sc::Tensor> r = tape.gradient(loss, vars);
+    r.insert(r.begin(), loss);
+    return r;
+  };
+  const std::vector<sc::Tensor> eager = body();
+  auto f = sc::function(body);
+  const std::vector<sc::Tensor> staged = f();
+  REQUIRE(staged.size() == eager.size());
+  for (std::size_t k = 0; k < eager.size(); ++k) {
+    const auto a = eager[k].to_vector<float>(), b = staged[k].to_vector<float>();
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      INFO("result " << k << ", element " << i);
+      CHECK(std::bit_cast<std::uint32_t>(a[i]) == std::bit_cast<std::uint32_t>(b[i]));
+    }
+  }
+  const sc::ConcreteFunction c = f.get_concrete();
+  INFO(c.stats());
+  std::map<std::string, int> ops;
+  for (const sc::graph::Node& n : c.graph().nodes) ++ops[std::string(n.name())];
+  CHECK(ops["concat"] == steps);
+  // the gates are windows of x W and h U per step (read by their fused group: no kernel) and of
+  // the bias (four slices for every step); z = x W + h U + b is never made
+  CHECK(ops["slice"] == 8 * steps + 4);
+  CHECK(c.stats().plan.kernels <= 10 * steps + 10);
+}
+
 TEST_CASE("function: an Adam step staged equals it eager, each variable's update is one fused group",
           "[function][train]") {
   auto run = [](bool staged) {

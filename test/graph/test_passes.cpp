@@ -11,6 +11,9 @@
 #include <stagecraft/state/variable.hpp>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <limits>
 #include <functional>
 #include <memory>
 #include <random>
@@ -534,11 +537,12 @@ TEST_CASE("optimize: fixed point, reports, verified results, same numbers", "[pa
   const Graph g = trace({f23, w}, mlp);
   std::vector<sc::graph::PassReport> report;
   const Graph o = sc::graph::optimize(g, &report, true);
-  REQUIRE(report.size() >= 4);
+  REQUIRE(report.size() >= 5);
   CHECK(report[0].pass == "simplify");
+  CHECK(report[1].pass == "distribute");
   CHECK(report[0].nodes_before == g.num_compute_nodes());
   CHECK(report.back().nodes_after == o.num_compute_nodes());
-  CHECK(report.size() % 4 == 0);
+  CHECK(report.size() % 5 == 0);
   CHECK(count(o, "transpose") == 0);
   CHECK(count(o, "tanh") == 1);
   CHECK(count(o, "exp") == 0);
@@ -569,4 +573,161 @@ TEST_CASE("optimize keeps random ops deterministic and merges equal draws", "[pa
   CHECK(o.outputs[0] == o.outputs[1]);
   CHECK(o.outputs[0] != o.outputs[2]);
   check_same_results(g, o);
+}
+
+namespace {
+
+/// The results of g and o on args, bit for bit (f32 results).
+void check_same_bits(const Graph& g, const Graph& o, const Tensors& args) {
+  const Tensors a = run(g, args), b = run(o, args);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    REQUIRE(a[k].shape() == b[k].shape());
+    const auto x = a[k].to_vector<float>(), y = b[k].to_vector<float>();
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      INFO("result " << k << ", element " << i << ": " << x[i] << " and " << y[i]);
+      CHECK(std::bit_cast<std::uint32_t>(x[i]) == std::bit_cast<std::uint32_t>(y[i]));
+    }
+  }
+}
+
+/// A [rows, cols] f32 tensor of -0.0, +0.0, NaN, inf and ordinary values, in turn.
+sc::Tensor awkward(std::int64_t rows, std::int64_t cols, float scale) {
+  const float some[] = {-0.f, 0.f, std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(),
+                        1.5f, -2.25f, 1e-40f};
+  std::vector<float> v(static_cast<std::size_t>(rows * cols));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = some[i % 7] * (i % 7 < 3 ? 1.f : scale);
+  return sc::tensor(v, sc::Shape{rows, cols});
+}
+
+}  // namespace
+
+TEST_CASE("distribute: a sum of zero-padded pieces is one concat of sums, bit for bit (-0.0 and NaN too)",
+          "[passes][distribute]") {
+  // Constant zeros are split where the other operand's pieces end; a concat read twice is left.
+  for (std::int64_t rows : {2, 20}) {
+    INFO("rows " << rows);
+    const sc::TensorSpec a{sc::Shape{rows, 1}, sc::f32}, b{sc::Shape{rows, 2}, sc::f32}, c{sc::Shape{rows, 2}, sc::f32};
+    const Graph g = trace({a, b, c}, [rows](const Tensors& x) {
+      const sc::Tensor pa = sc::concat({x[0], sc::zeros({rows, 4})}, 1);                       // a | 0 0 0 0
+      const sc::Tensor pb = sc::concat({sc::zeros({rows, 1}), x[1], sc::zeros({rows, 2})}, 1);  // 0 | b b | 0 0
+      const sc::Tensor pc = sc::concat({sc::zeros({rows, 3}), x[2]}, 1);                       // 0 0 0 | c c
+      return Tensors{pa + pb + pc, pc * 2.f};
+    });
+    const Graph o = sc::graph::optimize(g, nullptr, true);
+    INFO(o.str());
+    // pa + pb: one concat of (a + 0), (0 + b) and the folded 0 + 0; pc is read twice: kept
+    CHECK(count(o, "concat") == 2);
+    CHECK(count(o, "add") == 3);
+    check_same_bits(g, o, {awkward(rows, 1, 1.f), awkward(rows, 2, -3.f), awkward(rows, 2, 0.5f)});
+  }
+}
+
+TEST_CASE("distribute: the gradient of a value read through slices is one concat, fills split, bit for bit",
+          "[passes][distribute]") {
+  // As an LSTM's gates: each slice's gradient is padded with zero fills (too large to fold), and
+  // the pads are summed; distributed, the sum of the pads is one concat of pieces.
+  const sc::TensorSpec xs{sc::Shape{20, 8}, sc::f32};
+  const Fn f = [](const Tensors& x) {
+    sc::GradientTape tape;
+    tape.watch(x[0]);
+    const auto part = [&](std::int64_t b, std::int64_t n) { return sc::slice(x[0], {0, b}, {-1, n}); };
+    const sc::Tensor loss = sc::sum(sc::sigmoid(part(0, 2)) * sc::tanh(part(2, 2))) + sc::sum(sc::exp(part(4, 1))) +
+                            sc::sum(part(5, 3) * part(5, 3));
+    return Tensors{tape.gradient(loss, x[0])};
+  };
+  const Graph g = trace({xs}, f);
+  CHECK(count(g, "concat") == 5);  // one pad per slice read (part(5, 3) is read twice)
+  CHECK(count(g, "fill") > 0);
+  const Graph o = sc::graph::optimize(g, nullptr, true);
+  INFO(o.str());
+  CHECK(count(o, "concat") == 1);
+  const sc::Tensor x = awkward(20, 8, 0.75f);
+  check_same_bits(g, o, {x});
+  const auto eager = f({x})[0].to_vector<float>(), staged = run(o, {x})[0].to_vector<float>();
+  REQUIRE(eager.size() == staged.size());
+  for (std::size_t i = 0; i < eager.size(); ++i)
+    CHECK(std::bit_cast<std::uint32_t>(eager[i]) == std::bit_cast<std::uint32_t>(staged[i]));
+}
+
+TEST_CASE("distribute: leaves a computed piece unsplit, broadcasting operands, and concats read elsewhere",
+          "[passes][distribute]") {
+  const sc::TensorSpec s22{sc::Shape{2, 2}, sc::f32}, s23{sc::Shape{2, 3}, sc::f32};
+  // the pieces end at 2 and 3 along axis 1: x[0] or x[2] would need a slice
+  const Graph cut = trace({s22, s23, s23, s22}, [](const Tensors& x) {
+    return Tensors{sc::concat({x[0], x[1]}, 1) * sc::concat({x[2], x[3]}, 1)};
+  });
+  const Graph o1 = sc::graph::optimize(cut, nullptr, true);
+  CHECK(count(o1, "concat") == 2);
+  CHECK(count(o1, "mul") == 1);
+  // along different axes, and with a broadcast operand: nothing to distribute
+  const sc::TensorSpec s12{sc::Shape{1, 2}, sc::f32};
+  const Graph axes = trace({s22, s22, s12, s12}, [](const Tensors& x) {
+    return Tensors{sc::concat({x[0], x[1]}, 0) + sc::reshape(sc::concat({x[0], x[1]}, 1), {4, 2}),
+                   sc::concat({x[0], x[1]}, 1) + sc::concat({x[2], x[3]}, 1)};
+  });
+  const Graph o2 = sc::graph::optimize(axes, nullptr, true);
+  CHECK(count(o2, "add") == 2);
+  // pieces that line up are distributed whatever the op (here a comparison: bool pieces)
+  const Graph cmp = trace({s22, s23, s22, s23}, [](const Tensors& x) {
+    return Tensors{sc::concat({x[0], x[1]}, 1) < sc::concat({x[2], x[3]}, 1)};
+  });
+  const Graph o3 = sc::graph::optimize(cmp, nullptr, true);
+  CHECK(count(o3, "concat") == 1);
+  CHECK(count(o3, "less") == 2);
+  const Tensors args{awkward(2, 2, 1.f), awkward(2, 3, 2.f), awkward(2, 2, -1.f), awkward(2, 3, 0.25f)};
+  const auto want = run(cmp, args)[0].to_vector<bool>(), got = run(o3, args)[0].to_vector<bool>();
+  CHECK(got == want);
+}
+
+TEST_CASE("simplify: (x + 0) + 0 is x + 0, and a first + 0 stays", "[passes][simplify]") {
+  const Graph g = trace({f23}, [](const Tensors& x) {
+    return Tensors{(x[0] + 0.f) + sc::zeros({2, 3}), 0.f + (0.f + x[0]), (x[0] + 0.f) + -0.f, (x[0] * 2.f) + 0.f};
+  });
+  const Graph o = sc::graph::optimize(g, nullptr, true);
+  INFO(o.str());
+  CHECK(count(o, "add") == 3);  // x + 0, 0 + x and (x * 2) + 0
+  check_same_bits(g, o, {awkward(2, 3, 1.f)});
+}
+
+TEST_CASE("distribute: slices of an elementwise result read by slices alone move before it, where they fuse",
+          "[passes][distribute]") {
+  struct FuseAt {
+    std::int64_t saved = sc::graph::fusion_min_elements();
+    explicit FuseAt(std::int64_t n) { sc::graph::fusion_min_elements() = n; }
+    ~FuseAt() { sc::graph::fusion_min_elements() = saved; }
+  };
+  const sc::TensorSpec a{sc::Shape{4, 8}, sc::f32}, bias{sc::Shape{8}, sc::f32};
+  // an LSTM's gates: z = x W + b read through slices only (b broadcast over the rows)
+  const Fn gates = [](const Tensors& x) {
+    const sc::Tensor z = sc::sigmoid(x[0] + x[1]) * 2.f;
+    return Tensors{sc::slice(z, {0, 0}, {-1, 4}) * sc::slice(z, {0, 4}, {-1, 4}), sc::slice(z, {1, 2}, {2, 3})};
+  };
+  const Graph g = trace({a, bias}, gates);
+  const Tensors args{awkward(4, 8, 1.5f), sc::reshape(awkward(1, 8, -0.5f), {8})};
+  {
+    const FuseAt all(1);
+    const Graph o = sc::graph::optimize(g, nullptr, true);
+    INFO(o.str());
+    for (const Node& n : o.nodes)  // every slice reads an input, none a computed [4, 8] value
+      if (n.name() == "slice") CHECK(o.nodes[o.values[n.inputs[0]].node].kind == NodeKind::input);
+    CHECK(count(o, "sigmoid") == 3);
+    check_same_bits(g, o, args);
+  }
+  {
+    const FuseAt none(1 << 20);  // slices too small to fuse on the CPU: each would be a kernel
+    const Graph o = sc::graph::optimize(g, nullptr, true);
+    CHECK(count(o, "sigmoid") == 1);
+    CHECK(count(o, "slice") == 3);
+  }
+  {
+    const FuseAt all(1);  // a result read whole as well is made whole, and sliced
+    const Graph h = trace({a, bias}, [](const Tensors& x) {
+      const sc::Tensor z = x[0] + x[1];
+      return Tensors{sc::slice(z, {0, 0}, {-1, 4}), sc::exp(z)};
+    });
+    const Graph o = sc::graph::optimize(h, nullptr, true);
+    CHECK(count(o, "add") == 1);
+    CHECK(count(o, "slice") == 1);
+  }
 }

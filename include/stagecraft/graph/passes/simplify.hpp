@@ -118,6 +118,26 @@ Rewrite left_zero(const View& s, const Node& n) {
   return is_all_zero(s, n, s.in(n, 0), Negative) ? becomes_operand(s, n, s.in(n, 1)) : Rewrite{};
 }
 
+/// (x+0)+0 -> x+0 for zeros of sign + on either side of either sum (floating types; integer
+/// zeros are gone by then): x + (+0.0) is never -0.0, and +0.0 added to anything else changes
+/// nothing, NaN included. Such chains are what distribute_over_concat makes of a gradient summed
+/// from slices.
+STAGECRAFT_COMPILED_INLINE Rewrite zero_add_twice(const View& s, const Node& n);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Rewrite zero_add_twice(const View& s, const Node& n) {
+  for (std::size_t k = 0; k < 2; ++k) {
+    if (!is_all_zero(s, n, s.in(n, k), false)) continue;
+    const int u = s.in(n, 1 - k);
+    const Node& p = s.producer(u);
+    if (p.kind != NodeKind::op || p.op != ops::OpId::Add || p.outputs.size() != 1) continue;
+    if (!is_all_zero(s, p, s.in(p, 0), false) && !is_all_zero(s, p, s.in(p, 1), false)) continue;
+    const Value &uv = s.value(u), &out = s.value(n.outputs[0]);
+    if (uv.shape == out.shape && uv.dtype == out.dtype && uv.device == out.device) return Rewrite::to_value(u);
+  }
+  return {};
+}
+#endif  // STAGECRAFT_DEFINE_COMPILED
+
 /// f(f(x)) -> x for an involution f (neg).
 STAGECRAFT_COMPILED_INLINE Rewrite involution(const View& s, const Node& n);
 
@@ -232,6 +252,7 @@ inline const Rule rules[] = {
     {ops::OpId::Mul, "1*x -> x", &left_identity<1>},
     {ops::OpId::Add, "x+(-0) -> x", &right_zero<true>},
     {ops::OpId::Add, "(-0)+x -> x", &left_zero<true>},
+    {ops::OpId::Add, "(x+0)+0 -> x+0", &zero_add_twice},
     {ops::OpId::Sub, "x-0 -> x", &right_zero<false>},
     {ops::OpId::Div, "x/1 -> x", &right_identity<1>},
     {ops::OpId::Neg, "neg(neg(x)) -> x", &involution},
@@ -273,7 +294,7 @@ STAGECRAFT_COMPILED_INLINE int simplify_node(Graph& r, std::size_t i, const std:
 
 /// Algebraic simplification, pure, by the rule table above (detail_simplify::rules): identity
 /// elements (x*1, 1*x, x+(-0), (-0)+x, x-0, x/1, where the constant is all ones or zeros of that
-/// sign (is_all_zero: x+0.0 stays, as it turns -0.0 into +0.0), or a fill of that value; kept
+/// sign (is_all_zero: x+0.0 stays, as it turns -0.0 into +0.0, but (x+0.0)+0.0 is x+0.0), or a fill of that value; kept
 /// when the op changes x's dtype, a broadcast_to when it only changes its shape), neg(neg(x)),
 /// reshape and transpose chains, reshape/cast/broadcast_to that change nothing, and a transpose
 /// of the last two axes folded into the matmul reading it. Nodes it bypasses are left for dce.
