@@ -504,6 +504,55 @@ TEST_CASE("function: a traced MLP Adam step fused as on a GPU is 28 kernels: one
   }
 }
 
+TEST_CASE("function: a traced LSTM fused as on a GPU: gates read through windows, their gradients one concat, bit for bit",
+          "[function][train]") {
+  // The four gate slices' gradients are zero-padded and summed: distributed over the pads
+  // (graph::distribute_over_concat), each step's sum is one concat of four pieces. 10 steps of the
+  // bench's LSTM (32 -> 64, batch 1: its zero pads are fill ops), every size fused as a GPU
+  // plan fuses, the slices read through windows. The bench's 50 steps (the kernel's gradient
+  // only) went from 953 kernels to 405.
+  struct FuseAll {
+    std::int64_t saved = sc::graph::fusion_min_elements();
+    FuseAll() { sc::graph::fusion_min_elements() = 1; }
+    ~FuseAll() { sc::graph::fusion_min_elements() = saved; }
+  } fuse_all;
+  constexpr int steps = 10;
+  sc::nn::LSTMCell cell{32, 64, 3};
+  std::vector<sc::Tensor> xs;
+  for (int t = 0; t < steps; ++t) xs.push_back(sc::random::uniform({1, 32}, -1.0, 1.0, 40 + t));
+  const std::vector<sc::Variable> vars = cell.trainable_variables();
+  const auto body = [&] {
+    sc::GradientTape tape;
+    auto state = cell.initial_state(1);
+    for (const sc::Tensor& x : xs) state = cell(x, state);
+    const sc::Tensor loss = sc::sum(state.first * state.second);
+    std::vector<sc::Tensor> r = tape.gradient(loss, vars);
+    r.insert(r.begin(), loss);
+    return r;
+  };
+  const std::vector<sc::Tensor> eager = body();
+  auto f = sc::function(body);
+  const std::vector<sc::Tensor> staged = f();
+  REQUIRE(staged.size() == eager.size());
+  for (std::size_t k = 0; k < eager.size(); ++k) {
+    const auto a = eager[k].to_vector<float>(), b = staged[k].to_vector<float>();
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      INFO("result " << k << ", element " << i);
+      CHECK(std::bit_cast<std::uint32_t>(a[i]) == std::bit_cast<std::uint32_t>(b[i]));
+    }
+  }
+  const sc::ConcreteFunction c = f.get_concrete();
+  INFO(c.stats());
+  std::map<std::string, int> ops;
+  for (const sc::graph::Node& n : c.graph().nodes) ++ops[std::string(n.name())];
+  CHECK(ops["concat"] == steps);
+  // the gates are windows of x W and h U per step (read by their fused group: no kernel) and of
+  // the bias (four slices for every step); z = x W + h U + b is never made
+  CHECK(ops["slice"] == 8 * steps + 4);
+  CHECK(c.stats().plan.kernels <= 10 * steps + 10);
+}
+
 TEST_CASE("function: slices read only by a fused group are read through windows, no kernel of their own",
           "[function][fusion]") {
   struct FuseAll {
@@ -552,53 +601,73 @@ TEST_CASE("function: slices read only by a fused group are read through windows,
   CHECK(ops["slice"] == 1);
 }
 
-TEST_CASE("function: a traced LSTM fused as on a GPU: gates read through windows, their gradients one concat, bit for bit",
-          "[function][train]") {
-  // The four gate slices' gradients are zero-padded and summed: distributed over the pads
-  // (graph::distribute_over_concat), each step's sum is one concat of four pieces. 10 steps of the
-  // bench's LSTM (32 -> 64, batch 1: its zero pads are fill ops), every size fused as a GPU
-  // plan fuses, the slices read through windows. The bench's 50 steps (the kernel's gradient
-  // only) went from 953 kernels to 405.
+TEST_CASE("function: independent groups of one shape are one group, unless a kernel between needs the first",
+          "[function][fusion]") {
   struct FuseAll {
     std::int64_t saved = sc::graph::fusion_min_elements();
     FuseAll() { sc::graph::fusion_min_elements() = 1; }
     ~FuseAll() { sc::graph::fusion_min_elements() = saved; }
   } fuse_all;
-  constexpr int steps = 10;
-  sc::nn::LSTMCell cell{32, 64, 3};
-  std::vector<sc::Tensor> xs;
-  for (int t = 0; t < steps; ++t) xs.push_back(sc::random::uniform({1, 32}, -1.0, 1.0, 40 + t));
-  const std::vector<sc::Variable> vars = cell.trainable_variables();
-  const auto body = [&] {
-    sc::GradientTape tape;
-    auto state = cell.initial_state(1);
-    for (const sc::Tensor& x : xs) state = cell(x, state);
-    const sc::Tensor loss = sc::sum(state.first * state.second);
-    std::vector<sc::Tensor> r = tape.gradient(loss, vars);
-    r.insert(r.begin(), loss);
-    return r;
-  };
-  const std::vector<sc::Tensor> eager = body();
-  auto f = sc::function(body);
-  const std::vector<sc::Tensor> staged = f();
-  REQUIRE(staged.size() == eager.size());
-  for (std::size_t k = 0; k < eager.size(); ++k) {
-    const auto a = eager[k].to_vector<float>(), b = staged[k].to_vector<float>();
-    REQUIRE(a.size() == b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      INFO("result " << k << ", element " << i);
-      CHECK(std::bit_cast<std::uint32_t>(a[i]) == std::bit_cast<std::uint32_t>(b[i]));
+  const sc::Tensor x = sc::random::uniform({6, 6}, -2.0, 2.0, 81), w = sc::random::uniform({6, 6}, -1.0, 1.0, 82);
+  const auto same = [](const std::vector<sc::Tensor>& a, const std::vector<sc::Tensor>& b) {
+    bool ok = a.size() == b.size();
+    for (std::size_t k = 0; ok && k < a.size(); ++k) {
+      const auto u = a[k].to_vector<float>(), v = b[k].to_vector<float>();
+      ok = u.size() == v.size();
+      for (std::size_t i = 0; ok && i < u.size(); ++i) ok = std::bit_cast<std::uint32_t>(u[i]) == std::bit_cast<std::uint32_t>(v[i]);
     }
+    return ok;
+  };
+  // two chains reading x, neither reading the other: one pass
+  const auto siblings = [](const sc::Tensor& v) {
+    return std::vector<sc::Tensor>{sc::exp(v) * 2.f, sc::tanh(v) + 1.f, sc::sigmoid(v) - v};
+  };
+  auto f = sc::function(siblings);
+  CHECK(same(f(x), siblings(x)));
+  INFO(f.get_concrete(x).stats());
+  CHECK(f.get_concrete(x).stats().plan.kernels == 1);
+  // the second chain reads a product of the first's result: the first runs before the product
+  const auto chained = [&w](const sc::Tensor& v) {
+    const sc::Tensor a = sc::exp(v) * 2.f;
+    return std::vector<sc::Tensor>{a, (v + 1.f) * sc::matmul(a, w)};
+  };
+  auto h = sc::function(chained);
+  CHECK(same(h(x), chained(x)));
+  CHECK(h.get_concrete(x).stats().plan.kernels == 3);
+  // on the CPU, updates of variables of one shape stay one group each (an Adam update is then
+  // the compiled Adam loop): two assignments, two groups
+  sc::Variable va(sc::random::uniform({40, 40}, -1.0, 1.0, 84)), vb(sc::random::uniform({40, 40}, -1.0, 1.0, 85));
+  auto upd = sc::function([&](const sc::Tensor& v) {
+    va.assign(va * 0.5f + v);
+    vb.assign(vb * 0.25f - v);
+    return v;
+  });
+  const sc::Tensor u = sc::random::uniform({40, 40}, -1.0, 1.0, 86);
+  const std::vector<float> a0 = va.value().to_vector<float>(), b0 = vb.value().to_vector<float>(), uv = u.to_vector<float>();
+  (void)upd(u);
+  CHECK(upd.get_concrete(u).stats().plan.kernels == 2);
+  const std::vector<float> a1 = va.value().to_vector<float>(), b1 = vb.value().to_vector<float>();
+  for (std::size_t i = 0; i < uv.size(); ++i) {
+    CHECK(a1[i] == a0[i] * 0.5f + uv[i]);
+    CHECK(b1[i] == b0[i] * 0.25f - uv[i]);
   }
-  const sc::ConcreteFunction c = f.get_concrete();
-  INFO(c.stats());
-  std::map<std::string, int> ops;
-  for (const sc::graph::Node& n : c.graph().nodes) ++ops[std::string(n.name())];
-  CHECK(ops["concat"] == steps);
-  // the gates are windows of x W and h U per step (read by their fused group: no kernel) and of
-  // the bias (four slices for every step); z = x W + h U + b is never made
-  CHECK(ops["slice"] == 8 * steps + 4);
-  CHECK(c.stats().plan.kernels <= 10 * steps + 10);
+  // ... and a traced Adam step over two such layers runs both weights' updates specialized
+  sc::graph::fusion_min_elements() = fuse_all.saved;
+  sc::manual_seed(4);
+  sc::nn::Dense l1(32, 32), l2(32, 32);  // (the weights' updates reach fusion_min_elements)
+  sc::optim::Adam opt(0.01);
+  std::vector<sc::Variable> vars = l1.trainable_variables();
+  for (const auto& v : l2.trainable_variables()) vars.push_back(v);
+  auto step = sc::function([&](const sc::Tensor& v) {
+    sc::GradientTape tape;
+    const sc::Tensor loss = sc::sum(l2(sc::tanh(l1(v))));
+    opt.apply(tape.gradient(loss, vars), vars);
+    return loss;
+  });
+  const sc::Tensor in = sc::random::uniform({3, 32}, -1.0, 1.0, 83);
+  (void)step(in);
+  INFO(step.get_concrete(in).stats());
+  CHECK(step.get_concrete(in).stats().plan.specialized == (sc::graph::fused_specializations() ? 2 : 0));
 }
 
 TEST_CASE("function: an Adam step staged equals it eager, each variable's update is one fused group",

@@ -330,9 +330,59 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
       if (head_of[k] >= 0) break;
     }
   }
+  // Siblings: a group without a head or a reduction joins the latest earlier one of its shape,
+  // dtype and device (also without) where nothing outside the two, placed before the later one's
+  // end, reads the earlier one's values: one pass (on a GPU, one launch) instead of two. (An
+  // LSTM's backward step computes its gates' gradients in two independent groups.) On the CPU, a
+  // group whose value is assigned to a variable stays apart: an optimizer's update of one
+  // variable is a group of its own there, run as one compiled loop (fused_special.hpp).
+  {
+    const auto assigns = [&](int k) {
+      if (g.values[g.nodes[members[k][0]].outputs[0]].device.is_cuda()) return false;
+      for (int m : members[k])
+        for (int u : users[g.nodes[m].outputs[0]])
+          if (g.nodes[u].kind == NodeKind::assign_var) return true;
+      return false;
+    };
+    std::vector<int> order;  // groups by their last node
+    for (std::size_t k = 0; k < members.size(); ++k)
+      if (!members[k].empty() && head_of[k] < 0 && reduce_of[k] < 0 && !assigns(static_cast<int>(k)))
+        order.push_back(static_cast<int>(k));
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return last_of[a] < last_of[b]; });
+    const auto same_type = [&](int a, int b) {
+      const Value &va = g.values[g.nodes[members[a][0]].outputs[0]], &vb = g.values[g.nodes[members[b][0]].outputs[0]];
+      return va.shape == vb.shape && va.dtype == vb.dtype && va.device == vb.device;
+    };
+    std::vector<int> open;  // groups still able to take a later sibling
+    for (int k : order) {
+      int into = -1;
+      const int lowest = std::max(0, static_cast<int>(open.size()) - 16);  // (the 16 latest: linear time)
+      for (int j = static_cast<int>(open.size()) - 1; j >= lowest && into < 0; --j) {
+        const int c = open[j];
+        if (!same_type(c, k)) continue;
+        bool ok = true;
+        for (int m : members[c])
+          for (int u : users[g.nodes[m].outputs[0]])
+            ok = ok && (u >= last_of[k] || tentative[u] == c || tentative[u] == k ||
+                        detail_fuse::deferrable(g, u, last_of[k]));
+        if (ok) into = j;
+      }
+      if (into < 0) {
+        open.push_back(k);
+        continue;
+      }
+      const int c = open[into];  // k's nodes join c, which now ends where k did
+      for (int m : members[k]) tentative[m] = c;
+      members[c].insert(members[c].end(), members[k].begin(), members[k].end());
+      std::sort(members[c].begin(), members[c].end());
+      members[k].clear();
+      last_of[c] = last_of[k];
+    }
+  }
   std::vector<char> is_output(g.values.size(), 0);
   for (int v : g.outputs) is_output[v] = 1;
   for (std::size_t k = 0; k < members.size(); ++k) {
+    if (members[k].empty()) continue;  // joined a sibling
     const std::vector<int>& ms = members[k];
     if (ms.size() < 2 && head_of[k] < 0 && reduce_of[k] < 0) continue;
     const int gid = static_cast<int>(r.groups.size());
