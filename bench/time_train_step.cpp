@@ -5,7 +5,9 @@
 //   g++ -std=c++20 -O2 -march=x86-64-v3 -fopenmp -DNDEBUG -I<tree>/include -Iexamples
 //       -I/usr/include/x86_64-linux-gnu/openblas-openmp bench/time_train_step.cpp -lopenblas -lz
 //   (one command line)
-//   ./a.out [batch=128] [mlp|cnn]
+//   ./a.out [batch=128] [mlp|cnn|lstm]
+// lstm: bench_models.hpp's 50-step LSTM cell 32 -> 64 with its backward pass (`./a.out 1 lstm`
+// is bench_staged's row at batch 1).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,31 +19,55 @@
 
 #include "fashion_mnist_models.hpp"
 
+namespace {
+
+/// 7 rounds of `per_round` calls of step(args...) eager, then traced by sc::function; prints the
+/// median and best round per call.
+template <class Step, class... A>
+void time_rounds(const char* model, int batch, int per_round, Step step, const A&... args) {
+  auto traced = sc::function(step);
+  for (int staged = 0; staged < 2; ++staged) {
+    std::vector<double> ms;
+    for (int r = 0; r < 7; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < per_round; ++i) (void)sc::Tensor(staged ? sc::Tensor(traced(args...)) : sc::Tensor(step(args...))).item<float>();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / per_round);
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("%s %s batch %d: %.3f ms (best %.3f)\n", model, staged ? "staged" : "eager", batch, ms[3], ms[0]);
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   sc::set_num_threads(1);
   const int batch = argc > 1 ? std::atoi(argv[1]) : 128;
-  const bool cnn = argc > 2 && std::string(argv[2]) == "cnn";
+  const std::string model = argc > 2 ? argv[2] : "mlp";
+  if (model == "lstm") {
+    sc::nn::LSTMCell cell{32, 64, 7};
+    std::vector<sc::Tensor> xs;
+    for (int t = 0; t < 50; ++t) xs.push_back(sc::random::uniform({batch, 32}, -1.0, 1.0, 100 + t));
+    const auto vars = cell.trainable_variables();
+    time_rounds("lstm", batch, 20, [&] {
+      sc::GradientTape tape;
+      auto state = cell.initial_state(batch);
+      for (const sc::Tensor& x : xs) state = cell(x, state);
+      const sc::Tensor loss = sc::sum(state.first);
+      const auto g = tape.gradient(loss, vars);
+      return loss + sc::sum(g[0]) * 0.f;
+    });
+    return 0;
+  }
+  const bool cnn = model == "cnn";
   const sc::Tensor x = sc::random::uniform({batch, 28, 28}, 0.0, 1.0, 11);
   const sc::Tensor y = sc::cast(sc::random::uniform({batch}, 0.0, 10.0, 12), sc::i64);
   fashion::MLP mlp;
   fashion::CNN conv;
   sc::optim::Adam opt(1e-3);
   const auto vars = cnn ? conv.trainable_variables() : mlp.trainable_variables();
-  auto step = [&](const sc::Tensor& a, const sc::Tensor& b) {
+  time_rounds(cnn ? "cnn" : "mlp", batch, cnn ? 10 : 50, [&](const sc::Tensor& a, const sc::Tensor& b) {
     return cnn ? fashion::train_step(conv, opt, vars, a, b) : fashion::train_step(mlp, opt, vars, a, b);
-  };
-  auto traced = sc::function(step);
-  const int per_round = cnn ? 10 : 50;
-  for (int staged = 0; staged < 2; ++staged) {
-    std::vector<double> ms;
-    for (int r = 0; r < 7; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < per_round; ++i) (void)(staged ? sc::Tensor(traced(x, y)) : step(x, y));
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / per_round);
-    }
-    std::sort(ms.begin(), ms.end());
-    std::printf("%s %s batch %d: %.3f ms (best %.3f)\n", cnn ? "cnn" : "mlp", staged ? "staged" : "eager", batch, ms[3],
-                ms[0]);
-  }
+  }, x, y);
   return 0;
 }
