@@ -23,6 +23,24 @@ namespace {
 
 using sctest::error_of;
 
+/// RAII: every elementwise size fused, as a GPU plan fuses (graph::fusion_min_elements() = 1).
+struct FuseAll {
+  std::int64_t saved = sc::graph::fusion_min_elements();
+  FuseAll() { sc::graph::fusion_min_elements() = 1; }
+  FuseAll(const FuseAll&) = delete;
+  FuseAll& operator=(const FuseAll&) = delete;
+  ~FuseAll() { sc::graph::fusion_min_elements() = saved; }
+};
+
+/// a and b hold the same f32 values bit for bit (-0.0 and NaN payloads included).
+bool same_bits(const sc::Tensor& a, const sc::Tensor& b) {
+  const auto x = a.to_vector<float>(), y = b.to_vector<float>();
+  bool same = x.size() == y.size();
+  for (std::size_t i = 0; same && i < x.size(); ++i)
+    same = std::bit_cast<std::uint32_t>(x[i]) == std::bit_cast<std::uint32_t>(y[i]);
+  return same;
+}
+
 void check_same(const sc::Tensor& a, const sc::Tensor& b, double tol = 0) {
   REQUIRE(a.shape() == b.shape());
   REQUIRE(a.dtype() == b.dtype());
@@ -469,11 +487,7 @@ TEST_CASE("function: a traced MLP Adam step fused as on a GPU is 28 kernels: one
   // each kernel is a launch there (session 29 measured 238-245 us for 48 kernels on an H100). The
   // loss and its gradient are one op each (no check_range, one_hot, where or log), and relu's
   // gradient one fusible op (no greater or where). A change that adds kernels fails here.
-  struct FuseAll {
-    std::int64_t saved = sc::graph::fusion_min_elements();
-    FuseAll() { sc::graph::fusion_min_elements() = 1; }
-    ~FuseAll() { sc::graph::fusion_min_elements() = saved; }
-  } fuse_all;
+  const FuseAll fuse_all;
   sc::manual_seed(5);
   sc::nn::Dense l1(784, 256), l2(256, 128), l3(128, 10);
   sc::optim::Adam opt(1e-3);
@@ -511,11 +525,7 @@ TEST_CASE("function: a traced LSTM fused as on a GPU: gates read through windows
   // bench's LSTM (32 -> 64, batch 1: its zero pads are fill ops), every size fused as a GPU
   // plan fuses, the slices read through windows. The bench's 50 steps (the kernel's gradient
   // only) went from 953 kernels to 405.
-  struct FuseAll {
-    std::int64_t saved = sc::graph::fusion_min_elements();
-    FuseAll() { sc::graph::fusion_min_elements() = 1; }
-    ~FuseAll() { sc::graph::fusion_min_elements() = saved; }
-  } fuse_all;
+  const FuseAll fuse_all;
   constexpr int steps = 10;
   sc::nn::LSTMCell cell{32, 64, 3};
   std::vector<sc::Tensor> xs;
@@ -535,12 +545,8 @@ TEST_CASE("function: a traced LSTM fused as on a GPU: gates read through windows
   const std::vector<sc::Tensor> staged = f();
   REQUIRE(staged.size() == eager.size());
   for (std::size_t k = 0; k < eager.size(); ++k) {
-    const auto a = eager[k].to_vector<float>(), b = staged[k].to_vector<float>();
-    REQUIRE(a.size() == b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      INFO("result " << k << ", element " << i);
-      CHECK(std::bit_cast<std::uint32_t>(a[i]) == std::bit_cast<std::uint32_t>(b[i]));
-    }
+    INFO("result " << k);
+    CHECK(same_bits(eager[k], staged[k]));
   }
   const sc::ConcreteFunction c = f.get_concrete();
   INFO(c.stats());
@@ -555,17 +561,7 @@ TEST_CASE("function: a traced LSTM fused as on a GPU: gates read through windows
 
 TEST_CASE("function: slices read only by a fused group are read through windows, no kernel of their own",
           "[function][fusion]") {
-  struct FuseAll {
-    std::int64_t saved = sc::graph::fusion_min_elements();
-    FuseAll() { sc::graph::fusion_min_elements() = 1; }
-    ~FuseAll() { sc::graph::fusion_min_elements() = saved; }
-  } fuse_all;
-  const auto bits = [](const sc::Tensor& a, const sc::Tensor& b) {
-    const auto x = a.to_vector<float>(), y = b.to_vector<float>();
-    bool same = x.size() == y.size();
-    for (std::size_t i = 0; same && i < x.size(); ++i) same = std::bit_cast<std::uint32_t>(x[i]) == std::bit_cast<std::uint32_t>(y[i]);
-    return same;
-  };
+  const FuseAll fuse_all;
   const sc::Tensor x = sc::random::uniform({5, 12}, -3.0, 3.0, 71);
   // gates: four column windows of one value, one group, one kernel
   const auto gates = [](const sc::Tensor& z) {
@@ -574,7 +570,7 @@ TEST_CASE("function: slices read only by a fused group are read through windows,
     return sc::sigmoid(part(3)) * sc::tanh(c);
   };
   auto f = sc::function(gates);
-  CHECK(bits(sc::Tensor(f(x)), gates(x)));
+  CHECK(same_bits(sc::Tensor(f(x)), gates(x)));
   const sc::ConcreteFunction c = f.get_concrete(x);
   INFO(c.stats());
   CHECK(c.stats().plan.kernels == 1);
@@ -586,7 +582,7 @@ TEST_CASE("function: slices read only by a fused group are read through windows,
     return sc::transpose(sc::slice(e, {2, 0}, {1, -1}) * (v * 2.f) + sc::slice(e, {4, 0}, {1, -1}));
   };
   auto h = sc::function(rows);
-  CHECK(bits(sc::Tensor(h(x)), rows(x)));
+  CHECK(same_bits(sc::Tensor(h(x)), rows(x)));
   // a slice also read outside the group stays a kernel (its result is needed there)
   const auto shared = [](const sc::Tensor& v) {
     const sc::Tensor s = sc::slice(v, {0, 2}, {-1, 4});
@@ -594,8 +590,8 @@ TEST_CASE("function: slices read only by a fused group are read through windows,
   };
   auto k = sc::function(shared);
   const std::vector<sc::Tensor> got = k(x), want = shared(x);
-  CHECK(bits(got[0], want[0]));
-  CHECK(bits(got[1], want[1]));
+  CHECK(same_bits(got[0], want[0]));
+  CHECK(same_bits(got[1], want[1]));
   std::map<std::string, int> ops;
   for (const sc::graph::Node& n : k.get_concrete(x).graph().nodes) ++ops[std::string(n.name())];
   CHECK(ops["slice"] == 1);
@@ -603,19 +599,11 @@ TEST_CASE("function: slices read only by a fused group are read through windows,
 
 TEST_CASE("function: independent groups of one shape are one group, unless a kernel between needs the first",
           "[function][fusion]") {
-  struct FuseAll {
-    std::int64_t saved = sc::graph::fusion_min_elements();
-    FuseAll() { sc::graph::fusion_min_elements() = 1; }
-    ~FuseAll() { sc::graph::fusion_min_elements() = saved; }
-  } fuse_all;
+  const FuseAll fuse_all;
   const sc::Tensor x = sc::random::uniform({6, 6}, -2.0, 2.0, 81), w = sc::random::uniform({6, 6}, -1.0, 1.0, 82);
   const auto same = [](const std::vector<sc::Tensor>& a, const std::vector<sc::Tensor>& b) {
     bool ok = a.size() == b.size();
-    for (std::size_t k = 0; ok && k < a.size(); ++k) {
-      const auto u = a[k].to_vector<float>(), v = b[k].to_vector<float>();
-      ok = u.size() == v.size();
-      for (std::size_t i = 0; ok && i < u.size(); ++i) ok = std::bit_cast<std::uint32_t>(u[i]) == std::bit_cast<std::uint32_t>(v[i]);
-    }
+    for (std::size_t k = 0; ok && k < a.size(); ++k) ok = same_bits(a[k], b[k]);
     return ok;
   };
   // two chains reading x, neither reading the other: one pass

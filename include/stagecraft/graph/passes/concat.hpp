@@ -175,7 +175,9 @@ STAGECRAFT_COMPILED_INLINE bool fuses(const Shape& shape, Device dev) {
 /// along the same axis, each read by it alone, of its own shape (no broadcasting) and device,
 /// becomes a concat of the op over the pieces. Where the two concats' pieces end at different
 /// places, constant and fill pieces are split (computed ones never are: the node is then kept).
-/// The concats it bypasses are left for dce.
+/// And a slice of an elementwise op's result that only slices read becomes the op over the
+/// operands' matching windows, where the slice will be read by a fused group (detail_concat::fuses).
+/// The concats and ops it bypasses are left for dce.
 STAGECRAFT_COMPILED_INLINE Graph distribute_over_concat(const Graph& g);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE Graph distribute_over_concat(const Graph& g) {
