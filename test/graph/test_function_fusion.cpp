@@ -1,0 +1,285 @@
+// sc::function's plans as a GPU would run them and the CPU's fusion: kernels per traced training
+// step (each a launch on a GPU), slices read through windows, sibling groups, epilogues and fused
+// reductions; every staged result equal to eager.
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <stagecraft/stagecraft.hpp>
+#include <stagecraft/graph/function.hpp>
+
+#include "function_testing.hpp"
+#include "testing.hpp"
+
+namespace {
+
+using sctest::function::check_same;
+
+/// RAII: every elementwise size fused, as a GPU plan fuses (graph::fusion_min_elements() = 1).
+struct FuseAll {
+  std::int64_t saved = sc::graph::fusion_min_elements();
+  FuseAll() { sc::graph::fusion_min_elements() = 1; }
+  FuseAll(const FuseAll&) = delete;
+  FuseAll& operator=(const FuseAll&) = delete;
+  ~FuseAll() { sc::graph::fusion_min_elements() = saved; }
+};
+
+/// a and b hold the same f32 values bit for bit (-0.0 and NaN payloads included).
+bool same_bits(const sc::Tensor& a, const sc::Tensor& b) {
+  const auto x = a.to_vector<float>(), y = b.to_vector<float>();
+  bool same = x.size() == y.size();
+  for (std::size_t i = 0; same && i < x.size(); ++i)
+    same = std::bit_cast<std::uint32_t>(x[i]) == std::bit_cast<std::uint32_t>(y[i]);
+  return same;
+}
+
+}  // namespace
+
+TEST_CASE("function: a traced MLP Adam step fused as on a GPU is 28 kernels: one for the loss, one for its gradient",
+          "[function][train]") {
+  // The example's MLP (784-256-128-10, Adam, batch 128) with every size fused, as a GPU plan fuses:
+  // each kernel is a launch there (session 29 measured 238-245 us for 48 kernels on an H100). The
+  // loss and its gradient are one op each (no check_range, one_hot, where or log), and relu's
+  // gradient one fusible op (no greater or where). A change that adds kernels fails here.
+  const FuseAll fuse_all;
+  sc::manual_seed(5);
+  sc::nn::Dense l1(784, 256), l2(256, 128), l3(128, 10);
+  sc::optim::Adam opt(1e-3);
+  std::vector<sc::Variable> vars;
+  for (const sc::nn::Dense* l : {&l1, &l2, &l3})
+    for (const auto& v : l->trainable_variables()) vars.push_back(v);
+  auto f = sc::function([&](const sc::Tensor& x, const sc::Tensor& y) {
+    sc::GradientTape tape;
+    const sc::Tensor loss = sc::nn::cross_entropy(l3(sc::relu(l2(sc::relu(l1(x))))), y);
+    opt.apply(tape.gradient(loss, vars), vars);
+    return loss;
+  });
+  const sc::Tensor x = sc::random::uniform({128, 784}, 0.0, 1.0, 11);
+  const sc::Tensor y = sc::cast(sc::random::uniform({128}, 0.0, 10.0, 12), sc::i64);
+  const float loss = sc::Tensor(f(x, y)).item<float>();
+  CHECK(std::isfinite(loss));
+  const sc::ConcreteFunction c = f.get_concrete(x, y);
+  INFO(c.stats());
+  CHECK(c.stats().plan.kernels <= 28);
+  std::map<std::string, int> ops;
+  for (const sc::graph::Node& n : c.graph().nodes) ++ops[std::string(n.name())];
+  CHECK(ops["softmax_cross_entropy"] == 1);
+  CHECK(ops["softmax_cross_entropy_grad"] == 1);
+  CHECK(ops["relu_grad"] == 2);
+  for (const char* gone : {"check_range", "one_hot", "where", "greater", "log"}) {
+    INFO(gone);
+    CHECK(ops.count(gone) == 0);
+  }
+}
+
+TEST_CASE("function: a traced LSTM fused as on a GPU: gates read through windows, their gradients one concat, bit for bit",
+          "[function][train]") {
+  // The four gate slices' gradients are zero-padded and summed: distributed over the pads
+  // (graph::distribute_over_concat), each step's sum is one concat of four pieces. 10 steps of the
+  // bench's LSTM (32 -> 64, batch 1: its zero pads are fill ops), every size fused as a GPU
+  // plan fuses, the slices read through windows. The bench's 50 steps (the kernel's gradient
+  // only) went from 953 kernels to 405.
+  const FuseAll fuse_all;
+  constexpr int steps = 10;
+  sc::nn::LSTMCell cell{32, 64, 3};
+  std::vector<sc::Tensor> xs;
+  for (int t = 0; t < steps; ++t) xs.push_back(sc::random::uniform({1, 32}, -1.0, 1.0, 40 + t));
+  const std::vector<sc::Variable> vars = cell.trainable_variables();
+  const auto body = [&] {
+    sc::GradientTape tape;
+    auto state = cell.initial_state(1);
+    for (const sc::Tensor& x : xs) state = cell(x, state);
+    const sc::Tensor loss = sc::sum(state.first * state.second);
+    std::vector<sc::Tensor> r = tape.gradient(loss, vars);
+    r.insert(r.begin(), loss);
+    return r;
+  };
+  const std::vector<sc::Tensor> eager = body();
+  auto f = sc::function(body);
+  const std::vector<sc::Tensor> staged = f();
+  REQUIRE(staged.size() == eager.size());
+  for (std::size_t k = 0; k < eager.size(); ++k) {
+    INFO("result " << k);
+    CHECK(same_bits(eager[k], staged[k]));
+  }
+  const sc::ConcreteFunction c = f.get_concrete();
+  INFO(c.stats());
+  std::map<std::string, int> ops;
+  for (const sc::graph::Node& n : c.graph().nodes) ++ops[std::string(n.name())];
+  CHECK(ops["concat"] == steps);
+  // the gates are windows of x W and h U per step (read by their fused group: no kernel) and of
+  // the bias (four slices for every step); z = x W + h U + b is never made
+  CHECK(ops["slice"] == 8 * steps + 4);
+  CHECK(c.stats().plan.kernels <= 10 * steps + 10);
+}
+
+TEST_CASE("function: slices read only by a fused group are read through windows, no kernel of their own",
+          "[function][fusion]") {
+  const FuseAll fuse_all;
+  const sc::Tensor x = sc::random::uniform({5, 12}, -3.0, 3.0, 71);
+  // gates: four column windows of one value, one group, one kernel
+  const auto gates = [](const sc::Tensor& z) {
+    const auto part = [&](std::int64_t k) { return sc::slice(z, {0, 3 * k}, {-1, 3}); };
+    const sc::Tensor c = sc::sigmoid(part(0)) * sc::tanh(part(2)) + sc::sigmoid(part(1));
+    return sc::sigmoid(part(3)) * sc::tanh(c);
+  };
+  auto f = sc::function(gates);
+  CHECK(same_bits(sc::Tensor(f(x)), gates(x)));
+  const sc::ConcreteFunction c = f.get_concrete(x);
+  INFO(c.stats());
+  CHECK(c.stats().plan.kernels == 1);
+  // a row window broadcast over an output of its parent's shape, the parent dying there: the
+  // output must not take the parent's buffer (each row would read a row already overwritten)
+  const auto rows = [](const sc::Tensor& v) {
+    const sc::Tensor e = sc::exp(v) - 1.f;
+    // (transposed after: the group's output is an intermediate the plan places)
+    return sc::transpose(sc::slice(e, {2, 0}, {1, -1}) * (v * 2.f) + sc::slice(e, {4, 0}, {1, -1}));
+  };
+  auto h = sc::function(rows);
+  CHECK(same_bits(sc::Tensor(h(x)), rows(x)));
+  // a slice also read outside the group stays a kernel (its result is needed there)
+  const auto shared = [](const sc::Tensor& v) {
+    const sc::Tensor s = sc::slice(v, {0, 2}, {-1, 4});
+    return std::vector<sc::Tensor>{sc::exp(s) * s + 1.f, sc::sum(s, {1})};
+  };
+  auto k = sc::function(shared);
+  const std::vector<sc::Tensor> got = k(x), want = shared(x);
+  CHECK(same_bits(got[0], want[0]));
+  CHECK(same_bits(got[1], want[1]));
+  std::map<std::string, int> ops;
+  for (const sc::graph::Node& n : k.get_concrete(x).graph().nodes) ++ops[std::string(n.name())];
+  CHECK(ops["slice"] == 1);
+}
+
+TEST_CASE("function: independent groups of one shape are one group, unless a kernel between needs the first",
+          "[function][fusion]") {
+  const FuseAll fuse_all;
+  const sc::Tensor x = sc::random::uniform({6, 6}, -2.0, 2.0, 81), w = sc::random::uniform({6, 6}, -1.0, 1.0, 82);
+  const auto same = [](const std::vector<sc::Tensor>& a, const std::vector<sc::Tensor>& b) {
+    bool ok = a.size() == b.size();
+    for (std::size_t k = 0; ok && k < a.size(); ++k) ok = same_bits(a[k], b[k]);
+    return ok;
+  };
+  // two chains reading x, neither reading the other: one pass
+  const auto siblings = [](const sc::Tensor& v) {
+    return std::vector<sc::Tensor>{sc::exp(v) * 2.f, sc::tanh(v) + 1.f, sc::sigmoid(v) - v};
+  };
+  auto f = sc::function(siblings);
+  CHECK(same(f(x), siblings(x)));
+  INFO(f.get_concrete(x).stats());
+  CHECK(f.get_concrete(x).stats().plan.kernels == 1);
+  // the second chain reads a product of the first's result: the first runs before the product
+  const auto chained = [&w](const sc::Tensor& v) {
+    const sc::Tensor a = sc::exp(v) * 2.f;
+    return std::vector<sc::Tensor>{a, (v + 1.f) * sc::matmul(a, w)};
+  };
+  auto h = sc::function(chained);
+  CHECK(same(h(x), chained(x)));
+  CHECK(h.get_concrete(x).stats().plan.kernels == 3);
+  // on the CPU, updates of variables of one shape stay one group each (an Adam update is then
+  // the compiled Adam loop): two assignments, two groups
+  sc::Variable va(sc::random::uniform({40, 40}, -1.0, 1.0, 84)), vb(sc::random::uniform({40, 40}, -1.0, 1.0, 85));
+  auto upd = sc::function([&](const sc::Tensor& v) {
+    va.assign(va * 0.5f + v);
+    vb.assign(vb * 0.25f - v);
+    return v;
+  });
+  const sc::Tensor u = sc::random::uniform({40, 40}, -1.0, 1.0, 86);
+  const std::vector<float> a0 = va.value().to_vector<float>(), b0 = vb.value().to_vector<float>(), uv = u.to_vector<float>();
+  (void)upd(u);
+  CHECK(upd.get_concrete(u).stats().plan.kernels == 2);
+  const std::vector<float> a1 = va.value().to_vector<float>(), b1 = vb.value().to_vector<float>();
+  for (std::size_t i = 0; i < uv.size(); ++i) {
+    CHECK(a1[i] == a0[i] * 0.5f + uv[i]);
+    CHECK(b1[i] == b0[i] * 0.25f - uv[i]);
+  }
+  // ... and a traced Adam step over two such layers runs both weights' updates specialized
+  sc::graph::fusion_min_elements() = fuse_all.saved;
+  sc::manual_seed(4);
+  sc::nn::Dense l1(32, 32), l2(32, 32);  // (the weights' updates reach fusion_min_elements)
+  sc::optim::Adam opt(0.01);
+  std::vector<sc::Variable> vars = l1.trainable_variables();
+  for (const auto& v : l2.trainable_variables()) vars.push_back(v);
+  auto step = sc::function([&](const sc::Tensor& v) {
+    sc::GradientTape tape;
+    const sc::Tensor loss = sc::sum(l2(sc::tanh(l1(v))));
+    opt.apply(tape.gradient(loss, vars), vars);
+    return loss;
+  });
+  const sc::Tensor in = sc::random::uniform({3, 32}, -1.0, 1.0, 83);
+  (void)step(in);
+  INFO(step.get_concrete(in).stats());
+  CHECK(step.get_concrete(in).stats().plan.specialized == (sc::graph::fused_specializations() ? 2 : 0));
+}
+
+TEST_CASE("function: small elementwise chains are not fused (the tile evaluator costs more there)", "[function][fusion]") {
+  auto f = sc::function([](sc::Tensor x) { return sc::tanh(x * 2.f + 1.f); });
+  CHECK(f.get_concrete(sc::ones({64})).stats().plan.fused_groups == 0);
+  CHECK(f.get_concrete(sc::ones({4096})).stats().plan.fused_groups == 1);
+  const sc::Tensor x = sc::random::normal({4096}, 9);
+  CHECK(f(x).to_vector<float>() == sc::tanh(x * 2.f + 1.f).to_vector<float>());
+}
+
+TEST_CASE("function: a matmul's bias and activation run as its epilogue, in the matmul's step", "[function][fusion]") {
+  const sc::Tensor w = sc::random::normal({64, 48}, 1), b = sc::random::normal({48}, 2);
+  auto layer = [&](const sc::Tensor& x) { return sc::relu(sc::matmul(x, w) + b); };
+  auto f = sc::function(layer);
+  const sc::Tensor x = sc::random::normal({100, 64}, 3);  // 4800 outputs: fused
+  const auto st = f.get_concrete(x).stats();
+  CHECK(st.plan.epilogues == 1);
+  CHECK(st.plan.fused_groups == 1);
+  CHECK(st.plan.steps == 1);    // matmul + add + relu: one step
+  CHECK(st.plan.kernels == 2);  // the GEMM and one pass over its result
+  check_same(f(x), layer(x));
+  // The matmul's result is also needed elsewhere (returned): still one step, kept whole.
+  auto g = sc::function([&](const sc::Tensor& in) {
+    const sc::Tensor h = sc::matmul(in, w);
+    return std::make_tuple(sc::tanh(h + b), h);
+  });
+  const auto [y, h] = g(x);
+  check_same(y, sc::tanh(sc::matmul(x, w) + b));
+  check_same(h, sc::matmul(x, w));
+  CHECK(g.get_concrete(x).stats().plan.epilogues == 1);
+  // Read by another node before the group runs: no epilogue, same numbers.
+  auto k = sc::function([&](const sc::Tensor& in) {
+    const sc::Tensor m = sc::matmul(in, w);
+    const sc::Tensor s = sc::sum(m);             // reads m before the group below
+    return sc::exp(-(m + b)) * s;
+  });
+  check_same(k(x), [&] {
+    const sc::Tensor m = sc::matmul(x, w);
+    return sc::exp(-(m + b)) * sc::sum(m);
+  }(), 1e-6);
+}
+
+TEST_CASE("function: a sum, max or min over trailing axes consumes the fused group", "[function][fusion]") {
+  const sc::Tensor x = sc::random::normal({64, 300}, 4), y = sc::random::normal({64, 300}, 5);
+  auto mse = [](const sc::Tensor& a, const sc::Tensor& b) { return sc::sum(sc::square(a - b) * 0.5f); };
+  auto f = sc::function(mse);
+  const auto st = f.get_concrete(x, y).stats();
+  CHECK(st.plan.fused_reductions == 1);
+  CHECK(st.plan.steps == 1);
+  check_same(f(x, y), mse(x, y), 1e-6);
+  // Row reductions (softmax's max and sum) and a value also used after the reduction.
+  auto rows = [](const sc::Tensor& a) {
+    const sc::Tensor e = sc::exp(a * 2.f - 1.f);
+    return std::make_tuple(sc::max(sc::tanh(a) + 1.f, {-1}), sc::sum(e, {-1}, true), e * 3.f);
+  };
+  auto g = sc::function(rows);
+  const auto [m, s, e3] = g(x);
+  const auto [m0, s0, e30] = rows(x);
+  check_same(m, m0);  // max: exactly
+  check_same(s, s0, 1e-6);
+  check_same(e3, e30);
+  CHECK(g.get_concrete(x).stats().plan.fused_reductions == 2);
+  // Leading axes (a bias gradient's sum over the batch) are not fused, and stay right.
+  auto lead = [](const sc::Tensor& a) { return sc::sum(sc::relu(a) * 2.f, {0}); };
+  auto h = sc::function(lead);
+  CHECK(h.get_concrete(x).stats().plan.fused_reductions == 0);
+  check_same(h(x), lead(x), 1e-6);
+}
