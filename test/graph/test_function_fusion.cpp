@@ -83,8 +83,15 @@ TEST_CASE("function: a traced LSTM fused as on a GPU: gates read through windows
   // (graph::distribute_over_concat), each step's sum is one concat of four pieces. 10 steps of the
   // bench's LSTM (32 -> 64, batch 1: its zero pads are fill ops), every size fused as a GPU
   // plan fuses, the slices read through windows. The bench's 50 steps (the kernel's gradient
-  // only) went from 953 kernels to 405.
+  // only) went from 953 kernels to 405. Products are not batched here (graph::product_batching:
+  // batched sums run in another order): each result is eager's, bit for bit.
   const FuseAll fuse_all;
+  const bool batching = sc::graph::product_batching();
+  sc::graph::product_batching() = false;
+  struct Restore {
+    bool on;
+    ~Restore() { sc::graph::product_batching() = on; }
+  } restore{batching};
   constexpr int steps = 10;
   sc::nn::LSTMCell cell{32, 64, 3};
   std::vector<sc::Tensor> xs;
@@ -282,4 +289,44 @@ TEST_CASE("function: a sum, max or min over trailing axes consumes the fused gro
   auto h = sc::function(lead);
   CHECK(h.get_concrete(x).stats().plan.fused_reductions == 0);
   check_same(h(x), lead(x), 1e-6);
+}
+
+TEST_CASE("function: a traced LSTM's products are batched: one for all inputs, one per weight gradient",
+          "[function][train]") {
+  // graph::batch_products: the 10 inputs' x W are one product of the stacked inputs, the kernels'
+  // gradients (10 outer products each) one product each, the bias gradient one column sum; the
+  // recurrent h U and its gradient stay one per step. Every gradient of the cell, as LibTorch's
+  // backward computes them. Within float rounding of eager (sums in another order).
+  const FuseAll fuse_all;
+  REQUIRE(sc::graph::product_batching());
+  constexpr int steps = 10;
+  sc::nn::LSTMCell cell{32, 64, 3};
+  std::vector<sc::Tensor> xs;
+  for (int t = 0; t < steps; ++t) xs.push_back(sc::random::uniform({1, 32}, -1.0, 1.0, 40 + t));
+  const std::vector<sc::Variable> vars = cell.trainable_variables();
+  const auto body = [&] {
+    sc::GradientTape tape;
+    auto state = cell.initial_state(1);
+    for (const sc::Tensor& x : xs) state = cell(x, state);
+    const sc::Tensor loss = sc::sum(state.first * state.second);
+    std::vector<sc::Tensor> r = tape.gradient(loss, vars);
+    r.insert(r.begin(), loss);
+    return r;
+  };
+  const std::vector<sc::Tensor> eager = body();
+  auto f = sc::function(body);
+  const std::vector<sc::Tensor> staged = f();
+  REQUIRE(staged.size() == eager.size());
+  for (std::size_t k = 0; k < eager.size(); ++k) {
+    INFO("result " << k);
+    check_same(staged[k], eager[k], 1e-5);
+  }
+  const sc::ConcreteFunction c = f.get_concrete();
+  INFO(c.stats());
+  std::map<std::string, int> ops;
+  for (const sc::graph::Node& n : c.graph().nodes) ++ops[std::string(n.name())];
+  // x W once, h U per step, dz U^T per step but the first, dW and dU once each (49 unbatched)
+  CHECK(ops["matmul"] == 1 + steps + (steps - 1) + 2);
+  CHECK(ops["sum"] == 2);  // the loss and the bias gradient (11 unbatched)
+  CHECK(c.stats().plan.kernels <= 6 * steps);  // 96 unbatched
 }

@@ -537,12 +537,13 @@ TEST_CASE("optimize: fixed point, reports, verified results, same numbers", "[pa
   const Graph g = trace({f23, w}, mlp);
   std::vector<sc::graph::PassReport> report;
   const Graph o = sc::graph::optimize(g, &report, true);
-  REQUIRE(report.size() >= 5);
+  REQUIRE(report.size() >= 6);
   CHECK(report[0].pass == "simplify");
   CHECK(report[1].pass == "distribute");
+  CHECK(report[2].pass == "products");
   CHECK(report[0].nodes_before == g.num_compute_nodes());
   CHECK(report.back().nodes_after == o.num_compute_nodes());
-  CHECK(report.size() % 5 == 0);
+  CHECK(report.size() % 6 == 0);
   CHECK(count(o, "transpose") == 0);
   CHECK(count(o, "tanh") == 1);
   CHECK(count(o, "exp") == 0);
@@ -554,7 +555,8 @@ TEST_CASE("optimize: fixed point, reports, verified results, same numbers", "[pa
   check_same_results(g, o);
   // Each pass alone is verified and keeps the numbers.
   using Pass = Graph (*)(const Graph&);
-  for (Pass p : {Pass{&sc::graph::simplify}, Pass{&sc::graph::fold}, Pass{&sc::graph::cse}, Pass{&sc::graph::dce}}) {
+  for (Pass p : {Pass{&sc::graph::simplify}, Pass{&sc::graph::distribute_over_concat}, Pass{&sc::graph::batch_products},
+                 Pass{&sc::graph::fold}, Pass{&sc::graph::cse}, Pass{&sc::graph::dce}}) {
     const Graph r = p(g);
     sc::graph::verify(r, "one pass");
     check_same_results(g, r, 11);

@@ -1,5 +1,5 @@
 // Algebraic simplification: a small table of rewrite rules (x*1 -> x, neg(neg(x)) -> x,
-// reshape/transpose chains, casts to the same dtype, transposes folded into matmul). The one pass that names ops: it is a table.
+// reshape/transpose/slice chains, casts to the same dtype, transposes folded into matmul). The one pass that names ops: it is a table.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -147,6 +147,9 @@ STAGECRAFT_COMPILED_INLINE Rewrite no_op_when_same_type(const View& s, const Nod
 /// reshape(reshape(x)) -> reshape(x), to the outer result's (resolved) shape.
 STAGECRAFT_COMPILED_INLINE Rewrite reshape_reshape(const View& s, const Node& n);
 
+/// slice(slice(x)) -> slice(x): the outer box moved by the inner one's begin, sizes resolved.
+STAGECRAFT_COMPILED_INLINE Rewrite slice_slice(const View& s, const Node& n);
+
 /// The permutation a transpose node applies (empty and negative entries resolved).
 STAGECRAFT_COMPILED_INLINE Shape perm_of(const View& s, const Node& n);
 
@@ -186,6 +189,22 @@ STAGECRAFT_COMPILED_INLINE Rewrite reshape_reshape(const View& s, const Node& n)
   Node r = n;
   r.inputs = {s.in(p, 0)};
   r.attrs.ints = s.value(n.outputs[0]).shape;
+  return Rewrite::to_node(std::move(r));
+}
+
+STAGECRAFT_COMPILED_INLINE Rewrite slice_slice(const View& s, const Node& n) {
+  const int inner = s.in(n, 0);
+  const Node& p = s.producer(inner);
+  if (p.kind != NodeKind::op || p.op != ops::OpId::Slice || p.inputs.size() != 1 || p.outputs.size() != 1) return {};
+  const int x = s.in(p, 0);
+  const Shape &xs = s.value(x).shape, &ps = s.value(inner).shape, &out = s.value(n.outputs[0]).shape;
+  if (xs.rank() != ps.rank() || ps.rank() != out.rank() || s.value(x).device != s.value(inner).device) return {};
+  Node r = n;
+  r.inputs = {x};
+  r.attrs.ints = Shape{};
+  for (int k = 0; k < xs.rank(); ++k)
+    r.attrs.ints.push_back(ops::Slice::start(xs, p.attrs, k) + ops::Slice::start(ps, n.attrs, k));
+  r.attrs.ints2 = out;
   return Rewrite::to_node(std::move(r));
 }
 
@@ -260,6 +279,8 @@ inline const Rule rules[] = {
     {ops::OpId::Reshape, "reshape(reshape(x)) -> reshape(x)", &reshape_reshape},
     {ops::OpId::Transpose, "transpose(x, identity) -> x", &transpose_identity},
     {ops::OpId::Transpose, "transpose(transpose(x, p), q) -> transpose(x, p o q)", &transpose_transpose},
+    {ops::OpId::Slice, "slice(x, all of x) -> x", &no_op_when_same_type},
+    {ops::OpId::Slice, "slice(slice(x)) -> slice(x)", &slice_slice},
     {ops::OpId::Cast, "cast(x, dtype of x) -> x", &no_op_when_same_type},
     {ops::OpId::BroadcastTo, "broadcast_to(x, shape of x) -> x", &no_op_when_same_type},
     {ops::OpId::MatMul, "matmul(transpose(x), y) -> matmul[transposed x](x, y)", &transpose_into_matmul},
@@ -296,7 +317,7 @@ STAGECRAFT_COMPILED_INLINE int simplify_node(Graph& r, std::size_t i, const std:
 /// elements (x*1, 1*x, x+(-0), (-0)+x, x-0, x/1, where the constant is all ones or zeros of that
 /// sign (is_all_zero: x+0.0 stays, as it turns -0.0 into +0.0, but (x+0.0)+0.0 is x+0.0), or a fill of that value; kept
 /// when the op changes x's dtype, a broadcast_to when it only changes its shape), neg(neg(x)),
-/// reshape and transpose chains, reshape/cast/broadcast_to that change nothing, and a transpose
+/// reshape, transpose and slice chains, reshape/cast/broadcast_to/slice that change nothing, and a transpose
 /// of the last two axes folded into the matmul reading it. Nodes it bypasses are left for dce.
 STAGECRAFT_COMPILED_INLINE Graph simplify(const Graph& g);
 #if STAGECRAFT_DEFINE_COMPILED
