@@ -233,6 +233,9 @@ struct PreparedFused {
   std::int64_t tile = 0;  ///< elements per tile, any positive count (default: tile_bytes of the dtype)
   const SpecialKernel* special = nullptr;  ///< a compiled loop for this program (fused_special.hpp), or null
   bool batch_dependent = false;  ///< an instruction's SIMD bits depend on the batch (OpKernels)
+  std::vector<std::int64_t> arg_offsets;  ///< program.arg_offset(k) of each input (elements)
+  std::vector<std::int64_t> arg_bytes;    ///< bytes of the tensor passed as each input (its arg_shape)
+  std::int64_t out_bytes = 0;             ///< bytes of each elementwise output
 };
 
 /// True when `op` can be an instruction of a program over dtype d: an elementwise unary or binary op
@@ -453,6 +456,11 @@ STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p) {
     for (const FusedInstr& c : p.code) pf.batch_dependent = pf.batch_dependent || f::kernels<T>(c.op).batch_dependent;
   });
   pf.special = find_special(p);
+  for (std::size_t k = 0; k < p.input_shapes.size(); ++k) {
+    pf.arg_offsets.push_back(p.arg_offset(k));
+    pf.arg_bytes.push_back(p.arg_shape(k).numel() * static_cast<std::int64_t>(itemsize(p.dtype)));
+  }
+  pf.out_bytes = pf.numel * static_cast<std::int64_t>(itemsize(p.dtype));
   return pf;
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
@@ -684,7 +692,7 @@ void bind(const PreparedFused& pf, std::span<const Tensor> in, std::span<Tensor>
   }
   for (std::size_t j = 0; j < out.size(); ++j) st.locs[pf.regs.size() + j] = {static_cast<std::byte*>(out[j].raw_data()), 0, sizeof(T)};
   for (int i : pf.scalar_inputs)
-    values[pf.regs[i].index] = static_cast<const T*>(in[i].raw_data())[pf.program.arg_offset(static_cast<std::size_t>(i))];
+    values[pf.regs[i].index] = static_cast<const T*>(in[i].raw_data())[pf.arg_offsets[static_cast<std::size_t>(i)]];
   for (const Step& s : pf.once)
     reinterpret_cast<Kernel<T>>(s.fn)(values + pf.regs[s.a].index, s.b >= 0 ? values + pf.regs[s.b].index : nullptr,
                                       values + pf.regs[s.y].index, 1);
@@ -692,15 +700,19 @@ void bind(const PreparedFused& pf, std::span<const Tensor> in, std::span<Tensor>
   st.streams.clear();
   for (const Tensor& o : out) st.streams.emplace_back(static_cast<const std::byte*>(o.raw_data()), true);
   for (const VectorInput& v : pf.vector_inputs) {
+    // shares bytes with an output (the sizes are the program's: run() checked the shapes)
+    const auto* lo = static_cast<const std::byte*>(in[v.input].raw_data());
+    const std::byte* hi = lo + pf.arg_bytes[static_cast<std::size_t>(v.input)];
     bool aliased = false;
-    for (const Tensor& o : out) aliased = aliased || overlaps(in[v.input], o);
+    for (const auto& [o, written] : st.streams)
+      aliased = aliased || (written && o && lo && lo < o + pf.out_bytes && o < hi);
     if (v.broadcast && aliased)
       throw ValueError("[fused] input " + std::to_string(v.input) + " is broadcast and shares memory with an output; "
                        "only an input of the output's shape may");
     if (!v.broadcast) st.streams.emplace_back(static_cast<const std::byte*>(in[v.input].raw_data()), false);
     if (!v.broadcast && !aliased) continue;  // read in place
     const std::int64_t off = pf.regs[v.input].slot * slot_stride(pf);
-    const std::int64_t first = pf.program.arg_offset(static_cast<std::size_t>(v.input)) * std::int64_t{sizeof(T)};
+    const std::int64_t first = pf.arg_offsets[static_cast<std::size_t>(v.input)] * std::int64_t{sizeof(T)};
     st.gathers.push_back({static_cast<const std::byte*>(in[v.input].raw_data()) + first, v.broadcast ? &v.plan : nullptr, off});
     st.locs[v.input] = {nullptr, off, 0};
   }
