@@ -307,3 +307,32 @@ TEST_CASE("products: off, nothing is batched and results are eager's bits", "[pa
   const Tensors want = run(g, args), got = run(o, args);
   for (std::size_t k = 0; k < 2; ++k) check_close(got[k], values(want[k]));
 }
+
+TEST_CASE("products: integer products and column sums are batched, and exact", "[passes][products]") {
+  // Integer sums do not depend on their order: batched, the results are the unbatched ones exactly.
+  const Batching on(true);
+  std::vector<sc::TensorSpec> specs{{sc::Shape{6, 4}, sc::i32}};
+  for (std::int64_t r : {1, 2, 3, 2}) specs.push_back({sc::Shape{r, 6}, sc::i32});
+  const auto f = [](const Tensors& x) {
+    Tensors r;
+    sc::Tensor s = sc::matmul(x[1], x[1], true, false), c = sc::sum(x[1], {0});
+    for (std::size_t k = 1; k < x.size(); ++k) {
+      r.push_back(sc::matmul(x[k], x[0]));
+      if (k > 1) s = s + sc::matmul(x[k], x[k], true, false), c = c + sc::sum(x[k], {0});
+    }
+    r.push_back(s);
+    r.push_back(c);
+    return r;
+  };
+  const Graph g = trace(specs, f);
+  const Graph o = sc::graph::optimize(g, nullptr, true);
+  INFO(o.str());
+  CHECK(count(o, "matmul") == 2);
+  CHECK(count(o, "sum") == 1);
+  Tensors args;
+  for (std::size_t k = 0; k < specs.size(); ++k)
+    args.push_back(sc::cast(ramp(specs[k].shape[0], specs[k].shape[1], static_cast<int>(k)) * 7.f, sc::i32));
+  const Tensors want = run(g, args), got = run(o, args);
+  REQUIRE(want.size() == got.size());
+  for (std::size_t k = 0; k < want.size(); ++k) CHECK(got[k].to_vector<std::int32_t>() == want[k].to_vector<std::int32_t>());
+}

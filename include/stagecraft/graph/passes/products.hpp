@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -52,8 +53,9 @@ STAGECRAFT_COMPILED_INLINE int add_concat(Graph& g, const std::vector<int>& vs, 
 /// transpose flags, where no a_k depends on another's product); returns false when none is left.
 STAGECRAFT_COMPILED_INLINE bool batch_rows_once(const Graph& g, Graph& out);
 
-/// The sums-of-products and sums-of-column-sums rewrite over all of g.
-STAGECRAFT_COMPILED_INLINE Graph batch_sums(const Graph& g);
+/// The sums-of-products and sums-of-column-sums rewrite over all of g into out; false (out
+/// untouched) when there is nothing to batch.
+STAGECRAFT_COMPILED_INLINE bool batch_sums(const Graph& g, Graph& out);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE bool plain_matmul(const Graph& g, const Node& n) {
   if (n.kind != NodeKind::op || n.op != ops::OpId::MatMul || n.inputs.size() != 2 || n.outputs.size() != 1)
@@ -203,7 +205,7 @@ STAGECRAFT_COMPILED_INLINE bool batch_rows_once(const Graph& g, Graph& out) {
   return false;
 }
 
-STAGECRAFT_COMPILED_INLINE Graph batch_sums(const Graph& g) {
+STAGECRAFT_COMPILED_INLINE bool batch_sums(const Graph& g, Graph& out) {
   std::vector<int> uses(g.values.size(), 0);
   std::vector<char> is_output(g.values.size(), 0);
   for (const Node& x : g.nodes)
@@ -224,35 +226,32 @@ STAGECRAFT_COMPILED_INLINE Graph batch_sums(const Graph& g) {
     if (plain_add(x))
       for (int v : x.inputs)
         if (inner(v) && plain_add(g.nodes[g.values[v].node])) internal[g.values[v].node] = 1;
-  Graph out;
-  out.name = g.name;
-  out.strings = g.strings;
-  std::vector<int> new_id(g.values.size(), -1);
+  // Each tree's terms (left to right) and its batches: products by transpose flags, column sums by
+  // keepdims and row shape; only roots with a batch of min_terms or more are rewritten.
+  struct Tree {
+    std::vector<int> terms;
+    std::vector<std::pair<bool, std::vector<int>>> batches;  ///< (products?, terms), each of min_terms or more
+  };
+  std::map<std::size_t, Tree> trees;
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& x = g.nodes[i];
-    Node m = x;
-    for (int& v : m.inputs) v = new_id[v];
-    if (!plain_add(x) || internal[i]) {
-      append_node(out, g, std::move(m), new_id);
-      continue;
-    }
-    // The tree's terms, left to right.
-    std::vector<int> terms, stack{x.inputs[1], x.inputs[0]};
+    if (!plain_add(x) || internal[i]) continue;
+    Tree t;
+    std::vector<int> stack{x.inputs[1], x.inputs[0]};
     while (!stack.empty()) {
       const int v = stack.back();
       stack.pop_back();
       const Node& p = g.nodes[g.values[v].node];
-      if (inner(v) && plain_add(p) && internal[g.values[v].node]) {
+      if (inner(v) && internal[g.values[v].node]) {
         stack.push_back(p.inputs[1]);
         stack.push_back(p.inputs[0]);
       } else {
-        terms.push_back(v);
+        t.terms.push_back(v);
       }
     }
-    // Batchable terms by kind: products by transpose flags, row sums by keepdims and row shape.
     using Key = std::tuple<int, std::int64_t, std::int64_t, std::vector<std::int64_t>>;
     std::map<Key, std::vector<int>> groups;
-    for (int v : terms) {
+    for (int v : t.terms) {
       const Node& p = g.nodes[g.values[v].node];
       if (!inner(v)) continue;
       if (plain_matmul(g, p)) {
@@ -262,23 +261,36 @@ STAGECRAFT_COMPILED_INLINE Graph batch_sums(const Graph& g) {
         groups[{1, p.attrs.flag ? 1 : 0, 0, std::vector<std::int64_t>(xs.begin() + 1, xs.end())}].push_back(v);
       }
     }
+    for (auto& [key, vs] : groups)
+      if (vs.size() >= min_terms) t.batches.emplace_back(std::get<0>(key) == 0, std::move(vs));
+    if (!t.batches.empty()) trees.emplace(i, std::move(t));
+  }
+  if (trees.empty()) return false;
+  out = Graph{};
+  out.name = g.name;
+  out.strings = g.strings;
+  std::vector<int> new_id(g.values.size(), -1);
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& x = g.nodes[i];
+    const auto tree = trees.find(i);
+    if (tree == trees.end()) {
+      Node m = x;
+      for (int& v : m.inputs) v = new_id[v];
+      append_node(out, g, std::move(m), new_id);
+      continue;
+    }
     std::vector<int> parts;  // out's values to add up, in order
     std::vector<char> taken(g.values.size(), 0);
-    for (const auto& [key, vs] : groups) {
-      if (vs.size() < min_terms) continue;
+    for (const auto& [products, vs] : tree->second.batches)
       for (std::size_t b = 0; b < vs.size(); b += max_batch) {
         const std::vector<int> chunk(vs.begin() + static_cast<std::ptrdiff_t>(b),
                                      vs.begin() + static_cast<std::ptrdiff_t>(std::min(vs.size(), b + max_batch)));
-        if (chunk.size() < 2) {
-          parts.push_back(new_id[chunk[0]]);
-          taken[chunk[0]] = 1;
-          continue;
-        }
+        if (chunk.size() < 2) continue;  // (a last chunk of one stays a term)
         const Node& p0 = g.nodes[g.values[chunk[0]].node];
         const Value& y = g.values[chunk[0]];
         Node r = p0;
         r.outputs.clear();
-        if (std::get<0>(key) == 0) {  // products: the operands stacked along their inner axis
+        if (products) {  // the operands stacked along their inner axis
           std::vector<int> as, bs;
           for (int v : chunk) {
             const Node& p = g.nodes[g.values[v].node];
@@ -287,7 +299,7 @@ STAGECRAFT_COMPILED_INLINE Graph batch_sums(const Graph& g) {
           }
           r.inputs = {add_concat(out, as, p0.attrs.i0 != 0 ? 0 : 1, p0.loc),
                       add_concat(out, bs, p0.attrs.i1 != 0 ? 1 : 0, p0.loc)};
-        } else {  // row sums: the rows stacked
+        } else {  // column sums: the rows stacked
           std::vector<int> xs;
           for (int v : chunk) xs.push_back(new_id[g.nodes[g.values[v].node].inputs[0]]);
           r.inputs = {add_concat(out, xs, 0, p0.loc)};
@@ -295,12 +307,7 @@ STAGECRAFT_COMPILED_INLINE Graph batch_sums(const Graph& g) {
         parts.push_back(out.nodes[out.add_node(std::move(r), {{y.shape, y.dtype}}, y.device)].outputs[0]);
         for (int v : chunk) taken[v] = 1;
       }
-    }
-    if (parts.empty()) {
-      append_node(out, g, std::move(m), new_id);
-      continue;
-    }
-    for (int v : terms)
+    for (int v : tree->second.terms)
       if (!taken[v]) parts.push_back(new_id[v]);
     const Value& y = g.values[x.outputs[0]];
     int acc = parts[0];
@@ -314,7 +321,7 @@ STAGECRAFT_COMPILED_INLINE Graph batch_sums(const Graph& g) {
   }
   for (int v : g.inputs) out.inputs.push_back(new_id[v]);
   for (int v : g.outputs) out.outputs.push_back(new_id[v]);
-  return out;
+  return true;
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
 
@@ -339,13 +346,16 @@ STAGECRAFT_COMPILED_INLINE Graph batch_products(const Graph& g) {
   if (!product_batching()) return g;
   // Rows first (an RNN's x_k W, before x_k W + h U could be read as a sum of products). One set per
   // rewrite (each moves nodes): a bounded number per call, the pipeline's rounds do the rest.
-  Graph cur = g;
+  // (Nothing is copied until something changes.)
+  std::optional<Graph> cur;
   for (int k = 0; k < 16; ++k) {
     Graph next;
-    if (!detail_products::batch_rows_once(cur, next)) break;
+    if (!detail_products::batch_rows_once(cur ? *cur : g, next)) break;
     cur = std::move(next);
   }
-  return with_bodies(detail_products::batch_sums(cur), [](const Graph& b) { return batch_products(b); });
+  Graph summed;
+  if (detail_products::batch_sums(cur ? *cur : g, summed)) cur = std::move(summed);
+  return with_bodies(cur ? std::move(*cur) : g, [](const Graph& b) { return batch_products(b); });
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
 
