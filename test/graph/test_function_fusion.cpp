@@ -38,6 +38,32 @@ bool same_bits(const sc::Tensor& a, const sc::Tensor& b) {
   return same;
 }
 
+/// The bench's LSTM cell (32 -> 64, batch 1) run over `steps` inputs; loss = sum(h * c) after the
+/// last step. Calling it returns the loss, then the gradients of the cell's three variables.
+struct LstmSteps {
+  sc::nn::LSTMCell cell{32, 64, 3};
+  std::vector<sc::Tensor> xs;
+  explicit LstmSteps(int steps) {
+    for (int t = 0; t < steps; ++t) xs.push_back(sc::random::uniform({1, 32}, -1.0, 1.0, 40 + t));
+  }
+  std::vector<sc::Tensor> operator()() const {
+    sc::GradientTape tape;
+    auto state = cell.initial_state(1);
+    for (const sc::Tensor& x : xs) state = cell(x, state);
+    const sc::Tensor loss = sc::sum(state.first * state.second);
+    std::vector<sc::Tensor> r = tape.gradient(loss, cell.trainable_variables());
+    r.insert(r.begin(), loss);
+    return r;
+  }
+};
+
+/// How many nodes of each op c's optimized graph has.
+std::map<std::string, int> op_counts(const sc::ConcreteFunction& c) {
+  std::map<std::string, int> ops;
+  for (const sc::graph::Node& n : c.graph().nodes) ++ops[std::string(n.name())];
+  return ops;
+}
+
 }  // namespace
 
 TEST_CASE("function: a traced MLP Adam step fused as on a GPU is 28 kernels: one for the loss, one for its gradient",
@@ -93,21 +119,9 @@ TEST_CASE("function: a traced LSTM fused as on a GPU: gates read through windows
     ~Restore() { sc::graph::product_batching() = on; }
   } restore{batching};
   constexpr int steps = 10;
-  sc::nn::LSTMCell cell{32, 64, 3};
-  std::vector<sc::Tensor> xs;
-  for (int t = 0; t < steps; ++t) xs.push_back(sc::random::uniform({1, 32}, -1.0, 1.0, 40 + t));
-  const std::vector<sc::Variable> vars = cell.trainable_variables();
-  const auto body = [&] {
-    sc::GradientTape tape;
-    auto state = cell.initial_state(1);
-    for (const sc::Tensor& x : xs) state = cell(x, state);
-    const sc::Tensor loss = sc::sum(state.first * state.second);
-    std::vector<sc::Tensor> r = tape.gradient(loss, vars);
-    r.insert(r.begin(), loss);
-    return r;
-  };
-  const std::vector<sc::Tensor> eager = body();
-  auto f = sc::function(body);
+  const LstmSteps lstm(steps);
+  const std::vector<sc::Tensor> eager = lstm();
+  auto f = sc::function([&] { return lstm(); });
   const std::vector<sc::Tensor> staged = f();
   REQUIRE(staged.size() == eager.size());
   for (std::size_t k = 0; k < eager.size(); ++k) {
@@ -116,8 +130,7 @@ TEST_CASE("function: a traced LSTM fused as on a GPU: gates read through windows
   }
   const sc::ConcreteFunction c = f.get_concrete();
   INFO(c.stats());
-  std::map<std::string, int> ops;
-  for (const sc::graph::Node& n : c.graph().nodes) ++ops[std::string(n.name())];
+  std::map<std::string, int> ops = op_counts(c);
   CHECK(ops["concat"] == steps);
   // the gates are windows of x W and h U per step (read by their fused group: no kernel) and of
   // the bias (four slices for every step); z = x W + h U + b is never made
@@ -300,21 +313,9 @@ TEST_CASE("function: a traced LSTM's products are batched: one for all inputs, o
   const FuseAll fuse_all;
   REQUIRE(sc::graph::product_batching());
   constexpr int steps = 10;
-  sc::nn::LSTMCell cell{32, 64, 3};
-  std::vector<sc::Tensor> xs;
-  for (int t = 0; t < steps; ++t) xs.push_back(sc::random::uniform({1, 32}, -1.0, 1.0, 40 + t));
-  const std::vector<sc::Variable> vars = cell.trainable_variables();
-  const auto body = [&] {
-    sc::GradientTape tape;
-    auto state = cell.initial_state(1);
-    for (const sc::Tensor& x : xs) state = cell(x, state);
-    const sc::Tensor loss = sc::sum(state.first * state.second);
-    std::vector<sc::Tensor> r = tape.gradient(loss, vars);
-    r.insert(r.begin(), loss);
-    return r;
-  };
-  const std::vector<sc::Tensor> eager = body();
-  auto f = sc::function(body);
+  const LstmSteps lstm(steps);
+  const std::vector<sc::Tensor> eager = lstm();
+  auto f = sc::function([&] { return lstm(); });
   const std::vector<sc::Tensor> staged = f();
   REQUIRE(staged.size() == eager.size());
   for (std::size_t k = 0; k < eager.size(); ++k) {
@@ -323,8 +324,7 @@ TEST_CASE("function: a traced LSTM's products are batched: one for all inputs, o
   }
   const sc::ConcreteFunction c = f.get_concrete();
   INFO(c.stats());
-  std::map<std::string, int> ops;
-  for (const sc::graph::Node& n : c.graph().nodes) ++ops[std::string(n.name())];
+  std::map<std::string, int> ops = op_counts(c);
   // x W once, h U per step, dz U^T per step but the first, dW and dU once each (49 unbatched)
   CHECK(ops["matmul"] == 1 + steps + (steps - 1) + 2);
   CHECK(ops["sum"] == 2);  // the loss and the bias gradient (11 unbatched)
