@@ -1,4 +1,4 @@
-// The optimization pipeline: simplify, distribute, products, fold, cse, dce, repeated to a fixed point, with the
+// The optimization pipeline: simplify, distribute, fold, cse, products, dce, repeated to a fixed point, with the
 // verifier between passes in debug builds (or when asked).
 #pragma once
 #include <string>
@@ -35,8 +35,9 @@ struct PassReport {
 /// second one catches what a fold or a merge exposed to simplify).
 inline constexpr int optimize_max_rounds = 4;
 
-/// The graph optimized: rounds of simplify, distribute (distribute_over_concat), products
-/// (batch_products, while product_batching() is on), fold, cse and dce
+/// The graph optimized: rounds of simplify, distribute (distribute_over_concat), fold, cse, products
+/// (batch_products, while product_batching() is on: after cse, so that repeated products are one
+/// before they are stacked) and dce
 /// (each also on cond/while bodies)
 /// until a round changes nothing or optimize_max_rounds have run. Appends one PassReport per
 /// pass run to *report when given. With `verify_each` the input and every pass's result are
@@ -49,7 +50,7 @@ STAGECRAFT_COMPILED_INLINE Graph optimize(const Graph& g, std::vector<PassReport
     const char* name;
     Graph (*run)(const Graph&);
   };
-  static constexpr Pass passes[] = {{"simplify", &simplify}, {"distribute", &distribute_over_concat}, {"products", &batch_products}, {"fold", &fold}, {"cse", &cse}, {"dce", &dce}};
+  static constexpr Pass passes[] = {{"simplify", &simplify}, {"distribute", &distribute_over_concat}, {"fold", &fold}, {"cse", &cse}, {"products", &batch_products}, {"dce", &dce}};
   if (verify_each) verify(g, "trace");
   Graph cur = g;
   std::string before = cur.str();

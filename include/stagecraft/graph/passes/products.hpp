@@ -330,11 +330,12 @@ STAGECRAFT_COMPILED_INLINE bool batch_sums(const Graph& g, Graph& out) {
 /// The batching pass, pure (a no-op while product_batching() is off). Products a_k W sharing
 /// their right operand and its transpose flag, where no a_k is computed from another's product,
 /// become one product of the stacked a_k (at the first one's place; what the later a_k need moves
-/// there when that is free of effects), each a row slice of it. Sums of two or more products
-/// op(a_k) op(b_k) of one pair of transpose flags, read by that sum alone, become one product of
-/// the operands stacked along their inner axis; sums of column sums sum(x_k, axis 0), one sum of
-/// the stacked x_k. Products over 2^24 multiply-adds are left alone. What it bypasses is left
-/// for dce.
+/// there when that is free of effects), each a row slice of it. Sums of three or more products
+/// op(a_k) op(b_k) of one pair of transpose flags, each read by that sum alone, become one product
+/// of the operands stacked along their inner axis; sums of three or more column sums
+/// sum(x_k, axis 0), one sum of the stacked x_k. Products over 2^24 multiply-adds are left alone.
+/// optimize() runs it after cse (repeated work is merged before it is stacked). What it bypasses
+/// is left for dce.
 STAGECRAFT_COMPILED_INLINE Graph batch_products(const Graph& g);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE bool& product_batching() {
