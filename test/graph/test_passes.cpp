@@ -2,6 +2,7 @@
 // graphs, node counts, the verifier on every result and on broken graphs, and equal results.
 #include <catch2/catch.hpp>
 #include "graph_testing.hpp"
+#include "passes_testing.hpp"
 #include <stagecraft/core/creation.hpp>
 #include <stagecraft/fwd.hpp>
 #include <stagecraft/graph/passes/pipeline.hpp>
@@ -30,13 +31,9 @@ using Tensors = std::vector<sc::Tensor>;
 using Fn = std::function<Tensors(const Tensors&)>;
 
 using sctest::trace;
-
-/// Nodes of g (top level) printed with this name ("exp", "const", "read_var").
-int count(const Graph& g, std::string_view name) {
-  int n = 0;
-  for (const Node& x : g.nodes) n += x.name() == name;
-  return n;
-}
+using sctest::passes::check_same_bits;
+using sctest::passes::count;
+using sctest::passes::run;
 
 /// A tensor of the spec's shape and dtype with values from mt19937(seed) in [-2, 2].
 sc::Tensor random_arg(const sc::TensorSpec& s, unsigned seed) {
@@ -45,11 +42,6 @@ sc::Tensor random_arg(const sc::TensorSpec& s, unsigned seed) {
   std::vector<double> v(static_cast<std::size_t>(s.shape.numel()));
   for (double& x : v) x = d(gen);
   return sc::tensor(v, s.shape).astype(s.dtype);
-}
-
-Tensors run(const Graph& g, const Tensors& args) {
-  const sc::graph::Plan p(std::make_shared<const Graph>(g));
-  return p.run(args);
 }
 
 /// a and b give the same results on random arguments (within float rounding: a fused kernel
@@ -578,20 +570,6 @@ TEST_CASE("optimize keeps random ops deterministic and merges equal draws", "[pa
 }
 
 namespace {
-
-/// The results of g and o on args, bit for bit (f32 results).
-void check_same_bits(const Graph& g, const Graph& o, const Tensors& args) {
-  const Tensors a = run(g, args), b = run(o, args);
-  REQUIRE(a.size() == b.size());
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    REQUIRE(a[k].shape() == b[k].shape());
-    const auto x = a[k].to_vector<float>(), y = b[k].to_vector<float>();
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      INFO("result " << k << ", element " << i << ": " << x[i] << " and " << y[i]);
-      CHECK(std::bit_cast<std::uint32_t>(x[i]) == std::bit_cast<std::uint32_t>(y[i]));
-    }
-  }
-}
 
 /// A [rows, cols] f32 tensor of -0.0, +0.0, NaN, inf and ordinary values, in turn.
 sc::Tensor awkward(std::int64_t rows, std::int64_t cols, float scale) {

@@ -4,6 +4,7 @@
 // read twice), the switch that turns it off, and results against plain loops.
 #include <catch2/catch.hpp>
 #include "graph_testing.hpp"
+#include "passes_testing.hpp"
 #include <stagecraft/core/creation.hpp>
 #include <stagecraft/fwd.hpp>
 #include <stagecraft/ops/matmul.hpp>
@@ -28,17 +29,9 @@ using sc::graph::Node;
 using sc::graph::NodeKind;
 using Tensors = std::vector<sc::Tensor>;
 using sctest::trace;
-
-int count(const Graph& g, std::string_view name) {
-  int n = 0;
-  for (const Node& x : g.nodes) n += x.name() == name;
-  return n;
-}
-
-Tensors run(const Graph& g, const Tensors& args) {
-  const sc::graph::Plan p(std::make_shared<const Graph>(g));
-  return p.run(args);
-}
+using sctest::passes::check_same_bits;
+using sctest::passes::count;
+using sctest::passes::run;
 
 /// A [rows, cols] f32 tensor of values k/7 - 1 (k = seed + 3 i, mod 15): small, exact, all distinct.
 sc::Tensor ramp(std::int64_t rows, std::int64_t cols, int seed) {
@@ -70,20 +63,6 @@ void check_close(const sc::Tensor& got, const std::vector<double>& want) {
   for (std::size_t i = 0; i < g.size(); ++i) {
     INFO("element " << i << ": " << g[i] << " vs " << want[i]);
     CHECK(std::abs(g[i] - want[i]) <= 1e-5 * (1 + std::abs(want[i])));
-  }
-}
-
-/// The results of g and o on args, bit for bit (f32 results).
-void check_same_bits(const Graph& g, const Graph& o, const Tensors& args) {
-  const Tensors a = run(g, args), b = run(o, args);
-  REQUIRE(a.size() == b.size());
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    const auto x = a[k].to_vector<float>(), y = b[k].to_vector<float>();
-    REQUIRE(x.size() == y.size());
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      INFO("result " << k << ", element " << i);
-      CHECK(std::bit_cast<std::uint32_t>(x[i]) == std::bit_cast<std::uint32_t>(y[i]));
-    }
   }
 }
 
