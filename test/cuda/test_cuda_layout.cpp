@@ -4,6 +4,7 @@
 #include "cuda_testing.hpp"
 
 #include <memory>
+#include <vector>
 
 using namespace sctest::cuda;
 
@@ -19,6 +20,25 @@ TEST_CASE("cuda: transpose, slice, broadcast_to and concat == CPU", "[cuda]") {
     same_on_gpu([](const auto& in) { return sc::concat({in[0], in[1], in[0]}, 1); }, {x, values({2, 1, 4}, d, 33)}, 0);
     same_on_gpu([](const auto& in) { return sc::stack({in[0], in[0]}, -1); }, {x}, 0);
   }
+}
+
+TEST_CASE("cuda: a concat of many pieces (several launches), empty ones, along each axis == CPU", "[cuda]") {
+  // One launch copies up to 32 pieces (abi::max_concat_pieces): 70 pieces take three; every fifth
+  // is empty along the axis. Then a large one (a grid-stride loop over rows of different widths).
+  for (const sc::DType d : {sc::boolean, sc::i32, sc::f32, sc::f64}) {
+    for (int axis = 0; axis < 3; ++axis) {
+      INFO(sc::name(d) << ", axis " << axis);
+      std::vector<sc::Tensor> parts;
+      for (int k = 0; k < 70; ++k) {
+        sc::Shape s{3, 2, 4};
+        s[axis] = k % 5;
+        parts.push_back(values(s, d, 200 + static_cast<std::uint64_t>(k)));
+      }
+      same_on_gpu([axis](const auto& in) { return sc::concat(std::vector<sc::Tensor>(in.begin(), in.end()), axis); }, parts, 0);
+    }
+  }
+  same_on_gpu([](const auto& in) { return sc::concat({in[0], in[1], in[0]}, 1); },
+              {values({3000, 301}, sc::f32, 300), values({3000, 7}, sc::f32, 301)}, 0);
 }
 
 TEST_CASE("cuda: argmax, argmin and one_hot == CPU", "[cuda]") {

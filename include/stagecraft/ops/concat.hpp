@@ -58,18 +58,25 @@ struct Concat {
       }
     });
   }
-  /// Each input is a strided copy into its block of the output.
+  /// Every input copied into its block of each output row, all in one launch.
   static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
     const Shape& os = out.shape();
     const int ax = static_cast<int>(a.axis < 0 ? a.axis + os.rank() : a.axis);
-    const Shape dst = contiguous_strides(os);
-    std::int64_t at = 0;  // the block's first index along the axis
+    std::int64_t outer = 1, inner = 1;
+    for (int k = 0; k < ax; ++k) outer *= os[k];
+    for (int k = ax + 1; k < os.rank(); ++k) inner *= os[k];
+    const std::int64_t row = os[ax] * inner;  // elements of one output row
+    const auto isz = static_cast<std::int64_t>(itemsize(out.dtype()));
+    std::vector<backend::cuda::abi::ConcatPiece> pieces;
+    pieces.reserve(in.size());
+    std::int64_t at = 0;  // the block's first element in a row
     for (const Tensor& t : in) {
-      auto* base = static_cast<std::byte*>(out.raw_data()) + at * dst[ax] * static_cast<std::int64_t>(itemsize(out.dtype()));
-      backend::cuda::strided_copy(t.raw_data(), t.shape(), contiguous_strides(t.shape()), base, dst, out.dtype(),
-                                  out.device(), name, loc);
-      at += t.shape()[ax];
+      const std::int64_t n = t.shape()[ax] * inner;
+      if (n > 0 && outer > 0)
+        pieces.push_back({t.raw_data(), static_cast<std::byte*>(out.raw_data()) + at * isz, outer, n, row});
+      at += n;
     }
+    backend::cuda::concat(pieces, out.dtype(), out.device(), name, loc);
   }
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };

@@ -206,6 +206,18 @@ Status where(DT dt, const bool* c, const void* a, const void* b, void* y, const 
 /// Copies elements (of itemsize 1, 4 or 8 bytes) of a strided view of x into one of y: index i of
 /// g's shape reads x at strides[0] and writes y at strides[1] (the layout ops' one kernel).
 Status strided_copy(int itemsize, const void* x, void* y, const Geometry& g, Stream s) noexcept;
+/// One input of a concat: `rows` rows of `row` elements, one after another at x, row r written at
+/// y + r * pitch (elements).
+struct ConcatPiece {
+  const void* x;
+  void* y;
+  std::int64_t rows, row, pitch;
+};
+/// Pieces one launch copies (they travel as the kernel's parameter).
+inline constexpr int max_concat_pieces = 32;
+/// Copies the n pieces of a concat (elements of itemsize 1, 4 or 8 bytes): one launch per
+/// max_concat_pieces of them.
+Status concat(int itemsize, const ConcatPiece* p, int n, Stream s) noexcept;
 /// y [n, depth] of dt: row k is 1 at column ix[k] (i32 or i64) when it is in [0, depth), else all 0.
 Status one_hot(DT index_dt, DT dt, const void* ix, void* y, std::int64_t n, std::int64_t depth, Stream s) noexcept;
 /// y = x converted (rules::Cast), n contiguous elements.

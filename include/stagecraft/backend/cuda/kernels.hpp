@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <limits>
 #include <source_location>
+#include <span>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -105,6 +106,19 @@ inline void strided_copy(const void* src, const Shape& shape, const Shape& src_s
     g.strides[1][k] = dst_strides[k];
   }
   check(abi::strided_copy(static_cast<int>(itemsize(d)), src, dst, g, stream(dev, op, loc)), dev, op, loc);
+}
+
+/// Copies the pieces of a concat into their places (one launch per abi::max_concat_pieces). The
+/// plan calls it directly: without CUDA it raises DeviceError instead of referring to the kernels.
+inline void concat(std::span<const abi::ConcatPiece> pieces, DType d, Device dev, std::string_view op,
+                   const std::source_location& loc) {
+#if defined(STAGECRAFT_WITH_CUDA)
+  check(abi::concat(static_cast<int>(itemsize(d)), pieces.data(), static_cast<int>(pieces.size()), stream(dev, op, loc)),
+        dev, op, loc);
+#else
+  (void)pieces, (void)d;
+  stagecraft::detail::fail<DeviceError>(op, loc, "has no kernel for ", dev.str(), " in this build");
+#endif
 }
 
 /// out [n..., depth] = one_hot(indices).
