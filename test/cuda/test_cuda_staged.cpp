@@ -558,3 +558,43 @@ TEST_CASE("cuda graphs: a traced LSTM step with all its gradients equals the CPU
   CHECK(st.plan.kernels <= 6 * steps + 10);
   CHECK(st.plan.cuda_graph.rfind("replaying", 0) == 0);
 }
+
+TEST_CASE("cuda graphs: a concat's pieces written in place (nested, and with pieces it still copies) equal the CPU's",
+          "[cuda][staged][graph]") {
+  // graph::concat_in_place on the GPU: exp(a) and cos(b) write their places in `inner`, which is
+  // placed in `outer`'s rows with tanh(c); the argument a and a constant are copied by their
+  // concat (its rest). Kernel by kernel and replayed as a CUDA graph, three calls each.
+  const sc::Tensor k = values({1, 4}, sc::f32, 51);
+  const auto f = [](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& c, const sc::Tensor& kk) {
+    const sc::Tensor inner = sc::concat({sc::exp(a), sc::cos(b)}, 1);  // [1, 8]
+    const sc::Tensor outer = sc::concat({sc::tanh(c), inner, sc::sin(c)}, 0);  // [3, 8]
+    const sc::Tensor rest = sc::concat({a, sc::exp(b), kk}, 0);  // [3, 4]: a and kk copied
+    return std::vector<sc::Tensor>{outer * 0.5f, sc::sum(inner), rest + 1.f};
+  };
+  const sc::Tensor a = values({1, 4}, sc::f32, 52), b = values({1, 4}, sc::f32, 53), c = values({1, 8}, sc::f32, 54);
+  const std::vector<sc::Tensor> want = f(a, b, c, k);
+  const sc::Tensor ga = a.to(gpu), gb = b.to(gpu), gc = c.to(gpu), gk = k.to(gpu);
+  auto plain = sc::function([&](const sc::Tensor& x, const sc::Tensor& y, const sc::Tensor& z) { return f(x, y, z, gk); });
+  auto graphed = sc::function([&](const sc::Tensor& x, const sc::Tensor& y, const sc::Tensor& z) { return f(x, y, z, gk); });
+  for (int it = 0; it < 3; ++it) {
+    sc::cuda::set_graphs(false);
+    const std::vector<sc::Tensor> p = plain(ga, gb, gc);
+    const GraphsOn on;
+    const std::vector<sc::Tensor> g = graphed(ga, gb, gc);
+    REQUIRE(p.size() == want.size());
+    REQUIRE(g.size() == want.size());
+    for (std::size_t r = 0; r < want.size(); ++r) {
+      INFO("call " << it << ", result " << r);
+      check_same(p[r], want[r], 1e-6);
+      check_same(g[r], want[r], 1e-6);
+    }
+  }
+  const auto st = graphed.get_concrete(ga, gb, gc).stats();
+  INFO(st);
+  CHECK(st.plan.cuda_graph.rfind("replaying", 0) == 0);
+  sc::graph::concat_in_place() = false;
+  auto copied = sc::function([&](const sc::Tensor& x, const sc::Tensor& y, const sc::Tensor& z) { return f(x, y, z, gk); });
+  (void)copied(ga, gb, gc);
+  sc::graph::concat_in_place() = true;
+  CHECK(st.plan.kernels == copied.get_concrete(ga, gb, gc).stats().plan.kernels - 2);
+}

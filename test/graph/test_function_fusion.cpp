@@ -331,6 +331,33 @@ TEST_CASE("function: a traced LSTM's products are batched: one for all inputs, o
   CHECK(c.stats().plan.kernels <= 6 * steps);  // 96 unbatched
 }
 
+TEST_CASE("function: a traced LSTM's gate gradients are written in place: no concat copies them", "[function][train]") {
+  // graph::concat_in_place: each backward step's four gate gradients are written by their group
+  // straight into their places in the step's dz, and each dz into its rows of the stacked dz the
+  // weight gradients' products read (batch 1: the pieces lie one after another). The stacked h
+  // keeps its concat for h_0 (a constant) alone. Results equal bit for bit with and without.
+  const FuseAll fuse_all;
+  constexpr int steps = 10;
+  const LstmSteps lstm(steps);
+  std::vector<sc::Tensor> with, without;
+  int kernels_with = 0, kernels_without = 0;
+  for (const bool on : {true, false}) {
+    const bool saved = sc::graph::concat_in_place();
+    sc::graph::concat_in_place() = on;
+    auto f = sc::function([&] { return lstm(); });
+    (on ? with : without) = f();
+    (on ? kernels_with : kernels_without) = f.get_concrete().stats().plan.kernels;
+    sc::graph::concat_in_place() = saved;
+  }
+  REQUIRE(with.size() == without.size());
+  for (std::size_t k = 0; k < with.size(); ++k) {
+    INFO("result " << k);
+    CHECK(same_bits(with[k], without[k]));
+  }
+  INFO(kernels_with << " kernels in place, " << kernels_without << " without");
+  CHECK(kernels_with == kernels_without - (steps + 1));
+}
+
 TEST_CASE("function: a two-layer LSTM's products are batched across layers, its input gradient too", "[function][train]") {
   // Layer 2 reads layer 1's outputs: its 12 input products do not depend on each other and are one
   // product; so are the input gradients of both layers (dz W^T), which do not feed each other. A

@@ -2,6 +2,7 @@
 // prepared and buffers planned ahead; running it allocates only the results' storage.
 #pragma once
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -64,6 +65,10 @@ struct Step {
   /// sum's kernel and attributes (its value is out[1]), run after the product where cuBLASLt cannot.
   const OpFns* bgrad_fns = nullptr;
   ops::Attrs bgrad_attrs;
+  /// A concat some of whose pieces their own steps write in place (MemoryPlan::placed_in): it
+  /// copies only the rest, each (its index in `in`, its first byte in the output).
+  bool concat_rest = false;
+  std::vector<std::pair<int, std::int64_t>> rest;
 };
 
 /// On a GPU, a dense layer's weight gradient op(x) g (a matmul, g read untransposed) and its bias
@@ -195,6 +200,8 @@ class Plan {
   void add_step(Step s) { steps_.push_back(std::move(s)); }
   std::unique_ptr<RunState> make_state() const;
   void run_step(const Step& s, std::size_t i, RunState& st) const;
+  /// A concat's pieces not written in place (Step::rest), copied into its output.
+  void copy_rest(const Step& s, std::size_t i, RunState& st) const;
   /// Binds args to the graph's inputs and runs every step (an error names the node's line).
   void run_steps(RunState& st, std::span<const Tensor> args) const;
   void release(RunState& st) const;
@@ -309,9 +316,32 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
                     (s.kind == StepKind::kernel && (s.fns->elementwise_unary || s.fns->elementwise_binary));
     // A GPU reduction's rows, and a cuBLASLt epilogue's product, are written while inputs are read.
     u.last_out_apart = s.kind == StepKind::fused && s.gpu && (s.cuda_fused->program().reduction.has_value() || s.bias >= 0);
+    if (s.kind == StepKind::kernel && g.nodes[s.node].op == ops::OpId::Concat) {  // pieces one after another?
+      const Shape& os = g.values[s.out[0]].shape;
+      const int ax = static_cast<int>(s.attrs.axis < 0 ? s.attrs.axis + os.rank() : s.attrs.axis);
+      u.concat = true;
+      for (int k = 0; k < ax; ++k) u.concat = u.concat && os[k] == 1;
+    }
     uses.push_back(std::move(u));
   }
   mem_ = plan_memory(g, uses);
+  // Concats with pieces in place copy the rest, or nothing (then they are dropped).
+  for (std::size_t i = steps_.size(); i-- > 0;) {
+    Step& s = steps_[i];
+    if (!uses[i].concat) continue;
+    const int c = s.out[0];
+    bool any = false;
+    std::int64_t at = 0;
+    for (std::size_t k = 0; k < s.in.size(); ++k) {
+      const Value& p = g.values[s.in[k]];
+      if (mem_.placed_in[s.in[k]] == c) any = true;
+      else if (p.shape.numel() > 0) s.rest.emplace_back(static_cast<int>(k), at);
+      at += p.shape.numel() * static_cast<std::int64_t>(itemsize(p.dtype));
+    }
+    if (!any) s.rest.clear();
+    else if (s.rest.empty()) steps_.erase(steps_.begin() + static_cast<std::ptrdiff_t>(i));
+    else s.concat_rest = true;
+  }
   stats_.steps = static_cast<int>(steps_.size());
   for (const Step& s : steps_) {  // (a GPU group with a matmul head is one cuBLASLt call)
     stats_.kernels += (s.kind == StepKind::kernel || s.kind == StepKind::fused) + (s.head_fns != nullptr && !s.gpu);
@@ -348,7 +378,14 @@ STAGECRAFT_COMPILED_INLINE std::unique_ptr<Plan::RunState> Plan::make_state() co
     impl->shape = g.values[v].shape;
     impl->dtype = g.values[v].dtype;
     impl->device = g.values[v].device;
-    if (mem_.buffer_of[v] >= 0) impl->storage = st->buffers[mem_.buffer_of[v]];
+    if (mem_.buffer_of[v] >= 0) {
+      const auto& buf = st->buffers[mem_.buffer_of[v]];
+      if (mem_.placed_in[v] < 0) impl->storage = buf;
+      else  // a piece written in its place in a concat's buffer (which the state keeps)
+        impl->storage = stagecraft::detail::Storage::borrow(static_cast<std::byte*>(buf->data()) + mem_.offset_of[v],
+                                                            static_cast<std::size_t>(impl->shape.numel()) * itemsize(impl->dtype),
+                                                            impl->device);
+    }
     st->vals[v] = Tensor(stagecraft::detail::Ref<stagecraft::detail::TensorImpl>::adopt(impl));
   }
   st->ins.resize(steps_.size());
@@ -504,6 +541,31 @@ STAGECRAFT_COMPILED_INLINE std::int64_t run_while(const Plan& cond, const Plan& 
 }  // namespace detail_plan
 
 #if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void Plan::copy_rest(const Step& s, std::size_t i, RunState& st) const {
+  const Tensor& out = st.vals[s.out[0]];
+  auto* base = static_cast<std::byte*>(out.raw_data());
+  if (!s.gpu) {
+    for (const auto& [k, at] : s.rest) {
+      const Tensor& p = st.ins[i][static_cast<std::size_t>(k)];
+      std::memcpy(base + at, p.raw_data(), p.nbytes());
+    }
+    return;
+  }
+  std::vector<backend::cuda::abi::ConcatPiece> pieces;  // each one row: the pieces are contiguous
+  for (const auto& [k, at] : s.rest) {
+    const Tensor& p = st.ins[i][static_cast<std::size_t>(k)];
+    pieces.push_back({p.raw_data(), base + at, 1, p.numel(), p.numel()});
+  }
+  const Node& n = g_->nodes[s.node];
+  const stagecraft::detail::LocOverride where(n.loc);
+  const std::source_location here = std::source_location::current();
+  try {
+    backend::cuda::concat(pieces, out.dtype(), out.device(), ops::op_info(n.op).name, here);
+  } catch (const Error& e) {
+    detail_plan::rethrow_unlocated(e, here);
+  }
+}
+
 STAGECRAFT_COMPILED_INLINE void Plan::run_step(const Step& s, std::size_t i, RunState& st) const {
   const Graph& g = *g_;
   const Node& n = g.nodes[s.node];
@@ -516,6 +578,10 @@ STAGECRAFT_COMPILED_INLINE void Plan::run_step(const Step& s, std::size_t i, Run
   switch (s.kind) {
     case StepKind::kernel: {
       for (int v : s.out) fresh(v);
+      if (s.concat_rest) {
+        copy_rest(s, i, st);
+        break;
+      }
       if (SC_UNLIKELY(s.gpu)) {
         if (s.fns->cuda == nullptr)
           stagecraft::detail::fail_at<DeviceError>(ops::op_info(n.op).name, n.loc.file, n.loc.line, "has no kernel for ",

@@ -1,5 +1,7 @@
 // Memory planning: gives every intermediate a buffer, reusing buffers whose values are dead
 // (liveness over the plan's steps) and writing elementwise results in place of a dying input.
+// A concat's pieces are written straight into their places in its buffer where they can be
+// (concat_in_place()), so that the concat copies nothing.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -20,8 +22,16 @@ struct MemoryPlan {
     bool views = false;       ///< its output shares the storage of in[0]
     bool in_place_ok = false; ///< elementwise: an output may reuse a dying same-size input's buffer
     bool last_out_apart = false;  ///< its last output never takes an input's buffer (a GPU reduction's result)
+    /// A concat whose inputs lie one after another in its output (every extent before its axis
+    /// is 1): a piece another step writes may be written in its place (see placed_in).
+    bool concat = false;
   };
   std::vector<int> buffer_of;              ///< per value: its buffer, -1 when not planned
+  std::vector<std::int64_t> offset_of;     ///< per value: its first byte in its buffer (non-zero for a placed piece)
+  /// Per value: the concat whose buffer it is written into, in its place, by the step that makes
+  /// it (so the concat need not copy it), or -1. A placed value may itself be a concat placed in
+  /// another; offset_of is then from the outermost buffer's start.
+  std::vector<int> placed_in;
   std::vector<std::int64_t> buffer_bytes;  ///< per buffer: its size
   std::vector<Device> buffer_device;       ///< per buffer: where it lives (its values' device)
   std::int64_t total_bytes() const {
@@ -36,11 +46,20 @@ inline std::int64_t bytes_of(const Value& v) { return v.shape.numel() * static_c
 inline std::int64_t rounded(std::int64_t b) { return (b + 63) / 64 * 64; }
 }  // namespace detail_mem
 
+/// Whether plan_memory writes a concat's pieces in their places in its buffer: on by default. Off,
+/// every concat copies its pieces (results are equal bit for bit either way).
+STAGECRAFT_COMPILED_INLINE bool& concat_in_place();
+
 /// Plans buffers for the values steps write. A value that leaves the plan (a result, a value
 /// assigned to a variable, an argument of a host function or a control-flow body), or whose
 /// view does, is not planned: it gets fresh storage at every run.
 STAGECRAFT_COMPILED_INLINE MemoryPlan plan_memory(const Graph& g, const std::vector<MemoryPlan::StepUse>& steps);
 #if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE bool& concat_in_place() {
+  static bool on = true;
+  return on;
+}
+
 STAGECRAFT_COMPILED_INLINE MemoryPlan plan_memory(const Graph& g, const std::vector<MemoryPlan::StepUse>& steps) {
   const std::size_t nv = g.values.size();
   MemoryPlan mp;
@@ -59,6 +78,48 @@ STAGECRAFT_COMPILED_INLINE MemoryPlan plan_memory(const Graph& g, const std::vec
       for (int v : n.inputs) escapes[root[v]] = 1;
   }
   for (int v : g.outputs) escapes[root[v]] = 1;
+  // Pieces placed in a concat's buffer: each written once, by a step into planned memory, and
+  // leaving nothing. Later concats first, so that a concat placed in a later one is known as a
+  // piece before its own pieces are placed in it.
+  mp.placed_in.assign(nv, -1);
+  mp.offset_of.assign(nv, 0);
+  std::vector<int> writer(nv, -1);  // the step writing each value through `out`
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    for (int o : steps[i].out) writer[o] = static_cast<int>(i);
+  for (std::size_t i = steps.size(); concat_in_place() && i-- > 0;) {
+    const auto& s = steps[i];
+    if (!s.concat || s.out.size() != 1) continue;
+    const int c = s.out[0];
+    if (escapes[c] || root[c] != c) continue;
+    std::int64_t at = 0;
+    for (int p : s.in) {
+      const Value& pv = g.values[p];
+      const bool once = std::count(s.in.begin(), s.in.end(), p) == 1;
+      if (pv.shape.numel() > 0 && once && writer[p] >= 0 && writer[p] < static_cast<int>(i) && root[p] == p &&
+          !escapes[p] && mp.placed_in[p] < 0 && pv.dtype == g.values[c].dtype && pv.device == g.values[c].device) {
+        mp.placed_in[p] = c;
+        mp.offset_of[p] = at;
+      }
+      at += detail_mem::bytes_of(pv);
+    }
+  }
+  // Each value's storage root: its view source's, then the outermost concat that is placed in,
+  // and its offset there (the offsets along the chain added).
+  const std::vector<std::int64_t> own = mp.offset_of;
+  std::vector<char> has_pieces(nv, 0);  // a root some placed value is written into
+  for (std::size_t v = 0; v < nv; ++v) {
+    if (mp.placed_in[v] < 0) continue;
+    std::int64_t off = own[v];
+    int r = mp.placed_in[v];
+    for (; mp.placed_in[r] >= 0; r = mp.placed_in[r]) off += own[r];
+    mp.offset_of[v] = off;
+    has_pieces[r] = 1;
+  }
+  for (std::size_t v = 0; v < nv; ++v) {
+    int r = root[v];
+    while (mp.placed_in[r] >= 0) r = mp.placed_in[r];
+    root[v] = r;
+  }
   // Last step reading each storage root.
   std::vector<int> last(nv, -1);
   for (std::size_t i = 0; i < steps.size(); ++i)
@@ -107,11 +168,20 @@ STAGECRAFT_COMPILED_INLINE MemoryPlan plan_memory(const Graph& g, const std::vec
     for (std::size_t k = 0; k < s.out.size(); ++k) {
       const int o = s.out[k];
       if (escapes[o]) continue;
+      if (root[o] != o || has_pieces[o]) {  // a placed piece, or a concat with pieces in place
+        // (its outermost concat's buffer, taken by whichever of them is written first, and
+        // released when nothing reads any of them any more)
+        const int r = root[o];
+        if (mp.buffer_of[r] < 0)
+          mp.buffer_of[r] = fresh_buffer(detail_mem::rounded(detail_mem::bytes_of(g.values[r])), g.values[r].device);
+        mp.buffer_of[o] = mp.buffer_of[r];
+        continue;
+      }
       const std::int64_t need = detail_mem::rounded(detail_mem::bytes_of(g.values[o]));
       int b = -1;
       if (s.in_place_ok && !(s.last_out_apart && k + 1 == s.out.size()))
-        for (int r : dying)
-          if (std::find(taken.begin(), taken.end(), r) == taken.end() &&
+        for (int r : dying)  // (not a concat's buffer with pieces in place: an input may be one of them)
+          if (!has_pieces[r] && std::find(taken.begin(), taken.end(), r) == taken.end() &&
               detail_mem::bytes_of(g.values[r]) == detail_mem::bytes_of(g.values[o]) &&
               g.values[r].shape == g.values[o].shape && g.values[r].device == g.values[o].device) {
             b = mp.buffer_of[r];
