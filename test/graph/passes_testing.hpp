@@ -1,8 +1,10 @@
-// Helpers of the graph pass tests (test_passes.cpp, test_passes_products.cpp): node counts, running a
-// graph through a plan, and results compared bit for bit.
+// Helpers of the graph pass and plan tests (test_passes.cpp, test_passes_products.cpp,
+// test_plan_memory.cpp): node counts, running a graph through a plan, results compared bit for bit,
+// small exact inputs, and a switch set for a scope.
 #pragma once
 #include <catch2/catch.hpp>
 
+#include <stagecraft/core/creation.hpp>
 #include <stagecraft/graph/plan.hpp>
 
 #include <bit>
@@ -40,5 +42,28 @@ inline void check_same_bits(const stagecraft::graph::Graph& g, const stagecraft:
     }
   }
 }
+
+/// A [rows, cols] f32 spec.
+inline stagecraft::TensorSpec spec(std::int64_t r, std::int64_t c) { return {stagecraft::Shape{r, c}, stagecraft::DType::f32}; }
+
+/// A [rows, cols] f32 tensor of values k/7 - 1 (k = seed + 3 i, mod 15): small, exact, all distinct.
+inline stagecraft::Tensor ramp(std::int64_t rows, std::int64_t cols, int seed) {
+  std::vector<float> v(static_cast<std::size_t>(rows * cols));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((seed + 3 * static_cast<int>(i)) % 15) / 7.f - 1.f;
+  return stagecraft::tensor(v, stagecraft::Shape{rows, cols});
+}
+
+/// RAII: a process-wide switch (graph::product_batching(), graph::concat_in_place()) set, restored on exit.
+class Switch {
+ public:
+  Switch(bool& flag, bool on) : flag_(flag), saved_(flag) { flag_ = on; }
+  Switch(const Switch&) = delete;
+  Switch& operator=(const Switch&) = delete;
+  ~Switch() { flag_ = saved_; }
+
+ private:
+  bool& flag_;
+  bool saved_;
+};
 
 }  // namespace sctest::passes

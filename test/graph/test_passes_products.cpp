@@ -31,14 +31,9 @@ using Tensors = std::vector<sc::Tensor>;
 using sctest::trace;
 using sctest::passes::check_same_bits;
 using sctest::passes::count;
+using sctest::passes::ramp;
 using sctest::passes::run;
-
-/// A [rows, cols] f32 tensor of values k/7 - 1 (k = seed + 3 i, mod 15): small, exact, all distinct.
-sc::Tensor ramp(std::int64_t rows, std::int64_t cols, int seed) {
-  std::vector<float> v(static_cast<std::size_t>(rows * cols));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((seed + 3 * static_cast<int>(i)) % 15) / 7.f - 1.f;
-  return sc::tensor(v, sc::Shape{rows, cols});
-}
+using sctest::passes::spec;
 
 /// Row-major [r, c] values of t (rank 2) as doubles.
 std::vector<double> values(const sc::Tensor& t) { return t.to_vector<double>(); }
@@ -67,15 +62,9 @@ void check_close(const sc::Tensor& got, const std::vector<double>& want) {
 }
 
 /// RAII: graph::product_batching() set, restored on exit.
-struct Batching {
-  bool saved = sc::graph::product_batching();
-  explicit Batching(bool on) { sc::graph::product_batching() = on; }
-  Batching(const Batching&) = delete;
-  Batching& operator=(const Batching&) = delete;
-  ~Batching() { sc::graph::product_batching() = saved; }
+struct Batching : sctest::passes::Switch {
+  explicit Batching(bool on) : Switch(sc::graph::product_batching(), on) {}
 };
-
-sc::TensorSpec spec(std::int64_t r, std::int64_t c) { return {sc::Shape{r, c}, sc::f32}; }
 
 }  // namespace
 

@@ -34,27 +34,12 @@ using Tensors = std::vector<sc::Tensor>;
 using Fn = std::function<Tensors(const Tensors&)>;
 using sctest::trace;
 
-/// RAII: graph::concat_in_place() set, restored on exit.
-struct InPlace {
-  bool saved = sc::graph::concat_in_place();
-  explicit InPlace(bool on) { sc::graph::concat_in_place() = on; }
-  InPlace(const InPlace&) = delete;
-  InPlace& operator=(const InPlace&) = delete;
-  ~InPlace() { sc::graph::concat_in_place() = saved; }
-};
-
-sc::TensorSpec spec(std::int64_t r, std::int64_t c) { return {sc::Shape{r, c}, sc::f32}; }
-
-/// A [rows, cols] f32 tensor of small distinct values (k/7 - 1, k = seed + 3 i mod 15).
-sc::Tensor ramp(std::int64_t rows, std::int64_t cols, int seed) {
-  std::vector<float> v(static_cast<std::size_t>(rows * cols));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((seed + 3 * static_cast<int>(i)) % 15) / 7.f - 1.f;
-  return sc::tensor(v, sc::Shape{rows, cols});
-}
+using sctest::passes::ramp;
+using sctest::passes::spec;
 
 /// A plan of g, made with concat_in_place() set to `on`.
 std::shared_ptr<const sc::graph::Plan> plan(const Graph& g, bool on) {
-  const InPlace mode(on);
+  const sctest::passes::Switch mode(sc::graph::concat_in_place(), on);
   return std::make_shared<const sc::graph::Plan>(std::make_shared<const Graph>(g));
 }
 
