@@ -9,6 +9,8 @@
 #include "passes_testing.hpp"
 #include <stagecraft/core/creation.hpp>
 #include <stagecraft/fwd.hpp>
+#include <stagecraft/graph/control_flow.hpp>
+#include <stagecraft/graph/function.hpp>
 #include <stagecraft/graph/passes/pipeline.hpp>
 #include <stagecraft/graph/plan.hpp>
 #include <stagecraft/ops/concat.hpp>
@@ -17,6 +19,7 @@
 #include <stagecraft/ops/reduce.hpp>
 #include <stagecraft/ops/unary.hpp>
 #include <stagecraft/ops/registry.hpp>
+#include <stagecraft/ops/slice.hpp>
 
 #include <bit>
 #include <cmath>
@@ -229,4 +232,28 @@ TEST_CASE("memory: an optimized graph's concats of fused groups are written in p
   CHECK(on->stats().kernels == off->stats().kernels - 1);
   CHECK(same_bits(on->run(args)[0], want[0]));
   CHECK(same_bits(off->run(args)[0], want[0]));
+}
+
+TEST_CASE("memory: pieces in place inside a while_loop's body and a cond's branches (their own plans)",
+          "[plan][memory][while]") {
+  // Each body is a plan of its own: its concat is dropped there, while what leaves the body (its
+  // results) keeps storage of its own. Traced == eager bit for bit, three calls.
+  const auto body = [](const sc::Tensor& x) {
+    const sc::Tensor r = sc::while_loop(
+        [](sc::Tensor v) { return sc::sum(v) < 40.f; },
+        [](sc::Tensor v) {
+          // grows by a quarter and up to 1 per element a round: a few rounds to 40
+          const sc::Tensor c = sc::concat({sc::exp(sc::log(v + 1.f) + 0.25f) - 1.f, sc::abs(sc::sin(v))}, 0);  // [2, 4]
+          return sc::slice(c, {0, 0}, {1, 4}) + sc::slice(c, {1, 0}, {1, 4});
+        },
+        x);
+    return sc::cond(sc::sum(r) > 0.f, [&] { return sc::concat({sc::tanh(r), sc::cos(r)}, 1) * 3.f; },
+                    [&] { return sc::concat({r, r}, 1); });
+  };
+  auto f = sc::function(body);
+  for (int seed = 1; seed <= 3; ++seed) {
+    const sc::Tensor x = ramp(1, 4, seed) + 1.f;
+    INFO("call " << seed);
+    CHECK(same_bits(sc::Tensor(f(x)), body(x)));
+  }
 }
