@@ -87,6 +87,9 @@ TEST_CASE("memory: a concat's pieces are written in their places, and the concat
   const auto [on, off] = check_against_eager({spec(1, 4), spec(2, 4)}, f, args);
   CHECK(on == off - 1);
   CHECK(on == 3);
+  const auto st = plan(trace({spec(1, 4), spec(2, 4)}, f), true)->stats();
+  CHECK(st.pieces_in_place == 2);
+  CHECK(st.concats_dropped == 1);
   // and against plain loops: rows exp(x), then tanh(y), doubled (the library's exp and tanh are
   // its own, within an ulp or two of std's)
   const auto x = args[0].to_vector<float>(), y = args[1].to_vector<float>();
@@ -115,6 +118,9 @@ TEST_CASE("memory: pieces no step makes are copied by the concat, the rest writt
   };
   const auto [on, off] = check_against_eager({spec(1, 4), spec(1, 4)}, f, {ramp(1, 4, 5), ramp(1, 4, 6)});
   CHECK(on == off);  // (the concat still copies three of its pieces)
+  const auto st = plan(trace({spec(1, 4), spec(1, 4)}, f), true)->stats();
+  CHECK(st.pieces_in_place == 1);
+  CHECK(st.concats_dropped == 0);
 }
 
 TEST_CASE("memory: nested concats: the inner one's pieces are written into the outer one's buffer", "[plan][memory]") {
@@ -126,6 +132,16 @@ TEST_CASE("memory: nested concats: the inner one's pieces are written into the o
   const auto [on, off] =
       check_against_eager({spec(1, 4), spec(1, 4), spec(1, 8)}, f, {ramp(1, 4, 1), ramp(1, 4, 2), ramp(1, 8, 3)});
   CHECK(on == off - 2);
+  const auto st = plan(trace({spec(1, 4), spec(1, 4), spec(1, 8)}, f), true)->stats();
+  CHECK(st.pieces_in_place == 5);  // exp and cos in inner; tanh, inner and sin in outer
+  CHECK(st.concats_dropped == 2);
+  // and sc::function's stats print them
+  auto traced = sc::function([&](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& c) { return f({a, b, c}); });
+  const sc::Tensor a = ramp(1, 4, 1), b = ramp(1, 4, 2), c = ramp(1, 8, 3);
+  (void)traced(a, b, c);
+  const std::string printed = traced.get_concrete(a, b, c).stats().str();
+  INFO(printed);
+  CHECK(printed.find("concat pieces written in place") != std::string::npos);
 }
 
 TEST_CASE("memory: a piece that leaves the plan, or a concat that does, keeps its own storage", "[plan][memory]") {

@@ -44,7 +44,11 @@ struct FunctionStats {
        << "plan: " << plan.steps << " steps, " << plan.kernels << " kernels, " << plan.fused_groups
        << " fused groups (" << plan.fused_nodes << " nodes, " << plan.specialized << " specialized)\n"
        << "memory: " << plan.peak_bytes << " bytes planned in " << plan.buffers << " buffers (intermediates: "
-       << plan.intermediate_bytes << " bytes)\n";
+       << plan.intermediate_bytes << " bytes)";
+    if (plan.pieces_in_place > 0)
+      os << ", " << plan.pieces_in_place << " concat pieces written in place (" << plan.concats_dropped
+         << " concats dropped)";
+    os << "\n";
     if (!plan.cuda_graph.empty()) os << "cuda graph: " << plan.cuda_graph << "\n";
     return os.str();
   }

@@ -34,6 +34,8 @@ struct PlanStats {
   std::int64_t peak_bytes = 0;        ///< planned buffer memory (with reuse)
   std::int64_t intermediate_bytes = 0;  ///< every intermediate in its own buffer
   int buffers = 0;                    ///< planned buffers
+  int pieces_in_place = 0;            ///< concat pieces their own steps write into the concat's buffer
+  int concats_dropped = 0;            ///< concats left with nothing to copy (every piece in place)
   /// CUDA-graph replay: Plan::cuda_graph_status() when the stats were taken.
   std::string cuda_graph;
 };
@@ -338,10 +340,16 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
       else if (p.shape.numel() > 0) s.rest.emplace_back(static_cast<int>(k), at);
       at += p.shape.numel() * static_cast<std::int64_t>(itemsize(p.dtype));
     }
-    if (!any) s.rest.clear();
-    else if (s.rest.empty()) steps_.erase(steps_.begin() + static_cast<std::ptrdiff_t>(i));
-    else s.concat_rest = true;
+    if (!any) {
+      s.rest.clear();
+    } else if (s.rest.empty()) {
+      steps_.erase(steps_.begin() + static_cast<std::ptrdiff_t>(i));
+      ++stats_.concats_dropped;
+    } else {
+      s.concat_rest = true;
+    }
   }
+  for (int c : mem_.placed_in) stats_.pieces_in_place += c >= 0;
   stats_.steps = static_cast<int>(steps_.size());
   for (const Step& s : steps_) {  // (a GPU group with a matmul head is one cuBLASLt call)
     stats_.kernels += (s.kind == StepKind::kernel || s.kind == StepKind::fused) + (s.head_fns != nullptr && !s.gpu);
