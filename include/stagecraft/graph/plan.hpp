@@ -68,8 +68,7 @@ struct Step {
   const OpFns* bgrad_fns = nullptr;
   ops::Attrs bgrad_attrs;
   /// A concat some of whose pieces their own steps write in place (MemoryPlan::placed_in): it
-  /// copies only the rest, each (its index in `in`, its first byte in the output).
-  bool concat_rest = false;
+  /// copies only the rest, each (its index in `in`, its first byte in the output); empty otherwise.
   std::vector<std::pair<int, std::int64_t>> rest;
 };
 
@@ -338,15 +337,13 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
       const Value& p = g.values[s.in[k]];
       if (mem_.placed_in[s.in[k]] == c) any = true;
       else if (p.shape.numel() > 0) s.rest.emplace_back(static_cast<int>(k), at);
-      at += p.shape.numel() * static_cast<std::int64_t>(itemsize(p.dtype));
+      at += detail_mem::bytes_of(p);
     }
     if (!any) {
       s.rest.clear();
     } else if (s.rest.empty()) {
       steps_.erase(steps_.begin() + static_cast<std::ptrdiff_t>(i));
       ++stats_.concats_dropped;
-    } else {
-      s.concat_rest = true;
     }
   }
   for (int c : mem_.placed_in) stats_.pieces_in_place += c >= 0;
@@ -586,7 +583,7 @@ STAGECRAFT_COMPILED_INLINE void Plan::run_step(const Step& s, std::size_t i, Run
   switch (s.kind) {
     case StepKind::kernel: {
       for (int v : s.out) fresh(v);
-      if (s.concat_rest) {
+      if (!s.rest.empty()) {
         copy_rest(s, i, st);
         break;
       }
