@@ -426,6 +426,8 @@ class HostBuilt {
         "#include <thread>\n"
         "#include <vector>\n"
         "#define __global__\n"
+        "#define __device__\n"
+        "#define __forceinline__ inline\n"
         "#define __shared__ static\n"
         "struct sc_dim3 { unsigned x; };\n"
         "static sc_dim3 blockIdx{0}, blockDim{256}, gridDim{3};\n"
@@ -633,6 +635,39 @@ TEST_CASE("rtc: inputs read through windows (absorbed slices), built for the hos
       REQUIRE(k.error().empty());
       check_against_cpu(p, k, false);
     }
+}
+
+TEST_CASE("rtc: inputs formed as small products in the kernel, built for the host, compute what the CPU evaluator does",
+          "[cuda][rtc][product]") {
+  using sc::ops::OpId;
+  for (sc::DType d : {sc::f32, sc::f64})
+    for (int flags = 0; flags < 4; ++flags)
+      for (bool reduce : {false, true}) {
+        const bool ta = (flags & 1) != 0, tb = (flags & 2) != 0;
+        INFO(sc::name(d) << " ta " << ta << " tb " << tb << (reduce ? ", rows summed" : ""));
+        // x: [7, 9] window at (0, 9) of the product op(A) op(B) of [7, 27] (inner 13); y [9] plain;
+        // z: one row of the product at (3, 0), broadcast over the rows; s [] plain. B is input 4.
+        FusedProgram p = row_program(d, 7, 9, OpId::Sum);
+        p.code = {{OpId::Mul, 0, 1}, {OpId::Add, 5, 2}, {OpId::Sub, 6, 3}, {OpId::Tanh, 7}};  // (five inputs)
+        p.outputs = {8};
+        p.reduction->reg = 7;
+        if (!reduce) p.reduction.reset();
+        const sc::Shape as = ta ? sc::Shape{13, 7} : sc::Shape{7, 13}, bs = tb ? sc::Shape{27, 13} : sc::Shape{13, 27};
+        p.input_shapes = {{7, 9}, {9}, {1, 9}, {}, bs};
+        p.windows = {{{7, 27}, {0, 9}}, {}, {{7, 27}, {3, 0}}, {}, {}};
+        p.products = {{as, 4, ta, tb, false}, {}, {as, 4, ta, tb, false}, {}, {{}, -1, false, false, true}};
+        const std::string src = sc::graph::cuda_source(p);
+        CHECK_THAT(src, Catch::Contains("sc_dot0(in0, in4, "));
+        CHECK_THAT(src, Catch::Contains("std::fma("));
+        CHECK_FALSE(sc::graph::cuda_vectorizable(p));
+#if defined(STAGECRAFT_WITH_CUDA)
+        check_compiles(src);
+#endif
+        const HostBuilt k(p);
+        INFO(k.error());
+        REQUIRE(k.error().empty());
+        check_against_cpu(p, k, false);
+      }
 }
 
 TEST_CASE("rtc: the 16-byte kernel, built for the host, computes the same, tail included", "[cuda][rtc]") {

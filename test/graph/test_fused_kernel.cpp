@@ -642,3 +642,128 @@ TEST_CASE("inputs read through windows of larger tensors (absorbed slices) equal
   bad.windows.pop_back();
   CHECK_THROWS_WITH(g::prepare(bad), Catch::Contains("3 windows for 4 inputs"));
 }
+
+// ---- inputs formed as small products (FusedProduct) ------------------------------------------
+
+namespace {
+
+/// C = op(A) op(B) by plain loops (A [M, K] or [K, M] with ta, B [K, N] or [N, K] with tb), summed in double.
+template <class T>
+std::vector<double> plain_product(const std::vector<T>& a, const std::vector<T>& b, std::int64_t m, std::int64_t k,
+                                  std::int64_t n, bool ta, bool tb) {
+  std::vector<double> c(static_cast<std::size_t>(m * n), 0.0);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t t = 0; t < k; ++t)
+        c[static_cast<std::size_t>(i * n + j)] += static_cast<double>(a[static_cast<std::size_t>(ta ? t * m + i : i * k + t)]) *
+                                                  static_cast<double>(b[static_cast<std::size_t>(tb ? j * k + t : t * n + j)]);
+  return c;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("inputs formed as small products, plain or read through windows, equal plain loops",
+                   "[fused][product]", float, double) {
+  using T = TestType;
+  const sc::DType d = sc::dtype_of<T>();
+  constexpr std::int64_t M = 3, K = 19, N = 4 * 7;  // the product [3, 28] read as four [3, 7] gate windows
+  for (int flags = 0; flags < 4; ++flags) {
+    const bool ta = (flags & 1) != 0, tb = (flags & 2) != 0;
+    INFO("ta " << ta << " tb " << tb);
+    const sc::Shape as = ta ? sc::Shape{K, M} : sc::Shape{M, K}, bs = tb ? sc::Shape{N, K} : sc::Shape{K, N};
+    const std::vector<T> av = values<T>(as.numel(), 3 + flags), bv = values<T>(bs.numel(), 7 + flags),
+                         xv = values<T>(M * 7, 11);
+    const std::vector<double> c = plain_product(av, bv, M, K, N, ta, tb);
+    // out = (w0 * w1 + w2) * x - w3, where w_g is window g of the product (columns 7g..7g+6), and
+    // a second program reading the whole product [3, 28] plus a row broadcast, its rows summed
+    g::FusedProgram p{d, {M, 7}, {{M, 7}, {M, 7}, {M, 7}, {M, 7}, {M, 7}, bs}, {}, {}};
+    p.code = {{OpId::Mul, 0, 1}, {OpId::Add, 6, 2}, {OpId::Mul, 7, 4}, {OpId::Sub, 8, 3}};
+    p.outputs = {9, 6};
+    for (int w = 0; w < 4; ++w) p.windows.push_back({{M, N}, {0, 7 * w}});
+    p.windows.resize(6);
+    p.products.resize(6);
+    for (int w = 0; w < 4; ++w) p.products[static_cast<std::size_t>(w)] = {as, 5, ta, tb, false};
+    p.products[5].operand = true;
+    const sc::Tensor A = sc::tensor(av, as), B = sc::tensor(bv, bs), X = sc::tensor(xv, sc::Shape{M, 7});
+    std::vector<sc::Tensor> out = {sc::full({M, 7}, -7.0, d), sc::full({M, 7}, -7.0, d)};
+    g::run_fused(p, std::vector<sc::Tensor>{A, A, A, A, X, B}, out);
+    const std::vector<T> got = out[0].to_vector<T>(), prod = out[1].to_vector<T>();
+    const double tol = d == sc::f32 ? 1e-4 : 1e-11;
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t j = 0; j < 7; ++j) {
+        auto w = [&](int g) { return c[static_cast<std::size_t>(i * N + 7 * g + j)]; };
+        const double want = (w(0) * w(1) + w(2)) * static_cast<double>(xv[static_cast<std::size_t>(i * 7 + j)]) - w(3);
+        INFO("element " << i << ", " << j);
+        CHECK(static_cast<double>(got[static_cast<std::size_t>(i * 7 + j)]) == Approx(want).epsilon(tol).margin(tol));
+        CHECK(static_cast<double>(prod[static_cast<std::size_t>(i * 7 + j)]) == Approx(w(0) * w(1)).epsilon(tol).margin(tol));
+      }
+
+    g::FusedProgram q{d, {M, N}, {{M, N}, {N}, bs}, {{OpId::Add, 0, 1}}, {3}};
+    q.products = {{as, 2, ta, tb, false}, {}, {{}, -1, false, false, true}};
+    q.reduction = g::FusedReduction{OpId::Sum, 3, N, sc::Shape{M}};
+    const std::vector<T> rv = values<T>(N, 13);
+    std::vector<sc::Tensor> out2 = {sc::zeros({M, N}, d), sc::zeros({M}, d)};
+    g::run_fused(q, std::vector<sc::Tensor>{A, sc::tensor(rv, sc::Shape{N}), B}, out2);
+    const std::vector<T> sum = out2[0].to_vector<T>(), rows = out2[1].to_vector<T>();
+    for (std::int64_t i = 0; i < M; ++i) {
+      double row = 0;
+      for (std::int64_t j = 0; j < N; ++j) {
+        const double e = c[static_cast<std::size_t>(i * N + j)] + static_cast<double>(rv[static_cast<std::size_t>(j)]);
+        row += e;
+        CHECK(static_cast<double>(sum[static_cast<std::size_t>(i * N + j)]) == Approx(e).epsilon(tol).margin(tol));
+      }
+      CHECK(static_cast<double>(rows[static_cast<std::size_t>(i)]) == Approx(row).epsilon(tol).margin(tol * 10));
+    }
+  }
+}
+
+TEST_CASE("a product is formed as the eager matmul forms it: bit for bit", "[fused][product]") {
+  const sc::Tensor A = make<float>({5, 64}, 1), B = make<float>({64, 256}, 2);
+  g::FusedProgram p{sc::f32, {5, 256}, {{5, 256}, {64, 256}}, {{OpId::Tanh, 0}}, {2}};
+  p.products = {{{5, 64}, 1, false, false, false}, {{}, -1, false, false, true}};
+  std::vector<sc::Tensor> out = {sc::zeros({5, 256})};
+  g::run_fused(p, std::vector<sc::Tensor>{A, B}, out);
+  check_matches<float>(out[0], sc::tanh(sc::matmul(A, B)));
+}
+
+TEST_CASE("invalid products are named errors", "[fused][product][errors]") {
+  const OpId add = op("add"), neg = op("neg");
+  auto bad = [](const g::FusedProgram& p) -> std::string {
+    try {
+      g::prepare(p);
+    } catch (const sc::ValueError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  // out [2, 5] = neg(A [2, 3] x B [3, 5])
+  g::FusedProgram p{sc::f32, {2, 5}, {{2, 5}, {3, 5}}, {{neg, 0}}, {2}};
+  p.products = {{{2, 3}, 1, false, false, false}, {{}, -1, false, false, true}};
+  CHECK(bad(p) == "no error");
+  g::FusedProgram q = p;
+  q.products[0].a = {2, 4};
+  CHECK_THAT(bad(q), Catch::Contains("input 0: op([2, 4]) op([3, 5]) is not a product of shape [2, 5]"));
+  q = p;
+  q.products[0].tb = true;
+  CHECK_THAT(bad(q), Catch::Contains("is not a product of shape"));
+  q = p;
+  q.products[1].operand = false;
+  CHECK_THAT(bad(q), Catch::Contains("its operand B (input 1) is not an operand input"));
+  q = p;
+  q.code = {{add, 0, 1}};
+  CHECK_THAT(bad(q), Catch::Contains("instruction 0 reads an operand input"));
+  q = p;
+  q.outputs = {1};
+  CHECK_THAT(bad(q), Catch::Contains("output register 1 is an operand input"));
+  q = p;
+  q.products.pop_back();
+  CHECK_THAT(bad(q), Catch::Contains("1 product entries for 2 inputs"));
+  q = p;
+  q.dtype = sc::i32;
+  CHECK_THAT(bad(q), Catch::Contains("products run over floating dtypes only"));
+  // the tensors passed: A in the product's slot, B in the operand's
+  std::vector<sc::Tensor> out = {sc::zeros({2, 5})};
+  CHECK_THROWS_WITH(g::run_fused(p, std::vector<sc::Tensor>{sc::zeros({2, 5}), sc::zeros({3, 5})}, out),
+                    Catch::Contains("input 0"));
+  CHECK_NOTHROW(g::run_fused(p, std::vector<sc::Tensor>{sc::zeros({2, 3}), sc::zeros({3, 5})}, out));
+}

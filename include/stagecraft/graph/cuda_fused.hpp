@@ -187,7 +187,8 @@ std::string element_body(const FusedProgram& p, const std::string& T, const std:
                          Store store) {
   const int nin = static_cast<int>(p.input_shapes.size());
   std::string s;
-  for (int k = 0; k < nin; ++k) s += indent + "const " + T + tag(" r", k) + " = " + load(k) + ";\n";
+  for (int k = 0; k < nin; ++k)  // (an operand is read by products only)
+    if (!p.operand(static_cast<std::size_t>(k))) s += indent + "const " + T + tag(" r", k) + " = " + load(k) + ";\n";
   for (std::size_t j = 0; j < p.code.size(); ++j) {
     const FusedInstr& c = p.code[j];
     s += indent + "const " + T + tag(" r", nin + static_cast<int>(j)) + " = r::" +
@@ -198,6 +199,36 @@ std::string element_body(const FusedProgram& p, const std::string& T, const std:
     s += indent + store(static_cast<int>(j), tag("r", p.outputs[j])) + ";\n";
   return s;
 }
+
+/// The device function `sc_dot<k>(a, b, q)` of input k, a product (FusedProduct): element q
+/// (row-major) of op(A) op(B). Four partial sums (terms j % 4; one fused multiply-add each, a tail
+/// in the first) keep four chains and many loads in flight, then (s0 + s1) + (s2 + s3): a
+/// thread's small product is bound by latency, not by arithmetic.
+STAGECRAFT_COMPILED_INLINE std::string product_function(const FusedProgram& p, std::size_t k, const std::string& T);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::string product_function(const FusedProgram& p, std::size_t k, const std::string& T) {
+  const FusedProduct& q = p.products[k];
+  const std::int64_t m = q.m(), kk = q.k(), n = p.source_shape(k)[1];
+  const std::string ms = tag("", m) + "LL", ks = tag("", kk) + "LL", ns = tag("", n) + "LL";
+  auto term = [&](const std::string& j, const char* acc) {
+    const std::string x = q.ta ? j + " * " + ms + " + row" : "row * " + ks + " + " + j;
+    const std::string y = q.tb ? "col * " + ks + " + " + j : j + " * " + ns + " + col";
+    return std::string("    ") + acc + " = std::fma(a[" + x + "], b[" + y + "], " + acc + ");\n";
+  };
+  return "__device__ __forceinline__ " + T + tag(" sc_dot", static_cast<long long>(k)) + "(const " + T + "* a, const " + T +
+         "* b, long long q) {\n"
+         "  const long long row = q / " + ns + ", col = q % " + ns + ";\n"
+         "  " + T + " s0 = 0, s1 = 0, s2 = 0, s3 = 0;\n"
+         "  long long j = 0;\n"
+         "#pragma unroll 4\n"
+         "  for (; j + 4 <= " + ks + "; j += 4) {\n" +
+         term("j", "s0") + term("(j + 1)", "s1") + term("(j + 2)", "s2") + term("(j + 3)", "s3") +
+         "  }\n"
+         "  for (; j < " + ks + "; ++j) {\n" + term("j", "s0") + "  }\n"
+         "  return (s0 + s1) + (s2 + s3);\n"
+         "}\n";
+}
+#endif  // STAGECRAFT_DEFINE_COMPILED
 
 /// Threads that share one row of a reduction (a power of two, at most a block's 256): enough for
 /// the row's elements, so a short row leaves the block's other threads to the next rows.
@@ -324,6 +355,7 @@ STAGECRAFT_COMPILED_INLINE detail_cuda_fused::ReductionSplit cuda_reduction_spli
 STAGECRAFT_COMPILED_INLINE bool cuda_vectorizable(const FusedProgram& p) {
   if (p.reduction) return false;  // its kernel walks rows (sc_fused_r)
   if (p.any_window()) return false;  // a window's rows need not start 16 bytes apart
+  if (p.any_product()) return false;  // an element's products are loops
   for (const Shape& in : p.input_shapes) {
     const std::string e = detail_cuda_fused::index_expr(in, p.out_shape);
     if (e != "i" && e != "0") return false;
@@ -352,6 +384,7 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
   if (!cuda_fusible(p))
     throw ValueError("[fused] the program cannot run as a CUDA kernel (an op or dtype without a rule, or a "
                      "reduction other than a floating sum, max or min)");
+  detail_fused::validate(p);
   const std::string T = d::c_type(p.dtype);
   const int nin = static_cast<int>(p.input_shapes.size()), nout = static_cast<int>(p.outputs.size());
   std::string params;
@@ -362,13 +395,20 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
   std::vector<std::string> index(static_cast<std::size_t>(nin));
   for (int k = 0; k < nin; ++k) {
     const auto u = static_cast<std::size_t>(k);
+    if (p.operand(u)) continue;
     index[u] = p.windowed(u) ? d::window_index_expr(p, u) : d::index_expr(p.input_shapes[u], p.out_shape);
   }
-  auto load_at = [&](int k) { return d::tag("in", k) + "[" + index[static_cast<std::size_t>(k)] + "]"; };
+  auto load_at = [&](int k) {
+    const auto u = static_cast<std::size_t>(k);
+    if (p.product(u)) return d::tag("sc_dot", k) + d::tag("(in", k) + d::tag(", in", p.products[u].b) + ", " + index[u] + ")";
+    return d::tag("in", k) + "[" + index[u] + "]";
+  };
   auto store_at = [](int j, const std::string& r) { return d::tag("out", j) + "[i] = " + r; };
-  const std::string head = "// stagecraft fused kernel: " + std::string(name(p.dtype)) + p.out_shape.str() + "\n" +
-                           "#include \"stagecraft/ops/rules.hpp\"\n"
-                           "namespace r = stagecraft::rules;\n";
+  std::string head = "// stagecraft fused kernel: " + std::string(name(p.dtype)) + p.out_shape.str() + "\n" +
+                     "#include \"stagecraft/ops/rules.hpp\"\n"
+                     "namespace r = stagecraft::rules;\n";
+  for (std::size_t k = 0; k < p.input_shapes.size(); ++k)
+    if (p.product(k)) head += d::product_function(p, k, T);
   if (p.reduction) {
     const d::ReductionSplit split = cuda_reduction_split(p);
     std::string s = head + d::reduction_source(p, T, params, load_at, store_at, "sc_fused_r", split);

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "../backend/cpu/blas.hpp"
 #include "../backend/cpu/elementwise.hpp"
 #include "../backend/cpu/parallel.hpp"
 #include "../backend/cpu/reduce.hpp"
@@ -236,6 +237,12 @@ struct PreparedFused {
   std::vector<std::int64_t> arg_offsets;  ///< program.arg_offset(k) of each input (elements)
   std::vector<std::int64_t> arg_bytes;    ///< bytes of the tensor passed as each input (its arg_shape)
   std::int64_t out_bytes = 0;             ///< bytes of each elementwise output
+  /// A program with products (FusedProduct): `program` is it with each product an input of the
+  /// product's shape (formed by BLAS at each run, before the tiles) and each operand one unread
+  /// element; `products` and `passed` are the program's entries and the shapes of the tensors
+  /// passed. Empty otherwise.
+  std::vector<FusedProduct> products;
+  std::vector<Shape> passed;
 };
 
 /// True when `op` can be an instruction of a program over dtype d: an elementwise unary or binary op
@@ -269,8 +276,28 @@ STAGECRAFT_COMPILED_INLINE std::vector<char> live_registers(const FusedProgram& 
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE void validate(const FusedProgram& p) {
   const int nin = static_cast<int>(p.input_shapes.size());
+  if (!p.products.empty() && static_cast<int>(p.products.size()) != nin)
+    fail_program("there are " + std::to_string(p.products.size()) + " product entries for " + std::to_string(nin) + " inputs");
+  for (int i = 0; i < nin && !p.products.empty(); ++i) {
+    const FusedProduct& q = p.products[i];
+    const std::string at = "input " + std::to_string(i);
+    if (q.operand && q.on()) fail_program(at + " is both a product and an operand");
+    if (q.operand && p.windowed(static_cast<std::size_t>(i))) fail_program(at + " is an operand read through a window");
+    if (q.operand && p.input_shapes[i].rank() != 2) fail_program(at + ": an operand has rank 2, not " + p.input_shapes[i].str());
+    if (!q.on()) continue;
+    if (!is_floating(p.dtype)) fail_program(at + ": products run over floating dtypes only");
+    if (q.b < 0 || q.b >= nin || !p.operand(static_cast<std::size_t>(q.b)))
+      fail_program(at + ": its operand B (input " + std::to_string(q.b) + ") is not an operand input");
+    const Shape& bs = p.input_shapes[q.b];
+    if (bs.rank() != 2) fail_program(at + ": its operand B has rank 2, not " + bs.str());
+    const std::int64_t kb = q.tb ? bs[1] : bs[0], n = q.tb ? bs[0] : bs[1];
+    const Shape value = p.source_shape(static_cast<std::size_t>(i));
+    if (kb != q.k() || !(value == Shape{q.m(), n}))
+      fail_program(at + ": op(" + q.a.str() + ") op(" + bs.str() + ") is not a product of shape " + value.str());
+  }
   for (int i = 0; i < nin; ++i) {
     Shape b;
+    if (p.operand(static_cast<std::size_t>(i))) continue;  // (read by products only: checked above)
     if (!broadcast_shapes(p.input_shapes[i], p.out_shape, b) || !(b == p.out_shape))
       fail_program("input " + std::to_string(i) + " of shape " + p.input_shapes[i].str() +
                    " does not broadcast to the output shape " + p.out_shape.str());
@@ -298,9 +325,12 @@ STAGECRAFT_COMPILED_INLINE void validate(const FusedProgram& p) {
                                                 " takes " + std::to_string(arity) + " operand(s)");
     if (c.a < 0 || c.a >= nin + k || (arity == 2 && c.b >= nin + k))
       fail_program(at + ": an operand is not an input or an earlier result");
+    if (p.operand(static_cast<std::size_t>(c.a)) || (c.b >= 0 && p.operand(static_cast<std::size_t>(c.b))))
+      fail_program(at + " reads an operand input (read by products only)");
   }
   for (int r : p.outputs)
     if (r < 0 || r >= nin + static_cast<int>(p.code.size())) fail_program("output register " + std::to_string(r) + " does not exist");
+    else if (p.operand(static_cast<std::size_t>(r))) fail_program("output register " + std::to_string(r) + " is an operand input");
   if (p.reduction) {
     const FusedReduction& rd = *p.reduction;
     const std::int64_t n = p.out_shape.numel();
@@ -309,6 +339,7 @@ STAGECRAFT_COMPILED_INLINE void validate(const FusedProgram& p) {
     if (!is_floating(p.dtype)) fail_program("reductions run over floating dtypes only");
     if (rd.reg < 0 || rd.reg >= nin + static_cast<int>(p.code.size()))
       fail_program("the reduced register " + std::to_string(rd.reg) + " does not exist");
+    if (p.operand(static_cast<std::size_t>(rd.reg))) fail_program("the reduced register is an operand input");
     if (n == 0 || rd.inner < 1 || n % rd.inner != 0 || rd.out_shape.numel() != n / rd.inner)
       fail_program("a reduction over " + std::to_string(rd.inner) + " trailing elements of " + p.out_shape.str() +
                    " cannot give shape " + rd.out_shape.str());
@@ -440,6 +471,16 @@ STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p);
 STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p) {
   namespace f = detail_fused;
   f::validate(p);
+  if (p.any_product()) {  // the program over the products formed first (see PreparedFused::products)
+    FusedProgram q = p;
+    q.products.clear();
+    for (std::size_t k = 0; k < q.input_shapes.size(); ++k)
+      if (p.operand(k)) q.input_shapes[k] = Shape{};
+    PreparedFused pf = prepare(q);
+    pf.products = p.products;
+    for (std::size_t k = 0; k < p.input_shapes.size(); ++k) pf.passed.push_back(p.arg_shape(k));
+    return pf;
+  }
   PreparedFused pf;
   pf.program = p;
   pf.numel = p.out_shape.numel();
@@ -741,6 +782,29 @@ STAGECRAFT_COMPILED_INLINE void run(const PreparedFused& pf, std::span<const Ten
                      std::to_string(nout) + " outputs, got " + std::to_string(inputs.size()) + " and " +
                      std::to_string(outputs.size()));
   const Device cpu = Device::cpu();
+  std::vector<Tensor> formed;  // with products: each product formed (as the eager matmul forms it), each operand one unread element
+  if (!pf.products.empty()) {
+    formed.assign(inputs.begin(), inputs.end());
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      f::check_tensor(inputs[i], p.dtype, cpu, pf.passed[i], "input", i);
+      const FusedProduct& q = pf.products[i];
+      if (q.operand) {
+        formed[i] = stagecraft::detail::empty_tensor(Shape{}, p.dtype, cpu, "fused");
+        std::memset(const_cast<void*>(formed[i].raw_data()), 0, itemsize(p.dtype));
+      }
+      if (!q.on()) continue;
+      const Shape& value = p.source_shape(i);
+      formed[i] = stagecraft::detail::empty_tensor(value, p.dtype, cpu, "fused");
+      visit_dtype(p.dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (std::is_floating_point_v<T>)
+          backend::cpu::matmul_2d<T>(value[0], value[1], q.k(), static_cast<const T*>(inputs[i].raw_data()),
+                                     static_cast<const T*>(inputs[static_cast<std::size_t>(q.b)].raw_data()),
+                                     static_cast<T*>(formed[i].raw_data()), q.ta, q.tb);
+      });
+    }
+    inputs = formed;
+  }
   for (std::size_t i = 0; i < inputs.size(); ++i) f::check_tensor(inputs[i], p.dtype, cpu, p.arg_shape(i), "input", i);
   for (std::size_t j = 0; j < p.outputs.size(); ++j) f::check_tensor(outputs[j], p.dtype, cpu, p.out_shape, "output", j);
   if (p.reduction) f::check_tensor(outputs[nout - 1], p.dtype, cpu, p.reduction->out_shape, "output", nout - 1);

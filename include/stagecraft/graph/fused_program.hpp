@@ -40,6 +40,28 @@ struct FusedWindow {
   friend bool operator==(const FusedWindow&, const FusedWindow&) = default;
 };
 
+/// An input the group computes instead of reading: a small matrix product op(A) op(B), formed
+/// where it is read (on a GPU each thread forms the dot products of the elements it reads: an
+/// LSTM step's recurrent product inside the group of its gates, no launch of its own).
+/// - In a product's slot (`a` of rank 2) the tensor passed is A (shape `a`, [M, K], or [K, M]
+///   when ta); B is the tensor passed in slot `b` ([K, N], or [N, K] when tb). The input itself is
+///   the product, of shape [M, N] (input_shapes entry, or its window's parent when windowed).
+/// - An operand's slot (`operand`, B of one or more products) is never read elementwise: its
+///   register is not an operand of any instruction or an output.
+/// Products run over floating dtypes only. The CPU evaluator forms them by BLAS before its tiles
+/// (as the eager matmul does: same bits); a GPU kernel sums four interleaved partial sums of fused
+/// multiply-adds (cuda_fused.hpp), which rounds differently from cuBLAS.
+struct FusedProduct {
+  Shape a;
+  int b = -1;
+  bool ta = false, tb = false;
+  bool operand = false;
+  bool on() const { return a.rank() == 2; }
+  std::int64_t m() const { return a[ta ? 1 : 0]; }
+  std::int64_t k() const { return a[ta ? 0 : 1]; }
+  friend bool operator==(const FusedProduct&, const FusedProduct&) = default;
+};
+
 /// A fused elementwise program over one dtype: registers 0..input_shapes.size()-1 are the inputs,
 /// each broadcast (NumPy rules) to out_shape; register input_shapes.size() + k is instruction k's result.
 struct FusedProgram {
@@ -50,6 +72,7 @@ struct FusedProgram {
   std::vector<int> outputs;  ///< registers written out, each to a tensor of out_shape and dtype
   std::optional<FusedReduction> reduction = std::nullopt;  ///< written to one more output tensor, after `outputs`
   std::vector<FusedWindow> windows = {};  ///< empty (no input windowed), or one per input
+  std::vector<FusedProduct> products = {};  ///< empty (no product), or one per input
 
   bool windowed(std::size_t k) const { return k < windows.size() && windows[k].on(); }
   bool any_window() const {
@@ -57,11 +80,20 @@ struct FusedProgram {
       if (w.on()) return true;
     return false;
   }
-  /// The shape of the tensor passed as input k: its window's parent, else input_shapes[k].
-  const Shape& arg_shape(std::size_t k) const { return windowed(k) ? windows[k].parent : input_shapes[k]; }
-  /// Input k's element strides in the tensor passed (row-major over arg_shape(k)).
+  bool product(std::size_t k) const { return k < products.size() && products[k].on(); }
+  bool operand(std::size_t k) const { return k < products.size() && products[k].operand; }
+  bool any_product() const {
+    for (const FusedProduct& q : products)
+      if (q.on()) return true;
+    return false;
+  }
+  /// The shape input k's elements are taken from: its window's parent, else input_shapes[k].
+  const Shape& source_shape(std::size_t k) const { return windowed(k) ? windows[k].parent : input_shapes[k]; }
+  /// The shape of the tensor passed as input k: operand A of a product, else source_shape(k).
+  const Shape& arg_shape(std::size_t k) const { return product(k) ? products[k].a : source_shape(k); }
+  /// Input k's element strides in its source (row-major over source_shape(k)).
   Shape arg_strides(std::size_t k) const {
-    const Shape& a = arg_shape(k);
+    const Shape& a = source_shape(k);
     Shape st = a;
     std::int64_t n = 1;
     for (int d = a.rank() - 1; d >= 0; --d) {
@@ -70,7 +102,7 @@ struct FusedProgram {
     }
     return st;
   }
-  /// Input k's element strides in the tensor passed over out_shape's axes (0 where input k is
+  /// Input k's element strides in its source over out_shape's axes (0 where input k is
   /// broadcast): what a reader of the output's elements steps by along each axis.
   Shape strides_over_out(std::size_t k) const {
     const Shape& in = input_shapes[k];
@@ -83,7 +115,7 @@ struct FusedProgram {
     }
     return r;
   }
-  /// Elements from the start of the tensor passed as input k to its first element read.
+  /// Elements from the start of input k's source to its first element read.
   std::int64_t arg_offset(std::size_t k) const {
     if (!windowed(k)) return 0;
     const Shape st = arg_strides(k);
