@@ -7,7 +7,8 @@
 //   (one command line)
 //   ./a.out [batch=128] [mlp|cnn|lstm]
 // lstm: bench_models.hpp's 50-step LSTM cell 32 -> 64 with its backward pass (`./a.out 1 lstm`
-// is bench_staged's row at batch 1), then the kernels of its plan fused as on a GPU.
+// is bench_staged's row at batch 1), then the kernels of its plan fused as on a GPU, and of the
+// plan a GPU lowers (the graph relabelled cuda:0; with and without graph::product_fusion).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -63,6 +64,17 @@ int main(int argc, char** argv) {
     auto traced = sc::function(step);
     (void)traced();
     std::printf("lstm plan fused as on a GPU: %d kernels\n", traced.get_concrete().stats().plan.kernels);
+    // The plan a GPU lowers, without one: the traced graph relabelled cuda:0, optimized and
+    // lowered as for a GPU (nothing runs), with and without products formed in their groups.
+    sc::graph::Graph g = traced.get_concrete().graph();
+    for (sc::graph::Value& v : g.values) v.device = sc::Device::cuda(0);
+    sc::graph::cuda_fusion() = true;
+    for (const auto mode : {sc::graph::ProductFusion::gpu, sc::graph::ProductFusion::off}) {
+      sc::graph::product_fusion() = mode;
+      const sc::graph::PlanStats st = sc::graph::Plan(std::make_shared<const sc::graph::Graph>(sc::graph::optimize(g))).stats();
+      std::printf("lstm plan lowered for a GPU%s: %d kernels (%d products formed in groups)\n",
+                  mode == sc::graph::ProductFusion::off ? ", products apart" : "", st.kernels, st.fused_products);
+    }
     return 0;
   }
   const bool cnn = model == "cnn";

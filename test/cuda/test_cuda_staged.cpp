@@ -555,8 +555,58 @@ TEST_CASE("cuda graphs: a traced LSTM step with all its gradients equals the CPU
   }
   const auto st = graphed.get_concrete().stats();
   INFO(st);
-  CHECK(st.plan.kernels <= 6 * steps + 10);
+  // each step's recurrent product formed in its gates' group, forward and backward (graph::product_fusion)
+  CHECK(st.plan.fused_products == 2 * steps - 1);
+  CHECK(st.plan.kernels <= 3 * steps + 10);
   CHECK(st.plan.cuda_graph.rfind("replaying", 0) == 0);
+}
+
+TEST_CASE("cuda graphs: small products formed inside the groups that read them equal the CPU's", "[cuda][staged][graph]") {
+  // graph::product_fusion (on a GPU by default). tanh(h u) + h reads h whole while each element's
+  // product reads a row of it: the group's output, of h's shape, may not take h's buffer. The
+  // four windows of a w^T read one product; a^T v reads A transposed. Kernel by kernel and
+  // replayed, three calls each; then with the limit at 0 the products are cuBLAS calls again.
+  const auto f = [](const sc::Tensor& x, const sc::Tensor& u, const sc::Tensor& w, const sc::Tensor& v) {
+    const sc::Tensor h = sc::sin(x);                                // [4, 16]
+    const sc::Tensor a = sc::tanh(sc::matmul(h, u)) + h;            // [4, 16]
+    const sc::Tensor z = sc::matmul(a, w, false, true);             // [4, 64]
+    auto gate = [&](std::int64_t k) { return sc::slice(z, {0, 16 * k}, {4, 16}); };
+    const sc::Tensor g = sc::sigmoid(gate(0)) * sc::tanh(gate(1)) + gate(2) * gate(3);
+    const sc::Tensor q = sc::exp(sc::matmul(a, v, true, false) * 0.1f) - 1.f;  // [16, 8]
+    return std::vector<sc::Tensor>{g, q};
+  };
+  const sc::Tensor x = values({4, 16}, sc::f32, 71), u = values({16, 16}, sc::f32, 72), w = values({64, 16}, sc::f32, 73),
+                   v = values({4, 8}, sc::f32, 74);
+  const std::vector<sc::Tensor> want = f(x, u, w, v);
+  const sc::Tensor gx = x.to(gpu), gu = u.to(gpu), gw = w.to(gpu), gv = v.to(gpu);
+  auto plain = sc::function(f);
+  auto graphed = sc::function(f);
+  for (int it = 0; it < 3; ++it) {
+    sc::cuda::set_graphs(false);
+    const std::vector<sc::Tensor> p = plain(gx, gu, gw, gv);
+    const GraphsOn on;
+    const std::vector<sc::Tensor> g = graphed(gx, gu, gw, gv);
+    REQUIRE(p.size() == want.size());
+    REQUIRE(g.size() == want.size());
+    for (std::size_t r = 0; r < want.size(); ++r) {
+      INFO("call " << it << ", result " << r);
+      check_same(p[r], want[r], 1e-5);
+      check_same(g[r], want[r], 1e-5);
+    }
+  }
+  const auto st = graphed.get_concrete(gx, gu, gw, gv).stats();
+  INFO(st);
+  CHECK(st.plan.fused_products == 3);
+  CHECK(st.plan.cuda_graph.rfind("replaying", 0) == 0);
+  const std::int64_t saved = sc::graph::product_fusion_max_macs();
+  sc::graph::product_fusion_max_macs() = 0;
+  auto separate = sc::function(f);
+  const std::vector<sc::Tensor> s = separate(gx, gu, gw, gv);
+  sc::graph::product_fusion_max_macs() = saved;
+  for (std::size_t r = 0; r < want.size(); ++r) check_same(s[r], want[r], 1e-5);
+  const auto sst = separate.get_concrete(gx, gu, gw, gv).stats();
+  CHECK(sst.plan.fused_products == 0);
+  CHECK(sst.plan.kernels == st.plan.kernels + 3);
 }
 
 TEST_CASE("cuda graphs: a concat's pieces written in place (nested, and with pieces it still copies) equal the CPU's",

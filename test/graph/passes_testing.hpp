@@ -53,17 +53,19 @@ inline stagecraft::Tensor ramp(std::int64_t rows, std::int64_t cols, int seed) {
   return stagecraft::tensor(v, stagecraft::Shape{rows, cols});
 }
 
-/// RAII: a process-wide switch (graph::product_batching(), graph::concat_in_place()) set, restored on exit.
+/// RAII: a process-wide switch (graph::product_batching(), graph::concat_in_place(),
+/// graph::product_fusion(), ...) set, restored on exit.
+template <class T>
 class Switch {
  public:
-  Switch(bool& flag, bool on) : flag_(flag), saved_(flag) { flag_ = on; }
+  Switch(T& flag, T value) : flag_(flag), saved_(flag) { flag_ = value; }
   Switch(const Switch&) = delete;
   Switch& operator=(const Switch&) = delete;
   ~Switch() { flag_ = saved_; }
 
  private:
-  bool& flag_;
-  bool saved_;
+  T& flag_;
+  T saved_;
 };
 
 }  // namespace sctest::passes

@@ -14,6 +14,7 @@
 #include <stagecraft/graph/function.hpp>
 
 #include "function_testing.hpp"
+#include "passes_testing.hpp"
 #include "testing.hpp"
 
 namespace {
@@ -396,4 +397,89 @@ TEST_CASE("function: a two-layer LSTM's products are batched across layers, its 
   // per layer: x W once, h U per step, dz U^T per step but the first, dz W^T once, dW and dU once
   CHECK(op_counts(c)["matmul"] == 2 * (1 + steps + (steps - 1) + 1 + 2));
   CHECK(c.stats().plan.kernels <= 190);
+}
+
+TEST_CASE("function: an LSTM's recurrent products are formed in the groups that read them, bit for bit",
+          "[function][train][product]") {
+  // graph::product_fusion: each step's h U (forward) and dz U^T (backward) formed by the group
+  // that reads it instead of a kernel of its own (on a GPU by default; here everywhere, for tests:
+  // the CPU group forms it by the eager matmul's BLAS call before its tiles, so bits are kept).
+  // Every step but the first backward one (dh_0 is not needed): 2 * steps - 1 products.
+  const FuseAll fuse_all;
+  constexpr int steps = 10;
+  const LstmSteps lstm(steps);
+  std::vector<sc::Tensor> with, without;
+  int kernels_with = 0, kernels_without = 0, formed = -1;
+  for (const bool on : {true, false}) {
+    const sctest::passes::Switch mode(sc::graph::product_fusion(),
+                                      on ? sc::graph::ProductFusion::everywhere : sc::graph::ProductFusion::off);
+    auto f = sc::function([&] { return lstm(); });
+    (on ? with : without) = f();
+    const sc::graph::PlanStats st = f.get_concrete().stats().plan;
+    (on ? kernels_with : kernels_without) = st.kernels;
+    if (on) formed = st.fused_products;
+    else CHECK(st.fused_products == 0);
+  }
+  REQUIRE(with.size() == without.size());
+  for (std::size_t k = 0; k < with.size(); ++k) {
+    INFO("result " << k);
+    CHECK(same_bits(with[k], without[k]));
+  }
+  INFO(kernels_with << " kernels with products formed, " << kernels_without << " without");
+  CHECK(formed == 2 * steps - 1);
+  CHECK(kernels_with == kernels_without - (2 * steps - 1));
+}
+
+TEST_CASE("function: an LSTM step lowered for a GPU (without one) is about two kernels per step", "[function][train][product]") {
+  // The traced step's graph with every value relabelled cuda:0, optimized and lowered as a GPU's
+  // plan (nothing runs): per step the gates' group with h U formed in it, and the gradients' group
+  // with dz U^T; the rest is the batched products, the bias gradient and the loss.
+  constexpr int steps = 10;
+  const LstmSteps lstm(steps);
+  auto f = sc::function([&] { return lstm(); });
+  sc::graph::Graph g = f.get_concrete().graph();
+  for (sc::graph::Value& v : g.values) v.device = sc::Device::cuda(0);
+  const sctest::passes::Switch fusion(sc::graph::cuda_fusion(), true);
+  const auto lower = [&] { return sc::graph::Plan(std::make_shared<const sc::graph::Graph>(sc::graph::optimize(g))).stats(); };
+  const sc::graph::PlanStats with = lower();
+  sc::graph::PlanStats without;
+  {
+    const sctest::passes::Switch off(sc::graph::product_fusion(), sc::graph::ProductFusion::off);
+    without = lower();
+  }
+  INFO(with.kernels << " kernels with products formed, " << without.kernels << " without");
+  CHECK(with.fused_products == 2 * steps - 1);
+  CHECK(without.fused_products == 0);
+  CHECK(with.kernels == without.kernels - (2 * steps - 1));
+  CHECK(with.kernels <= 2 * steps + 12);
+}
+
+TEST_CASE("function: a product read outside its group, too large, or on the CPU by default stays a kernel",
+          "[function][fusion][product]") {
+  // x u is [1, 16], broadcast over c's 8 rows in the group (so not the group's CPU matmul head,
+  // which takes a product of the group's own shape): 8 * 16 elements of 16 terms, 2048 multiply-adds.
+  const FuseAll fuse_all;
+  const sc::Tensor x = sc::random::uniform({1, 16}, -1.0, 1.0, 5), u = sc::random::uniform({16, 16}, -1.0, 1.0, 6),
+                   c = sc::random::uniform({8, 16}, -1.0, 1.0, 7);
+  const auto one = [](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& d) {
+    return sc::tanh(sc::matmul(a, b) + d) * 2.f;
+  };
+  const auto both = [](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& d) {
+    const sc::Tensor p = sc::matmul(a, b);
+    return std::vector<sc::Tensor>{sc::tanh(p + d) * 2.f, p};
+  };
+  const auto products = [&](auto fn) {
+    auto f = sc::function(fn);
+    (void)f(x, u, c);
+    return f.get_concrete(x, u, c).stats().plan.fused_products;
+  };
+  CHECK(products(one) == 0);  // the CPU by default (ProductFusion::gpu)
+  const sctest::passes::Switch mode(sc::graph::product_fusion(), sc::graph::ProductFusion::everywhere);
+  auto f = sc::function(one);
+  CHECK(same_bits(sc::Tensor(f(x, u, c)), one(x, u, c)));
+  CHECK(f.get_concrete(x, u, c).stats().plan.fused_products == 1);
+  CHECK(f.get_concrete(x, u, c).stats().plan.kernels == 1);
+  CHECK(products(both) == 0);  // its result leaves the plan
+  const sctest::passes::Switch limit(sc::graph::product_fusion_max_macs(), std::int64_t{8 * 16 * 16 - 1});
+  CHECK(products(one) == 0);  // one multiply-add over the limit
 }

@@ -62,7 +62,7 @@ void check_close(const sc::Tensor& got, const std::vector<double>& want) {
 }
 
 /// RAII: graph::product_batching() set, restored on exit.
-struct Batching : sctest::passes::Switch {
+struct Batching : sctest::passes::Switch<bool> {
   explicit Batching(bool on) : Switch(sc::graph::product_batching(), on) {}
 };
 

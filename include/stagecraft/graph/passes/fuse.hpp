@@ -44,7 +44,28 @@ STAGECRAFT_COMPILED_INLINE std::int64_t& fusion_min_elements();
 /// Whether traced functions on a GPU fuse elementwise groups into generated kernels (NVRTC); on
 /// by default in CUDA builds. Off, each op runs as its own eager kernel (for comparisons).
 STAGECRAFT_COMPILED_INLINE bool& cuda_fusion();
+/// Where a fused group forms a small matrix product it reads itself (FusedProduct) instead of
+/// reading it from a kernel of its own: `gpu` (the default: on a GPU the product's launch costs
+/// more than forming it in the group), `off`, or `everywhere` (CPU groups too, by BLAS before the
+/// tiles: for tests, no faster there).
+enum class ProductFusion { off, gpu, everywhere };
+STAGECRAFT_COMPILED_INLINE ProductFusion& product_fusion();
+
+/// The most multiply-adds a group may spend forming one product's elements (each element it reads
+/// costs the product's inner extent); larger products stay a library call (cuBLAS). Default 2^20:
+/// an LSTM step's recurrent product up to a batch of 64 at 64 hidden units.
+STAGECRAFT_COMPILED_INLINE std::int64_t& product_fusion_max_macs();
 #if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE ProductFusion& product_fusion() {
+  static ProductFusion mode = ProductFusion::gpu;
+  return mode;
+}
+
+STAGECRAFT_COMPILED_INLINE std::int64_t& product_fusion_max_macs() {
+  static std::int64_t n = std::int64_t{1} << 20;
+  return n;
+}
+
 STAGECRAFT_COMPILED_INLINE std::int64_t& fusion_min_elements() {
   static std::int64_t n = 1024;
   return n;
@@ -90,6 +111,13 @@ STAGECRAFT_COMPILED_INLINE bool window_candidate(const Graph& g, const std::vect
 
 /// True when node p is a matmul that can head a group of shape `shape` and dtype d.
 STAGECRAFT_COMPILED_INLINE bool head_candidate(const Graph& g, const Node& p, const Shape& shape, DType d);
+
+/// Forms in group `fg` (built up to its inputs: gid's slots, windows set) each small product that
+/// only the group reads (product_fusion(), product_fusion_max_macs()): the product's slots pass
+/// its operand A, one new operand slot passes B (FusedProduct), and the matmul joins the group.
+STAGECRAFT_COMPILED_INLINE void absorb_products(const Graph& g, const std::vector<std::vector<int>>& users,
+                                                const std::vector<char>& is_output, std::vector<int>& group_of, int gid,
+                                                FusionGroup& fg);
 
 /// The matmul whose result a GPU group `ms` can take as a cuBLASLt epilogue, or -1: the group is
 /// `result + bias` or `relu(result + bias)` (the sum read by nothing else), over f32 on one GPU,
@@ -185,6 +213,51 @@ STAGECRAFT_COMPILED_INLINE bool head_candidate(const Graph& g, const Node& p, co
   if (p.kind != NodeKind::op || p.op != ops::OpId::MatMul || p.outputs.size() != 1) return false;
   const Value& v = g.values[p.outputs[0]];
   return v.device.is_cpu() && v.dtype == d && is_floating(d) && v.shape == shape;
+}
+
+STAGECRAFT_COMPILED_INLINE void absorb_products(const Graph& g, const std::vector<std::vector<int>>& users,
+                                                const std::vector<char>& is_output, std::vector<int>& group_of, int gid,
+                                                FusionGroup& fg) {
+  FusedProgram& pr = fg.program;
+  const ProductFusion mode = product_fusion();
+  const Device dev = g.values[g.nodes[fg.nodes.back()].outputs[0]].device;
+  if (mode == ProductFusion::off || !is_floating(pr.dtype) || (!dev.is_cuda() && mode != ProductFusion::everywhere))
+    return;
+  const std::size_t nin = fg.inputs.size();
+  for (std::size_t k = 0; k < nin; ++k) {
+    if (pr.product(k)) continue;  // (its slot now passes a product's A)
+    const int v = fg.inputs[k], pn = g.values[v].node;
+    const Node& p = g.nodes[pn];
+    if (p.kind != NodeKind::op || p.op != ops::OpId::MatMul || p.inputs.size() != 2 || p.outputs.size() != 1 ||
+        group_of[pn] >= 0 || is_output[v])
+      continue;
+    const Value &out = g.values[v], &a = g.values[p.inputs[0]], &b = g.values[p.inputs[1]];
+    if (out.shape.rank() != 2 || a.shape.rank() != 2 || b.shape.rank() != 2) continue;
+    bool fits = true;
+    for (const Value* x : {&out, &a, &b}) fits = fits && x->dtype == pr.dtype && x->device == dev;
+    if (!fits || group_of[a.node] == gid || group_of[b.node] == gid) continue;
+    for (int u : users[v]) fits = fits && group_of[u] == gid;  // (absorbed slices are the group's already)
+    const bool ta = p.attrs.i0 != 0, tb = p.attrs.i1 != 0;
+    const std::int64_t inner = ta ? a.shape[0] : a.shape[1];
+    std::int64_t macs = 0;
+    for (std::size_t j = 0; j < nin; ++j)
+      if (fg.inputs[j] == v) macs += pr.out_shape.numel();
+    if (!fits || inner > 4096 || macs > product_fusion_max_macs() / std::max<std::int64_t>(inner, 1)) continue;
+    const int b_slot = static_cast<int>(fg.inputs.size());
+    fg.inputs.push_back(p.inputs[1]);
+    pr.input_shapes.push_back(b.shape);
+    if (!pr.windows.empty()) pr.windows.emplace_back();
+    pr.products.resize(fg.inputs.size());
+    pr.products[static_cast<std::size_t>(b_slot)].operand = true;
+    for (std::size_t j = 0; j < nin; ++j)
+      if (fg.inputs[j] == v) {
+        fg.inputs[j] = p.inputs[0];
+        pr.products[j] = FusedProduct{a.shape, b_slot, ta, tb, false};
+      }
+    group_of[pn] = gid;
+    fg.nodes.push_back(pn);
+  }
+  std::sort(fg.nodes.begin(), fg.nodes.end());
 }
 
 STAGECRAFT_COMPILED_INLINE int gpu_epilogue_head(const Graph& g, const std::vector<std::vector<int>>& users,
@@ -424,6 +497,7 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
       fg.nodes.push_back(sn);
     }
     std::sort(fg.nodes.begin(), fg.nodes.end());  // (each slice comes before its readers)
+    if (fg.head < 0) detail_fuse::absorb_products(g, users, is_output, r.group_of, gid, fg);
     const int base = static_cast<int>(fg.inputs.size());
     for (std::size_t j = 0; j < ms.size(); ++j) {
       const Node& n = g.nodes[ms[j]];
