@@ -23,7 +23,7 @@ constexpr std::size_t max_staged = std::size_t{16} << 20;
 
 struct DeviceState {
   std::mutex mu;
-  cudaStream_t stream = nullptr;
+  std::atomic<cudaStream_t> stream{nullptr};  // made on first use (under mu), then only read
   std::vector<Pinned> pinned;  // host-to-device staging buffers, reused once their copy ended
   abi::Fault* fault = nullptr;    // the fault record kernels write (device memory)
   abi::Fault found;               // what the last check read from it, until take_fault
@@ -108,14 +108,28 @@ void arm_fault_check(int device) {
   if (device >= 0 && device < max_devices) state(device).armed.store(true);
 }
 
+/// Makes `device` current where it is not (every eager launch asks: reading the current device is
+/// cheaper than setting it; read each time, so a caller's own cudaSetDevice in between is seen).
+Status make_current(int device) {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == device) return cudaSuccess;
+  return cudaSetDevice(device);
+}
+
 Status main_stream(int device, cudaStream_t* out) {
   if (const Status e = check_device(device)) return e;
-  if (const auto e = cudaSetDevice(device)) return e;
+  if (const auto e = make_current(device)) return e;
   DeviceState& d = state(device);
-  const std::lock_guard<std::mutex> lock(d.mu);
-  if (!d.stream)
-    if (const auto e = cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking)) return e;
-  *out = d.stream;
+  cudaStream_t s = d.stream.load(std::memory_order_acquire);  // (no lock once made: one per launch)
+  if (s == nullptr) {
+    const std::lock_guard<std::mutex> lock(d.mu);
+    s = d.stream.load(std::memory_order_relaxed);
+    if (s == nullptr) {
+      if (const auto e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) return e;
+      d.stream.store(s, std::memory_order_release);
+    }
+  }
+  *out = s;
   return cudaSuccess;
 }
 
@@ -177,7 +191,7 @@ bool is_out_of_memory(Status s) noexcept { return s == cudaErrorMemoryAllocation
 
 Status stream(int device, Stream* out) noexcept {
   if (device >= 0 && device == capture_device) {
-    if (const auto e = cudaSetDevice(device)) return e;
+    if (const auto e = make_current(device)) return e;
     *out = capture_stream;
     return cudaSuccess;
   }

@@ -122,6 +122,16 @@ std::vector<OpId> fusible_ops(sc::DType d) {
 
 std::string name_of(OpId id) { return std::string(sc::ops::op_info(id).name); }
 
+/// What g::prepare(p) says of p: its ValueError's message, or "no error".
+std::string prepare_error(const g::FusedProgram& p) {
+  try {
+    g::prepare(p);
+  } catch (const sc::ValueError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 }  // namespace
 
 TEST_CASE("fusible: elementwise ops that keep the dtype, nothing else", "[fused]") {
@@ -392,24 +402,16 @@ TEST_CASE("integer and bool programs", "[fused]") {
 
 TEST_CASE("invalid programs and tensors are named errors", "[fused][errors]") {
   const OpId add = op("add"), neg = op("neg");
-  auto bad = [](const g::FusedProgram& p) -> std::string {
-    try {
-      g::prepare(p);
-    } catch (const sc::ValueError& e) {
-      return e.what();
-    }
-    return "no error";
-  };
-  CHECK_THAT(bad({sc::f32, {4}, {{4}}, {{add, 0, 1}}, {1}}), Catch::Contains("instruction 0: an operand"));
-  CHECK_THAT(bad({sc::f32, {4}, {{4}}, {{neg, 0, 0}}, {1}}), Catch::Contains("neg takes 1 operand"));
-  CHECK_THAT(bad({sc::f32, {4}, {{4}}, {{add, 0}}, {1}}), Catch::Contains("add takes 2 operand"));
-  CHECK_THAT(bad({sc::f32, {4}, {{4}}, {{op("less"), 0, 0}}, {1}}),
+  CHECK_THAT(prepare_error({sc::f32, {4}, {{4}}, {{add, 0, 1}}, {1}}), Catch::Contains("instruction 0: an operand"));
+  CHECK_THAT(prepare_error({sc::f32, {4}, {{4}}, {{neg, 0, 0}}, {1}}), Catch::Contains("neg takes 1 operand"));
+  CHECK_THAT(prepare_error({sc::f32, {4}, {{4}}, {{add, 0}}, {1}}), Catch::Contains("add takes 2 operand"));
+  CHECK_THAT(prepare_error({sc::f32, {4}, {{4}}, {{op("less"), 0, 0}}, {1}}),
              Catch::Contains("op 'less' is not an elementwise op that keeps the dtype f32"));
-  CHECK_THAT(bad({sc::i32, {4}, {{4}}, {{op("exp"), 0}}, {1}}),
+  CHECK_THAT(prepare_error({sc::i32, {4}, {{4}}, {{op("exp"), 0}}, {1}}),
              Catch::Contains("'exp' is not an elementwise op that keeps the dtype i32"));
-  CHECK_THAT(bad({sc::f32, {4}, {{3}}, {{neg, 0}}, {1}}), Catch::Contains("input 0 of shape [3] does not broadcast"));
-  CHECK_THAT(bad({sc::f32, {4}, {{4, 1}}, {}, {0}}), Catch::Contains("does not broadcast to the output shape [4]"));
-  CHECK_THAT(bad({sc::f32, {4}, {{4}}, {{neg, 0}}, {2}}), Catch::Contains("output register 2 does not exist"));
+  CHECK_THAT(prepare_error({sc::f32, {4}, {{3}}, {{neg, 0}}, {1}}), Catch::Contains("input 0 of shape [3] does not broadcast"));
+  CHECK_THAT(prepare_error({sc::f32, {4}, {{4, 1}}, {}, {0}}), Catch::Contains("does not broadcast to the output shape [4]"));
+  CHECK_THAT(prepare_error({sc::f32, {4}, {{4}}, {{neg, 0}}, {2}}), Catch::Contains("output register 2 does not exist"));
 
   const g::FusedProgram p{sc::f32, {4}, {{4}}, {{neg, 0}}, {1}};
   std::vector<sc::Tensor> out = {sc::zeros({4})};
@@ -567,32 +569,24 @@ TEST_CASE("a reduction's results do not depend on the thread count", "[fused][re
 }
 
 TEST_CASE("invalid reductions are named errors", "[fused][reduce][errors]") {
-  auto bad = [](const g::FusedProgram& p) -> std::string {
-    try {
-      g::prepare(p);
-    } catch (const sc::ValueError& e) {
-      return e.what();
-    }
-    return "no error";
-  };
   g::FusedProgram p{sc::f32, {4, 6}, {{4, 6}}, {{op("neg"), 0}}, {}};
   p.reduction = g::FusedReduction{op("sum"), 1, 6, {4}};
-  CHECK(bad(p) == "no error");
+  CHECK(prepare_error(p) == "no error");
   p.reduction->op = op("neg");
-  CHECK_THAT(bad(p), Catch::Contains("a reduction is sum, max or min"));
+  CHECK_THAT(prepare_error(p), Catch::Contains("a reduction is sum, max or min"));
   p.reduction->op = op("sum");
   p.reduction->inner = 5;
-  CHECK_THAT(bad(p), Catch::Contains("a reduction over 5 trailing elements of [4, 6] cannot give shape [4]"));
+  CHECK_THAT(prepare_error(p), Catch::Contains("a reduction over 5 trailing elements of [4, 6] cannot give shape [4]"));
   p.reduction->inner = 6;
   p.reduction->reg = 9;
-  CHECK_THAT(bad(p), Catch::Contains("the reduced register 9 does not exist"));
+  CHECK_THAT(prepare_error(p), Catch::Contains("the reduced register 9 does not exist"));
   p.reduction->reg = 1;
   g::FusedProgram q{sc::f32, {4, 6}, {{1}}, {{op("neg"), 0}}, {}};
   q.reduction = g::FusedReduction{op("sum"), 1, 6, {4}};
-  CHECK_THAT(bad(q), Catch::Contains("the reduced register is one value"));
+  CHECK_THAT(prepare_error(q), Catch::Contains("the reduced register is one value"));
   g::FusedProgram ints{sc::i32, {4}, {{4}}, {{op("neg"), 0}}, {}};
   ints.reduction = g::FusedReduction{op("sum"), 1, 4, {}};
-  CHECK_THAT(bad(ints), Catch::Contains("floating dtypes only"));
+  CHECK_THAT(prepare_error(ints), Catch::Contains("floating dtypes only"));
   // The reduction's output tensor is checked like the others.
   std::vector<sc::Tensor> out = {sc::zeros({5})};
   CHECK_THROWS_AS(g::run_fused(p, std::vector<sc::Tensor>{sc::zeros({4, 6})}, out), sc::ShapeError);
@@ -728,39 +722,31 @@ TEST_CASE("a product is formed as the eager matmul forms it: bit for bit", "[fus
 
 TEST_CASE("invalid products are named errors", "[fused][product][errors]") {
   const OpId add = op("add"), neg = op("neg");
-  auto bad = [](const g::FusedProgram& p) -> std::string {
-    try {
-      g::prepare(p);
-    } catch (const sc::ValueError& e) {
-      return e.what();
-    }
-    return "no error";
-  };
   // out [2, 5] = neg(A [2, 3] x B [3, 5])
   g::FusedProgram p{sc::f32, {2, 5}, {{2, 5}, {3, 5}}, {{neg, 0}}, {2}};
   p.products = {{{2, 3}, 1, false, false, false}, {{}, -1, false, false, true}};
-  CHECK(bad(p) == "no error");
+  CHECK(prepare_error(p) == "no error");
   g::FusedProgram q = p;
   q.products[0].a = {2, 4};
-  CHECK_THAT(bad(q), Catch::Contains("input 0: op([2, 4]) op([3, 5]) is not a product of shape [2, 5]"));
+  CHECK_THAT(prepare_error(q), Catch::Contains("input 0: op([2, 4]) op([3, 5]) is not a product of shape [2, 5]"));
   q = p;
   q.products[0].tb = true;
-  CHECK_THAT(bad(q), Catch::Contains("is not a product of shape"));
+  CHECK_THAT(prepare_error(q), Catch::Contains("is not a product of shape"));
   q = p;
   q.products[1].operand = false;
-  CHECK_THAT(bad(q), Catch::Contains("its operand B (input 1) is not an operand input"));
+  CHECK_THAT(prepare_error(q), Catch::Contains("its operand B (input 1) is not an operand input"));
   q = p;
   q.code = {{add, 0, 1}};
-  CHECK_THAT(bad(q), Catch::Contains("instruction 0 reads an operand input"));
+  CHECK_THAT(prepare_error(q), Catch::Contains("instruction 0 reads an operand input"));
   q = p;
   q.outputs = {1};
-  CHECK_THAT(bad(q), Catch::Contains("output register 1 is an operand input"));
+  CHECK_THAT(prepare_error(q), Catch::Contains("output register 1 is an operand input"));
   q = p;
   q.products.pop_back();
-  CHECK_THAT(bad(q), Catch::Contains("1 product entries for 2 inputs"));
+  CHECK_THAT(prepare_error(q), Catch::Contains("1 product entries for 2 inputs"));
   q = p;
   q.dtype = sc::i32;
-  CHECK_THAT(bad(q), Catch::Contains("products run over floating dtypes only"));
+  CHECK_THAT(prepare_error(q), Catch::Contains("products run over floating dtypes only"));
   // the tensors passed: A in the product's slot, B in the operand's
   std::vector<sc::Tensor> out = {sc::zeros({2, 5})};
   CHECK_THROWS_WITH(g::run_fused(p, std::vector<sc::Tensor>{sc::zeros({2, 5}), sc::zeros({3, 5})}, out),
