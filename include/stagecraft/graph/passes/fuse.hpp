@@ -103,8 +103,13 @@ STAGECRAFT_COMPILED_INLINE std::int64_t trailing_inner(const Graph& g, const Nod
 /// or, on a GPU, the generated kernel's rows (sc_fused_r) reduce it as it is computed.
 STAGECRAFT_COMPILED_INLINE bool reduction_candidate(const Graph& g, const Node& n);
 
-/// True when node `sn` is a slice whose result only group `gid` reads (and not a result of the
-/// graph), of a value of rank >= 1 on its device: the group can read it through a window.
+/// True when node `sn` is a slice of a value of rank >= 1 (same rank, dtype and device) whose result
+/// is read and is not a result of the graph: a group may read it through a window of that value.
+STAGECRAFT_COMPILED_INLINE bool windowable(const Graph& g, const std::vector<std::vector<int>>& users,
+                                           const std::vector<char>& is_output, int sn);
+
+/// True when node `sn` is windowable and only group `gid` reads its result: the group reads it
+/// through a window.
 STAGECRAFT_COMPILED_INLINE bool window_candidate(const Graph& g, const std::vector<std::vector<int>>& users,
                                                  const std::vector<char>& is_output, const std::vector<int>& group_of,
                                                  int gid, int sn);
@@ -194,17 +199,21 @@ STAGECRAFT_COMPILED_INLINE bool reduction_candidate(const Graph& g, const Node& 
          trailing_inner(g, n) > 0;
 }
 
-STAGECRAFT_COMPILED_INLINE bool window_candidate(const Graph& g, const std::vector<std::vector<int>>& users,
-                                                 const std::vector<char>& is_output, const std::vector<int>& group_of,
-                                                 int gid, int sn) {
+STAGECRAFT_COMPILED_INLINE bool windowable(const Graph& g, const std::vector<std::vector<int>>& users,
+                                           const std::vector<char>& is_output, int sn) {
   const Node& n = g.nodes[sn];
   if (n.kind != NodeKind::op || n.op != ops::OpId::Slice || n.inputs.size() != 1 || n.outputs.size() != 1) return false;
   const int v = n.outputs[0];
   const Value &out = g.values[v], &in = g.values[n.inputs[0]];
-  if (is_output[v] || users[v].empty() || in.shape.rank() < 1 || in.shape.rank() != out.shape.rank() ||
-      in.dtype != out.dtype || in.device != out.device)
-    return false;
-  for (int u : users[v])
+  return !is_output[v] && !users[v].empty() && in.shape.rank() >= 1 && in.shape.rank() == out.shape.rank() &&
+         in.dtype == out.dtype && in.device == out.device;
+}
+
+STAGECRAFT_COMPILED_INLINE bool window_candidate(const Graph& g, const std::vector<std::vector<int>>& users,
+                                                 const std::vector<char>& is_output, const std::vector<int>& group_of,
+                                                 int gid, int sn) {
+  if (!windowable(g, users, is_output, sn)) return false;
+  for (int u : users[g.nodes[sn].outputs[0]])
     if (group_of[u] != gid) return false;
   return true;
 }
@@ -236,7 +245,11 @@ STAGECRAFT_COMPILED_INLINE void absorb_products(const Graph& g, const std::vecto
     bool fits = true;
     for (const Value* x : {&out, &a, &b}) fits = fits && x->dtype == pr.dtype && x->device == dev;
     if (!fits || group_of[a.node] == gid || group_of[b.node] == gid) continue;
-    for (int u : users[v]) fits = fits && group_of[u] == gid;  // (absorbed slices are the group's already)
+    for (int u : users[v]) {  // (slices it absorbed are the group's already; a slice shared with other groups is not)
+      fits = fits && group_of[u] == gid;
+      if (fits && g.nodes[u].kind == NodeKind::op && g.nodes[u].op == ops::OpId::Slice)
+        for (int w : users[g.nodes[u].outputs[0]]) fits = fits && group_of[w] == gid;
+    }
     const bool ta = p.attrs.i0 != 0, tb = p.attrs.i1 != 0;
     const std::int64_t inner = ta ? a.shape[0] : a.shape[1];
     std::int64_t macs = 0;
@@ -454,6 +467,26 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
   }
   std::vector<char> is_output(g.values.size(), 0);
   for (int v : g.outputs) is_output[v] = 1;
+  // Slices read by several groups without a matmul head and by nothing else (an LSTM's bias
+  // slices, read by every step's gates): each group reads its window of the sliced value, and the
+  // slice never runs (it joins the first group that reads it, where the plan skips it).
+  std::vector<char> shared(g.nodes.size(), 0);
+  {
+    std::vector<int> built(g.nodes.size(), -1);  // node -> its headless group that will be built
+    for (std::size_t k = 0; k < members.size(); ++k)
+      if (!members[k].empty() && (members[k].size() >= 2 || reduce_of[k] >= 0) && head_of[k] < 0)
+        for (int m : members[k]) built[m] = static_cast<int>(k);
+    for (std::size_t sn = 0; sn < g.nodes.size(); ++sn) {
+      if (!detail_fuse::windowable(g, users, is_output, static_cast<int>(sn))) continue;
+      const std::vector<int>& readers = users[g.nodes[sn].outputs[0]];
+      bool all = true, several = false;
+      for (int u : readers) {
+        all = all && built[u] >= 0;
+        several = several || built[u] != built[readers[0]];
+      }
+      shared[sn] = all && several;
+    }
+  }
   for (std::size_t k = 0; k < members.size(); ++k) {
     if (members[k].empty()) continue;  // joined a sibling
     const std::vector<int>& ms = members[k];
@@ -478,20 +511,20 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
           reg[v] = static_cast<int>(fg.inputs.size());
           const int sn = g.values[v].node;
           FusedWindow w;
-          if (fg.head < 0 && detail_fuse::window_candidate(g, users, is_output, r.group_of, gid, sn)) {
+          if (fg.head < 0 && (shared[sn] || detail_fuse::window_candidate(g, users, is_output, r.group_of, gid, sn))) {
             const Node& sl = g.nodes[sn];
             const Shape& parent = g.values[sl.inputs[0]].shape;
             w.parent = parent;
             for (int d = 0; d < parent.rank(); ++d) w.begin.push_back(ops::Slice::start(parent, sl.attrs, d));
             fg.inputs.push_back(sl.inputs[0]);
-            absorbed.push_back(sn);
+            if (r.group_of[sn] < 0) absorbed.push_back(sn);  // (a shared slice joins the first group only)
           } else {
             fg.inputs.push_back(v);
           }
           fg.program.input_shapes.push_back(g.values[v].shape);
           fg.program.windows.push_back(std::move(w));
         }
-    if (absorbed.empty()) fg.program.windows.clear();
+    if (!fg.program.any_window()) fg.program.windows.clear();
     for (int sn : absorbed) {
       r.group_of[sn] = gid;
       fg.nodes.push_back(sn);
