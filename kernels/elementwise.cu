@@ -44,6 +44,41 @@ __global__ void binary_kernel(const T* a, const T* b, Out* y, Geometry g) {
   }
 }
 
+/// How the flat kernels read their operands: each per element (the output's shape, dense), or one
+/// of them a single value broadcast (a tensor and a scalar).
+enum class Flat : int { both, a_one, b_one, none };
+
+/// Which Flat case g is for a binary op (none: strided or broadcast along some axes).
+inline Flat flat_case(const Geometry& g) {
+  if (g.contiguous) return Flat::both;
+  bool dense[2] = {true, true}, one[2] = {true, true};
+  std::int64_t stride = 1;
+  for (int d = g.rank - 1; d >= 0; --d) {
+    for (int k = 0; k < 2; ++k) {
+      dense[k] = dense[k] && (g.shape[d] == 1 || g.strides[k][d] == stride);
+      one[k] = one[k] && (g.shape[d] == 1 || g.strides[k][d] == 0);
+    }
+    stride *= g.shape[d];
+  }
+  if (one[0] && dense[1]) return Flat::a_one;
+  if (dense[0] && one[1]) return Flat::b_one;
+  return Flat::none;
+}
+
+// The common cases without the geometry: a launch's parameters are 32 bytes instead of ~300
+// (an eager op on a small tensor is bound by the launch).
+template <class R, class T, class Out>
+__global__ void unary_flat_kernel(const T* x, Out* y, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+    y[i] = static_cast<Out>(R::f(x[i]));
+}
+
+template <class R, class T, class Out>
+__global__ void binary_flat_kernel(const T* a, const T* b, Out* y, std::int64_t n, Flat mode) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+    y[i] = static_cast<Out>(R::f(a[mode == Flat::a_one ? 0 : i], b[mode == Flat::b_one ? 0 : i]));
+}
+
 template <class T>
 __global__ void where_kernel(const bool* c, const T* a, const T* b, T* y, Geometry g) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < g.numel;
@@ -70,11 +105,19 @@ Status launch_unary(DT dt, const void* x, void* y, const Geometry& g, cudaStream
   return visit(dt, [&](auto tag) -> Status {
     using T = decltype(tag);
     if constexpr (bool_rule<R, T>) {
-      unary_kernel<R, T, bool><<<grid_for(g.numel), block_threads, 0, s>>>(static_cast<const T*>(x),
-                                                                            static_cast<bool*>(y), g);
+      if (g.contiguous)
+        unary_flat_kernel<R, T, bool><<<grid_for(g.numel), block_threads, 0, s>>>(static_cast<const T*>(x),
+                                                                                   static_cast<bool*>(y), g.numel);
+      else
+        unary_kernel<R, T, bool><<<grid_for(g.numel), block_threads, 0, s>>>(static_cast<const T*>(x),
+                                                                              static_cast<bool*>(y), g);
       return launched();
     } else if constexpr (accepts<R, T>()) {
-      unary_kernel<R, T, T><<<grid_for(g.numel), block_threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), g);
+      if (g.contiguous)
+        unary_flat_kernel<R, T, T><<<grid_for(g.numel), block_threads, 0, s>>>(static_cast<const T*>(x),
+                                                                                static_cast<T*>(y), g.numel);
+      else
+        unary_kernel<R, T, T><<<grid_for(g.numel), block_threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), g);
       return launched();
     } else {
       return cudaErrorNotSupported;
@@ -86,13 +129,22 @@ template <class R>
 Status launch_binary(DT dt, const void* a, const void* b, void* y, const Geometry& g, cudaStream_t s) {
   return visit(dt, [&](auto tag) -> Status {
     using T = decltype(tag);
+    const Flat mode = flat_case(g);
     if constexpr (bool_rule<R, T, T>) {
-      binary_kernel<R, T, bool><<<grid_for(g.numel), block_threads, 0, s>>>(
-          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<bool*>(y), g);
+      if (mode != Flat::none)
+        binary_flat_kernel<R, T, bool><<<grid_for(g.numel), block_threads, 0, s>>>(
+            static_cast<const T*>(a), static_cast<const T*>(b), static_cast<bool*>(y), g.numel, mode);
+      else
+        binary_kernel<R, T, bool><<<grid_for(g.numel), block_threads, 0, s>>>(
+            static_cast<const T*>(a), static_cast<const T*>(b), static_cast<bool*>(y), g);
       return launched();
     } else if constexpr (accepts<R, T>()) {
-      binary_kernel<R, T, T><<<grid_for(g.numel), block_threads, 0, s>>>(
-          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), g);
+      if (mode != Flat::none)
+        binary_flat_kernel<R, T, T><<<grid_for(g.numel), block_threads, 0, s>>>(
+            static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), g.numel, mode);
+      else
+        binary_kernel<R, T, T><<<grid_for(g.numel), block_threads, 0, s>>>(
+            static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), g);
       return launched();
     } else {
       return cudaErrorNotSupported;
