@@ -8,8 +8,11 @@
 namespace {
 using namespace sctest::cuda;
 
+/// Each kind of launch: dense operands, a tensor and one value either way (the flat kernels, more
+/// than one block of them too), broadcasts along some axes (the geometry's kernel).
 const std::vector<std::pair<sc::Shape, sc::Shape>> broadcast_pairs = {
-    {{2, 3}, {2, 3}}, {{2, 3}, {3}}, {{4, 1, 3}, {2, 1}}, {{}, {2, 2}}, {{3, 1, 2, 1, 2, 1, 2, 2}, {2, 1, 2, 2, 1, 2}}};
+    {{2, 3}, {2, 3}}, {{2, 3}, {3}}, {{4, 1, 3}, {2, 1}}, {{}, {2, 2}}, {{3, 1, 2, 1, 2, 1, 2, 2}, {2, 1, 2, 2, 1, 2}},
+    {{3, 4}, {1, 1}}, {{300, 5}, {}}, {{1}, {70, 9}}, {{129, 3}, {129, 3}}};
 
 }  // namespace
 
@@ -47,7 +50,7 @@ TEST_CASE("cuda: unary ops == CPU", "[cuda]") {
   const std::vector<std::pair<const char*, U>> numeric = {
       {"neg", sc::neg}, {"abs", sc::abs}, {"square", sc::square}, {"relu", sc::relu}, {"sign", sc::sign}};
   for (const sc::DType d : {sc::i32, sc::i64, sc::f32, sc::f64}) {
-    for (const sc::Shape& s : {sc::Shape{}, sc::Shape{7}, sc::Shape{3, 4, 5}}) {
+    for (const sc::Shape& s : {sc::Shape{}, sc::Shape{7}, sc::Shape{3, 4, 5}, sc::Shape{600}}) {
       for (auto [name, f] : numeric) {
         INFO(name << " " << sc::name(d) << " " << sctest::str(s));
         same_on_gpu([f](const auto& in) { return f(in[0], std::source_location::current()); }, {values(s, d, 2)}, tol_of(d));
