@@ -273,3 +273,68 @@ TEST_CASE("memory: pieces in place inside a while_loop's body and a cond's branc
     CHECK(same_bits(sc::Tensor(f(x)), body(x)));
   }
 }
+
+TEST_CASE("memory: random programs of small products formed in groups, windows and concats equal eager",
+          "[plan][memory][product]") {
+  // graph::product_fusion everywhere (the CPU forms a product as the eager matmul does, so bits
+  // are kept), every size fused: products read whole, through windows, transposed either way, by
+  // one group or several, escaping as results, feeding other products and concats; each plan
+  // run twice (buffers reused by liveness; groups forming products never take an input's buffer).
+  const sctest::passes::Switch fuse_all(sc::graph::fusion_min_elements(), std::int64_t{1});
+  const sctest::passes::Switch everywhere(sc::graph::product_fusion(), sc::graph::ProductFusion::everywhere);
+  std::mt19937 rng(11);
+  int formed = 0;
+  for (int prog = 0; prog < 40; ++prog) {
+    const unsigned seed = rng();
+    const Fn f = [seed](const Tensors& x) {
+      std::mt19937 r(seed);
+      auto choose = [&](std::size_t n) { return static_cast<std::size_t>(r() % n); };
+      const sc::Tensor w = x[1];  // [8, 8]
+      Tensors rows{x[0]}, outs;   // [3, 8] each
+      auto any = [&] { return rows[choose(rows.size())]; };
+      for (int step = 0; step < 16; ++step) {
+        switch (choose(7)) {
+          case 0: rows.push_back(sc::sin(any()) * 0.5f); break;
+          case 1: rows.push_back(any() * 0.75f + any()); break;
+          case 2: rows.push_back(sc::tanh(sc::matmul(any(), w, false, choose(2) == 0) * 0.25f) + any()); break;
+          case 3: {  // two windows of one product, joined again
+            const sc::Tensor p = sc::matmul(any(), w) * 0.125f;
+            const sc::Tensor a = sc::slice(p, {0, 0}, {3, 4}), b = sc::slice(p, {0, 4}, {3, 4});
+            rows.push_back(sc::concat({sc::sigmoid(a) * b, sc::tanh(b) - a}, 1));
+            break;
+          }
+          case 4: {  // a^T b [8, 8], read by a group, then back to rows
+            const sc::Tensor g = sc::exp(sc::matmul(any(), any(), true, false) * 0.05f) - 1.f;
+            rows.push_back(sc::matmul(any(), g, false, choose(2) == 0) + any());
+            break;
+          }
+          case 5: {  // one product read by two groups of different shapes
+            const sc::Tensor p = sc::matmul(any(), w);
+            rows.push_back(sc::cos(p) * 0.5f);
+            outs.push_back(sc::sum(sc::slice(p, {0, 0}, {1, 8}) * 2.f));
+            break;
+          }
+          default: outs.push_back(sc::matmul(any(), w) * 1.f);  // escapes through its group's result
+        }
+      }
+      for (std::size_t k = 0; k < 3; ++k) outs.push_back(any() * 2.f);
+      if (choose(2) == 0) outs.push_back(sc::matmul(any(), w));  // a product that is a result
+      return outs;
+    };
+    INFO("program " << prog << " (seed " << seed << ")");
+    const Graph g = trace({spec(3, 8), spec(8, 8)}, f);
+    const Tensors args{ramp(3, 8, static_cast<int>(prog % 7)), ramp(8, 8, 3) * 0.25f};
+    const Tensors want = f(args);
+    const auto p = std::make_shared<const sc::graph::Plan>(std::make_shared<const Graph>(g));
+    formed += p->stats().fused_products;
+    for (int round = 0; round < 2; ++round) {
+      const Tensors got = p->run(args);
+      REQUIRE(got.size() == want.size());
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        INFO("round " << round << ", result " << k);
+        CHECK(same_bits(got[k], want[k]));
+      }
+    }
+  }
+  CHECK(formed > 100);
+}

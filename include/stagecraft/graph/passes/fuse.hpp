@@ -47,7 +47,7 @@ STAGECRAFT_COMPILED_INLINE bool& cuda_fusion();
 /// Where a fused group forms a small matrix product it reads itself (FusedProduct) instead of
 /// reading it from a kernel of its own: `gpu` (the default: on a GPU the product's launch costs
 /// more than forming it in the group), `off`, or `everywhere` (CPU groups too, by BLAS before the
-/// tiles: for tests, no faster there).
+/// tiles, and no CPU matmul heads, as on a GPU: for tests, no faster there).
 enum class ProductFusion { off, gpu, everywhere };
 STAGECRAFT_COMPILED_INLINE ProductFusion& product_fusion();
 
@@ -404,6 +404,7 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
       }
       continue;
     }
+    if (product_fusion() == ProductFusion::everywhere) continue;  // (as on a GPU: products formed in groups instead)
     for (int m : members[k]) {
       for (int v : g.nodes[m].inputs) {
         const int p = g.values[v].node;
@@ -554,6 +555,10 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
         fg.outputs.push_back(v);
         fg.program.outputs.push_back(reg[v]);
       }
+    }
+    if (fg.outputs.empty() && fg.reduce < 0) {  // dead (a graph not yet through dce): its last value, unread
+      fg.outputs.push_back(g.nodes[ms.back()].outputs[0]);
+      fg.program.outputs.push_back(reg[fg.outputs.back()]);
     }
     if (fg.reduce >= 0) fg.outputs.push_back(g.nodes[fg.reduce].outputs[0]);
     r.groups.push_back(std::move(fg));
