@@ -480,6 +480,14 @@ TEST_CASE("function: a product read outside its group, too large, or on the CPU 
   CHECK(f.get_concrete(x, u, c).stats().plan.fused_products == 1);
   CHECK(f.get_concrete(x, u, c).stats().plan.kernels == 1);
   CHECK(products(both) == 0);  // its result leaves the plan
+  // p = x u read by the group and also the operand of q = p u formed in it: p must be made first
+  const auto chain = [](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& d) {
+    const sc::Tensor p = sc::matmul(a, b);
+    return sc::tanh(sc::matmul(p, b) + d) * p;
+  };
+  auto fc = sc::function(chain);
+  CHECK(same_bits(sc::Tensor(fc(x, u, c)), chain(x, u, c)));
+  CHECK(fc.get_concrete(x, u, c).stats().plan.fused_products == 1);
   const sctest::passes::Switch limit(sc::graph::product_fusion_max_macs(), std::int64_t{8 * 16 * 16 - 1});
   CHECK(products(one) == 0);  // one multiply-add over the limit
 }

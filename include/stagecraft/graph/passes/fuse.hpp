@@ -245,16 +245,19 @@ STAGECRAFT_COMPILED_INLINE void absorb_products(const Graph& g, const std::vecto
     bool fits = true;
     for (const Value* x : {&out, &a, &b}) fits = fits && x->dtype == pr.dtype && x->device == dev;
     if (!fits || group_of[a.node] == gid || group_of[b.node] == gid) continue;
-    for (int u : users[v]) {  // (slices it absorbed are the group's already; a slice shared with other groups is not)
-      fits = fits && group_of[u] == gid;
-      if (fits && g.nodes[u].kind == NodeKind::op && g.nodes[u].op == ops::OpId::Slice)
-        for (int w : users[g.nodes[u].outputs[0]]) fits = fits && group_of[w] == gid;
+    // Read by the group alone: slices it absorbed are the group's already (a slice shared with other
+    // groups is not), and a product formed in it that takes v as an operand needs v made first.
+    for (int u : users[v]) {
+      const Node& un = g.nodes[u];
+      fits = fits && group_of[u] == gid && !(un.kind == NodeKind::op && un.op == ops::OpId::MatMul);
+      if (fits && un.kind == NodeKind::op && un.op == ops::OpId::Slice)
+        for (int w : users[un.outputs[0]]) fits = fits && group_of[w] == gid;
     }
     const bool ta = p.attrs.i0 != 0, tb = p.attrs.i1 != 0;
     const std::int64_t inner = ta ? a.shape[0] : a.shape[1];
     std::int64_t macs = 0;
     for (std::size_t j = 0; j < nin; ++j)
-      if (fg.inputs[j] == v) macs += pr.out_shape.numel();
+      if (fg.inputs[j] == v && !pr.product(j)) macs += pr.out_shape.numel();
     if (!fits || inner > 4096 || macs > product_fusion_max_macs() / std::max<std::int64_t>(inner, 1)) continue;
     const int b_slot = static_cast<int>(fg.inputs.size());
     fg.inputs.push_back(p.inputs[1]);
@@ -263,7 +266,7 @@ STAGECRAFT_COMPILED_INLINE void absorb_products(const Graph& g, const std::vecto
     pr.products.resize(fg.inputs.size());
     pr.products[static_cast<std::size_t>(b_slot)].operand = true;
     for (std::size_t j = 0; j < nin; ++j)
-      if (fg.inputs[j] == v) {
+      if (fg.inputs[j] == v && !pr.product(j)) {
         fg.inputs[j] = p.inputs[0];
         pr.products[j] = FusedProduct{a.shape, b_slot, ta, tb, false};
       }
