@@ -581,6 +581,20 @@ void check_against_cpu(const FusedProgram& p, const HostBuilt& k, bool vector, s
   }
 }
 
+/// src (p's generated source) compiled by NVRTC where the build has CUDA, then p's kernel built
+/// for the host and run against the CPU evaluator (one-element accesses).
+void compiled_and_run_on_host(const FusedProgram& p, const std::string& src) {
+#if defined(STAGECRAFT_WITH_CUDA)
+  check_compiles(src);
+#else
+  (void)src;
+#endif
+  const HostBuilt k(p);
+  INFO(k.error());
+  REQUIRE(k.error().empty());
+  check_against_cpu(p, k, false);
+}
+
 /// x [rows, inner] * y [inner] + z [rows, 1] - s [] reduced by `op` over each row, and its tanh
 /// written out (tanh's last bit may differ from the CPU's SIMD tanh; the reduced value may not).
 FusedProgram row_program(sc::DType d, std::int64_t rows, std::int64_t inner, sc::ops::OpId op) {
@@ -627,13 +641,7 @@ TEST_CASE("rtc: inputs read through windows (absorbed slices), built for the hos
       const std::string src = sc::graph::cuda_source(p);
       CHECK_THAT(src, Catch::Contains("in0[31LL + (i % 9LL) + ((i / 9LL) % 7LL) * 14LL]"));
       CHECK_THAT(src, Catch::Contains("in3[7LL]"));
-#if defined(STAGECRAFT_WITH_CUDA)
-      check_compiles(src);
-#endif
-      const HostBuilt k(p);
-      INFO(k.error());
-      REQUIRE(k.error().empty());
-      check_against_cpu(p, k, false);
+      compiled_and_run_on_host(p, src);
     }
 }
 
@@ -660,13 +668,7 @@ TEST_CASE("rtc: inputs formed as small products in the kernel, built for the hos
         CHECK_THAT(src, Catch::Contains("sc_dot0(in0, in4, "));
         CHECK_THAT(src, Catch::Contains("std::fma("));
         CHECK_FALSE(sc::graph::cuda_vectorizable(p));
-#if defined(STAGECRAFT_WITH_CUDA)
-        check_compiles(src);
-#endif
-        const HostBuilt k(p);
-        INFO(k.error());
-        REQUIRE(k.error().empty());
-        check_against_cpu(p, k, false);
+        compiled_and_run_on_host(p, src);
       }
 }
 
