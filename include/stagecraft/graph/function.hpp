@@ -42,9 +42,8 @@ struct FunctionStats {
     for (const auto& p : passes) os << "  " << p.pass << ": " << p.nodes_before << " -> " << p.nodes_after << "\n";
     os << "optimized nodes: " << optimized_nodes << "\n"
        << "plan: " << plan.steps << " steps, " << plan.kernels << " kernels, " << plan.fused_groups
-       << " fused groups (" << plan.fused_nodes << " nodes, " << plan.specialized << " specialized";
-    if (plan.fused_products > 0) os << ", " << plan.fused_products << " products formed in them";
-    os << ")\n"
+       << " fused groups (" << plan.fused_nodes << " nodes, " << plan.specialized << " specialized"
+       << (plan.fused_products > 0 ? ", " + std::to_string(plan.fused_products) + " products formed in them" : "") << ")\n"
        << "memory: " << plan.peak_bytes << " bytes planned in " << plan.buffers << " buffers (intermediates: "
        << plan.intermediate_bytes << " bytes)";
     if (plan.pieces_in_place > 0)
