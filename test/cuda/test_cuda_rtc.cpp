@@ -441,7 +441,7 @@ class HostBuilt {
         sc::graph::cuda_source(p);
     std::string args;
     for (std::size_t k = 0; k < p.input_shapes.size(); ++k) args += "(const " + T + "*)in[" + std::to_string(k) + "], ";
-    const std::size_t nout = p.outputs.size() + (p.reduction ? 1 : 0);
+    const std::size_t nout = p.num_out_args() + (p.reduction ? 1 : 0);
     for (std::size_t j = 0; j < nout; ++j) args += "(" + T + "*)out[" + std::to_string(j) + "], ";
     args += "n";
     const std::string head = "(const void* const* in, void* const* out, long long n) {\n"
@@ -558,9 +558,9 @@ void check_against_cpu(const FusedProgram& p, const HostBuilt& k, bool vector, s
     in.push_back(sc::is_floating(d) ? u.astype(d) : (u * 3).astype(d));
   }
   std::vector<sc::Tensor> want, got;
-  for (std::size_t j = 0; j < p.outputs.size(); ++j) {
-    want.push_back(sc::zeros(p.out_shape, d));
-    got.push_back(sc::full(p.out_shape, -12345.0, d));  // poisoned: every element must be written
+  for (std::size_t t = 0; t < p.num_out_args(); ++t) {
+    want.push_back(sc::zeros(p.out_arg_shape(t), d));
+    got.push_back(sc::full(p.out_arg_shape(t), -12345.0, d));  // poisoned: every element must be written
   }
   if (p.reduction) {
     want.push_back(sc::zeros(p.reduction->out_shape, d));
@@ -571,7 +571,7 @@ void check_against_cpu(const FusedProgram& p, const HostBuilt& k, bool vector, s
   const bool exact_reduction = p.reduction && p.reduction->op != sc::ops::OpId::Sum;
   for (std::size_t j = 0; j < got.size(); ++j) {
     const auto g = got[j].to_vector<double>(), w = want[j].to_vector<double>();
-    const bool exact = exact_reduction && j == p.outputs.size();
+    const bool exact = exact_reduction && j == p.num_out_args();
     for (std::size_t i = 0; i < g.size(); ++i) {
       INFO("output " << j << " element " << i);
       if (std::isnan(w[i])) CHECK(std::isnan(g[i]));
@@ -670,6 +670,32 @@ TEST_CASE("rtc: inputs formed as small products in the kernel, built for the hos
         CHECK_FALSE(sc::graph::cuda_vectorizable(p));
         compiled_and_run_on_host(p, src);
       }
+}
+
+TEST_CASE("rtc: outputs written through windows of one tensor (an absorbed concat), built for the host, compute what "
+          "the CPU evaluator does", "[cuda][rtc][out_window]") {
+  using sc::ops::OpId;
+  for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64})
+    for (bool reduce : {false, true}) {
+      if (reduce && !sc::is_floating(d)) continue;
+      INFO(sc::name(d) << (reduce ? ", rows summed" : ""));
+      // [7, 9]: x * y + z - s (register 6) and x * y (register 4) side by side in tensor 0 [7, 18];
+      // the last register (tanh, or neg for integers) whole in tensor 1
+      FusedProgram p = row_program(d, 7, 9, OpId::Sum);
+      if (!reduce) p.reduction.reset();
+      if (!sc::is_floating(d)) p.code[3] = {OpId::Neg, 6};
+      p.outputs = {6, 4, 7};
+      p.out_windows = {{{7, 18}, {0, 9}}, {{7, 18}, {0, 0}}, {}};
+      p.out_args = {0, 0, 1};
+      CHECK_FALSE(sc::graph::cuda_vectorizable(p));
+      const std::string src = sc::graph::cuda_source(p);
+      CHECK_THAT(src, Catch::Contains("out0[9LL + (i % 9LL) + ((i / 9LL) % 7LL) * 18LL] = r6"));
+      CHECK_THAT(src, Catch::Contains("out1[i] = r7"));
+      CHECK_THAT(src, Catch::Contains("float* out1, ") || Catch::Contains("double* out1, ") || Catch::Contains("int* out1, ") ||
+                          Catch::Contains("long long* out1, "));
+      CHECK_THAT(src, !Catch::Contains("out2"));
+      compiled_and_run_on_host(p, src);
+    }
 }
 
 TEST_CASE("rtc: the 16-byte kernel, built for the host, computes the same, tail included", "[cuda][rtc]") {

@@ -100,11 +100,24 @@ STAGECRAFT_COMPILED_INLINE std::string index_expr(const Shape& in, const Shape& 
 /// window of its parent (FusedWindow): the window's offset plus each output axis's coordinate
 /// times the parent's stride (axes it broadcasts over skipped).
 STAGECRAFT_COMPILED_INLINE std::string window_index_expr(const FusedProgram& p, std::size_t k);
+
+/// The index into the output tensor output j of p writes for its element `i`: `i`, or through the
+/// output's window (FusedProgram::out_windows) as window_index_expr reads an input's.
+STAGECRAFT_COMPILED_INLINE std::string out_index_expr(const FusedProgram& p, std::size_t j);
+
+/// offset + each axis's coordinate of element `i` of `out` times st (axes of stride 0 skipped).
+STAGECRAFT_COMPILED_INLINE std::string strided_index_expr(const Shape& out, const Shape& st, std::int64_t offset);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE std::string window_index_expr(const FusedProgram& p, std::size_t k) {
-  const Shape st = p.strides_over_out(k);
-  const Shape& out = p.out_shape;
-  std::string e = tag("", p.arg_offset(k)) + "LL";
+  return strided_index_expr(p.out_shape, p.strides_over_out(k), p.arg_offset(k));
+}
+
+STAGECRAFT_COMPILED_INLINE std::string out_index_expr(const FusedProgram& p, std::size_t j) {
+  return p.out_windowed(j) ? strided_index_expr(p.out_shape, p.out_strides(j), p.out_offset(j)) : std::string("i");
+}
+
+STAGECRAFT_COMPILED_INLINE std::string strided_index_expr(const Shape& out, const Shape& st, std::int64_t offset) {
+  std::string e = tag("", offset) + "LL";
   std::int64_t inner = 1;  // output elements below axis d
   for (int d = out.rank() - 1; d >= 0; --d) {
     if (out[d] != 1 && st[d] != 0) {
@@ -354,7 +367,7 @@ STAGECRAFT_COMPILED_INLINE detail_cuda_fused::ReductionSplit cuda_reduction_spli
 
 STAGECRAFT_COMPILED_INLINE bool cuda_vectorizable(const FusedProgram& p) {
   if (p.reduction) return false;  // its kernel walks rows (sc_fused_r)
-  if (p.any_window()) return false;  // a window's rows need not start 16 bytes apart
+  if (p.any_window() || p.any_out_window()) return false;  // a window's rows need not start 16 bytes apart
   if (p.any_product()) return false;  // an element's products are loops
   for (const Shape& in : p.input_shapes) {
     const std::string e = detail_cuda_fused::index_expr(in, p.out_shape);
@@ -389,7 +402,7 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
   const int nin = static_cast<int>(p.input_shapes.size()), nout = static_cast<int>(p.outputs.size());
   std::string params;
   for (int k = 0; k < nin; ++k) params += "const " + T + d::tag("* in", k) + ", ";
-  for (int j = 0; j < nout; ++j) params += T + d::tag("* out", j) + ", ";
+  for (int t = 0; t < static_cast<int>(p.num_out_args()); ++t) params += T + d::tag("* out", t) + ", ";
   if (p.reduction) params += T + "* red, ";
   params += "long long n";
   std::vector<std::string> index(static_cast<std::size_t>(nin));
@@ -403,7 +416,10 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
     if (p.product(u)) return d::tag("sc_dot", k) + d::tag("(in", k) + d::tag(", in", p.products[u].b) + ", " + index[u] + ")";
     return d::tag("in", k) + "[" + index[u] + "]";
   };
-  auto store_at = [](int j, const std::string& r) { return d::tag("out", j) + "[i] = " + r; };
+  auto store_at = [&](int j, const std::string& r) {
+    const auto u = static_cast<std::size_t>(j);
+    return d::tag("out", p.out_arg(u)) + "[" + d::out_index_expr(p, u) + "] = " + r;
+  };
   std::string head = "// stagecraft fused kernel: " + std::string(name(p.dtype)) + p.out_shape.str() + "\n" +
                      "#include \"stagecraft/ops/rules.hpp\"\n"
                      "namespace r = stagecraft::rules;\n";
@@ -442,7 +458,7 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
     s += "    {\n" + d::element_body(p, T, "      ", load_lane, store_lane) + "    }\n";
   }
   for (int j = 0; j < nout; ++j)
-    s += "    reinterpret_cast<" + V + d::tag("*>(out", j) + d::tag(")[v] = o", j) + ";\n";
+    s += "    reinterpret_cast<" + V + d::tag("*>(out", p.out_arg(static_cast<std::size_t>(j))) + d::tag(")[v] = o", j) + ";\n";
   s += "  }\n"
        "  for (long long i = nv * " + W + " + t; i < n; i += step) {\n" + scalar_body + "  }\n}\n";
   return s;
@@ -479,7 +495,7 @@ class CudaFused {
 STAGECRAFT_COMPILED_INLINE void CudaFused::run(std::span<const Tensor> inputs, std::span<Tensor> outputs,
                                                const std::source_location& loc) const {
   const FusedProgram& p = program_;
-  const std::size_t nout = p.outputs.size() + (p.reduction ? 1 : 0);
+  const std::size_t nout = p.num_out_args() + (p.reduction ? 1 : 0);
   if (SC_UNLIKELY(inputs.size() != p.input_shapes.size() || outputs.size() != nout || outputs.empty()))
     throw ValueError(detail_cuda_fused::tag("[fused] the program takes ", p.input_shapes.size()) + " inputs and " +
                      std::to_string(nout) + detail_cuda_fused::tag(" outputs, got ", inputs.size()) + " and " +
@@ -487,7 +503,12 @@ STAGECRAFT_COMPILED_INLINE void CudaFused::run(std::span<const Tensor> inputs, s
   const Device dev = outputs[0].device();
   for (std::size_t i = 0; i < inputs.size(); ++i)
     detail_fused::check_tensor(inputs[i], p.dtype, dev, p.arg_shape(i), "input", i);
-  for (std::size_t j = 0; j < p.outputs.size(); ++j) detail_fused::check_tensor(outputs[j], p.dtype, dev, p.out_shape, "output", j);
+  for (std::size_t t = 0; t < p.num_out_args(); ++t)
+    detail_fused::check_tensor(outputs[t], p.dtype, dev, p.out_arg_shape(t), "output", t);
+  for (std::size_t t = 0; t < p.num_out_args(); ++t)  // (its elements are written in another order than inputs are read)
+    for (std::size_t i = 0; i < inputs.size() && !(p.out_arg_shape(t) == p.out_shape); ++i)
+      if (SC_UNLIKELY(detail_fused::overlaps(inputs[i], outputs[t])))
+        throw ValueError(detail_cuda_fused::tag("[fused] input ", i) + " shares memory with an output tensor written through windows; it may not");
   if (p.reduction) {
     detail_fused::check_tensor(outputs[nout - 1], p.dtype, dev, p.reduction->out_shape, "output", nout - 1);
     // Rows are written as they finish while other blocks still read: the reduction's result must

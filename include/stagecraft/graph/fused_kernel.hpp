@@ -101,6 +101,9 @@ struct PreparedFused {
   std::vector<std::int64_t> arg_offsets;  ///< program.arg_offset(k) of each input (elements)
   std::vector<std::int64_t> arg_bytes;    ///< bytes of the tensor passed as each input (its arg_shape)
   std::int64_t out_bytes = 0;             ///< bytes of each elementwise output
+  /// Per output written through a window (FusedProgram::out_windows): its walk over its tensor
+  /// (copied there from its register at the end of each tile); empty without windows.
+  std::vector<backend::cpu::StridedPlan<1>> out_plans;
   /// A program with products (FusedProduct): `program` is it with each product an input of the
   /// product's shape (formed by BLAS at each run, before the tiles) and each operand one unread
   /// element; `products` and `passed` are the program's entries and the shapes of the tensors
@@ -118,6 +121,8 @@ namespace detail_fused {
 
 /// Checks p: operands precede their use, arities and dtypes fit, inputs broadcast to out_shape.
 STAGECRAFT_COMPILED_INLINE void validate(const FusedProgram& p);
+/// The part of validate() that checks the outputs' windows and tensors.
+STAGECRAFT_COMPILED_INLINE void validate_out_windows(const FusedProgram& p);
 
 /// Registers whose value is one element for the whole run (computed from single-element inputs
 /// only): computed once per run, not per tile.
@@ -126,6 +131,53 @@ STAGECRAFT_COMPILED_INLINE std::vector<char> single_valued(const FusedProgram& p
 /// Registers an output or a live instruction reads (dead instructions are skipped).
 STAGECRAFT_COMPILED_INLINE std::vector<char> live_registers(const FusedProgram& p);
 #if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void validate_out_windows(const FusedProgram& p) {
+  const std::size_t nout = p.outputs.size();
+  if (!p.out_windows.empty() && p.out_windows.size() != nout)
+    fail_program("there are " + std::to_string(p.out_windows.size()) + " output windows for " + std::to_string(nout) + " outputs");
+  if (!p.out_args.empty() && p.out_args.size() != nout)
+    fail_program("there are " + std::to_string(p.out_args.size()) + " output tensors named for " + std::to_string(nout) + " outputs");
+  const std::size_t nt = p.num_out_args();
+  std::vector<std::int64_t> covered(nt, 0);  // elements written to each tensor
+  std::vector<int> plain(nt, 0), writers(nt, 0);  // outputs written whole to each tensor; all outputs
+  for (std::size_t j = 0; j < nout; ++j) {
+    const int t = p.out_arg(j);
+    const std::string at = "output " + std::to_string(j);
+    if (t < 0) fail_program(at + " names output tensor " + std::to_string(t));
+    ++writers[static_cast<std::size_t>(t)];
+    if (!p.out_windowed(j)) {
+      ++plain[static_cast<std::size_t>(t)];
+      covered[static_cast<std::size_t>(t)] += p.out_shape.numel();
+      continue;
+    }
+    const FusedWindow& w = p.out_windows[j];
+    bool ok = w.parent.rank() == p.out_shape.rank() && w.begin.rank() == p.out_shape.rank();
+    for (int d = 0; ok && d < p.out_shape.rank(); ++d) ok = w.begin[d] >= 0 && w.begin[d] <= w.parent[d] - p.out_shape[d];
+    if (!ok) fail_program(at + " of shape " + p.out_shape.str() + " is not a window of " + w.parent.str() + " at " + w.begin.str());
+    if (!(w.parent == p.out_arg_shape(static_cast<std::size_t>(t))))
+      fail_program(at + " writes a window of " + w.parent.str() + " into output tensor " + std::to_string(t) + " of shape " +
+                   p.out_arg_shape(static_cast<std::size_t>(t)).str());
+    covered[static_cast<std::size_t>(t)] += p.out_shape.numel();
+    for (std::size_t i = 0; i < j; ++i) {  // boxes meet unless apart along some axis
+      if (!p.out_windowed(i) || p.out_arg(i) != t) continue;
+      const FusedWindow& v = p.out_windows[i];
+      bool apart = false;
+      for (int d = 0; d < p.out_shape.rank() && !apart; ++d)
+        apart = v.begin[d] + p.out_shape[d] <= w.begin[d] || w.begin[d] + p.out_shape[d] <= v.begin[d];
+      if (!apart) fail_program(at + "'s window at " + w.begin.str() + " overlaps output " + std::to_string(i) + "'s at " + v.begin.str());
+    }
+  }
+  for (std::size_t t = 0; t < nt; ++t)
+    if (writers[t] == 0) fail_program("output tensor " + std::to_string(t) + " is written by no output");
+  for (std::size_t t = 0; t < nt; ++t) {
+    const std::string at = "output tensor " + std::to_string(t);
+    if (plain[t] > 0 && (plain[t] > 1 || covered[t] != p.out_shape.numel()))
+      fail_program(at + " is written whole by an output and by another output too");
+    if (covered[t] != p.out_arg_shape(t).numel())
+      fail_program(at + " of shape " + p.out_arg_shape(t).str() + " is not covered by its outputs' windows");
+  }
+}
+
 STAGECRAFT_COMPILED_INLINE void validate(const FusedProgram& p) {
   const int nin = static_cast<int>(p.input_shapes.size());
   if (!p.products.empty() && static_cast<int>(p.products.size()) != nin)
@@ -183,6 +235,7 @@ STAGECRAFT_COMPILED_INLINE void validate(const FusedProgram& p) {
   for (int r : p.outputs)
     if (r < 0 || r >= nin + static_cast<int>(p.code.size())) fail_program("output register " + std::to_string(r) + " does not exist");
     else if (p.operand(static_cast<std::size_t>(r))) fail_program("output register " + std::to_string(r) + " is an operand input");
+  validate_out_windows(p);
   if (p.reduction) {
     const FusedReduction& rd = *p.reduction;
     const std::int64_t n = p.out_shape.numel();
@@ -264,8 +317,8 @@ void place_results(PreparedFused& pf, const std::vector<char>& live) {
       if (p.code[k].b >= 0) last[p.code[k].b] = k;
     }
   for (int j = 0; j < static_cast<int>(p.outputs.size()); ++j) {
-    const int r = p.outputs[j];
-    if (r >= nin && direct[r] < 0) direct[r] = j;
+    const int r = p.outputs[j];  // (a windowed output is copied out through its window)
+    if (r >= nin && direct[r] < 0 && !p.out_windowed(static_cast<std::size_t>(j))) direct[r] = j;
     else last[r] = end;
   }
   if (p.reduction) last[p.reduction->reg] = end;  // reduced after the tile's last step
@@ -354,6 +407,11 @@ STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p) {
     pf.arg_bytes.push_back(p.arg_shape(k).numel() * static_cast<std::int64_t>(itemsize(p.dtype)));
   }
   pf.out_bytes = pf.numel * static_cast<std::int64_t>(itemsize(p.dtype));
+  if (p.any_out_window())
+    for (std::size_t j = 0; j < p.outputs.size(); ++j) {
+      const Shape st[1] = {p.out_strides(j)};
+      pf.out_plans.push_back(backend::cpu::collapse_strides<1>(p.out_shape, st));
+    }
   return pf;
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
@@ -411,11 +469,19 @@ STAGECRAFT_COMPILED_INLINE RunState& run_state() {
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
 
-/// Fills dst[0, len) with the input's elements at output positions [t0, t0 + len): one memcpy
-/// or fill per run of the innermost merged axis, the outer index advanced as an odometer.
-template <class T>
-void gather(const T* src, const backend::cpu::StridedPlan<1>& p, std::int64_t t0, std::int64_t len, T* dst) {
+/// Gather: fills buf[0, len) with the elements at output positions [t0, t0 + len) of the tensor
+/// at `walked` (an input, walked by p). Scatter: writes buf[0, len) there instead (an output
+/// through its window; p has no broadcast axis). One memcpy or fill per run of the innermost
+/// merged axis, the outer index advanced as an odometer.
+template <bool Scatter, class T>
+void copy_walk(std::conditional_t<Scatter, T*, const T*> walked, const backend::cpu::StridedPlan<1>& p, std::int64_t t0,
+               std::int64_t len, std::conditional_t<Scatter, const T*, T*> buf) {
   const int r = p.shape.rank();
+  if (r == 0) {  // one element
+    if constexpr (Scatter) *walked = *buf;
+    else *buf = *walked;
+    return;
+  }
   const std::int64_t inner = p.shape[r - 1], si = p.strides[0][r - 1];
   std::int64_t idx[max_rank] = {}, off = 0, rem = t0 / inner, pos = t0 % inner;
   for (int d = r - 2; d >= 0; --d) {
@@ -425,11 +491,16 @@ void gather(const T* src, const backend::cpu::StridedPlan<1>& p, std::int64_t t0
   }
   while (len > 0) {
     const std::int64_t run = std::min(inner - pos, len);
-    const T* s = src + off + pos * si;
-    if (si == 1) std::memcpy(dst, s, static_cast<std::size_t>(run) * sizeof(T));
-    else if (si == 0) std::fill_n(dst, run, *s);
-    else for (std::int64_t i = 0; i < run; ++i) dst[i] = s[i * si];
-    dst += run, len -= run, pos = 0;
+    const auto w = walked + off + pos * si;
+    if constexpr (Scatter) {
+      if (si == 1) std::memcpy(w, buf, static_cast<std::size_t>(run) * sizeof(T));
+      else for (std::int64_t i = 0; i < run; ++i) w[i * si] = buf[i];
+    } else {
+      if (si == 1) std::memcpy(buf, w, static_cast<std::size_t>(run) * sizeof(T));
+      else if (si == 0) std::fill_n(buf, run, *w);
+      else for (std::int64_t i = 0; i < run; ++i) buf[i] = w[i * si];
+    }
+    buf += run, len -= run, pos = 0;
     for (int d = r - 2; d >= 0; --d) {
       ++idx[d];
       off += p.strides[0][d];
@@ -460,7 +531,9 @@ SC_ALWAYS_INLINE void prefetch(const RunState& st, std::int64_t off, std::int64_
 template <class T, class AfterTile>
 void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std::int64_t e, AfterTile&& after_tile) {
   const std::int64_t tile = pf.tile;
-  std::byte* ws = thread_scratch().get(static_cast<std::size_t>(std::max(pf.num_slots, 1) * slot_stride(pf)));
+  // (one slot more with windowed outputs: a single value spread over a tile before its copy)
+  const int slots = std::max(pf.num_slots + (pf.out_plans.empty() ? 0 : 1), 1);
+  std::byte* ws = thread_scratch().get(static_cast<std::size_t>(slots * slot_stride(pf)));
   const Loc* locs = st.locs.data();
   const auto at = [&](int r, std::int64_t t0) -> T* {
     const Loc& l = locs[r];
@@ -477,7 +550,7 @@ void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std:
     for (const Gather& g : st.gathers) {
       T* dst = reinterpret_cast<T*>(ws + g.off);
       const T* src = reinterpret_cast<const T*>(g.src);
-      if (g.plan) gather(src, *g.plan, t0, len, dst);
+      if (g.plan) copy_walk<false, T>(src, *g.plan, t0, len, dst);
       else std::memcpy(dst, src + t0, static_cast<std::size_t>(len) * sizeof(T));
     }
     for (const Step& s : pf.per_tile) {
@@ -487,9 +560,19 @@ void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std:
     }
     for (const CopyOut& c : pf.copies) {
       const T* src = at(c.reg, t0);
-      T* dst = reinterpret_cast<T*>(locs[pf.regs.size() + c.output].ptr) + t0;
-      if (pf.regs[c.reg].scalar_value()) std::fill_n(dst, len, *src);
-      else std::memcpy(dst, src, static_cast<std::size_t>(len) * sizeof(T));
+      T* base = reinterpret_cast<T*>(locs[pf.regs.size() + c.output].ptr);
+      if (!pf.out_plans.empty() && pf.program.out_windowed(static_cast<std::size_t>(c.output))) {
+        if (pf.regs[c.reg].scalar_value()) {  // (one value: a tile of it first)
+          T* tmp = reinterpret_cast<T*>(ws + pf.num_slots * slot_stride(pf));
+          std::fill_n(tmp, len, *src);
+          src = tmp;
+        }
+        copy_walk<true, T>(base, pf.out_plans[static_cast<std::size_t>(c.output)], t0, len, src);
+      } else if (pf.regs[c.reg].scalar_value()) {
+        std::fill_n(base + t0, len, *src);
+      } else {
+        std::memcpy(base + t0, src, static_cast<std::size_t>(len) * sizeof(T));
+      }
     }
     after_tile(at, t0, len);
   }
@@ -574,16 +657,19 @@ template <class T>
 void bind(const PreparedFused& pf, std::span<const Tensor> in, std::span<Tensor> out, RunState& st) {
   st.values.resize(static_cast<std::size_t>(std::max(pf.num_scalars, 1)) * sizeof(T));
   T* values = reinterpret_cast<T*>(st.values.data());
-  st.locs.assign(pf.regs.size() + out.size(), Loc{});
+  const FusedProgram& p = pf.program;
+  st.locs.assign(pf.regs.size() + p.outputs.size(), Loc{});
   for (std::size_t r = 0; r < pf.regs.size(); ++r) {
     const Reg& g = pf.regs[r];
     Loc& l = st.locs[r];
     if (g.home == Home::scalar) l = {reinterpret_cast<std::byte*>(values + g.index), 0, 0};
     else if (g.home == Home::input) l = {static_cast<std::byte*>(in[g.index].raw_data()), 0, sizeof(T)};
-    else if (g.home == Home::output) l = {static_cast<std::byte*>(out[g.index].raw_data()), 0, sizeof(T)};
+    else if (g.home == Home::output) l = {static_cast<std::byte*>(out[p.out_arg(g.index)].raw_data()), 0, sizeof(T)};
     else l = {nullptr, g.slot * slot_stride(pf), 0};
   }
-  for (std::size_t j = 0; j < out.size(); ++j) st.locs[pf.regs.size() + j] = {static_cast<std::byte*>(out[j].raw_data()), 0, sizeof(T)};
+  for (std::size_t j = 0; j < p.outputs.size(); ++j)  // (a window's first element)
+    st.locs[pf.regs.size() + j] = {static_cast<std::byte*>(out[p.out_arg(j)].raw_data()) + p.out_offset(j) * std::int64_t{sizeof(T)},
+                                   0, sizeof(T)};
   for (int i : pf.scalar_inputs)
     values[pf.regs[i].index] = static_cast<const T*>(in[i].raw_data())[pf.arg_offsets[static_cast<std::size_t>(i)]];
   for (const Step& s : pf.once)
@@ -591,14 +677,23 @@ void bind(const PreparedFused& pf, std::span<const Tensor> in, std::span<Tensor>
                                       values + pf.regs[s.y].index, 1);
   st.gathers.clear();
   st.streams.clear();
-  for (const Tensor& o : out) st.streams.emplace_back(static_cast<const std::byte*>(o.raw_data()), true);
+  // (an output tensor written through windows is not walked tile by tile: not prefetched)
+  for (std::size_t t = 0; t < out.size(); ++t)
+    if (p.out_arg_shape(t) == p.out_shape) st.streams.emplace_back(static_cast<const std::byte*>(out[t].raw_data()), true);
   for (const VectorInput& v : pf.vector_inputs) {
     // shares bytes with an output (the sizes are the program's: run() checked the shapes)
     const auto* lo = static_cast<const std::byte*>(in[v.input].raw_data());
     const std::byte* hi = lo + pf.arg_bytes[static_cast<std::size_t>(v.input)];
-    bool aliased = false;
-    for (const auto& [o, written] : st.streams)
-      aliased = aliased || (written && o && lo && lo < o + pf.out_bytes && o < hi);
+    bool aliased = false, windowed = false;
+    for (std::size_t t = 0; t < out.size(); ++t) {
+      const auto* o = static_cast<const std::byte*>(out[t].raw_data());
+      const bool meets = o && lo && lo < o + out[t].nbytes() && o < hi;
+      aliased = aliased || meets;
+      windowed = windowed || (meets && p.out_arg_shape(t) != p.out_shape);
+    }
+    if (windowed)
+      throw ValueError("[fused] input " + std::to_string(v.input) + " shares memory with an output tensor written "
+                       "through windows; it may not");
     if (v.broadcast && aliased)
       throw ValueError("[fused] input " + std::to_string(v.input) + " is broadcast and shares memory with an output; "
                        "only an input of the output's shape may");
@@ -628,7 +723,7 @@ STAGECRAFT_COMPILED_INLINE void run(const PreparedFused& pf, std::span<const Ten
                                     std::span<Tensor> outputs) {
   namespace f = detail_fused;
   const FusedProgram& p = pf.program;
-  const std::size_t nout = p.outputs.size() + (p.reduction ? 1 : 0);
+  const std::size_t nout = p.num_out_args() + (p.reduction ? 1 : 0);
   if (SC_UNLIKELY(inputs.size() != p.input_shapes.size() || outputs.size() != nout))
     throw ValueError("[fused] the program takes " + std::to_string(p.input_shapes.size()) + " inputs and " +
                      std::to_string(nout) + " outputs, got " + std::to_string(inputs.size()) + " and " +
@@ -658,7 +753,7 @@ STAGECRAFT_COMPILED_INLINE void run(const PreparedFused& pf, std::span<const Ten
     inputs = formed;
   }
   for (std::size_t i = 0; i < inputs.size(); ++i) f::check_tensor(inputs[i], p.dtype, cpu, p.arg_shape(i), "input", i);
-  for (std::size_t j = 0; j < p.outputs.size(); ++j) f::check_tensor(outputs[j], p.dtype, cpu, p.out_shape, "output", j);
+  for (std::size_t t = 0; t < nout - (p.reduction ? 1 : 0); ++t) f::check_tensor(outputs[t], p.dtype, cpu, p.out_arg_shape(t), "output", t);
   if (p.reduction) f::check_tensor(outputs[nout - 1], p.dtype, cpu, p.reduction->out_shape, "output", nout - 1);
   if (SC_UNLIKELY(pf.tile < 1)) throw ValueError("[fused] the tile must hold at least one element");
   if (pf.numel == 0) return;
@@ -666,7 +761,7 @@ STAGECRAFT_COMPILED_INLINE void run(const PreparedFused& pf, std::span<const Ten
     pf.special->run(inputs, outputs);
     return;
   }
-  const std::span<Tensor> elementwise = outputs.first(p.outputs.size());
+  const std::span<Tensor> elementwise = outputs.first(p.num_out_args());
   visit_dtype(p.dtype, [&](auto tag) {  // (over bool no op is fusible: outputs are copied inputs)
     using T = typename decltype(tag)::type;
     f::RunState& st = f::run_state();

@@ -73,6 +73,14 @@ struct FusedProgram {
   std::optional<FusedReduction> reduction = std::nullopt;  ///< written to one more output tensor, after `outputs`
   std::vector<FusedWindow> windows = {};  ///< empty (no input windowed), or one per input
   std::vector<FusedProduct> products = {};  ///< empty (no product), or one per input
+  /// Where outputs are written (a concat of the group's values that the fusion pass took into the
+  /// group): empty (output j is written whole to output tensor j), or one per output: output j is
+  /// written to tensor out_args[j], through out_windows[j] when that is on (the tensor then has
+  /// the window's parent shape, and element j of the output goes to begin + j). Windowed outputs
+  /// may share a tensor; their windows then tile it exactly (every element written once). A
+  /// tensor not windowed is written by one output, whole.
+  std::vector<FusedWindow> out_windows = {};
+  std::vector<int> out_args = {};
 
   bool windowed(std::size_t k) const { return k < windows.size() && windows[k].on(); }
   bool any_window() const {
@@ -86,6 +94,48 @@ struct FusedProgram {
     for (const FusedProduct& q : products)
       if (q.on()) return true;
     return false;
+  }
+  bool out_windowed(std::size_t j) const { return j < out_windows.size() && out_windows[j].on(); }
+  bool any_out_window() const {
+    for (const FusedWindow& w : out_windows)
+      if (w.on()) return true;
+    return false;
+  }
+  /// The output tensor output j writes.
+  int out_arg(std::size_t j) const { return out_args.empty() ? static_cast<int>(j) : out_args[j]; }
+  /// Number of elementwise output tensors (a reduction's result comes after them).
+  std::size_t num_out_args() const {
+    int n = out_args.empty() ? static_cast<int>(outputs.size()) : 0;
+    for (int t : out_args) n = t + 1 > n ? t + 1 : n;
+    return static_cast<std::size_t>(n);
+  }
+  /// The shape of elementwise output tensor t: the parent of a window written to it, else out_shape.
+  const Shape& out_arg_shape(std::size_t t) const {
+    for (std::size_t j = 0; j < outputs.size(); ++j)
+      if (out_windowed(j) && out_arg(j) == static_cast<int>(t)) return out_windows[j].parent;
+    return out_shape;
+  }
+  /// Output j's element strides in its tensor over out_shape's axes (row-major; 0 on axes of one
+  /// element), and the elements before its first (non-zero for a window).
+  Shape out_strides(std::size_t j) const {
+    const Shape& par = out_windowed(j) ? out_windows[j].parent : out_shape;
+    Shape st = par;
+    std::int64_t n = 1;
+    for (int d = par.rank() - 1; d >= 0; --d) {
+      st[d] = out_shape[d] == 1 ? 0 : n;
+      n *= par[d];
+    }
+    return st;
+  }
+  std::int64_t out_offset(std::size_t j) const {
+    if (!out_windowed(j)) return 0;
+    const FusedWindow& w = out_windows[j];
+    std::int64_t off = 0, n = 1;
+    for (int d = w.parent.rank() - 1; d >= 0; --d) {
+      off += w.begin[d] * n;
+      n *= w.parent[d];
+    }
+    return off;
   }
   /// The shape input k's elements are taken from: its window's parent, else input_shapes[k].
   const Shape& source_shape(std::size_t k) const { return windowed(k) ? windows[k].parent : input_shapes[k]; }

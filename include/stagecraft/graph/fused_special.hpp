@@ -51,6 +51,7 @@ inline bool matches(const FusedProgram& p, const FusedProgram& q) {
   if ((p.dtype != DType::f32 && p.dtype != DType::f64) || p.reduction || q.reduction) return false;
   if (p.input_shapes.size() != q.input_shapes.size() || p.code != q.code || p.outputs != q.outputs) return false;
   if (p.any_window()) return false;  // the special loops read every input from its start
+  if (!p.out_args.empty() || p.any_out_window()) return false;  // and write every output whole
   for (std::size_t i = 0; i < p.input_shapes.size(); ++i) {
     const bool single = q.input_shapes[i].rank() == 0;
     if (single ? p.input_shapes[i].numel() != 1 : p.input_shapes[i] != p.out_shape) return false;
