@@ -613,7 +613,10 @@ TEST_CASE("cuda graphs: a concat's pieces written in place (nested, and with pie
           "[cuda][staged][graph]") {
   // graph::concat_in_place on the GPU: exp(a) and cos(b) write their places in `inner`, which is
   // placed in `outer`'s rows with tanh(c); the argument a and a constant are copied by their
-  // concat (its rest). Kernel by kernel and replayed as a CUDA graph, three calls each.
+  // concat (its rest). Kernel by kernel and replayed as a CUDA graph, three calls each. (Without
+  // graph::concat_fusion, which would have exp(a) and cos(b)'s group write `inner` itself.)
+  const bool fusing = sc::graph::concat_fusion();
+  sc::graph::concat_fusion() = false;
   const sc::Tensor k = values({1, 4}, sc::f32, 51);
   const auto f = [](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& c, const sc::Tensor& kk) {
     const sc::Tensor inner = sc::concat({sc::exp(a), sc::cos(b)}, 1);  // [1, 8]
@@ -646,5 +649,46 @@ TEST_CASE("cuda graphs: a concat's pieces written in place (nested, and with pie
   auto copied = sc::function([&](const sc::Tensor& x, const sc::Tensor& y, const sc::Tensor& z) { return f(x, y, z, gk); });
   (void)copied(ga, gb, gc);
   sc::graph::concat_in_place() = true;
+  sc::graph::concat_fusion() = fusing;
   CHECK(st.plan.kernels == copied.get_concrete(ga, gb, gc).stats().plan.kernels - 2);
+}
+
+TEST_CASE("cuda graphs: concats written by the group of their pieces, through windows, equal the CPU's",
+          "[cuda][staged][graph]") {
+  // graph::concat_fusion: s and t side by side along axis 1, and t, s, t along axis 0, are written
+  // by the group that makes them (its generated kernel stores each piece at its window's index):
+  // one kernel for both concats. Kernel by kernel and replayed, three calls each; with concat
+  // fusion off, each concat is a kernel of its own again.
+  const auto f = [](const sc::Tensor& x, const sc::Tensor& y, const sc::Tensor& w) {
+    const sc::Tensor s = x + y, t = sc::tanh(s) * w;  // [8, 24]
+    return std::vector<sc::Tensor>{sc::concat({s, t}, 1), sc::concat({t, s, t}, 0), sc::sum(t, {1})};
+  };
+  const sc::Tensor x = values({8, 24}, sc::f32, 81), y = values({8, 24}, sc::f32, 82), w = values({24}, sc::f32, 83);
+  const std::vector<sc::Tensor> want = f(x, y, w);
+  const sc::Tensor gx = x.to(gpu), gy = y.to(gpu), gw = w.to(gpu);
+  auto plain = sc::function(f);
+  auto graphed = sc::function(f);
+  for (int it = 0; it < 3; ++it) {
+    sc::cuda::set_graphs(false);
+    const std::vector<sc::Tensor> p = plain(gx, gy, gw);
+    const GraphsOn on;
+    const std::vector<sc::Tensor> g = graphed(gx, gy, gw);
+    REQUIRE(p.size() == want.size());
+    REQUIRE(g.size() == want.size());
+    for (std::size_t r = 0; r < want.size(); ++r) {
+      INFO("call " << it << ", result " << r);
+      check_same(p[r], want[r], 1e-6);
+      check_same(g[r], want[r], 1e-6);
+    }
+  }
+  const auto st = graphed.get_concrete(gx, gy, gw).stats();
+  INFO(st);
+  CHECK(st.plan.fused_concats == 2);
+  CHECK(st.plan.cuda_graph.rfind("replaying", 0) == 0);
+  sc::graph::concat_fusion() = false;
+  auto apart = sc::function(f);
+  const std::vector<sc::Tensor> a = apart(gx, gy, gw);
+  sc::graph::concat_fusion() = true;
+  for (std::size_t r = 0; r < want.size(); ++r) check_same(a[r], want[r], 1e-6);
+  CHECK(apart.get_concrete(gx, gy, gw).stats().plan.kernels == st.plan.kernels + 2);
 }

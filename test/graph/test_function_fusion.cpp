@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -39,17 +40,18 @@ bool same_bits(const sc::Tensor& a, const sc::Tensor& b) {
   return same;
 }
 
-/// The bench's LSTM cell (32 -> 64, batch 1) run over `steps` inputs; loss = sum(h * c) after the
-/// last step. Calling it returns the loss, then the gradients of the cell's three variables.
+/// The bench's LSTM cell (32 -> 64, batch 1 unless given) run over `steps` inputs; loss = sum(h * c)
+/// after the last step. Calling it returns the loss, then the gradients of the cell's three variables.
 struct LstmSteps {
   sc::nn::LSTMCell cell{32, 64, 3};
   std::vector<sc::Tensor> xs;
-  explicit LstmSteps(int steps) {
-    for (int t = 0; t < steps; ++t) xs.push_back(sc::random::uniform({1, 32}, -1.0, 1.0, 40 + t));
+  std::int64_t batch;
+  explicit LstmSteps(int steps, std::int64_t n = 1) : batch(n) {
+    for (int t = 0; t < steps; ++t) xs.push_back(sc::random::uniform({n, 32}, -1.0, 1.0, 40 + t));
   }
   std::vector<sc::Tensor> operator()() const {
     sc::GradientTape tape;
-    auto state = cell.initial_state(1);
+    auto state = cell.initial_state(batch);
     for (const sc::Tensor& x : xs) state = cell(x, state);
     const sc::Tensor loss = sc::sum(state.first * state.second);
     std::vector<sc::Tensor> r = tape.gradient(loss, cell.trainable_variables());
@@ -337,26 +339,37 @@ TEST_CASE("function: a traced LSTM's gate gradients are written in place: no con
   // straight into their places in the step's dz, and each dz into its rows of the stacked dz the
   // weight gradients' products read (batch 1: the pieces lie one after another). The stacked h
   // keeps its concat for h_0 (a constant) alone. Results equal bit for bit with and without.
+  // With graph::concat_fusion (the default) the group writes each step's dz itself (through
+  // windows: at batch 1 they too lie one after another): the same kernels, placed the other way.
   const FuseAll fuse_all;
   constexpr int steps = 10;
   const LstmSteps lstm(steps);
-  std::vector<sc::Tensor> with, without;
-  int kernels_with = 0, kernels_without = 0;
-  for (const bool on : {true, false}) {
-    const bool saved = sc::graph::concat_in_place();
-    sc::graph::concat_in_place() = on;
-    auto f = sc::function([&] { return lstm(); });
-    (on ? with : without) = f();
-    (on ? kernels_with : kernels_without) = f.get_concrete().stats().plan.kernels;
-    sc::graph::concat_in_place() = saved;
+  std::vector<sc::Tensor> first;
+  int kernels_in_place = -1;
+  for (const bool fused : {false, true}) {
+    INFO("concat fusion " << fused);
+    const sctest::passes::Switch fusion(sc::graph::concat_fusion(), fused);
+    std::vector<sc::Tensor> with, without;
+    int kernels_with = 0, kernels_without = 0;
+    for (const bool on : {true, false}) {
+      const sctest::passes::Switch in_place(sc::graph::concat_in_place(), on);
+      auto f = sc::function([&] { return lstm(); });
+      (on ? with : without) = f();
+      (on ? kernels_with : kernels_without) = f.get_concrete().stats().plan.kernels;
+      CHECK(f.get_concrete().stats().plan.fused_concats == (fused ? steps : 0));
+    }
+    REQUIRE(with.size() == without.size());
+    if (first.empty()) first = with;
+    for (std::size_t k = 0; k < with.size(); ++k) {
+      INFO("result " << k);
+      CHECK(same_bits(with[k], without[k]));
+      CHECK(same_bits(with[k], first[k]));
+    }
+    INFO(kernels_with << " kernels in place, " << kernels_without << " without");
+    CHECK(kernels_with == kernels_without - (fused ? 1 : steps + 1));
+    if (kernels_in_place < 0) kernels_in_place = kernels_with;
+    CHECK(kernels_with == kernels_in_place);
   }
-  REQUIRE(with.size() == without.size());
-  for (std::size_t k = 0; k < with.size(); ++k) {
-    INFO("result " << k);
-    CHECK(same_bits(with[k], without[k]));
-  }
-  INFO(kernels_with << " kernels in place, " << kernels_without << " without");
-  CHECK(kernels_with == kernels_without - (steps + 1));
 }
 
 TEST_CASE("function: a two-layer LSTM's products are batched across layers, its input gradient too", "[function][train]") {
@@ -519,4 +532,116 @@ TEST_CASE("function: a slice read by several groups is read through a window by 
   CHECK(st.fused_groups == 2);
   CHECK(st.steps == 2);
   CHECK(st2.steps == 3);
+}
+
+TEST_CASE("function: an LSTM's gate gradients at batch 32 are written by their group: a step is two kernels on a GPU",
+          "[function][train][concat]") {
+  // At batch 32 a step's four gate gradients are not one run of dz's bytes (dz is [32, 256]), so
+  // they cannot be placed in it: their concat was a kernel of its own. With graph::concat_fusion
+  // the group writes each gradient through its window of dz. Lowered for a GPU (the graph
+  // relabelled cuda:0; nothing runs): 10 kernels fewer. Run on the CPU: the bits of the plan
+  // without concat fusion, and eager's values (the batched products sum in another order).
+  constexpr int steps = 10;
+  const LstmSteps lstm(steps, 32);
+  const FuseAll fuse_all;
+  auto f = sc::function([&] { return lstm(); });
+  const std::vector<sc::Tensor> eager = lstm(), staged = f();
+  std::vector<sc::Tensor> apart;
+  {
+    const sctest::passes::Switch off(sc::graph::concat_fusion(), false);
+    auto h = sc::function([&] { return lstm(); });
+    apart = h();
+    CHECK(h.get_concrete().stats().plan.fused_concats == 0);
+  }
+  for (std::size_t k = 0; k < eager.size(); ++k) {
+    INFO("result " << k);
+    CHECK(same_bits(apart[k], staged[k]));
+    check_same(staged[k], eager[k], 1e-5);
+  }
+  CHECK(f.get_concrete().stats().plan.fused_concats == steps);
+  sc::graph::Graph g = f.get_concrete().graph();
+  for (sc::graph::Value& v : g.values) v.device = sc::Device::cuda(0);
+  const sctest::passes::Switch fusion(sc::graph::cuda_fusion(), true);
+  const auto lower = [&] { return sc::graph::Plan(std::make_shared<const sc::graph::Graph>(sc::graph::optimize(g))).stats(); };
+  const sc::graph::PlanStats with = lower();
+  sc::graph::PlanStats without;
+  {
+    const sctest::passes::Switch off(sc::graph::concat_fusion(), false);
+    without = lower();
+  }
+  INFO(with.kernels << " kernels with the concats written by their groups, " << without.kernels << " without");
+  CHECK(with.fused_concats == steps);
+  CHECK(with.kernels == without.kernels - steps);
+  CHECK(with.kernels <= 2 * steps + 10);
+}
+
+TEST_CASE("function: a concat of a group's values is written by the group through windows, bit for bit",
+          "[function][fusion][concat]") {
+  // s = a + b, p = s * w, t = tanh(p): concat({s, t, p}) along each axis is written by the group
+  // (no step of its own), also beside a row sum of a piece; a piece read
+  // elsewhere too (by a matmul) stays an output as well; a concat with a piece from outside the
+  // group stays a kernel.
+  const sc::Tensor a = sc::random::uniform({32, 48}, -1.0, 1.0, 1), b = sc::random::uniform({32, 48}, -1.0, 1.0, 2),
+                   w = sc::random::uniform({48}, -1.0, 1.0, 3), m = sc::random::uniform({48, 5}, -1.0, 1.0, 4);
+  const auto values = [&](const sc::Tensor& x, const sc::Tensor& y) {
+    const sc::Tensor s = x + y, p = s * w;
+    return std::vector<sc::Tensor>{s, sc::tanh(p), p};
+  };
+  struct Case {
+    const char* what;
+    std::function<std::vector<sc::Tensor>(const sc::Tensor&, const sc::Tensor&)> fn;
+    int concats;  // written by the group
+    int saved = concats;  // kernels fewer (a concat whose pieces are placed in its buffer runs no kernel either way)
+  };
+  const std::vector<Case> cases = {
+      {"along axis 1", [&](const sc::Tensor& x, const sc::Tensor& y) { return std::vector<sc::Tensor>{sc::concat(values(x, y), 1)}; }, 1},
+      {"along axis 0", [&](const sc::Tensor& x, const sc::Tensor& y) { return std::vector<sc::Tensor>{sc::concat(values(x, y), 0)}; }, 1},
+      {"along axis -1, then read by another group",
+       [&](const sc::Tensor& x, const sc::Tensor& y) { return std::vector<sc::Tensor>{sc::exp(sc::concat(values(x, y), -1)) * 2.f}; }, 1},
+      {"a piece read by a matmul too",
+       [&](const sc::Tensor& x, const sc::Tensor& y) {
+         const auto v = values(x, y);
+         return std::vector<sc::Tensor>{sc::concat({v[0], v[1]}, 1), sc::matmul(v[0], m)};
+       }, 1},
+      {"a piece repeated, and a second concat",
+       [&](const sc::Tensor& x, const sc::Tensor& y) {
+         const auto v = values(x, y);
+         return std::vector<sc::Tensor>{sc::concat({v[1], v[1], v[0]}, 0), sc::concat({v[2], v[0]}, 1)};
+       }, 2},
+      {"nested in a concat with an argument",
+       [&](const sc::Tensor& x, const sc::Tensor& y) {
+         return std::vector<sc::Tensor>{sc::concat({sc::concat(values(x, y), 0), x}, 0) * 3.f};
+       }, 1, 0},
+      {"beside a row sum",
+       [&](const sc::Tensor& x, const sc::Tensor& y) {
+         const auto v = values(x, y);
+         return std::vector<sc::Tensor>{sc::concat({v[0], v[1]}, 1), sc::sum(v[1], {1})};
+       }, 1},
+      {"with a piece from outside the group",
+       [&](const sc::Tensor& x, const sc::Tensor& y) {
+         const auto v = values(x, y);
+         return std::vector<sc::Tensor>{sc::concat({v[0], x}, 1)};
+       }, 0},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    std::vector<sc::Tensor> got[2];
+    sc::graph::PlanStats st[2];
+    for (const bool on : {false, true}) {
+      const sctest::passes::Switch fusion(sc::graph::concat_fusion(), on);
+      auto f = sc::function(c.fn);
+      got[on] = f(a, b);
+      st[on] = f.get_concrete(a, b).stats().plan;
+    }
+    const std::vector<sc::Tensor> want = c.fn(a, b);
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      INFO("result " << k);
+      CHECK(same_bits(got[0][k], want[k]));
+      CHECK(same_bits(got[1][k], want[k]));
+    }
+    INFO(st[1].kernels << " kernels, " << st[0].kernels << " without concat fusion");
+    CHECK(st[1].fused_concats == c.concats);
+    CHECK(st[0].fused_concats == 0);
+    CHECK(st[1].kernels == st[0].kernels - c.saved);
+  }
 }

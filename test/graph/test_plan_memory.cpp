@@ -75,6 +75,51 @@ std::pair<int, int> check_against_eager(const std::vector<sc::TensorSpec>& specs
   return kernels;
 }
 
+/// Random program `seed`: rows [1, 4] made by unary and binary steps from two arguments, concats of
+/// 2-4 of them (repeats allowed) along rows or, at [1, 4k], along columns, concats of concats,
+/// steps on the concats (broadcasting rows over them); its results a few of everything.
+Fn random_concat_program(unsigned seed) {
+  return [seed](const Tensors& x) {
+    std::mt19937 r(seed);
+    auto choose = [&](std::size_t n) { return static_cast<std::size_t>(r() % n); };
+    Tensors rows{x[0], x[1]}, joined;
+    for (int step = 0; step < 24; ++step) {
+      switch (choose(6)) {
+        case 0: rows.push_back(sc::sin(rows[choose(rows.size())])); break;
+        case 1: rows.push_back(rows[choose(rows.size())] * 0.75f + rows[choose(rows.size())]); break;
+        case 2: rows.push_back(sc::tanh(rows[choose(rows.size())])); break;
+        case 3:
+        case 4: {
+          Tensors parts;
+          const std::size_t n = 2 + choose(3);
+          for (std::size_t k = 0; k < n; ++k) parts.push_back(rows[choose(rows.size())]);
+          joined.push_back(sc::concat(parts, choose(2) == 0 ? 0 : 1));
+          break;
+        }
+        default: {
+          if (joined.empty()) break;
+          const sc::Tensor j = joined[choose(joined.size())];  // (a copy: push_back moves the vector)
+          const std::size_t how = choose(3);
+          if (how == 0) {
+            joined.push_back(sc::exp(j * 0.1f) - j);
+          } else if (how == 1 && j.shape()[1] == 4) {
+            joined.push_back(j + rows[choose(rows.size())]);  // a row broadcast over the concat
+          } else {
+            const sc::Tensor k = joined[choose(joined.size())];
+            if (k.shape()[1] == j.shape()[1]) joined.push_back(sc::concat({j, k}, 0));
+          }
+        }
+      }
+    }
+    Tensors out;
+    for (std::size_t k = 0; k < 3; ++k) out.push_back(rows[choose(rows.size())] * 2.f);
+    for (const sc::Tensor& j : joined)
+      if (choose(3) == 0) out.push_back(sc::sum(j));
+    if (!joined.empty()) out.push_back(joined.back());
+    return out;
+  };
+}
+
 }  // namespace
 
 TEST_CASE("memory: a concat's pieces are written in their places, and the concat is dropped", "[plan][memory]") {
@@ -177,56 +222,38 @@ TEST_CASE("memory: an elementwise step reading a piece never writes over the con
 }
 
 TEST_CASE("memory: random programs of pieces, concats and elementwise steps equal eager", "[plan][memory]") {
-  // Each program: rows [1, 4] made by unary and binary steps from two arguments, concats of 2-4
-  // of them (repeats allowed) along rows or, at [1, 4k], along columns, concats of concats, steps
-  // on the concats (broadcasting rows over them); its results a few of everything. Buffers are
-  // reused by liveness and in place, so a piece written over a live value shows here.
+  // random_concat_program's programs. Buffers are reused by liveness and in place, so a piece
+  // written over a live value shows here.
   std::mt19937 rng(7);
   auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
   for (int prog = 0; prog < 60; ++prog) {
     const unsigned seed = rng();
-    const Fn f = [seed](const Tensors& x) {
-      std::mt19937 r(seed);
-      auto choose = [&](std::size_t n) { return static_cast<std::size_t>(r() % n); };
-      Tensors rows{x[0], x[1]}, joined;
-      for (int step = 0; step < 24; ++step) {
-        switch (choose(6)) {
-          case 0: rows.push_back(sc::sin(rows[choose(rows.size())])); break;
-          case 1: rows.push_back(rows[choose(rows.size())] * 0.75f + rows[choose(rows.size())]); break;
-          case 2: rows.push_back(sc::tanh(rows[choose(rows.size())])); break;
-          case 3:
-          case 4: {
-            Tensors parts;
-            const std::size_t n = 2 + choose(3);
-            for (std::size_t k = 0; k < n; ++k) parts.push_back(rows[choose(rows.size())]);
-            joined.push_back(sc::concat(parts, choose(2) == 0 ? 0 : 1));
-            break;
-          }
-          default: {
-            if (joined.empty()) break;
-            const sc::Tensor j = joined[choose(joined.size())];  // (a copy: push_back moves the vector)
-            const std::size_t how = choose(3);
-            if (how == 0) {
-              joined.push_back(sc::exp(j * 0.1f) - j);
-            } else if (how == 1 && j.shape()[1] == 4) {
-              joined.push_back(j + rows[choose(rows.size())]);  // a row broadcast over the concat
-            } else {
-              const sc::Tensor k = joined[choose(joined.size())];
-              if (k.shape()[1] == j.shape()[1]) joined.push_back(sc::concat({j, k}, 0));
-            }
-          }
-        }
-      }
-      Tensors out;
-      for (std::size_t k = 0; k < 3; ++k) out.push_back(rows[choose(rows.size())] * 2.f);
-      for (const sc::Tensor& j : joined)
-        if (choose(3) == 0) out.push_back(sc::sum(j));
-      if (!joined.empty()) out.push_back(joined.back());
-      return out;
-    };
+    const Fn f = random_concat_program(seed);
     INFO("program " << prog << " (seed " << seed << ")");
     (void)check_against_eager({spec(1, 4), spec(1, 4)}, f, {ramp(1, 4, static_cast<int>(pick(15))), ramp(1, 4, 5)});
   }
+}
+
+TEST_CASE("memory: the random programs fused, their concats written by their groups, equal eager", "[plan][memory][concat]") {
+  // Every size fused (graph::fusion_min_elements() = 1): a concat of one group's rows is written
+  // by the group through windows (graph::concat_fusion), and is then itself a piece placed in a
+  // later concat's buffer, or not; with and without concat fusion.
+  const sctest::passes::Switch<std::int64_t> all(sc::graph::fusion_min_elements(), 1);
+  std::mt19937 rng(11);
+  int written = 0;
+  for (int prog = 0; prog < 60; ++prog) {
+    const unsigned seed = rng();
+    const Fn f = random_concat_program(seed);
+    for (const bool on : {true, false}) {
+      INFO("program " << prog << " (seed " << seed << "), concat fusion " << on);
+      const sctest::passes::Switch fusion(sc::graph::concat_fusion(), on);
+      (void)check_against_eager({spec(1, 4), spec(1, 4)}, f, {ramp(1, 4, prog % 15), ramp(1, 4, 5)});
+      if (on) written += std::make_shared<const sc::graph::Plan>(std::make_shared<const Graph>(trace({spec(1, 4), spec(1, 4)}, f)))
+                             ->stats().fused_concats;
+    }
+  }
+  INFO(written << " concats written by their groups");
+  CHECK(written >= 30);
 }
 
 TEST_CASE("memory: an optimized graph's concats of fused groups are written in place", "[plan][memory]") {

@@ -37,18 +37,18 @@ struct FunctionStats {
   graph::PlanStats plan;                       ///< kernels, fused groups, memory
   /// A few lines for people.
   std::string str() const {
+    const auto some = [](int n, const char* what) { return n > 0 ? ", " + std::to_string(n) + what : std::string(); };
     std::ostringstream os;
     os << "traced nodes: " << traced_nodes << "\n";
     for (const auto& p : passes) os << "  " << p.pass << ": " << p.nodes_before << " -> " << p.nodes_after << "\n";
     os << "optimized nodes: " << optimized_nodes << "\n"
        << "plan: " << plan.steps << " steps, " << plan.kernels << " kernels, " << plan.fused_groups
        << " fused groups (" << plan.fused_nodes << " nodes, " << plan.specialized << " specialized"
-       << (plan.fused_products > 0 ? ", " + std::to_string(plan.fused_products) + " products formed in them" : "") << ")\n"
+       << some(plan.fused_products, " products formed in them") << some(plan.fused_concats, " concats written by them") << ")\n"
        << "memory: " << plan.peak_bytes << " bytes planned in " << plan.buffers << " buffers (intermediates: "
        << plan.intermediate_bytes << " bytes)";
     if (plan.pieces_in_place > 0)
-      os << ", " << plan.pieces_in_place << " concat pieces written in place (" << plan.concats_dropped
-         << " concats dropped)";
+      os << some(plan.pieces_in_place, " concat pieces written in place (") << plan.concats_dropped << " concats dropped)";
     os << "\n";
     if (!plan.cuda_graph.empty()) os << "cuda graph: " << plan.cuda_graph << "\n";
     return os.str();

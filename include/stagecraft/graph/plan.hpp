@@ -31,6 +31,7 @@ struct PlanStats {
                                       ///< and on a GPU bias gradients summed by the weight gradient's matmul
   int fused_reductions = 0;           ///< groups ending in a reduction
   int fused_products = 0;             ///< small products formed inside the group that reads them (FusedProduct)
+  int fused_concats = 0;              ///< concats written by the group of their pieces (FusedProgram::out_windows)
   int specialized = 0;                ///< CPU groups run by a specialized kernel (fused_special.hpp)
   std::int64_t peak_bytes = 0;        ///< planned buffer memory (with reuse)
   std::int64_t intermediate_bytes = 0;  ///< every intermediate in its own buffer
@@ -312,10 +313,11 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
     u.out = s.kind == StepKind::kernel || s.kind == StepKind::fused ? s.out : std::vector<int>{};
     u.views = s.kind == StepKind::view;
     // (not a group reading a window: an output of the window's parent's shape may not take its
-    // buffer; nor one forming a product: an element's product reads a whole row of A)
-    const bool across = s.kind == StepKind::fused &&
-                        (s.gpu ? s.cuda_fused->program().any_window() || s.cuda_fused->program().any_product()
-                               : s.fused->program.any_window() || !s.fused->products.empty());
+    // buffer; nor one forming a product: an element's product reads a whole row of A; nor one
+    // writing through windows: an element lands elsewhere than where its inputs are read)
+    const FusedProgram* fp = s.kind != StepKind::fused ? nullptr : s.gpu ? &s.cuda_fused->program() : &s.fused->program;
+    const bool across = fp != nullptr && (fp->any_window() || fp->any_out_window() || fp->any_product() ||
+                                          (!s.gpu && !s.fused->products.empty()));
     u.in_place_ok = (s.kind == StepKind::fused && !across) ||
                     (s.kind == StepKind::kernel && (s.fns->elementwise_unary || s.fns->elementwise_binary));
     // A GPU reduction's rows, and a cuBLASLt epilogue's product, are written while inputs are read.
@@ -361,6 +363,7 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
     stats_.fused_nodes += static_cast<int>(fg.nodes.size()) + (fg.head >= 0);
     stats_.epilogues += fg.head >= 0;
     stats_.fused_reductions += fg.reduce >= 0;
+    stats_.fused_concats += static_cast<int>(fg.concats.size());
     for (const FusedProduct& q : fg.program.products) stats_.fused_products += q.operand;
   }
   stats_.peak_bytes = mem_.total_bytes();

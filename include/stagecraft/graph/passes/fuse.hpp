@@ -2,7 +2,8 @@
 // broadcasting inputs) into one FusedProgram each, run as one pass over the data; a matmul whose
 // result the group reads runs in the same step (its epilogue: bias, activation; CPU only), and a
 // sum, max or min over trailing axes of a group's value consumes it tile by tile (never stored
-// whole; on a GPU, row by row in the group's generated kernel).
+// whole; on a GPU, row by row in the group's generated kernel), and a concat of the group's values
+// is written by the group itself, each piece through its window of the concat's result.
 #pragma once
 #include <algorithm>
 #include <vector>
@@ -19,6 +20,9 @@ namespace stagecraft::graph {
 /// the values it writes (those used outside it; a reduction's result last), and the program that
 /// computes them. head: a matmul node run first in the group's step, whose result the program
 /// reads as an input (-1: none); reduce: the reduction node, or -1.
+/// concats: concat nodes of the group's values that the group writes (their results are among
+/// `outputs`, written through windows): they do not run, and they are not in `nodes` (the group
+/// runs at nodes.back(), before them).
 struct FusionGroup {
   std::vector<int> nodes;
   std::vector<int> inputs;
@@ -26,6 +30,7 @@ struct FusionGroup {
   FusedProgram program;
   int head = -1;
   int reduce = -1;
+  std::vector<int> concats = {};
 };
 
 /// Every group of a graph; group_of[node] is the node's group or -1.
@@ -51,6 +56,12 @@ STAGECRAFT_COMPILED_INLINE bool& cuda_fusion();
 enum class ProductFusion { off, gpu, everywhere };
 STAGECRAFT_COMPILED_INLINE ProductFusion& product_fusion();
 
+/// Whether a concat whose pieces are all values of one fused group (placed after the group, and
+/// the group without a matmul head) is written by the group, each piece through its window of the
+/// concat's result (FusedProgram::out_windows), instead of copied by a step of its own: on by
+/// default (on a GPU a launch less; an LSTM's backward step concatenates its gates' gradients).
+STAGECRAFT_COMPILED_INLINE bool& concat_fusion();
+
 /// The most multiply-adds a group may spend forming one product's elements (each element it reads
 /// costs the product's inner extent); larger products stay a library call (cuBLAS). Default 2^20:
 /// an LSTM step's recurrent product up to a batch of 64 at 64 hidden units.
@@ -59,6 +70,11 @@ STAGECRAFT_COMPILED_INLINE std::int64_t& product_fusion_max_macs();
 STAGECRAFT_COMPILED_INLINE ProductFusion& product_fusion() {
   static ProductFusion mode = ProductFusion::gpu;
   return mode;
+}
+
+STAGECRAFT_COMPILED_INLINE bool& concat_fusion() {
+  static bool on = true;
+  return on;
 }
 
 STAGECRAFT_COMPILED_INLINE std::int64_t& product_fusion_max_macs() {
@@ -123,6 +139,19 @@ STAGECRAFT_COMPILED_INLINE bool head_candidate(const Graph& g, const Node& p, co
 STAGECRAFT_COMPILED_INLINE void absorb_products(const Graph& g, const std::vector<std::vector<int>>& users,
                                                 const std::vector<char>& is_output, std::vector<int>& group_of, int gid,
                                                 FusionGroup& fg);
+
+/// The concat nodes group `fg` (nodes `ms`, registers `reg`, instruction registers from `base`)
+/// can write (concat_fusion()): not yet grouped, every piece a value of one of its instructions, of
+/// the group's dtype and device, and its result read by nothing placed before the group's last
+/// node (the group runs there) but assignments that can wait until then.
+STAGECRAFT_COMPILED_INLINE std::vector<int> concats_of(const Graph& g, const std::vector<std::vector<int>>& users,
+                                                       const std::vector<int>& group_of, const FusionGroup& fg,
+                                                       const std::vector<int>& ms, const std::vector<int>& reg, int base);
+
+/// Adds to fg's outputs each concat of `concats` (already of group gid): its result is written by
+/// the pieces' registers, each through its window (FusedProgram::out_windows, out_args).
+STAGECRAFT_COMPILED_INLINE void write_concats(const Graph& g, const std::vector<int>& concats, const std::vector<int>& reg,
+                                              FusionGroup& fg);
 
 /// The matmul whose result a GPU group `ms` can take as a cuBLASLt epilogue, or -1: the group is
 /// `result + bias` or `relu(result + bias)` (the sum read by nothing else), over f32 on one GPU,
@@ -274,6 +303,50 @@ STAGECRAFT_COMPILED_INLINE void absorb_products(const Graph& g, const std::vecto
     fg.nodes.push_back(pn);
   }
   std::sort(fg.nodes.begin(), fg.nodes.end());
+}
+
+STAGECRAFT_COMPILED_INLINE std::vector<int> concats_of(const Graph& g, const std::vector<std::vector<int>>& users,
+                                                       const std::vector<int>& group_of, const FusionGroup& fg,
+                                                       const std::vector<int>& ms, const std::vector<int>& reg, int base) {
+  std::vector<int> found;
+  if (!concat_fusion() || fg.head >= 0) return found;
+  const Value& first = g.values[g.nodes[ms[0]].outputs[0]];
+  for (int m : ms)
+    for (int u : users[g.nodes[m].outputs[0]]) {
+      const Node& n = g.nodes[u];
+      if (group_of[u] >= 0 || std::find(found.begin(), found.end(), u) != found.end()) continue;
+      if (n.kind != NodeKind::op || n.op != ops::OpId::Concat || n.outputs.size() != 1 || n.inputs.empty()) continue;
+      const Value& c = g.values[n.outputs[0]];
+      bool ok = c.dtype == first.dtype && c.device == first.device && c.shape.rank() == first.shape.rank();
+      for (int v : n.inputs) ok = ok && reg[v] >= base && g.values[v].shape == first.shape;
+      for (int r : users[n.outputs[0]]) ok = ok && (r > fg.nodes.back() || deferrable(g, r, fg.nodes.back()));
+      if (ok) found.push_back(u);
+    }
+  return found;
+}
+
+STAGECRAFT_COMPILED_INLINE void write_concats(const Graph& g, const std::vector<int>& concats, const std::vector<int>& reg,
+                                              FusionGroup& fg) {
+  FusedProgram& pr = fg.program;
+  if (concats.empty()) return;
+  pr.out_windows.resize(pr.outputs.size());  // the plain outputs: each its own tensor, whole
+  for (std::size_t j = 0; j < pr.outputs.size(); ++j) pr.out_args.push_back(static_cast<int>(j));
+  for (int cn : concats) {
+    const Node& n = g.nodes[cn];
+    const Shape& cs = g.values[n.outputs[0]].shape;
+    const int axis = static_cast<int>(n.attrs.axis < 0 ? n.attrs.axis + cs.rank() : n.attrs.axis);
+    const int t = static_cast<int>(fg.outputs.size());
+    fg.outputs.push_back(n.outputs[0]);
+    std::int64_t at = 0;
+    for (int v : n.inputs) {
+      FusedWindow w{cs, Shape{}};
+      for (int d = 0; d < cs.rank(); ++d) w.begin.push_back(d == axis ? at : 0);
+      pr.outputs.push_back(reg[v]);
+      pr.out_windows.push_back(std::move(w));
+      pr.out_args.push_back(t);
+      at += g.values[v].shape[axis];
+    }
+  }
 }
 
 STAGECRAFT_COMPILED_INLINE int gpu_epilogue_head(const Graph& g, const std::vector<std::vector<int>>& users,
@@ -550,6 +623,10 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
                                             g.values[rn.outputs[0]].shape};
     }
     if (fg.head >= 0) r.group_of[fg.head] = gid;
+    // Concats of the group's values after it: the group writes their results (their pieces are
+    // then outputs only where something else reads them too).
+    fg.concats = detail_fuse::concats_of(g, users, r.group_of, fg, ms, reg, base);
+    for (int cn : fg.concats) r.group_of[cn] = gid;
     for (int m : ms) {
       const int v = g.nodes[m].outputs[0];
       bool outside = is_output[v] != 0;
@@ -559,6 +636,7 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
         fg.program.outputs.push_back(reg[v]);
       }
     }
+    detail_fuse::write_concats(g, fg.concats, reg, fg);
     if (fg.outputs.empty() && fg.reduce < 0) {  // dead (a graph not yet through dce): its last value, unread
       fg.outputs.push_back(g.nodes[ms.back()].outputs[0]);
       fg.program.outputs.push_back(reg[fg.outputs.back()]);
