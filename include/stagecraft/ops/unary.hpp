@@ -128,8 +128,10 @@ inline VjpResult Neg::vjp(const Tensor& g, Inputs, const Tensor&, const Attrs&) 
 // The subgradient 0 at x == 0 (as TF and PyTorch).
 inline VjpResult Abs::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {g * sign(in[0])}; }
 inline VjpResult Square::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {g * (in[0] * 2)}; }
-// 0 at x == 0 (as TF and PyTorch); NaN inputs get 0 too.
-inline VjpResult Relu::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {detail::relu_grad(g, in[0])}; }
+// 0 at x == 0 (as TF and PyTorch); NaN inputs get 0 too. Masked by the result (relu(x) > 0 exactly
+// where x > 0), not the input: then nothing but relu reads the input, which lets a traced dense
+// layer's product, bias and relu run as one cuBLASLt call with its epilogue on a GPU.
+inline VjpResult Relu::vjp(const Tensor& g, Inputs, const Tensor& out, const Attrs&) { return {detail::relu_grad(g, out)}; }
 // Rules that can be written with the result reuse it (no second exp/tanh/sqrt).
 inline VjpResult Exp::vjp(const Tensor& g, Inputs, const Tensor& out, const Attrs&) { return {g * out}; }
 inline VjpResult Log::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {g / in[0]}; }
