@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "fused_testing.hpp"
 #include "testing.hpp"
 
 namespace {
@@ -122,15 +123,7 @@ std::vector<OpId> fusible_ops(sc::DType d) {
 
 std::string name_of(OpId id) { return std::string(sc::ops::op_info(id).name); }
 
-/// What g::prepare(p) says of p: its ValueError's message, or "no error".
-std::string prepare_error(const g::FusedProgram& p) {
-  try {
-    g::prepare(p);
-  } catch (const sc::ValueError& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using sctest::fused::prepare_error;
 
 }  // namespace
 

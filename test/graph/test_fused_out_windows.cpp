@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fused_testing.hpp"
 #include "testing.hpp"
 
 namespace {
@@ -69,15 +70,7 @@ sc::Shape begin_of(const sc::Shape& out, int axis, int k) {
   return b;
 }
 
-/// What g::prepare(p) says of p: its ValueError's message, or "no error".
-std::string prepare_error(const g::FusedProgram& p) {
-  try {
-    g::prepare(p);
-  } catch (const sc::ValueError& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using sctest::fused::prepare_error;
 
 }  // namespace
 
