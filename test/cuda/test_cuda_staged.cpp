@@ -248,6 +248,25 @@ struct GraphsOn {
   GraphsOn() { sc::cuda::set_graphs(true); }
   ~GraphsOn() { sc::cuda::set_graphs(was); }
 };
+
+/// Three calls of plain (kernel by kernel) and of graphed (replayed as a CUDA graph from its
+/// second call) on args: every result within tol of want's (the CPU's).
+template <class Plain, class Graphed, class... A>
+void check_three_calls(Plain& plain, Graphed& graphed, const std::vector<sc::Tensor>& want, double tol, const A&... args) {
+  for (int it = 0; it < 3; ++it) {
+    sc::cuda::set_graphs(false);
+    const std::vector<sc::Tensor> p = plain(args...);
+    const GraphsOn on;
+    const std::vector<sc::Tensor> g = graphed(args...);
+    REQUIRE(p.size() == want.size());
+    REQUIRE(g.size() == want.size());
+    for (std::size_t r = 0; r < want.size(); ++r) {
+      INFO("call " << it << ", result " << r);
+      check_same(p[r], want[r], tol);
+      check_same(g[r], want[r], tol);
+    }
+  }
+}
 }  // namespace
 
 TEST_CASE("cuda graphs: a traced training step replays as one CUDA graph, equal to kernel by kernel", "[cuda][staged][graph]") {
@@ -581,19 +600,7 @@ TEST_CASE("cuda graphs: small products formed inside the groups that read them e
   const sc::Tensor gx = x.to(gpu), gu = u.to(gpu), gw = w.to(gpu), gv = v.to(gpu);
   auto plain = sc::function(f);
   auto graphed = sc::function(f);
-  for (int it = 0; it < 3; ++it) {
-    sc::cuda::set_graphs(false);
-    const std::vector<sc::Tensor> p = plain(gx, gu, gw, gv);
-    const GraphsOn on;
-    const std::vector<sc::Tensor> g = graphed(gx, gu, gw, gv);
-    REQUIRE(p.size() == want.size());
-    REQUIRE(g.size() == want.size());
-    for (std::size_t r = 0; r < want.size(); ++r) {
-      INFO("call " << it << ", result " << r);
-      check_same(p[r], want[r], 1e-5);
-      check_same(g[r], want[r], 1e-5);
-    }
-  }
+  check_three_calls(plain, graphed, want, 1e-5, gx, gu, gw, gv);
   const auto st = graphed.get_concrete(gx, gu, gw, gv).stats();
   INFO(st);
   CHECK(st.plan.fused_products == 3);
@@ -629,19 +636,7 @@ TEST_CASE("cuda graphs: a concat's pieces written in place (nested, and with pie
   const sc::Tensor ga = a.to(gpu), gb = b.to(gpu), gc = c.to(gpu), gk = k.to(gpu);
   auto plain = sc::function([&](const sc::Tensor& x, const sc::Tensor& y, const sc::Tensor& z) { return f(x, y, z, gk); });
   auto graphed = sc::function([&](const sc::Tensor& x, const sc::Tensor& y, const sc::Tensor& z) { return f(x, y, z, gk); });
-  for (int it = 0; it < 3; ++it) {
-    sc::cuda::set_graphs(false);
-    const std::vector<sc::Tensor> p = plain(ga, gb, gc);
-    const GraphsOn on;
-    const std::vector<sc::Tensor> g = graphed(ga, gb, gc);
-    REQUIRE(p.size() == want.size());
-    REQUIRE(g.size() == want.size());
-    for (std::size_t r = 0; r < want.size(); ++r) {
-      INFO("call " << it << ", result " << r);
-      check_same(p[r], want[r], 1e-6);
-      check_same(g[r], want[r], 1e-6);
-    }
-  }
+  check_three_calls(plain, graphed, want, 1e-6, ga, gb, gc);
   const auto st = graphed.get_concrete(ga, gb, gc).stats();
   INFO(st);
   CHECK(st.plan.cuda_graph.rfind("replaying", 0) == 0);
@@ -668,19 +663,7 @@ TEST_CASE("cuda graphs: concats written by the group of their pieces, through wi
   const sc::Tensor gx = x.to(gpu), gy = y.to(gpu), gw = w.to(gpu);
   auto plain = sc::function(f);
   auto graphed = sc::function(f);
-  for (int it = 0; it < 3; ++it) {
-    sc::cuda::set_graphs(false);
-    const std::vector<sc::Tensor> p = plain(gx, gy, gw);
-    const GraphsOn on;
-    const std::vector<sc::Tensor> g = graphed(gx, gy, gw);
-    REQUIRE(p.size() == want.size());
-    REQUIRE(g.size() == want.size());
-    for (std::size_t r = 0; r < want.size(); ++r) {
-      INFO("call " << it << ", result " << r);
-      check_same(p[r], want[r], 1e-6);
-      check_same(g[r], want[r], 1e-6);
-    }
-  }
+  check_three_calls(plain, graphed, want, 1e-6, gx, gy, gw);
   const auto st = graphed.get_concrete(gx, gy, gw).stats();
   INFO(st);
   CHECK(st.plan.fused_concats == 2);
@@ -691,4 +674,55 @@ TEST_CASE("cuda graphs: concats written by the group of their pieces, through wi
   sc::graph::concat_fusion() = true;
   for (std::size_t r = 0; r < want.size(); ++r) check_same(a[r], want[r], 1e-6);
   CHECK(apart.get_concrete(gx, gy, gw).stats().plan.kernels == st.plan.kernels + 2);
+}
+
+TEST_CASE("cuda graphs: an Adam step's updates launched as one kernel equal the CPU's, kernel by kernel and replayed",
+          "[cuda][staged][graph]") {
+  // graph::cuda_group_batching: the four variables' updates (each read and assigned in turn) are
+  // one launch (CudaFusedBatch). Three steps on the CPU, on the GPU kernel by kernel, replayed as a
+  // CUDA graph, and with batching off; every loss and variable alike.
+  const auto make = [](sc::Device d) {
+    return std::vector<sc::Variable>{sc::Variable(values({8, 4}, sc::f32, 91).to(d), "w1"), sc::Variable(values({4}, sc::f32, 92).to(d), "b1"),
+                                     sc::Variable(values({4, 3}, sc::f32, 93).to(d), "w2"), sc::Variable(values({3}, sc::f32, 94).to(d), "b2")};
+  };
+  const auto step = [](std::vector<sc::Variable>& vs, sc::optim::Adam& opt, const sc::Tensor& x, const sc::Tensor& y) {
+    sc::GradientTape tape;
+    const sc::Tensor h = sc::relu(sc::matmul(x, vs[0]) + vs[1]);
+    const sc::Tensor loss = sc::mean(sc::square(sc::matmul(h, vs[2]) + vs[3] - y));
+    opt.apply(tape.gradient(loss, vs), vs);
+    return loss;
+  };
+  std::vector<sc::Variable> vc = make(sc::Device::cpu()), vp = make(gpu), vg = make(gpu), vu = make(gpu);
+  sc::optim::Adam oc(0.01), op(0.01), og(0.01), ou(0.01);
+  auto on_cpu = sc::function([&](const sc::Tensor& x, const sc::Tensor& y) { return step(vc, oc, x, y); });
+  auto plain = sc::function([&](const sc::Tensor& x, const sc::Tensor& y) { return step(vp, op, x, y); });
+  auto graphed = sc::function([&](const sc::Tensor& x, const sc::Tensor& y) { return step(vg, og, x, y); });
+  auto unbatched = sc::function([&](const sc::Tensor& x, const sc::Tensor& y) { return step(vu, ou, x, y); });
+  const sc::Tensor x = values({16, 8}, sc::f32, 95), y = values({16, 3}, sc::f32, 96);
+  const sc::Tensor xg = x.to(gpu), yg = y.to(gpu);
+  for (int it = 0; it < 3; ++it) {
+    INFO("step " << it);
+    const sc::Tensor lc = on_cpu(x, y);
+    sc::cuda::set_graphs(false);
+    const sc::Tensor lp = plain(xg, yg);
+    sc::graph::cuda_group_batching() = false;
+    const sc::Tensor lu = unbatched(xg, yg);
+    sc::graph::cuda_group_batching() = true;
+    const GraphsOn on;
+    const sc::Tensor lg = graphed(xg, yg);
+    check_same(lp, lc, 1e-5);
+    check_same(lu, lc, 1e-5);
+    check_same(lg, lc, 1e-5);
+  }
+  for (std::size_t k = 0; k < vc.size(); ++k) {
+    INFO("variable " << k);
+    check_same(vp[k].value(), vc[k].value(), 1e-5);
+    check_same(vu[k].value(), vc[k].value(), 1e-5);
+    check_same(vg[k].value(), vc[k].value(), 1e-5);
+  }
+  const auto st = plain.get_concrete(xg, yg).stats();
+  INFO(st);
+  CHECK(st.plan.batched_groups == 4);
+  CHECK(unbatched.get_concrete(xg, yg).stats().plan.kernels == st.plan.kernels + 3);
+  CHECK(graphed.get_concrete(xg, yg).stats().plan.cuda_graph.rfind("replaying", 0) == 0);
 }

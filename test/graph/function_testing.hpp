@@ -1,6 +1,13 @@
-// Helpers of the sc::function tests (test_function.cpp, test_function_fusion.cpp).
+// Helpers of the sc::function tests (test_function.cpp, test_function_fusion.cpp, and the plan
+// counts of cuda/test_cuda_batch.cpp).
 #pragma once
 #include <cmath>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <stagecraft/graph/function.hpp>
+#include <stagecraft/stagecraft.hpp>
 
 #include "testing.hpp"
 
@@ -16,6 +23,39 @@ inline void check_same(const sc::Tensor& a, const sc::Tensor& b, double tol = 0)
     if (tol == 0) CHECK(x[i] == y[i]);
     else CHECK(std::abs(x[i] - y[i]) <= tol * (1 + std::abs(y[i])));
   }
+}
+
+/// The plan a GPU lowers for c's graph, without a GPU: every value relabelled cuda:0, optimized
+/// and lowered with GPU fusion on; nothing runs. Its kernels are its launches there.
+inline sc::graph::PlanStats gpu_plan_stats(const sc::ConcreteFunction& c) {
+  sc::graph::Graph g = c.graph();
+  for (sc::graph::Value& v : g.values) v.device = sc::Device::cuda(0);
+  const bool fusion = sc::graph::cuda_fusion();
+  sc::graph::cuda_fusion() = true;
+  sc::graph::PlanStats st = sc::graph::Plan(std::make_shared<const sc::graph::Graph>(sc::graph::optimize(g))).stats();
+  sc::graph::cuda_fusion() = fusion;
+  return st;
+}
+
+/// The example's MLP (784-256-128-10, ReLU, Adam) training step at batch 128, traced and called
+/// once: its loss, and the concrete function (which keeps the variables it reads).
+inline std::pair<sc::Tensor, sc::ConcreteFunction> traced_mlp_adam_step() {
+  sc::manual_seed(5);
+  sc::nn::Dense l1(784, 256), l2(256, 128), l3(128, 10);
+  sc::optim::Adam opt(1e-3);
+  std::vector<sc::Variable> vars;
+  for (const sc::nn::Dense* l : {&l1, &l2, &l3})
+    for (const auto& v : l->trainable_variables()) vars.push_back(v);
+  auto f = sc::function([&](const sc::Tensor& x, const sc::Tensor& y) {
+    sc::GradientTape tape;
+    const sc::Tensor loss = sc::nn::cross_entropy(l3(sc::relu(l2(sc::relu(l1(x))))), y);
+    opt.apply(tape.gradient(loss, vars), vars);
+    return loss;
+  });
+  const sc::Tensor x = sc::random::uniform({128, 784}, 0.0, 1.0, 11);
+  const sc::Tensor y = sc::cast(sc::random::uniform({128}, 0.0, 10.0, 12), sc::i64);
+  const sc::Tensor loss = f(x, y);
+  return {loss, f.get_concrete(x, y)};
 }
 
 }  // namespace sctest::function

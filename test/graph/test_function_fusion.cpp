@@ -76,23 +76,8 @@ TEST_CASE("function: a traced MLP Adam step fused as on a GPU is 28 kernels: one
   // loss and its gradient are one op each (no check_range, one_hot, where or log), and relu's
   // gradient one fusible op (no greater or where). A change that adds kernels fails here.
   const FuseAll fuse_all;
-  sc::manual_seed(5);
-  sc::nn::Dense l1(784, 256), l2(256, 128), l3(128, 10);
-  sc::optim::Adam opt(1e-3);
-  std::vector<sc::Variable> vars;
-  for (const sc::nn::Dense* l : {&l1, &l2, &l3})
-    for (const auto& v : l->trainable_variables()) vars.push_back(v);
-  auto f = sc::function([&](const sc::Tensor& x, const sc::Tensor& y) {
-    sc::GradientTape tape;
-    const sc::Tensor loss = sc::nn::cross_entropy(l3(sc::relu(l2(sc::relu(l1(x))))), y);
-    opt.apply(tape.gradient(loss, vars), vars);
-    return loss;
-  });
-  const sc::Tensor x = sc::random::uniform({128, 784}, 0.0, 1.0, 11);
-  const sc::Tensor y = sc::cast(sc::random::uniform({128}, 0.0, 10.0, 12), sc::i64);
-  const float loss = sc::Tensor(f(x, y)).item<float>();
-  CHECK(std::isfinite(loss));
-  const sc::ConcreteFunction c = f.get_concrete(x, y);
+  const auto [loss, c] = sctest::function::traced_mlp_adam_step();
+  CHECK(std::isfinite(loss.item<float>()));
   INFO(c.stats());
   CHECK(c.stats().plan.kernels <= 28);
   std::map<std::string, int> ops;
@@ -450,15 +435,11 @@ TEST_CASE("function: an LSTM step lowered for a GPU (without one) is about two k
   constexpr int steps = 10;
   const LstmSteps lstm(steps);
   auto f = sc::function([&] { return lstm(); });
-  sc::graph::Graph g = f.get_concrete().graph();
-  for (sc::graph::Value& v : g.values) v.device = sc::Device::cuda(0);
-  const sctest::passes::Switch fusion(sc::graph::cuda_fusion(), true);
-  const auto lower = [&] { return sc::graph::Plan(std::make_shared<const sc::graph::Graph>(sc::graph::optimize(g))).stats(); };
-  const sc::graph::PlanStats with = lower();
+  const sc::graph::PlanStats with = sctest::function::gpu_plan_stats(f.get_concrete());
   sc::graph::PlanStats without;
   {
     const sctest::passes::Switch off(sc::graph::product_fusion(), sc::graph::ProductFusion::off);
-    without = lower();
+    without = sctest::function::gpu_plan_stats(f.get_concrete());
   }
   INFO(with.kernels << " kernels with products formed, " << without.kernels << " without");
   CHECK(with.fused_products == 2 * steps - 1);
@@ -559,15 +540,11 @@ TEST_CASE("function: an LSTM's gate gradients at batch 32 are written by their g
     check_same(staged[k], eager[k], 1e-5);
   }
   CHECK(f.get_concrete().stats().plan.fused_concats == steps);
-  sc::graph::Graph g = f.get_concrete().graph();
-  for (sc::graph::Value& v : g.values) v.device = sc::Device::cuda(0);
-  const sctest::passes::Switch fusion(sc::graph::cuda_fusion(), true);
-  const auto lower = [&] { return sc::graph::Plan(std::make_shared<const sc::graph::Graph>(sc::graph::optimize(g))).stats(); };
-  const sc::graph::PlanStats with = lower();
+  const sc::graph::PlanStats with = sctest::function::gpu_plan_stats(f.get_concrete());
   sc::graph::PlanStats without;
   {
     const sctest::passes::Switch off(sc::graph::concat_fusion(), false);
-    without = lower();
+    without = sctest::function::gpu_plan_stats(f.get_concrete());
   }
   INFO(with.kernels << " kernels with the concats written by their groups, " << without.kernels << " without");
   CHECK(with.fused_concats == steps);

@@ -217,9 +217,12 @@ std::string element_body(const FusedProgram& p, const std::string& T, const std:
 /// (row-major) of op(A) op(B). Four partial sums (terms j % 4; one fused multiply-add each, a tail
 /// in the first) keep four chains and many loads in flight, then (s0 + s1) + (s2 + s3): a
 /// thread's small product is bound by latency, not by arithmetic.
-STAGECRAFT_COMPILED_INLINE std::string product_function(const FusedProgram& p, std::size_t k, const std::string& T);
+/// (`name` instead of sc_dot: programs launched together name theirs apart.)
+STAGECRAFT_COMPILED_INLINE std::string product_function(const FusedProgram& p, std::size_t k, const std::string& T,
+                                                        const std::string& name = "sc_dot");
 #if STAGECRAFT_DEFINE_COMPILED
-STAGECRAFT_COMPILED_INLINE std::string product_function(const FusedProgram& p, std::size_t k, const std::string& T) {
+STAGECRAFT_COMPILED_INLINE std::string product_function(const FusedProgram& p, std::size_t k, const std::string& T,
+                                                        const std::string& name) {
   const FusedProduct& q = p.products[k];
   const std::int64_t m = q.m(), kk = q.k(), n = p.source_shape(k)[1];
   const std::string ms = tag("", m) + "LL", ks = tag("", kk) + "LL", ns = tag("", n) + "LL";
@@ -228,7 +231,7 @@ STAGECRAFT_COMPILED_INLINE std::string product_function(const FusedProgram& p, s
     const std::string y = q.tb ? "col * " + ks + " + " + j : j + " * " + ns + " + col";
     return std::string("    ") + acc + " = std::fma(a[" + x + "], b[" + y + "], " + acc + ");\n";
   };
-  return "__device__ __forceinline__ " + T + tag(" sc_dot", static_cast<long long>(k)) + "(const " + T + "* a, const " + T +
+  return "__device__ __forceinline__ " + T + " " + tag(name.c_str(), static_cast<long long>(k)) + "(const " + T + "* a, const " + T +
          "* b, long long q) {\n"
          "  const long long row = q / " + ns + ", col = q % " + ns + ";\n"
          "  " + T + " s0 = 0, s1 = 0, s2 = 0, s3 = 0;\n"

@@ -13,11 +13,13 @@
 #include "../backend/cuda/allocator.hpp"
 #include "../backend/cuda/graph.hpp"
 #include "cuda_fused.hpp"
+#include "cuda_fused_batch.hpp"
 #include "fused_kernel.hpp"
 #include "ir.hpp"
 #include "op_table.hpp"
 #include "passes/fuse.hpp"
 #include "passes/memory.hpp"
+#include "plan_steps.hpp"
 
 namespace stagecraft::graph {
 
@@ -32,6 +34,7 @@ struct PlanStats {
   int fused_reductions = 0;           ///< groups ending in a reduction
   int fused_products = 0;             ///< small products formed inside the group that reads them (FusedProduct)
   int fused_concats = 0;              ///< concats written by the group of their pieces (FusedProgram::out_windows)
+  int batched_groups = 0;             ///< GPU fused groups launched together with others (CudaFusedBatch)
   int specialized = 0;                ///< CPU groups run by a specialized kernel (fused_special.hpp)
   std::int64_t peak_bytes = 0;        ///< planned buffer memory (with reuse)
   std::int64_t intermediate_bytes = 0;  ///< every intermediate in its own buffer
@@ -41,93 +44,6 @@ struct PlanStats {
   /// CUDA-graph replay: Plan::cuda_graph_status() when the stats were taken.
   std::string cuda_graph;
 };
-
-class Plan;
-
-namespace detail_plan {
-
-enum class StepKind : std::uint8_t { kernel, view, read_var, assign_var, cond, while_loop, host_fn, fused };
-
-struct Step {
-  StepKind kind = StepKind::kernel;
-  int node = -1;  ///< the graph node (the last one of a fused group)
-  const OpFns* fns = nullptr;
-  ops::Attrs attrs;
-  std::vector<int> in, out;
-  std::shared_ptr<const Plan> sub[2];            ///< cond: then/else; while: cond/body
-  std::shared_ptr<const PreparedFused> fused;    ///< fused group on the CPU
-  std::shared_ptr<const CudaFused> cuda_fused;   ///< fused group on a GPU (a generated kernel)
-  bool gpu = false;                              ///< kernel / fused: runs on a CUDA device
-  int num_loop_vars = 0;
-  const OpFns* head_fns = nullptr;  ///< fused group: its matmul head, run first
-  ops::Attrs head_attrs;
-  std::vector<int> head_in;
-  int head_out = -1;
-  int bias = -1;              ///< GPU fused group with a matmul head (a cuBLASLt epilogue): the bias in `in`
-  bool relu = false;          ///< ... and whether the epilogue applies a ReLU
-  /// A GPU matmul op(x) g merged with sum(g, {0}) (one cuBLASLt call, its BGRADA epilogue): the
-  /// sum's kernel and attributes (its value is out[1]), run after the product where cuBLASLt cannot.
-  const OpFns* bgrad_fns = nullptr;
-  ops::Attrs bgrad_attrs;
-  /// A concat some of whose pieces their own steps write in place (MemoryPlan::placed_in): it
-  /// copies only the rest, each (its index in `in`, its first byte in the output); empty otherwise.
-  std::vector<std::pair<int, std::int64_t>> rest;
-};
-
-/// On a GPU, a dense layer's weight gradient op(x) g (a matmul, g read untransposed) and its bias
-/// gradient sum(g, {0}) become one step, one cuBLASLt call, where both are f32 matrices on one
-/// device and the later of the two reads nothing made after the earlier (the merged step runs
-/// there). Returns how many pairs were merged.
-STAGECRAFT_COMPILED_INLINE int merge_bias_grads(const Graph& g, std::vector<Step>& steps);
-#if STAGECRAFT_DEFINE_COMPILED
-STAGECRAFT_COMPILED_INLINE int merge_bias_grads(const Graph& g, std::vector<Step>& steps) {
-  std::vector<int> made_at(g.values.size(), -1);  // the step that makes each value
-  auto index = [&] {
-    std::fill(made_at.begin(), made_at.end(), -1);
-    for (std::size_t i = 0; i < steps.size(); ++i) {
-      for (int v : steps[i].out) made_at[v] = static_cast<int>(i);
-      if (steps[i].head_out >= 0) made_at[steps[i].head_out] = static_cast<int>(i);
-    }
-  };
-  auto is_op = [&](const Step& s, ops::OpId op) {
-    return s.kind == StepKind::kernel && s.gpu && s.out.size() == 1 && g.nodes[s.node].op == op;
-  };
-  auto f32_matrix = [&](int v, Device d) {
-    const Value& x = g.values[v];
-    return x.dtype == DType::f32 && x.shape.rank() == 2 && x.device == d;
-  };
-  int merged = 0;
-  index();
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    const Step& m = steps[i];
-    if (!is_op(m, ops::OpId::MatMul) || m.in.size() != 2 || m.attrs.i1 != 0) continue;
-    const Device d = g.values[m.out[0]].device;
-    if (!f32_matrix(m.in[0], d) || !f32_matrix(m.in[1], d) || !f32_matrix(m.out[0], d)) continue;
-    for (std::size_t j = 0; j < steps.size(); ++j) {
-      const Step& r = steps[j];
-      if (!is_op(r, ops::OpId::Sum) || r.in.size() != 1 || r.in[0] != m.in[1] || r.attrs.ints != Shape{0}) continue;
-      const Value& db = g.values[r.out[0]];
-      if (db.dtype != DType::f32 || db.device != d || db.shape.numel() != g.values[m.in[1]].shape[1]) continue;
-      const std::size_t lo = std::min(i, j), hi = std::max(i, j);
-      if (std::any_of(steps[hi].in.begin(), steps[hi].in.end(), [&](int v) { return made_at[v] >= static_cast<int>(lo); }))
-        continue;
-      Step both = m;
-      both.out.push_back(r.out[0]);
-      both.bgrad_fns = r.fns;
-      both.bgrad_attrs = r.attrs;
-      steps[lo] = std::move(both);
-      steps.erase(steps.begin() + static_cast<std::ptrdiff_t>(hi));
-      ++merged;
-      index();
-      i = lo;  // (steps after lo moved down; lo itself is merged and skipped next round)
-      break;
-    }
-  }
-  return merged;
-}
-#endif  // STAGECRAFT_DEFINE_COMPILED
-
-}  // namespace detail_plan
 
 /// A graph ready to run. Thread-safe: concurrent runs each take their own run state (values and
 /// buffers), made on first need and reused.
@@ -303,6 +219,7 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
       for (Step& d : deferred[grp]) add_step(std::move(d));
   }
   const int bias_grads = merge_bias_grads(g, steps_);
+  stats_.batched_groups = detail_plan::batch_gpu_groups(g, steps_);
   // Buffers: values whose storage the plan owns get a planned buffer, reused by liveness.
   std::vector<MemoryPlan::StepUse> uses;
   for (const Step& s : steps_) {
@@ -315,13 +232,15 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
     // (not a group reading a window: an output of the window's parent's shape may not take its
     // buffer; nor one forming a product: an element's product reads a whole row of A; nor one
     // writing through windows: an element lands elsewhere than where its inputs are read)
-    const FusedProgram* fp = s.kind != StepKind::fused ? nullptr : s.gpu ? &s.cuda_fused->program() : &s.fused->program;
-    const bool across = fp != nullptr && (fp->any_window() || fp->any_out_window() || fp->any_product() ||
-                                          (!s.gpu && !s.fused->products.empty()));
+    // (nor a batch: one group's threads may still read what another's write)
+    const FusedProgram* fp = s.kind != StepKind::fused || s.cuda_batch ? nullptr : s.gpu ? &s.cuda_fused->program() : &s.fused->program;
+    const bool across = s.cuda_batch != nullptr || (fp != nullptr && (fp->any_window() || fp->any_out_window() || fp->any_product() ||
+                                                                     (!s.gpu && !s.fused->products.empty())));
     u.in_place_ok = (s.kind == StepKind::fused && !across) ||
                     (s.kind == StepKind::kernel && (s.fns->elementwise_unary || s.fns->elementwise_binary));
     // A GPU reduction's rows, and a cuBLASLt epilogue's product, are written while inputs are read.
-    u.last_out_apart = s.kind == StepKind::fused && s.gpu && (s.cuda_fused->program().reduction.has_value() || s.bias >= 0);
+    u.last_out_apart = s.kind == StepKind::fused && s.gpu && !s.cuda_batch &&
+                       (s.cuda_fused->program().reduction.has_value() || s.bias >= 0);
     if (s.kind == StepKind::kernel && g.nodes[s.node].op == ops::OpId::Concat) {  // pieces one after another?
       const Shape& os = g.values[s.out[0]].shape;
       const int ax = static_cast<int>(s.attrs.axis < 0 ? s.attrs.axis + os.rank() : s.attrs.axis);
@@ -628,6 +547,10 @@ STAGECRAFT_COMPILED_INLINE void Plan::run_step(const Step& s, std::size_t i, Run
         try {
           // A matmul head: one cuBLASLt call with a bias (and ReLU) epilogue; where cuBLASLt has
           // no algorithm, the product and then the group's kernel, as without a head.
+          if (s.cuda_batch) {
+            s.cuda_batch->run(st.ins[i], st.outs[i], here);
+            break;
+          }
           if (s.head_fns && backend::cuda::gemm_bias(st.head_ins[i][0], st.head_ins[i][1], st.ins[i][s.bias], s.relu,
                                                       s.head_attrs.i0 != 0, s.head_attrs.i1 != 0, st.outs[i][0], here))
             break;

@@ -1,0 +1,159 @@
+// Generated CUDA kernels built by the host compiler and run here (no GPU): with __global__ and
+// the thread indices defined for the host, a kernel's text is plain C++ around the rules. Shared
+// by the rtc tests (one program's kernel) and the batch tests (programs launched together).
+#pragma once
+#if defined(SC_TEST_CXX) && defined(SC_TEST_INCLUDE)
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <stagecraft/graph/cuda_fused.hpp>
+#include <stagecraft/graph/cuda_fused_batch.hpp>
+
+namespace sctest::rtc {
+
+/// The generated source of p, built as a shared library by the host compiler; its sc_run runs the
+/// kernel over every element (one block of 256 threads, each striding).
+class HostBuilt {
+ public:
+  explicit HostBuilt(const sc::graph::FusedProgram& p) {
+    const std::string T = sc::graph::detail_cuda_fused::c_type(p.dtype);
+    std::string src = prelude() + sc::graph::cuda_source(p);
+    std::string args;
+    for (std::size_t k = 0; k < p.input_shapes.size(); ++k) args += "(const " + T + "*)in[" + std::to_string(k) + "], ";
+    const std::size_t nout = p.num_out_args() + (p.reduction ? 1 : 0);
+    for (std::size_t j = 0; j < nout; ++j) args += "(" + T + "*)out[" + std::to_string(j) + "], ";
+    args += "n";
+    const std::string head = "(const void* const* in, void* const* out, long long n) {\n"
+                             "  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x) {\n";
+    if (p.reduction) {
+      // The blocks of a reduction kernel, one after the other, each 256 real threads; a cut
+      // reduction's two kernels in turn, as CudaFused::run launches them.
+      src += "template <class F> static void sc_blocks(F f) {\n"
+             "  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x) {\n"
+             "    std::barrier<> block(blockDim.x);\n"
+             "    sc_block = &block;\n"
+             "    std::vector<std::thread> threads;\n"
+             "    for (unsigned t = 0; t < blockDim.x; ++t) threads.emplace_back([=] { threadIdx.x = t; f(); });\n"
+             "    for (std::thread& t : threads) t.join();\n"
+             "  }\n"
+             "}\n";
+      const auto split = sc::graph::cuda_reduction_split(p);
+      const std::string red = "(" + T + "*)out[" + std::to_string(nout - 1) + "]";
+      src += "extern \"C\" void sc_run(const void* const* in, void* const* out, long long n) {\n";
+      if (split.chunks == 1) {
+        src += "  sc_blocks([=] { sc_fused_r(" + args + "); });\n";
+      } else {
+        const std::string pieces = std::to_string(p.out_shape.numel() / p.reduction->inner * split.chunks);
+        std::string args1 = args;
+        args1.replace(args1.rfind(red), red.size(), "part.data()");
+        src += "  std::vector<" + T + "> part(" + pieces + ");\n"
+               "  sc_blocks([=, &part] { sc_fused_r(" + args1 + "); });\n"
+               "  sc_blocks([=, &part] { sc_fused_r2(part.data(), " + red + ", " + pieces + "); });\n";
+      }
+      src += "}\n";
+    } else {
+      const std::string loop = "    for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x)\n      ";
+      src += "extern \"C\" void sc_run" + head + loop + "sc_fused(" + args + ");\n  }\n}\n";
+      if (sc::graph::cuda_vectorizable(p))
+        src += "extern \"C\" void sc_run_v" + head + loop + "sc_fused_v(" + args + ");\n  }\n}\n";
+    }
+    build(src);
+  }
+  /// The batch kernel of programs launched together (cuda_batch_source); sc_run passes every
+  /// program's inputs, then every program's outputs, in turn.
+  explicit HostBuilt(const std::vector<sc::graph::FusedProgram>& ps) {
+    namespace cf = sc::graph::detail_cuda_fused;
+    std::string args;
+    std::size_t i = 0, o = 0;
+    for (const sc::graph::FusedProgram& p : ps) {
+      const std::string T = cf::c_type(p.dtype);
+      for (std::size_t k = 0; k < p.input_shapes.size(); ++k) args += "(const " + T + "*)in[" + std::to_string(i++) + "], ";
+      for (std::size_t t = 0; t < p.num_out_args(); ++t) args += "(" + T + "*)out[" + std::to_string(o++) + "], ";
+    }
+    build(prelude() + sc::graph::cuda_batch_source(ps) +
+          "extern \"C\" void sc_run(const void* const* in, void* const* out, long long n) {\n"
+          "  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x)\n"
+          "    for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x)\n"
+          "      sc_fused_batch(" + args + "n);\n"
+          "}\n");
+  }
+  ~HostBuilt() {
+    if (lib_ != nullptr) ::dlclose(lib_);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  HostBuilt(const HostBuilt&) = delete;
+  HostBuilt& operator=(const HostBuilt&) = delete;
+  const std::string& error() const { return error_; }
+  bool has_vector_kernel() const { return run_v_ != nullptr; }
+  /// Runs sc_fused, or sc_fused_v (16-byte accesses) when `vector`.
+  void run(const std::vector<sc::Tensor>& in, std::vector<sc::Tensor>& out, std::int64_t n, bool vector = false) const {
+    std::vector<const void*> pi;
+    std::vector<void*> po;
+    for (const sc::Tensor& t : in) pi.push_back(t.raw_data());
+    for (sc::Tensor& t : out) po.push_back(t.raw_data());
+    (vector ? run_v_ : run_)(pi.data(), po.data(), n);
+  }
+
+ private:
+  /// CUDA's names for the host: three blocks of 256 threads, one block after the other. A
+  /// reduction's threads are real threads meeting at a barrier (__syncthreads), its shared array
+  /// a static; elementwise kernels need no barrier, so one loop plays their threads.
+  static std::string prelude() {
+    return
+        "#include <barrier>\n"
+        "#include <thread>\n"
+        "#include <vector>\n"
+        "#define __global__\n"
+        "#define __device__\n"
+        "#define __forceinline__ inline\n"
+        "#define __shared__ static\n"
+        "struct sc_dim3 { unsigned x; };\n"
+        "static sc_dim3 blockIdx{0}, blockDim{256}, gridDim{3};\n"
+        "static thread_local sc_dim3 threadIdx{0};\n"
+        "static std::barrier<>* sc_block = nullptr;\n"
+        "static void __syncthreads() { sc_block->arrive_and_wait(); }\n"
+        "struct alignas(16) float4 { float x, y, z, w; };\n"
+        "struct alignas(16) int4 { int x, y, z, w; };\n"
+        "struct alignas(16) double2 { double x, y; };\n"
+        "struct alignas(16) longlong2 { long long x, y; };\n";
+  }
+  /// Builds src as a shared library in a directory of its own and loads its sc_run (and sc_run_v).
+  void build(const std::string& src) {
+    dir_ = std::filesystem::temp_directory_path() / ("sc_rtc_host_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    std::filesystem::create_directories(dir_);
+    std::ofstream(dir_ / "k.cpp") << src;
+    const std::string cmd = std::string(SC_TEST_CXX) + " -std=c++20 -O1 -shared -fPIC -pthread -w -I" + SC_TEST_INCLUDE + " " +
+                            (dir_ / "k.cpp").string() + " -o " + (dir_ / "k.so").string() + " 2>" + (dir_ / "log").string();
+    if (std::system(cmd.c_str()) != 0) {
+      std::ifstream log(dir_ / "log");
+      error_ = std::string(std::istreambuf_iterator<char>(log), {}) + "\nsource:\n" + src;
+      return;
+    }
+    lib_ = ::dlopen((dir_ / "k.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib_ != nullptr) run_ = reinterpret_cast<Run>(::dlsym(lib_, "sc_run"));
+    if (lib_ != nullptr) run_v_ = reinterpret_cast<Run>(::dlsym(lib_, "sc_run_v"));
+    if (run_ == nullptr) error_ = "dlopen/dlsym failed";
+  }
+  using Run = void (*)(const void* const*, void* const*, long long);
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+  std::filesystem::path dir_;
+  void* lib_ = nullptr;
+  Run run_ = nullptr;
+  Run run_v_ = nullptr;
+  std::string error_;
+};
+
+}  // namespace sctest::rtc
+#endif
