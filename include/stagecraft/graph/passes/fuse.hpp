@@ -56,10 +56,11 @@ STAGECRAFT_COMPILED_INLINE bool& cuda_fusion();
 enum class ProductFusion { off, gpu, everywhere };
 STAGECRAFT_COMPILED_INLINE ProductFusion& product_fusion();
 
-/// Whether a concat whose pieces are all values of one fused group (placed after the group, and
-/// the group without a matmul head) is written by the group, each piece through its window of the
-/// concat's result (FusedProgram::out_windows), instead of copied by a step of its own: on by
-/// default (on a GPU a launch less; an LSTM's backward step concatenates its gates' gradients).
+/// Whether a concat whose pieces are all values of one fused group (a group without a matmul head,
+/// and the concat's result read by nothing that runs before the group) is written by the group,
+/// each piece through its window of the concat's result (FusedProgram::out_windows), instead of
+/// copied by a step of its own: on by default (on a GPU a launch less; an LSTM's backward step
+/// concatenates its gates' gradients).
 STAGECRAFT_COMPILED_INLINE bool& concat_fusion();
 
 /// The most multiply-adds a group may spend forming one product's elements (each element it reads
