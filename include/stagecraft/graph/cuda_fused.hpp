@@ -96,6 +96,10 @@ STAGECRAFT_COMPILED_INLINE const char* c_type(DType d);
 /// broadcasting; axes of one element dropped, neighbouring axes the input has or lacks alike merged).
 STAGECRAFT_COMPILED_INLINE std::string index_expr(const Shape& in, const Shape& out);
 
+/// The index into the tensor passed as input k of p for output element `i`: through its window
+/// (window_index_expr) or broadcast (index_expr).
+STAGECRAFT_COMPILED_INLINE std::string input_index_expr(const FusedProgram& p, std::size_t k);
+
 /// The index into the tensor passed as input k of p for output element `i`, where that input is a
 /// window of its parent (FusedWindow): the window's offset plus each output axis's coordinate
 /// times the parent's stride (axes it broadcasts over skipped).
@@ -108,6 +112,10 @@ STAGECRAFT_COMPILED_INLINE std::string out_index_expr(const FusedProgram& p, std
 /// offset + each axis's coordinate of element `i` of `out` times st (axes of stride 0 skipped).
 STAGECRAFT_COMPILED_INLINE std::string strided_index_expr(const Shape& out, const Shape& st, std::int64_t offset);
 #if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::string input_index_expr(const FusedProgram& p, std::size_t k) {
+  return p.windowed(k) ? window_index_expr(p, k) : index_expr(p.input_shapes[k], p.out_shape);
+}
+
 STAGECRAFT_COMPILED_INLINE std::string window_index_expr(const FusedProgram& p, std::size_t k) {
   return strided_index_expr(p.out_shape, p.strides_over_out(k), p.arg_offset(k));
 }
@@ -412,7 +420,7 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
   for (int k = 0; k < nin; ++k) {
     const auto u = static_cast<std::size_t>(k);
     if (p.operand(u)) continue;
-    index[u] = p.windowed(u) ? d::window_index_expr(p, u) : d::index_expr(p.input_shapes[u], p.out_shape);
+    index[u] = d::input_index_expr(p, u);
   }
   auto load_at = [&](int k) {
     const auto u = static_cast<std::size_t>(k);
@@ -467,6 +475,23 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
   return s;
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
+
+#if defined(STAGECRAFT_WITH_CUDA)
+namespace detail_cuda_fused {
+/// Compiles kernel `name` of `source` for dev into slot unless slot holds it already (NVRTC, or
+/// the in-memory and on-disk caches); NVRTC's log in the DeviceError when the source is refused.
+inline void compile_once(cuda::abi::RtcKernel& slot, Device dev, const std::string& source, const char* name,
+                         const std::source_location& loc) {
+  if (slot != nullptr) return;
+  char log[4096] = {};
+  const cuda::abi::Status st =
+      cuda::abi::rtc_kernel(dev.index(), source.c_str(), name, cuda::kernel_cache_dir().c_str(), &slot, log, sizeof log);
+  if (st == cuda::abi::rtc_compile_error)
+    stagecraft::detail::fail<DeviceError>("fused", loc, "NVRTC could not compile the fused kernel: ", log, "\nsource:\n", source);
+  cuda::detail::check(st, dev, "fused", loc);
+}
+}  // namespace detail_cuda_fused
+#endif
 
 /// A program ready for the GPU: its source, and its kernel per device (compiled on first run there).
 class CudaFused {
@@ -541,16 +566,7 @@ STAGECRAFT_COMPILED_INLINE void CudaFused::run(std::span<const Tensor> inputs, s
   auto kernel = [&](int which) {
     static constexpr const char* names[3] = {"sc_fused", "sc_fused_v", "sc_fused_r2"};
     cuda::abi::RtcKernel& slot = mine.kernels[static_cast<std::size_t>(which)];
-    if (slot == nullptr) {
-      char log[4096] = {};
-      const char* name = which == 0 && p.reduction ? "sc_fused_r" : names[which];
-      const cuda::abi::Status st =
-          cuda::abi::rtc_kernel(dev.index(), source_.c_str(), name, cuda::kernel_cache_dir().c_str(), &slot, log, sizeof log);
-      if (st == cuda::abi::rtc_compile_error)
-        stagecraft::detail::fail<DeviceError>("fused", loc, "NVRTC could not compile the fused kernel: ", log,
-                                              "\nsource:\n", source_);
-      cuda::detail::check(st, dev, "fused", loc);
-    }
+    detail_cuda_fused::compile_once(slot, dev, source_, which == 0 && p.reduction ? "sc_fused_r" : names[which], loc);
     return slot;
   };
   long long n = p.out_shape.numel();

@@ -83,7 +83,7 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_batch_source(const std::vector<Fused
     const std::string dot = d::tag("sc_dot", static_cast<long long>(k)) + "_";
     auto load = [&](int j) {
       const auto u = static_cast<std::size_t>(j);
-      const std::string at = p.windowed(u) ? d::window_index_expr(p, u) : d::index_expr(p.input_shapes[u], p.out_shape);
+      const std::string at = d::input_index_expr(p, u);
       if (p.product(u)) return d::tag(dot.c_str(), j) + "(" + d::tag(in.c_str(), j) + ", " + d::tag(in.c_str(), p.products[u].b) + ", " + at + ")";
       return d::tag(in.c_str(), j) + "[" + at + "]";
     };
@@ -165,14 +165,7 @@ STAGECRAFT_COMPILED_INLINE void CudaFusedBatch::run(std::span<const Tensor> inpu
   const auto di = static_cast<std::size_t>(dev.index());
   if (kernels_.size() <= di) kernels_.resize(di + 1, nullptr);
   cuda::abi::RtcKernel& slot = kernels_[di];
-  if (slot == nullptr) {
-    char log[4096] = {};
-    const cuda::abi::Status st =
-        cuda::abi::rtc_kernel(dev.index(), source_.c_str(), "sc_fused_batch", cuda::kernel_cache_dir().c_str(), &slot, log, sizeof log);
-    if (st == cuda::abi::rtc_compile_error)
-      stagecraft::detail::fail<DeviceError>("fused", loc, "NVRTC could not compile the fused batch kernel: ", log, "\nsource:\n", source_);
-    cuda::detail::check(st, dev, "fused", loc);
-  }
+  d::compile_once(slot, dev, source_, "sc_fused_batch", loc);
   long long n = threads_;
   std::vector<void*> args;
   args.reserve(ptrs.size() + 1);
