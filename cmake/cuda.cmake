@@ -1,7 +1,30 @@
 # STAGECRAFT_CUDA = AUTO | ON | OFF: the compiled CUDA kernels (kernels/*.cu) as the static library
 # stagecraft::cuda, which stagecraft::stagecraft then links (STAGECRAFT_WITH_CUDA=1 in its users).
 # AUTO builds them when a CUDA compiler is found and never fails the configure; OFF skips detection.
+#
+# STAGECRAFT_CUDA_EMULATOR=ON builds stagecraft::cuda from kernels/emulator/ instead: the same ABI
+# run on the host (no CUDA toolkit or GPU needed), so the GPU paths and their tests run anywhere,
+# slowly. For testing only: see kernels/emulator/emu.hpp.
+option(STAGECRAFT_CUDA_EMULATOR "Build stagecraft::cuda as the host emulator of the kernels (tests only)" OFF)
 include(CheckLanguage)
+if(STAGECRAFT_CUDA_EMULATOR)
+  file(GLOB _sc_emulator CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/kernels/emulator/*.cpp)
+  add_library(stagecraft_cuda STATIC ${_sc_emulator})
+  add_library(stagecraft::cuda ALIAS stagecraft_cuda)
+  set_target_properties(stagecraft_cuda PROPERTIES EXPORT_NAME cuda POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(stagecraft_cuda PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/include)
+  # Generated kernels are built at run time by this compiler against these headers.
+  target_compile_definitions(stagecraft_cuda PRIVATE STAGECRAFT_EMU_CXX="${CMAKE_CXX_COMPILER}"
+                             STAGECRAFT_EMU_INCLUDE="${CMAKE_CURRENT_SOURCE_DIR}/include")
+  target_compile_features(stagecraft_cuda PRIVATE cxx_std_20)
+  find_package(Threads REQUIRED)
+  target_link_libraries(stagecraft_cuda PUBLIC ${CMAKE_DL_LIBS} Threads::Threads PRIVATE stagecraft::openblas)
+  set(STAGECRAFT_WITH_CUDA ON)
+  set(STAGECRAFT_CUDA_IS_EMULATOR ON)
+  message(STATUS "stagecraft: CUDA kernels EMULATED on the host (STAGECRAFT_CUDA_EMULATOR=ON; tests only)")
+  return()
+endif()
+set(STAGECRAFT_CUDA_IS_EMULATOR OFF)
 if(NOT STAGECRAFT_CUDA MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "STAGECRAFT_CUDA must be AUTO, ON or OFF (got '${STAGECRAFT_CUDA}')")
 endif()
