@@ -153,7 +153,7 @@ TEST_CASE("cuda: fused optimizer updates (one kernel per variable) equal the com
           opt->apply(tape.gradient(loss, layer.trainable_variables()), layer.trainable_variables());
         }
         sc::optim::fused::enabled = was;
-        return std::vector<sc::Tensor>{layer.kernel.value().to(sc::Device::cpu()), layer.bias.value().to(sc::Device::cpu())};
+        return std::vector<sc::Tensor>{layer.kernel.value(), layer.bias.value()};  // where they were trained
       };
       const auto fused = train(gpu, true), composite = train(gpu, false), cpu = train(sc::Device::cpu(), true);
       for (std::size_t i = 0; i < fused.size(); ++i) {
@@ -161,6 +161,27 @@ TEST_CASE("cuda: fused optimizer updates (one kernel per variable) equal the com
         check_same(fused[i], cpu[i], d == sc::f32 ? 1e-6 : 1e-12);
       }
     }
+}
+
+TEST_CASE("cuda: an optimizer made outside any DeviceScope keeps its state with GPU variables", "[cuda]") {
+  // Eager steps: the slots are made on each variable's device and the step counter and the rate
+  // move to the first variable's device at the first build (before: CPU slots, and a failed op).
+  const auto run = [](sc::Device d) {
+    sc::Variable w(values({5, 3}, sc::f32, 81).to(d), "w");
+    const std::vector<sc::Variable> vars{w};
+    sc::optim::Adam opt(0.05);
+    for (int step = 0; step < 3; ++step) {
+      sc::GradientTape tape;
+      const sc::Tensor loss = sc::sum(sc::square(sc::matmul(values({4, 5}, sc::f32, 82).to(d), w)));
+      opt.apply(tape.gradient(loss, vars), vars);
+    }
+    CHECK(opt.slot(w, "v").device() == d);
+    CHECK(opt.iterations_variable().device() == d);
+    CHECK(opt.learning_rate_variable().device() == d);
+    return w.value();
+  };
+  const sc::Tensor want = run(sc::Device::cpu());
+  check_same(run(gpu), want, 1e-5);
 }
 
 TEST_CASE("cuda: gather and scatter_add == CPU (negative and duplicate indices)", "[cuda]") {

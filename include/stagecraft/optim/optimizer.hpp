@@ -35,6 +35,8 @@ namespace stagecraft::optim {
 /// apply() traced once by sc::function stays right at every later call (nothing the step
 /// needs is a C++ number computed at trace time). set_learning_rate() between calls, or an
 /// assignment to learning_rate_variable() inside the traced step, takes effect without a retrace.
+/// The counter and the rate are made on the CPU and move, with their values, to the device of
+/// the first variable of the first build (new Variables: take handles to them after it).
 ///
 /// Optimizers can be moved, not copied (a copy would share its slots with the original).
 class Optimizer {
@@ -128,11 +130,25 @@ class Optimizer {
                                                  name(), " step on a later trace of a traced function, and its slots "
                                                  "would be new variables; call build(vars) before the function's "
                                                  "first call (or take its first step on the first trace)");
+    // The step counter and the rate live where the variables do, from the first build on: a
+    // traced step on GPU variables then moves no value between devices (a trace cannot).
+    if (vars_.empty() && !vars.empty() && vars.front().device() != iterations_.device()) {
+      const Device d = vars.front().device();
+      struct Eager {  // their current values, read outside a trace (as sc::init_scope does)
+        stagecraft::detail::TraceState* saved = stagecraft::detail::context().trace;
+        Eager() { stagecraft::detail::context().trace = nullptr; }
+        ~Eager() { stagecraft::detail::context().trace = saved; }
+      } eager;
+      iterations_ = Variable(iterations_.value().to(d, loc), "iterations", /*trainable=*/false, loc);
+      one_ = one_.to(d, loc);
+      lr_ = Variable(lr_.value().to(d, loc), "learning_rate", /*trainable=*/false, loc);
+    }
     for (const Variable& v : vars) {
       if (index_.count(key(v))) continue;
       const std::size_t idx = vars_.size();
       index_.emplace(key(v), idx);
       vars_.push_back(v);
+      const DeviceScope on(v.device());  // each slot lives with its variable
       for (const std::string& s : slot_names_) {
         std::string n = s + "/" + std::to_string(idx);
         if (!v.name().empty()) n += ":" + v.name();
