@@ -185,8 +185,15 @@ TEST_CASE("cuda: matmul and batched matmul with transpose flags == CPU", "[cuda]
 TEST_CASE("cuda: a float product with an extent over 2^31 - 1 is a ShapeError naming the operands", "[cuda]") {
   // cuBLAS counts in int. K = 2^31: two 8 GiB operands, refused before anything is queued.
   sc::DeviceScope on(gpu);
-  const sc::Tensor a = sc::zeros({1, std::int64_t{1} << 31}, sc::f32);
-  const sc::Tensor b = sc::zeros({std::int64_t{1} << 31, 1}, sc::f32);
+  sc::Tensor a, b;
+  try {
+    a = sc::zeros({1, std::int64_t{1} << 31}, sc::f32);
+    b = sc::zeros({std::int64_t{1} << 31, 1}, sc::f32);
+  } catch (const sc::DeviceError& e) {  // a device of less than 16 GiB (the emulator's 4 GiB)
+    REQUIRE_THAT(e.what(), Catch::Contains("out of memory"));
+    WARN("skipped: the two 8 GiB operands do not fit on this device");
+    return;
+  }
   CHECK_THROWS_AS(sc::matmul(a, b), sc::ShapeError);
   CHECK_THROWS_WITH(sc::matmul(a, b), Catch::Contains("[matmul] inner or column dimension above 2^31 - 1 in "
                                                       "[1, 2147483648] x [2147483648, 1]"));

@@ -106,7 +106,9 @@ TEST_CASE("cuda staged: sums, maxima and minima fused into generated kernels equ
   // [n] dies in the group of x [n, n] * exp(b), whose row sums have its shape.
   auto g = sc::function([](sc::Tensor x, sc::Tensor b) { return sc::sum(x * sc::exp(b), {1}) * 2.f; });
   const sc::Tensor x = values({300, 300}, sc::f32, 13), b = values({300}, sc::f32, 14);
-  check_same(g(x.to(gpu), b.to(gpu)), g(x, b), 1e-5);
+  // Rows of 300 terms up to 15 in size that cancel to about 1: float sums in two orders differ by
+  // up to ~300 * 15 * 2^-24 = 2.7e-4 (1.5e-5 seen, on the emulator's run of the GPU's order).
+  check_same(g(x.to(gpu), b.to(gpu)), g(x, b), 3e-4);
 }
 
 TEST_CASE("cuda staged: a product with a bias (and ReLU) is one cuBLASLt call, equal to the CPU's", "[cuda][staged]") {
@@ -613,7 +615,11 @@ TEST_CASE("cuda graphs: small products formed inside the groups that read them e
   for (std::size_t r = 0; r < want.size(); ++r) check_same(s[r], want[r], 1e-5);
   const auto sst = separate.get_concrete(gx, gu, gw, gv).stats();
   CHECK(sst.plan.fused_products == 0);
-  CHECK(sst.plan.kernels == st.plan.kernels + 3);
+  // Formed: sin, the group of h u, then the gates' and q's groups (independent) in one launch.
+  // Apart: sin, then each product and the group reading it (the two groups then depend on them).
+  CHECK(st.plan.kernels == 3);
+  CHECK(st.plan.batched_groups == 2);
+  CHECK(sst.plan.kernels == 7);
 }
 
 TEST_CASE("cuda graphs: a concat's pieces written in place (nested, and with pieces it still copies) equal the CPU's",
@@ -720,6 +726,13 @@ TEST_CASE("cuda graphs: an Adam step's updates launched as one kernel equal the 
     check_same(vu[k].value(), vc[k].value(), 1e-5);
     check_same(vg[k].value(), vc[k].value(), 1e-5);
   }
+  // Made without a DeviceScope, the optimizers keep their state with the variables (a trace can
+  // move nothing between devices): slots, the step counter and the rate on the GPU.
+  CHECK(op.slot(vp[0], "m").device() == gpu);
+  CHECK(op.iterations_variable().device() == gpu);
+  CHECK(op.learning_rate_variable().device() == gpu);
+  CHECK(op.iterations_variable().value().item<std::int64_t>() == 3);
+  CHECK(oc.iterations_variable().device() == sc::Device::cpu());
   const auto st = plain.get_concrete(xg, yg).stats();
   INFO(st);
   CHECK(st.plan.batched_groups == 4);
