@@ -356,6 +356,42 @@ TEST_CASE("cuda: a traced graph with GPU constants prints without reading them b
   CHECK(text.find("value on cuda:0>") != std::string::npos);
 }
 
+TEST_CASE("cuda: two devices: copies between them, ops on the second, a scope moving inputs over", "[cuda]") {
+  // Runs where two GPUs are found (the emulator's test preset has two: STAGECRAFT_EMU_DEVICES=2).
+  if (sc::cuda::device_count() < 2) {
+    WARN("skipped: one CUDA device");
+    return;
+  }
+  const sc::Device second = sc::Device::cuda(1);
+  const sc::Tensor a = values({5, 7}, sc::f32, 75), b = values({7}, sc::f32, 76);
+  const sc::Tensor a1 = a.to(gpu).to(second), b1 = b.to(second);  // device to device, then host to device
+  CHECK(a1.device() == second);
+  const sc::Tensor y = sc::exp(a1) * b1 - sc::sum(a1, {1}, true);
+  CHECK(y.device() == second);
+  const auto close = [](const sc::Tensor& got, const sc::Tensor& want) {
+    const auto g = got.to_vector<float>(), w = want.to_vector<float>();
+    for (std::size_t i = 0; i < w.size(); ++i) CHECK(g[i] == Approx(w[i]).margin(1e-5));
+  };
+  close(y, sc::exp(a) * b - sc::sum(a, {1}, true));
+  // Inputs on cuda:0 and cuda:1 meet only where a scope says where the op goes.
+  CHECK_THROWS_AS(a.to(gpu) + b1, sc::DeviceError);
+  const sc::Tensor a0 = a.to(gpu), sum = a + b;
+  sc::reset_device_stats();
+  sc::Tensor z;
+  {
+    sc::DeviceScope on(second);
+    z = a0 + b1;  // cuda:0's input copied over, counted
+  }
+  CHECK(sc::device_stats().implicit_copies == 1);
+  CHECK(z.device() == second);
+  CHECK(z.to_vector<float>() == sum.to_vector<float>());
+  // Traced on the second device: its plan and buffers there.
+  auto f = sc::function([](const sc::Tensor& x, const sc::Tensor& c) { return sc::tanh(x * c) + 1.f; });
+  const sc::Tensor t = f(a1, b1);
+  CHECK(t.device() == second);
+  close(t, f(a, b));
+}
+
 TEST_CASE("cuda: implicit copies are counted, and strict placement makes them errors", "[cuda]") {
   const sc::Tensor host = values({3, 4}, sc::f32, 70);
   sc::reset_device_stats();
