@@ -2,6 +2,7 @@
 // the composites built on the ops (softmax, logsumexp, cross_entropy, mean), and a training step of
 // GPU variables. Needs a GPU: gpu_main.cpp skips every test (exit 77) where none is found.
 #include "cuda_testing.hpp"
+#include "files.hpp"
 
 #include <memory>
 #include <vector>
@@ -182,6 +183,57 @@ TEST_CASE("cuda: an optimizer made outside any DeviceScope keeps its state with 
   };
   const sc::Tensor want = run(sc::Device::cpu());
   check_same(run(gpu), want, 1e-5);
+}
+
+TEST_CASE("cuda: a checkpoint saves GPU variables and restores them onto either device", "[cuda][checkpoint]") {
+  // A GPU layer and its Adam state after two steps, saved; restored into a CPU copy and into a
+  // fresh GPU copy (values moved to each variable's device, which it keeps), bits equal.
+  sctest::TempDir dir;
+  struct Trained {
+    static sc::nn::Dense dense_on(sc::Device d) {
+      const sc::DeviceScope on(d);
+      return sc::nn::Dense(6, 3, /*seed=*/5);
+    }
+    sc::nn::Dense layer;
+    sc::optim::Adam opt{0.01};
+    sc::Checkpoint ck;
+    explicit Trained(sc::Device d) : layer(dense_on(d)) {
+      ck.track("layer", layer);
+      ck.track("opt", opt);
+      opt.build(layer.trainable_variables());
+    }
+    void step(const sc::Tensor& x) {
+      sc::GradientTape tape;
+      const sc::Tensor loss = sc::sum(sc::square(layer(x)));
+      opt.apply(tape.gradient(loss, layer.trainable_variables()), layer.trainable_variables());
+    }
+    std::vector<std::vector<double>> state() const {
+      std::vector<std::vector<double>> r;
+      for (const auto& [key, v] : ck.variables()) r.push_back(v.value().to_vector<double>());
+      return r;
+    }
+  };
+  Trained on_gpu(gpu);
+  const sc::Tensor x = values({4, 6}, sc::f32, 85).to(gpu);
+  on_gpu.step(x);
+  on_gpu.step(x);
+  for (const auto& [key, v] : on_gpu.ck.variables()) {
+    INFO(key);
+    CHECK(v.device() == gpu);
+  }
+  on_gpu.ck.save(dir / "ck.safetensors");
+  Trained on_cpu(sc::Device::cpu()), again(gpu);
+  on_cpu.ck.restore(dir / "ck.safetensors");
+  again.ck.restore(dir / "ck.safetensors");
+  CHECK(on_cpu.state() == on_gpu.state());
+  CHECK(again.state() == on_gpu.state());
+  CHECK(on_cpu.layer.kernel.device() == sc::Device::cpu());
+  CHECK(again.layer.kernel.device() == gpu);
+  CHECK(again.opt.iterations_variable().device() == gpu);
+  // Training goes on alike from the restored state.
+  on_gpu.step(x);
+  again.step(x);
+  CHECK(again.state() == on_gpu.state());
 }
 
 TEST_CASE("cuda: gather and scatter_add == CPU (negative and duplicate indices)", "[cuda]") {
