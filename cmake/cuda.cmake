@@ -17,6 +17,9 @@ if(STAGECRAFT_CUDA_EMULATOR)
   target_compile_definitions(stagecraft_cuda PRIVATE STAGECRAFT_EMU_CXX="${CMAKE_CXX_COMPILER}"
                              STAGECRAFT_EMU_INCLUDE="${CMAKE_CURRENT_SOURCE_DIR}/include")
   target_compile_features(stagecraft_cuda PRIVATE cxx_std_20)
+  # Tests read the emulator's launch counts (emu::counts()): #include "emulator/emu.hpp".
+  target_include_directories(stagecraft_cuda INTERFACE $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/kernels>)
+  target_compile_definitions(stagecraft_cuda INTERFACE STAGECRAFT_CUDA_EMULATOR=1)
   find_package(Threads REQUIRED)
   target_link_libraries(stagecraft_cuda PUBLIC ${CMAKE_DL_LIBS} Threads::Threads PRIVATE stagecraft::openblas)
   set(STAGECRAFT_WITH_CUDA ON)

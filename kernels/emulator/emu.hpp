@@ -86,6 +86,15 @@ inline std::int64_t strided_offset(int rank, const std::int64_t* shape, const st
 /// arguments (structs passed by reference, host arrays): it may run after the call returned.
 Status launch(Stream s, std::function<void()> kernel, bool faults = false);
 
+/// What the host has asked of the emulated devices since the process started (all devices, all
+/// threads): kernels launched (a launch recorded into a CUDA graph counts once, when recorded),
+/// device-to-device and host-to-device copies, and graph launches. What a plan costs in launches
+/// on a GPU, counted rather than estimated (tests and benchmarks read it; no GPU counterpart).
+struct Counts {
+  std::int64_t kernels = 0, copies = 0, graph_launches = 0;
+};
+Counts counts() noexcept;
+
 /// Records a bad index in fault record f (a device pointer): the first wins.
 void report_fault(abi::Fault* f, std::int32_t tag, std::int64_t value, std::int64_t bound) noexcept;
 

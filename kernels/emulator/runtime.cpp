@@ -180,7 +180,11 @@ Status add_conditional(int device, bool is_while, const void* pred, DT dt, std::
 
 }  // namespace
 
-Status launch(Stream s, std::function<void()> kernel, bool faults) {
+namespace {
+std::atomic<std::int64_t> kernels_launched{0}, copies_made{0}, graphs_launched{0};
+
+/// Runs f on stream s now, or records it in this thread's capture.
+Status enqueue(Stream s, std::function<void()> kernel, bool faults) {
   const auto* so = static_cast<const StreamObj*>(s);
   if (so == nullptr) return invalid_value;
   if (so->capture) {
@@ -192,6 +196,14 @@ Status launch(Stream s, std::function<void()> kernel, bool faults) {
   if (faults) state(so->device).armed.store(true);
   return ok;
 }
+}  // namespace
+
+Status launch(Stream s, std::function<void()> kernel, bool faults) {
+  kernels_launched.fetch_add(1, std::memory_order_relaxed);
+  return enqueue(s, std::move(kernel), faults);
+}
+
+Counts counts() noexcept { return {kernels_launched.load(), copies_made.load(), graphs_launched.load()}; }
 
 void report_fault(abi::Fault* f, std::int32_t tag, std::int64_t value, std::int64_t bound) noexcept {
   static std::mutex mu;
@@ -306,6 +318,7 @@ Status copy_h2d(int device, void* dst, const void* src, std::size_t n) noexcept 
   if (n == 0) return ok;
   if (const Status e = check_device(device)) return e;
   if (!is_device_ptr(dst) || is_device_ptr(src)) return invalid_value;
+  copies_made.fetch_add(1, std::memory_order_relaxed);
   if (capturing(device)) {  // recorded: the graph copies the bytes as they were (a staging buffer's)
     try {
       auto bytes = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
@@ -335,7 +348,8 @@ Status copy_d2d(int dst_device, void* dst, int src_device, const void* src, std:
   if (!is_device_ptr(dst) || !is_device_ptr(src)) return invalid_value;
   Stream s = nullptr;
   if (const Status e = stream(dst_device, &s)) return e;
-  return launch(s, [dst, src, n] { std::memmove(host(dst), host(src), n); });
+  copies_made.fetch_add(1, std::memory_order_relaxed);
+  return enqueue(s, [dst, src, n] { std::memmove(host(dst), host(src), n); }, false);
 }
 
 Status fault_record(int device, Fault** out) noexcept {
@@ -401,6 +415,7 @@ Status capture_copies(int device, int which, const GraphCopy* c, int n) noexcept
   (void)c;  // the launch's copies are the ones used (graph_launch): only their count is recorded
   if (which == 0) recorded_copies.clear();
   if (!capturing(device)) return capture_unmatched;
+  kernels_launched.fetch_add((n + 31) / 32, std::memory_order_relaxed);  // graph.cu: a copy kernel per 32
   if (which != 0 && which != 1) return invalid_value;
   try {
     int before = 0;
@@ -443,6 +458,7 @@ Status graph_launch(GraphExec g, const GraphCopy* ins, int n_in, const GraphCopy
   auto* x = static_cast<Exec*>(g);
   if (x == nullptr || n_in != x->n_in || n_out != x->n_out) return invalid_value;
   if (capturing(x->device)) return capture_unsupported;
+  graphs_launched.fetch_add(1, std::memory_order_relaxed);
   run(*x->body, LaunchCtx{ins, outs});
   if (arm) state(x->device).armed.store(true);
   return ok;

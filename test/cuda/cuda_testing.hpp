@@ -2,6 +2,10 @@
 #pragma once
 #include "testing.hpp"
 
+#if defined(STAGECRAFT_CUDA_EMULATOR)
+#include "emulator/emu.hpp"
+#endif
+
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -24,6 +28,21 @@ inline void check_same(const sc::Tensor& got, const sc::Tensor& want, double tol
     else if (std::isinf(w[i])) CHECK(g[i] == w[i]);
     else CHECK(g[i] == Approx(w[i]).margin(tol).epsilon(tol));
   }
+}
+
+/// Kernels and copies the host asked of the GPU while f ran, as the CUDA emulator counts them
+/// (kernels/emulator); {-1, -1} on a real GPU, which does not count.
+template <class F>
+std::pair<std::int64_t, std::int64_t> launches_of(F&& f) {
+#if defined(STAGECRAFT_CUDA_EMULATOR)
+  const auto before = sc::cuda::emu::counts();
+  f();
+  const auto after = sc::cuda::emu::counts();
+  return {after.kernels - before.kernels, after.copies - before.copies};
+#else
+  f();
+  return {-1, -1};
+#endif
 }
 
 /// f on CPU inputs, and on their copies on the GPU, give the same tensor.

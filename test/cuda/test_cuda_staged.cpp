@@ -580,6 +580,12 @@ TEST_CASE("cuda graphs: a traced LSTM step with all its gradients equals the CPU
   CHECK(st.plan.fused_products == 2 * steps - 1);
   CHECK(st.plan.kernels <= 3 * steps + 10);
   CHECK(st.plan.cuda_graph.rfind("replaying", 0) == 0);
+  // Kernel by kernel, the launches are the plan's kernels (counted where the emulator runs it).
+  const auto [kernels, copies] = sctest::cuda::launches_of([&] { plain()[0].item<float>(); });
+  if (kernels >= 0) {
+    CHECK(kernels == plain.get_concrete().stats().plan.kernels);
+    CHECK(copies == 0);
+  }
 }
 
 TEST_CASE("cuda graphs: small products formed inside the groups that read them equal the CPU's", "[cuda][staged][graph]") {

@@ -1,0 +1,53 @@
+// What a traced step costs a GPU in launches: the plan's count (PlanStats::kernels) against the
+// launches the host actually makes, counted by the CUDA emulator (kernels/emulator); on a real
+// GPU only the plan's count is checked.
+#include "cuda_testing.hpp"
+
+#include <vector>
+
+using namespace sctest::cuda;
+
+TEST_CASE("cuda launches: the MLP Adam step's plan launches what its stats count", "[cuda][staged]") {
+  // The example's MLP (784-256-128-10, ReLU, Adam) at batch 128, its variables on the GPU: one
+  // traced training step, kernel by kernel and as a CUDA graph (one launch).
+  sc::manual_seed(5);
+  const auto dense = [](std::int64_t in, std::int64_t out) {
+    const sc::DeviceScope on(gpu);
+    return sc::nn::Dense(in, out);
+  };
+  sc::nn::Dense l1 = dense(784, 256), l2 = dense(256, 128), l3 = dense(128, 10);
+  sc::optim::Adam opt(1e-3);
+  std::vector<sc::Variable> vars;
+  for (const sc::nn::Dense* l : {&l1, &l2, &l3})
+    for (const auto& v : l->trainable_variables()) vars.push_back(v);
+  auto step = sc::function([&](const sc::Tensor& x, const sc::Tensor& y) {
+    sc::GradientTape tape;
+    const sc::Tensor loss = sc::nn::cross_entropy(l3(sc::relu(l2(sc::relu(l1(x))))), y);
+    opt.apply(tape.gradient(loss, vars), vars);
+    return loss;
+  });
+  const sc::Tensor x = sc::random::uniform({128, 784}, 0.0, 1.0, 11).to(gpu);
+  const sc::Tensor y = sc::cast(sc::random::uniform({128}, 0.0, 10.0, 12), sc::i64).to(gpu);
+  step(x, y);  // traced, then run
+  const auto st = step.get_concrete(x, y).stats();
+  INFO(st);
+  const auto [kernels, copies] = launches_of([&] { step(x, y).item<float>(); });
+  WARN("MLP Adam step, batch 128, on the GPU: plan " << st.plan.kernels << " kernels; launched " << kernels
+                                                     << " kernels and " << copies << " copies");
+  CHECK(st.plan.kernels <= 18);  // 18 on the emulator (session 36), all of them counted launches
+  if (kernels >= 0) {
+    CHECK(kernels == st.plan.kernels);
+    CHECK(copies == 0);
+  }
+  // Replayed as a CUDA graph: the second call captures, later ones launch the graph alone.
+  sc::cuda::set_graphs(true);
+  step(x, y);
+  step(x, y);
+  const auto [graph_kernels, graph_copies] = launches_of([&] { step(x, y).item<float>(); });
+  sc::cuda::set_graphs(false);
+  CHECK(step.get_concrete(x, y).stats().plan.cuda_graph.rfind("replaying", 0) == 0);
+  if (graph_kernels >= 0) {
+    CHECK(graph_kernels == 0);
+    CHECK(graph_copies == 0);
+  }
+}
