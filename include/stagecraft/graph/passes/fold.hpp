@@ -2,6 +2,7 @@
 // trace) and become constant nodes, unless that would bake a large tensor into the graph.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -39,17 +40,20 @@ class EagerScope {
 /// Bytes of a value's elements.
 inline std::int64_t bytes_of(const Value& v) { return v.shape.numel() * static_cast<std::int64_t>(itemsize(v.dtype)); }
 
-/// True when op node n of g reads only CPU constants and its result is small enough to keep.
+/// True when op node n of g reads only constants of its result's device and its result is small
+/// enough to keep. On a GPU only results of up to fold_small_elements are folded (run once there
+/// now: a tape's seed, a scalar computed from constants), each a launch less at every call.
 STAGECRAFT_COMPILED_INLINE bool foldable(const Graph& g, const Node& n);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE bool foldable(const Graph& g, const Node& n) {
   if (n.kind != NodeKind::op || n.outputs.size() != 1) return false;
   const Value& out = g.values[n.outputs[0]];
-  if (!out.device.is_cpu() || out.shape.numel() > fold_max_elements) return false;
+  const bool gpu = out.device.is_cuda();
+  if ((!out.device.is_cpu() && !gpu) || out.shape.numel() > (gpu ? fold_small_elements : fold_max_elements)) return false;
   std::int64_t in_bytes = 0;
   for (int v : n.inputs) {
     const Node& p = g.nodes[g.values[v].node];
-    if (p.kind != NodeKind::constant || !p.constant.device().is_cpu()) return false;
+    if (p.kind != NodeKind::constant || p.constant.device() != out.device) return false;
     in_bytes += bytes_of(g.values[v]);
   }
   return out.shape.numel() <= fold_small_elements || bytes_of(out) <= in_bytes;
@@ -76,6 +80,9 @@ STAGECRAFT_COMPILED_INLINE Graph fold(const Graph& g) {
       for (int v : n.inputs) args.push_back(r.nodes[r.values[v].node].constant);
       Tensor t;
       try {
+        // An op without inputs (fill) goes where its result lives; others run where their inputs are.
+        std::optional<DeviceScope> on;
+        if (const Device d = r.values[n.outputs[0]].device; d.is_cuda()) on.emplace(d);
         t = call_op(n.op, args, n.attrs, n.loc);
       } catch (const Error&) {
         continue;
