@@ -153,9 +153,10 @@ template <class Op>
 Status launch(DT dt, const void* x, void* y, const abi::ReduceGeometry& g, void* scratch, cudaStream_t s) {
   return visit(dt, [&](auto tag) -> Status {
     using T = decltype(tag);
-    if constexpr (std::is_same_v<T, bool>) {
-      if constexpr (!std::is_same_v<Op, SumOp>) return cudaErrorNotSupported;
-      else return launch_reduction<ValueReduction<Op, bool, std::int64_t>, bool, std::int64_t>(x, y, g, scratch, s);
+    if constexpr (std::is_same_v<T, bool>) {  // a bool sum counts (into i64); max and min are any and all
+      if constexpr (std::is_same_v<Op, SumOp>)
+        return launch_reduction<ValueReduction<Op, bool, std::int64_t>, bool, std::int64_t>(x, y, g, scratch, s);
+      else return launch_reduction<ValueReduction<Op, bool, bool>, bool, bool>(x, y, g, scratch, s);
     } else {
       return launch_reduction<ValueReduction<Op, T, T>, T, T>(x, y, g, scratch, s);
     }
