@@ -145,17 +145,18 @@ std::string library_source(const std::string& source) {
 
 /// A private directory for this process's builds and loaded copies (removed at exit).
 const fs::path& work_dir() {
-  static const fs::path d = [] {
-    const fs::path p = fs::temp_directory_path() / ("stagecraft_emu_" + std::to_string(static_cast<long>(::getpid())));
+  // Never destroyed: the exit handler that removes the directory runs after static destructors.
+  static const fs::path* const d = [] {
+    auto* p = new fs::path(fs::temp_directory_path() / ("stagecraft_emu_" + std::to_string(static_cast<long>(::getpid()))));
     std::error_code ec;
-    fs::create_directories(p, ec);
+    fs::create_directories(*p, ec);
     std::atexit([] {
       std::error_code e;
       fs::remove_all(work_dir(), e);
     });
     return p;
   }();
-  return d;
+  return *d;
 }
 
 std::atomic<unsigned> counter{0};
