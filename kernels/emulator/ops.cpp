@@ -41,6 +41,16 @@ Status queue(Stream s, F&& kernel, bool faults = false) noexcept {
   }
 }
 
+/// Calls f(T{}) for every dtype but bool (which the layout and convolution kernels do not take:
+/// not supported, as their .cu files say).
+template <class F>
+Status visit_numeric(DT dt, F&& f) {
+  return visit(dt, [&](auto tag) -> Status {
+    if constexpr (std::is_same_v<decltype(tag), bool>) return abi::not_supported;
+    else return f(tag);
+  });
+}
+
 /// Calls f(I{}) for an index dtype (i32 or i64), as gather.cu's visit_index.
 template <class F>
 Status visit_index(DT index_dt, F&& f) {
@@ -234,43 +244,39 @@ Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void
                    std::int64_t E, std::int64_t inner, std::int64_t N, Fault* fault, std::int32_t tag, Stream s) noexcept {
   const std::int64_t numel = outer * E * inner;
   if (numel == 0) return emu::ok;
-  return emu::visit(dt, [&](auto ttag) -> Status {
+  return emu::visit_numeric(dt, [&](auto ttag) -> Status {
     using T = decltype(ttag);
-    if constexpr (std::is_same_v<T, bool>) {
-      return not_supported;
-    } else {
-      // y = x first (gather.cu's device-to-device copy), a launch of its own as there.
-      const auto bytes = static_cast<std::size_t>(numel) * sizeof(T);
-      if (const Status e = emu::queue(s, [=] {
-            const void* from = emu::host(x);
-            void* to = emu::host(y);
-            if (from != to) std::memmove(to, from, bytes);
-          }))
-        return e;
-      if (N == 0) return emu::ok;
-      return emu::visit_index(index_dt, [&](auto itag) -> Status {
-        using I = decltype(itag);
-        return emu::queue(
-            s,
-            [=] {
-              const I* ip = emu::host(static_cast<const I*>(ix));
-              const T* up = emu::host(static_cast<const T*>(updates));
-              T* yp = emu::host(static_cast<T*>(y));
-              // Column by column, each adding its updates in index order (duplicates accumulate
-              // deterministically); the first column reports every bad index.
-              for (std::int64_t c = 0; c < outer * inner; ++c) {
-                const std::int64_t o = c / inner, i = c % inner;
-                for (std::int64_t k = 0; k < N; ++k) {
-                  const auto given = static_cast<std::int64_t>(ip[k]);
-                  const std::int64_t j = given < 0 ? given + E : given;
-                  if (j >= 0 && j < E) yp[(o * E + j) * inner + i] += up[(o * N + k) * inner + i];
-                  else if (c == 0 && fault != nullptr) emu::report_fault(fault, tag, given, E);
-                }
+    // y = x first (gather.cu's device-to-device copy), a launch of its own as there.
+    const auto bytes = static_cast<std::size_t>(numel) * sizeof(T);
+    if (const Status e = emu::queue(s, [=] {
+          const void* from = emu::host(x);
+          void* to = emu::host(y);
+          if (from != to) std::memmove(to, from, bytes);
+        }))
+      return e;
+    if (N == 0) return emu::ok;
+    return emu::visit_index(index_dt, [&](auto itag) -> Status {
+      using I = decltype(itag);
+      return emu::queue(
+          s,
+          [=] {
+            const I* ip = emu::host(static_cast<const I*>(ix));
+            const T* up = emu::host(static_cast<const T*>(updates));
+            T* yp = emu::host(static_cast<T*>(y));
+            // Column by column, each adding its updates in index order (duplicates accumulate
+            // deterministically); the first column reports every bad index.
+            for (std::int64_t c = 0; c < outer * inner; ++c) {
+              const std::int64_t o = c / inner, i = c % inner;
+              for (std::int64_t k = 0; k < N; ++k) {
+                const auto given = static_cast<std::int64_t>(ip[k]);
+                const std::int64_t j = given < 0 ? given + E : given;
+                if (j >= 0 && j < E) yp[(o * E + j) * inner + i] += up[(o * N + k) * inner + i];
+                else if (c == 0 && fault != nullptr) emu::report_fault(fault, tag, given, E);
               }
-            },
-            true);
-      });
-    }
+            }
+          },
+          true);
+    });
   });
 }
 
@@ -344,25 +350,21 @@ Status im2col(DT dt, const void* x, void* cols, const ConvGeometry& g, Stream s)
   const std::int64_t n = g.N * g.C * g.kh * g.kw * g.Ho * g.Wo;
   if (n == 0) return emu::ok;
   const ConvGeometry geo = g;  // the closure may run after the caller's struct is gone
-  return emu::visit(dt, [&](auto tag) -> Status {
+  return emu::visit_numeric(dt, [&](auto tag) -> Status {
     using T = decltype(tag);
-    if constexpr (std::is_same_v<T, bool>) {
-      return not_supported;
-    } else {
-      return emu::queue(s, [=] {
-        const T* xp = emu::host(static_cast<const T*>(x));
-        T* col = emu::host(static_cast<T*>(cols));
-        // Element (n, c*kh*kw + i*kw + j, oy*Wo + ox) of the columns; padding reads 0.
-        const std::int64_t L = geo.Ho * geo.Wo, kk = geo.kh * geo.kw;
-        for (std::int64_t e = 0; e < n; ++e) {
-          const std::int64_t l = e % L, r = e / L, q = r % (geo.C * kk), b = r / (geo.C * kk);
-          const std::int64_t c = q / kk, i = (q % kk) / geo.kw, j = q % geo.kw;
-          const std::int64_t iy = (l / geo.Wo) * geo.stride - geo.pad + i, ix = (l % geo.Wo) * geo.stride - geo.pad + j;
-          col[e] = iy >= 0 && iy < geo.H && ix >= 0 && ix < geo.W ? xp[((b * geo.C + c) * geo.H + iy) * geo.W + ix]
-                                                                  : T(0);
-        }
-      });
-    }
+    return emu::queue(s, [=] {
+      const T* xp = emu::host(static_cast<const T*>(x));
+      T* col = emu::host(static_cast<T*>(cols));
+      // Element (n, c*kh*kw + i*kw + j, oy*Wo + ox) of the columns; padding reads 0.
+      const std::int64_t L = geo.Ho * geo.Wo, kk = geo.kh * geo.kw;
+      for (std::int64_t e = 0; e < n; ++e) {
+        const std::int64_t l = e % L, r = e / L, q = r % (geo.C * kk), b = r / (geo.C * kk);
+        const std::int64_t c = q / kk, i = (q % kk) / geo.kw, j = q % geo.kw;
+        const std::int64_t iy = (l / geo.Wo) * geo.stride - geo.pad + i, ix = (l % geo.Wo) * geo.stride - geo.pad + j;
+        col[e] = iy >= 0 && iy < geo.H && ix >= 0 && ix < geo.W ? xp[((b * geo.C + c) * geo.H + iy) * geo.W + ix]
+                                                                : T(0);
+      }
+    });
   });
 }
 
@@ -370,33 +372,29 @@ Status col2im(DT dt, const void* cols, void* x, const ConvGeometry& g, Stream s)
   const std::int64_t n = g.N * g.C * g.H * g.W;
   if (n == 0) return emu::ok;
   const ConvGeometry geo = g;
-  return emu::visit(dt, [&](auto tag) -> Status {
+  return emu::visit_numeric(dt, [&](auto tag) -> Status {
     using T = decltype(tag);
-    if constexpr (std::is_same_v<T, bool>) {
-      return not_supported;
-    } else {
-      return emu::queue(s, [=] {
-        const T* col = emu::host(static_cast<const T*>(cols));
-        T* xp = emu::host(static_cast<T*>(x));
-        const std::int64_t L = geo.Ho * geo.Wo, kk = geo.kh * geo.kw;
-        // Pixel by pixel (overwriting x), the column entries that read it added kernel row i
-        // outer, column j inner: the CPU's and conv.cu's order.
-        for (std::int64_t e = 0; e < n; ++e) {
-          const std::int64_t px = e % geo.W, py = (e / geo.W) % geo.H, nc = e / (geo.W * geo.H);
-          T acc = T(0);
-          for (std::int64_t i = 0; i < geo.kh; ++i) {
-            const std::int64_t ty = py + geo.pad - i;  // = oy * stride for the window row reading py
-            if (ty < 0 || ty % geo.stride != 0 || ty / geo.stride >= geo.Ho) continue;
-            for (std::int64_t j = 0; j < geo.kw; ++j) {
-              const std::int64_t tx = px + geo.pad - j;
-              if (tx < 0 || tx % geo.stride != 0 || tx / geo.stride >= geo.Wo) continue;
-              acc += col[(nc * kk + i * geo.kw + j) * L + (ty / geo.stride) * geo.Wo + tx / geo.stride];
-            }
+    return emu::queue(s, [=] {
+      const T* col = emu::host(static_cast<const T*>(cols));
+      T* xp = emu::host(static_cast<T*>(x));
+      const std::int64_t L = geo.Ho * geo.Wo, kk = geo.kh * geo.kw;
+      // Pixel by pixel (overwriting x), the column entries that read it added kernel row i
+      // outer, column j inner: the CPU's and conv.cu's order.
+      for (std::int64_t e = 0; e < n; ++e) {
+        const std::int64_t px = e % geo.W, py = (e / geo.W) % geo.H, nc = e / (geo.W * geo.H);
+        T acc = T(0);
+        for (std::int64_t i = 0; i < geo.kh; ++i) {
+          const std::int64_t ty = py + geo.pad - i;  // = oy * stride for the window row reading py
+          if (ty < 0 || ty % geo.stride != 0 || ty / geo.stride >= geo.Ho) continue;
+          for (std::int64_t j = 0; j < geo.kw; ++j) {
+            const std::int64_t tx = px + geo.pad - j;
+            if (tx < 0 || tx % geo.stride != 0 || tx / geo.stride >= geo.Wo) continue;
+            acc += col[(nc * kk + i * geo.kw + j) * L + (ty / geo.stride) * geo.Wo + tx / geo.stride];
           }
-          xp[e] = acc;
         }
-      });
-    }
+        xp[e] = acc;
+      }
+    });
   });
 }
 
@@ -404,41 +402,37 @@ Status pool2d(bool is_max, DT dt, const void* x, void* y, const ConvGeometry& g,
   const std::int64_t n = g.N * g.C * g.Ho * g.Wo;
   if (n == 0) return emu::ok;
   const ConvGeometry geo = g;
-  return emu::visit(dt, [&](auto tag) -> Status {
+  return emu::visit_numeric(dt, [&](auto tag) -> Status {
     using T = decltype(tag);
-    if constexpr (std::is_same_v<T, bool>) {
-      return not_supported;
-    } else {
-      return emu::queue(s, [=] {
-        const T* xp = emu::host(static_cast<const T*>(x));
-        T* yp = emu::host(static_cast<T*>(y));
-        for (std::int64_t e = 0; e < n; ++e) {
-          const std::int64_t ox = e % geo.Wo, oy = (e / geo.Wo) % geo.Ho, nc = e / (geo.Wo * geo.Ho);
-          const T* top = xp + (nc * geo.H + oy * geo.stride) * geo.W + ox * geo.stride;
-          if (is_max) {  // any NaN in the window gives NaN
-            T m = top[0];
-            bool nan = false;
-            for (std::int64_t i = 0; i < geo.kh; ++i)
-              for (std::int64_t j = 0; j < geo.kw; ++j) {
-                const T v = top[i * geo.W + j];
-                m = v > m ? v : m;
-                if constexpr (std::is_floating_point_v<T>) nan |= v != v;
-              }
-            if constexpr (std::is_floating_point_v<T>) yp[e] = nan ? std::numeric_limits<T>::quiet_NaN() : m;
-            else yp[e] = m;
-          } else {  // down each column of the window first, then across (the CPU's separable pass)
-            T acc = T(0);
+    return emu::queue(s, [=] {
+      const T* xp = emu::host(static_cast<const T*>(x));
+      T* yp = emu::host(static_cast<T*>(y));
+      for (std::int64_t e = 0; e < n; ++e) {
+        const std::int64_t ox = e % geo.Wo, oy = (e / geo.Wo) % geo.Ho, nc = e / (geo.Wo * geo.Ho);
+        const T* top = xp + (nc * geo.H + oy * geo.stride) * geo.W + ox * geo.stride;
+        if (is_max) {  // any NaN in the window gives NaN
+          T m = top[0];
+          bool nan = false;
+          for (std::int64_t i = 0; i < geo.kh; ++i)
             for (std::int64_t j = 0; j < geo.kw; ++j) {
-              T column = top[j];
-              for (std::int64_t i = 1; i < geo.kh; ++i) column = column + top[i * geo.W + j];
-              acc += column;
+              const T v = top[i * geo.W + j];
+              m = v > m ? v : m;
+              if constexpr (std::is_floating_point_v<T>) nan |= v != v;
             }
-            // The reciprocal in T, as conv.cu (for integers it truncates, as there).
-            yp[e] = acc * static_cast<T>(1.0 / static_cast<double>(geo.kh * geo.kw));
+          if constexpr (std::is_floating_point_v<T>) yp[e] = nan ? std::numeric_limits<T>::quiet_NaN() : m;
+          else yp[e] = m;
+        } else {  // down each column of the window first, then across (the CPU's separable pass)
+          T acc = T(0);
+          for (std::int64_t j = 0; j < geo.kw; ++j) {
+            T column = top[j];
+            for (std::int64_t i = 1; i < geo.kh; ++i) column = column + top[i * geo.W + j];
+            acc += column;
           }
+          // The reciprocal in T, as conv.cu (for integers it truncates, as there).
+          yp[e] = acc * static_cast<T>(1.0 / static_cast<double>(geo.kh * geo.kw));
         }
-      });
-    }
+      }
+    });
   });
 }
 
@@ -446,34 +440,30 @@ Status max_pool2d_grad(DT dt, const void* g, const void* x, void* dx, const Conv
   const std::int64_t n = geo.N * geo.C * geo.H * geo.W;
   if (n == 0) return emu::ok;
   const ConvGeometry cg = geo;
-  return emu::visit(dt, [&](auto tag) -> Status {
+  return emu::visit_numeric(dt, [&](auto tag) -> Status {
     using T = decltype(tag);
-    if constexpr (std::is_same_v<T, bool>) {
-      return not_supported;
-    } else {
-      return emu::queue(s, [=] {
-        const T* gy = emu::host(static_cast<const T*>(g));
-        const T* xp = emu::host(static_cast<const T*>(x));
-        T* dp = emu::host(static_cast<T*>(dx));
-        // Pixel by pixel: the gradients of the windows whose argmax it is, in window order.
-        for (std::int64_t e = 0; e < n; ++e) {
-          const std::int64_t px = e % cg.W, py = (e / cg.W) % cg.H, nc = e / (cg.W * cg.H);
-          const T* plane = xp + nc * cg.H * cg.W;
-          // Windows oy with oy*s <= py < oy*s + kh, inside [0, Ho); columns alike.
-          const std::int64_t oy0 = py - cg.kh + 1 > 0 ? (py - cg.kh + 1 + cg.stride - 1) / cg.stride : 0;
-          const std::int64_t oy1 = py / cg.stride < cg.Ho - 1 ? py / cg.stride : cg.Ho - 1;
-          const std::int64_t ox0 = px - cg.kw + 1 > 0 ? (px - cg.kw + 1 + cg.stride - 1) / cg.stride : 0;
-          const std::int64_t ox1 = px / cg.stride < cg.Wo - 1 ? px / cg.stride : cg.Wo - 1;
-          T acc = T(0);
-          for (std::int64_t oy = oy0; oy <= oy1; ++oy)
-            for (std::int64_t ox = ox0; ox <= ox1; ++ox) {
-              const std::int64_t top = oy * cg.stride * cg.W + ox * cg.stride;
-              if (top + emu::window_argmax(plane + top, cg) == py * cg.W + px) acc += gy[(nc * cg.Ho + oy) * cg.Wo + ox];
-            }
-          dp[e] = acc;
-        }
-      });
-    }
+    return emu::queue(s, [=] {
+      const T* gy = emu::host(static_cast<const T*>(g));
+      const T* xp = emu::host(static_cast<const T*>(x));
+      T* dp = emu::host(static_cast<T*>(dx));
+      // Pixel by pixel: the gradients of the windows whose argmax it is, in window order.
+      for (std::int64_t e = 0; e < n; ++e) {
+        const std::int64_t px = e % cg.W, py = (e / cg.W) % cg.H, nc = e / (cg.W * cg.H);
+        const T* plane = xp + nc * cg.H * cg.W;
+        // Windows oy with oy*s <= py < oy*s + kh, inside [0, Ho); columns alike.
+        const std::int64_t oy0 = py - cg.kh + 1 > 0 ? (py - cg.kh + 1 + cg.stride - 1) / cg.stride : 0;
+        const std::int64_t oy1 = py / cg.stride < cg.Ho - 1 ? py / cg.stride : cg.Ho - 1;
+        const std::int64_t ox0 = px - cg.kw + 1 > 0 ? (px - cg.kw + 1 + cg.stride - 1) / cg.stride : 0;
+        const std::int64_t ox1 = px / cg.stride < cg.Wo - 1 ? px / cg.stride : cg.Wo - 1;
+        T acc = T(0);
+        for (std::int64_t oy = oy0; oy <= oy1; ++oy)
+          for (std::int64_t ox = ox0; ox <= ox1; ++ox) {
+            const std::int64_t top = oy * cg.stride * cg.W + ox * cg.stride;
+            if (top + emu::window_argmax(plane + top, cg) == py * cg.W + px) acc += gy[(nc * cg.Ho + oy) * cg.Wo + ox];
+          }
+        dp[e] = acc;
+      }
+    });
   });
 }
 
