@@ -141,7 +141,13 @@ std::vector<OpEntry> reshape_family() {
   RefFn identity = [](const std::vector<Ref>& in, const Params&) { return in[0]; };
   OpEntry sg{"stop_gradient", "sc::stop_gradient(x)", SC_CALL(sc::stop_gradient(x[0])), identity, exact_rounding,
              variants(all_dtypes, {{{{}}, {}, "rank 0"}, {{{3, 4}}, {}, ""}, {{{0, 2}}, {}, "empty"}}), 0u};
-  return {rs, ed, sq, fl, sg};
+  // to: the same values moved to the host and back to the input's device. On the CPU both moves
+  // are the tensor itself; the GPU pass (conformance_cuda.cpp) copies each way, and its gradient
+  // check crosses both copies.
+  OpEntry mv{"to", "Tensor::to(device)", SC_CALL(x[0].to(sc::Device::cpu()).to(x[0].device())), identity,
+             exact_rounding, variants(all_dtypes, {{{{}}, {}, "rank 0"}, {{{3, 4}}, {}, ""}, {{{0, 2}}, {}, "empty"}}),
+             1u};
+  return {rs, ed, sq, fl, sg, mv};
 }
 
 std::vector<OpEntry> copy_family() {

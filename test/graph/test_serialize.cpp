@@ -387,3 +387,28 @@ TEST_CASE("save/load: the text is readable and stable", "[serialize]") {
   CHECK_THAT(g, Catch::Contains(" kind=op op=matmul in=[0,1] out=[2] loc=" + k + ":"));
   CHECK(f.tensors.size() == 2);  // the variable and the constant
 }
+
+TEST_CASE("load: a to node copies on the host, and one naming no device is an IOError", "[serialize][errors]") {
+  // Tracing never makes a copy from the CPU to the CPU (`to` its own device is the tensor itself),
+  // so the node is written into the text: the plan runs the op's host copy.
+  TempDir dir("sc_ser");
+  const std::string path = dir / "f.scg";
+  const sc::ConcreteFunction f = small_function();
+  f.save(path);
+  replace_in_graph(path, "op=tanh", "op=to");
+  const sc::Tensor x = sc::ones({4, 3});
+  const sc::ConcreteFunction g = sc::load_function(path);
+  CHECK(g.graph().str().find("= to(") != std::string::npos);
+  const sc::Tensor got = g.call({x})[0];  // tanh(x w) + c became to(x w) + c: a copy
+  const sc::Tensor product = sc::matmul(x, sc::tensor({{0.5f, -1.f}, {2.f, 0.25f}, {1.5f, -0.5f}}));
+  CHECK(got.to_vector<float>() == (product + sc::tensor({1.f, 2.f})).to_vector<float>());
+  // Kind 7 is no device: the file is refused, naming the op.
+  rewrite(path, [](sc::SafetensorsFile& file) {
+    std::string& text = file.metadata.at("graph");
+    const auto at = text.find('\n', text.find("op=to"));
+    REQUIRE(at != std::string::npos);
+    text.insert(at, " i0=7");
+  });
+  const std::string m = load_error(path);
+  CHECK_THAT(m, Catch::StartsWith("[load_function] '" + path + "'") && Catch::Contains("[to] has no device of kind 7"));
+}

@@ -19,7 +19,7 @@ Tensor make_host(const Shape& shape, Fill&& fill, std::string_view op = "tensor"
   Tensor t = empty_tensor(shape, dtype_of<T>(), Device::cpu(), op, loc);
   fill(static_cast<T*>(t.raw_data()));
   const Device d = current_device();
-  return d.is_cpu() ? t : t.to(d, loc);
+  return d.is_cpu() ? t : device_copy(t, d, op, loc);
 }
 
 template <class T> struct nested_list { using type = T; static constexpr int depth = 0; };

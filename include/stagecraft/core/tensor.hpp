@@ -70,7 +70,8 @@ class Tensor {
   /// All elements in row-major order, converted to T.
   template <Element T>
   std::vector<T> to_vector(std::source_location loc = std::source_location::current()) const;
-  /// A copy on another device (the same tensor when it is already there).
+  /// A copy on another device (the same tensor when it is already there): an op (ops/to_device.hpp),
+  /// so gradients flow back across it and a trace records it.
   Tensor to(Device d, std::source_location loc = std::source_location::current()) const;
   /// A copy converted to another dtype (the same tensor when it already has it).
   Tensor astype(DType d, std::source_location loc = std::source_location::current()) const;
@@ -207,12 +208,25 @@ inline void require_concrete(const Tensor& t, std::string_view op, const std::so
     fail<DeviceError>(op, loc, "reads values on the host; call .to(sc::Device::cpu()) first");
 }
 
+/// A concrete tensor's copy on device d (itself when it is there), made without an op: what
+/// creation, loading and reading values use. Tapes and traces see no copy; Tensor::to (the op,
+/// ops/to_device.hpp) is the differentiable, traceable move.
+inline Tensor device_copy(const Tensor& t, Device d, std::string_view op, const std::source_location& loc) {
+  require_value(t, op, loc);
+  if (t.device() == d) return t;
+  for (const Device x : {t.device(), d})
+    if (x.is_cuda()) cuda::detail::require_device(x, op, loc);
+  const cuda::detail::ScopedCallSite site(op, loc);
+  Tensor out = empty_tensor(t.shape(), t.dtype(), d, op, loc);
+  cuda::detail::copy(out.raw_data(), d, t.raw_data(), t.device(), t.nbytes(), op, loc);
+  return out;
+}
+
 /// The tensor itself on the host, or its copy there (the host waits for the device's work).
 inline Tensor on_host(const Tensor& t, std::string_view op, const std::source_location& loc) {
   require_defined(t, op, loc);
   if (t.is_symbolic() || t.device().is_cpu()) return t;
-  const cuda::detail::ScopedCallSite site(op, loc);
-  return t.to(Device::cpu(), loc);
+  return device_copy(t, Device::cpu(), op, loc);
 }
 
 }  // namespace detail
@@ -239,20 +253,6 @@ std::vector<T> Tensor::to_vector(std::source_location loc) const {
     }
   }
   for (std::int64_t i = 0; i < numel(); ++i) out[i] = detail::load_as<T>(raw_data(), dtype(), i);
-  return out;
-}
-
-inline Tensor Tensor::to(Device d, std::source_location loc) const {
-  detail::require_defined(*this, "to", loc);
-  if (device() == d) return *this;
-  if (SC_UNLIKELY(is_symbolic()))
-    detail::fail<DeviceError>("to", loc, "cannot move a traced (symbolic) tensor from ", device().str(), " to ",
-                              d.str(), ": move its inputs before the sc::function instead");
-  for (const Device x : {device(), d})
-    if (x.is_cuda()) cuda::detail::require_device(x, "to", loc);
-  const cuda::detail::ScopedCallSite site("to", loc);
-  Tensor out = detail::empty_tensor(shape(), dtype(), d, "to", loc);
-  cuda::detail::copy(out.raw_data(), d, raw_data(), device(), nbytes(), "to", loc);
   return out;
 }
 

@@ -42,9 +42,9 @@ struct TraceState {
   /// Maps op inputs to this graph's values: symbolic tensors of this trace pass through, eager
   /// tensors become constants, variables' values become reads, outer traces' values captures.
   virtual void lift(std::span<const Tensor> in, std::vector<Tensor>& out, const std::source_location& loc) = 0;
-  /// Appends an op node on lifted inputs; returns its symbolic output.
+  /// Appends an op node on lifted inputs, its output on `dev`; returns its symbolic output.
   virtual Tensor append(ops::OpId op, std::span<const Tensor> lifted, const ops::Attrs& attrs,
-                        const ops::OutMeta& meta, const std::source_location& loc) = 0;
+                        const ops::OutMeta& meta, Device dev, const std::source_location& loc) = 0;
   /// The in-trace value of a variable after an assignment inside the trace (null: none yet).
   virtual const Tensor* shadow(const VariableInfo* var) = 0;
   /// A read of the variable in this trace: what Variable::value() gives while tracing, so

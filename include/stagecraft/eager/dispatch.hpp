@@ -3,6 +3,7 @@
 #pragma once
 #include <array>
 #include <atomic>
+#include <concepts>
 #include <new>
 #include <source_location>
 #include <utility>
@@ -160,7 +161,7 @@ inline bool any_symbolic(ops::Inputs in) {
 /// The tracing path: the op becomes a node of the innermost trace (its inputs lifted into that
 /// graph), and a recording tape sees the symbolic call, so backward passes are staged too.
 template <class Op>
-SC_NOINLINE Tensor trace_op(ops::Inputs in, const ops::Attrs& attrs, const ops::OutMeta& meta,
+SC_NOINLINE Tensor trace_op(ops::Inputs in, const ops::Attrs& attrs, const ops::OutMeta& meta, Device dev,
                             const std::source_location& loc) {
   Context& ctx = context();
   if (ctx.trace == nullptr)
@@ -172,14 +173,36 @@ SC_NOINLINE Tensor trace_op(ops::Inputs in, const ops::Attrs& attrs, const ops::
                                         "its sc::function); return it from the function instead of storing it");
   std::vector<Tensor> lifted;
   ctx.trace->lift(in, lifted, loc);
-  Tensor out = ctx.trace->append(Op::id, lifted, attrs, meta, loc);
+  Tensor out = ctx.trace->append(Op::id, lifted, attrs, meta, dev, loc);
   if (ctx.tapes != nullptr) record_on_tapes<Op>(lifted, attrs, out, loc);
+  return out;
+}
+
+/// An op that moves its input to the device its attributes name (ops::ToDevice).
+template <class Op>
+concept MovesDevice = requires(const ops::Attrs& a) {
+  { Op::target(a) } -> std::same_as<Device>;
+};
+
+/// dispatch for MovesDevice ops: the device is the op's target, the input stays where it is. A
+/// concrete input is copied now, also while tracing (the copy is then a constant of the graph,
+/// as the input was); a symbolic one becomes a node.
+template <class Op>
+SC_NOINLINE Tensor dispatch_move(ops::Inputs in, const ops::Attrs& attrs, const std::source_location& loc) {
+  const ops::OutMeta meta = Op::infer(in, attrs, loc);  // (checks that attrs name a device)
+  const Device dev = Op::target(attrs);
+  for (const Device d : {in[0].device(), dev})
+    if (d.is_cuda()) cuda::detail::require_device(d, Op::name, loc);
+  if (SC_UNLIKELY(any_symbolic(in))) return trace_op<Op>(in, attrs, meta, dev, loc);
+  Tensor out = run_eager<Op>(in, attrs, meta, dev, loc);
+  if (SC_UNLIKELY(context().tapes != nullptr)) record_on_tapes<Op>(in, attrs, out, loc);
   return out;
 }
 
 template <class Op>
 Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_location& loc) {
   for (const Tensor& t : in) require_defined(t, Op::name, loc);
+  if constexpr (MovesDevice<Op>) return dispatch_move<Op>(in, attrs, loc);
   const Device dev = choose_device(in, Op::name, loc);
   if (SC_UNLIKELY(dev.is_cuda())) cuda::detail::require_device(dev, Op::name, loc);
   if constexpr (Promoting<Op> || FloatInputs<Op>) {
@@ -204,7 +227,7 @@ Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_locat
     }
   const ops::OutMeta meta = Op::infer(in, attrs, loc);
   Context& ctx = context();
-  if (SC_UNLIKELY(ctx.trace != nullptr || any_symbolic(in))) return trace_op<Op>(in, attrs, meta, loc);
+  if (SC_UNLIKELY(ctx.trace != nullptr || any_symbolic(in))) return trace_op<Op>(in, attrs, meta, dev, loc);
   Tensor out = run_eager<Op>(in, attrs, meta, dev, loc);
   // Tape recording: one thread-local check when no tape records.
   if (SC_UNLIKELY(ctx.tapes != nullptr)) record_on_tapes<Op>(in, attrs, out, loc);
@@ -291,3 +314,6 @@ inline void set_strict_device_placement(bool on) { detail::implicit_copy_counter
 inline bool strict_device_placement() { return detail::implicit_copy_counters().strict.load(); }
 
 }  // namespace stagecraft
+
+// Tensor::to and the op it dispatches (it needs dispatch above; every op header includes this one).
+#include "../ops/to_device.hpp"

@@ -389,7 +389,7 @@ class Reader {
       fail(r.line, "tensor \"", key, "\" is ", name(t.dtype()), t.shape(), ", the graph expects ", name(d), s);
     if (dev.is_cpu()) return t;
     try {
-      return t.to(dev);
+      return stagecraft::detail::device_copy(t, dev, "load", std::source_location::current());
     } catch (const Error& e) {
       fail(r.line, "tensor \"", key, "\" cannot be placed on ", dev.str(), ": ", e.what());
     }

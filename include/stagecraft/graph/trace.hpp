@@ -71,14 +71,13 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
   }
 
   Tensor append(ops::OpId op, std::span<const Tensor> lifted, const ops::Attrs& attrs, const ops::OutMeta& meta,
-                const std::source_location& loc) override {
+                Device dev, const std::source_location& loc) override {
     Node n;
     n.kind = NodeKind::op;
     n.op = op;
     n.attrs = attrs;
     n.loc = here(loc);
     for (const Tensor& t : lifted) n.inputs.push_back(value_of(t));
-    const Device dev = lifted.empty() ? current_device() : lifted[0].device();
     const int id = graph.add_node(std::move(n), {TensorSpec{meta.shape, meta.dtype}}, dev);
     return handle(graph.out(id));
   }

@@ -32,7 +32,9 @@
   /* runtime checks (ops/check_range.hpp) */                    \
   X(CheckRange)                                                 \
   /* losses (ops/cross_entropy.hpp) */                          \
-  X(SoftmaxCrossEntropy) X(SoftmaxCrossEntropyGrad)
+  X(SoftmaxCrossEntropy) X(SoftmaxCrossEntropyGrad)             \
+  /* moves between devices (ops/to_device.hpp) */               \
+  X(ToDevice)
 // clang-format on
 
 namespace stagecraft::ops {

@@ -24,6 +24,7 @@
 #include "reshape.hpp"
 #include "slice.hpp"
 #include "stop_gradient.hpp"
+#include "to_device.hpp"
 #include "transpose.hpp"
 #include "unary.hpp"
 #include "where.hpp"

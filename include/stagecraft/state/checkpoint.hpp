@@ -98,7 +98,7 @@ class Checkpoint {
         mismatched.push_back(key + " is " + std::string(name(t.dtype())) + " " + t.shape().str() +
                              " in the file, " + std::string(name(v.dtype())) + " " + v.shape().str() +
                              " in the variable");
-      else values.push_back(v.device() == t.device() ? t : t.to(v.device(), loc));
+      else values.push_back(detail::device_copy(t, v.device(), op, loc));
     }
     for (const auto& [key, t] : file.tensors)
       if (!expected.count(key)) unexpected.push_back(key);

@@ -199,7 +199,7 @@ inline void save(const std::filesystem::path& path, const std::vector<std::pair<
     detail::require_defined(t, op, loc);
     if (t.is_symbolic())
       detail::fail<StagingError>(op, loc, "tensor \"", name, "\" is symbolic (being traced); save concrete values");
-    host.push_back(t.device().is_cpu() ? t : t.to(Device::cpu(), loc));
+    host.push_back(detail::device_copy(t, Device::cpu(), op, loc));
   }
   for (const auto& [k, v] : metadata)
     if (!valid_utf8(k) || !valid_utf8(v)) detail::fail<ValueError>(op, loc, "metadata entry \"", k, "\" is not valid UTF-8");

@@ -1,0 +1,219 @@
+// Moves between devices as an op (ops/to_device.hpp): gradients flow back across `to` and across
+// the copies a DeviceScope or a CPU scalar makes, traced functions move values they computed, and
+// the plan, CSE, saved functions and CUDA graphs handle the copy nodes.
+#include "cuda_testing.hpp"
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+using namespace sctest::cuda;
+
+namespace {
+
+/// The tape's gradient of loss(x) with respect to x, and the loss.
+template <class F>
+std::pair<sc::Tensor, sc::Tensor> grad_of(const sc::Tensor& x, F&& loss) {
+  sc::GradientTape tape;
+  tape.watch(x);
+  const sc::Tensor l = loss(x);
+  return {tape.gradient(l, x), l};
+}
+
+void check_close(const sc::Tensor& got, const sc::Tensor& want, double tol) {
+  REQUIRE(got.defined());
+  REQUIRE(got.shape() == want.shape());
+  REQUIRE(got.dtype() == want.dtype());
+  const auto g = got.to_vector<double>(), w = want.to_vector<double>();
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    INFO("element " << i);
+    CHECK(g[i] == Approx(w[i]).margin(tol).epsilon(tol));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda to: gradients flow back across to(), a DeviceScope's copy and a CPU scalar's", "[cuda][autodiff]") {
+  for (const sc::DType d : {sc::f32, sc::f64}) {
+    INFO(sc::name(d));
+    const sc::Tensor x = values({3, 4}, d, 90);
+    const double tol = tol_of(d) * 10;
+    // The reference: all on the CPU. d/dx sum(exp(x) * x) = exp(x) * (x + 1).
+    const sc::Tensor want = sc::exp(x) * (x + 1.0);
+    // Explicitly moved, the loss on the GPU: the gradient comes back to the CPU.
+    const auto [g1, l1] = grad_of(x, [](const sc::Tensor& a) {
+      const sc::Tensor ag = a.to(gpu);
+      return sc::sum(sc::exp(ag) * ag);
+    });
+    CHECK(l1.device() == gpu);
+    CHECK(g1.device() == sc::Device::cpu());
+    check_close(g1, want, tol);
+    // A GPU input moved to the CPU and back: its gradient stays on the GPU.
+    const sc::Tensor xg = x.to(gpu);
+    const auto [g2, l2] = grad_of(xg, [](const sc::Tensor& a) {
+      const sc::Tensor h = a.to(sc::Device::cpu());
+      return sc::sum((sc::exp(h) * h).to(gpu));
+    });
+    CHECK(g2.device() == gpu);
+    check_close(g2, want, tol);
+    // A DeviceScope sends the op to the GPU: the copy it makes is on the tape.
+    const auto [g3, l3] = grad_of(x, [](const sc::Tensor& a) {
+      const sc::DeviceScope on(gpu);
+      return sc::sum(sc::exp(a) * a);
+    });
+    CHECK(l3.device() == gpu);
+    check_close(g3, want, tol);
+    // A rank-0 CPU tensor joining a GPU op: its gradient is the sum over the GPU op, on the CPU.
+    const sc::Tensor s = sc::scalar(1.5).astype(d);
+    const auto [gs, ls] = grad_of(s, [&](const sc::Tensor& c) { return sc::sum(xg * c); });
+    CHECK(gs.device() == sc::Device::cpu());
+    check_close(gs, sc::sum(x), tol * 10);
+  }
+}
+
+TEST_CASE("cuda to: a finite-difference check of a loss computed on both devices", "[cuda][autodiff]") {
+  const sc::Tensor x = values({2, 3}, sc::f64, 91);
+  const auto f = [](const sc::Tensor& a) {
+    const sc::Tensor on_gpu = sc::tanh(a.to(gpu)) * 2.0;
+    return sc::sum(on_gpu.to(sc::Device::cpu()) * a);
+  };
+  const auto [g, l] = grad_of(x, f);
+  const auto xs = x.to_vector<double>();
+  const auto gs = g.to_vector<double>();
+  const double h = 1e-6;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    std::vector<double> up = xs, down = xs;
+    up[i] += h;
+    down[i] -= h;
+    const double fd = (f(sc::tensor(up, x.shape())).item<double>() - f(sc::tensor(down, x.shape())).item<double>()) / (2 * h);
+    INFO("element " << i);
+    CHECK(gs[i] == Approx(fd).epsilon(1e-7).margin(1e-8));
+  }
+}
+
+TEST_CASE("cuda to: a traced function moves values it computed, both ways, and its gradients", "[cuda][staged]") {
+  const sc::Tensor x = values({4, 5}, sc::f32, 92), w = values({5, 3}, sc::f32, 93);
+  // CPU argument, a product on the GPU, a row sum back on the CPU.
+  const auto body = [](const sc::Tensor& a, const sc::Tensor& b) {
+    const sc::Tensor h = sc::relu(sc::matmul(a.to(gpu), b.to(gpu)));
+    return sc::sum(h, {1}).to(sc::Device::cpu()) + 1.f;
+  };
+  auto f = sc::function(body);
+  const sc::Tensor want = body(x, w);  // eager
+  CHECK(want.device() == sc::Device::cpu());
+  for (int call = 0; call < 3; ++call) {
+    const sc::Tensor got = f(x, w);
+    CHECK(got.device() == sc::Device::cpu());
+    check_close(got, want, 1e-5);  // (the plan's product takes its ReLU as an epilogue)
+  }
+  const sc::ConcreteFunction c = f.get_concrete(x, w);
+  const std::string text = c.graph().str();
+  INFO(text);
+  // Three copies (two up, one down), each a node of the graph.
+  std::size_t copies = 0;
+  for (std::size_t at = text.find("= to("); at != std::string::npos; at = text.find("= to(", at + 1)) ++copies;
+  CHECK(copies == 3);
+  // Values on two devices: the plan runs kernel by kernel and says why it is no CUDA graph.
+  CHECK(c.stats().plan.cuda_graph.find("cpu values") != std::string::npos);
+  // The tape inside the trace: gradients of the CPU argument through both copies.
+  auto grads = sc::function([&](const sc::Tensor& a, const sc::Tensor& b) {
+    sc::GradientTape tape;
+    tape.watch(a);
+    tape.watch(b);
+    const sc::Tensor l = sc::sum(body(a, b) * body(a, b));
+    return tape.gradient(l, std::vector<sc::Tensor>{a, b});
+  });
+  sc::GradientTape tape;
+  tape.watch(x);
+  tape.watch(w);
+  const sc::Tensor l = sc::sum(body(x, w) * body(x, w));
+  const auto eager = tape.gradient(l, std::vector<sc::Tensor>{x, w});
+  const auto traced = grads(x, w);
+  for (int k = 0; k < 2; ++k) {
+    CHECK(traced[k].device() == sc::Device::cpu());
+    check_close(traced[k], eager[k], 1e-5);
+  }
+}
+
+TEST_CASE("cuda to: copies of one value to one device are one node; to two devices, two", "[cuda][staged]") {
+  auto f = sc::function([](const sc::Tensor& a) {
+    const sc::Tensor b = a * 2.f;
+    return sc::sum(b.to(gpu)) + sc::sum(b.to(gpu) * 3.f);
+  });
+  const sc::Tensor x = values({8}, sc::f32, 94);
+  check_close(f(x), sc::sum(x * 2.f) * 4.f, 1e-5);
+  const std::string text = f.get_concrete(x).graph().str();
+  INFO(text);
+  CHECK(text.find("= to(") != std::string::npos);
+  CHECK(text.find("= to(", text.find("= to(") + 1) == std::string::npos);  // CSE merged the two
+  if (sc::cuda::device_count() < 2) return;
+  const sc::Device second = sc::Device::cuda(1);
+  auto g = sc::function([&](const sc::Tensor& a) {
+    const sc::Tensor b = a * 2.f;
+    return b.to(gpu) + 1.f;
+  });
+  auto h = sc::function([&](const sc::Tensor& a) {
+    const sc::Tensor b = a * 2.f;
+    return b.to(second) + 1.f;
+  });
+  const sc::Tensor y0 = g(x), y1 = h(x);
+  CHECK(y0.device() == gpu);
+  CHECK(y1.device() == second);
+  CHECK(y0.to_vector<float>() == y1.to_vector<float>());
+  // Device to device inside a trace: a value computed on the first GPU moved to the second.
+  auto k = sc::function([&](const sc::Tensor& a) { return sc::exp(a).to(second) * 2.f; });
+  const sc::Tensor y2 = k(x.to(gpu));
+  CHECK(y2.device() == second);
+  check_close(y2, sc::exp(x) * 2.f, 1e-6);
+  CHECK(k.get_concrete(x.to(gpu)).stats().plan.cuda_graph.find("several GPUs") != std::string::npos);
+}
+
+TEST_CASE("cuda to: a symbolic CPU scalar joins a GPU op in a trace, a GPU variable takes a CPU-computed value",
+          "[cuda][staged]") {
+  const sc::Tensor x = values({6}, sc::f32, 95);
+  sc::Variable v(x.to(gpu), "v"), w(x.to(gpu), "w");
+  auto step = sc::function([&](const sc::Tensor& a, const sc::Tensor& scale) {
+    const sc::Tensor s = sc::sum(scale * scale);        // rank 0, on the CPU
+    v.assign(v.value() * s + (a * 0.5f).to(gpu));       // the GPU op reads s; the CPU half is moved
+    w.assign(a * s);                                     // computed on the CPU, kept on w's device
+    return v.value();
+  });
+  const sc::Tensor scale = sc::tensor(std::vector<float>{1.f, 0.5f});
+  const sc::Tensor want = x * 1.25f + x * 0.5f;
+  const sc::Tensor got = step(x, scale);
+  CHECK(got.device() == gpu);
+  CHECK(v.device() == gpu);
+  CHECK(w.device() == gpu);
+  check_close(v.value(), want, 1e-6);
+  check_close(w.value(), x * 1.25f, 1e-6);
+  step(x, scale);
+  check_close(v.value(), want * 1.25f + x * 0.5f, 1e-5);
+}
+
+TEST_CASE("cuda to: a saved function keeps its copies and their devices", "[cuda][staged]") {
+  auto f = sc::function([](const sc::Tensor& a) { return sc::sum(sc::exp(a.to(gpu)), {0}).to(sc::Device::cpu()); });
+  const sc::Tensor x = values({3, 2}, sc::f32, 96);
+  const sc::Tensor want = f(x);
+  const auto path = (std::filesystem::temp_directory_path() / "sc_test_cuda_to_saved.scg").string();
+  f.get_concrete(x).save(path);
+  const std::string text = f.get_concrete(x).graph().str();
+  const sc::ConcreteFunction loaded = sc::load_function(path);
+  std::filesystem::remove(path);
+  CHECK(loaded.graph().str() == text);
+  const sc::Tensor got = loaded(x);
+  CHECK(got.device() == sc::Device::cpu());
+  CHECK(got.to_vector<float>() == want.to_vector<float>());
+}
+
+TEST_CASE("cuda to: item, to_vector and printing read GPU values without taping a copy", "[cuda][autodiff]") {
+  const sc::Tensor x = values({4}, sc::f32, 97).to(gpu);
+  sc::GradientTape tape;
+  tape.watch(x);
+  const sc::Tensor l = sc::sum(x * x);
+  const float before = l.item<float>();
+  (void)x.to_vector<float>();
+  const sc::Tensor g = tape.gradient(l, x);
+  CHECK(g.device() == gpu);
+  check_close(g, x * 2.f, 1e-6);
+  CHECK(before == Approx(sc::sum(x * x).item<float>()));
+}
