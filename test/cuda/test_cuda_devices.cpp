@@ -217,3 +217,38 @@ TEST_CASE("cuda to: item, to_vector and printing read GPU values without taping 
   check_close(g, x * 2.f, 1e-6);
   CHECK(before == Approx(sc::sum(x * x).item<float>()));
 }
+
+TEST_CASE("cuda to: constants moved are folded, round trips and chains of moves are simplified", "[cuda][staged]") {
+  const sc::Tensor x = values({3}, sc::f32, 98);
+  const sc::Tensor c = sc::tensor(std::vector<float>{1.f, 2.f, 3.f});
+  // exp of a CPU constant, moved to the GPU: folded to a GPU constant, so the plan holds no CPU
+  // value, copies nothing at each call and can be replayed as a CUDA graph.
+  auto f = sc::function([&](const sc::Tensor& a) { return a * sc::exp(c).to(gpu); });
+  check_close(f(x.to(gpu)), x * sc::exp(c), 1e-6);
+  const sc::ConcreteFunction cf = f.get_concrete(x.to(gpu));
+  INFO(cf.graph().str());
+  CHECK(cf.graph().str().find("= to(") == std::string::npos);
+  CHECK(cf.stats().plan.cuda_graph.find("cpu values") == std::string::npos);
+  const sc::Tensor xg = x.to(gpu);
+  const auto [kernels, copies] = launches_of([&] {
+    (void)f(xg);
+    sc::cuda::synchronize();
+  });
+  if (copies >= 0) {
+    CHECK(kernels == 1);
+    CHECK(copies == 0);
+  }
+  // A round trip is no copy at all; a chain of moves is one.
+  auto g = sc::function([](const sc::Tensor& a) { return sc::exp(a).to(sc::Device::cpu()).to(gpu) * 2.f; });
+  check_close(g(x.to(gpu)), sc::exp(x) * 2.f, 1e-6);
+  CHECK(g.get_concrete(x.to(gpu)).graph().str().find("= to(") == std::string::npos);
+  if (sc::cuda::device_count() < 2) return;
+  const sc::Device second = sc::Device::cuda(1);
+  auto h = sc::function([&](const sc::Tensor& a) { return sc::exp(a).to(sc::Device::cpu()).to(second) * 2.f; });
+  check_close(h(x.to(gpu)), sc::exp(x) * 2.f, 1e-6);
+  const std::string text = h.get_concrete(x.to(gpu)).graph().str();
+  INFO(text);
+  const auto first = text.find("= to(");
+  CHECK(first != std::string::npos);
+  CHECK(text.find("= to(", first + 1) == std::string::npos);
+}

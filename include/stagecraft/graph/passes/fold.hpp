@@ -42,13 +42,16 @@ inline std::int64_t bytes_of(const Value& v) { return v.shape.numel() * static_c
 
 /// True when op node n of g reads only constants of its result's device and its result is small
 /// enough to keep. On a GPU only results of up to fold_small_elements are folded (run once there
-/// now: a tape's seed, a scalar computed from constants), each a launch less at every call.
+/// now: a tape's seed, a scalar computed from constants), each a launch less at every call. A
+/// constant moved to another device (to) is always folded: the copy replaces it in the graph.
 STAGECRAFT_COMPILED_INLINE bool foldable(const Graph& g, const Node& n);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE bool foldable(const Graph& g, const Node& n) {
   if (n.kind != NodeKind::op || n.outputs.size() != 1) return false;
   const Value& out = g.values[n.outputs[0]];
   const bool gpu = out.device.is_cuda();
+  if (n.op == ops::OpId::ToDevice)  // a constant moved: copied once, not at every call, whatever its size
+    return g.nodes[g.values[n.inputs[0]].node].kind == NodeKind::constant;
   if ((!out.device.is_cpu() && !gpu) || out.shape.numel() > (gpu ? fold_small_elements : fold_max_elements)) return false;
   std::int64_t in_bytes = 0;
   for (int v : n.inputs) {

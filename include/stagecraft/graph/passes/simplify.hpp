@@ -1,5 +1,6 @@
 // Algebraic simplification: a small table of rewrite rules (x*1 -> x, neg(neg(x)) -> x,
-// reshape/transpose/slice chains, casts to the same dtype, transposes folded into matmul). The one pass that names ops: it is a table.
+// reshape/transpose/slice chains, casts to the same dtype, transposes folded into matmul, device
+// round trips). The one pass that names ops: it is a table.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -170,7 +171,25 @@ STAGECRAFT_COMPILED_INLINE bool swaps_last_two(const Shape& p);
 /// matmul(transpose(x), y) -> matmul(x, y) with x's transpose flag flipped, when the transpose
 /// swaps x's last two axes only (likewise for y): BLAS reads x transposed, no copy is made.
 STAGECRAFT_COMPILED_INLINE Rewrite transpose_into_matmul(const View& s, const Node& n);
+
+/// to(x) -> x when x is already on the result's device.
+STAGECRAFT_COMPILED_INLINE Rewrite to_own_device(const View& s, const Node& n);
+
+/// to(to(x, a), b) -> to(x, b): one copy (none, by to_own_device, when x is on b: a round trip).
+STAGECRAFT_COMPILED_INLINE Rewrite to_to(const View& s, const Node& n);
 #if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Rewrite to_own_device(const View& s, const Node& n) {
+  return s.value(s.in(n, 0)).device == s.value(n.outputs[0]).device ? Rewrite::to_value(s.in(n, 0)) : Rewrite{};
+}
+
+STAGECRAFT_COMPILED_INLINE Rewrite to_to(const View& s, const Node& n) {
+  const Node& p = s.producer(s.in(n, 0));
+  if (p.kind != NodeKind::op || p.op != ops::OpId::ToDevice) return {};
+  Node r = n;
+  r.inputs = {s.in(p, 0)};
+  return Rewrite::to_node(std::move(r));
+}
+
 STAGECRAFT_COMPILED_INLINE Rewrite involution(const View& s, const Node& n) {
   const Node& p = s.producer(s.in(n, 0));
   if (p.kind != NodeKind::op || p.op != n.op) return {};
@@ -284,6 +303,8 @@ inline const Rule rules[] = {
     {ops::OpId::Cast, "cast(x, dtype of x) -> x", &no_op_when_same_type},
     {ops::OpId::BroadcastTo, "broadcast_to(x, shape of x) -> x", &no_op_when_same_type},
     {ops::OpId::MatMul, "matmul(transpose(x), y) -> matmul[transposed x](x, y)", &transpose_into_matmul},
+    {ops::OpId::ToDevice, "to(x, device of x) -> x", &to_own_device},
+    {ops::OpId::ToDevice, "to(to(x, a), b) -> to(x, b)", &to_to},
 };
 
 /// Rewrites node i of r until no rule applies (a bounded number of times); returns the value
@@ -317,8 +338,8 @@ STAGECRAFT_COMPILED_INLINE int simplify_node(Graph& r, std::size_t i, const std:
 /// elements (x*1, 1*x, x+(-0), (-0)+x, x-0, x/1, where the constant is all ones or zeros of that
 /// sign (is_all_zero: x+0.0 stays, as it turns -0.0 into +0.0, but (x+0.0)+0.0 is x+0.0), or a fill of that value; kept
 /// when the op changes x's dtype, a broadcast_to when it only changes its shape), neg(neg(x)),
-/// reshape, transpose and slice chains, reshape/cast/broadcast_to/slice that change nothing, and a transpose
-/// of the last two axes folded into the matmul reading it. Nodes it bypasses are left for dce.
+/// reshape, transpose and slice chains, reshape/cast/broadcast_to/slice that change nothing, a transpose
+/// of the last two axes folded into the matmul reading it, and chains of moves between devices. Nodes it bypasses are left for dce.
 STAGECRAFT_COMPILED_INLINE Graph simplify(const Graph& g);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE Graph simplify(const Graph& g) {
