@@ -252,3 +252,19 @@ TEST_CASE("cuda to: constants moved are folded, round trips and chains of moves 
   CHECK(first != std::string::npos);
   CHECK(text.find("= to(", first + 1) == std::string::npos);
 }
+
+TEST_CASE("cuda to: a traced function called under a DeviceScope runs where eager code would", "[cuda][staged]") {
+  const sc::Tensor x = values({4}, sc::f32, 99);
+  auto f = sc::function([](const sc::Tensor& a) { return a * 2.f + 1.f; });
+  CHECK(f(x).device() == sc::Device::cpu());
+  {
+    const sc::DeviceScope on(gpu);
+    const sc::Tensor y = f(x);  // retraced: the argument moved over by a node, the ops on the GPU
+    CHECK(y.device() == gpu);
+    CHECK(y.device() == (x * 2.f + 1.f).device());
+    check_close(y, x * 2.f + 1.f, 0);
+  }
+  CHECK(f.trace_count() == 2);
+  CHECK(f(x).device() == sc::Device::cpu());  // outside the scope: the first trace again
+  CHECK(f.trace_count() == 2);
+}

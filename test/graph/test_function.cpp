@@ -93,6 +93,31 @@ TEST_CASE("function: a plain argument's C++ type and sign of zero are part of th
   CHECK(g.trace_count() == 3);
 }
 
+TEST_CASE("function: the DeviceScope a call is made under is part of its signature", "[function][retrace]") {
+  // A scope decides where ops go, so a trace made under one is not reused outside it (nor the
+  // other way round). On the CPU alone: no scope and a CPU scope trace apart, and each is reused.
+  LogCapture log;
+  auto f = sc::function([](sc::Tensor x) { return x * 2.f; }, "scoped");
+  f(sc::ones({2}));
+  {
+    const sc::DeviceScope on(sc::Device::cpu());
+    check_same(f(sc::ones({2})), sc::full({2}, 2.f));
+    CHECK(f.trace_count() == 2);
+    f(sc::ones({2}));
+    CHECK(f.trace_count() == 2);
+  }
+  f(sc::ones({2}));
+  CHECK(f.trace_count() == 2);
+  REQUIRE(log.lines.size() == 1);
+  CHECK_THAT(log.lines[0], Catch::Contains("retracing 'scoped' (trace 2): the DeviceScope changed from none to cpu"));
+  // With an argument changed too, both are named.
+  {
+    const sc::DeviceScope on(sc::Device::cpu());
+    f(sc::ones({3}));
+  }
+  CHECK_THAT(log.lines.back(), Catch::Contains("argument 0 changed from f32[2] to f32[3]"));
+}
+
 TEST_CASE("function: tuple and vector results", "[function]") {
   auto f = sc::function([](sc::Tensor x) { return std::make_tuple(x + 1.f, std::vector<sc::Tensor>{x * 2.f, -x}); });
   auto [a, v] = f(sc::ones({2}));

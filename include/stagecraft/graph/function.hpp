@@ -9,6 +9,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -495,9 +496,10 @@ STAGECRAFT_COMPILED_INLINE std::function<void(const std::string&)>& staging_log(
 
 /// The tracing JIT. `auto f = sc::function(fn)`: each call looks up its input signature (dtype,
 /// shape and device of every tensor argument, identity of every Variable, value of every plain
-/// argument); the first call with a signature traces fn with symbolic tensors, optimizes the graph
-/// and builds a plan; later calls run the plan. Copies share their traces; calls from several
-/// threads are safe.
+/// argument, and the device of the DeviceScope it is called under, if any); the first call with a
+/// signature traces fn with symbolic tensors, optimizes the graph and builds a plan; later calls
+/// run the plan. So a call under a DeviceScope places the ops where the same code run eagerly
+/// would. Copies share their traces; calls from several threads are safe.
 template <class F>
 class Function {
  public:
@@ -540,6 +542,7 @@ class Function {
  private:
   struct Entry {
     std::vector<detail_fn::ArgKey> sig;
+    std::optional<Device> scope;  ///< the DeviceScope's device the trace ran under (none: no scope)
     ConcreteFunction cf;
     std::vector<std::size_t> lengths;
   };
@@ -556,28 +559,35 @@ class Function {
   template <class... A>
   const Entry& entry_for(const std::source_location& loc, const A&... args) const {
     const std::array<detail_fn::ArgKey, sizeof...(A)> sig{detail_fn::key_of(args)...};
+    const Device* scoped = stagecraft::detail::scoped_device();
+    const std::optional<Device> scope = scoped != nullptr ? std::optional<Device>(*scoped) : std::nullopt;
     std::lock_guard<std::mutex> lock(s_->mu);
     for (const auto& e : s_->entries)
-      if (std::equal(sig.begin(), sig.end(), e->sig.begin(), e->sig.end())) return *e;
+      if (e->scope == scope && std::equal(sig.begin(), sig.end(), e->sig.begin(), e->sig.end())) return *e;
     std::vector<detail_fn::ArgKey> sigv(sig.begin(), sig.end());
-    if (!s_->entries.empty()) note_retrace(sigv);
+    if (!s_->entries.empty()) note_retrace(sigv, scope);
     auto e = std::make_unique<Entry>();
     e->sig = std::move(sigv);
+    e->scope = scope;
     trace_into(*e, loc, args...);
     s_->entries.push_back(std::move(e));
     return *s_->entries.back();
   }
 
-  void note_retrace(const std::vector<detail_fn::ArgKey>& sig) const {
-    // Against the closest earlier signature (fewest differing arguments, latest on ties).
-    const std::vector<detail_fn::ArgKey>* prev = nullptr;
-    std::size_t best = sig.size() + 1;
+  void note_retrace(const std::vector<detail_fn::ArgKey>& sig, const std::optional<Device>& scope) const {
+    // Against the closest earlier signature (fewest differing arguments and scope, latest on ties).
+    const Entry* closest = nullptr;
+    std::size_t best = sig.size() + 2;
     for (const auto& e : s_->entries) {
-      std::size_t d = 0;
+      std::size_t d = e->scope != scope;
       for (std::size_t i = 0; i < sig.size(); ++i) d += !(sig[i] == e->sig[i]);
-      if (d <= best) best = d, prev = &e->sig;
+      if (d <= best) best = d, closest = e.get();
     }
+    const std::vector<detail_fn::ArgKey>* prev = &closest->sig;
+    const auto scope_text = [](const std::optional<Device>& d) { return d ? d->str() : std::string("none"); };
     std::string why;
+    if (closest->scope != scope)
+      why = "the DeviceScope changed from " + scope_text(closest->scope) + " to " + scope_text(scope);
     for (std::size_t i = 0; i < sig.size(); ++i)
       if (!(sig[i] == (*prev)[i])) {
         const bool typed = sig[i].type != (*prev)[i].type;  // name the types only when they differ
