@@ -135,7 +135,7 @@ TEST_CASE("cuda to: a traced function moves values it computed, both ways, and i
   }
 }
 
-TEST_CASE("cuda to: copies of one value to one device are one node; to two devices, two", "[cuda][staged]") {
+TEST_CASE("cuda to: copies of one value to one device are one node, to two devices two", "[cuda][staged]") {
   auto f = sc::function([](const sc::Tensor& a) {
     const sc::Tensor b = a * 2.f;
     return sc::sum(b.to(gpu)) + sc::sum(b.to(gpu) * 3.f);
@@ -267,4 +267,50 @@ TEST_CASE("cuda to: a traced function called under a DeviceScope runs where eage
   CHECK(f.trace_count() == 2);
   CHECK(f(x).device() == sc::Device::cpu());  // outside the scope: the first trace again
   CHECK(f.trace_count() == 2);
+}
+
+TEST_CASE("cuda to: host_fn's function gets GPU inputs on the host, and gradients go back to the GPU",
+          "[cuda][staged][autodiff]") {
+  // fn reads its inputs' bytes on the host (as host_fn promises it may): 2x, with gradient 2g.
+  const auto fn = [](const std::vector<sc::Tensor>& a) {
+    REQUIRE(a[0].device() == sc::Device::cpu());
+    const float* p = static_cast<const float*>(a[0].raw_data());
+    std::vector<float> v(p, p + a[0].numel());
+    for (float& e : v) e *= 2.f;
+    return std::vector<sc::Tensor>{sc::tensor(v, a[0].shape())};
+  };
+  const auto grad = [](const std::vector<sc::Tensor>&, const std::vector<sc::Tensor>&,
+                       const std::vector<sc::Tensor>& g) { return std::vector<sc::Tensor>{g[0] * 2.f}; };
+  const std::vector<sc::TensorSpec> spec = {{sc::Shape{4}, sc::f32}};
+  const sc::Tensor x = values({4}, sc::f32, 100);
+  const sc::Tensor xg = x.to(gpu);
+  // Eager: the result on the CPU, the gradient of a GPU loss back on the GPU input.
+  const auto [g, l] = grad_of(xg, [&](const sc::Tensor& a) {
+    const sc::Tensor h = sc::host_fn(fn, {a}, spec, grad)[0];
+    CHECK(h.device() == sc::Device::cpu());
+    return sc::sum(h.to(gpu) * a);  // d/da sum(2a * a) = 4a
+  });
+  CHECK(g.device() == gpu);
+  check_close(g, x * 4.f, 1e-6);
+  // Traced: the same, twice (the plan's host_fn step gets host tensors at every call).
+  auto f = sc::function([&](const sc::Tensor& a) {
+    sc::GradientTape tape;
+    tape.watch(a);
+    const sc::Tensor loss = sc::sum(sc::host_fn(fn, {sc::exp(a)}, spec, grad)[0].to(gpu));
+    return tape.gradient(loss, a);  // 2 exp(a)
+  });
+  for (int call = 0; call < 2; ++call) {
+    const sc::Tensor t = f(xg);
+    CHECK(t.device() == gpu);
+    check_close(t, sc::exp(x) * 2.f, 1e-5);
+  }
+  // A function that makes its output on the GPU: the result still comes back on the host.
+  const auto on_gpu = [](const std::vector<sc::Tensor>& a) { return std::vector<sc::Tensor>{a[0].to(gpu) + 1.f}; };
+  const sc::Tensor r = sc::host_fn(on_gpu, {x}, spec)[0];
+  CHECK(r.device() == sc::Device::cpu());
+  check_close(r, x + 1.f, 0);
+  auto k = sc::function([&](const sc::Tensor& a) { return sc::host_fn(on_gpu, {a}, spec)[0] * 2.f; });
+  const sc::Tensor r2 = k(x);
+  CHECK(r2.device() == sc::Device::cpu());
+  check_close(r2, (x + 1.f) * 2.f, 0);
 }

@@ -1,6 +1,7 @@
 // sc::host_fn: arbitrary C++ on concrete tensors inside a staged function (TensorFlow's
 // py_func), run at every call of the plan, with an optional gradient.
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -12,20 +13,24 @@
 namespace stagecraft {
 namespace graph::detail_host {
 
-STAGECRAFT_COMPILED_INLINE void check_outputs(const std::vector<Tensor>& res, const std::vector<TensorSpec>& specs,
+/// Checks what the function returned against its specs (ValueError naming loc) and moves an output
+/// it made on another device to the CPU, where host_fn's outputs live.
+STAGECRAFT_COMPILED_INLINE void check_outputs(std::vector<Tensor>& res, const std::vector<TensorSpec>& specs,
                                               const std::source_location& loc);
 #if STAGECRAFT_DEFINE_COMPILED
-STAGECRAFT_COMPILED_INLINE void check_outputs(const std::vector<Tensor>& res, const std::vector<TensorSpec>& specs,
+STAGECRAFT_COMPILED_INLINE void check_outputs(std::vector<Tensor>& res, const std::vector<TensorSpec>& specs,
                                               const std::source_location& loc) {
   if (res.size() != specs.size())
     stagecraft::detail::fail<ValueError>("host_fn", loc, "the function returned ", res.size(),
                                          " tensors, its output specs promise ", specs.size());
-  for (std::size_t k = 0; k < res.size(); ++k)
+  for (std::size_t k = 0; k < res.size(); ++k) {
     if (!res[k].defined() || res[k].is_symbolic() || res[k].shape() != specs[k].shape || res[k].dtype() != specs[k].dtype)
       stagecraft::detail::fail<ValueError>("host_fn", loc, "output ", k, " is ",
                                            res[k].defined() ? std::string(name(res[k].dtype())) + res[k].shape().str()
                                                             : std::string("undefined"),
                                            ", its spec says ", name(specs[k].dtype), specs[k].shape);
+    if (!res[k].device().is_cpu()) res[k] = stagecraft::detail::device_copy(res[k], Device::cpu(), "host_fn", loc);
+  }
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
 
@@ -74,9 +79,16 @@ STAGECRAFT_COMPILED_INLINE void record_gradient(const std::shared_ptr<const Host
 }
 
 STAGECRAFT_COMPILED_INLINE std::vector<Tensor> call(const std::shared_ptr<const HostFn>& h,
-                                                    const std::vector<Tensor>& inputs,
+                                                    const std::vector<Tensor>& given,
                                                     const std::source_location& loc) {
-  for (const Tensor& t : inputs) stagecraft::detail::require_defined(t, "host_fn", loc);
+  for (const Tensor& t : given) stagecraft::detail::require_defined(t, "host_fn", loc);
+  // The function reads its inputs on the host: one on another device is moved first, by `to`
+  // (an op: traced as a node, and the tape carries gradients back across it).
+  std::vector<Tensor> moved;
+  const bool elsewhere = std::any_of(given.begin(), given.end(), [](const Tensor& t) { return !t.device().is_cpu(); });
+  if (elsewhere)
+    for (const Tensor& t : given) moved.push_back(t.to(Device::cpu(), loc));
+  const std::vector<Tensor>& inputs = elsewhere ? moved : given;
   bool symbolic = stagecraft::detail::context().trace != nullptr;
   for (const Tensor& t : inputs) symbolic |= t.is_symbolic();
   std::vector<Tensor> outs;
@@ -100,8 +112,10 @@ STAGECRAFT_COMPILED_INLINE std::vector<Tensor> call(const std::shared_ptr<const 
 
 }  // namespace graph::detail_host
 
-/// Runs fn (any C++) on concrete CPU tensors; inside sc::function it becomes a node that runs fn
-/// at every call of the plan. `outputs` describes what fn returns (checked at every call).
+/// Runs fn (any C++) on concrete CPU tensors (inputs on a GPU are moved to the host first, and
+/// outputs fn makes elsewhere are moved there: host_fn's results live on the CPU); inside
+/// sc::function it becomes a node that runs fn at every call of the plan. `outputs` describes
+/// what fn returns (checked at every call).
 /// `grad(inputs, outputs, output_grads)` -> input gradients (undefined: none) makes it
 /// differentiable. A graph holding a host_fn cannot be saved.
 STAGECRAFT_COMPILED_INLINE std::vector<Tensor> host_fn(std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn,

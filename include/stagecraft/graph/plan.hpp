@@ -600,6 +600,8 @@ STAGECRAFT_COMPILED_INLINE void Plan::run_step(const Step& s, std::size_t i, Run
           stagecraft::detail::fail_at<ValueError>("host_fn", n.loc.file, n.loc.line, "output ", k, " is ",
                                       res[k].defined() ? std::string(name(res[k].dtype())) + res[k].shape().str() : std::string("undefined"),
                                       ", its spec says ", name(specs[k].dtype), specs[k].shape);
+        if (!res[k].device().is_cpu())  // (host_fn's results live on the CPU)
+          res[k] = stagecraft::detail::device_copy(res[k], Device::cpu(), "host_fn", std::source_location::current());
         detail_plan::rebind(st.vals[s.out[k]], res[k]);
       }
       break;
