@@ -314,3 +314,91 @@ TEST_CASE("cuda to: host_fn's function gets GPU inputs on the host, and gradient
   CHECK(r2.device() == sc::Device::cpu());
   check_close(r2, (x + 1.f) * 2.f, 0);
 }
+
+TEST_CASE("cuda to: cond and while_loop outputs keep each their own device, and branches must agree on it",
+          "[cuda][staged][control]") {
+  const sc::Tensor x = values({3}, sc::f32, 101);
+  const sc::Tensor xg = x.to(gpu);
+  // A loop over a GPU value with a CPU counter: the counter stays on the CPU (as eagerly), and the
+  // gradient through the loop comes back to the GPU.
+  const auto loop = [](const sc::Tensor& a) {
+    return sc::while_loop([](const sc::Tensor&, const sc::Tensor& i) { return i < 3; },
+                          [](const sc::Tensor& v, const sc::Tensor& i) { return std::make_tuple(v * v, i + 1); },
+                          std::make_tuple(a, sc::scalar<std::int64_t>(0)));
+  };
+  auto counter = sc::function([&](const sc::Tensor& a) { return std::get<1>(loop(a)) * 10; });
+  const sc::Tensor n = counter(xg);
+  CHECK(n.device() == sc::Device::cpu());
+  CHECK(n.item<std::int64_t>() == 30);
+  auto grad = sc::function([&](const sc::Tensor& a) {
+    sc::GradientTape tape;
+    tape.watch(a);
+    return tape.gradient(sc::sum(std::get<0>(loop(a))), a);  // d/da a^8 = 8 a^7
+  });
+  const sc::Tensor g = grad(xg);
+  CHECK(g.device() == gpu);
+  check_close(g, x * x * x * x * x * x * x * 8.f, 1e-5);
+  // Two outputs of one cond on two devices.
+  auto both = sc::function([](const sc::Tensor& a) {
+    return sc::cond(sc::sum(a) > 0.f, [&] { return std::make_tuple(a * 2.f, (a * 2.f).to(sc::Device::cpu())); },
+                    [&] { return std::make_tuple(a, a.to(sc::Device::cpu())); });
+  });
+  const auto [on_gpu, on_cpu] = both(xg);
+  CHECK(on_gpu.device() == gpu);
+  CHECK(on_cpu.device() == sc::Device::cpu());
+  check_close(on_cpu, on_gpu, 0);
+  // Branches that put an output on two devices, a body that moves a loop variable: named errors.
+  auto bad_cond = sc::function([&](const sc::Tensor& a) {
+    return sc::cond(sc::sum(a) > 0.f, [&] { return a; }, [&] { return a.to(sc::Device::cpu()); });
+  });
+  const int line = __LINE__ - 2;
+  CHECK_THROWS_WITH(bad_cond(xg), Catch::Contains("[cond] output 0 is on cuda:0 in then_fn but on cpu in else_fn") &&
+                                      Catch::Contains("test_cuda_devices.cpp:" + std::to_string(line)));
+  auto bad_loop = sc::function([](const sc::Tensor& a) {
+    return sc::while_loop([](const sc::Tensor& v) { return sc::sum(v) < 100.f; },
+                          [](const sc::Tensor& v) { return (v * 2.f).to(sc::Device::cpu()); }, a);
+  });
+  CHECK_THROWS_WITH(bad_loop(sc::abs(xg) + 1.f),
+                    Catch::Contains("[while_loop] loop variable 0 enters on cuda:0 but body_fn returns it on cpu"));
+}
+
+TEST_CASE("cuda to: gradients through GPU control flow start their placeholder zeros on the GPU",
+          "[cuda][staged][control][autodiff]") {
+  // A loop whose counter and an unconnected variable live on the GPU, and a cond whose untaken
+  // branch reads a GPU capture: their gradients' zeros (unconnected inputs, the replay's counter)
+  // were made on the CPU and met GPU values ("[mul] inputs are on different devices").
+  const sc::Tensor x = values({3}, sc::f32, 102);
+  const sc::Tensor xg = x.to(gpu);
+  const auto grads = [](const sc::Tensor& a, const sc::Tensor& b) {
+    sc::GradientTape tape;
+    tape.watch(a);
+    tape.watch(b);
+    const auto r = sc::while_loop(
+        [](const sc::Tensor&, const sc::Tensor& i, const sc::Tensor&) { return i < 3; },
+        [](const sc::Tensor& v, const sc::Tensor& i, const sc::Tensor& u) { return std::make_tuple(v * v, i + 1, u + 1.f); },
+        std::make_tuple(a, sc::scalar<std::int64_t>(0).to(gpu), b));
+    return tape.gradient(sc::sum(std::get<0>(r)), std::vector<sc::Tensor>{a, b});
+  };
+  auto traced = sc::function(grads);
+  const sc::Tensor other = xg + 1.f;  // (not xg itself: its gradient would be xg's)
+  for (const auto& g : {grads(xg, other), std::vector<sc::Tensor>(traced(xg, other))}) {
+    REQUIRE(g.size() == 2);
+    CHECK(g[0].device() == gpu);
+    check_close(g[0], x * x * x * x * x * x * x * 8.f, 1e-5);
+    if (g[1].defined()) {
+      CHECK(g[1].device() == gpu);
+      check_close(g[1], x * 0.f, 0);
+    }
+  }
+  auto c = sc::function([](const sc::Tensor& a, const sc::Tensor& b) {
+    sc::GradientTape tape;
+    tape.watch(a);
+    tape.watch(b);
+    const sc::Tensor r = sc::cond(sc::sum(a) > -100.f, [&] { return a * 2.f; }, [&] { return b * 3.f; });
+    return tape.gradient(sc::sum(r), std::vector<sc::Tensor>{a, b});
+  });
+  const std::vector<sc::Tensor> g = c(xg, xg * 2.f);
+  check_close(g[0], x * 0.f + 2.f, 0);
+  CHECK(g[1].device() == gpu);
+  check_close(g[1], x * 0.f, 0);
+}

@@ -159,8 +159,11 @@ STAGECRAFT_COMPILED_INLINE void read_assigned_in_place(Body& cond_b, Body& body_
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
 
-/// Zeros shaped like t (a placeholder gradient).
-inline Tensor zeros_like(const Tensor& t, const std::source_location& loc) { return zeros(t.shape(), t.dtype(), loc); }
+/// Zeros shaped like t, on t's device (a placeholder gradient: it meets t's other gradients).
+inline Tensor zeros_like(const Tensor& t, const std::source_location& loc) {
+  const stagecraft::detail::DevicePin on(t.device());
+  return zeros(t.shape(), t.dtype(), loc);
+}
 
 /// sum_k sum(outs[k] * seeds[k]) over the float outputs with a seed: a scalar whose gradient is
 /// the vector-Jacobian product of all outputs at once.
@@ -310,6 +313,17 @@ STAGECRAFT_COMPILED_INLINE Tensors cond_impl(const Tensor& pred, const Thunk& th
     if (!(ts[k] == es[k]))
       stagecraft::detail::fail<StagingError>("cond", loc, "output ", k, " is ", spec_text(ts[k]), " in then_fn but ",
                                              spec_text(es[k]), " in else_fn; both branches must give the same shapes and dtypes");
+  // Each output lives where both branches put it (a plan cannot choose its device at run time).
+  std::vector<Device> devs;
+  for (std::size_t k = 0; k < ts.size(); ++k) {
+    const Device td = then_b.graph->values[then_b.graph->outputs[k]].device;
+    const Device ed = else_b.graph->values[else_b.graph->outputs[k]].device;
+    if (td != ed)
+      stagecraft::detail::fail<StagingError>("cond", loc, "output ", k, " is on ", td.str(), " in then_fn but on ",
+                                             ed.str(), " in else_fn; both branches must give the same devices (move "
+                                             "one with .to())");
+    devs.push_back(td);
+  }
   Node n;
   n.kind = NodeKind::cond;
   Tensors ins{p1};
@@ -318,10 +332,9 @@ STAGECRAFT_COMPILED_INLINE Tensors cond_impl(const Tensor& pred, const Thunk& th
   for (const Tensor& t : lifted(ins, loc)) n.inputs.push_back(parent->value_of(t));
   n.attrs.i0 = static_cast<std::int64_t>(then_b.captured.size());
   n.bodies = {then_b.graph, else_b.graph};
-  const Device dev = then_b.graph->outputs.empty() ? Device::cpu() : then_b.graph->values[then_b.graph->outputs[0]].device;
   std::optional<ReplayVars> pre;  // read before the node: the values the branches start from
   if (stagecraft::detail::context().tapes != nullptr) pre = assigned_values({then_b.graph.get(), else_b.graph.get()});
-  Tensors outs = parent->append_node(std::move(n), ts, dev, loc);
+  Tensors outs = parent->append_node(std::move(n), ts, devs, loc);
   forget_assigned(*parent, then_b);
   forget_assigned(*parent, else_b);
   if (pre) record_cond_gradient(p1, then_b, else_b, *pre, outs, loc);
@@ -350,7 +363,7 @@ STAGECRAFT_COMPILED_INLINE void record_while_gradient(const Tensors& init, const
         // The loop variables entering iteration i: the body applied i times to the initial values
         // (and the variables the loop assigns, carried beside them: the replay assigns nothing).
         const auto nv = static_cast<std::ptrdiff_t>(n), m = static_cast<std::ptrdiff_t>(pre.vars.size());
-        Tensors fwd{zeros(Shape{}, DType::i64, loc)};
+        Tensors fwd{zeros_like(count, loc)};  // (on the count's device, as i)
         fwd.insert(fwd.end(), init.begin(), init.end());
         fwd.insert(fwd.end(), pre.values.begin(), pre.values.end());
         // A round's arguments and the variable values it starts from, from a replay state [count,
@@ -446,11 +459,16 @@ STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const T
   const auto outs_spec = specs_of(*body_b.graph, body_b.graph->outputs);
   if (outs_spec.size() != specs.size())
     stagecraft::detail::fail<StagingError>("while_loop", loc, "body_fn returns ", outs_spec.size(), " tensors for ", specs.size(), " loop variables");
-  for (std::size_t k = 0; k < specs.size(); ++k)
+  for (std::size_t k = 0; k < specs.size(); ++k) {
     if (!(outs_spec[k] == specs[k]))
       stagecraft::detail::fail<StagingError>("while_loop", loc, "loop variable ", k, " enters as ", spec_text(specs[k]),
                                              " but body_fn returns ", spec_text(outs_spec[k]),
                                              "; loop variables must keep their shape and dtype");
+    if (const Device d = body_b.graph->values[body_b.graph->outputs[k]].device; d != devs[k])
+      stagecraft::detail::fail<StagingError>("while_loop", loc, "loop variable ", k, " enters on ", devs[k].str(),
+                                             " but body_fn returns it on ", d.str(),
+                                             "; loop variables must keep their device (move it back with .to())");
+  }
   Node n;
   n.kind = NodeKind::while_loop;
   Tensors ins = lv;
@@ -461,10 +479,12 @@ STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const T
   n.num_loop_vars = static_cast<int>(specs.size());
   n.bodies = {cond_b.graph, body_b.graph};
   std::vector<TensorSpec> out_specs = specs;
-  out_specs.push_back({Shape{}, DType::i64});  // the iteration count (for the gradient)
+  out_specs.push_back({Shape{}, DType::i64});  // the iteration count (for the gradient), on the first variable's device
+  std::vector<Device> out_devs = devs;
+  out_devs.push_back(devs.empty() ? Device::cpu() : devs[0]);
   std::optional<ReplayVars> pre;  // read before the node: the values the first round starts from
   if (stagecraft::detail::context().tapes != nullptr) pre = assigned_values({cond_b.graph.get(), body_b.graph.get()});
-  Tensors outs = parent->append_node(std::move(n), out_specs, devs.empty() ? Device::cpu() : devs[0], loc);
+  Tensors outs = parent->append_node(std::move(n), out_specs, out_devs, loc);
   forget_assigned(*parent, cond_b);
   forget_assigned(*parent, body_b);
   if (pre) record_while_gradient(vars, cond_b, body_b, *pre, outs, loc);

@@ -629,7 +629,13 @@ STAGECRAFT_COMPILED_INLINE void Plan::run_step(const Step& s, std::size_t i, Run
       for (std::size_t k = s.num_loop_vars; k < s.in.size(); ++k) captured.push_back(st.vals[s.in[k]]);
       const std::int64_t count = detail_plan::run_while(*s.sub[0], *s.sub[1], n, vars, captured);
       for (std::size_t k = 0; k < vars.size(); ++k) detail_plan::rebind(st.vals[s.out[k]], vars[k]);
-      if (s.out.size() > vars.size()) detail_plan::rebind(st.vals[s.out.back()], scalar(count));
+      if (s.out.size() > vars.size()) {  // the count, made on the device the graph says (not a scope's)
+        const Device d = g.values[s.out.back()].device;
+        Tensor c = stagecraft::detail::empty_tensor(Shape{}, DType::i64, Device::cpu());
+        *static_cast<std::int64_t*>(c.raw_data()) = count;
+        if (!d.is_cpu()) c = stagecraft::detail::device_copy(c, d, "while_loop", std::source_location::current());
+        detail_plan::rebind(st.vals[s.out.back()], c);
+      }
       break;
     }
   }

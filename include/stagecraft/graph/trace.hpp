@@ -98,10 +98,19 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
   /// its outputs as symbolic tensors.
   std::vector<Tensor> append_node(Node n, const std::vector<TensorSpec>& outs, Device dev,
                                   const std::source_location& loc) {
+    return append_node(std::move(n), outs, std::vector<Device>(outs.size(), dev), loc);
+  }
+  /// The same with output k on devs[k].
+  std::vector<Tensor> append_node(Node n, const std::vector<TensorSpec>& outs, const std::vector<Device>& devs,
+                                  const std::source_location& loc) {
     n.loc = here(loc);
-    const int id = graph.add_node(std::move(n), outs, dev);
+    const int id = graph.add_node(std::move(n), outs);
     std::vector<Tensor> r;
-    for (int v : graph.nodes[id].outputs) r.push_back(handle(v));
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      const int v = graph.nodes[id].outputs[k];
+      graph.values[v].device = devs[k];
+      r.push_back(handle(v));
+    }
     return r;
   }
 
