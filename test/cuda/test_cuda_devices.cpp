@@ -402,3 +402,21 @@ TEST_CASE("cuda to: gradients through GPU control flow start their placeholder z
   CHECK(g[1].device() == gpu);
   check_close(g[1], x * 0.f, 0);
 }
+
+TEST_CASE("cuda to: an optimizer step given a gradient on another device than its variable changes nothing",
+          "[cuda][optim]") {
+  // The device check comes with the other checks, before any change: the step used to fail at
+  // its first op on that variable, after the counter and the variables before it had moved.
+  sc::Variable w1(sc::ones({3}).to(gpu), "w1"), w2(sc::ones({3}).to(gpu), "w2");
+  sc::optim::Adam opt(0.1);
+  opt.apply({sc::ones({3}).to(gpu), sc::ones({3}).to(gpu)}, {w1, w2});
+  const auto before = w1.value().to_vector<float>();
+  const std::int64_t steps = opt.iterations();
+  const int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(opt.apply({sc::ones({3}).to(gpu), sc::ones({3})}, {w1, w2}),
+                    Catch::Contains("gradient 1 is on cpu but variable 1 ('w2') is on cuda:0") &&
+                        Catch::Contains("test_cuda_devices.cpp:" + std::to_string(line)));
+  CHECK(w1.value().to_vector<float>() == before);
+  CHECK(opt.iterations() == steps);
+  CHECK_THROWS_AS(opt.apply({sc::ones({3}).to(gpu), sc::ones({3})}, {w1, w2}), sc::DeviceError);
+}

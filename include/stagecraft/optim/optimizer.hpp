@@ -79,6 +79,10 @@ class Optimizer {
         stagecraft::detail::fail<ShapeError>(op_name("apply"), loc, "gradient ", i, " has shape ",
                                              grads[i].shape(), " but variable ", i, " ('", vars[i].name(),
                                              "') has shape ", vars[i].shape());
+      if (SC_UNLIKELY(grads[i].device() != vars[i].device()))
+        stagecraft::detail::fail<DeviceError>(op_name("apply"), loc, "gradient ", i, " is on ", grads[i].device().str(),
+                                              " but variable ", i, " ('", vars[i].name(), "') is on ",
+                                              vars[i].device().str(), "; move the gradient there with .to()");
     }
     if (!known) {  // the list of a step taken before has no repeats (build() keeps each once)
       std::unordered_map<const void*, std::size_t> first;
