@@ -420,3 +420,21 @@ TEST_CASE("cuda to: an optimizer step given a gradient on another device than it
   CHECK(opt.iterations() == steps);
   CHECK_THROWS_AS(opt.apply({sc::ones({3}).to(gpu), sc::ones({3})}, {w1, w2}), sc::DeviceError);
 }
+
+TEST_CASE("cuda to: jacobian of a GPU function, and an output gradient on another device than its target",
+          "[cuda][autodiff]") {
+  const sc::Tensor x = values({3}, sc::f32, 103);
+  const auto f = [](const sc::Tensor& a) { return sc::exp(a) * a; };
+  // Its seeds were made on the CPU and met the GPU target: "[mul] inputs are on different devices".
+  const sc::Tensor j = sc::jacobian(f, x.to(gpu));
+  CHECK(j.device() == gpu);
+  check_close(j, sc::jacobian(f, x), 1e-6);
+  sc::GradientTape tape;
+  const sc::Tensor xg = x.to(gpu);
+  tape.watch(xg);
+  const sc::Tensor y = f(xg);
+  const int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(tape.gradient(y, xg, sc::ones({3})),
+                    Catch::Contains("[gradient] output_gradient is on cpu, the target on cuda:0") &&
+                        Catch::Contains("test_cuda_devices.cpp:" + std::to_string(line)));
+}

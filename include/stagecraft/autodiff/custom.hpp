@@ -48,7 +48,7 @@ inline Tensor jacobian(const std::function<Tensor(const Tensor&)>& f, const Tens
   Shape js = y.shape();
   for (auto d : x.shape()) js.push_back(d);
   if (y.numel() == 0 || x.numel() == 0) return detail::fill_on(x.device(), js, 0.0, x.dtype(), loc);
-  const Tensor index = arange(y.numel(), loc);
+  const Tensor index = arange(y.numel(), loc).to(y.device(), loc);  // (the seeds go where y is)
   std::vector<Tensor> rows;
   rows.reserve(static_cast<std::size_t>(y.numel()));
   for (std::int64_t i = 0; i < y.numel(); ++i) {

@@ -217,6 +217,9 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
     if (seed->shape() != target.shape())
       detail::fail<ShapeError>("gradient", loc, "output_gradient has shape ", seed->shape(), ", the target has shape ",
                                target.shape());
+    if (seed->device() != target.device())
+      detail::fail<DeviceError>("gradient", loc, "output_gradient is on ", seed->device().str(), ", the target on ",
+                                target.device().str(), "; move it there with .to()");
   }
   for (const Tensor& s : sources) {
     detail::require_defined(s, "gradient", loc);
