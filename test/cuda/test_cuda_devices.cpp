@@ -438,3 +438,18 @@ TEST_CASE("cuda to: jacobian of a GPU function, and an output gradient on anothe
                     Catch::Contains("[gradient] output_gradient is on cpu, the target on cuda:0") &&
                         Catch::Contains("test_cuda_devices.cpp:" + std::to_string(line)));
 }
+
+TEST_CASE("cuda to: an LSTM cell made on the GPU starts its state there, with or without a scope", "[cuda][nn]") {
+  sc::manual_seed(7);
+  sc::nn::LSTMCell cell = [] {
+    const sc::DeviceScope on(gpu);
+    return sc::nn::LSTMCell(4, 3, 11);
+  }();
+  const auto state = cell.initial_state(2);  // no scope: it was made on the CPU, and the step failed
+  CHECK(state.first.device() == gpu);
+  CHECK(state.second.device() == gpu);
+  const auto next = cell(values({2, 4}, sc::f32, 104).to(gpu), state);
+  CHECK(next.first.device() == gpu);
+  const sc::DeviceScope on(sc::Device::cpu());
+  CHECK(cell.initial_state(2).first.device() == gpu);
+}

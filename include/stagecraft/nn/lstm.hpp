@@ -59,11 +59,12 @@ class LSTMCell : public Module {
     return {std::move(h), std::move(c)};
   }
 
-  /// The zero state (h, c) for a batch of `batch` sequences, in the layer's dtype.
+  /// The zero state (h, c) for a batch of `batch` sequences, in the layer's dtype, on its device.
   std::pair<Tensor, Tensor> initial_state(std::int64_t batch,
                                           std::source_location loc = std::source_location::current()) const {
     if (batch < 0)
       stagecraft::detail::fail<ValueError>("LSTMCell::initial_state", loc, "batch must be >= 0, got ", batch);
+    const stagecraft::detail::DevicePin on(kernel.device());  // where the cell lives, whatever the scope
     return {stagecraft::zeros({batch, hid_}, dtype_, loc), stagecraft::zeros({batch, hid_}, dtype_, loc)};
   }
 
