@@ -622,3 +622,30 @@ TEST_CASE("function: a concat of a group's values is written by the group throug
     CHECK(st[1].kernels == st[0].kernels - c.saved);
   }
 }
+
+TEST_CASE("function: a plan lists its steps, one line each, bodies of control flow indented", "[function][fusion]") {
+  sc::Variable w(sc::full({64, 64}, 0.01f));
+  auto f = sc::function([&](const sc::Tensor& x) {
+    const sc::Tensor h = sc::relu(sc::matmul(x, w) + 1.f);  // a matmul heading its group (on the CPU: 2 kernels)
+    w.assign(w * 0.5f);
+    return sc::cond(sc::sum(h) > 0.f, [&] { return sc::tanh(h) * 3.f; }, [&] { return sc::transpose(h, {1, 0}); });
+  });
+  const sc::Tensor x = sctest::uniform_tensor({64, 64}, 2, -1.0, 1.0).astype(sc::f32);
+  f(x);
+  const sc::ConcreteFunction c = f.get_concrete(x);
+  const std::string s = c.plan().str();
+  INFO(s);
+  CHECK_THAT(s, Catch::Contains("read variable -> f32[64, 64]\n"));
+  CHECK_THAT(s, Catch::Contains("kernel mul -> f32[64, 64]\n"));
+  CHECK_THAT(s, Catch::Contains("assign variable <- f32[64, 64]\n"));
+  // (the sum consumes the group: its result is the group's second output)
+  CHECK_THAT(s, Catch::Contains("fused (2 kernels) matmul -> add, relu, sum -> f32[64, 64], f32[]\n"));
+  CHECK_THAT(s, Catch::Contains("kernel greater -> bool[]\n"));
+  CHECK_THAT(s, Catch::Contains("cond -> f32[64, 64]\n   then:\n     0. fused tanh, mul -> f32[64, 64]\n   else:\n     0. kernel transpose"));
+  // one line per step at the top level, numbered from 0
+  std::size_t top = 0;
+  for (std::size_t at = 0; at < s.size(); at = s.find('\n', at) + 1)
+    top += s[at] >= '0' && s[at] <= '9';
+  CHECK(static_cast<int>(top) == c.stats().plan.steps);
+  CHECK(s.rfind("0. ", 0) == 0);
+}

@@ -67,6 +67,9 @@ class Plan {
   /// What became of CUDA-graph replay: "no (<why>)", "off (...)", "not captured yet", "replaying
   /// (N launches)" or "capture failed (<why>): runs kernel by kernel"; "" for a plan on the CPU.
   std::string cuda_graph_status() const;
+  /// The steps, one line each (plan_listing.hpp): kernels, views, variable reads and assignments,
+  /// fused groups with their ops (a GPU batch with each group), control flow with its bodies.
+  std::string str(int indent = 0) const;
 
  private:
   using Step = detail_plan::Step;
@@ -645,3 +648,4 @@ STAGECRAFT_COMPILED_INLINE void Plan::run_step(const Step& s, std::size_t i, Run
 }  // namespace stagecraft::graph
 
 #include "plan_cuda_graph.hpp"  // the CUDA-graph replay of plans
+#include "plan_listing.hpp"     // Plan::str()
