@@ -167,3 +167,25 @@ TEST_CASE("batch: a traced Adam step lowered for a GPU launches every variable's
   CHECK(with.kernels <= 17);
   CHECK(with.epilogues >= 3);  // (the three layers' products with their bias, two with ReLU, and the bias gradients)
 }
+
+TEST_CASE("batch: views between groups run before the batch, or after it when they read its values", "[cuda][batch]") {
+  // a's group, a view of a's value (after the batch), a view of the input (before it), and b's
+  // group over that view: a and b launched together.
+  auto fn = sc::function([](const sc::Tensor& x) {
+    const sc::Tensor a = sc::exp(x * 2.f);
+    const sc::Tensor a_rows = sc::reshape(a, {30, 10});
+    const sc::Tensor b = sc::abs(sc::reshape(x, {10, 30}) - 1.f);
+    return std::vector<sc::Tensor>{a_rows, b};
+  });
+  const sc::Tensor x = sctest::uniform_tensor({300}, 5, -1.0, 1.0).astype(sc::f32);
+  fn(x);
+  const auto plan = sctest::function::gpu_plan(fn.get_concrete(x));
+  const std::string listing = plan->str();
+  INFO(listing);
+  CHECK(plan->stats().kernels == 1);
+  CHECK(plan->stats().batched_groups == 2);
+  const auto at = [&](const char* what) { return listing.find(what); };
+  REQUIRE(at("fused batch of 2 groups") != std::string::npos);
+  CHECK(at("view reshape -> f32[10, 30]") < at("fused batch"));
+  CHECK(at("view reshape -> f32[30, 10]") > at("fused batch"));
+}

@@ -27,15 +27,16 @@ inline void check_same(const sc::Tensor& a, const sc::Tensor& b, double tol = 0)
 
 /// The plan a GPU lowers for c's graph, without a GPU: every value relabelled cuda:0, optimized
 /// and lowered with GPU fusion on; nothing runs. Its kernels are its launches there.
-inline sc::graph::PlanStats gpu_plan_stats(const sc::ConcreteFunction& c) {
+inline std::shared_ptr<const sc::graph::Plan> gpu_plan(const sc::ConcreteFunction& c) {
   sc::graph::Graph g = c.graph();
   for (sc::graph::Value& v : g.values) v.device = sc::Device::cuda(0);
   const bool fusion = sc::graph::cuda_fusion();
   sc::graph::cuda_fusion() = true;
-  sc::graph::PlanStats st = sc::graph::Plan(std::make_shared<const sc::graph::Graph>(sc::graph::optimize(g))).stats();
+  auto plan = std::make_shared<const sc::graph::Plan>(std::make_shared<const sc::graph::Graph>(sc::graph::optimize(g)));
   sc::graph::cuda_fusion() = fusion;
-  return st;
+  return plan;
 }
+inline sc::graph::PlanStats gpu_plan_stats(const sc::ConcreteFunction& c) { return gpu_plan(c)->stats(); }
 
 /// The example's MLP (784-256-128-10, ReLU, Adam) training step at batch 128, traced and called
 /// once: its loss, and the concrete function (which keeps the variables it reads).

@@ -54,7 +54,9 @@ struct Step {
 /// most 16) becomes one step, one launch (CudaFusedBatch; cuda_group_batching()). Between two of
 /// them may lie variable assignments, which then run after the batch, and variable reads of
 /// variables not assigned there, which then run before it (an optimizer's update of each
-/// variable, read and assigned in turn). Returns how many groups joined a batch.
+/// variable, read and assigned in turn), and views (no launch), which run before it when they read
+/// nothing the batch makes and after it otherwise (a reshape between two groups). Returns how many
+/// groups joined a batch.
 STAGECRAFT_COMPILED_INLINE int batch_gpu_groups(const Graph& g, std::vector<Step>& steps);
 
 /// On a GPU, a dense layer's weight gradient op(x) g (a matmul, g read untransposed) and its bias
@@ -78,34 +80,41 @@ STAGECRAFT_COMPILED_INLINE int batch_gpu_groups(const Graph& g, std::vector<Step
       continue;
     }
     const Device dev = g.values[steps[i].out[0]].device;
-    std::vector<std::size_t> members{i}, reads, assigns;
+    std::vector<std::size_t> members{i}, before, after;  // (steps moved before and after the batch)
     std::vector<const void*> assigned;
+    std::vector<int> made_here = steps[i].out;  // values made by the batch or by steps that must follow it
     for (int v : steps[i].out) made[v] = 1;
     for (std::size_t j = i + 1; j < steps.size() && members.size() < 16; ++j) {
       const Step& s = steps[j];
       if (s.kind == StepKind::assign_var) {
-        assigns.push_back(j);
+        after.push_back(j);
         assigned.push_back(var_of(s));
         continue;
       }
       if (s.kind == StepKind::read_var && std::find(assigned.begin(), assigned.end(), var_of(s)) == assigned.end()) {
-        reads.push_back(j);
+        before.push_back(j);
+        continue;
+      }
+      if (s.kind == StepKind::view) {
+        const bool reads_made = std::any_of(s.in.begin(), s.in.end(), [&](int v) { return made[v] != 0; });
+        (reads_made ? after : before).push_back(j);
+        if (reads_made)
+          for (int v : s.out) made[v] = 1, made_here.push_back(v);
         continue;
       }
       bool ok = batchable(s) && g.values[s.out[0]].device == dev;
       for (int v : s.in) ok = ok && !made[v];
       if (!ok) break;
       members.push_back(j);
-      for (int v : s.out) made[v] = 1;
+      for (int v : s.out) made[v] = 1, made_here.push_back(v);
     }
-    for (std::size_t m : members)
-      for (int v : steps[m].out) made[v] = 0;
-    const std::size_t end = members.back() + 1;  // (reads and assigns after the last member stay where they are)
+    for (int v : made_here) made[v] = 0;
+    const std::size_t end = members.back() + 1;  // (steps after the last member stay where they are)
     if (members.size() < 2) {
       out.push_back(std::move(steps[i++]));
       continue;
     }
-    for (std::size_t r : reads)
+    for (std::size_t r : before)
       if (r < end) out.push_back(std::move(steps[r]));
     Step b;
     b.kind = StepKind::fused;
@@ -121,7 +130,7 @@ STAGECRAFT_COMPILED_INLINE int batch_gpu_groups(const Graph& g, std::vector<Step
     b.cuda_batch = std::make_shared<const CudaFusedBatch>(std::move(programs));
     out.push_back(std::move(b));
     joined += static_cast<int>(members.size());
-    for (std::size_t a : assigns)
+    for (std::size_t a : after)
       if (a < end) out.push_back(std::move(steps[a]));
     i = end;
   }
