@@ -27,7 +27,8 @@ class HostBuilt {
     const std::string T = sc::graph::detail_cuda_fused::c_type(p.dtype);
     std::string src = prelude() + sc::graph::cuda_source(p);
     std::string args;
-    for (std::size_t k = 0; k < p.input_shapes.size(); ++k) args += "(const " + T + "*)in[" + std::to_string(k) + "], ";
+    for (std::size_t k = 0; k < p.input_shapes.size(); ++k)  // (an input converted from another dtype has its own type)
+      args += "(const " + std::string(sc::graph::detail_cuda_fused::arg_c_type(p, k)) + "*)in[" + std::to_string(k) + "], ";
     const std::size_t nout = p.num_out_args() + (p.reduction ? 1 : 0);
     for (std::size_t j = 0; j < nout; ++j) args += "(" + T + "*)out[" + std::to_string(j) + "], ";
     args += "n";
@@ -75,7 +76,8 @@ class HostBuilt {
     std::size_t i = 0, o = 0;
     for (const sc::graph::FusedProgram& p : ps) {
       const std::string T = cf::c_type(p.dtype);
-      for (std::size_t k = 0; k < p.input_shapes.size(); ++k) args += "(const " + T + "*)in[" + std::to_string(i++) + "], ";
+      for (std::size_t k = 0; k < p.input_shapes.size(); ++k)
+        args += "(const " + std::string(cf::arg_c_type(p, k)) + "*)in[" + std::to_string(i++) + "], ";
       for (std::size_t t = 0; t < p.num_out_args(); ++t) args += "(" + T + "*)out[" + std::to_string(o++) + "], ";
     }
     build(prelude() + sc::graph::cuda_batch_source(ps) +

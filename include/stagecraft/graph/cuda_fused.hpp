@@ -92,6 +92,15 @@ inline constexpr std::array<std::string_view, ops::num_ops> rule_names = {{
 /// The CUDA C++ type of a dtype a fused program runs over.
 STAGECRAFT_COMPILED_INLINE const char* c_type(DType d);
 
+/// The CUDA C++ type of the tensor passed as input k of p: c_type, or bool for an input converted
+/// from bool (FusedProgram::input_dtypes); nullptr when the generator cannot read it.
+STAGECRAFT_COMPILED_INLINE const char* arg_c_type(const FusedProgram& p, std::size_t k);
+
+/// Element `at` of input k of p (the tensor `ptr`) as the program's type T: converted by the cast
+/// op's rule when the input has another dtype (FusedProgram::converted).
+STAGECRAFT_COMPILED_INLINE std::string read_expr(const FusedProgram& p, std::size_t k, const std::string& T,
+                                                 const std::string& ptr, const std::string& at);
+
 /// The index into an input of shape `in` for output element `i` of shape `out` (NumPy
 /// broadcasting; axes of one element dropped, neighbouring axes the input has or lacks alike merged).
 STAGECRAFT_COMPILED_INLINE std::string index_expr(const Shape& in, const Shape& out);
@@ -148,6 +157,17 @@ STAGECRAFT_COMPILED_INLINE const char* c_type(DType d) {
     case DType::f64: return "double";
     default: return nullptr;
   }
+}
+
+STAGECRAFT_COMPILED_INLINE const char* arg_c_type(const FusedProgram& p, std::size_t k) {
+  const DType d = p.arg_dtype(k);
+  return d == DType::b8 && p.converted(k) ? "bool" : c_type(d);
+}
+
+STAGECRAFT_COMPILED_INLINE std::string read_expr(const FusedProgram& p, std::size_t k, const std::string& T,
+                                                 const std::string& ptr, const std::string& at) {
+  const std::string x = ptr + "[" + at + "]";
+  return p.converted(k) ? "r::Cast<" + T + ">::f(" + x + ")" : x;
 }
 
 STAGECRAFT_COMPILED_INLINE std::string index_expr(const Shape& in, const Shape& out) {
@@ -380,9 +400,10 @@ STAGECRAFT_COMPILED_INLINE bool cuda_vectorizable(const FusedProgram& p) {
   if (p.reduction) return false;  // its kernel walks rows (sc_fused_r)
   if (p.any_window() || p.any_out_window()) return false;  // a window's rows need not start 16 bytes apart
   if (p.any_product()) return false;  // an element's products are loops
-  for (const Shape& in : p.input_shapes) {
-    const std::string e = detail_cuda_fused::index_expr(in, p.out_shape);
+  for (std::size_t k = 0; k < p.input_shapes.size(); ++k) {
+    const std::string e = detail_cuda_fused::index_expr(p.input_shapes[k], p.out_shape);
     if (e != "i" && e != "0") return false;
+    if (e == "i" && p.converted(k)) return false;  // (its 16 bytes hold another count of elements)
   }
   return true;
 }
@@ -400,6 +421,8 @@ STAGECRAFT_COMPILED_INLINE bool cuda_fusible(const FusedProgram& p) {
   for (const FusedInstr& c : p.code)
     if (static_cast<int>(c.op) >= ops::num_ops || detail_cuda_fused::rule_names[static_cast<std::size_t>(c.op)].empty())
       return false;
+  for (std::size_t k = 0; k < p.input_dtypes.size(); ++k)
+    if (detail_cuda_fused::arg_c_type(p, k) == nullptr) return false;
   return true;
 }
 
@@ -412,7 +435,7 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
   const std::string T = d::c_type(p.dtype);
   const int nin = static_cast<int>(p.input_shapes.size()), nout = static_cast<int>(p.outputs.size());
   std::string params;
-  for (int k = 0; k < nin; ++k) params += "const " + T + d::tag("* in", k) + ", ";
+  for (int k = 0; k < nin; ++k) params += "const " + std::string(d::arg_c_type(p, static_cast<std::size_t>(k))) + d::tag("* in", k) + ", ";
   for (int t = 0; t < static_cast<int>(p.num_out_args()); ++t) params += T + d::tag("* out", t) + ", ";
   if (p.reduction) params += T + "* red, ";
   params += "long long n";
@@ -425,7 +448,7 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
   auto load_at = [&](int k) {
     const auto u = static_cast<std::size_t>(k);
     if (p.product(u)) return d::tag("sc_dot", k) + d::tag("(in", k) + d::tag(", in", p.products[u].b) + ", " + index[u] + ")";
-    return d::tag("in", k) + "[" + index[u] + "]";
+    return d::read_expr(p, u, T, d::tag("in", k), index[u]);
   };
   auto store_at = [&](int j, const std::string& r) {
     const auto u = static_cast<std::size_t>(j);
@@ -463,7 +486,8 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
   for (int lane = 0; lane < v.width; ++lane) {
     const std::string m = v.lanes[lane];
     auto load_lane = [&](int k) {
-      return index[static_cast<std::size_t>(k)] == "i" ? d::tag("l", k) + "." + m : d::tag("in", k) + "[0]";
+      return index[static_cast<std::size_t>(k)] == "i" ? d::tag("l", k) + "." + m
+                                                        : d::read_expr(p, static_cast<std::size_t>(k), T, d::tag("in", k), "0");
     };
     auto store_lane = [&](int j, const std::string& r) { return d::tag("o", j) + "." + m + " = " + r; };
     s += "    {\n" + d::element_body(p, T, "      ", load_lane, store_lane) + "    }\n";
@@ -530,7 +554,7 @@ STAGECRAFT_COMPILED_INLINE void CudaFused::run(std::span<const Tensor> inputs, s
                      std::to_string(outputs.size()));
   const Device dev = outputs[0].device();
   for (std::size_t i = 0; i < inputs.size(); ++i)
-    detail_fused::check_tensor(inputs[i], p.dtype, dev, p.arg_shape(i), "input", i);
+    detail_fused::check_tensor(inputs[i], p.arg_dtype(i), dev, p.arg_shape(i), "input", i);
   for (std::size_t t = 0; t < p.num_out_args(); ++t)
     detail_fused::check_tensor(outputs[t], p.dtype, dev, p.out_arg_shape(t), "output", t);
   for (std::size_t t = 0; t < p.num_out_args(); ++t)  // (its elements are written in another order than inputs are read)

@@ -78,14 +78,15 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_batch_source(const std::vector<Fused
     const std::string T = d::c_type(p.dtype), in = d::tag("in", static_cast<long long>(k)) + "_",
                       out = d::tag("out", static_cast<long long>(k)) + "_";
     const int nin = static_cast<int>(p.input_shapes.size());
-    for (int j = 0; j < nin; ++j) params += "const " + T + "* " + d::tag(in.c_str(), j) + ", ";
+    for (int j = 0; j < nin; ++j)
+      params += "const " + std::string(d::arg_c_type(p, static_cast<std::size_t>(j))) + "* " + d::tag(in.c_str(), j) + ", ";
     for (std::size_t t = 0; t < p.num_out_args(); ++t) params += T + "* " + d::tag(out.c_str(), static_cast<long long>(t)) + ", ";
     const std::string dot = d::tag("sc_dot", static_cast<long long>(k)) + "_";
     auto load = [&](int j) {
       const auto u = static_cast<std::size_t>(j);
       const std::string at = d::input_index_expr(p, u);
       if (p.product(u)) return d::tag(dot.c_str(), j) + "(" + d::tag(in.c_str(), j) + ", " + d::tag(in.c_str(), p.products[u].b) + ", " + at + ")";
-      return d::tag(in.c_str(), j) + "[" + at + "]";
+      return d::read_expr(p, u, T, d::tag(in.c_str(), j), at);
     };
     for (std::size_t j = 0; j < p.input_shapes.size(); ++j)
       if (p.product(j)) functions += d::product_function(p, j, T, dot);
@@ -143,7 +144,7 @@ STAGECRAFT_COMPILED_INLINE void CudaFusedBatch::run(std::span<const Tensor> inpu
   const Device dev = outputs[0].device();
   std::size_t i = 0, o = 0;
   for (const FusedProgram& p : programs_) {
-    for (std::size_t k = 0; k < p.input_shapes.size(); ++k, ++i) detail_fused::check_tensor(inputs[i], p.dtype, dev, p.arg_shape(k), "input", i);
+    for (std::size_t k = 0; k < p.input_shapes.size(); ++k, ++i) detail_fused::check_tensor(inputs[i], p.arg_dtype(k), dev, p.arg_shape(k), "input", i);
     for (std::size_t t = 0; t < p.num_out_args(); ++t, ++o) detail_fused::check_tensor(outputs[o], p.dtype, dev, p.out_arg_shape(t), "output", o);
   }
   for (std::size_t a = 0; a < inputs.size(); ++a)  // (another program's threads may write it first)

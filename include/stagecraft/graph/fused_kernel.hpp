@@ -206,6 +206,12 @@ STAGECRAFT_COMPILED_INLINE void validate(const FusedProgram& p) {
       fail_program("input " + std::to_string(i) + " of shape " + p.input_shapes[i].str() +
                    " does not broadcast to the output shape " + p.out_shape.str());
   }
+  if (!p.input_dtypes.empty() && static_cast<int>(p.input_dtypes.size()) != nin)
+    fail_program("there are " + std::to_string(p.input_dtypes.size()) + " input dtypes for " + std::to_string(nin) + " inputs");
+  for (int i = 0; i < nin; ++i)
+    if (p.converted(static_cast<std::size_t>(i)) && (p.product(static_cast<std::size_t>(i)) || p.operand(static_cast<std::size_t>(i))))
+      fail_program("input " + std::to_string(i) + " is converted from " + std::string(name(p.arg_dtype(static_cast<std::size_t>(i)))) +
+                   " and is a product or an operand (products read the program's dtype)");
   if (!p.windows.empty() && static_cast<int>(p.windows.size()) != nin)
     fail_program("there are " + std::to_string(p.windows.size()) + " windows for " + std::to_string(nin) + " inputs");
   for (int i = 0; i < nin && !p.windows.empty(); ++i) {
@@ -376,6 +382,8 @@ STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p);
 STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p) {
   namespace f = detail_fused;
   f::validate(p);
+  if (p.any_converted())
+    f::fail_program("an input converted from another dtype (FusedProgram::input_dtypes) runs in generated GPU kernels only");
   if (p.any_product()) {  // the program over the products formed first (see PreparedFused::products)
     FusedProgram q = p;
     q.products.clear();

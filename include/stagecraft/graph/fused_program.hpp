@@ -81,6 +81,11 @@ struct FusedProgram {
   /// tensor not windowed is written by one output, whole.
   std::vector<FusedWindow> out_windows = {};
   std::vector<int> out_args = {};
+  /// The dtype of the tensor passed for each input: empty (every input has the program's dtype),
+  /// or one per input. An input of another dtype is converted to the program's as it is read
+  /// (rules::Cast, as the cast op it stands for: a cast the fusion pass took into a GPU group).
+  /// Generated GPU kernels only: the CPU evaluator refuses such a program.
+  std::vector<DType> input_dtypes = {};
 
   bool windowed(std::size_t k) const { return k < windows.size() && windows[k].on(); }
   bool any_window() const {
@@ -136,6 +141,15 @@ struct FusedProgram {
       n *= w.parent[d];
     }
     return off;
+  }
+  /// The dtype of the tensor passed as input k (input_dtypes).
+  DType arg_dtype(std::size_t k) const { return k < input_dtypes.size() ? input_dtypes[k] : dtype; }
+  /// Whether input k is converted from another dtype as it is read.
+  bool converted(std::size_t k) const { return arg_dtype(k) != dtype; }
+  bool any_converted() const {
+    for (DType d : input_dtypes)
+      if (d != dtype) return true;
+    return false;
   }
   /// The shape input k's elements are taken from: its window's parent, else input_shapes[k].
   const Shape& source_shape(std::size_t k) const { return windowed(k) ? windows[k].parent : input_shapes[k]; }

@@ -131,6 +131,11 @@ STAGECRAFT_COMPILED_INLINE bool window_candidate(const Graph& g, const std::vect
                                                  const std::vector<char>& is_output, const std::vector<int>& group_of,
                                                  int gid, int sn);
 
+/// True when node `cn` is a cast on a GPU (generated kernels on) between two dtypes the generated
+/// kernels read, whose result is not a result of the graph: a GPU group may read its input instead,
+/// converted as it is read (FusedProgram::input_dtypes), and the cast need not run.
+STAGECRAFT_COMPILED_INLINE bool convertible(const Graph& g, const std::vector<char>& is_output, int cn);
+
 /// True when node p is a matmul that can head a group of shape `shape` and dtype d.
 STAGECRAFT_COMPILED_INLINE bool head_candidate(const Graph& g, const Node& p, const Shape& shape, DType d);
 
@@ -248,6 +253,15 @@ STAGECRAFT_COMPILED_INLINE bool window_candidate(const Graph& g, const std::vect
   return true;
 }
 
+STAGECRAFT_COMPILED_INLINE bool convertible(const Graph& g, const std::vector<char>& is_output, int cn) {
+  const Node& n = g.nodes[cn];
+  if (n.kind != NodeKind::op || n.op != ops::OpId::Cast || n.inputs.size() != 1 || n.outputs.size() != 1) return false;
+  const Value &out = g.values[n.outputs[0]], &in = g.values[n.inputs[0]];
+  return !is_output[n.outputs[0]] && out.device.is_cuda() && cuda_fusion() && in.device == out.device &&
+         in.dtype != out.dtype && detail_cuda_fused::c_type(out.dtype) != nullptr &&
+         (in.dtype == DType::b8 || detail_cuda_fused::c_type(in.dtype) != nullptr);
+}
+
 STAGECRAFT_COMPILED_INLINE bool head_candidate(const Graph& g, const Node& p, const Shape& shape, DType d) {
   if (p.kind != NodeKind::op || p.op != ops::OpId::MatMul || p.outputs.size() != 1) return false;
   const Value& v = g.values[p.outputs[0]];
@@ -264,7 +278,7 @@ STAGECRAFT_COMPILED_INLINE void absorb_products(const Graph& g, const std::vecto
     return;
   const std::size_t nin = fg.inputs.size();
   for (std::size_t k = 0; k < nin; ++k) {
-    if (pr.product(k)) continue;  // (its slot now passes a product's A)
+    if (pr.product(k) || pr.converted(k)) continue;  // (its slot now passes a product's A, or another dtype)
     const int v = fg.inputs[k], pn = g.values[v].node;
     const Node& p = g.nodes[pn];
     if (p.kind != NodeKind::op || p.op != ops::OpId::MatMul || p.inputs.size() != 2 || p.outputs.size() != 1 ||
@@ -293,6 +307,7 @@ STAGECRAFT_COMPILED_INLINE void absorb_products(const Graph& g, const std::vecto
     fg.inputs.push_back(p.inputs[1]);
     pr.input_shapes.push_back(b.shape);
     if (!pr.windows.empty()) pr.windows.emplace_back();
+    if (!pr.input_dtypes.empty()) pr.input_dtypes.push_back(pr.dtype);
     pr.products.resize(fg.inputs.size());
     pr.products[static_cast<std::size_t>(b_slot)].operand = true;
     for (std::size_t j = 0; j < nin; ++j)
@@ -548,7 +563,10 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
   // Slices read by several groups without a matmul head and by nothing else (an LSTM's bias
   // slices, read by every step's gates): each group reads its window of the sliced value, and the
   // slice never runs (it joins the first group that reads it, where the plan skips it).
-  std::vector<char> shared(g.nodes.size(), 0);
+  // Likewise on a GPU, casts read by such groups alone (one or several: an optimizer's learning
+  // rate, computed in f64 and cast to f32, read by each variable's update): each group reads the
+  // cast's input, converted as it reads it, and the cast never runs.
+  std::vector<char> shared(g.nodes.size(), 0), converted(g.nodes.size(), 0);
   {
     std::vector<int> built(g.nodes.size(), -1);  // node -> its headless group that will be built
     for (std::size_t k = 0; k < members.size(); ++k)
@@ -563,6 +581,11 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
         several = several || built[u] != built[readers[0]];
       }
       shared[sn] = all && several;
+    }
+    for (std::size_t cn = 0; cn < g.nodes.size(); ++cn) {
+      if (!detail_fuse::convertible(g, is_output, static_cast<int>(cn))) continue;
+      const std::vector<int>& readers = users[g.nodes[cn].outputs[0]];
+      converted[cn] = !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](int u) { return built[u] >= 0; });
     }
   }
   for (std::size_t k = 0; k < members.size(); ++k) {
@@ -596,13 +619,18 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
             for (int d = 0; d < parent.rank(); ++d) w.begin.push_back(ops::Slice::start(parent, sl.attrs, d));
             fg.inputs.push_back(sl.inputs[0]);
             if (r.group_of[sn] < 0) absorbed.push_back(sn);  // (a shared slice joins the first group only)
+          } else if (fg.head < 0 && converted[sn]) {
+            fg.inputs.push_back(g.nodes[sn].inputs[0]);
+            if (r.group_of[sn] < 0) absorbed.push_back(sn);  // (joins the first group that reads it)
           } else {
             fg.inputs.push_back(v);
           }
           fg.program.input_shapes.push_back(g.values[v].shape);
           fg.program.windows.push_back(std::move(w));
+          fg.program.input_dtypes.push_back(g.values[fg.inputs.back()].dtype);
         }
     if (!fg.program.any_window()) fg.program.windows.clear();
+    if (!fg.program.any_converted()) fg.program.input_dtypes.clear();
     for (int sn : absorbed) {
       r.group_of[sn] = gid;
       fg.nodes.push_back(sn);
