@@ -219,6 +219,11 @@ TEST_CASE("convert: on a GPU a cast read only by fused groups is read converted 
     CHECK(plan->stats().kernels == 1);
     CHECK_THAT(plan->str(), Catch::Contains("fused cast, mul, add -> f32[1000] cuda:0"));
   }
+  SECTION("one op alone: a group of its own, which reads the cast") {
+    auto plan = gpu_plan_of([](const sc::Tensor& a, const sc::Tensor& b) { return a * sc::cast(b, sc::f32); }, x, n);
+    CHECK(plan->stats().kernels == 1);
+    CHECK_THAT(plan->str(), Catch::Contains("fused cast, mul -> f32[1000] cuda:0"));
+  }
   SECTION("two groups of different shapes") {
     auto plan = gpu_plan_of(
         [](const sc::Tensor& a, const sc::Tensor& b) {
@@ -254,11 +259,32 @@ TEST_CASE("convert: on a GPU a cast read only by fused groups is read converted 
 TEST_CASE("convert: the MLP Adam step's plan for a GPU converts its step count and learning rate in its groups",
           "[cuda][convert]") {
   // The step count (i64) cast to f64 for the bias corrections, and the learning rate (f64) cast to
-  // f32 for the six updates: both read converted, no cast kernel (17 -> 15 kernels).
+  // f32 for the six updates: both read converted, no cast kernel (17 -> 15 kernels). And the last
+  // layer's input gradient g W^T (K = 10), read by ReLU's gradient alone, is formed in its kernel
+  // (15 -> 14); the first's (K = 128, 2^22 multiply-adds) stays a cuBLAS call.
   const sc::ConcreteFunction c = sctest::function::traced_mlp_adam_step().second;
   auto plan = sctest::function::gpu_plan(c);
   INFO(plan->str());
-  CHECK(plan->stats().kernels <= 15);
+  CHECK(plan->stats().kernels <= 14);
   CHECK(plan->str().find("kernel cast") == std::string::npos);
   CHECK_THAT(plan->str(), Catch::Contains("fused cast, pow"));
+  CHECK_THAT(plan->str(), Catch::Contains("fused matmul, relu_grad -> f32[128, 128]"));
+  CHECK_THAT(plan->str(), Catch::Contains("kernel matmul -> f32[128, 256]"));
+}
+
+TEST_CASE("convert: on a GPU one op alone forms a product only it reads, and not one read elsewhere", "[cuda][product]") {
+  const sc::Tensor a = sctest::uniform_tensor({64, 8}, 5, -1.0, 1.0).astype(sc::f32),
+                   b = sctest::uniform_tensor({8, 32}, 6, -1.0, 1.0).astype(sc::f32);
+  auto alone = gpu_plan_of([](const sc::Tensor& p, const sc::Tensor& q) { return sc::matmul(p, q) * 2.f; }, a, b);
+  CHECK(alone->stats().kernels == 1);
+  CHECK(alone->stats().fused_products == 1);
+  auto fn = sc::function([](const sc::Tensor& p, const sc::Tensor& q) {
+    const sc::Tensor y = sc::matmul(p, q);
+    return std::vector<sc::Tensor>{y * 2.f, y};  // (the product is a result too)
+  });
+  fn(a, b);
+  auto kept = sctest::function::gpu_plan(fn.get_concrete(a, b));
+  INFO(kept->str());
+  CHECK(kept->stats().fused_products == 0);
+  CHECK_THAT(kept->str(), Catch::Contains("kernel matmul -> f32[64, 32] cuda:0\n1. kernel mul"));
 }

@@ -34,7 +34,7 @@ TEST_CASE("cuda launches: the MLP Adam step's plan launches what its stats count
   const auto [kernels, copies] = launches_of([&] { step(x, y).item<float>(); });
   WARN("MLP Adam step, batch 128, on the GPU: plan " << st.plan.kernels << " kernels; launched " << kernels
                                                      << " kernels and " << copies << " copies");
-  CHECK(st.plan.kernels <= 15);  // 15 (session 38: casts read converted), all of them counted launches
+  CHECK(st.plan.kernels <= 14);  // 14 (session 38: casts read converted, relu_grad(g W^T) one kernel), all of them counted launches
   if (kernels >= 0) {
     CHECK(kernels == st.plan.kernels);
     CHECK(copies == 0);

@@ -560,6 +560,22 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
   }
   std::vector<char> is_output(g.values.size(), 0);
   for (int v : g.outputs) is_output[v] = 1;
+  // On a GPU an op alone is a group too where that saves a launch: where it reads a cast it can
+  // convert, or a product that only it reads, which it may form (a layer's input gradient times
+  // ReLU's mask: relu_grad(g W^T, h)). Elsewhere one op is its eager kernel.
+  std::vector<char> single(members.size(), 0);
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    if (members[k].size() != 1 || head_of[k] >= 0 || reduce_of[k] >= 0) continue;
+    const Node& n = g.nodes[members[k][0]];
+    if (!g.values[n.outputs[0]].device.is_cuda()) continue;
+    for (int v : n.inputs) {
+      const int p = g.values[v].node;
+      const Node& pn = g.nodes[p];
+      const bool product = product_fusion() != ProductFusion::off && pn.kind == NodeKind::op && pn.op == ops::OpId::MatMul &&
+                           users[v].size() == 1 && !is_output[v];
+      single[k] = single[k] || product || detail_fuse::convertible(g, is_output, p);
+    }
+  }
   // Slices read by several groups without a matmul head and by nothing else (an LSTM's bias
   // slices, read by every step's gates): each group reads its window of the sliced value, and the
   // slice never runs (it joins the first group that reads it, where the plan skips it).
@@ -570,7 +586,7 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
   {
     std::vector<int> built(g.nodes.size(), -1);  // node -> its headless group that will be built
     for (std::size_t k = 0; k < members.size(); ++k)
-      if (!members[k].empty() && (members[k].size() >= 2 || reduce_of[k] >= 0) && head_of[k] < 0)
+      if (!members[k].empty() && (members[k].size() >= 2 || reduce_of[k] >= 0 || single[k]) && head_of[k] < 0)
         for (int m : members[k]) built[m] = static_cast<int>(k);
     for (std::size_t sn = 0; sn < g.nodes.size(); ++sn) {
       if (!detail_fuse::windowable(g, users, is_output, static_cast<int>(sn))) continue;
@@ -591,7 +607,7 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
   for (std::size_t k = 0; k < members.size(); ++k) {
     if (members[k].empty()) continue;  // joined a sibling
     const std::vector<int>& ms = members[k];
-    if (ms.size() < 2 && head_of[k] < 0 && reduce_of[k] < 0) continue;
+    if (ms.size() < 2 && head_of[k] < 0 && reduce_of[k] < 0 && !single[k]) continue;
     const int gid = static_cast<int>(r.groups.size());
     FusionGroup fg;
     fg.nodes = ms;
