@@ -1,7 +1,27 @@
 // Generated CUDA kernels built by the host compiler and run here (no GPU): with __global__ and
 // the thread indices defined for the host, a kernel's text is plain C++ around the rules. Shared
 // by the rtc tests (one program's kernel) and the batch tests (programs launched together).
+// Also check_compiles, the NVRTC check of a generated source, where the build has CUDA.
 #pragma once
+#if defined(STAGECRAFT_WITH_CUDA)
+#include <string>
+
+#include <stagecraft/graph/cuda_fused.hpp>
+
+namespace sctest::rtc {
+/// src compiles under NVRTC for sm_90 into a kernel of some size (NVRTC's log on failure).
+inline void check_compiles(const std::string& src) {
+  char log[8192] = {};
+  std::size_t bytes = 0;
+  const sc::cuda::abi::Status s = sc::cuda::abi::rtc_check(src.c_str(), 90, &bytes, log, sizeof log);
+  INFO(log);
+  INFO(src);
+  REQUIRE(s == 0);
+  CHECK(bytes > 1000);
+}
+}  // namespace sctest::rtc
+#endif
+
 #if defined(SC_TEST_CXX) && defined(SC_TEST_INCLUDE)
 #include <dlfcn.h>
 #include <unistd.h>

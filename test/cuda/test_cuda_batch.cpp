@@ -92,15 +92,7 @@ TEST_CASE("batch: programs launched together, built for the host, compute what t
   CHECK_THAT(src, Catch::Contains("float sc_dot5_0(const float* a, const float* b, long long q)"));
   CHECK_THAT(src, Catch::Contains("sc_dot5_0(in5_0, in5_2, i)"));
 #if defined(STAGECRAFT_WITH_CUDA)
-  {
-    char log[8192] = {};
-    std::size_t bytes = 0;
-    const sc::cuda::abi::Status s = sc::cuda::abi::rtc_check(src.c_str(), 90, &bytes, log, sizeof log);
-    INFO(log);
-    INFO(src);
-    REQUIRE(s == 0);
-    CHECK(bytes > 1000);
-  }
+  sctest::rtc::check_compiles(src);
 #endif
 #if defined(SC_TEST_CXX) && defined(SC_TEST_INCLUDE)
   std::vector<sc::Tensor> in, want, got;

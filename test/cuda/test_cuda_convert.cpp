@@ -119,17 +119,6 @@ void check_on_host(const FusedProgram& p, bool vector) {
   }
 }
 
-#if defined(STAGECRAFT_WITH_CUDA)
-void check_compiles(const std::string& src) {
-  char log[8192] = {};
-  std::size_t bytes = 0;
-  const sc::cuda::abi::Status s = sc::cuda::abi::rtc_check(src.c_str(), 90, &bytes, log, sizeof log);
-  INFO(log);
-  INFO(src);
-  REQUIRE(s == 0);
-  CHECK(bytes > 1000);
-}
-#endif
 
 }  // namespace
 
@@ -148,8 +137,8 @@ TEST_CASE("convert: converted inputs are read by the cast's rule, and compile un
   CHECK(sc::graph::cuda_vectorizable(s));  // (the converted input is one value)
   CHECK_THAT(sc::graph::cuda_source(s), Catch::Contains("r::Cast<float>::f(in1[0])"));
 #if defined(STAGECRAFT_WITH_CUDA)
-  for (const FusedProgram& q : {p, to_int_program(), s}) check_compiles(sc::graph::cuda_source(q));
-  check_compiles(sc::graph::cuda_batch_source({p, to_int_program(), s}));
+  for (const FusedProgram& q : {p, to_int_program(), s}) sctest::rtc::check_compiles(sc::graph::cuda_source(q));
+  sctest::rtc::check_compiles(sc::graph::cuda_batch_source({p, to_int_program(), s}));
 #else
   WARN("built without CUDA: no NVRTC to compile with");
 #endif

@@ -3,6 +3,7 @@
 // traced graphs moved onto a GPU lowering to one generated kernel per group with buffers there.
 #include "testing.hpp"
 #include "graph_testing.hpp"
+#include "cuda/rtc_host_testing.hpp"
 
 #include <stagecraft/graph/cuda_fused.hpp>
 #include <stagecraft/graph/plan.hpp>
@@ -54,18 +55,7 @@ TEST_CASE("rtc: every fusible op has a rule the generator names", "[cuda][rtc]")
 }
 
 #if defined(STAGECRAFT_WITH_CUDA)
-namespace {
-/// src compiles under NVRTC for sm_90 into a kernel of some size (NVRTC's log on failure).
-void check_compiles(const std::string& src) {
-  char log[8192] = {};
-  std::size_t bytes = 0;
-  const abi::Status s = abi::rtc_check(src.c_str(), 90, &bytes, log, sizeof log);
-  INFO(log);
-  INFO(src);
-  REQUIRE(s == 0);
-  CHECK(bytes > 1000);
-}
-}  // namespace
+using sctest::rtc::check_compiles;
 #endif
 
 TEST_CASE("rtc: the generated source of every op and dtype compiles under NVRTC", "[cuda][rtc]") {
@@ -401,8 +391,6 @@ TEST_CASE("rtc: buffers are shared only between values on the same device", "[cu
 // without a GPU.
 
 #if defined(SC_TEST_CXX) && defined(SC_TEST_INCLUDE)
-#include "cuda/rtc_host_testing.hpp"
-
 namespace {
 
 using sctest::rtc::HostBuilt;
