@@ -571,8 +571,12 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
     for (int v : n.inputs) {
       const int p = g.values[v].node;
       const Node& pn = g.nodes[p];
-      const bool product = product_fusion() != ProductFusion::off && pn.kind == NodeKind::op && pn.op == ops::OpId::MatMul &&
-                           users[v].size() == 1 && !is_output[v];
+      bool product = product_fusion() != ProductFusion::off && pn.kind == NodeKind::op && pn.op == ops::OpId::MatMul &&
+                     pn.inputs.size() == 2 && users[v].size() == 1 && !is_output[v] && g.values[pn.inputs[0]].shape.rank() == 2;
+      if (product) {  // (within absorb_products' limits: else the op stays its eager kernel)
+        const std::int64_t inner = g.values[pn.inputs[0]].shape[pn.attrs.i0 != 0 ? 0 : 1];
+        product = inner <= 4096 && g.values[n.outputs[0]].shape.numel() <= product_fusion_max_macs() / std::max<std::int64_t>(inner, 1);
+      }
       single[k] = single[k] || product || detail_fuse::convertible(g, is_output, p);
     }
   }
