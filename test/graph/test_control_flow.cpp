@@ -400,7 +400,17 @@ TEST_CASE("host_fn: runs at every call, outputs are checked, gradient optional",
   CHECK(calls == 2);  // at each call of the plan; tracing does not run it
   auto bad = sc::function([&](sc::Tensor x) { return sc::host_fn(twice, {x}, {sc::TensorSpec{sc::Shape{5}, sc::f32}})[0]; });
   const std::string m = error_of<sc::ValueError>([&] { bad(sc::ones({3})); });
-  CHECK_THAT(m, Catch::Contains("[host_fn] output 0 is f32[3]"));
+  CHECK_THAT(m, Catch::Contains("[host_fn] output 0 is f32[3], its spec says f32[5]"));
+  CHECK_THAT(m, Catch::Contains("test_control_flow.cpp"));  // (the line that called host_fn when traced)
+  // Eager, the same checks, naming the caller's line; and a count that breaks the promise.
+  const sc::TensorSpec three{sc::Shape{3}, sc::f32};
+  const std::string e = error_of<sc::ValueError>([&] { sc::host_fn(twice, {sc::ones({3})}, {sc::TensorSpec{sc::Shape{5}, sc::f32}}); });
+  CHECK_THAT(e, Catch::Contains("[host_fn] output 0 is f32[3], its spec says f32[5]"));
+  CHECK_THAT(e, Catch::Contains("test_control_flow.cpp"));
+  const std::string n = error_of<sc::ValueError>([&] { sc::host_fn(twice, {sc::ones({3})}, {three, three}); });
+  CHECK_THAT(n, Catch::Contains("the function returned 1 tensors, its output specs promise 2"));
+  auto bad_count = sc::function([&](sc::Tensor x) { return sc::host_fn(twice, {x}, {three, three})[0]; });
+  CHECK_THAT(error_of<sc::ValueError>([&] { bad_count(sc::ones({3})); }), Catch::Contains("its output specs promise 2"));
 }
 
 TEST_CASE("concrete function: differentiable under an eager tape (staged backward)", "[function][grad]") {

@@ -13,27 +13,6 @@
 namespace stagecraft {
 namespace graph::detail_host {
 
-/// Checks what the function returned against its specs (ValueError naming loc) and moves an output
-/// it made on another device to the CPU, where host_fn's outputs live.
-STAGECRAFT_COMPILED_INLINE void check_outputs(std::vector<Tensor>& res, const std::vector<TensorSpec>& specs,
-                                              const std::source_location& loc);
-#if STAGECRAFT_DEFINE_COMPILED
-STAGECRAFT_COMPILED_INLINE void check_outputs(std::vector<Tensor>& res, const std::vector<TensorSpec>& specs,
-                                              const std::source_location& loc) {
-  if (res.size() != specs.size())
-    stagecraft::detail::fail<ValueError>("host_fn", loc, "the function returned ", res.size(),
-                                         " tensors, its output specs promise ", specs.size());
-  for (std::size_t k = 0; k < res.size(); ++k) {
-    if (!res[k].defined() || res[k].is_symbolic() || res[k].shape() != specs[k].shape || res[k].dtype() != specs[k].dtype)
-      stagecraft::detail::fail<ValueError>("host_fn", loc, "output ", k, " is ",
-                                           res[k].defined() ? std::string(name(res[k].dtype())) + res[k].shape().str()
-                                                            : std::string("undefined"),
-                                           ", its spec says ", name(specs[k].dtype), specs[k].shape);
-    if (!res[k].device().is_cpu()) res[k] = stagecraft::detail::device_copy(res[k], Device::cpu(), "host_fn", loc);
-  }
-}
-#endif  // STAGECRAFT_DEFINE_COMPILED
-
 std::vector<Tensor> call(const std::shared_ptr<const HostFn>& h, const std::vector<Tensor>& inputs,
                          const std::source_location& loc);
 
@@ -94,7 +73,7 @@ STAGECRAFT_COMPILED_INLINE std::vector<Tensor> call(const std::shared_ptr<const 
   std::vector<Tensor> outs;
   if (!symbolic) {
     outs = h->fn(inputs);
-    check_outputs(outs, h->outputs, loc);
+    h->check_outputs(outs, SrcLoc::from(loc));
   } else {
     GraphBuilder* b = current_builder();
     if (b == nullptr)

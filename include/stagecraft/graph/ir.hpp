@@ -75,6 +75,24 @@ struct HostFn {
   Fn fn;
   Grad grad;
   std::vector<TensorSpec> outputs;
+
+  /// Checks what fn returned against `outputs` (a ValueError naming the user's line `at`) and
+  /// moves an output it made on another device to the CPU, where host_fn's outputs live.
+  void check_outputs(std::vector<Tensor>& res, const SrcLoc& at) const {
+    if (res.size() != outputs.size())
+      stagecraft::detail::fail_at<ValueError>("host_fn", at.file, at.line, "the function returned ", res.size(),
+                                              " tensors, its output specs promise ", outputs.size());
+    for (std::size_t k = 0; k < res.size(); ++k) {
+      const TensorSpec& spec = outputs[k];
+      if (!res[k].defined() || res[k].is_symbolic() || res[k].shape() != spec.shape || res[k].dtype() != spec.dtype)
+        stagecraft::detail::fail_at<ValueError>(
+            "host_fn", at.file, at.line, "output ", k, " is ",
+            res[k].defined() ? std::string(name(res[k].dtype())) + res[k].shape().str() : std::string("undefined"),
+            ", its spec says ", name(spec.dtype), spec.shape);
+      if (!res[k].device().is_cpu())
+        res[k] = stagecraft::detail::device_copy(res[k], Device::cpu(), "host_fn", std::source_location::current());
+    }
+  }
 };
 
 struct Graph;

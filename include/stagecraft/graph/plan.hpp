@@ -594,19 +594,8 @@ STAGECRAFT_COMPILED_INLINE void Plan::run_step(const Step& s, std::size_t i, Run
       std::vector<Tensor> args;
       for (int v : s.in) args.push_back(detail_plan::detach(st.vals[v]));
       std::vector<Tensor> res = n.host->fn(args);
-      const auto& specs = n.host->outputs;
-      if (res.size() != specs.size())
-        stagecraft::detail::fail_at<ValueError>("host_fn", n.loc.file, n.loc.line, "the function returned ", res.size(),
-                                    " tensors, its output specs promise ", specs.size());
-      for (std::size_t k = 0; k < res.size(); ++k) {
-        if (!res[k].defined() || res[k].is_symbolic() || res[k].shape() != specs[k].shape || res[k].dtype() != specs[k].dtype)
-          stagecraft::detail::fail_at<ValueError>("host_fn", n.loc.file, n.loc.line, "output ", k, " is ",
-                                      res[k].defined() ? std::string(name(res[k].dtype())) + res[k].shape().str() : std::string("undefined"),
-                                      ", its spec says ", name(specs[k].dtype), specs[k].shape);
-        if (!res[k].device().is_cpu())  // (host_fn's results live on the CPU)
-          res[k] = stagecraft::detail::device_copy(res[k], Device::cpu(), "host_fn", std::source_location::current());
-        detail_plan::rebind(st.vals[s.out[k]], res[k]);
-      }
+      n.host->check_outputs(res, n.loc);
+      for (std::size_t k = 0; k < res.size(); ++k) detail_plan::rebind(st.vals[s.out[k]], res[k]);
       break;
     }
     case StepKind::cond: {
