@@ -73,7 +73,7 @@ STAGECRAFT_COMPILED_INLINE std::vector<Tensor> call(const std::shared_ptr<const 
   std::vector<Tensor> outs;
   if (!symbolic) {
     outs = h->fn(inputs);
-    h->check_outputs(outs, SrcLoc::from(loc));
+    h->check_outputs(outs, SrcLoc::from(loc), loc);
   } else {
     GraphBuilder* b = current_builder();
     if (b == nullptr)

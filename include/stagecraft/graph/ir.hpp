@@ -77,8 +77,10 @@ struct HostFn {
   std::vector<TensorSpec> outputs;
 
   /// Checks what fn returned against `outputs` (a ValueError naming the user's line `at`) and
-  /// moves an output it made on another device to the CPU, where host_fn's outputs live.
-  void check_outputs(std::vector<Tensor>& res, const SrcLoc& at) const {
+  /// moves an output it made on another device to the CPU, where host_fn's outputs live (a failed
+  /// copy names `copy_loc`).
+  void check_outputs(std::vector<Tensor>& res, const SrcLoc& at,
+                     const std::source_location& copy_loc = std::source_location::current()) const {
     if (res.size() != outputs.size())
       stagecraft::detail::fail_at<ValueError>("host_fn", at.file, at.line, "the function returned ", res.size(),
                                               " tensors, its output specs promise ", outputs.size());
@@ -90,7 +92,7 @@ struct HostFn {
             res[k].defined() ? std::string(name(res[k].dtype())) + res[k].shape().str() : std::string("undefined"),
             ", its spec says ", name(spec.dtype), spec.shape);
       if (!res[k].device().is_cpu())
-        res[k] = stagecraft::detail::device_copy(res[k], Device::cpu(), "host_fn", std::source_location::current());
+        res[k] = stagecraft::detail::device_copy(res[k], Device::cpu(), "host_fn", copy_loc);
     }
   }
 };
