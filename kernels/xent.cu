@@ -117,6 +117,64 @@ __global__ void xent_grad_kernel(const T* g, const T* x, const I* labels, T* dx,
   }
 }
 
+/// Row x's loss value (as row_value) and its gradient row dr (as xent_grad_kernel's, scaled by
+/// g / N) in one pass over x, in every lane: the same sums in the same order as the two kernels,
+/// so the same numbers. A label outside [0, C) is recorded (lane 0); its row is still written and
+/// its value is 0.
+template <class T, class I>
+__device__ double row_value_and_grad(const T* xr, T* dr, I label, double scale, std::int64_t C, std::int64_t row,
+                                     int lane, abi::Fault* fault, std::int32_t tag) {
+  const auto l = static_cast<std::int64_t>(label);
+  const bool bad = l < 0 || l >= C;
+  if (bad && lane == 0) report_fault(fault, tag, l, row);
+  if (C == 0) return 0.0;  // (no class: nothing to read or write)
+  const T shift = row_shift(xr, C, lane);
+  double s = 0;
+  for (std::int64_t j = lane; j < C; j += warp) {
+    const T e = rules::Exp::f(static_cast<T>(xr[j] - shift));
+    dr[j] = e;
+    s += static_cast<double>(e);
+  }
+  s = warp_sum(s);
+  for (std::int64_t j = lane; j < C; j += warp)
+    dr[j] = static_cast<T>((static_cast<double>(dr[j]) / s - (j == l ? 1.0 : 0.0)) * scale);
+  return bad ? 0.0 : static_cast<double>(static_cast<T>(xr[l] - shift)) - rules::Log::f(s);
+}
+
+/// The loss and its gradient in one block (as xent_one_block_kernel, each row's gradient written
+/// as its value is taken).
+template <class T, class I>
+__global__ void __launch_bounds__(1024) xent_both_one_block_kernel(const T* g, const T* x, const I* labels, T* y, T* dx,
+                                                                   std::int64_t N, std::int64_t C, abi::Fault* fault,
+                                                                   std::int32_t tag) {
+  __shared__ double partial[warp];
+  const double scale = static_cast<double>(*g) / static_cast<double>(N);
+  const int lane = threadIdx.x % warp, w = threadIdx.x / warp, warps = blockDim.x / warp;
+  double acc = 0;
+  for (std::int64_t r = w; r < N; r += warps)
+    acc += row_value_and_grad(x + r * C, dx + r * C, labels[r], scale, C, r, lane, fault, tag);
+  if (lane == 0) partial[w] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int k = 0; k < warps; ++k) total += partial[k];
+    *y = static_cast<T>(-(total / static_cast<double>(N)));
+  }
+}
+
+/// Each row's value into v and its gradient into dx (a warp per row, grid-stride over rows).
+template <class T, class I>
+__global__ void xent_both_rows_kernel(const T* g, const T* x, const I* labels, double* v, T* dx, std::int64_t N,
+                                      std::int64_t C, abi::Fault* fault, std::int32_t tag) {
+  const double scale = static_cast<double>(*g) / static_cast<double>(N);
+  const int lane = threadIdx.x % warp;
+  const std::int64_t warps = std::int64_t{gridDim.x} * (blockDim.x / warp);
+  for (std::int64_t r = blockIdx.x * std::int64_t{blockDim.x / warp} + threadIdx.x / warp; r < N; r += warps) {
+    const double value = row_value_and_grad(x + r * C, dx + r * C, labels[r], scale, C, r, lane, fault, tag);
+    if (lane == 0) v[r] = value;
+  }
+}
+
 /// Blocks of 256 threads (8 rows at a time each) for N rows, capped (each warp then takes several).
 unsigned row_blocks(std::int64_t N) {
   const std::int64_t b = (N + 7) / 8;
@@ -173,6 +231,31 @@ Status softmax_cross_entropy_grad(DT dt, DT label_dt, const void* g, const void*
     xent_grad_kernel<<<row_blocks(N), block_threads, 0, st>>>(static_cast<const T*>(g), static_cast<const T*>(x),
                                                              static_cast<const I*>(labels), static_cast<T*>(dx), N, C,
                                                              fault, tag);
+    arm_fault_check();
+    return launched();
+  });
+}
+
+Status softmax_cross_entropy_both(DT dt, DT label_dt, const void* g, const void* x, const void* labels, void* y, void* dx,
+                                  std::int64_t N, std::int64_t C, double* scratch, Fault* fault, std::int32_t tag,
+                                  Stream s) noexcept {
+  const auto st = static_cast<cudaStream_t>(s);
+  return visit_float_index(dt, label_dt, [&](auto ttag, auto itag) -> Status {
+    using T = decltype(ttag);
+    using I = decltype(itag);
+    const auto* gp = static_cast<const T*>(g);
+    const auto* xp = static_cast<const T*>(x);
+    const auto* lp = static_cast<const I*>(labels);
+    auto* yp = static_cast<T*>(y);
+    auto* dp = static_cast<T*>(dx);
+    if (N * C <= xent_one_block) {
+      xent_both_one_block_kernel<<<1, 1024, 0, st>>>(gp, xp, lp, yp, dp, N, C, fault, tag);
+    } else {
+      if (scratch == nullptr) return cudaErrorInvalidValue;
+      xent_both_rows_kernel<<<row_blocks(N), block_threads, 0, st>>>(gp, xp, lp, scratch, dp, N, C, fault, tag);
+      if (const Status e = launched()) return e;
+      xent_mean_kernel<<<1, block_threads, 0, st>>>(scratch, yp, N);
+    }
     arm_fault_check();
     return launched();
   });

@@ -282,6 +282,43 @@ Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void
 
 // ---- xent.cu ---------------------------------------------------------------------------------
 
+namespace {
+/// softmax_cross_entropy's value (xent.cu's kernels): the rows' values summed in double in row
+/// order (the CPU op's order; N = 0 gives NaN), each also put in scratch when given.
+template <class T, class I>
+void xent_loss(const T* xp, const I* lp, T* yp, double* sp, std::int64_t N, std::int64_t C, Fault* fault, std::int32_t tag) {
+  double total = 0;
+  for (std::int64_t r = 0; r < N; ++r) {
+    const double v = emu::row_value(xp + r * C, lp[r], C, r, fault, tag);
+    if (sp != nullptr) sp[r] = v;
+    total += v;
+  }
+  *yp = static_cast<T>(-(total / static_cast<double>(N)));
+}
+
+/// softmax_cross_entropy_grad's rows (xent_grad_kernel); a bad label is recorded when fault is given.
+template <class T, class I>
+void xent_grad(const T* gp, const T* xp, const I* lp, T* dp, std::int64_t N, std::int64_t C, Fault* fault, std::int32_t tag) {
+  const double scale = static_cast<double>(*gp) / static_cast<double>(N);
+  for (std::int64_t r = 0; r < N; ++r) {
+    const T* xr = xp + r * C;
+    T* dr = dp + r * C;
+    const auto l = static_cast<std::int64_t>(lp[r]);
+    // A bad label is recorded; its row is still written (no class gets the -1).
+    if ((l < 0 || l >= C) && fault != nullptr) emu::report_fault(fault, tag, l, r);
+    const T shift = emu::row_shift(xr, C);
+    double sum = 0;
+    for (std::int64_t j = 0; j < C; ++j) {  // exp(z) stored first, then scaled
+      const T e = rules::Exp::f(static_cast<T>(xr[j] - shift));
+      dr[j] = e;
+      sum += static_cast<double>(e);
+    }
+    for (std::int64_t j = 0; j < C; ++j)
+      dr[j] = static_cast<T>((static_cast<double>(dr[j]) / sum - (j == l ? 1.0 : 0.0)) * scale);
+  }
+}
+}  // namespace
+
 Status softmax_cross_entropy(DT dt, DT label_dt, const void* x, const void* labels, void* y, std::int64_t N,
                              std::int64_t C, double* scratch, Fault* fault, std::int32_t tag, Stream s) noexcept {
   return emu::visit_float_index(dt, label_dt, [&](auto ttag, auto itag) -> Status {
@@ -293,17 +330,8 @@ Status softmax_cross_entropy(DT dt, DT label_dt, const void* x, const void* labe
     return emu::queue(
         s,
         [=] {
-          const T* xp = emu::host(static_cast<const T*>(x));
-          const I* lp = emu::host(static_cast<const I*>(labels));
-          double* sp = emu::host(scratch);
-          // The rows' values summed in double in row order (the CPU op's order); N = 0 gives NaN.
-          double total = 0;
-          for (std::int64_t r = 0; r < N; ++r) {
-            const double v = emu::row_value(xp + r * C, lp[r], C, r, fault, tag);
-            if (rows_in_scratch) sp[r] = v;
-            total += v;
-          }
-          *emu::host(static_cast<T*>(y)) = static_cast<T>(-(total / static_cast<double>(N)));
+          xent_loss(emu::host(static_cast<const T*>(x)), emu::host(static_cast<const I*>(labels)), emu::host(static_cast<T*>(y)),
+                    rows_in_scratch ? emu::host(scratch) : nullptr, N, C, fault, tag);
         },
         true);
   });
@@ -315,30 +343,35 @@ Status softmax_cross_entropy_grad(DT dt, DT label_dt, const void* g, const void*
   return emu::visit_float_index(dt, label_dt, [&](auto ttag, auto itag) -> Status {
     using T = decltype(ttag);
     using I = decltype(itag);
+    // g is read when the kernel runs: an earlier launch computed it.
     return emu::queue(
         s,
         [=] {
-          // g is read when the kernel runs: an earlier launch computed it.
-          const double scale = static_cast<double>(*emu::host(static_cast<const T*>(g))) / static_cast<double>(N);
+          xent_grad(emu::host(static_cast<const T*>(g)), emu::host(static_cast<const T*>(x)),
+                    emu::host(static_cast<const I*>(labels)), emu::host(static_cast<T*>(dx)), N, C, fault, tag);
+        },
+        true);
+  });
+}
+
+Status softmax_cross_entropy_both(DT dt, DT label_dt, const void* g, const void* x, const void* labels, void* y, void* dx,
+                                  std::int64_t N, std::int64_t C, double* scratch, Fault* fault, std::int32_t tag,
+                                  Stream s) noexcept {
+  return emu::visit_float_index(dt, label_dt, [&](auto ttag, auto itag) -> Status {
+    using T = decltype(ttag);
+    using I = decltype(itag);
+    const bool rows_in_scratch = N * C > xent_one_block;
+    if (rows_in_scratch && scratch == nullptr) return emu::invalid_value;
+    // One launch, as xent.cu's one-block kernel (its rows kernel and the mean are two: counted as one here).
+    return emu::queue(
+        s,
+        [=] {
           const T* xp = emu::host(static_cast<const T*>(x));
           const I* lp = emu::host(static_cast<const I*>(labels));
-          T* dp = emu::host(static_cast<T*>(dx));
-          for (std::int64_t r = 0; r < N; ++r) {
-            const T* xr = xp + r * C;
-            T* dr = dp + r * C;
-            const auto l = static_cast<std::int64_t>(lp[r]);
-            // A bad label is recorded; its row is still written (no class gets the -1).
-            if ((l < 0 || l >= C) && fault != nullptr) emu::report_fault(fault, tag, l, r);
-            const T shift = emu::row_shift(xr, C);
-            double sum = 0;
-            for (std::int64_t j = 0; j < C; ++j) {  // exp(z) stored first, then scaled
-              const T e = rules::Exp::f(static_cast<T>(xr[j] - shift));
-              dr[j] = e;
-              sum += static_cast<double>(e);
-            }
-            for (std::int64_t j = 0; j < C; ++j)
-              dr[j] = static_cast<T>((static_cast<double>(dr[j]) / sum - (j == l ? 1.0 : 0.0)) * scale);
-          }
+          xent_loss(xp, lp, emu::host(static_cast<T*>(y)), rows_in_scratch ? emu::host(scratch) : nullptr, N, C, fault, tag);
+          if (N > 0 && C > 0)  // (a bad label recorded once, by the loss)
+            xent_grad(emu::host(static_cast<const T*>(g)), xp, lp, emu::host(static_cast<T*>(dx)), N, C,
+                      static_cast<Fault*>(nullptr), tag);
         },
         true);
   });

@@ -254,7 +254,7 @@ TEST_CASE("convert: the MLP Adam step's plan for a GPU converts its step count a
   const sc::ConcreteFunction c = sctest::function::traced_mlp_adam_step().second;
   auto plan = sctest::function::gpu_plan(c);
   INFO(plan->str());
-  CHECK(plan->stats().kernels <= 14);
+  CHECK(plan->stats().kernels <= 13);  // (and the loss with its gradient: 14 -> 13)
   CHECK(plan->str().find("kernel cast") == std::string::npos);
   CHECK_THAT(plan->str(), Catch::Contains("fused cast, pow"));
   CHECK_THAT(plan->str(), Catch::Contains("fused matmul, relu_grad -> f32[128, 128]"));

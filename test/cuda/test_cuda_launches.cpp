@@ -34,7 +34,7 @@ TEST_CASE("cuda launches: the MLP Adam step's plan launches what its stats count
   const auto [kernels, copies] = launches_of([&] { step(x, y).item<float>(); });
   WARN("MLP Adam step, batch 128, on the GPU: plan " << st.plan.kernels << " kernels; launched " << kernels
                                                      << " kernels and " << copies << " copies");
-  CHECK(st.plan.kernels <= 14);  // 14 (session 38: casts read converted, relu_grad(g W^T) one kernel), all of them counted launches
+  CHECK(st.plan.kernels <= 13);  // 13 (session 38: casts read converted, relu_grad(g W^T) one kernel, the loss with its gradient), all counted launches
   if (kernels >= 0) {
     CHECK(kernels == st.plan.kernels);
     CHECK(copies == 0);
@@ -75,6 +75,60 @@ TEST_CASE("cuda launches: casts read only by fused groups are read converted the
     const auto g = got[j].to_vector<double>(), w = want[j].to_vector<double>();
     for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == Approx(w[i]).epsilon(1e-6).margin(1e-7));
   }
+}
+
+TEST_CASE("cuda launches: a loss and its gradient are one kernel, with the two kernels' numbers", "[cuda][staged]") {
+  // cross_entropy and its gradient over the same logits and labels: one pass (one launch; two
+  // past one block's rows), the loss and the gradient those of the eager ops on the GPU.
+  for (const std::int64_t n : {std::int64_t{100}, std::int64_t{8000}}) {  // (8000 x 10 > abi::xent_one_block)
+    INFO("batch " << n);
+    const sc::Tensor z = sc::random::uniform({n, 10}, -3.0, 3.0, 21).to(gpu);
+    const sc::Tensor y = sc::cast(sc::random::uniform({n}, 0.0, 10.0, 22), sc::i64).to(gpu);
+    const auto loss_and_grad = [](const sc::Tensor& logits, const sc::Tensor& labels) {
+      sc::GradientTape tape;
+      tape.watch(logits);
+      const sc::Tensor loss = sc::nn::cross_entropy(logits, labels);
+      return std::vector<sc::Tensor>{loss, tape.gradient(loss, logits)};
+    };
+    const std::vector<sc::Tensor> eager = loss_and_grad(z, y);
+    auto f = sc::function(loss_and_grad);
+    f(z, y);
+    const auto st = f.get_concrete(z, y).stats();
+    INFO(st << f.get_concrete(z, y).plan().str());
+    CHECK(st.plan.losses_with_gradient == 1);
+    CHECK(st.plan.kernels == 1);
+    std::vector<sc::Tensor> got;
+    const auto [kernels, copies] = launches_of([&] { got = f(z, y); });
+    if (kernels >= 0) CHECK(kernels == 1);
+    CHECK(got[0].item<float>() == eager[0].item<float>());
+    const auto g = got[1].to_vector<float>(), w = eager[1].to_vector<float>();
+    REQUIRE(g.size() == w.size());
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == w[i]);
+  }
+  // A gradient seeded by something the loss makes (here loss^2's): the two stay apart.
+  auto squared = sc::function([](const sc::Tensor& logits, const sc::Tensor& labels) {
+    sc::GradientTape tape;
+    tape.watch(logits);
+    const sc::Tensor loss = sc::nn::cross_entropy(logits, labels);
+    return tape.gradient(loss * loss, logits);
+  });
+  const sc::Tensor z = sc::random::uniform({6, 4}, -1.0, 1.0, 23).to(gpu);
+  const sc::Tensor y = sc::tensor(std::vector<std::int64_t>{0, 1, 2, 3, 0, 1}, sc::Shape{6}).to(gpu);
+  squared(z, y);
+  CHECK(squared.get_concrete(z, y).stats().plan.losses_with_gradient == 0);
+  // A bad label: raised once, at the loss's line.
+  const sc::Tensor bad = sc::tensor(std::vector<std::int64_t>{0, 1, 7, 3, 0, 1}, sc::Shape{6}).to(gpu);
+  auto both = sc::function([](const sc::Tensor& logits, const sc::Tensor& labels) {
+    sc::GradientTape tape;
+    tape.watch(logits);
+    const sc::Tensor loss = sc::nn::cross_entropy(logits, labels);
+    return std::vector<sc::Tensor>{loss, tape.gradient(loss, logits)};
+  });
+  both(z, y);
+  REQUIRE(both.get_concrete(z, y).stats().plan.losses_with_gradient == 1);
+  both(z, bad);
+  CHECK_THROWS_WITH(sc::cuda::synchronize(), Catch::Contains("[cross_entropy] label 7 at index 2 is out of range [0, 4)"));
+  CHECK_NOTHROW(sc::cuda::synchronize());  // raised once
 }
 
 TEST_CASE("cuda launches: small results of GPU constants are folded at trace time (a tape's seed)", "[cuda][staged]") {

@@ -46,7 +46,8 @@ struct FunctionStats {
     os << "optimized nodes: " << optimized_nodes << "\n"
        << "plan: " << plan.steps << " steps, " << plan.kernels << " kernels, " << plan.fused_groups
        << " fused groups (" << plan.fused_nodes << " nodes, " << plan.specialized << " specialized"
-       << some(plan.fused_products, " products formed in them") << some(plan.fused_concats, " concats written by them") << ")\n"
+       << some(plan.fused_products, " products formed in them") << some(plan.fused_concats, " concats written by them") << ")"
+       << some(plan.losses_with_gradient, " losses computed with their gradient") << "\n"
        << "memory: " << plan.peak_bytes << " bytes planned in " << plan.buffers << " buffers (intermediates: "
        << plan.intermediate_bytes << " bytes)";
     if (plan.pieces_in_place > 0)

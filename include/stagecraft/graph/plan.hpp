@@ -35,6 +35,7 @@ struct PlanStats {
   int fused_products = 0;             ///< small products formed inside the group that reads them (FusedProduct)
   int fused_concats = 0;              ///< concats written by the group of their pieces (FusedProgram::out_windows)
   int batched_groups = 0;             ///< GPU fused groups launched together with others (CudaFusedBatch)
+  int losses_with_gradient = 0;       ///< GPU cross-entropy losses computed with their gradient (one kernel)
   int specialized = 0;                ///< CPU groups run by a specialized kernel (fused_special.hpp)
   std::int64_t peak_bytes = 0;        ///< planned buffer memory (with reuse)
   std::int64_t intermediate_bytes = 0;  ///< every intermediate in its own buffer
@@ -221,6 +222,7 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
     if (grp >= 0)
       for (Step& d : deferred[grp]) add_step(std::move(d));
   }
+  const int xent_pairs = merge_xent_pairs(g, steps_);
   const int bias_grads = merge_bias_grads(g, steps_);
   stats_.batched_groups = detail_plan::batch_gpu_groups(g, steps_);
   // Buffers: values whose storage the plan owns get a planned buffer, reused by liveness.
@@ -281,6 +283,7 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
   }
   stats_.fused_groups = static_cast<int>(groups_.groups.size());
   stats_.epilogues = bias_grads;
+  stats_.losses_with_gradient = xent_pairs;
   for (const FusionGroup& fg : groups_.groups) {
     stats_.fused_nodes += static_cast<int>(fg.nodes.size()) + (fg.head >= 0);
     stats_.epilogues += fg.head >= 0;
@@ -523,7 +526,10 @@ STAGECRAFT_COMPILED_INLINE void Plan::run_step(const Step& s, std::size_t i, Run
         const stagecraft::detail::LocOverride at(n.loc);  // what a kernel reports later names the node's line
         const std::source_location here = std::source_location::current();
         try {
-          if (s.bgrad_fns == nullptr) {
+          if (s.xent_both) {
+            backend::cuda::softmax_cross_entropy_both(st.ins[i][2], st.ins[i][0], st.ins[i][1], st.vals[s.out[0]],
+                                                      st.vals[s.out[1]], "cross_entropy", here);
+          } else if (s.bgrad_fns == nullptr) {
             s.fns->cuda(st.ins[i], st.vals[s.out[0]], s.attrs, here);
           } else if (!backend::cuda::gemm_bgrad(st.ins[i][0], st.ins[i][1], s.attrs.i0 != 0, st.vals[s.out[0]],
                                                 st.vals[s.out[1]], here)) {

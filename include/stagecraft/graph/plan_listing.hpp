@@ -57,6 +57,7 @@ STAGECRAFT_COMPILED_INLINE std::string Plan::str(int indent) const {
       case StepKind::kernel:
         os << "kernel " << g.nodes[s.node].name();
         if (s.bgrad_fns != nullptr) os << " + its bias gradient (cuBLASLt epilogue)";
+        if (s.xent_both) os << " + its gradient (one pass)";
         if (!s.rest.empty()) os << " (" << s.rest.size() << " of " << s.in.size() << " pieces copied)";
         os << " -> " << outs(s) << "\n";
         break;

@@ -45,6 +45,10 @@ struct Step {
   /// sum's kernel and attributes (its value is out[1]), run after the product where cuBLASLt cannot.
   const OpFns* bgrad_fns = nullptr;
   ops::Attrs bgrad_attrs;
+  /// A GPU loss softmax_cross_entropy(x, labels) merged with its gradient
+  /// softmax_cross_entropy_grad(g, x, labels) (one pass over the logits, one launch): `in` is
+  /// {x, labels, g}, `out` {loss, dx}.
+  bool xent_both = false;
   /// A concat some of whose pieces their own steps write in place (MemoryPlan::placed_in): it
   /// copies only the rest, each (its index in `in`, its first byte in the output); empty otherwise.
   std::vector<std::pair<int, std::int64_t>> rest;
@@ -64,6 +68,12 @@ STAGECRAFT_COMPILED_INLINE int batch_gpu_groups(const Graph& g, std::vector<Step
 /// device and the later of the two reads nothing made after the earlier (the merged step runs
 /// there). Returns how many pairs were merged.
 STAGECRAFT_COMPILED_INLINE int merge_bias_grads(const Graph& g, std::vector<Step>& steps);
+
+/// On a GPU, a loss softmax_cross_entropy(x, labels) and its gradient softmax_cross_entropy_grad(g,
+/// x, labels) over the same values become one step, one pass over the logits (Step::xent_both),
+/// where g is made before the loss (a training step's seed) and nothing the gradient reads is made
+/// between the two. Returns how many pairs were merged.
+STAGECRAFT_COMPILED_INLINE int merge_xent_pairs(const Graph& g, std::vector<Step>& steps);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE int batch_gpu_groups(const Graph& g, std::vector<Step>& steps) {
   if (!cuda_group_batching()) return 0;
@@ -179,6 +189,36 @@ STAGECRAFT_COMPILED_INLINE int merge_bias_grads(const Graph& g, std::vector<Step
       index();
       i = lo;  // (steps after lo moved down; lo itself is merged and skipped next round)
       break;
+    }
+  }
+  return merged;
+}
+
+STAGECRAFT_COMPILED_INLINE int merge_xent_pairs(const Graph& g, std::vector<Step>& steps) {
+  auto is_op = [&](const Step& s, ops::OpId op) {
+    return s.kind == StepKind::kernel && s.gpu && s.rest.empty() && s.bgrad_fns == nullptr && !s.xent_both &&
+           g.nodes[s.node].op == op;
+  };
+  int merged = 0;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const Step& l = steps[i];
+    if (!is_op(l, ops::OpId::SoftmaxCrossEntropy) || l.in.size() != 2 || l.out.size() != 1) continue;
+    std::vector<char> made_since(g.values.size(), 0);  // values the steps from the loss on make
+    for (std::size_t j = i; j < steps.size(); ++j) {
+      const Step& d = steps[j];
+      if (is_op(d, ops::OpId::SoftmaxCrossEntropyGrad) && d.in.size() == 3 && d.out.size() == 1 && d.in[1] == l.in[0] &&
+          d.in[2] == l.in[1] && !made_since[d.in[0]] && g.values[d.out[0]].device == g.values[l.out[0]].device) {
+        Step both = l;
+        both.in.push_back(d.in[0]);
+        both.out.push_back(d.out[0]);
+        both.xent_both = true;
+        steps[i] = std::move(both);
+        steps.erase(steps.begin() + static_cast<std::ptrdiff_t>(j));
+        ++merged;
+        break;
+      }
+      for (int v : d.out) made_since[v] = 1;
+      if (d.head_out >= 0) made_since[d.head_out] = 1;
     }
   }
   return merged;

@@ -270,6 +270,13 @@ Status softmax_cross_entropy(DT dt, DT label_dt, const void* x, const void* labe
 /// ops::SoftmaxCrossEntropyGrad; a label outside is recorded as softmax_cross_entropy's.
 Status softmax_cross_entropy_grad(DT dt, DT label_dt, const void* g, const void* x, const void* labels, void* dx,
                                   std::int64_t N, std::int64_t C, Fault* fault, std::int32_t tag, Stream s) noexcept;
+/// Both at once (a traced step's loss and its gradient, merged by the plan): y as
+/// softmax_cross_entropy's and dx as softmax_cross_entropy_grad's with g, the same numbers, from
+/// one pass over the logits: one launch (two past xent_one_block, `scratch` as there) instead of
+/// two (three). A bad label is recorded once.
+Status softmax_cross_entropy_both(DT dt, DT label_dt, const void* g, const void* x, const void* labels, void* y, void* dx,
+                                  std::int64_t N, std::int64_t C, double* scratch, Fault* fault, std::int32_t tag,
+                                  Stream s) noexcept;
 /// cols [N, C*kh*kw, Ho*Wo] = the windows of x [N, C, H, W] (zero padding), as ops::Im2Col.
 Status im2col(DT dt, const void* x, void* cols, const ConvGeometry& g, Stream s) noexcept;
 /// x [N, C, H, W] = the columns summed back onto the pixels they read (overwrites x), as ops::Col2Im;

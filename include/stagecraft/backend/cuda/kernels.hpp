@@ -395,6 +395,28 @@ inline void softmax_cross_entropy_grad(const Tensor& g, const Tensor& x, const T
         d, op, loc);
 }
 
+/// y = softmax_cross_entropy(x, labels) and dx = softmax_cross_entropy_grad(g, x, labels) in one
+/// pass (abi::softmax_cross_entropy_both): a bad label is raised once, as the forward's. (The plan
+/// calls it directly: without CUDA it compiles to nothing, as gemm_bias does.)
+inline void softmax_cross_entropy_both(const Tensor& g, const Tensor& x, const Tensor& labels, Tensor& y, Tensor& dx,
+                                       std::string_view op, const std::source_location& loc) {
+#if !defined(STAGECRAFT_WITH_CUDA)
+  (void)g, (void)x, (void)labels, (void)y, (void)dx, (void)op, (void)loc;
+#else
+  const Device d = y.device();
+  const std::int64_t N = x.shape()[0], C = x.shape()[1];
+  std::int32_t tag = 0;
+  abi::Fault* fault = label_fault(d, C, op, loc, tag);
+  Tensor scratch;
+  if (N * C > abi::xent_one_block) scratch = stagecraft::detail::empty_tensor(Shape{N}, DType::f64, d, op, loc);
+  check(abi::softmax_cross_entropy_both(dt(x.dtype()), dt(labels.dtype()), g.raw_data(), x.raw_data(), labels.raw_data(),
+                                        y.raw_data(), dx.raw_data(), N, C,
+                                        scratch.defined() ? static_cast<double*>(scratch.raw_data()) : nullptr, fault, tag,
+                                        stream(d, op, loc)),
+        d, op, loc);
+#endif
+}
+
 /// y = gather of x [outer, E, inner] by idx along the middle axis (infer has checked the shapes;
 /// indices on the GPU are checked by the kernel, which records a bad one for the next wait).
 inline void gather(const Tensor& x, const Tensor& idx, Tensor& y, std::int64_t outer, std::int64_t E,
