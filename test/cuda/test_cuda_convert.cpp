@@ -260,6 +260,8 @@ TEST_CASE("convert: the MLP Adam step's plan for a GPU converts its step count a
   CHECK_THAT(plan->str(), Catch::Contains("fused matmul, relu_grad -> f32[128, 128]"));
   CHECK_THAT(plan->str(), Catch::Contains("kernel matmul -> f32[128, 256]"));
   CHECK_THAT(plan->str(), Catch::Contains("kernel relu_grad -> f32[128, 256]"));  // (its own eager kernel, not a generated one)
+  CHECK_THAT(plan->str(), Catch::Contains("kernel softmax_cross_entropy + its gradient (one pass) -> f32[] cuda:0, f32[128, 10] cuda:0"));
+  CHECK(plan->stats().losses_with_gradient == 1);
 }
 
 TEST_CASE("convert: on a GPU one op alone forms a product only it reads, and not one read elsewhere", "[cuda][product]") {
