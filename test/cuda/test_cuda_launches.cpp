@@ -131,6 +131,41 @@ TEST_CASE("cuda launches: a loss and its gradient are one kernel, with the two k
   CHECK_NOTHROW(sc::cuda::synchronize());  // raised once
 }
 
+TEST_CASE("cuda launches: an eager GPU op with a C++ number copies the number to the GPU once", "[cuda]") {
+  // x * 0.5f on the GPU: the number's device copy is made once and kept; Adam's eager step (its
+  // constants 1 - beta^t ...) then makes no copy from the host at all.
+  const sc::Tensor x = sc::random::uniform({64}, -1.0, 1.0, 31);
+  const sc::Tensor xg = x.to(gpu);
+  const double number = 0.123456789;  // (a number no other test uses: its first use copies)
+  sc::Tensor first, again;
+  const auto [k1, c1] = launches_of([&] { first = xg * number; });
+  const auto [k2, c2] = launches_of([&] { again = xg * number; });
+  if (c1 >= 0) {
+    CHECK(c1 == 1);
+    CHECK(c2 == 0);
+    CHECK(k2 == 1);
+  }
+  check_same(first, x * number, 0);
+  check_same(again, x * number, 0);
+  // Another dtype or value is another copy; the same value in f64 too.
+  const auto [k3, c3] = launches_of([&] { sc::sum(xg.astype(sc::f64) * number).item<double>(); });
+  if (c3 >= 0) CHECK(c3 >= 1);  // (the f64 number, and the item's copy back)
+  // Adam's eager step on GPU variables: no copy from the host after its first step.
+  const sc::DeviceScope on(gpu);
+  sc::nn::Dense layer(8, 4);
+  sc::optim::Adam opt(1e-3);
+  const auto vars = layer.trainable_variables();
+  const sc::Tensor in = sc::random::uniform({5, 8}, -1.0, 1.0, 32);
+  const auto step = [&] {
+    sc::GradientTape tape;
+    const sc::Tensor loss = sc::sum(layer(in));
+    opt.apply(tape.gradient(loss, vars), vars);
+  };
+  step();
+  const auto [k4, c4] = launches_of(step);
+  if (c4 >= 0) CHECK(c4 == 0);
+}
+
 TEST_CASE("cuda launches: small results of GPU constants are folded at trace time (a tape's seed)", "[cuda][staged]") {
   // The gradient's seed (ones like the loss) and a scalar computed from constants: results of a
   // few elements on the GPU, computed once when the graph is optimized, no launch at each call.

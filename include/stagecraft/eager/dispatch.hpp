@@ -4,8 +4,13 @@
 #include <array>
 #include <atomic>
 #include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
 #include <source_location>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -273,8 +278,33 @@ template <class V>
                    "scalar or convert the tensor to a float dtype");
 }
 
+/// t (a rank-0 CPU tensor holding a C++ number) on device d: copied there the first time, then
+/// the same device tensor each time (tensors are immutable; a few hundred kept per process, the
+/// oldest set dropped when full), so that an eager GPU op with a number (x * 0.5f, an optimizer's
+/// constants) makes no copy from the host and no allocation.
+inline Tensor device_scalar(const Tensor& t, Device d, const std::source_location& loc) {
+  struct Cache {
+    std::mutex mu;
+    std::map<std::tuple<int, int, std::uint64_t>, Tensor> kept;
+  };
+  static Cache& cache = *new Cache;  // (never destroyed: its tensors may outlive the device's allocator at exit)
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, t.raw_data(), itemsize(t.dtype()));
+  const auto key = std::make_tuple(d.index(), static_cast<int>(t.dtype()), bits);
+  {
+    const std::lock_guard<std::mutex> lock(cache.mu);
+    if (const auto it = cache.kept.find(key); it != cache.kept.end()) return it->second;
+  }
+  Tensor on = t.to(d, loc);
+  if (SC_UNLIKELY(on.is_symbolic())) return on;  // (a concrete copy even while tracing: never expected)
+  const std::lock_guard<std::mutex> lock(cache.mu);
+  if (cache.kept.size() >= 512) cache.kept.clear();  // (changing numbers, as a decaying rate: bounded)
+  cache.kept.emplace(key, on);
+  return on;
+}
+
 /// A rank-0 tensor holding a C++ scalar with the dtype the weak-scalar rule gives it next to
-/// `like` (see core/dtype.hpp).
+/// `like` (see core/dtype.hpp); on like's device (device_scalar).
 template <Scalar S>
 Tensor weak_scalar(S value, const Tensor& like, const std::source_location& loc, std::string_view op = "scalar") {
   require_defined(like, op, loc);
@@ -289,7 +319,7 @@ Tensor weak_scalar(S value, const Tensor& like, const std::source_location& loc,
     }
     *static_cast<T*>(t.raw_data()) = static_cast<T>(value);
   });
-  return like.device().is_cpu() ? t : t.to(like.device(), loc);
+  return like.device().is_cpu() ? t : device_scalar(t, like.device(), loc);
 }
 
 }  // namespace detail
