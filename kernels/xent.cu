@@ -47,15 +47,12 @@ __device__ double row_value(const T* x, I label, std::int64_t C, std::int64_t ro
   return static_cast<double>(static_cast<T>(x[l] - shift)) - rules::Log::f(s);
 }
 
-/// The whole loss in one block (blockDim.x = 1024: 32 warps, warp w taking rows w, w + 32, ...;
-/// the bound keeps the registers within what 1024 threads may have).
-template <class T, class I>
-__global__ void __launch_bounds__(1024) xent_one_block_kernel(const T* x, const I* labels, T* y, std::int64_t N, std::int64_t C,
-                                      abi::Fault* fault, std::int32_t tag) {
+/// y = -(the sum of every warp's acc, in warp order) / N, written by thread 0 of the one block (acc:
+/// the sum of the rows of this thread's warp, the same in its every lane).
+template <class T>
+__device__ void block_mean(double acc, T* y, std::int64_t N) {
   __shared__ double partial[warp];
   const int lane = threadIdx.x % warp, w = threadIdx.x / warp, warps = blockDim.x / warp;
-  double acc = 0;
-  for (std::int64_t r = w; r < N; r += warps) acc += row_value(x + r * C, labels[r], C, r, lane, fault, tag);
   if (lane == 0) partial[w] = acc;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -63,6 +60,17 @@ __global__ void __launch_bounds__(1024) xent_one_block_kernel(const T* x, const 
     for (int k = 0; k < warps; ++k) total += partial[k];
     *y = static_cast<T>(-(total / static_cast<double>(N)));
   }
+}
+
+/// The whole loss in one block (blockDim.x = 1024: 32 warps, warp w taking rows w, w + 32, ...;
+/// the bound keeps the registers within what 1024 threads may have).
+template <class T, class I>
+__global__ void __launch_bounds__(1024) xent_one_block_kernel(const T* x, const I* labels, T* y, std::int64_t N, std::int64_t C,
+                                      abi::Fault* fault, std::int32_t tag) {
+  const int lane = threadIdx.x % warp, w = threadIdx.x / warp, warps = blockDim.x / warp;
+  double acc = 0;
+  for (std::int64_t r = w; r < N; r += warps) acc += row_value(x + r * C, labels[r], C, r, lane, fault, tag);
+  block_mean(acc, y, N);
 }
 
 /// Each row's value into v (a warp per row, grid-stride over rows).
@@ -147,19 +155,12 @@ template <class T, class I>
 __global__ void __launch_bounds__(1024) xent_both_one_block_kernel(const T* g, const T* x, const I* labels, T* y, T* dx,
                                                                    std::int64_t N, std::int64_t C, abi::Fault* fault,
                                                                    std::int32_t tag) {
-  __shared__ double partial[warp];
   const double scale = static_cast<double>(*g) / static_cast<double>(N);
   const int lane = threadIdx.x % warp, w = threadIdx.x / warp, warps = blockDim.x / warp;
   double acc = 0;
   for (std::int64_t r = w; r < N; r += warps)
     acc += row_value_and_grad(x + r * C, dx + r * C, labels[r], scale, C, r, lane, fault, tag);
-  if (lane == 0) partial[w] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0;
-    for (int k = 0; k < warps; ++k) total += partial[k];
-    *y = static_cast<T>(-(total / static_cast<double>(N)));
-  }
+  block_mean(acc, y, N);
 }
 
 /// Each row's value into v and its gradient into dx (a warp per row, grid-stride over rows).

@@ -139,6 +139,12 @@ STAGECRAFT_COMPILED_INLINE bool convertible(const Graph& g, const std::vector<ch
 /// True when node p is a matmul that can head a group of shape `shape` and dtype d.
 STAGECRAFT_COMPILED_INLINE bool head_candidate(const Graph& g, const Node& p, const Shape& shape, DType d);
 
+/// True when a group may form a product of inner extent `inner` for `elements` elements it reads:
+/// inner <= 4096 and at most product_fusion_max_macs() multiply-adds.
+inline bool small_product(std::int64_t inner, std::int64_t elements) {
+  return inner <= 4096 && elements <= product_fusion_max_macs() / std::max<std::int64_t>(inner, 1);
+}
+
 /// Forms in group `fg` (built up to its inputs: gid's slots, windows set) each small product that
 /// only the group reads (product_fusion(), product_fusion_max_macs()): the product's slots pass
 /// its operand A, one new operand slot passes B (FusedProduct), and the matmul joins the group.
@@ -299,10 +305,10 @@ STAGECRAFT_COMPILED_INLINE void absorb_products(const Graph& g, const std::vecto
     }
     const bool ta = p.attrs.i0 != 0, tb = p.attrs.i1 != 0;
     const std::int64_t inner = ta ? a.shape[0] : a.shape[1];
-    std::int64_t macs = 0;
+    std::int64_t elements = 0;  // (each element read costs `inner` multiply-adds)
     for (std::size_t j = 0; j < nin; ++j)
-      if (fg.inputs[j] == v && !pr.product(j)) macs += pr.out_shape.numel();
-    if (!fits || inner > 4096 || macs > product_fusion_max_macs() / std::max<std::int64_t>(inner, 1)) continue;
+      if (fg.inputs[j] == v && !pr.product(j)) elements += pr.out_shape.numel();
+    if (!fits || !small_product(inner, elements)) continue;
     const int b_slot = static_cast<int>(fg.inputs.size());
     fg.inputs.push_back(p.inputs[1]);
     pr.input_shapes.push_back(b.shape);
@@ -575,7 +581,7 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
                      pn.inputs.size() == 2 && users[v].size() == 1 && !is_output[v] && g.values[pn.inputs[0]].shape.rank() == 2;
       if (product) {  // (within absorb_products' limits: else the op stays its eager kernel)
         const std::int64_t inner = g.values[pn.inputs[0]].shape[pn.attrs.i0 != 0 ? 0 : 1];
-        product = inner <= 4096 && g.values[n.outputs[0]].shape.numel() <= product_fusion_max_macs() / std::max<std::int64_t>(inner, 1);
+        product = detail_fuse::small_product(inner, g.values[n.outputs[0]].shape.numel());
       }
       single[k] = single[k] || product || detail_fuse::convertible(g, is_output, p);
     }
