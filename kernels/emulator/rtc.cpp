@@ -1,8 +1,9 @@
 // The emulator's run-time compiled kernels (kernels/rtc.cu on the host): a generated CUDA source
 // is compiled by the host's C++ compiler as a shared library (CUDA's keywords and thread indices
 // defined for the host by a prelude), loaded, and launched block by block. A kernel that meets at
-// __syncthreads runs its block's threads as fibers (ucontext), each run up to its next barrier in
-// turn, so every barrier is reached by all threads before any goes on, as on a GPU. Cached as
+// __syncthreads (or shuffles values between threads) runs its block's threads as fibers
+// (ucontext), each run up to its next barrier in turn, so every barrier is reached by all threads
+// before any goes on, as on a GPU. Cached as
 // kernels/rtc.cu caches: in memory by the whole source, and on disk (one file per source).
 #include <dlfcn.h>
 #include <ucontext.h>
@@ -83,6 +84,18 @@ struct alignas(16) double2 { double x, y; };
 struct alignas(16) longlong2 { long long x, y; };
 static void (*sc_emu_sync)() = nullptr;
 static inline void __syncthreads() { sc_emu_sync(); }
+// A warp shuffle: every live thread of the block posts its value, all have posted before any
+// reads, all have read before the next posts (the threads run as fibers, as for __syncthreads;
+// a kernel's lanes that shuffle together reach each shuffle together).
+template <class V>
+static inline V __shfl_xor_sync(unsigned, V v, int lane_mask) {
+  static V posted[1024];
+  posted[threadIdx.x] = v;
+  sc_emu_sync();
+  const V r = posted[threadIdx.x ^ static_cast<unsigned>(lane_mask)];
+  sc_emu_sync();
+  return r;
+}
 extern "C" void sc_emu_set_sync(void (*f)()) { sc_emu_sync = f; }
 namespace sc_emu {
 using Fibers = void (*)(unsigned n, void (*body)(void*), void* arg, unsigned* tid);
@@ -275,7 +288,7 @@ bool load(const fs::path& file, const std::string& source, Library& out) {
   }
   set_sync(&fiber_sync);
   out.handle = h;
-  out.barriers = source.find("__syncthreads") != std::string::npos;
+  out.barriers = source.find("__syncthreads") != std::string::npos || source.find("__shfl_") != std::string::npos;
   return true;
 }
 
@@ -348,12 +361,13 @@ Kernel* find_kernel(const Library& lib, const char* name) {
   return k.release();
 }
 
-/// What a cached library depends on besides its source: the compiler, its flags, the rules.
+/// What a cached library depends on besides its source: the compiler, its flags, the rules, the prelude.
 const std::string& key_prefix() {
   static const std::string p = [] {
     std::ifstream rules(fs::path(include_dir()) / "stagecraft" / "ops" / "rules.inc");
     const std::string text(std::istreambuf_iterator<char>(rules), {});
-    return "emu " + compiler() + " " + flags + " rules " + std::to_string(fnv1a(text)) + "\n";
+    return "emu " + compiler() + " " + flags + " rules " + std::to_string(fnv1a(text)) + " prelude " +
+           std::to_string(fnv1a(prelude)) + "\n";
   }();
   return p;
 }

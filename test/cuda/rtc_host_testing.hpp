@@ -40,12 +40,14 @@ inline void check_compiles(const std::string& src) {
 namespace sctest::rtc {
 
 /// The generated source of p, built as a shared library by the host compiler; its sc_run runs the
-/// kernel over every element (one block of 256 threads, each striding).
+/// kernel over every element (three blocks of 256 threads, each striding). `lanes`: threads per
+/// element (cuda_source's; cuda_product_lanes(p) when left out).
 class HostBuilt {
  public:
-  explicit HostBuilt(const sc::graph::FusedProgram& p) {
+  explicit HostBuilt(const sc::graph::FusedProgram& p, int lanes = 0) {
     const std::string T = sc::graph::detail_cuda_fused::c_type(p.dtype);
-    std::string src = prelude() + sc::graph::cuda_source(p);
+    if (lanes == 0) lanes = sc::graph::cuda_product_lanes(p);
+    std::string src = prelude() + sc::graph::cuda_source(p, lanes) + blocks();
     std::string args;
     for (std::size_t k = 0; k < p.input_shapes.size(); ++k)  // (an input converted from another dtype has its own type)
       args += "(const " + std::string(sc::graph::detail_cuda_fused::arg_c_type(p, k)) + "*)in[" + std::to_string(k) + "], ";
@@ -55,17 +57,7 @@ class HostBuilt {
     const std::string head = "(const void* const* in, void* const* out, long long n) {\n"
                              "  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x) {\n";
     if (p.reduction) {
-      // The blocks of a reduction kernel, one after the other, each 256 real threads; a cut
-      // reduction's two kernels in turn, as CudaFused::run launches them.
-      src += "template <class F> static void sc_blocks(F f) {\n"
-             "  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x) {\n"
-             "    std::barrier<> block(blockDim.x);\n"
-             "    sc_block = &block;\n"
-             "    std::vector<std::thread> threads;\n"
-             "    for (unsigned t = 0; t < blockDim.x; ++t) threads.emplace_back([=] { threadIdx.x = t; f(); });\n"
-             "    for (std::thread& t : threads) t.join();\n"
-             "  }\n"
-             "}\n";
+      // A cut reduction's two kernels in turn, as CudaFused::run launches them.
       const auto split = sc::graph::cuda_reduction_split(p);
       const std::string red = "(" + T + "*)out[" + std::to_string(nout - 1) + "]";
       src += "extern \"C\" void sc_run(const void* const* in, void* const* out, long long n) {\n";
@@ -80,6 +72,10 @@ class HostBuilt {
                "  sc_blocks([=, &part] { sc_fused_r2(part.data(), " + red + ", " + pieces + "); });\n";
       }
       src += "}\n";
+    } else if (lanes > 1) {  // (its lanes meet at shuffles: real threads)
+      src += "extern \"C\" void sc_run(const void* const* in, void* const* out, long long n) {\n"
+             "  sc_blocks([=] { sc_fused(" + args + "); });\n"
+             "}\n";
     } else {
       const std::string loop = "    for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x)\n      ";
       src += "extern \"C\" void sc_run" + head + loop + "sc_fused(" + args + ");\n  }\n}\n";
@@ -126,9 +122,25 @@ class HostBuilt {
   }
 
  private:
+  /// The blocks of a kernel whose threads meet (a reduction's barriers, lanes' shuffles), one
+  /// after the other, each 256 real threads; a thread that returns leaves the barrier (the rest go
+  /// on meeting without it, as a GPU's warps that have finished).
+  static std::string blocks() {
+    return "template <class F> static void sc_blocks(F f) {\n"
+           "  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x) {\n"
+           "    std::barrier<> block(blockDim.x);\n"
+           "    sc_block = &block;\n"
+           "    std::vector<std::thread> threads;\n"
+           "    for (unsigned t = 0; t < blockDim.x; ++t)\n"
+           "      threads.emplace_back([=] { threadIdx.x = t; f(); sc_block->arrive_and_drop(); });\n"
+           "    for (std::thread& t : threads) t.join();\n"
+           "  }\n"
+           "}\n";
+  }
   /// CUDA's names for the host: three blocks of 256 threads, one block after the other. A
   /// reduction's threads are real threads meeting at a barrier (__syncthreads), its shared array
-  /// a static; elementwise kernels need no barrier, so one loop plays their threads.
+  /// a static; a warp shuffle posts the value in a static array between two barriers; elementwise
+  /// kernels without products need no barrier, so one loop plays their threads.
   static std::string prelude() {
     return
         "#include <barrier>\n"
@@ -143,6 +155,14 @@ class HostBuilt {
         "static thread_local sc_dim3 threadIdx{0};\n"
         "static std::barrier<>* sc_block = nullptr;\n"
         "static void __syncthreads() { sc_block->arrive_and_wait(); }\n"
+        "template <class V> static V __shfl_xor_sync(unsigned, V v, int m) {\n"
+        "  static V posted[256];\n"
+        "  posted[threadIdx.x] = v;\n"
+        "  sc_block->arrive_and_wait();\n"
+        "  const V r = posted[threadIdx.x ^ static_cast<unsigned>(m)];\n"
+        "  sc_block->arrive_and_wait();\n"
+        "  return r;\n"
+        "}\n"
         "struct alignas(16) float4 { float x, y, z, w; };\n"
         "struct alignas(16) int4 { int x, y, z, w; };\n"
         "struct alignas(16) double2 { double x, y; };\n"

@@ -455,14 +455,15 @@ void check_against_cpu(const FusedProgram& p, const HostBuilt& k, bool vector, s
 }
 
 /// src (p's generated source) compiled by NVRTC where the build has CUDA, then p's kernel built
-/// for the host and run against the CPU evaluator (one-element accesses).
-void compiled_and_run_on_host(const FusedProgram& p, const std::string& src) {
+/// for the host (with `lanes` threads per element; 0: cuda_product_lanes) and run against the CPU
+/// evaluator (one-element accesses).
+void compiled_and_run_on_host(const FusedProgram& p, const std::string& src, int lanes = 0) {
 #if defined(STAGECRAFT_WITH_CUDA)
   check_compiles(src);
 #else
   (void)src;
 #endif
-  const HostBuilt k(p);
+  const HostBuilt k(p, lanes);
   INFO(k.error());
   REQUIRE(k.error().empty());
   check_against_cpu(p, k, false);
@@ -518,31 +519,92 @@ TEST_CASE("rtc: inputs read through windows (absorbed slices), built for the hos
     }
 }
 
+/// x: [7, 9] window at (0, 9) of the product op(A) op(B) of [7, 27] (inner 13); y [9] plain;
+/// z: one row of the product at (3, 0), broadcast over the rows; s [] plain; B is input 4. As
+/// row_program, its rows summed when `reduce`.
+FusedProgram product_program(sc::DType d, bool ta, bool tb, bool reduce) {
+  using sc::ops::OpId;
+  FusedProgram p = row_program(d, 7, 9, OpId::Sum);
+  p.code = {{OpId::Mul, 0, 1}, {OpId::Add, 5, 2}, {OpId::Sub, 6, 3}, {OpId::Tanh, 7}};  // (five inputs)
+  p.outputs = {8};
+  p.reduction->reg = 7;
+  if (!reduce) p.reduction.reset();
+  const sc::Shape as = ta ? sc::Shape{13, 7} : sc::Shape{7, 13}, bs = tb ? sc::Shape{27, 13} : sc::Shape{13, 27};
+  p.input_shapes = {{7, 9}, {9}, {1, 9}, {}, bs};
+  p.windows = {{{7, 27}, {0, 9}}, {}, {{7, 27}, {3, 0}}, {}, {}};
+  p.products = {{as, 4, ta, tb, false}, {}, {as, 4, ta, tb, false}, {}, {{}, -1, false, false, true}};
+  return p;
+}
+
 TEST_CASE("rtc: inputs formed as small products in the kernel, built for the host, compute what the CPU evaluator does",
           "[cuda][rtc][product]") {
-  using sc::ops::OpId;
   for (sc::DType d : {sc::f32, sc::f64})
     for (int flags = 0; flags < 4; ++flags)
       for (bool reduce : {false, true}) {
         const bool ta = (flags & 1) != 0, tb = (flags & 2) != 0;
         INFO(sc::name(d) << " ta " << ta << " tb " << tb << (reduce ? ", rows summed" : ""));
-        // x: [7, 9] window at (0, 9) of the product op(A) op(B) of [7, 27] (inner 13); y [9] plain;
-        // z: one row of the product at (3, 0), broadcast over the rows; s [] plain. B is input 4.
-        FusedProgram p = row_program(d, 7, 9, OpId::Sum);
-        p.code = {{OpId::Mul, 0, 1}, {OpId::Add, 5, 2}, {OpId::Sub, 6, 3}, {OpId::Tanh, 7}};  // (five inputs)
-        p.outputs = {8};
-        p.reduction->reg = 7;
-        if (!reduce) p.reduction.reset();
-        const sc::Shape as = ta ? sc::Shape{13, 7} : sc::Shape{7, 13}, bs = tb ? sc::Shape{27, 13} : sc::Shape{13, 27};
-        p.input_shapes = {{7, 9}, {9}, {1, 9}, {}, bs};
-        p.windows = {{{7, 27}, {0, 9}}, {}, {{7, 27}, {3, 0}}, {}, {}};
-        p.products = {{as, 4, ta, tb, false}, {}, {as, 4, ta, tb, false}, {}, {{}, -1, false, false, true}};
-        const std::string src = sc::graph::cuda_source(p);
+        const FusedProgram p = product_program(d, ta, tb, reduce);
+        const std::string src = sc::graph::cuda_source(p, 1);
         CHECK_THAT(src, Catch::Contains("sc_dot0(in0, in4, "));
         CHECK_THAT(src, Catch::Contains("std::fma("));
         CHECK_FALSE(sc::graph::cuda_vectorizable(p));
-        compiled_and_run_on_host(p, src);
+        compiled_and_run_on_host(p, src, 1);
       }
+}
+
+TEST_CASE("rtc: an element's products formed by lanes of a warp together, built for the host with real threads, compute "
+          "what the CPU evaluator does", "[cuda][rtc][product]") {
+  // 63 elements, 13 terms: 2 lanes (7 and 6 terms), 8 (a warp's last element past the end), 32
+  // (19 lanes without a term); three blocks of 256 threads, so 32 lanes take three passes.
+  for (sc::DType d : {sc::f32, sc::f64})
+    for (int flags = 0; flags < 4; ++flags)
+      for (int lanes : {2, 8, 32}) {
+        if (d == sc::f64 && lanes != 8) continue;
+        const bool ta = (flags & 1) != 0, tb = (flags & 2) != 0;
+        INFO(sc::name(d) << " ta " << ta << " tb " << tb << ", " << lanes << " lanes");
+        const FusedProgram p = product_program(d, ta, tb, false);
+        const std::string src = sc::graph::cuda_source(p, lanes);
+        CHECK_THAT(src, Catch::Contains("sc_dot0(in0, in4, "));
+        CHECK_THAT(src, Catch::Contains("lane)"));
+        CHECK_THAT(src, Catch::Contains("__shfl_xor_sync(0xffffffffu, s, " + std::to_string(lanes / 2) + ")"));
+        CHECK_THAT(src, Catch::Contains("if (own) out0["));
+        compiled_and_run_on_host(p, src, lanes);
+      }
+  const FusedProgram p = product_program(sc::f32, false, false, true);
+  CHECK_THROWS_WITH(sc::graph::cuda_source(p, 2), Catch::Contains("1 for a program without products or with a reduction"));
+  CHECK_THROWS_WITH(sc::graph::cuda_source(product_program(sc::f32, false, false, false), 3), Catch::Contains("a power of two up to 32"));
+  CHECK_THROWS_WITH(sc::graph::cuda_source(row_program(sc::f32, 7, 9, sc::ops::OpId::Sum), 4), Catch::Contains("[fused] 4 threads per element"));
+}
+
+TEST_CASE("rtc: lanes per element: a few elements with long products get a warp, many a thread each", "[cuda][rtc][product]") {
+  using sc::ops::OpId;
+  // One element per output of [m, n] = h [m, k] x U [k, n] + b, as an LSTM step's gates.
+  auto step = [](std::int64_t m, std::int64_t k, std::int64_t n) {
+    FusedProgram p;
+    p.out_shape = {m, n};
+    p.input_shapes = {{m, n}, {n}, {k, n}};
+    p.products = {{{m, k}, 2, false, false, false}, {}, {{}, -1, false, false, true}};
+    p.code = {{OpId::Add, 0, 1}, {OpId::Tanh, 3}};
+    p.outputs = {4};
+    return p;
+  };
+  CHECK(sc::graph::cuda_product_lanes(step(1, 64, 256)) == 32);    // an LSTM step at batch 1
+  CHECK(sc::graph::cuda_product_lanes(step(1, 256, 64)) == 32);    // its gradient
+  CHECK(sc::graph::cuda_product_lanes(step(32, 64, 256)) == 16);   // 8192 elements: 2^17 threads
+  CHECK(sc::graph::cuda_product_lanes(step(128, 784, 256)) == 4);  // 32768 elements
+  CHECK(sc::graph::cuda_product_lanes(step(512, 784, 256)) == 1);  // a GPU's worth of elements
+  CHECK(sc::graph::cuda_product_lanes(step(1, 8, 256)) == 4);      // at least two terms a lane
+  CHECK(sc::graph::cuda_product_lanes(step(1, 3, 256)) == 1);
+  CHECK(sc::graph::cuda_product_lanes(row_program(sc::f32, 7, 9, OpId::Sum)) == 1);  // no product
+  CHECK(sc::graph::cuda_product_lanes(product_program(sc::f32, false, false, true)) == 1);  // a reduction
+  const int saved = sc::graph::cuda_max_product_lanes();
+  sc::graph::cuda_max_product_lanes() = 8;
+  CHECK(sc::graph::cuda_product_lanes(step(1, 64, 256)) == 8);
+  sc::graph::cuda_max_product_lanes() = 1;
+  CHECK(sc::graph::cuda_product_lanes(step(1, 64, 256)) == 1);
+  sc::graph::cuda_max_product_lanes() = saved;
+  const FusedProgram p = step(1, 64, 256);
+  CHECK_THAT(sc::graph::cuda_source(p), Catch::Contains("f32[1, 256], 32 threads per element"));
 }
 
 TEST_CASE("rtc: outputs written through windows of one tensor (an absorbed concat), built for the host, compute what "

@@ -579,6 +579,8 @@ TEST_CASE("cuda graphs: a traced LSTM step with all its gradients equals the CPU
   // each step's recurrent product formed in its gates' group, forward and backward (graph::product_fusion)
   CHECK(st.plan.fused_products == 2 * steps - 1);
   CHECK(st.plan.kernels <= 3 * steps + 10);
+  // 64 elements of 64- and 256-term products each: a warp per element (cuda_product_lanes)
+  CHECK_THAT(graphed.get_concrete().plan().str(), Catch::Contains("[32 threads per element]"));
   CHECK(st.plan.cuda_graph.rfind("replaying", 0) == 0);
   // Kernel by kernel, the launches are the plan's kernels (counted where the emulator runs it).
   const auto [kernels, copies] = sctest::cuda::launches_of([&] { plain()[0].item<float>(); });

@@ -13,6 +13,7 @@
 // never does. Numerics: each instruction rounds as its eager CUDA kernel does (no a * b + c
 // contraction across instructions); a sum adds in another order than the CPU's.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdlib>
@@ -245,12 +246,16 @@ std::string element_body(const FusedProgram& p, const std::string& T, const std:
 /// (row-major) of op(A) op(B). Four partial sums (terms j % 4; one fused multiply-add each, a tail
 /// in the first) keep four chains and many loads in flight, then (s0 + s1) + (s2 + s3): a
 /// thread's small product is bound by latency, not by arithmetic.
+/// With `lanes` > 1 (a power of two up to 32), `sc_dot<k>(a, b, q, lane)` is called by that many
+/// neighbouring threads of a warp together, all with the same q: lane l takes the terms l, l +
+/// lanes, ... in two partial sums, and the lanes' sums are combined by lanes-wide butterfly of
+/// warp shuffles (every lane returns the same value, bit for bit: each step adds the same pair).
 /// (`name` instead of sc_dot: programs launched together name theirs apart.)
 STAGECRAFT_COMPILED_INLINE std::string product_function(const FusedProgram& p, std::size_t k, const std::string& T,
-                                                        const std::string& name = "sc_dot");
+                                                        const std::string& name = "sc_dot", int lanes = 1);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE std::string product_function(const FusedProgram& p, std::size_t k, const std::string& T,
-                                                        const std::string& name) {
+                                                        const std::string& name, int lanes) {
   const FusedProduct& q = p.products[k];
   const std::int64_t m = q.m(), kk = q.k(), n = p.source_shape(k)[1];
   const std::string ms = tag("", m) + "LL", ks = tag("", kk) + "LL", ns = tag("", n) + "LL";
@@ -259,10 +264,23 @@ STAGECRAFT_COMPILED_INLINE std::string product_function(const FusedProgram& p, s
     const std::string y = q.tb ? "col * " + ks + " + " + j : j + " * " + ns + " + col";
     return std::string("    ") + acc + " = std::fma(a[" + x + "], b[" + y + "], " + acc + ");\n";
   };
-  return "__device__ __forceinline__ " + T + " " + tag(name.c_str(), static_cast<long long>(k)) + "(const " + T + "* a, const " + T +
-         "* b, long long q) {\n"
-         "  const long long row = q / " + ns + ", col = q % " + ns + ";\n"
-         "  " + T + " s0 = 0, s1 = 0, s2 = 0, s3 = 0;\n"
+  const std::string head = "__device__ __forceinline__ " + T + " " + tag(name.c_str(), static_cast<long long>(k)) + "(const " + T +
+                           "* a, const " + T + "* b, long long q" + (lanes > 1 ? ", int lane" : "") + ") {\n"
+                           "  const long long row = q / " + ns + ", col = q % " + ns + ";\n";
+  if (lanes > 1) {
+    const std::string L = tag("", lanes) + "LL";
+    std::string s = head + "  " + T + " s0 = 0, s1 = 0;\n"
+                    "  long long j = lane;\n"
+                    "#pragma unroll 4\n"
+                    "  for (; j + " + L + " < " + ks + "; j += 2 * " + L + ") {\n" +
+                    term("j", "s0") + term("(j + " + L + ")", "s1") +
+                    "  }\n"
+                    "  if (j < " + ks + ") {\n" + term("j", "s0") + "  }\n"
+                    "  " + T + " s = s0 + s1;\n";
+    for (int h = lanes / 2; h >= 1; h /= 2) s += tag("  s += __shfl_xor_sync(0xffffffffu, s, ", h) + ");\n";
+    return s + "  return s;\n}\n";
+  }
+  return head + "  " + T + " s0 = 0, s1 = 0, s2 = 0, s3 = 0;\n"
          "  long long j = 0;\n"
          "#pragma unroll 4\n"
          "  for (; j + 4 <= " + ks + "; j += 4) {\n" +
@@ -383,13 +401,50 @@ STAGECRAFT_COMPILED_INLINE bool& cuda_vector_loads();
 /// a reduction consumer (if any) a sum, max or min over a floating dtype (as the CPU evaluator's).
 STAGECRAFT_COMPILED_INLINE bool cuda_fusible(const FusedProgram& p);
 
+/// The most threads that form one element's products together (default 32, a warp; 1: a thread
+/// per element, for comparisons). Read when a program's kernel is made.
+STAGECRAFT_COMPILED_INLINE int& cuda_max_product_lanes();
+
+/// How many neighbouring threads of a warp compute each element of p together (1, 2, 4, 8, 16 or
+/// 32): 1 unless p forms products (FusedProduct) and has no reduction. A few elements whose
+/// products have long inner dimensions (an LSTM step at batch 1: 64 elements, 64 or 256 terms
+/// each) leave a thread per element bound by one long chain of loads on an almost idle GPU; the
+/// lanes share the terms instead. The count is the largest power of two within
+/// cuda_max_product_lanes(), half the longest inner dimension, and 2^17 / elements threads in all
+/// (a full GPU's worth: more elements fill the GPU with a thread each, and read B coalesced).
+STAGECRAFT_COMPILED_INLINE int cuda_product_lanes(const FusedProgram& p);
+
 /// The CUDA source of p: kernel `sc_fused(const T* in0.., T* out0.., long long n)`, one element per
 /// thread and step of a grid-stride loop; for vectorizable programs also `sc_fused_v` (same
 /// parameters), which reads and writes 16 bytes per access (all pointers 16-byte aligned) and does
 /// the last n % width elements one by one. A program with a reduction has instead
 /// `sc_fused_r(const T* in0.., T* out0.., T* red, long long n)`, see reduction_source().
+/// With lanes > 1 (cuda_product_lanes), sc_fused is launched with `lanes` threads per element: a
+/// warp takes 32 / lanes neighbouring elements per step of its grid-stride loop (the loop's test is
+/// the warp's, so its shuffles meet), the lanes form the products together, each computes the
+/// rest, and the first lane stores.
 STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p);
+STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p, int lanes);
 #if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE int& cuda_max_product_lanes() {
+  static int lanes = 32;
+  return lanes;
+}
+
+STAGECRAFT_COMPILED_INLINE int cuda_product_lanes(const FusedProgram& p) {
+  if (!p.any_product() || p.reduction) return 1;
+  std::int64_t inner = 0;
+  for (std::size_t k = 0; k < p.products.size(); ++k)
+    if (p.product(k)) inner = std::max(inner, p.products[k].k());
+  const std::int64_t n = std::max<std::int64_t>(p.out_shape.numel(), 1);
+  int lanes = 1;
+  while (lanes < 32 && lanes * 2 <= cuda_max_product_lanes() && lanes * 2 <= inner / 2 && n * lanes * 2 <= (std::int64_t{1} << 17))
+    lanes *= 2;
+  return lanes;
+}
+
+STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) { return cuda_source(p, cuda_product_lanes(p)); }
+
 STAGECRAFT_COMPILED_INLINE detail_cuda_fused::ReductionSplit cuda_reduction_split(const FusedProgram& p) {
   const std::int64_t inner = p.reduction->inner;
   if (inner <= 0) return {1, inner};
@@ -426,8 +481,11 @@ STAGECRAFT_COMPILED_INLINE bool cuda_fusible(const FusedProgram& p) {
   return true;
 }
 
-STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
+STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p, int lanes) {
   namespace d = detail_cuda_fused;
+  if (lanes < 1 || lanes > 32 || (lanes & (lanes - 1)) != 0 || (lanes > 1 && (p.reduction || !p.any_product())))
+    throw ValueError(d::tag("[fused] ", lanes) + " threads per element: a power of two up to 32, and 1 for a program "
+                     "without products or with a reduction");
   if (!cuda_fusible(p))
     throw ValueError("[fused] the program cannot run as a CUDA kernel (an op or dtype without a rule, or a "
                      "reduction other than a floating sum, max or min)");
@@ -447,18 +505,20 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
   }
   auto load_at = [&](int k) {
     const auto u = static_cast<std::size_t>(k);
-    if (p.product(u)) return d::tag("sc_dot", k) + d::tag("(in", k) + d::tag(", in", p.products[u].b) + ", " + index[u] + ")";
+    if (p.product(u))
+      return d::tag("sc_dot", k) + d::tag("(in", k) + d::tag(", in", p.products[u].b) + ", " + index[u] + (lanes > 1 ? ", lane)" : ")");
     return d::read_expr(p, u, T, d::tag("in", k), index[u]);
   };
   auto store_at = [&](int j, const std::string& r) {
     const auto u = static_cast<std::size_t>(j);
-    return d::tag("out", p.out_arg(u)) + "[" + d::out_index_expr(p, u) + "] = " + r;
+    return (lanes > 1 ? "if (own) " : "") + d::tag("out", p.out_arg(u)) + "[" + d::out_index_expr(p, u) + "] = " + r;
   };
-  std::string head = "// stagecraft fused kernel: " + std::string(name(p.dtype)) + p.out_shape.str() + "\n" +
+  std::string head = "// stagecraft fused kernel: " + std::string(name(p.dtype)) + p.out_shape.str() +
+                     (lanes > 1 ? d::tag(", ", lanes) + " threads per element" : std::string()) + "\n" +
                      "#include \"stagecraft/ops/rules.hpp\"\n"
                      "namespace r = stagecraft::rules;\n";
   for (std::size_t k = 0; k < p.input_shapes.size(); ++k)
-    if (p.product(k)) head += d::product_function(p, k, T);
+    if (p.product(k)) head += d::product_function(p, k, T, "sc_dot", lanes);
   if (p.reduction) {
     const d::ReductionSplit split = cuda_reduction_split(p);
     std::string s = head + d::reduction_source(p, T, params, load_at, store_at, "sc_fused_r", split);
@@ -469,6 +529,17 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p) {
                                    [](int, const std::string&) { return std::string(); }, "sc_fused_r2", {1, split.chunks});
   }
   const std::string scalar_body = d::element_body(p, T, "    ", load_at, store_at);
+  if (lanes > 1) {  // (not vectorizable: it has products)
+    const std::string L = d::tag("", lanes);
+    return head + "extern \"C\" __global__ void sc_fused(" + params + ") {\n"
+           "  const int lane = threadIdx.x % " + L + ";\n"
+           "  const long long step = (long long)gridDim.x * blockDim.x / " + L + ";\n"
+           "  long long e = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / " + L + ";\n"
+           "  for (long long first = e - (threadIdx.x % 32) / " + L + "; first < n; first += step, e += step) {\n"
+           "    const long long i = e < n ? e : n - 1;  // (a warp's lanes past n compute element n - 1 and store nothing)\n"
+           "    const bool own = lane == 0 && e < n;\n" +
+           scalar_body + "  }\n}\n";
+  }
   std::string s = head + "extern \"C\" __global__ void sc_fused(" + params + ") {\n"
                   "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n" +
                   scalar_body + "  }\n}\n";
@@ -521,9 +592,12 @@ inline void compile_once(cuda::abi::RtcKernel& slot, Device dev, const std::stri
 class CudaFused {
  public:
   explicit CudaFused(FusedProgram p)
-      : program_(std::move(p)), source_(cuda_source(program_)), vectorizable_(cuda_vectorizable(program_)) {}
+      : program_(std::move(p)), lanes_(cuda_product_lanes(program_)), source_(cuda_source(program_, lanes_)),
+        vectorizable_(cuda_vectorizable(program_)) {}
   const FusedProgram& program() const { return program_; }
   const std::string& source() const { return source_; }
+  /// Threads per element of its kernel (cuda_product_lanes when it was made).
+  int lanes() const { return lanes_; }
 
   /// Runs the program on the GPU of outputs[0]: inputs and outputs as graph::run's (contiguous,
   /// of the program's dtype and shapes), all on that device. Asynchronous, on the device's stream.
@@ -531,6 +605,7 @@ class CudaFused {
 
  private:
   FusedProgram program_;
+  int lanes_;
   std::string source_;
   bool vectorizable_;
 #if defined(STAGECRAFT_WITH_CUDA)
@@ -598,9 +673,9 @@ STAGECRAFT_COMPILED_INLINE void CudaFused::run(std::span<const Tensor> inputs, s
   args.reserve(ptrs.size() + 1);
   for (const void*& q : ptrs) args.push_back(&q);
   args.push_back(&n);
-  if (!p.reduction) {  // one thread per element (rtc_launch makes blocks of 256 threads), or per 16 bytes
+  if (!p.reduction) {  // lanes threads per element (rtc_launch makes blocks of 256 threads), or one per 16 bytes
     const std::int64_t width = vec ? detail_cuda_fused::vector_of(p.dtype).width : 1;
-    cuda::detail::check(cuda::abi::rtc_launch(kernel(vec ? 1 : 0), args.data(), (n + width - 1) / width, s), dev,
+    cuda::detail::check(cuda::abi::rtc_launch(kernel(vec ? 1 : 0), args.data(), (n + width - 1) / width * lanes_, s), dev,
                         "fused", loc);
     return;
   }

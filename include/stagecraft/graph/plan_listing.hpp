@@ -78,6 +78,7 @@ STAGECRAFT_COMPILED_INLINE std::string Plan::str(int indent) const {
         if (s.head_fns != nullptr) os << (s.gpu ? " (one cuBLASLt call" + std::string(s.relu ? ", ReLU epilogue)" : ")") : " (2 kernels)");
         os << " " << (gs.empty() ? std::string("?") : detail_plan::group_text(g, groups_.groups[gs[0]]));
         if (s.fused != nullptr && s.fused->special != nullptr) os << " [specialized]";
+        if (s.cuda_fused != nullptr && s.cuda_fused->lanes() > 1) os << " [" << s.cuda_fused->lanes() << " threads per element]";
         os << " -> " << outs(s) << "\n";
         break;
       }
