@@ -56,7 +56,17 @@ class HostBuilt {
     args += "n";
     const std::string head = "(const void* const* in, void* const* out, long long n) {\n"
                              "  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x) {\n";
-    if (p.reduction) {
+    if (p.reduction && lanes > 1) {
+      // The elements by lanes (the reduced register into part), then part's rows reduced.
+      const std::string red = "(" + T + "*)out[" + std::to_string(nout - 1) + "]";
+      std::string args1 = args;
+      args1.replace(args1.rfind(red), red.size(), "part.data()");
+      src += "extern \"C\" void sc_run(const void* const* in, void* const* out, long long n) {\n"
+             "  std::vector<" + T + "> part(n);\n"
+             "  sc_blocks([=, &part] { sc_fused(" + args1 + "); });\n"
+             "  sc_blocks([=, &part] { sc_fused_r2(part.data(), " + red + ", n); });\n"
+             "}\n";
+    } else if (p.reduction) {
       // A cut reduction's two kernels in turn, as CudaFused::run launches them.
       const auto split = sc::graph::cuda_reduction_split(p);
       const std::string red = "(" + T + "*)out[" + std::to_string(nout - 1) + "]";

@@ -257,7 +257,7 @@ TEST_CASE("convert: the MLP Adam step's plan for a GPU converts its step count a
   CHECK(plan->stats().kernels <= 13);  // (and the loss with its gradient: 14 -> 13)
   CHECK(plan->str().find("kernel cast") == std::string::npos);
   CHECK_THAT(plan->str(), Catch::Contains("fused cast, pow"));
-  CHECK_THAT(plan->str(), Catch::Contains("fused matmul, relu_grad -> f32[128, 128]"));
+  CHECK_THAT(plan->str(), Catch::Contains("fused matmul, relu_grad [4 threads per element] -> f32[128, 128]"));  // (K = 10)
   CHECK_THAT(plan->str(), Catch::Contains("kernel matmul -> f32[128, 256]"));
   CHECK_THAT(plan->str(), Catch::Contains("kernel relu_grad -> f32[128, 256]"));  // (its own eager kernel, not a generated one)
   CHECK_THAT(plan->str(), Catch::Contains("kernel softmax_cross_entropy + its gradient (one pass) -> f32[] cuda:0, f32[128, 10] cuda:0"));

@@ -556,24 +556,28 @@ TEST_CASE("rtc: an element's products formed by lanes of a warp together, built 
           "what the CPU evaluator does", "[cuda][rtc][product]") {
   // 63 elements, 13 terms: 2 lanes (7 and 6 terms), 8 (a warp's last element past the end), 32
   // (19 lanes without a term); three blocks of 256 threads, so 32 lanes take three passes.
+  // With the rows summed: the elements by lanes (the reduced register one more output), then a
+  // second kernel reducing them.
   for (sc::DType d : {sc::f32, sc::f64})
     for (int flags = 0; flags < 4; ++flags)
-      for (int lanes : {2, 8, 32}) {
-        if (d == sc::f64 && lanes != 8) continue;
-        const bool ta = (flags & 1) != 0, tb = (flags & 2) != 0;
-        INFO(sc::name(d) << " ta " << ta << " tb " << tb << ", " << lanes << " lanes");
-        const FusedProgram p = product_program(d, ta, tb, false);
-        const std::string src = sc::graph::cuda_source(p, lanes);
-        CHECK_THAT(src, Catch::Contains("sc_dot0(in0, in4, "));
-        CHECK_THAT(src, Catch::Contains("lane)"));
-        CHECK_THAT(src, Catch::Contains("__shfl_xor_sync(0xffffffffu, s, " + std::to_string(lanes / 2) + ")"));
-        CHECK_THAT(src, Catch::Contains("if (own) out0["));
-        compiled_and_run_on_host(p, src, lanes);
-      }
-  const FusedProgram p = product_program(sc::f32, false, false, true);
-  CHECK_THROWS_WITH(sc::graph::cuda_source(p, 2), Catch::Contains("1 for a program without products or with a reduction"));
+      for (int lanes : {2, 8, 32})
+        for (bool reduce : {false, true}) {
+          if (d == sc::f64 && lanes != 8) continue;
+          if (reduce && flags % 3 != 0) continue;
+          const bool ta = (flags & 1) != 0, tb = (flags & 2) != 0;
+          INFO(sc::name(d) << " ta " << ta << " tb " << tb << ", " << lanes << " lanes" << (reduce ? ", rows summed" : ""));
+          const FusedProgram p = product_program(d, ta, tb, reduce);
+          const std::string src = sc::graph::cuda_source(p, lanes);
+          CHECK_THAT(src, Catch::Contains("sc_dot0(in0, in4, "));
+          CHECK_THAT(src, Catch::Contains("lane)"));
+          CHECK_THAT(src, Catch::Contains("__shfl_xor_sync(0xffffffffu, s, " + std::to_string(lanes / 2) + ")"));
+          CHECK_THAT(src, Catch::Contains("if (own) out0["));
+          if (reduce) CHECK_THAT(src, Catch::Contains("if (own) out1[") && Catch::Contains("sc_fused_r2(const"));
+          compiled_and_run_on_host(p, src, lanes);
+        }
   CHECK_THROWS_WITH(sc::graph::cuda_source(product_program(sc::f32, false, false, false), 3), Catch::Contains("a power of two up to 32"));
-  CHECK_THROWS_WITH(sc::graph::cuda_source(row_program(sc::f32, 7, 9, sc::ops::OpId::Sum), 4), Catch::Contains("[fused] 4 threads per element"));
+  CHECK_THROWS_WITH(sc::graph::cuda_source(row_program(sc::f32, 7, 9, sc::ops::OpId::Sum), 4),
+                    Catch::Contains("[fused] 4 threads per element") && Catch::Contains("1 for a program without products"));
 }
 
 TEST_CASE("rtc: lanes per element: a few elements with long products get a warp, many a thread each", "[cuda][rtc][product]") {
@@ -596,7 +600,7 @@ TEST_CASE("rtc: lanes per element: a few elements with long products get a warp,
   CHECK(sc::graph::cuda_product_lanes(step(1, 8, 256)) == 4);      // at least two terms a lane
   CHECK(sc::graph::cuda_product_lanes(step(1, 3, 256)) == 1);
   CHECK(sc::graph::cuda_product_lanes(row_program(sc::f32, 7, 9, OpId::Sum)) == 1);  // no product
-  CHECK(sc::graph::cuda_product_lanes(product_program(sc::f32, false, false, true)) == 1);  // a reduction
+  CHECK(sc::graph::cuda_product_lanes(product_program(sc::f32, false, false, true)) == 4);  // (and its rows summed apart)
   const int saved = sc::graph::cuda_max_product_lanes();
   sc::graph::cuda_max_product_lanes() = 8;
   CHECK(sc::graph::cuda_product_lanes(step(1, 64, 256)) == 8);

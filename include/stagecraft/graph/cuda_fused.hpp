@@ -384,6 +384,22 @@ STAGECRAFT_COMPILED_INLINE FusedProgram combine_program(const FusedProgram& p, R
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
 
+/// p without its reduction, the reduced register written out instead as one more output tensor
+/// (after p's; of out_shape): the elementwise half of a reduction whose elements are formed by
+/// lanes (cuda_product_lanes), its rows then reduced by a second kernel.
+STAGECRAFT_COMPILED_INLINE FusedProgram reduced_as_output(const FusedProgram& p);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE FusedProgram reduced_as_output(const FusedProgram& p) {
+  FusedProgram q = p;
+  q.reduction.reset();
+  const auto next = static_cast<int>(p.num_out_args());
+  q.outputs.push_back(p.reduction->reg);
+  if (!q.out_windows.empty()) q.out_windows.emplace_back();
+  if (!q.out_args.empty()) q.out_args.push_back(next);
+  return q;
+}
+#endif  // STAGECRAFT_DEFINE_COMPILED
+
 }  // namespace detail_cuda_fused
 
 /// How the GPU cuts the rows of p's reduction (see detail_cuda_fused::ReductionSplit; p must have one).
@@ -406,7 +422,7 @@ STAGECRAFT_COMPILED_INLINE bool cuda_fusible(const FusedProgram& p);
 STAGECRAFT_COMPILED_INLINE int& cuda_max_product_lanes();
 
 /// How many neighbouring threads of a warp compute each element of p together (1, 2, 4, 8, 16 or
-/// 32): 1 unless p forms products (FusedProduct) and has no reduction. A few elements whose
+/// 32): 1 unless p forms products (FusedProduct). A few elements whose
 /// products have long inner dimensions (an LSTM step at batch 1: 64 elements, 64 or 256 terms
 /// each) leave a thread per element bound by one long chain of loads on an almost idle GPU; the
 /// lanes share the terms instead. The count is the largest power of two within
@@ -422,7 +438,9 @@ STAGECRAFT_COMPILED_INLINE int cuda_product_lanes(const FusedProgram& p);
 /// With lanes > 1 (cuda_product_lanes), sc_fused is launched with `lanes` threads per element: a
 /// warp takes 32 / lanes neighbouring elements per step of its grid-stride loop (the loop's test is
 /// the warp's, so its shuffles meet), the lanes form the products together, each computes the
-/// rest, and the first lane stores.
+/// rest, and the first lane stores. A reduction is then two kernels: sc_fused, which also writes
+/// the reduced register's elements to a scratch tensor (one more output, after the others), and
+/// `sc_fused_r2(const T* in0, T* red, long long n)`, which reduces its rows.
 STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p);
 STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p, int lanes);
 #if STAGECRAFT_DEFINE_COMPILED
@@ -432,7 +450,7 @@ STAGECRAFT_COMPILED_INLINE int& cuda_max_product_lanes() {
 }
 
 STAGECRAFT_COMPILED_INLINE int cuda_product_lanes(const FusedProgram& p) {
-  if (!p.any_product() || p.reduction) return 1;
+  if (!p.any_product()) return 1;
   std::int64_t inner = 0;
   for (std::size_t k = 0; k < p.products.size(); ++k)
     if (p.product(k)) inner = std::max(inner, p.products[k].k());
@@ -483,9 +501,9 @@ STAGECRAFT_COMPILED_INLINE bool cuda_fusible(const FusedProgram& p) {
 
 STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p, int lanes) {
   namespace d = detail_cuda_fused;
-  if (lanes < 1 || lanes > 32 || (lanes & (lanes - 1)) != 0 || (lanes > 1 && (p.reduction || !p.any_product())))
+  if (lanes < 1 || lanes > 32 || (lanes & (lanes - 1)) != 0 || (lanes > 1 && !p.any_product()))
     throw ValueError(d::tag("[fused] ", lanes) + " threads per element: a power of two up to 32, and 1 for a program "
-                     "without products or with a reduction");
+                     "without products");
   if (!cuda_fusible(p))
     throw ValueError("[fused] the program cannot run as a CUDA kernel (an op or dtype without a rule, or a "
                      "reduction other than a floating sum, max or min)");
@@ -519,6 +537,14 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_source(const FusedProgram& p, int la
                      "namespace r = stagecraft::rules;\n";
   for (std::size_t k = 0; k < p.input_shapes.size(); ++k)
     if (p.product(k)) head += d::product_function(p, k, T, "sc_dot", lanes);
+  if (p.reduction && lanes > 1) {  // the elements by lanes, the reduced register to scratch; then its rows
+    const FusedReduction& rd = *p.reduction;
+    const FusedProgram c = d::combine_program(p, {rd.inner, 1});  // [rows, inner] reduced over inner
+    return cuda_source(d::reduced_as_output(p), lanes) +
+           d::reduction_source(c, T, "const " + T + "* in0, " + T + "* red, long long n",
+                               [](int) { return std::string("in0[i]"); },
+                               [](int, const std::string&) { return std::string(); }, "sc_fused_r2", {1, rd.inner});
+  }
   if (p.reduction) {
     const d::ReductionSplit split = cuda_reduction_split(p);
     std::string s = head + d::reduction_source(p, T, params, load_at, store_at, "sc_fused_r", split);
@@ -598,6 +624,11 @@ class CudaFused {
   const std::string& source() const { return source_; }
   /// Threads per element of its kernel (cuda_product_lanes when it was made).
   int lanes() const { return lanes_; }
+  /// Kernels each run launches: 2 for a reduction cut in pieces (cuda_reduction_split) or whose
+  /// elements lanes form (the rows reduced by a second kernel), else 1.
+  int launches() const {
+    return program_.reduction && (lanes_ > 1 || cuda_reduction_split(program_).chunks > 1) ? 2 : 1;
+  }
 
   /// Runs the program on the GPU of outputs[0]: inputs and outputs as graph::run's (contiguous,
   /// of the program's dtype and shapes), all on that device. Asynchronous, on the device's stream.
@@ -612,7 +643,7 @@ class CudaFused {
   mutable std::mutex mu_;
   struct OnDevice {
     std::array<cuda::abi::RtcKernel, 3> kernels{};  // sc_fused (or sc_fused_r), sc_fused_v, sc_fused_r2
-    Tensor scratch;                                 // a cut reduction's partials (cuda_reduction_split)
+    Tensor scratch;  // a cut reduction's partials (cuda_reduction_split), or the elements its lanes formed
   };
   mutable std::vector<OnDevice> on_device_;  // by device index
 #endif
@@ -665,7 +696,7 @@ STAGECRAFT_COMPILED_INLINE void CudaFused::run(std::span<const Tensor> inputs, s
   auto kernel = [&](int which) {
     static constexpr const char* names[3] = {"sc_fused", "sc_fused_v", "sc_fused_r2"};
     cuda::abi::RtcKernel& slot = mine.kernels[static_cast<std::size_t>(which)];
-    detail_cuda_fused::compile_once(slot, dev, source_, which == 0 && p.reduction ? "sc_fused_r" : names[which], loc);
+    detail_cuda_fused::compile_once(slot, dev, source_, which == 0 && p.reduction && lanes_ == 1 ? "sc_fused_r" : names[which], loc);
     return slot;
   };
   long long n = p.out_shape.numel();
@@ -673,10 +704,21 @@ STAGECRAFT_COMPILED_INLINE void CudaFused::run(std::span<const Tensor> inputs, s
   args.reserve(ptrs.size() + 1);
   for (const void*& q : ptrs) args.push_back(&q);
   args.push_back(&n);
-  if (!p.reduction) {  // lanes threads per element (rtc_launch makes blocks of 256 threads), or one per 16 bytes
+  if (!p.reduction || lanes_ > 1) {  // lanes threads per element (rtc_launch makes blocks of 256 threads), or one per 16 bytes
+    const void* result = ptrs.back();
+    if (p.reduction) {  // the reduced register's elements to scratch, reduced by sc_fused_r2 below
+      if (!mine.scratch.defined() || mine.scratch.numel() < n)
+        mine.scratch = stagecraft::detail::empty_tensor(Shape{n}, p.dtype, dev, "fused", loc);
+      ptrs.back() = mine.scratch.raw_data();
+    }
     const std::int64_t width = vec ? detail_cuda_fused::vector_of(p.dtype).width : 1;
     cuda::detail::check(cuda::abi::rtc_launch(kernel(vec ? 1 : 0), args.data(), (n + width - 1) / width * lanes_, s), dev,
                         "fused", loc);
+    if (!p.reduction || n == 0) return;
+    const void* elements = mine.scratch.raw_data();
+    void* args2[3] = {&elements, &result, &n};
+    const std::int64_t rows = n / p.reduction->inner, per_block = 256 / detail_cuda_fused::reduce_threads_per_row(p.reduction->inner);
+    cuda::detail::check(cuda::abi::rtc_launch(kernel(2), args2, (rows + per_block - 1) / per_block * 256, s), dev, "fused", loc);
     return;
   }
   // 256 threads for each block of pieces (a grid-stride loop over them)

@@ -26,7 +26,7 @@ namespace stagecraft::graph {
 /// What lowering made of a graph (ConcreteFunction::stats() reports it with the passes').
 struct PlanStats {
   int steps = 0;                      ///< steps the plan runs
-  int kernels = 0;                    ///< kernel launches per run (a fused group counts once)
+  int kernels = 0;                    ///< kernel launches per run (a fused group once; on a GPU twice where its reduction takes two)
   int fused_groups = 0;               ///< fused elementwise groups
   int fused_nodes = 0;                ///< nodes inside them (matmul heads and reductions included)
   int epilogues = 0;                  ///< groups run as a matmul's epilogue (on a GPU: cuBLASLt's bias/ReLU),
@@ -278,7 +278,8 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
   for (int c : mem_.placed_in) stats_.pieces_in_place += c >= 0;
   stats_.steps = static_cast<int>(steps_.size());
   for (const Step& s : steps_) {  // (a GPU group with a matmul head is one cuBLASLt call)
-    stats_.kernels += (s.kind == StepKind::kernel || s.kind == StepKind::fused) + (s.head_fns != nullptr && !s.gpu);
+    stats_.kernels += (s.kind == StepKind::kernel || s.kind == StepKind::fused) + (s.head_fns != nullptr && !s.gpu) +
+                      (s.cuda_fused != nullptr && s.cuda_fused->launches() == 2);
     stats_.specialized += s.fused != nullptr && s.fused->special != nullptr;
   }
   stats_.fused_groups = static_cast<int>(groups_.groups.size());
