@@ -139,7 +139,13 @@ if has profile && fits 60; then
       for mode in eager staged graph; do
         fits 25 || break 2
         echo "== $model $mode"
-        timeout 60 "$prof" "$model" "$mode" 0 2>&1 | tail -3
+        SC_PLAN_TIMES=$aux/plan-$model-$mode.txt timeout 60 "$prof" "$model" "$mode" 0 2>&1 | tail -3
+        if [[ -s $aux/plan-$model-$mode.txt ]]; then  # the plan's steps by the host's time to run them
+          echo "host us per step, the plan's top steps (all: aux.tgz plan-$model-$mode.txt):"
+          grep -E '^[0-9]+\. \[' "$aux/plan-$model-$mode.txt" | sed -E 's/^([0-9]+)\. \[([0-9.]+) us\] /\2 \1. /' |
+            sort -rn | head -12 | cut -c1-150
+          grep -oE '^[0-9]+\. \[[0-9.]+' "$aux/plan-$model-$mode.txt" | awk -F'[' '{t += $2} END {printf "total %.1f us\n", t}'
+        fi
         timeout 90 ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
           "$prof" "$model" "$mode" 2 > "$aux/ncu-$model-$mode.csv" 2> "$aux/ncu-$model-$mode.err"
         python3 bench/ncu_summary.py "$aux/ncu-$model-$mode.csv" 2 | head -${SC_PROFILE_ROWS:-25}

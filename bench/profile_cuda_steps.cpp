@@ -6,7 +6,9 @@
 // and the plan's statistics (kernels, fused groups) for the staged modes. Then `steps` more steps
 // (default 2) between cudaProfilerStart and cudaProfilerStop, for
 //   ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv ...
-// (bench/ncu_summary.py sums that per kernel). The models are bench_cuda's: the example's MLP and
+// (bench/ncu_summary.py sums that per kernel). With $SC_PLAN_TIMES set, a staged run also writes
+// its plan there, each step with the host's time to run it (graph::plan_host_timing).
+// The models are bench_cuda's: the example's MLP and
 // CNN Adam steps at batch 128 on random data, the 50-step LSTM cell with its backward at batch 1.
 #include <cuda_profiler_api.h>
 
@@ -55,6 +57,19 @@ int profile(const char* model, const std::string& mode, int steps, Step step, co
   std::printf("%s %s step_us=%.1f enqueue_us=%.1f%s\n", model, mode.c_str(), step_us / timed, enqueue_us / timed,
               plan.c_str());
   std::fflush(stdout);
+  // Staged kernel by kernel: the host's time per plan step over 30 more steps (after the timing
+  // above, which runs untimed), listed with the plan to the file $SC_PLAN_TIMES.
+  if (const char* path = std::getenv("SC_PLAN_TIMES"); path != nullptr && mode == "staged") {
+    sc::graph::plan_host_timing() = true;
+    for (int i = 0; i < timed; ++i) run();
+    sc::cuda::synchronize();
+    sc::graph::plan_host_timing() = false;
+    if (std::FILE* out = std::fopen(path, "w")) {
+      const auto cf = f.get_concrete(args...);
+      std::fputs(cf.plan().str().c_str(), out);
+      std::fclose(out);
+    }
+  }
   cudaProfilerStart();
   for (int i = 0; i < steps; ++i) run();
   sc::cuda::synchronize();

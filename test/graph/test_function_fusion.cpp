@@ -649,3 +649,28 @@ TEST_CASE("function: a plan lists its steps, one line each, bodies of control fl
   CHECK(static_cast<int>(top) == c.stats().plan.steps);
   CHECK(s.rfind("0. ", 0) == 0);
 }
+
+TEST_CASE("function: with plan_host_timing on, a plan times each step's host work and lists it", "[function][fusion]") {
+  auto f = sc::function([](const sc::Tensor& x) { return sc::sum(sc::tanh(sc::matmul(x, x)) * 2.f); });
+  const sc::Tensor x = sctest::uniform_tensor({96, 96}, 3, -1.0, 1.0).astype(sc::f32);
+  f(x);
+  const sc::ConcreteFunction c = f.get_concrete(x);
+  CHECK(c.plan().host_times().empty());  // (off by default: nothing timed)
+  CHECK(c.plan().str().find(" us] ") == std::string::npos);
+  sc::graph::plan_host_timing() = true;
+  for (int i = 0; i < 3; ++i) f(x);
+  sc::graph::plan_host_timing() = false;
+  f(x);  // (not timed)
+  const std::vector<double> us = c.plan().host_times();
+  REQUIRE(static_cast<int>(us.size()) == c.stats().plan.steps);
+  double total = 0;
+  for (double t : us) {
+    CHECK(t >= 0);
+    total += t;
+  }
+  CHECK(total > 0);  // (a 96^3 product takes some time)
+  const std::string s = c.plan().str();
+  INFO(s);
+  CHECK(s.rfind("0. [", 0) == 0);
+  CHECK_THAT(s, Catch::Contains(" us] kernel matmul"));
+}

@@ -2,6 +2,7 @@
 // prepared and buffers planned ahead; running it allocates only the results' storage.
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -46,6 +47,18 @@ struct PlanStats {
   std::string cuda_graph;
 };
 
+/// Whether plans time the host's work for each step as they run (off by default; for profiling:
+/// bench/profile_cuda_steps turns it on). Plan::host_times() then gives each step's mean, and
+/// Plan::str() prints it: for a GPU step, the host's time to queue its kernels (dispatch, checks,
+/// the launch calls), which bounds a step run kernel by kernel when the GPU keeps up.
+STAGECRAFT_COMPILED_INLINE bool& plan_host_timing();
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE bool& plan_host_timing() {
+  static bool on = false;
+  return on;
+}
+#endif  // STAGECRAFT_DEFINE_COMPILED
+
 /// A graph ready to run. Thread-safe: concurrent runs each take their own run state (values and
 /// buffers), made on first need and reused.
 class Plan {
@@ -69,8 +82,13 @@ class Plan {
   /// (N launches)" or "capture failed (<why>): runs kernel by kernel"; "" for a plan on the CPU.
   std::string cuda_graph_status() const;
   /// The steps, one line each (plan_listing.hpp): kernels, views, variable reads and assignments,
-  /// fused groups with their ops (a GPU batch with each group), control flow with its bodies.
+  /// fused groups with their ops (a GPU batch with each group), control flow with its bodies;
+  /// each step's host time first where runs were timed (plan_host_timing).
   std::string str(int indent = 0) const;
+  /// The host's mean time per run of each step in microseconds, over the runs made while
+  /// plan_host_timing() was on (empty before any); a cond or while step's includes its bodies'.
+  /// (A run replayed as a CUDA graph is one launch: not timed here.)
+  std::vector<double> host_times() const;
 
  private:
   using Step = detail_plan::Step;
@@ -136,6 +154,8 @@ class Plan {
   PlanStats stats_;
   mutable std::mutex mu_;
   mutable std::vector<std::unique_ptr<RunState>> free_;
+  mutable std::vector<std::int64_t> host_ns_;  // (plan_host_timing) each step's host time, summed over...
+  mutable std::int64_t host_runs_ = 0;         // ...this many runs; both under mu_
   // CUDA graph replay (see run_graph).
   std::string graph_obstacle_;
   bool on_gpu_ = false;  ///< some value lives on a GPU (else cuda_graph_status() has nothing to say)
@@ -426,13 +446,29 @@ STAGECRAFT_COMPILED_INLINE std::vector<Tensor> Plan::run(std::span<const Tensor>
 STAGECRAFT_COMPILED_INLINE void Plan::run_steps(RunState& st, std::span<const Tensor> args) const {
   const Graph& g = *g_;
   for (std::size_t i = 0; i < g.inputs.size(); ++i) detail_plan::rebind(st.vals[g.inputs[i]], args[i]);
+  const bool timed = plan_host_timing();
+  std::vector<std::int64_t> ns(timed ? steps_.size() : 0);
   for (std::size_t i = 0; i < steps_.size(); ++i) {
+    const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     try {
       run_step(steps_[i], i, st);
     } catch (const Error& e) {
       detail_plan::rethrow_at(e, g.nodes[steps_[i].node].loc);
     }
+    if (timed) ns[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   }
+  if (!timed) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  host_ns_.resize(steps_.size());
+  for (std::size_t i = 0; i < ns.size(); ++i) host_ns_[i] += ns[i];
+  ++host_runs_;
+}
+
+STAGECRAFT_COMPILED_INLINE std::vector<double> Plan::host_times() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<double> us;
+  for (const std::int64_t t : host_ns_) us.push_back(static_cast<double>(t) / 1e3 / static_cast<double>(host_runs_));
+  return us;
 }
 
 STAGECRAFT_COMPILED_INLINE void Plan::release(RunState& st) const {

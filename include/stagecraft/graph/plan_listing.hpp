@@ -1,6 +1,7 @@
 // Plan::str(), a part of plan.hpp (included at its end): the plan's steps, one line each, for
 // people who count launches and want to see what was fused with what.
 #pragma once
+#include <iomanip>
 #include <sstream>
 
 #include "plan.hpp"
@@ -50,9 +51,11 @@ STAGECRAFT_COMPILED_INLINE std::string Plan::str(int indent) const {
     }
     return gs;
   };
+  const std::vector<double> us = host_times();
   for (std::size_t i = 0; i < steps_.size(); ++i) {
     const Step& s = steps_[i];
     os << pad << i << ". ";
+    if (i < us.size()) os << "[" << std::fixed << std::setprecision(1) << us[i] << std::defaultfloat << " us] ";
     switch (s.kind) {
       case StepKind::kernel:
         os << "kernel " << g.nodes[s.node].name();

@@ -1,4 +1,5 @@
-// nn::LSTMCell: one step of a long short-term memory layer (gates i, f, g, o fused in one kernel).
+// nn::LSTMCell: one step of a long short-term memory layer (the four gates' products in one matmul each
+// for the input and the state; eager, each gate's ops are kernels of their own, traced, one fused group).
 #pragma once
 #include <cstdint>
 #include <limits>
