@@ -18,6 +18,7 @@
 
 #include <cblas.h>
 
+#include "../conv_elements.cuh"
 #include "emu.hpp"
 #include "stagecraft/detail/philox.hpp"
 #include "stagecraft/ops/rules.hpp"
@@ -116,27 +117,6 @@ double row_value(const T* x, I label, std::int64_t C, std::int64_t row, abi::Fau
   double s = 0;
   for (std::int64_t j = 0; j < C; ++j) s += static_cast<double>(rules::Exp::f(static_cast<T>(x[j] - shift)));
   return static_cast<double>(static_cast<T>(x[l] - shift)) - rules::Log::f(s);
-}
-
-// ---- convolution and pooling ---------------------------------------------------------------
-
-/// Offset (i * W + j) of the maximum of the window at `top`: the first largest, or the first NaN.
-template <class T>
-std::int64_t window_argmax(const T* top, const abi::ConvGeometry& g) {
-  std::int64_t best = 0, first_nan = -1;
-  T m = top[0];
-  for (std::int64_t i = 0; i < g.kh; ++i)
-    for (std::int64_t j = 0; j < g.kw; ++j) {
-      const std::int64_t at = i * g.W + j;
-      const T v = top[at];
-      if (v > m) {
-        m = v;
-        best = at;
-      }
-      if constexpr (std::is_floating_point_v<T>)
-        if (v != v && first_nan < 0) first_nan = at;
-    }
-  return first_nan >= 0 ? first_nan : best;
 }
 
 // ---- matrix products -----------------------------------------------------------------------
@@ -379,6 +359,15 @@ Status softmax_cross_entropy_both(DT dt, DT label_dt, const void* g, const void*
 
 // ---- conv.cu ---------------------------------------------------------------------------------
 
+// The elements are conv.cu's own functions (conv_elements.cuh), with the index type it picks.
+
+/// Runs f(dims) with g in int32 where its indices fit (conv_fits_int32, as conv.cu), else int64.
+template <class F>
+void by_index(const ConvGeometry& g, F&& f) {
+  if (kernels::conv_fits_int32(g)) f(kernels::ConvDims<std::int32_t>::of(g));
+  else f(kernels::ConvDims<std::int64_t>::of(g));
+}
+
 Status im2col(DT dt, const void* x, void* cols, const ConvGeometry& g, Stream s) noexcept {
   const std::int64_t n = g.N * g.C * g.kh * g.kw * g.Ho * g.Wo;
   if (n == 0) return emu::ok;
@@ -388,15 +377,9 @@ Status im2col(DT dt, const void* x, void* cols, const ConvGeometry& g, Stream s)
     return emu::queue(s, [=] {
       const T* xp = emu::host(static_cast<const T*>(x));
       T* col = emu::host(static_cast<T*>(cols));
-      // Element (n, c*kh*kw + i*kw + j, oy*Wo + ox) of the columns; padding reads 0.
-      const std::int64_t L = geo.Ho * geo.Wo, kk = geo.kh * geo.kw;
-      for (std::int64_t e = 0; e < n; ++e) {
-        const std::int64_t l = e % L, r = e / L, q = r % (geo.C * kk), b = r / (geo.C * kk);
-        const std::int64_t c = q / kk, i = (q % kk) / geo.kw, j = q % geo.kw;
-        const std::int64_t iy = (l / geo.Wo) * geo.stride - geo.pad + i, ix = (l % geo.Wo) * geo.stride - geo.pad + j;
-        col[e] = iy >= 0 && iy < geo.H && ix >= 0 && ix < geo.W ? xp[((b * geo.C + c) * geo.H + iy) * geo.W + ix]
-                                                                : T(0);
-      }
+      by_index(geo, [&](auto d) {
+        for (decltype(d.N) e = 0; e < n; ++e) col[e] = kernels::im2col_element(xp, d, e);
+      });
     });
   });
 }
@@ -410,23 +393,9 @@ Status col2im(DT dt, const void* cols, void* x, const ConvGeometry& g, Stream s)
     return emu::queue(s, [=] {
       const T* col = emu::host(static_cast<const T*>(cols));
       T* xp = emu::host(static_cast<T*>(x));
-      const std::int64_t L = geo.Ho * geo.Wo, kk = geo.kh * geo.kw;
-      // Pixel by pixel (overwriting x), the column entries that read it added kernel row i
-      // outer, column j inner: the CPU's and conv.cu's order.
-      for (std::int64_t e = 0; e < n; ++e) {
-        const std::int64_t px = e % geo.W, py = (e / geo.W) % geo.H, nc = e / (geo.W * geo.H);
-        T acc = T(0);
-        for (std::int64_t i = 0; i < geo.kh; ++i) {
-          const std::int64_t ty = py + geo.pad - i;  // = oy * stride for the window row reading py
-          if (ty < 0 || ty % geo.stride != 0 || ty / geo.stride >= geo.Ho) continue;
-          for (std::int64_t j = 0; j < geo.kw; ++j) {
-            const std::int64_t tx = px + geo.pad - j;
-            if (tx < 0 || tx % geo.stride != 0 || tx / geo.stride >= geo.Wo) continue;
-            acc += col[(nc * kk + i * geo.kw + j) * L + (ty / geo.stride) * geo.Wo + tx / geo.stride];
-          }
-        }
-        xp[e] = acc;
-      }
+      by_index(geo, [&](auto d) {
+        for (decltype(d.N) e = 0; e < n; ++e) xp[e] = kernels::col2im_element(col, d, e);
+      });
     });
   });
 }
@@ -440,31 +409,9 @@ Status pool2d(bool is_max, DT dt, const void* x, void* y, const ConvGeometry& g,
     return emu::queue(s, [=] {
       const T* xp = emu::host(static_cast<const T*>(x));
       T* yp = emu::host(static_cast<T*>(y));
-      for (std::int64_t e = 0; e < n; ++e) {
-        const std::int64_t ox = e % geo.Wo, oy = (e / geo.Wo) % geo.Ho, nc = e / (geo.Wo * geo.Ho);
-        const T* top = xp + (nc * geo.H + oy * geo.stride) * geo.W + ox * geo.stride;
-        if (is_max) {  // any NaN in the window gives NaN
-          T m = top[0];
-          bool nan = false;
-          for (std::int64_t i = 0; i < geo.kh; ++i)
-            for (std::int64_t j = 0; j < geo.kw; ++j) {
-              const T v = top[i * geo.W + j];
-              m = v > m ? v : m;
-              if constexpr (std::is_floating_point_v<T>) nan |= v != v;
-            }
-          if constexpr (std::is_floating_point_v<T>) yp[e] = nan ? std::numeric_limits<T>::quiet_NaN() : m;
-          else yp[e] = m;
-        } else {  // down each column of the window first, then across (the CPU's separable pass)
-          T acc = T(0);
-          for (std::int64_t j = 0; j < geo.kw; ++j) {
-            T column = top[j];
-            for (std::int64_t i = 1; i < geo.kh; ++i) column = column + top[i * geo.W + j];
-            acc += column;
-          }
-          // The reciprocal in T, as conv.cu (for integers it truncates, as there).
-          yp[e] = acc * static_cast<T>(1.0 / static_cast<double>(geo.kh * geo.kw));
-        }
-      }
+      by_index(geo, [&](auto d) {
+        for (decltype(d.N) e = 0; e < n; ++e) yp[e] = kernels::pool2d_element(is_max, xp, d, e);
+      });
     });
   });
 }
@@ -479,23 +426,9 @@ Status max_pool2d_grad(DT dt, const void* g, const void* x, void* dx, const Conv
       const T* gy = emu::host(static_cast<const T*>(g));
       const T* xp = emu::host(static_cast<const T*>(x));
       T* dp = emu::host(static_cast<T*>(dx));
-      // Pixel by pixel: the gradients of the windows whose argmax it is, in window order.
-      for (std::int64_t e = 0; e < n; ++e) {
-        const std::int64_t px = e % cg.W, py = (e / cg.W) % cg.H, nc = e / (cg.W * cg.H);
-        const T* plane = xp + nc * cg.H * cg.W;
-        // Windows oy with oy*s <= py < oy*s + kh, inside [0, Ho); columns alike.
-        const std::int64_t oy0 = py - cg.kh + 1 > 0 ? (py - cg.kh + 1 + cg.stride - 1) / cg.stride : 0;
-        const std::int64_t oy1 = py / cg.stride < cg.Ho - 1 ? py / cg.stride : cg.Ho - 1;
-        const std::int64_t ox0 = px - cg.kw + 1 > 0 ? (px - cg.kw + 1 + cg.stride - 1) / cg.stride : 0;
-        const std::int64_t ox1 = px / cg.stride < cg.Wo - 1 ? px / cg.stride : cg.Wo - 1;
-        T acc = T(0);
-        for (std::int64_t oy = oy0; oy <= oy1; ++oy)
-          for (std::int64_t ox = ox0; ox <= ox1; ++ox) {
-            const std::int64_t top = oy * cg.stride * cg.W + ox * cg.stride;
-            if (top + emu::window_argmax(plane + top, cg) == py * cg.W + px) acc += gy[(nc * cg.Ho + oy) * cg.Wo + ox];
-          }
-        dp[e] = acc;
-      }
+      by_index(cg, [&](auto d) {
+        for (decltype(d.N) e = 0; e < n; ++e) dp[e] = kernels::max_pool2d_grad_element(gy, xp, d, e);
+      });
     });
   });
 }
