@@ -50,13 +50,26 @@ __device__ inline std::int64_t offset_of(const Geometry& g, int k, std::int64_t 
   return off;
 }
 
-/// Offset of element i of an index space of `shape` laid out with `strides` (elements).
-__device__ inline std::int64_t strided_offset(int rank, const std::int64_t* shape, const std::int64_t* strides,
-                                              std::int64_t i) {
-  std::int64_t off = 0;
+/// Offset of element i of an index space of `shape` laid out with `strides` (elements), computed
+/// in I: int32 where every offset of the space fits (max_strided_offset), since a GPU divides
+/// 32-bit integers several times faster than 64-bit ones.
+template <class I>
+__device__ inline I strided_offset(int rank, const std::int64_t* shape, const std::int64_t* strides, I i) {
+  I off = 0;
   for (int d = rank - 1; d >= 0; --d) {
-    off += (i % shape[d]) * strides[d];
-    i /= shape[d];
+    const I n = static_cast<I>(shape[d]);
+    off += (i % n) * static_cast<I>(strides[d]);
+    i /= n;
+  }
+  return off;
+}
+
+/// The largest offset strided_offset gives over the space (0 when it is empty; strides >= 0).
+inline std::int64_t max_strided_offset(int rank, const std::int64_t* shape, const std::int64_t* strides) {
+  std::int64_t off = 0;
+  for (int d = 0; d < rank; ++d) {
+    if (shape[d] <= 0) return 0;
+    off += (shape[d] - 1) * strides[d];
   }
   return off;
 }

@@ -92,8 +92,9 @@ __device__ typename R::Acc block_reduce(const R& red, typename cub::BlockReduce<
 
 /// One block per output element (a grid-stride loop over them), its whole row; or, with
 /// chunks > 1, one block per piece of `chunk` elements of a row, writing the piece's partial to
-/// `part` (out_numel * chunks of them) for combine_kernel.
-template <class R, class In, class Out>
+/// `part` (out_numel * chunks of them) for combine_kernel. The offsets within a row in I (int32
+/// where they fit).
+template <class R, class In, class Out, class I>
 __global__ void reduce_kernel(const In* x, Out* y, typename R::Acc* part, abi::ReduceGeometry g, abi::ReduceSplit split) {
   using Acc = typename R::Acc;
   __shared__ typename cub::BlockReduce<Acc, block_threads>::TempStorage temp;
@@ -102,14 +103,14 @@ __global__ void reduce_kernel(const In* x, Out* y, typename R::Acc* part, abi::R
   for (std::int64_t p = blockIdx.x; p < pieces; p += gridDim.x) {
     const std::int64_t o = p / split.chunks, lo = p % split.chunks * split.chunk;
     const std::int64_t hi = g.red_numel - lo < split.chunk ? g.red_numel : lo + split.chunk;
-    const std::int64_t base = strided_offset(g.kept_rank, g.kept_shape, g.kept_strides, o);
+    const std::int64_t base = strided_offset<std::int64_t>(g.kept_rank, g.kept_shape, g.kept_strides, o);
     if (hi <= lo) {  // an empty reduction (the sum of nothing)
       if (threadIdx.x == 0) y[o] = Out{};
       continue;
     }
     const Acc total = block_reduce(red, temp,
                                    [&](std::int64_t r) {
-                                     return red.load(x, base + strided_offset(g.red_rank, g.red_shape, g.red_strides, r), r);
+                                     return red.load(x, base + strided_offset<I>(g.red_rank, g.red_shape, g.red_strides, static_cast<I>(r)), r);
                                    },
                                    lo, hi);
     if (threadIdx.x == 0) {
@@ -140,8 +141,13 @@ Status launch_reduction(const void* x, void* y, const abi::ReduceGeometry& g, vo
   const bool cut = split.chunks > 1;
   if (cut && scratch == nullptr) return cudaErrorInvalidValue;
   auto* part = static_cast<Acc*>(scratch);
-  reduce_kernel<R, In, Out><<<blocks_for(g.out_numel * split.chunks), block_threads, 0, s>>>(
-      static_cast<const In*>(x), static_cast<Out*>(y), part, g, split);
+  const unsigned blocks = blocks_for(g.out_numel * split.chunks);
+  if (max_strided_offset(g.red_rank, g.red_shape, g.red_strides) < (std::int64_t{1} << 30) && g.red_numel < (std::int64_t{1} << 30))
+    reduce_kernel<R, In, Out, std::int32_t><<<blocks, block_threads, 0, s>>>(static_cast<const In*>(x), static_cast<Out*>(y),
+                                                                            part, g, split);
+  else
+    reduce_kernel<R, In, Out, std::int64_t><<<blocks, block_threads, 0, s>>>(static_cast<const In*>(x), static_cast<Out*>(y),
+                                                                            part, g, split);
   if (!cut) return launched();
   if (const Status st = launched(); st != cudaSuccess) return st;
   combine_kernel<R, Out><<<blocks_for(g.out_numel), block_threads, 0, s>>>(part, static_cast<Out*>(y), g.out_numel,
