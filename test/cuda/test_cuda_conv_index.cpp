@@ -41,22 +41,10 @@ TEST_CASE("cuda conv elements: 32- and 64-bit indices give the plain loops' colu
     const auto d64 = k::ConvDims<std::int64_t>::of(g);
     std::vector<double> x(static_cast<std::size_t>(g.N * g.C * g.H * g.W));
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.7 * static_cast<double>(i)) + (i % 5 == 0 ? 1.0 : 0.0);  // (ties)
-    // im2col: (n, c*kh*kw + i*kw + j, oy*Wo + ox)
+    // im2col: (n, c*kh*kw + i*kw + j, oy*Wo + ox); col2im: each column entry added back to the
+    // pixel it read
     const std::int64_t L = g.Ho * g.Wo, kk = g.kh * g.kw, ncol = g.N * g.C * kk * L;
-    std::vector<double> col(static_cast<std::size_t>(ncol));
-    for (std::int64_t n = 0, e = 0; n < g.N; ++n)
-      for (std::int64_t c = 0; c < g.C; ++c)
-        for (std::int64_t i = 0; i < g.kh; ++i)
-          for (std::int64_t j = 0; j < g.kw; ++j)
-            for (std::int64_t oy = 0; oy < g.Ho; ++oy)
-              for (std::int64_t ox = 0; ox < g.Wo; ++ox, ++e) {
-                const double want = pixel(x, g, n, c, oy * g.stride - g.pad + i, ox * g.stride - g.pad + j);
-                col[static_cast<std::size_t>(e)] = want;
-                CHECK(k::im2col_element(x.data(), d32, static_cast<std::int32_t>(e)) == want);
-                CHECK(k::im2col_element(x.data(), d64, e) == want);
-              }
-    // col2im: each column entry added back to the pixel it read
-    std::vector<double> img(x.size(), 0.0);
+    std::vector<double> col(static_cast<std::size_t>(ncol)), img(x.size(), 0.0);
     for (std::int64_t n = 0, e = 0; n < g.N; ++n)
       for (std::int64_t c = 0; c < g.C; ++c)
         for (std::int64_t i = 0; i < g.kh; ++i)
@@ -64,8 +52,11 @@ TEST_CASE("cuda conv elements: 32- and 64-bit indices give the plain loops' colu
             for (std::int64_t oy = 0; oy < g.Ho; ++oy)
               for (std::int64_t ox = 0; ox < g.Wo; ++ox, ++e) {
                 const std::int64_t iy = oy * g.stride - g.pad + i, ix = ox * g.stride - g.pad + j;
-                if (iy >= 0 && iy < g.H && ix >= 0 && ix < g.W)
-                  img[static_cast<std::size_t>(((n * g.C + c) * g.H + iy) * g.W + ix)] += col[static_cast<std::size_t>(e)];
+                const double want = pixel(x, g, n, c, iy, ix);
+                col[static_cast<std::size_t>(e)] = want;
+                CHECK(k::im2col_element(x.data(), d32, static_cast<std::int32_t>(e)) == want);
+                CHECK(k::im2col_element(x.data(), d64, e) == want);
+                if (iy >= 0 && iy < g.H && ix >= 0 && ix < g.W) img[static_cast<std::size_t>(((n * g.C + c) * g.H + iy) * g.W + ix)] += want;
               }
     for (std::int64_t e = 0; e < static_cast<std::int64_t>(img.size()); ++e) {
       CHECK(k::col2im_element(col.data(), d32, static_cast<std::int32_t>(e)) == Approx(img[static_cast<std::size_t>(e)]));
