@@ -100,34 +100,10 @@ __global__ void xent_mean_kernel(const double* v, T* y, std::int64_t N) {
   if (threadIdx.x == 0) *y = static_cast<T>(-(partial[0] / static_cast<double>(N)));
 }
 
-/// dx = (softmax(x) - one_hot(labels)) * g / N, a warp per row: exp(z) is stored first, then scaled.
-template <class T, class I>
-__global__ void xent_grad_kernel(const T* g, const T* x, const I* labels, T* dx, std::int64_t N, std::int64_t C,
-                                 abi::Fault* fault, std::int32_t tag) {
-  const int lane = threadIdx.x % warp;
-  const double scale = static_cast<double>(*g) / static_cast<double>(N);
-  const std::int64_t warps = std::int64_t{gridDim.x} * (blockDim.x / warp);
-  for (std::int64_t r = blockIdx.x * std::int64_t{blockDim.x / warp} + threadIdx.x / warp; r < N; r += warps) {
-    const T* xr = x + r * C;
-    T* dr = dx + r * C;
-    const auto l = static_cast<std::int64_t>(labels[r]);
-    if ((l < 0 || l >= C) && lane == 0) report_fault(fault, tag, l, r);
-    const T shift = row_shift(xr, C, lane);
-    double s = 0;
-    for (std::int64_t j = lane; j < C; j += warp) {
-      const T e = rules::Exp::f(static_cast<T>(xr[j] - shift));
-      dr[j] = e;
-      s += static_cast<double>(e);
-    }
-    s = warp_sum(s);
-    for (std::int64_t j = lane; j < C; j += warp)
-      dr[j] = static_cast<T>((static_cast<double>(dr[j]) / s - (j == l ? 1.0 : 0.0)) * scale);
-  }
-}
-
-/// Row x's loss value (as row_value) and its gradient row dr (as xent_grad_kernel's, scaled by
-/// g / N) in one pass over x, in every lane: the same sums in the same order as the two kernels,
-/// so the same numbers. A label outside [0, C) is recorded (lane 0); its row is still written and
+/// Row x's loss value (as row_value) and its gradient row dr = (softmax(x) - one_hot(label)) *
+/// scale (exp(z) stored first, then scaled) in one pass over x, in every lane: the same sums in
+/// the same order as the loss kernels, so the same numbers (xent_grad_kernel is this, its value
+/// unused). A label outside [0, C) is recorded (lane 0); its row is still written and
 /// its value is 0.
 template <class T, class I>
 __device__ double row_value_and_grad(const T* xr, T* dr, I label, double scale, std::int64_t C, std::int64_t row,
@@ -147,6 +123,18 @@ __device__ double row_value_and_grad(const T* xr, T* dr, I label, double scale, 
   for (std::int64_t j = lane; j < C; j += warp)
     dr[j] = static_cast<T>((static_cast<double>(dr[j]) / s - (j == l ? 1.0 : 0.0)) * scale);
   return bad ? 0.0 : static_cast<double>(static_cast<T>(xr[l] - shift)) - rules::Log::f(s);
+}
+
+/// dx = (softmax(x) - one_hot(labels)) * g / N, a warp per row: exp(z) is stored first, then
+/// scaled (row_value_and_grad, its value unused).
+template <class T, class I>
+__global__ void xent_grad_kernel(const T* g, const T* x, const I* labels, T* dx, std::int64_t N, std::int64_t C,
+                                 abi::Fault* fault, std::int32_t tag) {
+  const int lane = threadIdx.x % warp;
+  const double scale = static_cast<double>(*g) / static_cast<double>(N);
+  const std::int64_t warps = std::int64_t{gridDim.x} * (blockDim.x / warp);
+  for (std::int64_t r = blockIdx.x * std::int64_t{blockDim.x / warp} + threadIdx.x / warp; r < N; r += warps)
+    row_value_and_grad(x + r * C, dx + r * C, labels[r], scale, C, r, lane, fault, tag);
 }
 
 /// The loss and its gradient in one block (as xent_one_block_kernel, each row's gradient written
