@@ -10,7 +10,8 @@
 // Fashion-MNIST CNN's Adam step at batch 128, and its second layer's three passes (conv2d, its
 // input and its kernel gradient) alone (LibTorch's, cuDNN: bench_cuda_torch.cpp).
 //   cuda/mlp_adam/batch128/mode:<m>, cuda/lstm50/mode:<m>, cuda/while100/mode:<m> (0 eager,
-//   1 staged, 2 staged + graph), .../libtorch
+//   1 staged kernel by kernel, 2 staged + graph always, 3 staged under the library's default
+//   graph policy: the MLP and LSTM only), .../libtorch
 //   cuda/cnn_adam/batch128/algo:<a>/mode:<m>, cuda/conv2d/32x14x14_to_64/algo:<a> (0 cuDNN,
 //   1 im2col), .../libtorch
 #include "bench_models.hpp"
@@ -21,23 +22,25 @@ namespace {
 
 const sc::Device gpu = sc::Device::cuda(0);
 
-enum Mode : int { eager = 0, staged = 1, staged_graph = 2 };
+enum Mode : int { eager = 0, staged = 1, staged_graph = 2, staged_default = 3 };
 
 using bench::timed;
 void sc_sync() { sc::cuda::synchronize(); }
 
-/// Times `mode` of one model's step(args...): eager, or traced by sc::function (CUDA graphs on
-/// for staged_graph); the row's label is note() and how the staged plan ran.
+/// Times `mode` of one model's step(args...): eager, or traced by sc::function (CUDA graphs off
+/// for staged, always for staged_graph, the default policy for staged_default); the row's label is
+/// note() and how the staged plan ran.
 template <class Note, class Step, class... A>
 void sc_modes(benchmark::State& state, Mode mode, Note note, Step step, const A&... args) {
-  sc::cuda::set_graphs(mode == staged_graph);
+  const sc::cuda::GraphPolicy was = sc::cuda::graph_policy();
+  if (mode != staged_default) sc::cuda::set_graphs(mode == staged_graph);
   auto f = sc::function(step);
   if (mode == eager) timed(state, [&] { return step(args...); }, sc_sync);
   else timed(state, [&] { return sc::Tensor(f(args...)); }, sc_sync);
   std::string label = note();
   if (mode != eager) label += (label.empty() ? "graph: " : "; graph: ") + f.get_concrete(args...).stats().plan.cuda_graph;
   state.SetLabel(label);
-  sc::cuda::set_graphs(false);
+  sc::cuda::set_graph_policy(was);
 }
 std::string no_note() { return {}; }
 
@@ -67,7 +70,7 @@ constexpr std::int64_t mlp_batch = 128;
 void mlp_step(benchmark::State& state) {
   if (need_gpu(state)) sc_adam_step<fashion::MLP>(state, mlp_batch, static_cast<Mode>(state.range(0)), no_note);
 }
-BENCHMARK(mlp_step)->Name("cuda/mlp_adam/batch128")->ArgName("mode")->Arg(eager)->Arg(staged)->Arg(staged_graph)
+BENCHMARK(mlp_step)->Name("cuda/mlp_adam/batch128")->ArgName("mode")->Arg(eager)->Arg(staged)->Arg(staged_graph)->Arg(staged_default)
     ->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 void lstm(benchmark::State& state) {
@@ -79,7 +82,7 @@ void lstm(benchmark::State& state) {
   const sc::Tensor dummy = sc::zeros({1});
   sc_modes(state, static_cast<Mode>(state.range(0)), no_note, [&](const sc::Tensor&) { return m.step(vars); }, dummy);
 }
-BENCHMARK(lstm)->Name("cuda/lstm50")->ArgName("mode")->Arg(eager)->Arg(staged)->Arg(staged_graph)
+BENCHMARK(lstm)->Name("cuda/lstm50")->ArgName("mode")->Arg(eager)->Arg(staged)->Arg(staged_graph)->Arg(staged_default)
     ->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 constexpr int while_rounds = 100;

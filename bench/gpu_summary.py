@@ -85,13 +85,14 @@ def main(paths):
     mm, cub = get("cuda/matmul/8192/stagecraft", "TFLOP/s"), get("cuda/matmul/8192/cublas", "TFLOP/s")
     show("matmul 8192^3 f32, stagecraft / cuBLAS", mm and cub and f"{mm / cub:.3f}", ">= 0.95", lambda v: float(v) >= 0.95)
     show("matmul 8192^3 f32, stagecraft TFLOP/s", mm and f"{mm:.1f}", "-", lambda v: True)
-    for mode, label, goal in ((0, "eager", 430), (1, "staged", 150), (2, "staged as a CUDA graph", 150)):
+    for mode, label, goal in ((0, "eager", 430), (1, "staged kernel by kernel", 150), (2, "staged as a CUDA graph", 150),
+                              (3, "staged, default graph policy", 150)):
         t = get(f"cuda/mlp_adam/batch128/mode:{mode}")
         show(f"MLP Adam step batch 128, {label}, us", t and f"{t * 1e6:.0f}", f"<= {goal} us", lambda v, g=goal: float(v) <= g)
     t = get("cuda/mlp_adam/batch128/libtorch")
     show("MLP Adam step batch 128, LibTorch eager, us", t and f"{t * 1e6:.0f}", "-", lambda v: True)
     torch_lstm = get("cuda/lstm50/libtorch")
-    for mode, label in ((1, "staged"), (2, "staged as a CUDA graph")):
+    for mode, label in ((1, "staged kernel by kernel"), (2, "staged as a CUDA graph"), (3, "staged, default graph policy")):
         t = get(f"cuda/lstm50/mode:{mode}")
         show(f"LSTM 50 steps, LibTorch eager / stagecraft {label}", t and torch_lstm and f"{torch_lstm / t:.1f}x",
              ">= 10x", lambda v: float(v[:-1]) >= 10)

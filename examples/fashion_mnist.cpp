@@ -47,8 +47,9 @@ struct Options {
 constexpr const char* usage_text =
     "usage: fashion_mnist [options]\n"
     "  --model mlp|cnn      model to train (default mlp)\n"
-    "  --mode eager|staged|graph  how to run the training step (default eager); graph: staged, and\n"
-    "                       on a GPU replayed as one CUDA graph per step\n"
+    "  --mode eager|staged|graph  how to run the training step (default eager); staged: traced, and\n"
+    "                       on a GPU replayed as one CUDA graph per step where its copies cost less\n"
+    "                       than its launches (STAGECRAFT_CUDA_GRAPHS=0: never); graph: always\n"
     "  --device cpu|cuda[:N] where the weights live and the steps run (default cpu)\n"
     "  --epochs N           epochs to train in total (default 5)\n"
     "  --batch N            minibatch size (default 128)\n"
@@ -245,10 +246,11 @@ int run(const Options& o, const sc::data::Dataset& data) {
   double accuracy = 0;
   // --mode staged: the same step, traced once per batch shape into one optimized graph (forward,
   // gradients and the Adam update), then replayed; evaluation is staged the same way.
-  // --mode graph: staged, and a step whose plan runs wholly on the GPU is captured as a CUDA graph
-  // on its second call, then replayed as one launch.
+  // A step whose plan runs wholly on the GPU is captured as a CUDA graph on its second call, then
+  // replayed as one launch: under --mode staged where the library's policy finds it cheaper (the
+  // default, cuda::GraphPolicy::when_cheaper), under --mode graph always.
   const bool staged = o.mode == "staged" || o.mode == "graph";
-  sc::cuda::set_graphs(o.mode == "graph");
+  if (o.mode == "graph") sc::cuda::set_graphs(true);
   auto staged_step = sc::function(
       [&](sc::Tensor x, sc::Tensor y) { return fashion::train_step(model, opt, vars, x, y); }, "train_step");
   auto staged_predict = sc::function([&](sc::Tensor x) { return model(x); }, "predict");
@@ -293,7 +295,7 @@ int run(const Options& o, const sc::data::Dataset& data) {
   }
   const double eps = train_secs > 0 ? double(trained) / train_secs : 0.0;
   if (staged) std::fprintf(stderr, "staged: the training step was traced %d time(s)\n", staged_step.trace_count());
-  if (o.mode == "graph" && last_x.defined()) {
+  if (staged && o.device.is_cuda() && last_x.defined()) {
     const std::string g = staged_step.get_concrete(last_x, last_y).stats().plan.cuda_graph;
     std::fprintf(stderr, "cuda graph: %s\n", g.empty() ? "none (the step runs on the CPU)" : g.c_str());
   }

@@ -59,6 +59,11 @@ inline constexpr long parallel_grain_scale = 64;
 /// STAGECRAFT_BLAS_THREAD_FLOPS or sc::set_blas_thread_flops; under test on the 16-core Xeon,
 /// where the example's MLP ran 11% slower on 16 threads than on 8 (bench/RESULTS.md).
 inline constexpr long blas_thread_flops = 0;
+/// CUDA graphs' default policy (cuda::GraphPolicy::when_cheaper): a staged plan is replayed as a
+/// graph when the bytes it copies per call (arguments and variable values in, results out) are at
+/// most this many per kernel it launches. A launch cost 4.6-5 us of host time on the lent
+/// H100/H200 virtual machines, in which time a copy kernel moves ~10 MB (bench/results/gpu.md).
+inline constexpr long long cuda_graph_bytes_per_launch = 4ll << 20;
 /// Bytes every CPU buffer is aligned to (one cache line, enough for AVX-512).
 inline constexpr unsigned alignment = 64;
 }  // namespace stagecraft::config

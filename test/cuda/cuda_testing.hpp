@@ -30,6 +30,15 @@ inline void check_same(const sc::Tensor& got, const sc::Tensor& want, double tol
   }
 }
 
+/// Sets the CUDA-graph policy for a scope, and back to what it was.
+struct GraphPolicyScope {
+  sc::cuda::GraphPolicy was = sc::cuda::graph_policy();
+  explicit GraphPolicyScope(sc::cuda::GraphPolicy p) { sc::cuda::set_graph_policy(p); }
+  ~GraphPolicyScope() { sc::cuda::set_graph_policy(was); }
+  GraphPolicyScope(const GraphPolicyScope&) = delete;
+  GraphPolicyScope& operator=(const GraphPolicyScope&) = delete;
+};
+
 /// Kernels and copies the host asked of the GPU while f ran, as the CUDA emulator counts them
 /// (kernels/emulator); {-1, -1} on a real GPU, which does not count.
 template <class F>

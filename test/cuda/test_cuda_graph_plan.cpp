@@ -1,5 +1,5 @@
 // CUDA-graph replay of staged plans, checked without a GPU: which plans can become a graph and
-// why the others cannot, the switch and its environment variable, and what stats report.
+// why the others cannot, the policy and its environment variable, and what stats report.
 #include "testing.hpp"
 #include "graph_testing.hpp"
 
@@ -101,31 +101,74 @@ TEST_CASE("cuda graphs: host functions, in a branch too, and a read after an ass
   CHECK(obstacle(g) == "it reads variable 'v' after assigning it");
 }
 
-TEST_CASE("cuda graphs: off by default, switched by set_graphs or STAGECRAFT_CUDA_GRAPHS=1", "[cuda][graph]") {
-  const bool was = sc::cuda::graphs_enabled();
+TEST_CASE("cuda graphs: when cheaper by default, switched by set_graphs, set_graph_policy or STAGECRAFT_CUDA_GRAPHS",
+          "[cuda][graph]") {
+  using P = sc::cuda::GraphPolicy;
+  const P was = sc::cuda::graph_policy();
   sc::cuda::detail::graphs_setting() = -1;  // not read yet
   ::setenv("STAGECRAFT_CUDA_GRAPHS", "1", 1);
-  CHECK(sc::cuda::graphs_enabled());
+  CHECK(sc::cuda::graph_policy() == P::always);
   ::setenv("STAGECRAFT_CUDA_GRAPHS", "0", 1);
-  CHECK(sc::cuda::graphs_enabled());  // read once
+  CHECK(sc::cuda::graph_policy() == P::always);  // read once
   sc::cuda::detail::graphs_setting() = -1;
+  CHECK(sc::cuda::graph_policy() == P::never);
   CHECK_FALSE(sc::cuda::graphs_enabled());
+  ::setenv("STAGECRAFT_CUDA_GRAPHS", "auto", 1);
+  sc::cuda::detail::graphs_setting() = -1;
+  CHECK(sc::cuda::graph_policy() == P::when_cheaper);
   ::unsetenv("STAGECRAFT_CUDA_GRAPHS");
   sc::cuda::detail::graphs_setting() = -1;
-  CHECK_FALSE(sc::cuda::graphs_enabled());
-  sc::cuda::set_graphs(true);
+  CHECK(sc::cuda::graph_policy() == P::when_cheaper);
   CHECK(sc::cuda::graphs_enabled());
+  sc::cuda::set_graphs(false);
+  CHECK(sc::cuda::graph_policy() == P::never);
+  sc::cuda::set_graphs(true);
+  CHECK(sc::cuda::graph_policy() == P::always);
   if (sc::cuda::built) {
     const sc::graph::Plan p(std::make_shared<const Graph>(moved(mixed(), sc::Device::cuda(0))));
+    CHECK(p.cuda_graph_status() == "not captured yet");
+    sc::cuda::set_graph_policy(P::when_cheaper);  // 2 KiB copied per call for 3 launches: cheaper
     CHECK(p.cuda_graph_status() == "not captured yet");
     sc::cuda::set_graphs(false);
     CHECK_THAT(p.cuda_graph_status(), Catch::StartsWith("off"));
   }
-  sc::cuda::set_graphs(was);
+  sc::cuda::set_graph_policy(was);
+}
+
+TEST_CASE("cuda graphs: when cheaper, a plan whose copies outweigh its launches runs kernel by kernel", "[cuda][graph]") {
+  if (!sc::cuda::built) {
+    WARN("built without CUDA: no plan can be captured");
+    return;
+  }
+  using P = sc::cuda::GraphPolicy;
+  const P was = sc::cuda::graph_policy();
+  sc::cuda::set_graph_policy(P::when_cheaper);
+  // One elementwise kernel over 2 x 2M floats in and 2M out: 24 MiB of copies for one launch.
+  const sc::TensorSpec big{sc::Shape{1 << 21}, sc::f32};
+  const Graph costly = moved(trace({big, big}, [](const Tensors& a) { return Tensors{a[0] * a[1] + 1.f}; }),
+                             sc::Device::cuda(0));
+  const sc::graph::Plan p(std::make_shared<const Graph>(costly));
+  CHECK(p.cuda_graph_obstacle().empty());  // it could be captured...
+  CHECK(p.cuda_graph_status() ==
+        "kernel by kernel (its copies, 24 MiB per call, would cost more than its 1 launches (at most 4 MiB per "
+        "launch); cuda::set_graphs(true) captures it)");
+  sc::cuda::set_graphs(true);  // ...and is, when asked
+  CHECK(p.cuda_graph_status() == "not captured yet");
+  // The same kernel over 1M floats: 12 MiB; four such kernels in a chain of matmuls stay under.
+  const sc::TensorSpec mid{sc::Shape{1 << 20}, sc::f32};
+  const Graph cheap = moved(trace({mid}, [](const Tensors& a) {
+                              sc::Tensor x = a[0];
+                              for (int i = 0; i < 4; ++i) x = sc::reshape(sc::matmul(sc::reshape(x, {1024, 1024}), sc::reshape(a[0], {1024, 1024})), {1 << 20});
+                              return Tensors{x};
+                            }),
+                            sc::Device::cuda(0));
+  sc::cuda::set_graph_policy(P::when_cheaper);
+  CHECK(sc::graph::Plan(std::make_shared<const Graph>(cheap)).cuda_graph_status() == "not captured yet");
+  sc::cuda::set_graph_policy(was);
 }
 
 TEST_CASE("cuda graphs: a CPU function runs as before with graphs on, its stats silent about them", "[cuda][graph]") {
-  const bool was = sc::cuda::graphs_enabled();
+  const sc::cuda::GraphPolicy was = sc::cuda::graph_policy();
   sc::cuda::set_graphs(true);
   auto f = sc::function([](sc::Tensor x) { return sc::exp(x) * 2.f; });
   const sc::Tensor x = sc::tensor(std::vector<float>{0.f, 1.f, -1.f});
@@ -136,7 +179,7 @@ TEST_CASE("cuda graphs: a CPU function runs as before with graphs on, its stats 
   const auto st = f.get_concrete(x).stats();
   CHECK(st.plan.cuda_graph.empty());
   CHECK_THAT(st.str(), !Catch::Contains("cuda graph"));
-  sc::cuda::set_graphs(was);
+  sc::cuda::set_graph_policy(was);
 }
 
 namespace {

@@ -245,10 +245,8 @@ TEST_CASE("cuda staged: 16-byte and one-element generated kernels give the same 
 
 namespace {
 /// Turns CUDA graphs on for a scope, and back to what they were.
-struct GraphsOn {
-  bool was = sc::cuda::graphs_enabled();
-  GraphsOn() { sc::cuda::set_graphs(true); }
-  ~GraphsOn() { sc::cuda::set_graphs(was); }
+struct GraphsOn : sctest::cuda::GraphPolicyScope {
+  GraphsOn() : GraphPolicyScope(sc::cuda::GraphPolicy::always) {}
 };
 
 /// Three calls of plain (kernel by kernel) and of graphed (replayed as a CUDA graph from its

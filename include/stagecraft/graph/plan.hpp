@@ -72,14 +72,15 @@ class Plan {
 
   /// Runs the graph on args (already checked against the graph's inputs); returns its outputs
   /// (new handles: they stay valid whatever later runs do). With CUDA graphs on
-  /// (cuda::graphs_enabled()), a plan that runs wholly on one GPU is captured on its second run and
+  /// (cuda::graph_policy()), a plan that runs wholly on one GPU is captured on its second run and
   /// replayed from then on.
   std::vector<Tensor> run(std::span<const Tensor> args) const;
 
   /// Why this plan cannot be replayed as a CUDA graph ("" when it can).
   const std::string& cuda_graph_obstacle() const { return graph_obstacle_; }
-  /// What became of CUDA-graph replay: "no (<why>)", "off (...)", "not captured yet", "replaying
-  /// (N launches)" or "capture failed (<why>): runs kernel by kernel"; "" for a plan on the CPU.
+  /// What became of CUDA-graph replay: "no (<why>)", "off (...)", "kernel by kernel (<why the
+  /// policy when_cheaper leaves it>)", "not captured yet", "replaying (N launches)" or "capture
+  /// failed (<why>): runs kernel by kernel"; "" for a plan on the CPU.
   std::string cuda_graph_status() const;
   /// The steps, one line each (plan_listing.hpp): kernels, views, variable reads and assignments,
   /// fused groups with their ops (a GPU batch with each group), control flow with its bodies;
@@ -134,6 +135,13 @@ class Plan {
   void capture_control(const Step& s, RunState& st) const;
   std::vector<Tensor> launch(GraphRun& gr, std::span<const Tensor> args) const;
   std::string find_graph_obstacle(int& device) const;
+  /// The kernels one run launches, its cond and while bodies' counted once each.
+  std::int64_t launches_per_run() const;
+  /// What a graph of this plan would copy per call: arguments and variable values in, results
+  /// and assigned values out.
+  std::int64_t graph_copy_bytes() const;
+  /// Why GraphPolicy::when_cheaper leaves this plan kernel by kernel ("" when it does not).
+  std::string graph_cost_obstacle() const;
   /// Why this plan cannot be recorded as a body of a conditional node on GPU `device` ("" when it can).
   std::string body_obstacle(int device) const;
 
@@ -165,6 +173,7 @@ class Plan {
   mutable int graph_runs_ = 0;        ///< runs that could have been replayed
   mutable std::int64_t graph_launches_ = 0;
   mutable std::string graph_failure_;  ///< why the capture failed (then never tried again)
+  std::string graph_costly_;           ///< graph_cost_obstacle(), found when lowered
 };
 
 #if STAGECRAFT_DEFINE_COMPILED
@@ -316,6 +325,7 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
   stats_.intermediate_bytes = g.intermediate_bytes();
   stats_.buffers = static_cast<int>(mem_.buffer_bytes.size());
   graph_obstacle_ = find_graph_obstacle(graph_device_);
+  if (graph_obstacle_.empty()) graph_costly_ = graph_cost_obstacle();
   on_gpu_ = std::any_of(g_->values.begin(), g_->values.end(), [](const Value& v) { return v.device.is_cuda(); });
 }
 
@@ -412,8 +422,11 @@ STAGECRAFT_COMPILED_INLINE Tensor new_like(const Tensor& slot) {
 
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE std::vector<Tensor> Plan::run(std::span<const Tensor> args) const {
-  if (SC_UNLIKELY(graph_device_ >= 0) && graph_obstacle_.empty() && cuda::graphs_enabled())
-    if (auto out = run_graph(args)) return std::move(*out);
+  if (SC_UNLIKELY(graph_device_ >= 0) && graph_obstacle_.empty()) {
+    const cuda::GraphPolicy p = cuda::graph_policy();
+    if (p == cuda::GraphPolicy::always || (p == cuda::GraphPolicy::when_cheaper && graph_costly_.empty()))
+      if (auto out = run_graph(args)) return std::move(*out);
+  }
   std::unique_ptr<RunState> st;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -1,6 +1,9 @@
 // Plan's CUDA-graph replay (a part of plan.hpp, included at its end): which plans can become a
 // graph, their capture (control flow as conditional nodes) and their launches.
 #pragma once
+#include <iomanip>
+#include <sstream>
+
 #include "plan.hpp"
 
 namespace stagecraft::graph {
@@ -114,13 +117,59 @@ STAGECRAFT_COMPILED_INLINE void Plan::variable_reads(std::vector<Read>& out, boo
   }
 }
 
+STAGECRAFT_COMPILED_INLINE std::int64_t Plan::launches_per_run() const {
+  std::int64_t n = stats_.kernels;
+  for (const Step& s : steps_)
+    if (s.kind == StepKind::cond || s.kind == StepKind::while_loop)
+      n += 1 + s.sub[0]->launches_per_run() + s.sub[1]->launches_per_run();  // (+ the condition's kernel)
+  return n;
+}
+
+STAGECRAFT_COMPILED_INLINE std::int64_t Plan::graph_copy_bytes() const {
+  const Graph& g = *g_;
+  auto bytes = [&](int v) { return g.values[v].shape.numel() * static_cast<std::int64_t>(itemsize(g.values[v].dtype)); };
+  std::int64_t n = 0;
+  for (int v : g.inputs) n += bytes(v);
+  std::vector<Read> reads;
+  variable_reads(reads, true);
+  for (const Read& r : reads) n += r.value->shape.numel() * static_cast<std::int64_t>(itemsize(r.value->dtype));
+  std::vector<int> outs;
+  for (int v : g.outputs)
+    if (g.nodes[g.values[v].node].kind != NodeKind::constant) outs.push_back(v);
+  for (const Step& s : steps_)
+    if (s.kind == StepKind::assign_var) outs.push_back(s.in[0]);
+  std::sort(outs.begin(), outs.end());
+  outs.erase(std::unique(outs.begin(), outs.end()), outs.end());
+  for (int v : outs) n += bytes(v);
+  return n;
+}
+
+STAGECRAFT_COMPILED_INLINE std::string Plan::graph_cost_obstacle() const {
+  const std::int64_t launches = launches_per_run(), bytes = graph_copy_bytes();
+  if (bytes <= launches * config::cuda_graph_bytes_per_launch) return "";
+  auto mib = [](std::int64_t b) {
+    std::ostringstream os;
+    os << std::setprecision(3) << static_cast<double>(b) / double(1 << 20) << " MiB";
+    return os.str();
+  };
+  return "its copies, " + mib(bytes) + " per call, would cost more than its " + std::to_string(launches) +
+         " launches (at most " + mib(config::cuda_graph_bytes_per_launch) + " per launch)";
+}
+
 STAGECRAFT_COMPILED_INLINE std::string Plan::cuda_graph_status() const {
   if (!on_gpu_) return "";  // nothing to say
   if (!graph_obstacle_.empty()) return "no (" + graph_obstacle_ + ")";
   std::lock_guard<std::mutex> lock(graph_mu_);
   if (!graph_failure_.empty()) return "capture failed (" + graph_failure_ + "): runs kernel by kernel";
   if (graph_) return "replaying (" + std::to_string(graph_launches_) + " launches)";
-  return cuda::graphs_enabled() ? "not captured yet" : "off (cuda::set_graphs(true) turns it on)";
+  switch (cuda::graph_policy()) {
+    case cuda::GraphPolicy::never: return "off (cuda::set_graphs(true) turns it on)";
+    case cuda::GraphPolicy::when_cheaper:
+      if (!graph_costly_.empty()) return "kernel by kernel (" + graph_costly_ + "; cuda::set_graphs(true) captures it)";
+      break;
+    case cuda::GraphPolicy::always: break;
+  }
+  return "not captured yet";
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
 
