@@ -26,6 +26,7 @@ struct DeviceState {
   std::atomic<cudaStream_t> stream{nullptr};  // made on first use (under mu), then only read
   std::vector<Pinned> pinned;  // host-to-device staging buffers, reused once their copy ended
   abi::Fault* fault = nullptr;    // the fault record kernels write (device memory)
+  abi::Fault* fault_host = nullptr;  // pinned: where a check copies the record (null: a pageable copy)
   abi::Fault found;               // what the last check read from it, until take_fault
   std::atomic<bool> armed{false};  // a kernel that can fault ran since the last check
 };
@@ -155,15 +156,34 @@ Status body_stream(int device, int depth, cudaStream_t* out) {
 
 namespace {
 
-/// After the stream of `device` finished (the caller synchronised it): reads the fault record when
-/// a kernel that can write it ran since the last check, clears it, and says device_fault if set.
-Status collect_fault(int device, cudaStream_t st) {
+/// Queues work() (the caller's own, such as a copy to the host, which may itself wait for the
+/// stream), then waits for the stream of `device`. When a kernel that can write the fault record
+/// ran since the last check, the record is read in the same wait (its copy into a pinned slot
+/// queued before work(): one round trip to the GPU, not two), cleared if set, and device_fault
+/// returned then.
+template <class Work>
+Status wait_checking_faults(int device, cudaStream_t st, Work&& work) {
   DeviceState& d = state(device);
-  if (!d.armed.exchange(false)) return cudaSuccess;
+  if (!d.armed.exchange(false)) {
+    if (const auto e = work()) return e;
+    return cudaStreamSynchronize(st);
+  }
   const std::lock_guard<std::mutex> lock(d.mu);
   abi::Fault f;
-  if (const auto e = cudaMemcpyAsync(&f, d.fault, sizeof f, cudaMemcpyDeviceToHost, st)) return e;
-  if (const auto e = cudaStreamSynchronize(st)) return e;
+  if (!d.fault) {  // (armed by a kernel given no record: nothing to read)
+    if (const auto e = work()) return e;
+    return cudaStreamSynchronize(st);
+  }
+  if (d.fault_host) {
+    if (const auto e = cudaMemcpyAsync(d.fault_host, d.fault, sizeof f, cudaMemcpyDeviceToHost, st)) return e;
+    if (const auto e = work()) return e;
+    if (const auto e = cudaStreamSynchronize(st)) return e;
+    f = *d.fault_host;
+  } else {
+    if (const auto e = work()) return e;
+    if (const auto e = cudaMemcpyAsync(&f, d.fault, sizeof f, cudaMemcpyDeviceToHost, st)) return e;
+    if (const auto e = cudaStreamSynchronize(st)) return e;
+  }
   if (f.tag == 0) return cudaSuccess;
   if (const auto e = cudaMemsetAsync(d.fault, 0, sizeof f, st)) return e;
   if (d.found.tag == 0) d.found = f;  // an untaken earlier fault stays the one reported
@@ -239,8 +259,7 @@ Status capture_end(int device, GraphBody* body, bool* armed) noexcept {
 Status synchronize(int device) noexcept {
   Stream s = nullptr;
   if (const Status e = stream(device, &s)) return e;
-  if (const auto e = cudaStreamSynchronize(static_cast<cudaStream_t>(s))) return e;
-  return collect_fault(device, static_cast<cudaStream_t>(s));
+  return wait_checking_faults(device, static_cast<cudaStream_t>(s), [] { return cudaSuccess; });
 }
 
 Status fault_record(int device, Fault** out) noexcept {
@@ -257,6 +276,9 @@ Status fault_record(int device, Fault** out) noexcept {
         return e;
       }
       d.fault = static_cast<Fault*>(p);
+      void* h = nullptr;  // (without it, checks copy the record to pageable memory: two round trips)
+      if (cudaMallocHost(&h, sizeof(Fault)) == cudaSuccess) d.fault_host = static_cast<Fault*>(h);
+      else cudaGetLastError();
     }
     *out = d.fault;
   }
@@ -317,9 +339,7 @@ Status copy_d2h(int device, void* dst, const void* src, std::size_t n) noexcept 
   Stream s = nullptr;
   if (const Status e = stream(device, &s)) return e;
   const auto st = static_cast<cudaStream_t>(s);
-  if (const auto e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, st)) return e;
-  if (const auto e = cudaStreamSynchronize(st)) return e;
-  return collect_fault(device, st);
+  return wait_checking_faults(device, st, [&] { return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, st); });
 }
 
 Status copy_d2d(int dst_device, void* dst, int src_device, const void* src, std::size_t n) noexcept {
