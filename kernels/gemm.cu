@@ -59,17 +59,23 @@ Workspace workspace(int device) {
   return ws[device];
 }
 
-/// The device's handle, created on first use and bound to `s` at every call (with the device's
-/// workspace: binding a stream resets it); the caller holds handle_mutex(device).
+/// The device's handle, created on first use and bound to `s` (with the device's workspace:
+/// binding a stream resets it) when its last call was on another stream (a capture's, say); the
+/// caller holds handle_mutex(device).
 Status handle_for(int device, cudaStream_t s, cublasHandle_t* out) {
   static cublasHandle_t handles[max_devices] = {};
+  static cudaStream_t bound[max_devices] = {};  // the stream each handle is bound to (null: none yet)
   if (!handles[device])
     if (const Status st = from_cublas(cublasCreate(&handles[device]))) return st;
   *out = handles[device];
+  if (bound[device] == s && s != nullptr) return cudaSuccess;
+  bound[device] = nullptr;  // (until both calls succeed)
   if (const Status st = from_cublas(cublasSetStream(*out, s))) return st;
   const Workspace ws = workspace(device);
-  if (!ws.p) return cudaSuccess;
-  return from_cublas(cublasSetWorkspace(*out, ws.p, ws.bytes));
+  if (ws.p)
+    if (const Status st = from_cublas(cublasSetWorkspace(*out, ws.p, ws.bytes))) return st;
+  bound[device] = s;
+  return cudaSuccess;
 }
 
 // Row-major C (M x N) is column-major C^T (N x M) = op(B)^T op(A)^T: cuBLAS gets B first. A stored
