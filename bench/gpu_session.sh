@@ -71,6 +71,8 @@ export LD_LIBRARY_PATH=$x/lib${cudnn_lib:+:$cudnn_lib}:/usr/local/cuda/lib64${LD
 export STAGECRAFT_CACHE_DIR=/tmp/stagecraft-kernel-cache
 gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1)
 stamp "$gpu; $(nproc) CPUs; cuDNN: ${STAGECRAFT_CUDNN:-none found}" | tee "$aux/machine.txt"
+# the CPU's topology (issue 9's 8 -> 16 thread drop: are the 16 vCPUs 16 cores?)
+lscpu 2>/dev/null | grep -E "^(Model name|Thread|Core|Socket|NUMA node\(s\)|L3|Flags)" | cut -c1-200 | tee -a "$aux/machine.txt"
 fm=$build/examples/fashion_mnist
 
 # LibTorch's rows, compiled in the background while the tests use the GPU.

@@ -52,7 +52,7 @@ TEST_CASE("cuda launches: the MLP Adam step's plan launches what its stats count
     CHECK(graph_kernels == 0);
     CHECK(graph_copies == 0);
   }
-  // The default policy (when_cheaper) replays it too: ~2.8 MB of copies per call (the batch, the
+  // The default policy (when_cheaper) replays it too: ~6 MB of copies per call (the batch, the
   // weights and Adam's slots in and out) against 4 MiB for each of its 13 launches.
   sc::cuda::set_graph_policy(sc::cuda::GraphPolicy::when_cheaper);
   auto by_default = sc::function(body);
