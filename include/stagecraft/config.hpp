@@ -61,8 +61,10 @@ inline constexpr long parallel_grain_scale = 64;
 inline constexpr long blas_thread_flops = 0;
 /// CUDA graphs' default policy (cuda::GraphPolicy::when_cheaper): a staged plan is replayed as a
 /// graph when the bytes it copies per call (arguments and variable values in, results out) are at
-/// most this many per kernel it launches. A launch cost 4.6-5 us of host time on the lent
-/// H100/H200 virtual machines, in which time a copy kernel moves ~10 MB (bench/results/gpu.md).
+/// most this many per kernel it launches. On the lent H100/H200 virtual machines a launch cost
+/// 4.6-5 us of host time, and a device copy ran at ~4 TB/s of reads and writes, so 4 MiB copied
+/// costs the GPU ~2 us: about what a graph saves per kernel when the GPU is the bottleneck (the
+/// gaps between kernels), well under what it saves when the host is (bench/results/gpu.md).
 inline constexpr long long cuda_graph_bytes_per_launch = 4ll << 20;
 /// Bytes every CPU buffer is aligned to (one cache line, enough for AVX-512).
 inline constexpr unsigned alignment = 64;

@@ -149,6 +149,8 @@ TEST_CASE("cuda graphs: when cheaper, a plan whose copies outweigh its launches 
                              sc::Device::cuda(0));
   const sc::graph::Plan p(std::make_shared<const Graph>(costly));
   CHECK(p.cuda_graph_obstacle().empty());  // it could be captured...
+  CHECK(p.stats().cuda_graph_copy_bytes == 3 * (std::int64_t{1} << 21) * 4);
+  CHECK(p.stats().cuda_graph_launches == 1);
   CHECK(p.cuda_graph_status() ==
         "kernel by kernel (its copies, 24 MiB per call, would cost more than its 1 launches (at most 4 MiB per "
         "launch); cuda::set_graphs(true) captures it)");

@@ -57,7 +57,16 @@ TEST_CASE("cuda launches: the MLP Adam step's plan launches what its stats count
   sc::cuda::set_graph_policy(sc::cuda::GraphPolicy::when_cheaper);
   auto by_default = sc::function(body);
   by_default(x, y);  // traced, run kernel by kernel
-  CHECK(by_default.get_concrete(x, y).stats().plan.cuda_graph == "not captured yet");
+  const auto dst = by_default.get_concrete(x, y).stats();
+  CHECK(dst.plan.cuda_graph == "not captured yet");
+  std::int64_t weights = 0;
+  for (const sc::Variable& v : vars) weights += static_cast<std::int64_t>(v.value().nbytes());
+  // the batch in; the weights and Adam's two slots in and out; its step count in and out, the loss out
+  const std::int64_t copied = static_cast<std::int64_t>(x.nbytes() + y.nbytes()) + 2 * 3 * weights;
+  CHECK(dst.plan.cuda_graph_copy_bytes >= copied);
+  CHECK(dst.plan.cuda_graph_copy_bytes <= copied + 64);
+  CHECK(dst.plan.cuda_graph_launches == dst.plan.kernels);
+  CHECK_THAT(dst.str(), Catch::Contains(" bytes copied per call for "));
   by_default(x, y);  // captured
   const auto [default_kernels, default_copies] = launches_of([&] { by_default(x, y).item<float>(); });
   CHECK(by_default.get_concrete(x, y).stats().plan.cuda_graph.rfind("replaying", 0) == 0);

@@ -53,7 +53,12 @@ struct FunctionStats {
     if (plan.pieces_in_place > 0)
       os << some(plan.pieces_in_place, " concat pieces written in place (") << plan.concats_dropped << " concats dropped)";
     os << "\n";
-    if (!plan.cuda_graph.empty()) os << "cuda graph: " << plan.cuda_graph << "\n";
+    if (!plan.cuda_graph.empty()) {
+      os << "cuda graph: " << plan.cuda_graph;
+      if (plan.cuda_graph_launches > 0)
+        os << "; " << plan.cuda_graph_copy_bytes << " bytes copied per call for " << plan.cuda_graph_launches << " launches";
+      os << "\n";
+    }
     return os.str();
   }
 };

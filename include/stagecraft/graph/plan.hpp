@@ -45,6 +45,11 @@ struct PlanStats {
   int concats_dropped = 0;            ///< concats left with nothing to copy (every piece in place)
   /// CUDA-graph replay: Plan::cuda_graph_status() when the stats were taken.
   std::string cuda_graph;
+  /// Bytes a replay copies per call (arguments and variable values in, results out) and the
+  /// kernels it saves launching (its cond and while bodies' counted once), for a plan that can be
+  /// captured; 0 otherwise. GraphPolicy::when_cheaper compares the two.
+  std::int64_t cuda_graph_copy_bytes = 0;
+  std::int64_t cuda_graph_launches = 0;
 };
 
 /// Whether plans time the host's work for each step as they run (off by default; for profiling:
@@ -140,7 +145,8 @@ class Plan {
   /// What a graph of this plan would copy per call: arguments and variable values in, results
   /// and assigned values out.
   std::int64_t graph_copy_bytes() const;
-  /// Why GraphPolicy::when_cheaper leaves this plan kernel by kernel ("" when it does not).
+  /// Why GraphPolicy::when_cheaper leaves this plan kernel by kernel ("" when it does not), from
+  /// stats_'s copy bytes and launches.
   std::string graph_cost_obstacle() const;
   /// Why this plan cannot be recorded as a body of a conditional node on GPU `device` ("" when it can).
   std::string body_obstacle(int device) const;
@@ -325,7 +331,11 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
   stats_.intermediate_bytes = g.intermediate_bytes();
   stats_.buffers = static_cast<int>(mem_.buffer_bytes.size());
   graph_obstacle_ = find_graph_obstacle(graph_device_);
-  if (graph_obstacle_.empty()) graph_costly_ = graph_cost_obstacle();
+  if (graph_obstacle_.empty()) {
+    stats_.cuda_graph_copy_bytes = graph_copy_bytes();
+    stats_.cuda_graph_launches = launches_per_run();
+    graph_costly_ = graph_cost_obstacle();
+  }
   on_gpu_ = std::any_of(g_->values.begin(), g_->values.end(), [](const Value& v) { return v.device.is_cuda(); });
 }
 

@@ -145,7 +145,7 @@ STAGECRAFT_COMPILED_INLINE std::int64_t Plan::graph_copy_bytes() const {
 }
 
 STAGECRAFT_COMPILED_INLINE std::string Plan::graph_cost_obstacle() const {
-  const std::int64_t launches = launches_per_run(), bytes = graph_copy_bytes();
+  const std::int64_t launches = stats_.cuda_graph_launches, bytes = stats_.cuda_graph_copy_bytes;
   if (bytes <= launches * config::cuda_graph_bytes_per_launch) return "";
   auto mib = [](std::int64_t b) {
     std::ostringstream os;
