@@ -22,6 +22,27 @@ Tensor make_host(const Shape& shape, Fill&& fill, std::string_view op = "tensor"
   return d.is_cpu() ? t : device_copy(t, d, op, loc);
 }
 
+/// A fresh tensor on the current device with every element v. On a GPU a kernel fills it (no
+/// host buffer, no copy) when the device's fill, which takes a double, gives v exactly.
+template <class T>
+Tensor make_full(const Shape& shape, T v, std::string_view op, const std::source_location& loc) {
+  const Device d = current_device();
+  if (d.is_cuda() && static_cast<T>(static_cast<double>(v)) == v) {
+    cuda::detail::require_device(d, op, loc);
+    const cuda::detail::ScopedCallSite site(op, loc);
+    Tensor t = empty_tensor(shape, dtype_of<T>(), d, op, loc);
+    cuda::detail::fill(t.raw_data(), d, static_cast<cuda::abi::DT>(dtype_of<T>()), static_cast<double>(v), t.numel(), op,
+                       loc);
+    return t;
+  }
+  return make_host<T>(
+      shape,
+      [&](T* p) {
+        for (std::int64_t i = 0, n = shape.numel(); i < n; ++i) p[i] = v;
+      },
+      op, loc);
+}
+
 template <class T> struct nested_list { using type = T; static constexpr int depth = 0; };
 template <class T> struct nested_list<std::initializer_list<T>> {
   using type = typename nested_list<T>::type;
@@ -115,13 +136,8 @@ inline Tensor full(Shape shape, double value, DType d, std::source_location loc 
   check_shape(shape, "full", loc, d);
   return visit_dtype(d, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return detail::make_host<T>(
-        shape,
-        [&](T* p) {
-          const T v = rules::math::batch_cast<T>(value);  // NaN/out of range: T's lowest, as cast()
-          for (std::int64_t i = 0, n = shape.numel(); i < n; ++i) p[i] = v;
-        },
-        "full", loc);
+    // NaN/out of range: T's lowest, as cast()
+    return detail::make_full<T>(shape, rules::math::batch_cast<T>(value), "full", loc);
   });
 }
 /// A tensor of the given shape with every element `value`; the dtype is value's (7.f → f32).
@@ -129,12 +145,7 @@ inline Tensor full(Shape shape, double value, DType d, std::source_location loc 
 template <Element T>
 Tensor full(Shape shape, T value, std::source_location loc = std::source_location::current()) {
   check_shape(shape, "full", loc, dtype_of<T>());
-  return detail::make_host<T>(
-      shape,
-      [&](T* p) {
-        for (std::int64_t i = 0, n = shape.numel(); i < n; ++i) p[i] = value;
-      },
-      "full", loc);
+  return detail::make_full<T>(shape, value, "full", loc);
 }
 /// Zeros of the given shape and dtype (f32 by default).
 inline Tensor zeros(Shape shape, DType d = DType::f32, std::source_location loc = std::source_location::current()) {
@@ -144,10 +155,16 @@ inline Tensor zeros(Shape shape, DType d = DType::f32, std::source_location loc 
 inline Tensor ones(Shape shape, DType d = DType::f32, std::source_location loc = std::source_location::current()) {
   return full(shape, 1.0, d, loc);
 }
-/// Zeros with x's shape and dtype (or dtype d).
-inline Tensor zeros_like(const Tensor& x) { return zeros(x.shape(), x.dtype()); }
-/// Ones with x's shape and dtype.
-inline Tensor ones_like(const Tensor& x) { return ones(x.shape(), x.dtype()); }
+/// Zeros with x's shape and dtype, on x's device (whatever DeviceScope is active).
+inline Tensor zeros_like(const Tensor& x) {
+  const detail::DevicePin on(x.device());
+  return zeros(x.shape(), x.dtype());
+}
+/// Ones with x's shape and dtype, on x's device (whatever DeviceScope is active).
+inline Tensor ones_like(const Tensor& x) {
+  const detail::DevicePin on(x.device());
+  return ones(x.shape(), x.dtype());
+}
 
 /// start, start+step, ... below stop (above, for a negative step). Integers give i64.
 inline Tensor arange(double start, double stop, double step, DType d,

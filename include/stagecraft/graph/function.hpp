@@ -412,13 +412,16 @@ class ConcreteFunction {
       if (!is_floating(outs[k].dtype())) continue;
       ConcreteFunction self = *this;
       std::vector<TensorSpec> out_specs;
-      for (const Tensor& o : outs) out_specs.push_back({o.shape(), o.dtype()});
+      std::vector<Device> out_devices;  // (the other outputs' zero gradients are made there)
+      for (const Tensor& o : outs) out_specs.push_back({o.shape(), o.dtype()}), out_devices.push_back(o.device());
       std::vector<DType> arg_dtypes;
       for (const Tensor& a : args) arg_dtypes.push_back(a.dtype());
-      auto vjp = [self, kept, out_specs, arg_dtypes, k](const Tensor& g) {
+      auto vjp = [self, kept, out_specs, out_devices, arg_dtypes, k](const Tensor& g) {
         std::vector<Tensor> in = *kept;
-        for (std::size_t j = 0; j < out_specs.size(); ++j)
+        for (std::size_t j = 0; j < out_specs.size(); ++j) {
+          const stagecraft::detail::DevicePin on(out_devices[j]);
           in.push_back(j == k ? g : zeros(out_specs[j].shape, out_specs[j].dtype));
+        }
         std::vector<Tensor> gs = self.split().backward->call(in);
         for (std::size_t j = 0; j < arg_dtypes.size(); ++j)
           if (!is_floating(arg_dtypes[j])) gs[j] = Tensor();
@@ -463,7 +466,7 @@ class ConcreteFunction {
       auto vjp = [self, args, outs, k](const Tensor& g) {
         std::vector<Tensor> in = args;
         for (std::size_t j = 0; j < outs.size(); ++j)
-          in.push_back(j == k ? g : zeros(outs[j].shape(), outs[j].dtype()));
+          in.push_back(j == k ? g : zeros_like(outs[j]));
         std::vector<Tensor> gs = self.backward().call(in);
         for (std::size_t j = 0; j < args.size(); ++j)
           if (!is_floating(args[j].dtype())) gs[j] = Tensor();
@@ -544,6 +547,9 @@ class Function {
   }
   /// Traces after which a retracing warning is printed (default 5).
   void set_retrace_warning(int n) { s_->warn_at = n; }
+  /// Whether retraces are reported to staging_log() (default true; a library's own staged
+  /// functions, such as nn::LSTMCell's eager step, turn it off).
+  void set_retrace_log(bool on) { s_->log = on; }
 
  private:
   struct Entry {
@@ -560,6 +566,7 @@ class Function {
     std::vector<std::unique_ptr<Entry>> entries;
     int warn_at = 5;
     bool warned = false;
+    bool log = true;
   };
 
   template <class... A>
@@ -571,7 +578,7 @@ class Function {
     for (const auto& e : s_->entries)
       if (e->scope == scope && std::equal(sig.begin(), sig.end(), e->sig.begin(), e->sig.end())) return *e;
     std::vector<detail_fn::ArgKey> sigv(sig.begin(), sig.end());
-    if (!s_->entries.empty()) note_retrace(sigv, scope);
+    if (!s_->entries.empty() && s_->log) note_retrace(sigv, scope);
     auto e = std::make_unique<Entry>();
     e->sig = std::move(sigv);
     e->scope = scope;

@@ -177,6 +177,18 @@ inline void copy(void* dst, Device to, const void* src, Device from, std::size_t
 #endif
 }
 
+/// Sets the n elements (of dtype dt) at dst on CUDA device d to value, converted on the device:
+/// the caller passes a value that dt holds exactly. Returns before the kernel ends.
+inline void fill(void* dst, Device d, abi::DT dt, double value, std::int64_t n, std::string_view op,
+                 const std::source_location& loc) {
+#if defined(STAGECRAFT_WITH_CUDA)
+  check(abi::fill(dt, value, dst, n, stream(d, op, loc)), d, op, loc);
+#else
+  (void)dst, (void)dt, (void)value, (void)n;
+  require_device(d, op, loc);
+#endif
+}
+
 /// The op and user line a CUDA allocation is made for (set around eager CUDA kernels and copies),
 /// so an out-of-memory error names them although the allocator is called without them.
 struct CallSite {

@@ -1,0 +1,215 @@
+// Eager GPU code that runs staged pieces: nn::LSTMCell's step as a staged function of its own
+// (lstm_cell_staging), against the same cell run op by op and against the CPU, values, gradients
+// and launches; and what it leans on: a GPU function with several outputs differentiated through
+// one of them (the others' zero gradients made on their GPU), zeros made on a GPU by a fill kernel.
+#include "cuda_testing.hpp"
+
+#include <stagecraft/nn/layers.hpp>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace sctest::cuda;
+
+namespace {
+
+/// Restores lstm_cell_staging() on scope exit.
+struct StagingScope {
+  bool was = sc::nn::lstm_cell_staging();
+  explicit StagingScope(bool on) { sc::nn::lstm_cell_staging() = on; }
+  ~StagingScope() { sc::nn::lstm_cell_staging() = was; }
+};
+
+/// Kernel and graph launches the host asked of the GPU while f ran (the CUDA emulator counts them;
+/// {-1, -1} on a real GPU).
+template <class F>
+std::pair<std::int64_t, std::int64_t> kernels_and_graphs(F&& f) {
+#if defined(STAGECRAFT_CUDA_EMULATOR)
+  const auto before = sc::cuda::emu::counts();
+  f();
+  const auto after = sc::cuda::emu::counts();
+  return {after.kernels - before.kernels, after.graph_launches - before.graph_launches};
+#else
+  f();
+  return {-1, -1};
+#endif
+}
+
+/// `steps` LSTM steps from the zero state under a tape: {loss, d kernel, d recurrent, d bias, d x0}.
+std::vector<sc::Tensor> lstm_run(const sc::nn::LSTMCell& cell, const std::vector<sc::Tensor>& xs) {
+  sc::GradientTape tape;
+  tape.watch(xs[0]);
+  auto state = cell.initial_state(xs[0].shape()[0]);
+  for (const sc::Tensor& x : xs) state = cell(x, state);
+  const sc::Tensor loss = sc::sum(state.first * state.second);
+  std::vector<sc::Tensor> sources{cell.kernel, cell.recurrent_kernel, cell.bias, xs[0]};
+  std::vector<sc::Tensor> r = tape.gradient(loss, sources);
+  r.insert(r.begin(), loss);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("cuda eager: an LSTMCell step runs staged on the GPU, equal to its ops run one by one and to the CPU",
+          "[cuda][staged][lstm]") {
+  constexpr int steps = 12;
+  for (const std::int64_t batch : {1, 5}) {
+    INFO("batch " << batch);
+    sc::nn::LSTMCell cell{6, 8, 3};
+    std::unique_ptr<sc::nn::LSTMCell> gcell;
+    {
+      const sc::DeviceScope on_gpu(gpu);
+      gcell = std::make_unique<sc::nn::LSTMCell>(6, 8, 3);
+    }
+    gcell->kernel.assign(cell.kernel.value().to(gpu));
+    gcell->recurrent_kernel.assign(cell.recurrent_kernel.value().to(gpu));
+    gcell->bias.assign(cell.bias.value().to(gpu));
+    std::vector<sc::Tensor> xs, gxs;
+    for (int t = 0; t < steps; ++t) {
+      xs.push_back(values({batch, 6}, sc::f32, 700 + t));
+      gxs.push_back(xs.back().to(gpu));
+    }
+    const std::vector<sc::Tensor> want = lstm_run(cell, xs);  // the CPU: op by op
+    std::vector<sc::Tensor> by_ops, staged;
+    std::pair<std::int64_t, std::int64_t> ops_launches, staged_launches;
+    {
+      const StagingScope off(false);
+      lstm_run(*gcell, gxs);  // (warm: kernels loaded, the allocator's cache filled)
+      ops_launches = kernels_and_graphs([&] { by_ops = lstm_run(*gcell, gxs); });
+    }
+    {
+      const StagingScope on(true);
+      lstm_run(*gcell, gxs);  // traced, then captured
+      lstm_run(*gcell, gxs);
+      staged_launches = kernels_and_graphs([&] { staged = lstm_run(*gcell, gxs); });
+    }
+    REQUIRE(staged.size() == want.size());
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      INFO("result " << k);
+      check_same(by_ops[k], want[k], 1e-5);
+      check_same(staged[k], want[k], 1e-5);
+    }
+    // A step's ~17 forward and ~40 backward launches become a graph launch forward and one per
+    // output backward (h's and c's gradients), the other output's zero gradient and the tape's sums.
+    if (ops_launches.first >= 0) {
+      const std::int64_t staged_total = staged_launches.first + staged_launches.second;
+      WARN("eager LSTM, " << steps << " steps, batch " << batch << ": " << ops_launches.first
+                          << " kernels op by op; staged " << staged_launches.first << " kernels and "
+                          << staged_launches.second << " graph launches");
+      CHECK(ops_launches.second == 0);
+      CHECK(staged_launches.second >= 3 * steps - 1);  // (every plan replayed)
+      CHECK(staged_total * 4 < ops_launches.first);
+    }
+  }
+}
+
+TEST_CASE("cuda eager: an LSTMCell step given a CPU state, another dtype or an outer trace runs op by op as before",
+          "[cuda][staged][lstm]") {
+  const StagingScope on(true);
+  std::unique_ptr<sc::nn::LSTMCell> gcell;
+  {
+    const sc::DeviceScope on_gpu(gpu);
+    gcell = std::make_unique<sc::nn::LSTMCell>(3, 4, 1);
+  }
+  const sc::Tensor x = values({2, 3}, sc::f32, 5).to(gpu);
+  auto st = gcell->initial_state(2);
+  const auto [h, c] = (*gcell)(x, st);
+  CHECK(h.device() == gpu);
+  // A CPU state, an f64 input: what the ops give one by one (an error, a promotion), staging or not.
+  const std::pair<sc::Tensor, sc::Tensor> cpu_state{sc::zeros({2, 4}), sc::zeros({2, 4})};
+  const auto outcome = [&](const sc::Tensor& in, const std::pair<sc::Tensor, sc::Tensor>& s, bool staging) {
+    const StagingScope mode(staging);
+    try {
+      const sc::Tensor out = (*gcell)(in, s).first;
+      return std::string(sc::name(out.dtype())) + " " + out.device().str() + " " +
+             std::to_string(out.to_vector<double>()[0]);
+    } catch (const sc::Error& e) {
+      return std::string("error: ") + e.what();
+    }
+  };
+  CHECK_THAT(outcome(x, cpu_state, true), Catch::StartsWith("error: ") && Catch::Contains("device"));
+  CHECK(outcome(x, cpu_state, true) == outcome(x, cpu_state, false));
+  CHECK(outcome(x.astype(sc::f64), st, true) == outcome(x.astype(sc::f64), st, false));
+  // traced: the step's ops join the outer graph (its gates one fused group), no inner function
+  auto f = sc::function([&](const sc::Tensor& a) { return (*gcell)(a, gcell->initial_state(2)).first; });
+  check_same(f(x), h, 1e-6);
+  CHECK(f.get_concrete(x).graph().str().find("LSTMCell") == std::string::npos);
+}
+
+TEST_CASE("cuda eager: a GPU function with two outputs differentiated through one of them", "[cuda][staged]") {
+  // The other output's zero gradient is made on its device (it was made on the CPU: a ShapeError).
+  auto f = sc::function([](const sc::Tensor& a) { return std::vector<sc::Tensor>{sc::exp(a), a * 3.f}; });
+  const sc::Tensor x = values({4}, sc::f32, 9);
+  for (const sc::Device d : {sc::Device::cpu(), gpu}) {
+    INFO(d.str());
+    const sc::Tensor xd = x.to(d);
+    for (int k = 0; k < 2; ++k) {
+      sc::GradientTape tape;
+      tape.watch(xd);
+      const std::vector<sc::Tensor> out = f(xd);
+      const sc::Tensor g = tape.gradient(sc::sum(out[k]), std::vector<sc::Tensor>{xd})[0];
+      REQUIRE(g.device() == d);
+      const sc::Tensor want = k == 0 ? sc::exp(x) : sc::full({4}, 3.0, sc::f32);
+      const auto gv = g.to_vector<float>(), wv = want.to_vector<float>();
+      for (std::size_t i = 0; i < wv.size(); ++i) CHECK(gv[i] == Approx(wv[i]).epsilon(1e-6));
+    }
+  }
+}
+
+TEST_CASE("cuda eager: zeros, ones and full on a GPU are a fill kernel each, no copy", "[cuda]") {
+  const sc::DeviceScope on_gpu(gpu);
+  sc::Tensor z, o, f, big, nan;
+  const auto [kernels, copies] = launches_of([&] {
+    z = sc::zeros({3, 5}, sc::i64);
+    o = sc::ones({7});
+    f = sc::full({2, 2}, 2.5, sc::f64);
+    big = sc::full({2}, std::int64_t{1} << 60);  // held exactly: a kernel fill through a double
+  });
+  if (kernels >= 0) {
+    CHECK(kernels == 4);
+    CHECK(copies == 0);
+  }
+  CHECK(z.device() == gpu);
+  CHECK(z.to_vector<std::int64_t>() == std::vector<std::int64_t>(15, 0));
+  CHECK(o.to_vector<float>() == std::vector<float>(7, 1.f));
+  CHECK(f.to_vector<double>() == std::vector<double>(4, 2.5));
+  CHECK(big.to_vector<std::int64_t>() == std::vector<std::int64_t>(2, std::int64_t{1} << 60));
+  // not held exactly by a double: filled on the host and copied
+  const std::int64_t odd = (std::int64_t{1} << 60) + 1;
+  CHECK(sc::full({3}, odd).to_vector<std::int64_t>() == std::vector<std::int64_t>(3, odd));
+  nan = sc::full({2}, std::nan(""), sc::f32);
+  CHECK(std::isnan(nan.to_vector<float>()[1]));
+  // zeros_like and ones_like keep the tensor's device, whatever the scope
+  const sc::Tensor cpu = sc::ones({2}).to(sc::Device::cpu());
+  CHECK(sc::zeros_like(cpu).device() == sc::Device::cpu());
+  CHECK(sc::ones_like(o).device() == gpu);
+}
+
+TEST_CASE("cuda eager: second derivatives through a staged LSTMCell step equal those of its ops", "[cuda][staged][lstm]") {
+  std::unique_ptr<sc::nn::LSTMCell> gcell;
+  {
+    const sc::DeviceScope on_gpu(gpu);
+    gcell = std::make_unique<sc::nn::LSTMCell>(3, 4, 2);
+  }
+  const sc::Tensor x = values({2, 3}, sc::f32, 11).to(gpu);
+  const auto second = [&](bool staging) {
+    const StagingScope mode(staging);
+    sc::GradientTape outer;
+    outer.watch(x);
+    sc::Tensor gx;
+    {
+      sc::GradientTape inner;
+      inner.watch(x);
+      auto st = gcell->initial_state(2);
+      st = (*gcell)(x, st);
+      st = (*gcell)(x, st);
+      gx = inner.gradient(sc::sum(st.first * st.first), std::vector<sc::Tensor>{x})[0];
+    }
+    return outer.gradient(sc::sum(gx * gx), std::vector<sc::Tensor>{x})[0];
+  };
+  const sc::Tensor by_ops = second(false), staged = second(true);
+  REQUIRE(staged.device() == gpu);
+  check_same(staged, by_ops.to(sc::Device::cpu()), 1e-5);
+}
