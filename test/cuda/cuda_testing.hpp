@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <functional>
+#include <utility>
 #include <vector>
 
 namespace sctest::cuda {
@@ -39,19 +40,29 @@ struct GraphPolicyScope {
   GraphPolicyScope& operator=(const GraphPolicyScope&) = delete;
 };
 
-/// Kernels and copies the host asked of the GPU while f ran, as the CUDA emulator counts them
-/// (kernels/emulator); {-1, -1} on a real GPU, which does not count.
+/// What the host asked of the GPU while some code ran, as the CUDA emulator counts it; -1 each
+/// on a real GPU, which does not count.
+struct Launches {
+  std::int64_t kernels = -1, copies = -1, graphs = -1;
+};
 template <class F>
-std::pair<std::int64_t, std::int64_t> launches_of(F&& f) {
+Launches counted(F&& f) {
 #if defined(STAGECRAFT_CUDA_EMULATOR)
   const auto before = sc::cuda::emu::counts();
   f();
   const auto after = sc::cuda::emu::counts();
-  return {after.kernels - before.kernels, after.copies - before.copies};
+  return {after.kernels - before.kernels, after.copies - before.copies, after.graph_launches - before.graph_launches};
 #else
   f();
-  return {-1, -1};
+  return {};
 #endif
+}
+
+/// Kernels and copies the host asked of the GPU while f ran (counted()'s first two).
+template <class F>
+std::pair<std::int64_t, std::int64_t> launches_of(F&& f) {
+  const Launches n = counted(std::forward<F>(f));
+  return {n.kernels, n.copies};
 }
 
 /// f on CPU inputs, and on their copies on the GPU, give the same tensor.

@@ -22,21 +22,6 @@ struct StagingScope {
   ~StagingScope() { sc::nn::lstm_cell_staging() = was; }
 };
 
-/// Kernel and graph launches the host asked of the GPU while f ran (the CUDA emulator counts them;
-/// {-1, -1} on a real GPU).
-template <class F>
-std::pair<std::int64_t, std::int64_t> kernels_and_graphs(F&& f) {
-#if defined(STAGECRAFT_CUDA_EMULATOR)
-  const auto before = sc::cuda::emu::counts();
-  f();
-  const auto after = sc::cuda::emu::counts();
-  return {after.kernels - before.kernels, after.graph_launches - before.graph_launches};
-#else
-  f();
-  return {-1, -1};
-#endif
-}
-
 /// `steps` LSTM steps from the zero state under a tape: {loss, d kernel, d recurrent, d bias, d x0}.
 std::vector<sc::Tensor> lstm_run(const sc::nn::LSTMCell& cell, const std::vector<sc::Tensor>& xs) {
   sc::GradientTape tape;
@@ -73,17 +58,17 @@ TEST_CASE("cuda eager: an LSTMCell step runs staged on the GPU, equal to its ops
     }
     const std::vector<sc::Tensor> want = lstm_run(cell, xs);  // the CPU: op by op
     std::vector<sc::Tensor> by_ops, staged;
-    std::pair<std::int64_t, std::int64_t> ops_launches, staged_launches;
+    Launches ops_launches, staged_launches;
     {
       const StagingScope off(false);
       lstm_run(*gcell, gxs);  // (warm: kernels loaded, the allocator's cache filled)
-      ops_launches = kernels_and_graphs([&] { by_ops = lstm_run(*gcell, gxs); });
+      ops_launches = counted([&] { by_ops = lstm_run(*gcell, gxs); });
     }
     {
       const StagingScope on(true);
       lstm_run(*gcell, gxs);  // traced, then captured
       lstm_run(*gcell, gxs);
-      staged_launches = kernels_and_graphs([&] { staged = lstm_run(*gcell, gxs); });
+      staged_launches = counted([&] { staged = lstm_run(*gcell, gxs); });
     }
     REQUIRE(staged.size() == want.size());
     for (std::size_t k = 0; k < want.size(); ++k) {
@@ -93,14 +78,14 @@ TEST_CASE("cuda eager: an LSTMCell step runs staged on the GPU, equal to its ops
     }
     // A step's ~17 forward and ~40 backward launches become a graph launch forward and one per
     // output backward (h's and c's gradients), the other output's zero gradient and the tape's sums.
-    if (ops_launches.first >= 0) {
-      const std::int64_t staged_total = staged_launches.first + staged_launches.second;
-      WARN("eager LSTM, " << steps << " steps, batch " << batch << ": " << ops_launches.first
-                          << " kernels op by op; staged " << staged_launches.first << " kernels and "
-                          << staged_launches.second << " graph launches");
-      CHECK(ops_launches.second == 0);
-      CHECK(staged_launches.second >= 3 * steps - 1);  // (every plan replayed)
-      CHECK(staged_total * 4 < ops_launches.first);
+    if (ops_launches.kernels >= 0) {
+      WARN("eager LSTM, " << steps << " steps, batch " << batch << ": " << ops_launches.kernels
+                          << " kernels op by op; staged " << staged_launches.kernels << " kernels and "
+                          << staged_launches.graphs << " graph launches");
+      CHECK(ops_launches.graphs == 0);
+      CHECK(staged_launches.graphs >= 3 * steps - 1);  // (every plan replayed)
+      CHECK((staged_launches.kernels + staged_launches.graphs) * 4 < ops_launches.kernels);
+      CHECK(staged_launches.copies == 0);
     }
   }
 }
