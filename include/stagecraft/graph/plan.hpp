@@ -142,6 +142,9 @@ class Plan {
   std::string find_graph_obstacle(int& device) const;
   /// The kernels one run launches, its cond and while bodies' counted once each.
   std::int64_t launches_per_run() const;
+  /// The values a graph of this plan copies out at each launch: its results and the values it
+  /// assigns to variables, each once, constants left out.
+  std::vector<int> graph_escapes() const;
   /// What a graph of this plan would copy per call: arguments and variable values in, results
   /// and assigned values out.
   std::int64_t graph_copy_bytes() const;

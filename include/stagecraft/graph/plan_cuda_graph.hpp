@@ -125,22 +125,28 @@ STAGECRAFT_COMPILED_INLINE std::int64_t Plan::launches_per_run() const {
   return n;
 }
 
+STAGECRAFT_COMPILED_INLINE std::vector<int> Plan::graph_escapes() const {
+  const Graph& g = *g_;
+  std::vector<int> outs;
+  auto escape = [&](int v) {
+    if (g.nodes[g.values[v].node].kind == NodeKind::constant) return;
+    if (std::find(outs.begin(), outs.end(), v) == outs.end()) outs.push_back(v);
+  };
+  for (int v : g.outputs) escape(v);
+  for (const Step& s : steps_)
+    if (s.kind == StepKind::assign_var) escape(s.in[0]);
+  return outs;
+}
+
 STAGECRAFT_COMPILED_INLINE std::int64_t Plan::graph_copy_bytes() const {
   const Graph& g = *g_;
-  auto bytes = [&](int v) { return g.values[v].shape.numel() * static_cast<std::int64_t>(itemsize(g.values[v].dtype)); };
+  auto bytes = [](const Value& v) { return v.shape.numel() * static_cast<std::int64_t>(itemsize(v.dtype)); };
   std::int64_t n = 0;
-  for (int v : g.inputs) n += bytes(v);
+  for (int v : g.inputs) n += bytes(g.values[v]);
   std::vector<Read> reads;
   variable_reads(reads, true);
-  for (const Read& r : reads) n += r.value->shape.numel() * static_cast<std::int64_t>(itemsize(r.value->dtype));
-  std::vector<int> outs;
-  for (int v : g.outputs)
-    if (g.nodes[g.values[v].node].kind != NodeKind::constant) outs.push_back(v);
-  for (const Step& s : steps_)
-    if (s.kind == StepKind::assign_var) outs.push_back(s.in[0]);
-  std::sort(outs.begin(), outs.end());
-  outs.erase(std::unique(outs.begin(), outs.end()), outs.end());
-  for (int v : outs) n += bytes(v);
+  for (const Read& r : reads) n += bytes(*r.value);
+  for (int v : graph_escapes()) n += bytes(g.values[v]);
   return n;
 }
 
@@ -274,13 +280,8 @@ STAGECRAFT_COMPILED_INLINE std::shared_ptr<Plan::GraphRun> Plan::capture(std::sp
     if (slot.nbytes() > 0) gr->ins.push_back({slot, -1, r});
   }
   st.reads = &st.hoisted;
-  auto escape = [&](int v) {
-    if (g.nodes[g.values[v].node].kind == NodeKind::constant || st.vals[v].nbytes() == 0) return;
-    if (std::find(gr->outs.begin(), gr->outs.end(), v) == gr->outs.end()) gr->outs.push_back(v);
-  };
-  for (int v : g.outputs) escape(v);
-  for (const Step& s : steps_)
-    if (s.kind == StepKind::assign_var) escape(s.in[0]);
+  for (int v : graph_escapes())
+    if (st.vals[v].nbytes() > 0) gr->outs.push_back(v);
 
   // The capture records this call's copies (their pointers are replaced at every launch).
   const GraphCall c = graph_call(*gr, args);
