@@ -26,6 +26,10 @@ using VjpFn = std::vector<Tensor> (*)(const Tensor& grad_out, ops::Inputs in, co
                                       const ops::Attrs& attrs, ops::Wanted wanted);
 /// A user-supplied gradient (sc::custom_gradient).
 using CustomVjp = std::function<std::vector<Tensor>(const Tensor& grad_out)>;
+/// The gradient of a call with several results (a staged function, cond, while_loop, host_fn):
+/// one gradient per input from one per result, an undefined one where no gradient reached that
+/// result. One backward pass for all the results, not one per result.
+using JointVjp = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outs)>;
 
 /// An op's inputs as a recorded entry keeps them: up to three inline (every op but concat and
 /// stack has at most three), more on the heap. Recording allocated a vector per op before.
@@ -54,10 +58,18 @@ struct TapeEntry : RefCounted {
   std::string_view op;
   VjpFn vjp = nullptr;                     ///< null: no rule (error if reached) or custom
   std::shared_ptr<const CustomVjp> custom; ///< set for sc::custom_gradient
+  std::shared_ptr<const JointVjp> joint;   ///< set for a call with several results
   EntryInputs inputs;
-  Tensor output;
+  Tensor output;                     ///< the result (a joint entry's first)
+  std::vector<Tensor> more_outputs;  ///< a joint entry's other results
   ops::Attrs attrs;
   std::source_location loc;
+
+  template <class F>
+  void for_each_output(F&& f) const {
+    f(output);
+    for (const Tensor& o : more_outputs) f(o);
+  }
 };
 
 /// A set of tensor identities with no allocation per insert (open addressing over a
@@ -128,7 +140,7 @@ class TapeRecorder : public RefCounted {
   }
   void add(const Ref<TapeEntry>& e) {
     entries_.push_back(e);
-    watched_.insert(e->output.impl());  // the entry holds the output
+    e->for_each_output([&](const Tensor& o) { watched_.insert(o.impl()); });  // the entry holds them
   }
   /// Records now: alive and not paused.
   bool recording() const { return recording_ && !dead_.load(std::memory_order_acquire); }
@@ -170,6 +182,31 @@ inline TapeStack& tape_stack() {
   thread_local TapeStack s;
   return s;
 }
+
+/// RAII: hides the thread's gradient tapes for the guard's lifetime (a traced body records only
+/// on tapes made inside it; its gradient reaches outer tapes as one recorded call).
+class TapeIsolation {
+ public:
+  TapeIsolation() {
+    Context& ctx = context();
+    saved_.swap(tape_stack().tapes);
+    saved_no_record_ = ctx.no_record;
+    ctx.tapes = nullptr;
+    ctx.no_record = 0;
+  }
+  ~TapeIsolation() {
+    Context& ctx = context();
+    tape_stack().tapes.swap(saved_);
+    ctx.no_record = saved_no_record_;
+    tape_stack().prune();  // drops tapes that died while hidden; sets ctx.tapes
+  }
+  TapeIsolation(const TapeIsolation&) = delete;
+  TapeIsolation& operator=(const TapeIsolation&) = delete;
+
+ private:
+  std::vector<Ref<TapeRecorder>> saved_;
+  int saved_no_record_ = 0;
+};
 
 template <class Op>
 constexpr VjpFn vjp_of() {
@@ -247,6 +284,35 @@ inline void record_custom(std::string_view op, ops::Inputs in, const Tensor& out
     e->custom = std::make_shared<const CustomVjp>(std::move(fn));
     e->inputs = EntryInputs(in);
     e->output = out;
+    e->loc = loc;
+    return e;
+  });
+}
+
+/// Records one entry for a call with several results on every tape watching an input: its
+/// floating-point results (the others carry no gradient) share the entry, and `fn` receives one
+/// gradient per element of `outs` (undefined for a result no gradient reached, and for the
+/// non-float ones). The tape then runs the call's backward pass once, whatever the results used.
+inline void record_joint(std::string_view op, ops::Inputs in, const std::vector<Tensor>& outs, JointVjp fn,
+                         const std::source_location& loc) {
+  if (context().tapes == nullptr || context().no_record > 0) return;
+  std::vector<std::size_t> kept;  // the float results' positions in outs
+  for (std::size_t k = 0; k < outs.size(); ++k)
+    if (is_floating(outs[k].dtype())) kept.push_back(k);
+  if (kept.empty()) return;
+  record_entry(in, [&] {
+    auto* e = new TapeEntry;
+    e->op = op;
+    e->inputs = EntryInputs(in);
+    e->output = outs[kept[0]];
+    for (std::size_t j = 1; j < kept.size(); ++j) e->more_outputs.push_back(outs[kept[j]]);
+    const std::size_t n = outs.size();
+    e->joint = std::make_shared<const JointVjp>(
+        [fn = std::move(fn), kept, n](const std::vector<Tensor>& g) {
+          std::vector<Tensor> all(n);
+          for (std::size_t j = 0; j < kept.size(); ++j) all[kept[j]] = g[j];
+          return fn(all);
+        });
     e->loc = loc;
     return e;
   });

@@ -260,7 +260,7 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
   for (std::size_t i = 0; i < entries.size(); ++i) {
     for (const Tensor& x : entries[i]->inputs)
       if (depends.count(x.impl())) relevant[i] = 1;
-    if (relevant[i]) depends.insert(entries[i]->output.impl());
+    if (relevant[i]) entries[i]->for_each_output([&](const Tensor& o) { depends.insert(o.impl()); });
   }
 
   // Backward sweep in reverse recording order, accumulating with sc::add (so an outer tape
@@ -273,14 +273,22 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
   for (std::size_t i = entries.size(); i-- > 0;) {
     if (!relevant[i]) continue;
     const detail::TapeEntry& e = *entries[i];
-    auto it = grads.find(e.output.impl());
-    if (it == grads.end()) continue;
-    const Tensor g = it->second;
-    // Its producer runs last (every consumer was recorded later), so the gradient is complete
-    // and, unless asked for, no longer needed: freeing it keeps the backward pass's memory at
-    // the live frontier instead of every intermediate gradient.
-    if (std::none_of(sources.begin(), sources.end(), [&](const Tensor& s) { return s.same(e.output); }))
-      grads.erase(it);
+    // The gradient of a result: its producer runs last (every consumer was recorded later), so
+    // it is complete and, unless asked for, no longer needed: freeing it keeps the backward
+    // pass's memory at the live frontier instead of every intermediate gradient. Undefined when
+    // no gradient reached the result (a result listed twice gets its gradient once).
+    auto take = [&](const Tensor& o) {
+      auto it = grads.find(o.impl());
+      if (it == grads.end()) return Tensor();
+      Tensor g = it->second;
+      if (std::none_of(sources.begin(), sources.end(), [&](const Tensor& s) { return s.same(o); })) grads.erase(it);
+      return g;
+    };
+    const Tensor g = take(e.output);
+    std::vector<Tensor> g_more;
+    bool reached = g.defined();
+    for (const Tensor& o : e.more_outputs) reached = g_more.emplace_back(take(o)).defined() || reached;
+    if (!reached) continue;
     std::vector<Tensor> gs;
     // Nodes the rule appends to a trace carry the forward op's user line, not this file's.
     const detail::LocOverride at_user_line(e.loc);
@@ -289,7 +297,10 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
     ops::Wanted wanted{0};
     for (std::size_t k = 0; k < e.inputs.size() && k < 64; ++k)
       if (depends.count(e.inputs[k].impl())) wanted.bits |= std::uint64_t{1} << k;
-    if (e.custom) gs = (*e.custom)(g);
+    if (e.joint) {
+      g_more.insert(g_more.begin(), g);
+      gs = (*e.joint)(g_more);
+    } else if (e.custom) gs = (*e.custom)(g);
     else if (e.vjp) gs = e.vjp(g, e.inputs, e.output, e.attrs, wanted);
     else
       detail::fail<ValueError>(e.op, e.loc, "has no gradient rule (asked by gradient() at ", detail::where(loc), ")");

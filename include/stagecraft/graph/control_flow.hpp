@@ -243,8 +243,8 @@ STAGECRAFT_COMPILED_INLINE void record_cond_gradient(const Tensor& pred, const B
 STAGECRAFT_COMPILED_INLINE Tensors cond_impl(const Tensor& pred, const Thunk& then_fn, const Thunk& else_fn,
                                              const std::source_location& loc);
 
-/// Records the gradient of a staged while loop's outputs: for each float output, a backward
-/// loop over the iterations in reverse, recomputing each iteration's inputs from the initial
+/// Records the gradient of a staged while loop's outputs: one backward loop for all of them,
+/// over the iterations in reverse, recomputing each iteration's inputs from the initial
 /// values (time O(n^2) in the iteration count, memory O(1) in it).
 /// `pre`: the variables the loop assigns, with their values before it (the backward pass replays
 /// the rounds from them, without assigning).
@@ -260,32 +260,27 @@ STAGECRAFT_COMPILED_INLINE void record_cond_gradient(const Tensor& pred, const B
                                                      const std::source_location& loc) {
   Tensors caps = then_b.captured;
   caps.insert(caps.end(), else_b.captured.begin(), else_b.captured.end());
-  for (std::size_t k = 0; k < outs.size(); ++k) {
-    if (!is_floating(outs[k].dtype())) continue;
-    auto vjp = [pred, then_b, else_b, pre, k, n = outs.size(), loc](const Tensor& g) {
-      auto branch = [&](int which) {
-        return [&, which]() {
-          const Body& b = which == 0 ? then_b : else_b;
-          Tensors seeds(n);
-          seeds[k] = g;
-          Tensors gb = body_vjp(*b.graph, b.captured, seeds, loc, false, &pre);
-          Tensors all;
-          for (const Tensor& c : then_b.captured) all.push_back(zeros_like(c, loc));
-          for (const Tensor& c : else_b.captured) all.push_back(zeros_like(c, loc));
-          const std::size_t off = which == 0 ? 0 : then_b.captured.size();
-          for (std::size_t i = 0; i < gb.size(); ++i) all[off + i] = gb[i];
-          return all;
-        };
+  auto vjp = [pred, then_b, else_b, pre, loc](const Tensors& seeds) {
+    auto branch = [&](int which) {
+      return [&, which]() {
+        const Body& b = which == 0 ? then_b : else_b;
+        Tensors gb = body_vjp(*b.graph, b.captured, seeds, loc, false, &pre);
+        Tensors all;
+        for (const Tensor& c : then_b.captured) all.push_back(zeros_like(c, loc));
+        for (const Tensor& c : else_b.captured) all.push_back(zeros_like(c, loc));
+        const std::size_t off = which == 0 ? 0 : then_b.captured.size();
+        for (std::size_t i = 0; i < gb.size(); ++i) all[off + i] = gb[i];
+        return all;
       };
-      Tensors gs = cond_impl(pred, branch(0), branch(1), loc);
-      for (std::size_t i = 0; i < gs.size(); ++i) {
-        const Tensor& c = i < then_b.captured.size() ? then_b.captured[i] : else_b.captured[i - then_b.captured.size()];
-        if (!is_floating(c.dtype())) gs[i] = Tensor();
-      }
-      return gs;
     };
-    stagecraft::detail::record_custom("cond", caps, outs[k], vjp, loc);
-  }
+    Tensors gs = cond_impl(pred, branch(0), branch(1), loc);
+    for (std::size_t i = 0; i < gs.size(); ++i) {
+      const Tensor& c = i < then_b.captured.size() ? then_b.captured[i] : else_b.captured[i - then_b.captured.size()];
+      if (!is_floating(c.dtype())) gs[i] = Tensor();
+    }
+    return gs;
+  };
+  stagecraft::detail::record_joint("cond", caps, outs, std::move(vjp), loc);
 }
 
 STAGECRAFT_COMPILED_INLINE Tensors cond_impl(const Tensor& pred, const Thunk& then_fn, const Thunk& else_fn,
@@ -349,69 +344,67 @@ STAGECRAFT_COMPILED_INLINE void record_while_gradient(const Tensors& init, const
   ins.insert(ins.end(), cond_b.captured.begin(), cond_b.captured.end());
   ins.insert(ins.end(), body_b.captured.begin(), body_b.captured.end());
   const Tensor count = outs[n];
-  for (std::size_t k = 0; k < n; ++k) {
-    if (!is_floating(outs[k].dtype())) continue;
-    auto vjp = [init, cond_b, body_b, pre, count, k, n, loc](const Tensor& g) {
-      const Tensors& caps = body_b.captured;
-      // State: i, then gradients of the loop variables at iteration i, then of the captures.
-      Tensors state{count - std::int64_t{1}};
-      for (std::size_t j = 0; j < n; ++j) state.push_back(j == k ? g : zeros_like(init[j], loc));
-      for (const Tensor& c : caps) state.push_back(zeros_like(c, loc));
-      auto back_cond = [](const Tensors& st) { return st[0] >= std::int64_t{0}; };
-      auto back_body = [&](const Tensors& st) {
-        const Tensor& i = st[0];
-        // The loop variables entering iteration i: the body applied i times to the initial values
-        // (and the variables the loop assigns, carried beside them: the replay assigns nothing).
-        const auto nv = static_cast<std::ptrdiff_t>(n), m = static_cast<std::ptrdiff_t>(pre.vars.size());
-        Tensors fwd{zeros_like(count, loc)};  // (on the count's device, as i)
-        fwd.insert(fwd.end(), init.begin(), init.end());
-        fwd.insert(fwd.end(), pre.values.begin(), pre.values.end());
-        // A round's arguments and the variable values it starts from, from a replay state [count,
-        // loop variables..., variable values...]; the test runs before each round (what it
-        // assigns, the round sees).
-        auto round_start = [&](const Tensors& v, ReplayVars& rv) {
-          rv = ReplayVars();
-          rv.vars = pre.vars;
-          rv.values.assign(v.begin() + 1 + nv, v.end());
-          Tensors args(v.begin() + 1, v.begin() + 1 + nv);
-          if (m > 0) {
-            Tensors cargs = args;
-            cargs.insert(cargs.end(), cond_b.captured.begin(), cond_b.captured.end());
-            interpret_pure(*cond_b.graph, cargs, rv);
-          }
-          args.insert(args.end(), caps.begin(), caps.end());
-          return args;
-        };
-        auto rc = [&i](const Tensors& v) { return v[0] < i; };
-        auto rb = [&](const Tensors& v) {
-          ReplayVars rv;
-          const Tensors args = round_start(v, rv);
-          Tensors next{v[0] + std::int64_t{1}};
-          for (const Tensor& t : interpret_pure(*body_b.graph, args, rv)) next.push_back(t);
-          next.insert(next.end(), rv.values.begin(), rv.values.end());
-          return next;
-        };
-        const Tensors xs = while_impl(rc, rb, fwd, loc);
-        ReplayVars at_i;
-        const Tensors args = round_start(xs, at_i);
-        const Tensors seeds(st.begin() + 1, st.begin() + 1 + static_cast<std::ptrdiff_t>(n));
-        const Tensors d = body_vjp(*body_b.graph, args, seeds, loc, false, &at_i);
-        Tensors next{i - std::int64_t{1}};
-        for (std::size_t j = 0; j < n; ++j) next.push_back(d[j]);
-        for (std::size_t c = 0; c < caps.size(); ++c)
-          next.push_back(is_floating(caps[c].dtype()) ? st[1 + n + c] + d[n + c] : st[1 + n + c]);
+  auto vjp = [init, cond_b, body_b, pre, count, n, loc](const Tensors& g) {
+    const Tensors& caps = body_b.captured;
+    // State: i, then gradients of the loop variables at iteration i, then of the captures.
+    Tensors state{count - std::int64_t{1}};
+    for (std::size_t j = 0; j < n; ++j) state.push_back(g[j].defined() ? g[j] : zeros_like(init[j], loc));
+    for (const Tensor& c : caps) state.push_back(zeros_like(c, loc));
+    auto back_cond = [](const Tensors& st) { return st[0] >= std::int64_t{0}; };
+    auto back_body = [&](const Tensors& st) {
+      const Tensor& i = st[0];
+      // The loop variables entering iteration i: the body applied i times to the initial values
+      // (and the variables the loop assigns, carried beside them: the replay assigns nothing).
+      const auto nv = static_cast<std::ptrdiff_t>(n), m = static_cast<std::ptrdiff_t>(pre.vars.size());
+      Tensors fwd{zeros_like(count, loc)};  // (on the count's device, as i)
+      fwd.insert(fwd.end(), init.begin(), init.end());
+      fwd.insert(fwd.end(), pre.values.begin(), pre.values.end());
+      // A round's arguments and the variable values it starts from, from a replay state [count,
+      // loop variables..., variable values...]; the test runs before each round (what it
+      // assigns, the round sees).
+      auto round_start = [&](const Tensors& v, ReplayVars& rv) {
+        rv = ReplayVars();
+        rv.vars = pre.vars;
+        rv.values.assign(v.begin() + 1 + nv, v.end());
+        Tensors args(v.begin() + 1, v.begin() + 1 + nv);
+        if (m > 0) {
+          Tensors cargs = args;
+          cargs.insert(cargs.end(), cond_b.captured.begin(), cond_b.captured.end());
+          interpret_pure(*cond_b.graph, cargs, rv);
+        }
+        args.insert(args.end(), caps.begin(), caps.end());
+        return args;
+      };
+      auto rc = [&i](const Tensors& v) { return v[0] < i; };
+      auto rb = [&](const Tensors& v) {
+        ReplayVars rv;
+        const Tensors args = round_start(v, rv);
+        Tensors next{v[0] + std::int64_t{1}};
+        for (const Tensor& t : interpret_pure(*body_b.graph, args, rv)) next.push_back(t);
+        next.insert(next.end(), rv.values.begin(), rv.values.end());
         return next;
       };
-      const Tensors fin = while_impl(back_cond, back_body, state, loc);
-      Tensors gs;
-      for (std::size_t j = 0; j < n; ++j) gs.push_back(is_floating(init[j].dtype()) ? fin[1 + j] : Tensor());
-      for (std::size_t c = 0; c < cond_b.captured.size(); ++c) gs.push_back(Tensor());
+      const Tensors xs = while_impl(rc, rb, fwd, loc);
+      ReplayVars at_i;
+      const Tensors args = round_start(xs, at_i);
+      const Tensors seeds(st.begin() + 1, st.begin() + 1 + static_cast<std::ptrdiff_t>(n));
+      const Tensors d = body_vjp(*body_b.graph, args, seeds, loc, false, &at_i);
+      Tensors next{i - std::int64_t{1}};
+      for (std::size_t j = 0; j < n; ++j) next.push_back(d[j]);
       for (std::size_t c = 0; c < caps.size(); ++c)
-        gs.push_back(is_floating(caps[c].dtype()) ? fin[1 + n + c] : Tensor());
-      return gs;
+        next.push_back(is_floating(caps[c].dtype()) ? st[1 + n + c] + d[n + c] : st[1 + n + c]);
+      return next;
     };
-    stagecraft::detail::record_custom("while_loop", ins, outs[k], vjp, loc);
-  }
+    const Tensors fin = while_impl(back_cond, back_body, state, loc);
+    Tensors gs;
+    for (std::size_t j = 0; j < n; ++j) gs.push_back(is_floating(init[j].dtype()) ? fin[1 + j] : Tensor());
+    for (std::size_t c = 0; c < cond_b.captured.size(); ++c) gs.push_back(Tensor());
+    for (std::size_t c = 0; c < caps.size(); ++c)
+      gs.push_back(is_floating(caps[c].dtype()) ? fin[1 + n + c] : Tensor());
+    return gs;
+  };
+  const Tensors vars(outs.begin(), outs.begin() + static_cast<std::ptrdiff_t>(n));  // (not the count)
+  stagecraft::detail::record_joint("while_loop", ins, vars, std::move(vjp), loc);
 }
 
 STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const Tensors&)>& cond_fn,

@@ -403,32 +403,29 @@ class ConcreteFunction {
     return {impl_->split_forward.get(), impl_->split_backward.get()};
   }
 
-  /// Records each float output's gradient: the staged backward run on the residuals this call's
-  /// forward pass kept and the output's gradient (zeros for the other outputs).
+  /// Records the outputs' gradient: the staged backward run once on the residuals this call's
+  /// forward pass kept and the outputs' gradients (zeros for an output none reached).
   void record_split_gradient(const std::vector<Tensor>& args, const std::vector<Tensor>& outs,
                              std::vector<Tensor> residuals, const std::source_location& loc) const {
     auto kept = std::make_shared<const std::vector<Tensor>>(std::move(residuals));
-    for (std::size_t k = 0; k < outs.size(); ++k) {
-      if (!is_floating(outs[k].dtype())) continue;
-      ConcreteFunction self = *this;
-      std::vector<TensorSpec> out_specs;
-      std::vector<Device> out_devices;  // (the other outputs' zero gradients are made there)
-      for (const Tensor& o : outs) out_specs.push_back({o.shape(), o.dtype()}), out_devices.push_back(o.device());
-      std::vector<DType> arg_dtypes;
-      for (const Tensor& a : args) arg_dtypes.push_back(a.dtype());
-      auto vjp = [self, kept, out_specs, out_devices, arg_dtypes, k](const Tensor& g) {
-        std::vector<Tensor> in = *kept;
-        for (std::size_t j = 0; j < out_specs.size(); ++j) {
-          const stagecraft::detail::DevicePin on(out_devices[j]);
-          in.push_back(j == k ? g : zeros(out_specs[j].shape, out_specs[j].dtype));
-        }
-        std::vector<Tensor> gs = self.split().backward->call(in);
-        for (std::size_t j = 0; j < arg_dtypes.size(); ++j)
-          if (!is_floating(arg_dtypes[j])) gs[j] = Tensor();
-        return gs;
-      };
-      stagecraft::detail::record_custom("function", args, outs[k], vjp, loc);
-    }
+    ConcreteFunction self = *this;
+    std::vector<TensorSpec> out_specs;
+    std::vector<Device> out_devices;  // (the zero gradients are made there)
+    for (const Tensor& o : outs) out_specs.push_back({o.shape(), o.dtype()}), out_devices.push_back(o.device());
+    std::vector<DType> arg_dtypes;
+    for (const Tensor& a : args) arg_dtypes.push_back(a.dtype());
+    auto vjp = [self, kept, out_specs, out_devices, arg_dtypes](const std::vector<Tensor>& g) {
+      std::vector<Tensor> in = *kept;
+      for (std::size_t j = 0; j < out_specs.size(); ++j) {
+        const stagecraft::detail::DevicePin on(out_devices[j]);
+        in.push_back(g[j].defined() ? g[j] : zeros(out_specs[j].shape, out_specs[j].dtype));
+      }
+      std::vector<Tensor> gs = self.split().backward->call(in);
+      for (std::size_t j = 0; j < arg_dtypes.size(); ++j)
+        if (!is_floating(arg_dtypes[j])) gs[j] = Tensor();
+      return gs;
+    };
+    stagecraft::detail::record_joint("function", args, outs, std::move(vjp), loc);
   }
 
   /// Adds to b one input per argument of this function, then one per output (its gradient seed).
@@ -457,23 +454,20 @@ class ConcreteFunction {
     return *impl_->backward;
   }
 
-  /// Records each float output's gradient on the tapes watching an argument.
+  /// Records the outputs' gradient on the tapes watching an argument: the staged backward run
+  /// once on the outputs' gradients (zeros for an output none reached).
   void record_gradient(const std::vector<Tensor>& args, const std::vector<Tensor>& outs,
                        const std::source_location& loc) const {
-    for (std::size_t k = 0; k < outs.size(); ++k) {
-      if (!is_floating(outs[k].dtype())) continue;
-      ConcreteFunction self = *this;
-      auto vjp = [self, args, outs, k](const Tensor& g) {
-        std::vector<Tensor> in = args;
-        for (std::size_t j = 0; j < outs.size(); ++j)
-          in.push_back(j == k ? g : zeros_like(outs[j]));
-        std::vector<Tensor> gs = self.backward().call(in);
-        for (std::size_t j = 0; j < args.size(); ++j)
-          if (!is_floating(args[j].dtype())) gs[j] = Tensor();
-        return gs;
-      };
-      stagecraft::detail::record_custom("function", args, outs[k], vjp, loc);
-    }
+    ConcreteFunction self = *this;
+    auto vjp = [self, args, outs](const std::vector<Tensor>& g) {
+      std::vector<Tensor> in = args;
+      for (std::size_t j = 0; j < outs.size(); ++j) in.push_back(g[j].defined() ? g[j] : zeros_like(outs[j]));
+      std::vector<Tensor> gs = self.backward().call(in);
+      for (std::size_t j = 0; j < args.size(); ++j)
+        if (!is_floating(args[j].dtype())) gs[j] = Tensor();
+      return gs;
+    };
+    stagecraft::detail::record_joint("function", args, outs, std::move(vjp), loc);
   }
   void check_args(const std::vector<Tensor>& args, const std::source_location& loc) const {
     if (!impl_) stagecraft::detail::fail<ValueError>("ConcreteFunction", loc, "is empty (default-constructed)");

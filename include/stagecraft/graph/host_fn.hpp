@@ -16,7 +16,8 @@ namespace graph::detail_host {
 std::vector<Tensor> call(const std::shared_ptr<const HostFn>& h, const std::vector<Tensor>& inputs,
                          const std::source_location& loc);
 
-/// Records h's gradient (when it has one) for each float output on the tapes watching inputs.
+/// Records h's gradient (when it has one) on the tapes watching inputs: one entry for all its
+/// float outputs, so h's gradient runs once per backward pass.
 STAGECRAFT_COMPILED_INLINE void record_gradient(const std::shared_ptr<const HostFn>& h,
                                                 const std::vector<Tensor>& inputs, const std::vector<Tensor>& outs,
                                                 const std::source_location& loc);
@@ -28,33 +29,30 @@ STAGECRAFT_COMPILED_INLINE void record_gradient(const std::shared_ptr<const Host
                                                 const std::source_location& loc) {
   if (!h->grad || stagecraft::detail::context().tapes == nullptr) return;
   const std::size_t ni = inputs.size(), no = outs.size();
-  for (std::size_t k = 0; k < no; ++k) {
-    if (!is_floating(outs[k].dtype())) continue;
-    auto vjp = [h, inputs, outs, k, ni, no, loc](const Tensor& g) {
-      // The gradient is host code too: a host_fn over (inputs, outputs, g).
-      auto grad_fn = std::make_shared<HostFn>();
-      grad_fn->fn = [h, k, ni, no](const std::vector<Tensor>& a) {
-        const std::vector<Tensor> in(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(ni));
-        const std::vector<Tensor> out(a.begin() + static_cast<std::ptrdiff_t>(ni), a.begin() + static_cast<std::ptrdiff_t>(ni + no));
-        std::vector<Tensor> og(no);
-        for (std::size_t j = 0; j < no; ++j) og[j] = j == k ? a.back() : zeros(out[j].shape(), out[j].dtype());
-        std::vector<Tensor> gi = h->grad(in, out, og);
-        gi.resize(ni);
-        for (std::size_t j = 0; j < ni; ++j)
-          if (!gi[j].defined()) gi[j] = zeros(in[j].shape(), in[j].dtype());
-        return gi;
-      };
-      for (const Tensor& t : inputs) grad_fn->outputs.push_back({t.shape(), t.dtype()});
-      std::vector<Tensor> args = inputs;
-      args.insert(args.end(), outs.begin(), outs.end());
-      args.push_back(g);
-      std::vector<Tensor> gi = call(grad_fn, args, loc);
+  auto vjp = [h, inputs, outs, ni, no, loc](const std::vector<Tensor>& g) {
+    // The gradient is host code too: a host_fn over (inputs, outputs, the outputs' gradients),
+    // those no gradient reached given as zeros.
+    auto grad_fn = std::make_shared<HostFn>();
+    grad_fn->fn = [h, ni, no](const std::vector<Tensor>& a) {
+      const std::vector<Tensor> in(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(ni));
+      const std::vector<Tensor> out(a.begin() + static_cast<std::ptrdiff_t>(ni), a.begin() + static_cast<std::ptrdiff_t>(ni + no));
+      const std::vector<Tensor> og(a.begin() + static_cast<std::ptrdiff_t>(ni + no), a.end());
+      std::vector<Tensor> gi = h->grad(in, out, og);
+      gi.resize(ni);
       for (std::size_t j = 0; j < ni; ++j)
-        if (!is_floating(inputs[j].dtype())) gi[j] = Tensor();
+        if (!gi[j].defined()) gi[j] = zeros(in[j].shape(), in[j].dtype());
       return gi;
     };
-    stagecraft::detail::record_custom("host_fn", inputs, outs[k], vjp, loc);
-  }
+    for (const Tensor& t : inputs) grad_fn->outputs.push_back({t.shape(), t.dtype()});
+    std::vector<Tensor> args = inputs;
+    args.insert(args.end(), outs.begin(), outs.end());
+    for (std::size_t j = 0; j < no; ++j) args.push_back(g[j].defined() ? g[j] : detail_cf::zeros_like(outs[j], loc));
+    std::vector<Tensor> gi = call(grad_fn, args, loc);
+    for (std::size_t j = 0; j < ni; ++j)
+      if (!is_floating(inputs[j].dtype())) gi[j] = Tensor();
+    return gi;
+  };
+  stagecraft::detail::record_joint("host_fn", inputs, outs, std::move(vjp), loc);
 }
 
 STAGECRAFT_COMPILED_INLINE std::vector<Tensor> call(const std::shared_ptr<const HostFn>& h,
@@ -72,8 +70,7 @@ STAGECRAFT_COMPILED_INLINE std::vector<Tensor> call(const std::shared_ptr<const 
   for (const Tensor& t : inputs) symbolic |= t.is_symbolic();
   std::vector<Tensor> outs;
   if (!symbolic) {
-    outs = h->fn(inputs);
-    h->check_outputs(outs, SrcLoc::from(loc), loc);
+    outs = h->run(inputs, SrcLoc::from(loc), loc);
   } else {
     GraphBuilder* b = current_builder();
     if (b == nullptr)
@@ -96,7 +93,9 @@ STAGECRAFT_COMPILED_INLINE std::vector<Tensor> call(const std::shared_ptr<const 
 /// sc::function it becomes a node that runs fn at every call of the plan. `outputs` describes
 /// what fn returns (checked at every call).
 /// `grad(inputs, outputs, output_grads)` -> input gradients (undefined: none) makes it
-/// differentiable. A graph holding a host_fn cannot be saved.
+/// differentiable, with one call per backward pass whichever outputs the loss used (those it
+/// did not get zero gradients); without it no gradient flows through fn, eager or staged (the
+/// ops fn runs are not recorded on the tapes around it). A graph holding a host_fn cannot be saved.
 STAGECRAFT_COMPILED_INLINE std::vector<Tensor> host_fn(std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn,
                                                        std::vector<Tensor> inputs, std::vector<TensorSpec> outputs,
                                                        graph::HostFn::Grad grad = {},

@@ -1,6 +1,7 @@
 // The graph IR: values with shape/dtype/device, nodes in program order with the user's line,
 // a stable text form, DOT output and statistics. Passes are functions Graph -> Graph (passes/).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../autodiff/record.hpp"
 #include "../core/tensor.hpp"
 #include "../ops/op.hpp"
 #include "../ops/registry.hpp"
@@ -76,6 +78,22 @@ struct HostFn {
   Grad grad;
   std::vector<TensorSpec> outputs;
 
+  /// Runs fn on concrete tensors and checks what it returned. fn is opaque to the tapes around
+  /// it, eager or in a plan (its gradient is `grad`; tapes it makes itself record as usual), and
+  /// a result that is one of its inputs gets an identity of its own.
+  std::vector<Tensor> run(const std::vector<Tensor>& args, const SrcLoc& at,
+                          const std::source_location& copy_loc = std::source_location::current()) const {
+    std::vector<Tensor> res;
+    {
+      const stagecraft::detail::TapeIsolation opaque;
+      res = fn(args);
+    }
+    check_outputs(res, at, copy_loc);
+    for (Tensor& r : res)
+      if (std::any_of(args.begin(), args.end(), [&](const Tensor& a) { return a.same(r); }))
+        r = stagecraft::detail::alias_tensor(r, r.shape());
+    return res;
+  }
   /// Checks what fn returned against `outputs` (a ValueError naming the user's line `at`) and
   /// moves an output it made on another device to the CPU, where host_fn's outputs live (a failed
   /// copy names `copy_loc`).

@@ -662,8 +662,7 @@ STAGECRAFT_COMPILED_INLINE void Plan::run_step(const Step& s, std::size_t i, Run
     case StepKind::host_fn: {
       std::vector<Tensor> args;
       for (int v : s.in) args.push_back(detail_plan::detach(st.vals[v]));
-      std::vector<Tensor> res = n.host->fn(args);
-      n.host->check_outputs(res, n.loc);
+      const std::vector<Tensor> res = n.host->run(args, n.loc);
       for (std::size_t k = 0; k < res.size(); ++k) detail_plan::rebind(st.vals[s.out[k]], res[k]);
       break;
     }

@@ -270,30 +270,7 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
   std::vector<std::shared_ptr<stagecraft::detail::VariableState>> assigned_;
 };
 
-/// RAII: hides the thread's gradient tapes for the guard's lifetime (a traced body records only
-/// on tapes made inside it; its gradient reaches outer tapes as one recorded call).
-class TapeIsolation {
- public:
-  TapeIsolation() {
-    stagecraft::detail::Context& ctx = stagecraft::detail::context();
-    saved_.swap(stagecraft::detail::tape_stack().tapes);
-    saved_no_record_ = ctx.no_record;
-    ctx.tapes = nullptr;
-    ctx.no_record = 0;
-  }
-  ~TapeIsolation() {
-    stagecraft::detail::Context& ctx = stagecraft::detail::context();
-    stagecraft::detail::tape_stack().tapes.swap(saved_);
-    ctx.no_record = saved_no_record_;
-    stagecraft::detail::tape_stack().prune();  // drops tapes that died while hidden; sets ctx.tapes
-  }
-  TapeIsolation(const TapeIsolation&) = delete;
-  TapeIsolation& operator=(const TapeIsolation&) = delete;
-
- private:
-  std::vector<stagecraft::detail::Ref<stagecraft::detail::TapeRecorder>> saved_;
-  int saved_no_record_ = 0;
-};
+using stagecraft::detail::TapeIsolation;
 
 /// The thread's innermost trace as a GraphBuilder (null outside every trace).
 inline GraphBuilder* current_builder() { return static_cast<GraphBuilder*>(stagecraft::detail::context().trace); }
