@@ -232,3 +232,41 @@ TEST_CASE("host_fn: its function's own ops are not recorded, a result that is it
     check_close(grad_of(doubled, {}, staged), sc::zeros({2}));           // no rule: no gradient
   }
 }
+
+TEST_CASE("split_forward_backward: values made from constants are made again by the backward half, not kept",
+          "[function][grad][split]") {
+  // Joint graph of y = x[:, 1:3] * m * k, m a random mask, k a constant broadcast, reshaped and
+  // cast: (x, seed) -> (y, dx), dx the slice's gradient, seed * m * k padded with zero fills.
+  sc::graph::GraphBuilder b("joint", false);
+  {
+    sc::graph::TraceScope s(b);
+    const sc::Tensor x = b.add_input({sc::Shape{2, 4}, sc::f32}, sc::Device::cpu());
+    const sc::Tensor seed = b.add_input({sc::Shape{2, 2}, sc::f32}, sc::Device::cpu());
+    sc::GradientTape tape;
+    tape.watch(x);
+    const sc::Tensor m = sc::cast(sc::random::uniform({2, 2}, 0.0, 1.0, 7) > 0.3f, sc::f32);
+    const sc::Tensor k = sc::cast(sc::reshape(sc::broadcast_to(sc::tensor({2.0}), {4}), {2, 2}), sc::f32);
+    const sc::Tensor y = sc::slice(x, {0, 1}, {-1, 2}) * m * k;
+    b.set_outputs({y, tape.gradient(y, x, seed)}, std::source_location::current());
+  }
+  const sc::graph::SplitGraphs p = sc::graph::split_forward_backward(b.graph, 1, 1);
+  sc::graph::verify(p.forward, "split");
+  sc::graph::verify(p.backward, "split");
+  CHECK(p.num_residuals == 1);  // the mask (random: kept); the zeros and k are made again
+  auto fills = [](const sc::graph::Graph& g) {
+    int n = 0;
+    for (const sc::graph::Node& node : g.nodes) n += node.kind == sc::graph::NodeKind::op && node.op == sc::ops::OpId::Fill;
+    return n;
+  };
+  CHECK(fills(p.backward) >= 1);  // (the slice gradient's zeros)
+  const sc::Tensor x = sc::reshape(sc::arange(8.f), {2, 4}), seed = sc::tensor(std::vector<float>{1.f, -2.f, 3.f, 0.5f}, sc::Shape{2, 2});
+  const auto fo = sc::graph::Plan(std::make_shared<const sc::graph::Graph>(p.forward)).run(std::vector<sc::Tensor>{x});
+  const auto bo = sc::graph::Plan(std::make_shared<const sc::graph::Graph>(p.backward)).run(std::vector<sc::Tensor>{fo[1], seed});
+  const auto mask = fo[1].to_vector<float>(), sd = seed.to_vector<float>(), dx = bo[0].to_vector<float>();
+  REQUIRE(dx.size() == 8);
+  for (int r = 0; r < 2; ++r)
+    for (int c = 0; c < 4; ++c) {
+      const float want = c == 0 || c == 3 ? 0.f : sd[r * 2 + c - 1] * mask[r * 2 + c - 1] * 2.f;
+      CHECK(dx[r * 4 + c] == want);
+    }
+}

@@ -2,6 +2,7 @@
 // forward pass once and keeps what the backward pass needs (TensorFlow's forward/backward
 // function pair for a tf.function under a tape).
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "ir.hpp"
@@ -12,8 +13,10 @@ namespace stagecraft::graph {
 /// The two halves of a joint graph C(args..., seeds...) -> (outs..., grads...):
 /// forward F(args...) -> (outs..., residuals...) runs every node that does not depend on a seed
 /// (side effects included, in program order); backward B(residuals..., seeds...) -> grads runs
-/// the rest. Residuals are the values of F (arguments included) that B reads; constants B reads
-/// are copied into it instead.
+/// the rest. Residuals are the values of F (arguments included) that B reads; constants B reads,
+/// and values made from constants alone by fills, broadcasts, reshapes and casts (the zeros a
+/// slice's gradient pads with), are copied into it instead: kept, they would be made and stored
+/// at every forward call, and B's optimizer could not see that they are constant.
 struct SplitGraphs {
   Graph forward, backward;
   int num_residuals = 0;
@@ -26,7 +29,26 @@ STAGECRAFT_COMPILED_INLINE void copy_node(Graph& out, const Graph& g, const Node
 
 /// Appends an input node (argument `index`) of value v's type; returns its value.
 STAGECRAFT_COMPILED_INLINE int add_input(Graph& out, const Value& v, int index);
+
+/// For each value of c: whether it is made from constants alone by nodes cheap and pure to make
+/// again (constants, fills, and broadcast_to / reshape / cast of such values).
+STAGECRAFT_COMPILED_INLINE std::vector<char> constant_made(const Graph& c);
 #if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE std::vector<char> constant_made(const Graph& c) {
+  std::vector<char> free(c.values.size(), 0);
+  for (const Node& n : c.nodes) {
+    bool f = n.kind == NodeKind::constant;
+    if (n.kind == NodeKind::op && n.outputs.size() == 1) {
+      using ops::OpId;
+      f = n.op == OpId::Fill || n.op == OpId::BroadcastTo || n.op == OpId::Reshape || n.op == OpId::Cast;
+      for (int v : n.inputs) f = f && free[v];
+    }
+    if (f)
+      for (int v : n.outputs) free[v] = 1;
+  }
+  return free;
+}
+
 STAGECRAFT_COMPILED_INLINE void copy_node(Graph& out, const Graph& g, const Node& n, std::vector<int>& new_id) {
   Node m = n;
   for (int& v : m.inputs) v = new_id[v];
@@ -67,11 +89,13 @@ STAGECRAFT_COMPILED_INLINE SplitGraphs split_forward_backward(const Graph& c, in
     backward[i] = 1;
     for (int v : n.outputs) dep[v] = 1;
   }
-  // Residuals: forward values (not constants) that backward nodes or the gradients read.
+  // Residuals: forward values (not made from constants alone) that backward nodes or the
+  // gradients read.
+  const std::vector<char> free = s::constant_made(c);
   std::vector<char> is_res(nv, 0);
   std::vector<int> residuals;
   auto need = [&](int v) {
-    if (dep[v] || is_res[v] || c.nodes[c.values[v].node].kind == NodeKind::constant) return;
+    if (dep[v] || is_res[v] || free[v]) return;
     is_res[v] = 1;
     residuals.push_back(v);
   };
@@ -103,9 +127,12 @@ STAGECRAFT_COMPILED_INLINE SplitGraphs split_forward_backward(const Graph& c, in
     for (int v : residuals) b.inputs.push_back(new_id[v] = s::add_input(b, c.values[v], pos++));
     for (std::size_t k = static_cast<std::size_t>(num_args); k < c.inputs.size(); ++k)
       b.inputs.push_back(new_id[c.inputs[k]] = s::add_input(b, c.values[c.inputs[k]], pos++));
-    auto constant = [&](int v) {
+    // A value made from constants, made again here (its makers first).
+    std::function<void(int)> constant = [&](int v) {
+      if (!free[v] || new_id[v] >= 0) return;
       const Node& p = c.nodes[c.values[v].node];
-      if (p.kind == NodeKind::constant && new_id[v] < 0) s::copy_node(b, c, p, new_id);
+      for (int x : p.inputs) constant(x);
+      s::copy_node(b, c, p, new_id);
     };
     for (std::size_t i = 0; i < c.nodes.size(); ++i)
       if (backward[i]) {
