@@ -2,7 +2,8 @@
 // models at batch 1 (an LSTM cell unrolled 50 steps with its backward pass; an L2HMC-shaped
 // leapfrog integrator) and the 9-op elementwise chain over 16M floats. The hand-written limit of
 // the chain is in bench_fusion; the MLP training step staged is in bench_train.
-//   staged/lstm/<lib>, staged/leapfrog/<lib>, staged/chain9/<lib>
+//   staged/lstm/<lib> (eager: the cell staged, its default; eager_ops: its ops one by one),
+//   staged/leapfrog/<lib>, staged/chain9/<lib>
 #include "bench_models.hpp"
 
 #include <cmath>
@@ -19,11 +20,16 @@ namespace {
 using bench::LstmModel;
 using bench::lstm_steps;
 
-void lstm_eager(benchmark::State& state) {
+/// Eager code: each step is the cell's own staged function (sc::nn::lstm_cell_staging(), the
+/// default), or with `ops` its ops dispatched one by one.
+void lstm_eager(benchmark::State& state, bool ops) {
   sc::manual_seed(1);
   LstmModel m;
   const auto vars = m.cell.trainable_variables();
+  const bool was = sc::nn::lstm_cell_staging();
+  sc::nn::lstm_cell_staging() = !ops;
   for (auto _ : state) benchmark::DoNotOptimize(m.step(vars).raw_data());
+  sc::nn::lstm_cell_staging() = was;
 }
 
 void lstm_staged(benchmark::State& state) {
@@ -150,7 +156,8 @@ void chain_torch(benchmark::State& state) {
 }
 #endif
 
-BENCHMARK(lstm_eager)->Name("staged/lstm/eager")->UseRealTime();
+BENCHMARK_CAPTURE(lstm_eager, cell, false)->Name("staged/lstm/eager")->UseRealTime();
+BENCHMARK_CAPTURE(lstm_eager, ops, true)->Name("staged/lstm/eager_ops")->UseRealTime();
 BENCHMARK(lstm_staged)->Name("staged/lstm/staged")->UseRealTime();
 BENCHMARK(leapfrog_eager)->Name("staged/leapfrog/eager")->UseRealTime();
 BENCHMARK(leapfrog_staged)->Name("staged/leapfrog/staged")->UseRealTime();
