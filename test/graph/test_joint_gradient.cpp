@@ -5,6 +5,7 @@
 #include <stagecraft/stagecraft.hpp>
 
 #include <cmath>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -269,4 +270,41 @@ TEST_CASE("split_forward_backward: values made from constants are made again by 
       const float want = c == 0 || c == 3 ? 0.f : sd[r * 2 + c - 1] * mask[r * 2 + c - 1] * 2.f;
       CHECK(dx[r * 4 + c] == want);
     }
+}
+
+TEST_CASE("joint gradient: a staged function computes only the gradients a tape wants", "[function][grad][joint]") {
+  auto body = [&](sc::Tensor x, sc::Tensor w) { return sc::tanh(sc::matmul(x, w)); };
+  auto f = sc::function(body);
+  const sc::Tensor x = sc::random::normal({3, 4}, 8), w = sc::random::normal({4, 2}, 9);
+  f(x, w);
+  // The gradient of w alone does not form x's: the forward product (made again: these take the
+  // arguments) and w's, not x's too.
+  const sc::ConcreteFunction cf = f.get_concrete(x, w);
+  const auto products = [](const sc::ConcreteFunction& g) {
+    int n = 0;
+    for (const sc::graph::Node& node : g.graph().nodes) n += node.kind == sc::graph::NodeKind::op && node.op == sc::ops::OpId::MatMul;
+    return n;
+  };
+  CHECK(products(cf.gradient_function()) == 3);
+  CHECK(products(cf.gradient_function(sc::ops::Wanted::only(1))) == 2);
+  CHECK(cf.gradient_function(sc::ops::Wanted::only(1)).graph().outputs.size() == 1);
+  for (const bool nested : {false, true}) {  // the split backward, and the backward nested tapes use
+    INFO("nested tapes: " << nested);
+    for (int want = 1; want <= 3; ++want) {  // w, x, both
+      INFO("wanted: " << want);
+      std::optional<sc::GradientTape> outer;
+      if (nested) outer.emplace();
+      sc::GradientTape tape;
+      if (want & 1) tape.watch(w);
+      if (want & 2) tape.watch(x);
+      const sc::Tensor loss = sc::sum(f(x, w));
+      const auto gs = tape.gradient(loss, std::vector<sc::Tensor>{x, w});
+      sc::GradientTape te;
+      te.watch(x);
+      te.watch(w);
+      const auto ge = te.gradient(sc::sum(body(x, w)), std::vector<sc::Tensor>{x, w});
+      check_close(gs[0], want & 2 ? ge[0] : sc::zeros({3, 4}));
+      check_close(gs[1], want & 1 ? ge[1] : sc::zeros({4, 2}));
+    }
+  }
 }

@@ -28,8 +28,9 @@ using VjpFn = std::vector<Tensor> (*)(const Tensor& grad_out, ops::Inputs in, co
 using CustomVjp = std::function<std::vector<Tensor>(const Tensor& grad_out)>;
 /// The gradient of a call with several results (a staged function, cond, while_loop, host_fn):
 /// one gradient per input from one per result, an undefined one where no gradient reached that
-/// result. One backward pass for all the results, not one per result.
-using JointVjp = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outs)>;
+/// result. One backward pass for all the results, not one per result. Only the `wanted` inputs'
+/// gradients are used (a rule may leave the others undefined and skip their work).
+using JointVjp = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outs, ops::Wanted wanted)>;
 
 /// An op's inputs as a recorded entry keeps them: up to three inline (every op but concat and
 /// stack has at most three), more on the heap. Recording allocated a vector per op before.
@@ -308,10 +309,10 @@ inline void record_joint(std::string_view op, ops::Inputs in, const std::vector<
     for (std::size_t j = 1; j < kept.size(); ++j) e->more_outputs.push_back(outs[kept[j]]);
     const std::size_t n = outs.size();
     e->joint = std::make_shared<const JointVjp>(
-        [fn = std::move(fn), kept, n](const std::vector<Tensor>& g) {
+        [fn = std::move(fn), kept, n](const std::vector<Tensor>& g, ops::Wanted wanted) {
           std::vector<Tensor> all(n);
           for (std::size_t j = 0; j < kept.size(); ++j) all[kept[j]] = g[j];
-          return fn(all);
+          return fn(all, wanted);
         });
     e->loc = loc;
     return e;

@@ -299,7 +299,7 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
       if (depends.count(e.inputs[k].impl())) wanted.bits |= std::uint64_t{1} << k;
     if (e.joint) {
       g_more.insert(g_more.begin(), g);
-      gs = (*e.joint)(g_more);
+      gs = (*e.joint)(g_more, wanted);
     } else if (e.custom) gs = (*e.custom)(g);
     else if (e.vjp) gs = e.vjp(g, e.inputs, e.output, e.attrs, wanted);
     else

@@ -260,7 +260,7 @@ STAGECRAFT_COMPILED_INLINE void record_cond_gradient(const Tensor& pred, const B
                                                      const std::source_location& loc) {
   Tensors caps = then_b.captured;
   caps.insert(caps.end(), else_b.captured.begin(), else_b.captured.end());
-  auto vjp = [pred, then_b, else_b, pre, loc](const Tensors& seeds) {
+  auto vjp = [pred, then_b, else_b, pre, loc](const Tensors& seeds, ops::Wanted) {
     auto branch = [&](int which) {
       return [&, which]() {
         const Body& b = which == 0 ? then_b : else_b;
@@ -344,7 +344,7 @@ STAGECRAFT_COMPILED_INLINE void record_while_gradient(const Tensors& init, const
   ins.insert(ins.end(), cond_b.captured.begin(), cond_b.captured.end());
   ins.insert(ins.end(), body_b.captured.begin(), body_b.captured.end());
   const Tensor count = outs[n];
-  auto vjp = [init, cond_b, body_b, pre, count, n, loc](const Tensors& g) {
+  auto vjp = [init, cond_b, body_b, pre, count, n, loc](const Tensors& g, ops::Wanted) {
     const Tensors& caps = body_b.captured;
     // State: i, then gradients of the loop variables at iteration i, then of the captures.
     Tensors state{count - std::int64_t{1}};

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -107,6 +108,16 @@ class ConcreteFunction {
   /// The graph as traced, before the passes.
   const graph::Graph& traced_graph() const { return *impl_->traced; }
   const graph::Plan& plan() const { return *impl_->plan; }
+  /// The staged gradient of this function for the float arguments in `wanted` (bit k: argument
+  /// k): (arguments..., output seeds...) -> one gradient per such argument, in order, the others'
+  /// work dropped. For inspection (graph, stats, plan): nested tapes run it, a single tape runs
+  /// the backward half of the forward/backward pair cut down alike, each choosing by itself.
+  ConcreteFunction gradient_function(ops::Wanted wanted = {}) const {
+    if (!impl_) stagecraft::detail::fail<ValueError>("ConcreteFunction", std::source_location::current(), "is empty (default-constructed)");
+    const auto [key, floats] = wanted_floats(wanted);
+    if (key == floats || key == 0) return backward();
+    return *pruned_gradient(backward(), 1, key);
+  }
   FunctionStats stats() const {
     FunctionStats s = impl_->stats;
     s.plan.cuda_graph = impl_->plan->cuda_graph_status();
@@ -202,6 +213,9 @@ class ConcreteFunction {
     mutable std::shared_ptr<const ConcreteFunction> backward;  ///< (args..., output seeds...) -> arg gradients
     /// forward: args -> (outputs..., residuals...); backward: (residuals..., output seeds...) -> arg gradients.
     mutable std::shared_ptr<const ConcreteFunction> split_forward, split_backward;
+    /// Those two gradient functions (0: split_backward, 1: backward) cut down to some
+    /// arguments' gradients, by which (a bit per argument).
+    mutable std::map<std::pair<int, std::uint64_t>, std::shared_ptr<const ConcreteFunction>> pruned;
     mutable std::once_flag var_inputs_once;
     mutable std::shared_ptr<const VarInputs> var_inputs;
   };
@@ -412,20 +426,61 @@ class ConcreteFunction {
     std::vector<TensorSpec> out_specs;
     std::vector<Device> out_devices;  // (the zero gradients are made there)
     for (const Tensor& o : outs) out_specs.push_back({o.shape(), o.dtype()}), out_devices.push_back(o.device());
-    std::vector<DType> arg_dtypes;
-    for (const Tensor& a : args) arg_dtypes.push_back(a.dtype());
-    auto vjp = [self, kept, out_specs, out_devices, arg_dtypes](const std::vector<Tensor>& g) {
+    auto vjp = [self, kept, out_specs, out_devices](const std::vector<Tensor>& g, ops::Wanted wanted) {
       std::vector<Tensor> in = *kept;
       for (std::size_t j = 0; j < out_specs.size(); ++j) {
         const stagecraft::detail::DevicePin on(out_devices[j]);
         in.push_back(g[j].defined() ? g[j] : zeros(out_specs[j].shape, out_specs[j].dtype));
       }
-      std::vector<Tensor> gs = self.split().backward->call(in);
-      for (std::size_t j = 0; j < arg_dtypes.size(); ++j)
-        if (!is_floating(arg_dtypes[j])) gs[j] = Tensor();
-      return gs;
+      return self.run_gradient(*self.split().backward, 0, wanted, in);
     };
     stagecraft::detail::record_joint("function", args, outs, std::move(vjp), loc);
+  }
+
+  /// The float arguments among `wanted` as bits, and all float arguments (0, 0 past 64 arguments).
+  std::pair<std::uint64_t, std::uint64_t> wanted_floats(ops::Wanted wanted) const {
+    const graph::Graph& g = graph();
+    std::uint64_t floats = 0, key = 0;
+    if (g.inputs.size() > 64) return {0, 0};
+    for (std::size_t j = 0; j < g.inputs.size(); ++j)
+      if (is_floating(g.values[g.inputs[j]].dtype)) {
+        floats |= std::uint64_t{1} << j;
+        if (wanted[j]) key |= std::uint64_t{1} << j;
+      }
+    return {key, floats};
+  }
+  /// `full`, a gradient function of this one (`which`: 0 split().backward, 1 backward(); one
+  /// result per argument), cut down to the arguments in `key` (its optimizer then drops the
+  /// others' work, such as the product giving a first layer's input gradient); cached per set.
+  std::shared_ptr<const ConcreteFunction> pruned_gradient(const ConcreteFunction& full, int which, std::uint64_t key) const {
+    std::lock_guard<std::mutex> lock(impl_->grad_mu);
+    std::shared_ptr<const ConcreteFunction>& slot = impl_->pruned[{which, key}];
+    if (!slot) {
+      graph::Graph pruned = *full.impl_->traced;
+      std::vector<int> outs;
+      for (std::size_t j = 0; j < pruned.outputs.size(); ++j)
+        if ((key >> j) & 1) outs.push_back(pruned.outputs[j]);
+      pruned.outputs = std::move(outs);
+      slot = std::make_shared<const ConcreteFunction>(std::make_shared<const graph::Graph>(std::move(pruned)));
+    }
+    return slot;
+  }
+  /// Runs `full` (as pruned_gradient) on `in`, computing only the float arguments' gradients in
+  /// `wanted`. One gradient per argument out, undefined for the others.
+  std::vector<Tensor> run_gradient(const ConcreteFunction& full, int which, ops::Wanted wanted,
+                                   const std::vector<Tensor>& in) const {
+    const auto [key, floats] = wanted_floats(wanted);
+    const std::size_t n = graph().inputs.size();
+    if (key == floats || key == 0) {
+      std::vector<Tensor> gs = full.call(in);
+      for (std::size_t j = 0; j < n; ++j)
+        if (!is_floating(graph().values[graph().inputs[j]].dtype)) gs[j] = Tensor();
+      return gs;
+    }
+    std::vector<Tensor> gs = pruned_gradient(full, which, key)->call(in), all(n);
+    for (std::size_t j = 0, r = 0; j < n; ++j)
+      if ((key >> j) & 1) all[j] = std::move(gs[r++]);
+    return all;
   }
 
   /// Adds to b one input per argument of this function, then one per output (its gradient seed).
@@ -459,13 +514,10 @@ class ConcreteFunction {
   void record_gradient(const std::vector<Tensor>& args, const std::vector<Tensor>& outs,
                        const std::source_location& loc) const {
     ConcreteFunction self = *this;
-    auto vjp = [self, args, outs](const std::vector<Tensor>& g) {
+    auto vjp = [self, args, outs](const std::vector<Tensor>& g, ops::Wanted wanted) {
       std::vector<Tensor> in = args;
       for (std::size_t j = 0; j < outs.size(); ++j) in.push_back(g[j].defined() ? g[j] : zeros_like(outs[j]));
-      std::vector<Tensor> gs = self.backward().call(in);
-      for (std::size_t j = 0; j < args.size(); ++j)
-        if (!is_floating(args[j].dtype())) gs[j] = Tensor();
-      return gs;
+      return self.run_gradient(self.backward(), 1, wanted, in);
     };
     stagecraft::detail::record_joint("function", args, outs, std::move(vjp), loc);
   }

@@ -29,7 +29,7 @@ STAGECRAFT_COMPILED_INLINE void record_gradient(const std::shared_ptr<const Host
                                                 const std::source_location& loc) {
   if (!h->grad || stagecraft::detail::context().tapes == nullptr) return;
   const std::size_t ni = inputs.size(), no = outs.size();
-  auto vjp = [h, inputs, outs, ni, no, loc](const std::vector<Tensor>& g) {
+  auto vjp = [h, inputs, outs, ni, no, loc](const std::vector<Tensor>& g, ops::Wanted) {
     // The gradient is host code too: a host_fn over (inputs, outputs, the outputs' gradients),
     // those no gradient reached given as zeros.
     auto grad_fn = std::make_shared<HostFn>();
