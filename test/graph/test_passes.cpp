@@ -91,6 +91,21 @@ TEST_CASE("simplify: identities on the left, division, and fills", "[passes][sim
   check_same_results(g, s);
 }
 
+TEST_CASE("simplify: identities broadcast or reshaped are identities, zeros keep their sign", "[passes][simplify]") {
+  // A tape seeds a function's outputs with broadcast ones (the gradient of sum(y * seed)).
+  const sc::Tensor one = sc::tensor({1.f}), minus_zero = sc::tensor({-0.f}), plus_zero = sc::tensor({0.f});
+  const Graph g = trace({f23}, [&](const Tensors& x) {
+    sc::Tensor y = sc::broadcast_to(sc::reshape(one, {}), {2, 3}) * x[0];
+    y = y + sc::reshape(sc::broadcast_to(minus_zero, {6}), {2, 3});
+    return Tensors{y, x[0] + sc::broadcast_to(plus_zero, {2, 3})};
+  });
+  const Graph s = sc::graph::dce(sc::graph::simplify(g));
+  sc::graph::verify(s, "simplify");
+  CHECK(count(s, "mul") == 0);
+  CHECK(count(s, "add") == 1);  // x + (+0.0) stays: it turns -0.0 into +0.0
+  check_same_bits(g, s, {sc::tensor(std::vector<float>{-0.f, 0.f, 1.f, -2.f, 3.5f, -0.f}, sc::Shape{2, 3})});
+}
+
 TEST_CASE("simplify keeps x + 0.0 and x - (-0.0), which turn -0.0 into +0.0 as eager does", "[passes][simplify]") {
   const Graph g = trace({f23}, [](const Tensors& x) {
     return Tensors{x[0] + 0.f, 0.f + x[0], x[0] - (-0.f), x[0] + sc::zeros({2, 3}), x[0] + sc::zeros({3}, sc::i32)};

@@ -37,7 +37,8 @@ struct View {
 };
 
 /// True when value v is `x` everywhere: a CPU constant all of whose elements equal x exactly
-/// (in its own dtype: -0.0 counts as 0), or a fill op node of value x.
+/// (in its own dtype: -0.0 counts as 0), or a fill op node of value x, or either broadcast or
+/// reshaped.
 STAGECRAFT_COMPILED_INLINE bool is_all(const View& s, int v, double x);
 
 /// True when value v is zeros that add to (negative) or subtract from (!negative) every value of
@@ -49,10 +50,21 @@ STAGECRAFT_COMPILED_INLINE bool is_all_zero(const View& s, const Node& n, int v,
 /// when only the shape differs (the other operand broadcast it), else nothing.
 STAGECRAFT_COMPILED_INLINE Rewrite becomes_operand(const View& s, const Node& n, int x);
 #if STAGECRAFT_DEFINE_COMPILED
+/// The node that makes v's elements: v's producer, seen through broadcast_to and reshape (which
+/// only place them).
+STAGECRAFT_COMPILED_INLINE const Node& element_source(const View& s, int v) {
+  for (;;) {
+    const Node& p = s.producer(v);
+    if (p.kind != NodeKind::op || p.inputs.size() != 1 || (p.op != ops::OpId::BroadcastTo && p.op != ops::OpId::Reshape))
+      return p;
+    v = p.inputs[0];
+  }
+}
+
 STAGECRAFT_COMPILED_INLINE bool is_all_zero(const View& s, const Node& n, int v, bool negative) {
   if (!is_all(s, v, 0)) return false;
   if (!is_floating(s.value(n.outputs[0]).dtype)) return true;
-  const Node& p = s.producer(v);
+  const Node& p = element_source(s, v);
   if (p.kind == NodeKind::op) return is_floating(s.value(v).dtype) ? std::signbit(p.attrs.scalar) == negative : !negative;
   const Tensor& t = p.constant;
   if (!is_floating(t.dtype())) return !negative;
@@ -70,7 +82,7 @@ STAGECRAFT_COMPILED_INLINE bool is_all_zero(const View& s, const Node& n, int v,
 }
 
 STAGECRAFT_COMPILED_INLINE bool is_all(const View& s, int v, double x) {
-  const Node& p = s.producer(v);
+  const Node& p = element_source(s, v);
   if (p.kind == NodeKind::op && p.op == ops::OpId::Fill) return p.attrs.scalar == x;
   if (p.kind != NodeKind::constant || !p.constant.device().is_cpu()) return false;
   const Tensor& t = p.constant;
