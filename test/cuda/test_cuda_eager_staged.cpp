@@ -6,6 +6,8 @@
 
 #include <stagecraft/nn/layers.hpp>
 
+#include "nn/lstm_testing.hpp"
+
 #include <cmath>
 #include <memory>
 #include <string>
@@ -15,25 +17,7 @@ using namespace sctest::cuda;
 
 namespace {
 
-/// Restores lstm_cell_staging() on scope exit.
-struct StagingScope {
-  bool was = sc::nn::lstm_cell_staging();
-  explicit StagingScope(bool on) { sc::nn::lstm_cell_staging() = on; }
-  ~StagingScope() { sc::nn::lstm_cell_staging() = was; }
-};
-
-/// `steps` LSTM steps from the zero state under a tape: {loss, d kernel, d recurrent, d bias, d x0}.
-std::vector<sc::Tensor> lstm_run(const sc::nn::LSTMCell& cell, const std::vector<sc::Tensor>& xs) {
-  sc::GradientTape tape;
-  tape.watch(xs[0]);
-  auto state = cell.initial_state(xs[0].shape()[0]);
-  for (const sc::Tensor& x : xs) state = cell(x, state);
-  const sc::Tensor loss = sc::sum(state.first * state.second);
-  std::vector<sc::Tensor> sources{cell.kernel, cell.recurrent_kernel, cell.bias, xs[0]};
-  std::vector<sc::Tensor> r = tape.gradient(loss, sources);
-  r.insert(r.begin(), loss);
-  return r;
-}
+using sctest::lstm::StagingScope;
 
 }  // namespace
 
@@ -56,19 +40,22 @@ TEST_CASE("cuda eager: an LSTMCell step runs staged on the GPU, equal to its ops
       xs.push_back(values({batch, 6}, sc::f32, 700 + t));
       gxs.push_back(xs.back().to(gpu));
     }
-    const std::vector<sc::Tensor> want = lstm_run(cell, xs);  // the CPU: op by op
+    const std::vector<sc::Tensor> want = [&] {  // the CPU, op by op
+      const StagingScope off(false);
+      return sctest::lstm::run(cell, xs);
+    }();
     std::vector<sc::Tensor> by_ops, staged;
     Launches ops_launches, staged_launches;
     {
       const StagingScope off(false);
-      lstm_run(*gcell, gxs);  // (warm: kernels loaded, the allocator's cache filled)
-      ops_launches = counted([&] { by_ops = lstm_run(*gcell, gxs); });
+      sctest::lstm::run(*gcell, gxs);  // (warm: kernels loaded, the allocator's cache filled)
+      ops_launches = counted([&] { by_ops = sctest::lstm::run(*gcell, gxs); });
     }
     {
       const StagingScope on(true);
-      lstm_run(*gcell, gxs);  // traced, then captured
-      lstm_run(*gcell, gxs);
-      staged_launches = counted([&] { staged = lstm_run(*gcell, gxs); });
+      sctest::lstm::run(*gcell, gxs);  // traced, then captured
+      sctest::lstm::run(*gcell, gxs);
+      staged_launches = counted([&] { staged = sctest::lstm::run(*gcell, gxs); });
     }
     REQUIRE(staged.size() == want.size());
     for (std::size_t k = 0; k < want.size(); ++k) {
@@ -179,22 +166,8 @@ TEST_CASE("cuda eager: second derivatives through a staged LSTMCell step equal t
     gcell = std::make_unique<sc::nn::LSTMCell>(3, 4, 2);
   }
   const sc::Tensor x = values({2, 3}, sc::f32, 11).to(gpu);
-  const auto second = [&](bool staging) {
-    const StagingScope mode(staging);
-    sc::GradientTape outer;
-    outer.watch(x);
-    sc::Tensor gx;
-    {
-      sc::GradientTape inner;
-      inner.watch(x);
-      auto st = gcell->initial_state(2);
-      st = (*gcell)(x, st);
-      st = (*gcell)(x, st);
-      gx = inner.gradient(sc::sum(st.first * st.first), std::vector<sc::Tensor>{x})[0];
-    }
-    return outer.gradient(sc::sum(gx * gx), std::vector<sc::Tensor>{x})[0];
-  };
-  const sc::Tensor by_ops = second(false), staged = second(true);
+  const sc::Tensor by_ops = sctest::lstm::second_derivatives(*gcell, x, false)[1],
+                   staged = sctest::lstm::second_derivatives(*gcell, x, true)[1];
   REQUIRE(staged.device() == gpu);
   check_same(staged, by_ops.to(sc::Device::cpu()), 1e-5);
 }

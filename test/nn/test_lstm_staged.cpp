@@ -6,17 +6,15 @@
 #include <stagecraft/stagecraft.hpp>
 
 #include <cmath>
+#include <cstddef>
 #include <string>
 #include <vector>
 
+#include "nn/lstm_testing.hpp"
+
 namespace {
 
-/// Sets lstm_cell_staging() for the scope.
-struct StagingScope {
-  bool was = sc::nn::lstm_cell_staging();
-  explicit StagingScope(bool on) { sc::nn::lstm_cell_staging() = on; }
-  ~StagingScope() { sc::nn::lstm_cell_staging() = was; }
-};
+using sctest::lstm::StagingScope;
 
 void check_close(const sc::Tensor& a, const sc::Tensor& b, double tol) {
   REQUIRE(a.shape() == b.shape());
@@ -27,20 +25,11 @@ void check_close(const sc::Tensor& a, const sc::Tensor& b, double tol) {
   }
 }
 
-/// `xs.size()` steps from the zero state under a tape: {loss, d kernel, d recurrent, d bias, d x0},
-/// and the tape's entries after the steps.
+/// The run of lstm_testing.hpp with `staging`.
 std::vector<sc::Tensor> lstm_run(const sc::nn::LSTMCell& cell, const std::vector<sc::Tensor>& xs, bool staging,
-                                 std::size_t* entries = nullptr) {
+                                 std::size_t* entries) {
   const StagingScope mode(staging);
-  sc::GradientTape tape;
-  tape.watch(xs[0]);
-  auto state = cell.initial_state(xs[0].shape()[0]);
-  for (const sc::Tensor& x : xs) state = cell(x, state);
-  if (entries != nullptr) *entries = tape.size();
-  const sc::Tensor loss = sc::sum(state.first * state.second);
-  std::vector<sc::Tensor> r = tape.gradient(loss, std::vector<sc::Tensor>{cell.kernel, cell.recurrent_kernel, cell.bias, xs[0]});
-  r.insert(r.begin(), loss);
-  return r;
+  return sctest::lstm::run(cell, xs, entries);
 }
 
 }  // namespace
@@ -70,22 +59,7 @@ TEST_CASE("LSTMCell staged on the CPU: values and gradients equal its ops run on
 TEST_CASE("LSTMCell staged on the CPU: second derivatives equal those of its ops", "[layers][lstm][staged][grad]") {
   sc::nn::LSTMCell cell(3, 4, 2, sc::f64);
   const sc::Tensor x = sc::random::normal({2, 3}, 11).astype(sc::f64);
-  const auto second = [&](bool staging) {
-    const StagingScope mode(staging);
-    sc::GradientTape outer;
-    outer.watch(x);
-    sc::Tensor gx;
-    {
-      sc::GradientTape inner;
-      inner.watch(x);
-      auto st = cell.initial_state(2);
-      st = cell(x, st);
-      st = cell(x, st);
-      gx = inner.gradient(sc::sum(st.first * st.first), x);
-    }
-    return std::vector<sc::Tensor>{gx, outer.gradient(sc::sum(gx * gx), x)};
-  };
-  const auto staged = second(true), by_ops = second(false);
+  const auto staged = sctest::lstm::second_derivatives(cell, x, true), by_ops = sctest::lstm::second_derivatives(cell, x, false);
   check_close(staged[0], by_ops[0], 1e-12);
   check_close(staged[1], by_ops[1], 1e-10);
 }

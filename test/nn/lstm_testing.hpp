@@ -1,0 +1,58 @@
+// Helpers of the tests of nn::LSTMCell's staged step (test/nn/test_lstm_staged.cpp on the CPU,
+// test/cuda/test_cuda_eager_staged.cpp on a GPU): the staging switch for a scope, and runs of a
+// cell under tapes whose results the tests compare with staging on and off.
+#pragma once
+#include <stagecraft/nn/layers.hpp>
+#include <stagecraft/stagecraft.hpp>
+
+#include <cstddef>
+#include <vector>
+
+namespace sctest::lstm {
+
+/// Sets sc::nn::lstm_cell_staging() for the scope.
+struct StagingScope {
+  bool was = stagecraft::nn::lstm_cell_staging();
+  explicit StagingScope(bool on) { stagecraft::nn::lstm_cell_staging() = on; }
+  ~StagingScope() { stagecraft::nn::lstm_cell_staging() = was; }
+  StagingScope(const StagingScope&) = delete;
+  StagingScope& operator=(const StagingScope&) = delete;
+};
+
+/// `xs.size()` steps from the zero state under a tape: {loss, d kernel, d recurrent, d bias, d x0};
+/// `entries` (when given) gets the tape's entry count after the steps.
+inline std::vector<stagecraft::Tensor> run(const stagecraft::nn::LSTMCell& cell, const std::vector<stagecraft::Tensor>& xs,
+                                           std::size_t* entries = nullptr) {
+  namespace sc = stagecraft;
+  sc::GradientTape tape;
+  tape.watch(xs[0]);
+  auto state = cell.initial_state(xs[0].shape()[0]);
+  for (const sc::Tensor& x : xs) state = cell(x, state);
+  if (entries != nullptr) *entries = tape.size();
+  const sc::Tensor loss = sc::sum(state.first * state.second);
+  std::vector<sc::Tensor> r = tape.gradient(loss, std::vector<sc::Tensor>{cell.kernel, cell.recurrent_kernel, cell.bias, xs[0]});
+  r.insert(r.begin(), loss);
+  return r;
+}
+
+/// Two steps from the zero state on x, with `staging`: {g, h} where g is the gradient of
+/// sum(h_2^2) by x and h the gradient of sum(g^2) by x (nested tapes).
+inline std::vector<stagecraft::Tensor> second_derivatives(const stagecraft::nn::LSTMCell& cell, const stagecraft::Tensor& x,
+                                                          bool staging) {
+  namespace sc = stagecraft;
+  const StagingScope mode(staging);
+  sc::GradientTape outer;
+  outer.watch(x);
+  sc::Tensor gx;
+  {
+    sc::GradientTape inner;
+    inner.watch(x);
+    auto st = cell.initial_state(x.shape()[0]);
+    st = cell(x, st);
+    st = cell(x, st);
+    gx = inner.gradient(sc::sum(st.first * st.first), std::vector<sc::Tensor>{x})[0];
+  }
+  return {gx, outer.gradient(sc::sum(gx * gx), std::vector<sc::Tensor>{x})[0]};
+}
+
+}  // namespace sctest::lstm
