@@ -109,8 +109,9 @@ class ConcreteFunction {
   const graph::Graph& traced_graph() const { return *impl_->traced; }
   const graph::Plan& plan() const { return *impl_->plan; }
   /// The staged gradient of this function for the float arguments in `wanted` (bit k: argument
-  /// k): (arguments..., output seeds...) -> one gradient per such argument, in order, the others'
-  /// work dropped. For inspection (graph, stats, plan): nested tapes run it, a single tape runs
+  /// k): (arguments..., output seeds...) -> the gradients of those arguments, in order, the
+  /// others' work dropped (when every float argument is wanted, or none: one result per
+  /// argument). For inspection (graph, stats, plan): nested tapes run it, a single tape runs
   /// the backward half of the forward/backward pair cut down alike, each choosing by itself.
   ConcreteFunction gradient_function(ops::Wanted wanted = {}) const {
     if (!impl_) stagecraft::detail::fail<ValueError>("ConcreteFunction", std::source_location::current(), "is empty (default-constructed)");
