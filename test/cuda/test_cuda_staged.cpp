@@ -2,6 +2,7 @@
 // elementwise groups run as one generated (NVRTC) kernel each, equal to the same function on the
 // CPU and to its eager GPU run; the kernel caches (memory and disk) are exercised too.
 #include "cuda/cuda_testing.hpp"
+#include "nn/lstm_testing.hpp"
 
 #include <stagecraft/graph/cuda_fused.hpp>
 
@@ -533,14 +534,7 @@ TEST_CASE("cuda graphs: a traced LSTM step with all its gradients equals the CPU
   // (graph::batch_products), the gates read through windows of the stacked product, sibling groups.
   constexpr int steps = 20;
   sc::nn::LSTMCell cell{32, 64, 3};
-  std::unique_ptr<sc::nn::LSTMCell> gcell;
-  {
-    const sc::DeviceScope on_gpu(gpu);
-    gcell = std::make_unique<sc::nn::LSTMCell>(32, 64, 3);
-  }
-  gcell->kernel.assign(cell.kernel.value().to(gpu));
-  gcell->recurrent_kernel.assign(cell.recurrent_kernel.value().to(gpu));
-  gcell->bias.assign(cell.bias.value().to(gpu));
+  const std::unique_ptr<sc::nn::LSTMCell> gcell = sctest::lstm::copy_on(cell, gpu);
   std::vector<sc::Tensor> xs, gxs;
   for (int t = 0; t < steps; ++t) {
     xs.push_back(values({1, 32}, sc::f32, 600 + t));

@@ -6,6 +6,7 @@
 #include <stagecraft/stagecraft.hpp>
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 namespace sctest::lstm {
@@ -18,6 +19,19 @@ struct StagingScope {
   StagingScope(const StagingScope&) = delete;
   StagingScope& operator=(const StagingScope&) = delete;
 };
+
+/// A cell made on device d (under a DeviceScope) holding copies of `cell`'s weights.
+inline std::unique_ptr<stagecraft::nn::LSTMCell> copy_on(const stagecraft::nn::LSTMCell& cell, stagecraft::Device d) {
+  std::unique_ptr<stagecraft::nn::LSTMCell> c;
+  {
+    const stagecraft::DeviceScope on(d);
+    c = std::make_unique<stagecraft::nn::LSTMCell>(cell.input_size(), cell.hidden_size(), 0, cell.kernel.dtype());
+  }
+  c->kernel.assign(cell.kernel.value().to(d));
+  c->recurrent_kernel.assign(cell.recurrent_kernel.value().to(d));
+  c->bias.assign(cell.bias.value().to(d));
+  return c;
+}
 
 /// `xs.size()` steps from the zero state under a tape: {loss, d kernel, d recurrent, d bias, d x0};
 /// `entries` (when given) gets the tape's entry count after the steps.
