@@ -1,6 +1,7 @@
 // custom_gradient, and jacobian / hessian-vector products built on the tape.
 #pragma once
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "../core/creation.hpp"
@@ -15,25 +16,98 @@ namespace stagecraft {
 /// The backward half of a custom gradient: one gradient per input from the output's
 /// gradient g (the inputs xs and the output y are passed for convenience).
 using CustomBackward = std::function<std::vector<Tensor>(const Tensor& g, const std::vector<Tensor>& xs, const Tensor& y)>;
+/// The backward half of a custom gradient with several results: one gradient per input from one
+/// per result (zeros for a floating-point result no gradient reached, undefined for the others).
+using CustomBackwardN = detail::CustomRule::Backward;
+
+namespace detail {
+
+/// Records `rule` on the tapes watching an input of xs: one entry for the float results of ys,
+/// the rule called once per backward pass with zeros for the results no gradient reached.
+inline void record_custom(const std::shared_ptr<const CustomRule>& rule, const std::vector<Tensor>& xs,
+                          const std::vector<Tensor>& ys, const std::source_location& loc) {
+  if (context().tapes == nullptr || context().no_record > 0) return;
+  // The user's line: a replayed graph node's (a staged function's gradient), else the call's.
+  const SrcLoc at = context().loc_override != nullptr ? *context().loc_override : SrcLoc::from(loc);
+  record_joint("custom_gradient", xs, ys,
+               [rule, xs, ys, loc, at](const std::vector<Tensor>& g, ops::Wanted) {
+                 std::vector<Tensor> grads = g;
+                 for (std::size_t k = 0; k < ys.size(); ++k)
+                   if (!grads[k].defined() && is_floating(ys[k].dtype()))
+                     grads[k] = fill_on(ys[k].device(), ys[k].shape(), 0.0, ys[k].dtype(), loc);
+                 std::vector<Tensor> gs = rule->backward(grads, xs, ys);
+                 if (gs.size() != xs.size())
+                   fail_at<ValueError>("custom_gradient", at.file, at.line, "gradient rule returned ", gs.size(),
+                                       " gradients for ", xs.size(), " inputs");
+                 return gs;
+               },
+               loc);
+}
+
+/// ys (what a forward pass computed from xs) as the results of a call differentiated by `rule`:
+/// inside a trace a custom_gradient node, which keeps the rule for the staged function's
+/// gradient and which plans drop; eagerly fresh identities of ys. Recorded on the tapes.
+inline std::vector<Tensor> custom_results(const std::shared_ptr<const CustomRule>& rule, const std::vector<Tensor>& ys,
+                                          const std::vector<Tensor>& xs, const std::source_location& loc) {
+  TraceState* trace = context().trace;
+  bool symbolic = trace != nullptr;
+  for (const Tensor& t : ys) symbolic |= t.is_symbolic();
+  for (const Tensor& t : xs) symbolic |= t.is_symbolic();
+  std::vector<Tensor> outs;
+  if (symbolic) {
+    if (trace == nullptr)
+      fail<StagingError>("custom_gradient", loc, "an input is a symbolic tensor from a finished trace (it escaped its sc::function)");
+    outs = trace->custom_gradient(rule, ys, xs, loc);
+  } else {
+    for (const Tensor& y : ys) outs.push_back(alias_tensor(y, y.shape()));  // fresh identities for the tapes
+  }
+  record_custom(rule, xs, outs, loc);
+  return outs;
+}
+
+}  // namespace detail
 
 /// y = forward(xs), differentiated with `backward` instead of the ops forward ran (which are
 /// not recorded). backward is written with ops, so higher-order tapes can differentiate it;
 /// the y it receives is the recorded result (same values), so a rule written in terms of y
-/// (exp: g * y) has correct higher derivatives too.
+/// (exp: g * y) has correct higher derivatives too. Inside sc::function the rule is kept: the
+/// staged function's gradient runs it (traced into its backward graph), while its plan runs
+/// forward's ops as if custom_gradient were not there.
 inline Tensor custom_gradient(const std::function<Tensor(const std::vector<Tensor>&)>& forward,
                               CustomBackward backward, const std::vector<Tensor>& xs,
                               std::source_location loc = std::source_location::current()) {
   for (const Tensor& x : xs) detail::require_defined(x, "custom_gradient", loc);
+  if (!forward || !backward) detail::fail<ValueError>("custom_gradient", loc, "the forward or backward function is empty");
   Tensor y;
   {
     GradientTape::StopRecording quiet;
     y = forward(xs);
   }
   detail::require_defined(y, "custom_gradient", loc);
-  Tensor out = detail::alias_tensor(y, y.shape());  // a fresh identity for the tape
-  detail::record_custom("custom_gradient", xs, out,
-                        [backward = std::move(backward), xs, out](const Tensor& g) { return backward(g, xs, out); }, loc);
-  return out;
+  auto rule = std::make_shared<detail::CustomRule>();
+  rule->backward = [backward = std::move(backward)](const std::vector<Tensor>& g, const std::vector<Tensor>& in,
+                                                    const std::vector<Tensor>& ys) { return backward(g[0], in, ys[0]); };
+  return detail::custom_results(rule, {y}, xs, loc)[0];
+}
+
+/// The same for a forward pass with several results: ys = forward(xs), differentiated with
+/// backward(grads, xs, ys) -> one gradient per input, called once per backward pass whichever
+/// results the loss used (grads holds zeros for the others).
+inline std::vector<Tensor> custom_gradient(const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& forward,
+                                           CustomBackwardN backward, const std::vector<Tensor>& xs,
+                                           std::source_location loc = std::source_location::current()) {
+  for (const Tensor& x : xs) detail::require_defined(x, "custom_gradient", loc);
+  if (!forward || !backward) detail::fail<ValueError>("custom_gradient", loc, "the forward or backward function is empty");
+  std::vector<Tensor> ys;
+  {
+    GradientTape::StopRecording quiet;
+    ys = forward(xs);
+  }
+  if (ys.empty()) detail::fail<ValueError>("custom_gradient", loc, "the forward function returned no tensors");
+  for (const Tensor& y : ys) detail::require_defined(y, "custom_gradient", loc);
+  auto rule = std::make_shared<detail::CustomRule>();
+  rule->backward = std::move(backward);
+  return detail::custom_results(rule, ys, xs, loc);
 }
 
 /// The Jacobian of f at x: shape y.shape + x.shape, one backward pass per output element

@@ -24,13 +24,21 @@ namespace stagecraft::detail {
 /// the `wanted` inputs' gradients are used.
 using VjpFn = std::vector<Tensor> (*)(const Tensor& grad_out, ops::Inputs in, const Tensor& out,
                                       const ops::Attrs& attrs, ops::Wanted wanted);
-/// A user-supplied gradient (sc::custom_gradient).
-using CustomVjp = std::function<std::vector<Tensor>(const Tensor& grad_out)>;
 /// The gradient of a call with several results (a staged function, cond, while_loop, host_fn):
 /// one gradient per input from one per result, an undefined one where no gradient reached that
 /// result. One backward pass for all the results, not one per result. Only the `wanted` inputs'
 /// gradients are used (a rule may leave the others undefined and skip their work).
 using JointVjp = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outs, ops::Wanted wanted)>;
+
+/// A user's gradient rule for a call with inputs xs and results ys (sc::custom_gradient): one
+/// gradient per input (undefined: none) from one per result. Shared by the tape entries and the
+/// graph nodes of its calls (a traced call keeps its rule: the gradient of the staged function
+/// runs it, traced into the backward graph).
+struct CustomRule {
+  using Backward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads, const std::vector<Tensor>& xs,
+                                                     const std::vector<Tensor>& ys)>;
+  Backward backward;
+};
 
 /// An op's inputs as a recorded entry keeps them: up to three inline (every op but concat and
 /// stack has at most three), more on the heap. Recording allocated a vector per op before.
@@ -57,9 +65,8 @@ class EntryInputs {
 /// One recorded op call, shared by every tape that watched one of its inputs.
 struct TapeEntry : RefCounted {
   std::string_view op;
-  VjpFn vjp = nullptr;                     ///< null: no rule (error if reached) or custom
-  std::shared_ptr<const CustomVjp> custom; ///< set for sc::custom_gradient
-  std::shared_ptr<const JointVjp> joint;   ///< set for a call with several results
+  VjpFn vjp = nullptr;                    ///< null: no rule (error if reached) or joint
+  std::shared_ptr<const JointVjp> joint;  ///< set for a call with several results, or a custom rule
   EntryInputs inputs;
   Tensor output;                     ///< the result (a joint entry's first)
   std::vector<Tensor> more_outputs;  ///< a joint entry's other results
@@ -273,21 +280,6 @@ inline void see_inputs(ops::Inputs in) {
   for (const Ref<TapeRecorder>& t : tape_stack().tapes)
     if (t->recording())
       for (const Tensor& x : in) (void)t->is_watched(x);
-}
-
-/// Records a user-defined gradient (sc::custom_gradient) on every tape watching an input.
-inline void record_custom(std::string_view op, ops::Inputs in, const Tensor& out, CustomVjp fn,
-                          const std::source_location& loc) {
-  if (context().tapes == nullptr || context().no_record > 0) return;
-  record_entry(in, [&] {
-    auto* e = new TapeEntry;
-    e->op = op;
-    e->custom = std::make_shared<const CustomVjp>(std::move(fn));
-    e->inputs = EntryInputs(in);
-    e->output = out;
-    e->loc = loc;
-    return e;
-  });
 }
 
 /// Records one entry for a call with several results on every tape watching an input: its

@@ -300,8 +300,7 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
     if (e.joint) {
       g_more.insert(g_more.begin(), g);
       gs = (*e.joint)(g_more, wanted);
-    } else if (e.custom) gs = (*e.custom)(g);
-    else if (e.vjp) gs = e.vjp(g, e.inputs, e.output, e.attrs, wanted);
+    } else if (e.vjp) gs = e.vjp(g, e.inputs, e.output, e.attrs, wanted);
     else
       detail::fail<ValueError>(e.op, e.loc, "has no gradient rule (asked by gradient() at ", detail::where(loc), ")");
     if (gs.size() != e.inputs.size())

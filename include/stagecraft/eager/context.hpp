@@ -2,6 +2,7 @@
 // interface a trace implements (graph/trace.hpp) so dispatch can append nodes without knowing graphs.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <source_location>
 #include <span>
 #include <vector>
@@ -35,6 +36,8 @@ struct SymbolicValue {
   int id = -1;
 };
 
+struct CustomRule;
+
 /// A graph under construction, as dispatch and Variable see it (graph/trace.hpp implements it).
 /// Traces nest (a cond branch inside a function): `parent` is the enclosing one.
 struct TraceState {
@@ -52,6 +55,10 @@ struct TraceState {
   virtual Tensor read(const VariableInfo* var, const std::source_location& loc) = 0;
   /// Records `var = value` as a side effect of the graph, in program order.
   virtual void assign(const VariableInfo* var, const Tensor& value, const std::source_location& loc) = 0;
+  /// Appends a node whose results are `ys` (already traced) as a call of `xs` with `rule` as its
+  /// gradient (sc::custom_gradient); returns the node's results, symbolic.
+  virtual std::vector<Tensor> custom_gradient(const std::shared_ptr<const CustomRule>& rule, std::span<const Tensor> ys,
+                                              std::span<const Tensor> xs, const std::source_location& loc) = 0;
   /// Whether a Variable may be created now (only on a function's first trace).
   virtual bool may_create_variables() const = 0;
   /// True when a symbolic tensor belongs to this trace or an enclosing one.

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "../autodiff/custom.hpp"
 #include "ir.hpp"
 #include "op_table.hpp"
 
@@ -131,6 +132,14 @@ STAGECRAFT_COMPILED_INLINE std::vector<Tensor> detail_interp::run(const Graph& g
       case NodeKind::cond: outs = detail_interp::replay_cond(n, ins, rv); break;
       case NodeKind::while_loop: outs = detail_interp::replay_while(n, ins, rv); break;
       case NodeKind::host_fn: outs = detail_interp::replay_host_fn(n, ins); break;
+      case NodeKind::custom_gradient: {
+        const stagecraft::detail::LocOverride at(n.loc);
+        const auto m = static_cast<std::ptrdiff_t>(n.outputs.size());
+        outs = stagecraft::detail::custom_results(n.custom, std::vector<Tensor>(ins.begin(), ins.begin() + m),
+                                                  std::vector<Tensor>(ins.begin() + m, ins.end()),
+                                                  std::source_location::current());
+        break;
+      }
     }
     for (std::size_t k = 0; k < n.outputs.size() && k < outs.size(); ++k) vals[n.outputs[k]] = outs[k];
   }

@@ -39,6 +39,8 @@ enum class NodeKind : std::uint8_t {
   cond,        ///< inputs[0] (a bool scalar) picks bodies[0] or bodies[1], run on inputs[1..]
   while_loop,  ///< while bodies[0](vars) run vars = bodies[1](vars); inputs: initial vars, captures
   host_fn,     ///< arbitrary C++ (host) on the inputs, outputs checked against host->outputs
+  custom_gradient,  ///< outputs[k] = inputs[k] (the results), differentiated by `custom` with
+                    ///< respect to the other inputs (sc::custom_gradient); plans drop it
 };
 
 /// The printed name of a node kind.
@@ -54,6 +56,7 @@ STAGECRAFT_COMPILED_INLINE const char* kind_name(NodeKind k) {
     case NodeKind::cond: return "cond";
     case NodeKind::while_loop: return "while";
     case NodeKind::host_fn: return "host_fn";
+    case NodeKind::custom_gradient: return "custom_gradient";
   }
   return "?";
 }
@@ -130,6 +133,7 @@ struct Node {
   std::shared_ptr<stagecraft::detail::VariableState> var;        ///< read_var, assign_var
   std::vector<std::shared_ptr<const Graph>> bodies;  ///< cond: then, else; while_loop: cond, body
   std::shared_ptr<const HostFn> host;                ///< host_fn
+  std::shared_ptr<const stagecraft::detail::CustomRule> custom;  ///< custom_gradient
   int num_loop_vars = 0;                             ///< while_loop: inputs[0..n) are loop variables
 
   /// The printed name: the op's name, or the kind's.

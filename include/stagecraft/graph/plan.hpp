@@ -18,6 +18,7 @@
 #include "fused_kernel.hpp"
 #include "ir.hpp"
 #include "op_table.hpp"
+#include "passes/dce.hpp"
 #include "passes/fuse.hpp"
 #include "passes/memory.hpp"
 #include "plan_steps.hpp"
@@ -68,7 +69,8 @@ STAGECRAFT_COMPILED_INLINE bool& plan_host_timing() {
 /// buffers), made on first need and reused.
 class Plan {
  public:
-  explicit Plan(std::shared_ptr<const Graph> g, bool fuse = true) : g_(std::move(g)) { lower(fuse); }
+  /// Lowers g (less its custom_gradient nodes, which only gradients use).
+  explicit Plan(std::shared_ptr<const Graph> g, bool fuse = true) : g_(without_custom_gradients(std::move(g))) { lower(fuse); }
 
   const Graph& graph() const { return *g_; }
   const PlanStats& stats() const { return stats_; }
@@ -243,6 +245,7 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
         break;
       }
       case NodeKind::host_fn: s.kind = StepKind::host_fn; break;
+      case NodeKind::custom_gradient: throw Error("[plan] a custom_gradient node reached lowering");  // dropped above
       case NodeKind::cond:
         s.kind = StepKind::cond;
         s.sub[0] = std::make_shared<const Plan>(n.bodies[0], fuse);

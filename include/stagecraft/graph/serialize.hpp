@@ -20,6 +20,7 @@
 #include "../state/safetensors.hpp"
 #include "../state/variable.hpp"
 #include "function.hpp"
+#include "host_fn.hpp"
 #include "ir.hpp"
 #include "passes/verify.hpp"
 
@@ -448,8 +449,9 @@ class Reader {
     Node n;
     const std::string& kind = text(r, "kind");
     int k = 0;
-    while (k <= static_cast<int>(NodeKind::host_fn) && kind != kind_name(static_cast<NodeKind>(k))) ++k;
-    if (k > static_cast<int>(NodeKind::host_fn)) fail(r.line, "unknown node kind \"", kind, "\"");
+    constexpr int last = static_cast<int>(NodeKind::custom_gradient);
+    while (k <= last && kind != kind_name(static_cast<NodeKind>(k))) ++k;
+    if (k > last) fail(r.line, "unknown node kind \"", kind, "\"");
     n.kind = static_cast<NodeKind>(k);
     if (n.kind == NodeKind::host_fn) fail(r.line, "a host_fn node cannot be loaded (it holds C++ code)");
     n.inputs = ids(r, "in", g.values.size());
@@ -480,6 +482,7 @@ class Reader {
       n.loc.file = (*strings_)[static_cast<std::size_t>(f)]->c_str();
       n.loc.line = static_cast<std::uint32_t>(parse_int(r, "loc", std::string_view(*l).substr(colon + 1), 0, UINT32_MAX));
     }
+    if (n.kind == NodeKind::custom_gradient) n.custom = unsaved_rule(n.loc);
     const std::int64_t nb = find(r, "bodies") ? integer(r, "bodies", 0, 2) : 0;
     finish(r);
     for (std::int64_t b = 0; b < nb; ++b) {
@@ -492,6 +495,33 @@ class Reader {
                             n.bodies[0]->values[n.bodies[0]->outputs[0]].dtype != DType::b8;
     if (cond_pred || while_pred) fail(r.line, "the ", kind, " node's predicate is not bool");
     return n;
+  }
+
+  /// A loaded custom_gradient node's rule: the user's rule is C++ code, which a file cannot hold,
+  /// so running the gradient through it is an error naming the line that called custom_gradient.
+  /// The error comes from a host_fn of the output gradients, so it is raised when the gradient
+  /// runs, also where the gradient was staged ahead (a single tape stages a call's backward half
+  /// at the call).
+  static std::shared_ptr<const stagecraft::detail::CustomRule> unsaved_rule(const SrcLoc& at) {
+    auto rule = std::make_shared<stagecraft::detail::CustomRule>();
+    rule->backward = [file = std::string(at.file != nullptr ? at.file : ""), line = at.line](
+                         const std::vector<Tensor>& grads, const std::vector<Tensor>& xs, const std::vector<Tensor>&) {
+      auto refuse = [file, line](const std::vector<Tensor>&) -> std::vector<Tensor> {
+        stagecraft::detail::fail_at<StagingError>("custom_gradient", file.c_str(), line,
+                                                  "this call's gradient rule is C++ code, which a saved function does "
+                                                  "not keep: differentiate the function in the program that defines it");
+      };
+      std::vector<Tensor> given;
+      for (const Tensor& g : grads)
+        if (g.defined()) given.push_back(g);
+      std::vector<TensorSpec> specs;
+      for (const Tensor& x : xs) specs.push_back({x.shape(), x.dtype()});
+      std::vector<Tensor> gs = host_fn(refuse, given, specs);
+      for (std::size_t k = 0; k < xs.size(); ++k)
+        if (!is_floating(xs[k].dtype())) gs[k] = Tensor();
+      return gs;
+    };
+    return rule;
   }
 
   /// read_var/assign_var: the variable, whose saved value must have the type the node moves.

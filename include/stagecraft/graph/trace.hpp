@@ -94,6 +94,25 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
     return parent != nullptr && !changed_here_.count(var) ? parent->shadow(var) : nullptr;
   }
 
+  std::vector<Tensor> custom_gradient(const std::shared_ptr<const stagecraft::detail::CustomRule>& rule,
+                                      std::span<const Tensor> ys, std::span<const Tensor> xs,
+                                      const std::source_location& loc) override {
+    std::vector<Tensor> all(ys.begin(), ys.end()), lifted;
+    all.insert(all.end(), xs.begin(), xs.end());
+    lift(all, lifted, loc);
+    Node n;
+    n.kind = NodeKind::custom_gradient;
+    n.custom = rule;
+    std::vector<TensorSpec> specs;
+    std::vector<Device> devs;
+    for (std::size_t k = 0; k < lifted.size(); ++k) {
+      const int v = value_of(lifted[k]);
+      n.inputs.push_back(v);
+      if (k < ys.size()) specs.push_back({graph.values[v].shape, graph.values[v].dtype}), devs.push_back(graph.values[v].device);
+    }
+    return append_node(std::move(n), specs, devs, loc);
+  }
+
   /// Appends a node of the graph's own kinds (cond, while, host_fn) on lifted inputs; returns
   /// its outputs as symbolic tensors.
   std::vector<Tensor> append_node(Node n, const std::vector<TensorSpec>& outs, Device dev,

@@ -169,7 +169,8 @@ STAGECRAFT_COMPILED_INLINE Graph cse(const Graph& g) {
         for (const detail::VariableState* v : e.vars) last_read.erase(v);
         break;
       }
-      case NodeKind::input: break;
+      case NodeKind::input:
+      case NodeKind::custom_gradient: break;  // (each call keeps its own rule)
     }
   }
   return with_bodies(compact(g, keep, replace), [](const Graph& b) { return cse(b); });

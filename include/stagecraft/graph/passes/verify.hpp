@@ -183,6 +183,19 @@ STAGECRAFT_COMPILED_INLINE void check_kind(const Where& w, const Graph& g, const
       }
       break;
     }
+    case NodeKind::custom_gradient: {
+      if (!n.custom) fail(w, &n, i, "has no gradient rule");
+      if (n.outputs.empty() || n.inputs.size() < n.outputs.size())
+        fail(w, &n, i, "has " + std::to_string(n.inputs.size()) + " inputs for " + std::to_string(n.outputs.size()) +
+                           " results (its first inputs are the results it gives)");
+      for (std::size_t k = 0; k < n.outputs.size(); ++k) {
+        const Value &v = g.values[n.outputs[k]], &y = g.values[n.inputs[k]];
+        if (v.shape != y.shape || v.dtype != y.dtype || v.device != y.device)
+          fail(w, &n, i, "output " + std::to_string(k) + " is " + type_of(v.shape, v.dtype) + ", the value it gives is " +
+                             type_of(y.shape, y.dtype));
+      }
+      break;
+    }
     case NodeKind::cond:
     case NodeKind::while_loop: {
       if (n.bodies.size() != 2 || !n.bodies[0] || !n.bodies[1]) fail(w, &n, i, "needs two bodies");
