@@ -308,3 +308,43 @@ TEST_CASE("joint gradient: a staged function computes only the gradients a tape 
     }
   }
 }
+
+TEST_CASE("joint gradient: a host_fn's gradient nobody wants is dropped from the staged gradient", "[host_fn][grad][joint]") {
+  // The host_fn's gradient rule runs as a host_fn of the backward graph; it only computes values
+  // (it is pure), so dead-code elimination drops it where the tape wants no gradient through it.
+  int grads = 0;
+  const CountedIdentity counted{&grads};
+  auto body = [&](sc::Tensor x, sc::Tensor w) { return sc::sum(sc::tanh(counted(x * 2.f)) * w); };
+  auto f = sc::function(body);
+  const sc::Tensor x = sc::random::normal({3, 4}, 18), w = sc::random::normal({3, 4}, 19);
+  f(x, w);
+  const sc::ConcreteFunction cf = f.get_concrete(x, w);
+  const auto host_fns = [](const sc::ConcreteFunction& g) {
+    int n = 0;
+    for (const sc::graph::Node& node : g.graph().nodes) n += node.kind == sc::graph::NodeKind::host_fn;
+    return n;
+  };
+  CHECK(host_fns(cf.gradient_function()) == 2);  // the forward's made again, and its gradient
+  CHECK(host_fns(cf.gradient_function(sc::ops::Wanted::only(1))) == 1);  // w's: the forward's alone
+  for (const bool nested : {false, true}) {
+    INFO("nested tapes: " << nested);
+    for (int want = 1; want <= 3; ++want) {  // w, x, both
+      INFO("wanted: " << want);
+      std::optional<sc::GradientTape> outer;
+      if (nested) outer.emplace();
+      sc::GradientTape tape;
+      if (want & 1) tape.watch(w);
+      if (want & 2) tape.watch(x);
+      grads = 0;
+      const sc::Tensor loss = f(x, w);
+      const auto gs = tape.gradient(loss, std::vector<sc::Tensor>{x, w});
+      CHECK(grads == (want & 2 ? 1 : 0));
+      sc::GradientTape te;
+      te.watch(x);
+      te.watch(w);
+      const auto ge = te.gradient(body(x, w), std::vector<sc::Tensor>{x, w});
+      check_close(gs[0], want & 2 ? ge[0] : sc::zeros({3, 4}));
+      check_close(gs[1], want & 1 ? ge[1] : sc::zeros({3, 4}));
+    }
+  }
+}

@@ -33,6 +33,7 @@ STAGECRAFT_COMPILED_INLINE void record_gradient(const std::shared_ptr<const Host
     // The gradient is host code too: a host_fn over (inputs, outputs, the outputs' gradients),
     // those no gradient reached given as zeros.
     auto grad_fn = std::make_shared<HostFn>();
+    grad_fn->pure = true;  // (dropped where no gradient through it is wanted)
     grad_fn->fn = [h, ni, no](const std::vector<Tensor>& a) {
       const std::vector<Tensor> in(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(ni));
       const std::vector<Tensor> out(a.begin() + static_cast<std::ptrdiff_t>(ni), a.begin() + static_cast<std::ptrdiff_t>(ni + no));

@@ -80,6 +80,9 @@ struct HostFn {
   Fn fn;
   Grad grad;
   std::vector<TensorSpec> outputs;
+  /// fn only computes its outputs (a gradient rule's host code): dead-code elimination drops the
+  /// node when nothing uses them. A user's host_fn may act on the world, so it is kept.
+  bool pure = false;
 
   /// Runs fn on concrete tensors and checks what it returned. fn is opaque to the tapes around
   /// it, eager or in a plan (its gradient is `grad`; tapes it makes itself record as usual), and

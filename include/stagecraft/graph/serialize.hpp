@@ -514,9 +514,11 @@ class Reader {
       std::vector<Tensor> given;
       for (const Tensor& g : grads)
         if (g.defined()) given.push_back(g);
-      std::vector<TensorSpec> specs;
-      for (const Tensor& x : xs) specs.push_back({x.shape(), x.dtype()});
-      std::vector<Tensor> gs = host_fn(refuse, given, specs);
+      auto h = std::make_shared<graph::HostFn>();
+      h->fn = refuse;
+      h->pure = true;  // (dropped where no gradient through it is wanted)
+      for (const Tensor& x : xs) h->outputs.push_back({x.shape(), x.dtype()});
+      std::vector<Tensor> gs = graph::detail_host::call(h, given, std::source_location::current());
       for (std::size_t k = 0; k < xs.size(); ++k)
         if (!is_floating(xs[k].dtype())) gs[k] = Tensor();
       return gs;

@@ -11,7 +11,8 @@
 namespace stagecraft::graph {
 
 /// True for nodes a pass may never remove or merge: they act on the world (variables, host
-/// code) or run bodies that may. A dead read_var is not one of them: reading has no effect.
+/// code) or run bodies that may. A dead read_var is not one of them: reading has no effect, nor
+/// is a pure host_fn (a gradient rule's host code).
 STAGECRAFT_COMPILED_INLINE bool is_side_effect(const Node& n);
 
 /// The value v stands for after the replacements (replace[v] < 0 or == v: itself); chains
@@ -31,8 +32,8 @@ STAGECRAFT_COMPILED_INLINE Graph compact(const Graph& g, const std::vector<char>
                                          const std::vector<int>& replace = {});
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE bool is_side_effect(const Node& n) {
-  return n.kind == NodeKind::assign_var || n.kind == NodeKind::host_fn || n.kind == NodeKind::cond ||
-         n.kind == NodeKind::while_loop;
+  return n.kind == NodeKind::assign_var || (n.kind == NodeKind::host_fn && !(n.host && n.host->pure)) ||
+         n.kind == NodeKind::cond || n.kind == NodeKind::while_loop;
 }
 
 STAGECRAFT_COMPILED_INLINE int resolve_value(const std::vector<int>& replace, int v) {

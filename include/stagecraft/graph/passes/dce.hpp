@@ -8,7 +8,7 @@
 
 namespace stagecraft::graph {
 
-/// Which nodes of g are live: side effects (assign_var, host_fn, cond, while: kept whole,
+/// Which nodes of g are live: side effects (assign_var, host_fn unless pure, cond, while: kept whole,
 /// conservatively), input nodes (the arguments), and every node whose value (transitively)
 /// feeds a result or a live node. One backward sweep suffices: nodes are in program order.
 STAGECRAFT_COMPILED_INLINE std::vector<char> live_nodes(const Graph& g);
