@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -164,4 +165,39 @@ TEST_CASE("cuda eager: second derivatives through a staged LSTMCell step equal t
                    staged = sctest::lstm::second_derivatives(*gcell, x, true)[1];
   REQUIRE(staged.device() == gpu);
   check_same(staged, by_ops.to(sc::Device::cpu()), 1e-5);
+}
+
+TEST_CASE("cuda eager: custom_gradient staged on a GPU gives the rule's gradient, equal to the CPU's, its plan fused as without it",
+          "[cuda][staged][custom]") {
+  // tanh(a) * 2 with its gradient clipped to [-0.5, 0.5] before the tanh's derivative.
+  auto clipped = [](const sc::Tensor& a) {
+    return sc::custom_gradient([](const std::vector<sc::Tensor>& xs) { return sc::tanh(xs[0]) * 2.f; },
+                               [](const sc::Tensor& g, const std::vector<sc::Tensor>& xs, const sc::Tensor&) {
+                                 const sc::Tensor t = sc::tanh(xs[0]);
+                                 return std::vector<sc::Tensor>{sc::minimum(sc::maximum(g, -0.5f), 0.5f) * (1.f - t * t) * 2.f};
+                               },
+                               {a});
+  };
+  auto body = [&](const sc::Tensor& a, const sc::Tensor& w) { return sc::sum(clipped(a * w) * 3.f - a); };
+  auto f = sc::function(body);
+  const sc::Tensor x = values({64}, sc::f32, 31), w = values({64}, sc::f32, 32);
+  const sc::Tensor xg = x.to(gpu), wg = w.to(gpu);
+  const auto grads = [](const auto& fn, const sc::Tensor& a, const sc::Tensor& b) {
+    sc::GradientTape tape;
+    tape.watch({a, b});
+    return tape.gradient(fn(a, b), std::vector<sc::Tensor>{a, b});
+  };
+  const std::vector<sc::Tensor> want = grads(body, x, w);  // the CPU, eager
+  for (const bool nested : {false, true}) {
+    INFO("nested tapes: " << nested);
+    std::optional<sc::GradientTape> outer;
+    if (nested) outer.emplace();
+    const std::vector<sc::Tensor> got = grads([&](const sc::Tensor& a, const sc::Tensor& b) { return f(a, b); }, xg, wg);
+    check_same(got[0], want[0], 1e-5);
+    check_same(got[1], want[1], 1e-5);
+  }
+  // The plan runs the forward ops alone: as many kernels as the same ops without custom_gradient.
+  auto plain = sc::function([](const sc::Tensor& a, const sc::Tensor& b) { return sc::sum(sc::tanh(a * b) * 2.f * 3.f - a); });
+  CHECK(f.get_concrete(xg, wg).stats().plan.kernels == plain.get_concrete(xg, wg).stats().plan.kernels);
+  check_same(f(xg, wg), plain(x, w), 1e-5);
 }

@@ -245,7 +245,8 @@ TEST_CASE("cuda staged: 16-byte and one-element generated kernels give the same 
 // ---- CUDA graphs ----------------------------------------------------------------------------
 
 namespace {
-/// Turns CUDA graphs on for a scope, and back to what they were.
+/// Turns CUDA graphs on for a scope, and back to what they were. (Every test here leaves the
+/// policy as it found it: one process may run them all.)
 struct GraphsOn : sctest::cuda::GraphPolicyScope {
   GraphsOn() : GraphPolicyScope(sc::cuda::GraphPolicy::always) {}
 };
@@ -255,7 +256,7 @@ struct GraphsOn : sctest::cuda::GraphPolicyScope {
 template <class Plain, class Graphed, class... A>
 void check_three_calls(Plain& plain, Graphed& graphed, const std::vector<sc::Tensor>& want, double tol, const A&... args) {
   for (int it = 0; it < 3; ++it) {
-    sc::cuda::set_graphs(false);
+    const sctest::cuda::GraphPolicyScope kernels(sc::cuda::GraphPolicy::never);  // (restored after each call)
     const std::vector<sc::Tensor> p = plain(args...);
     const GraphsOn on;
     const std::vector<sc::Tensor> g = graphed(args...);
@@ -280,7 +281,7 @@ TEST_CASE("cuda graphs: a traced training step replays as one CUDA graph, equal 
   for (int it = 0; it < 6; ++it) {
     // New inputs at every call: the graph's copy nodes must read this call's tensors.
     const sc::Tensor x = values({16, 8}, sc::f32, 30 + it).to(gpu), y = values({16, 4}, sc::f32, 40 + it).to(gpu);
-    sc::cuda::set_graphs(false);
+    const sctest::cuda::GraphPolicyScope kernels(sc::cuda::GraphPolicy::never);  // (restored after each call)
     const auto [l1, p1] = plain(x, y);
     const GraphsOn on;
     const auto [l2, p2] = graphed(x, y);
@@ -299,6 +300,7 @@ TEST_CASE("cuda graphs: a traced training step replays as one CUDA graph, equal 
   INFO(st);
   // The first call warms up, the second captures and launches: five launches in all.
   CHECK(st.plan.cuda_graph == "replaying (5 launches)");
+  const sctest::cuda::GraphPolicyScope kernels(sc::cuda::GraphPolicy::never);  // (the status says what the policy does)
   CHECK(plain.get_concrete(x0, y0).stats().plan.cuda_graph.rfind("off", 0) == 0);
 }
 
@@ -375,9 +377,11 @@ TEST_CASE("cuda graphs: 40 variables (two copy kernels each way) and sliced argu
   for (int it = 0; it < 4; ++it) {
     const sc::Tensor a = sc::slice(values({11}, sc::f32, 91 + it).to(gpu), {1}, {8});
     const sc::Tensor c = sc::slice((values({16}, sc::f32, 95 + it) > 0.f).to(gpu), {3}, {13});
-    sc::cuda::set_graphs(false);
-    const sc::Tensor want = update(twins, a, c);
-    sc::cuda::set_graphs(true);
+    sc::Tensor want;
+    {
+      const sctest::cuda::GraphPolicyScope kernels(sc::cuda::GraphPolicy::never);
+      want = update(twins, a, c);
+    }
     check_same(f(a, c), want.to(sc::Device::cpu()), 1e-5);
   }
   for (std::size_t i = 0; i < vars.size(); ++i) {
@@ -403,7 +407,7 @@ TEST_CASE("cuda graphs: random numbers drawn in a replayed graph follow each cal
   std::vector<sc::Tensor> a, b;
   for (int i = 0; i < 4; ++i) {
     const sc::Tensor state = sc::detail::random_state(7, static_cast<std::uint64_t>(i) * 100).to(gpu);
-    sc::cuda::set_graphs(false);
+    const sctest::cuda::GraphPolicyScope kernels(sc::cuda::GraphPolicy::never);  // (restored after each call)
     a.push_back(plain(x, state));
     const GraphsOn on;
     b.push_back(graphed(x, state));
@@ -442,7 +446,7 @@ TEST_CASE("cuda graphs: a plan with cond and while_loop replays as one graph, br
     // Both signs of sum(x), and scales that change the number of rounds.
     const float scale = (it % 2 == 0 ? 1.f : -1.f) * static_cast<float>(1 + it);
     const sc::Tensor x = (values({6, 5}, sc::f32, 60 + it) * scale).to(gpu), y = values({6, 5}, sc::f32, 70 + it).to(gpu);
-    sc::cuda::set_graphs(false);
+    const sctest::cuda::GraphPolicyScope kernels(sc::cuda::GraphPolicy::never);  // (restored after each call)
     const auto p = plain(x, y);
     const GraphsOn on;
     const auto g = graphed(x, y);
@@ -554,7 +558,7 @@ TEST_CASE("cuda graphs: a traced LSTM step with all its gradients equals the CPU
   auto plain = sc::function([&] { return body(*gcell, gxs, gpu); });
   auto graphed = sc::function([&] { return body(*gcell, gxs, gpu); });
   for (int it = 0; it < 3; ++it) {
-    sc::cuda::set_graphs(false);
+    const sctest::cuda::GraphPolicyScope kernels(sc::cuda::GraphPolicy::never);  // (restored after each call)
     const std::vector<sc::Tensor> p = plain();
     const GraphsOn on;
     const std::vector<sc::Tensor> g = graphed();
@@ -709,7 +713,7 @@ TEST_CASE("cuda graphs: an Adam step's updates launched as one kernel equal the 
   for (int it = 0; it < 3; ++it) {
     INFO("step " << it);
     const sc::Tensor lc = on_cpu(x, y);
-    sc::cuda::set_graphs(false);
+    const sctest::cuda::GraphPolicyScope kernels(sc::cuda::GraphPolicy::never);  // (restored after each call)
     const sc::Tensor lp = plain(xg, yg);
     sc::graph::cuda_group_batching() = false;
     const sc::Tensor lu = unbatched(xg, yg);
