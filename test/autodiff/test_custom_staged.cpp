@@ -1,12 +1,14 @@
-// sc::custom_gradient staged and with several results: a traced call keeps its rule (the staged
-// function's gradient is the rule's, as eagerly; before, it was silently the forward ops'), a
-// plan runs the forward ops as if the call were not there (fused across it), a saved function
-// runs forward and refuses to differentiate through the rule it could not keep, and a forward
-// pass with several results has one rule called once per backward pass.
+// Recording control in staged code. sc::custom_gradient: a traced call keeps its rule (the
+// staged function's gradient is the rule's, as eagerly; before, it was silently the forward
+// ops'), a plan runs the forward ops as if the call were not there (fused across it), a saved
+// function runs forward and refuses to differentiate through the rule it could not keep, and a
+// forward pass with several results has one rule called once per backward pass.
+// GradientTape::StopRecording: values made while paused carry no gradient in staged code either.
 #include <catch2/catch.hpp>
 #include <stagecraft/stagecraft.hpp>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -107,6 +109,15 @@ TEST_CASE("custom_gradient in sc::function: the staged gradient is the rule's, a
   const sc::ConcreteFunction plain = sc::function([&](const Tensor& in) { return sc::sum((in * 2.0) * 1.0 * scale); }).get_concrete(x);
   CHECK(cf.stats().plan.kernels == plain.stats().plan.kernels);
   CHECK(cf.stats().plan.steps == plain.stats().plan.steps);
+}
+
+TEST_CASE("custom_gradient in a function called from another traced function keeps its rule", "[autodiff][custom][function]") {
+  auto inner = sc::function([](const Tensor& in) { return clip_grad(in * 3.0); });
+  auto outer = sc::function([&](const Tensor& in) { return sc::sum(Tensor(inner(in)) * 5.0); });
+  const Tensor x = sc::tensor({1.0, -2.0});
+  sc::GradientTape t;
+  t.watch(x);
+  CHECK(vals(t.gradient(outer(x), x)) == std::vector<double>{3, 3});  // clip(5) * 3; the ops' would be 15
 }
 
 TEST_CASE("custom_gradient in sc::function: second derivatives through a rule written with its result", "[autodiff][custom][function]") {
@@ -280,4 +291,94 @@ TEST_CASE("custom_gradient: bad forward or backward functions are reported", "[a
   });
   leak(x);
   CHECK_THAT(error_of<sc::StagingError>([&] { (void)clip_grad(escaped); }), Catch::Contains("escaped"));
+}
+
+// ---- GradientTape::StopRecording inside staged code ------------------------------------------
+
+TEST_CASE("StopRecording in sc::function: values made while paused carry no gradient, as eagerly", "[autodiff][function][stop]") {
+  // Before: the staged gradient replayed the paused ops as recorded ones (4x, 8x instead of 2x, 4x).
+  const Tensor x = sc::tensor({1.0, 2.0, -0.5});
+  auto body = [](const Tensor& in) {
+    Tensor y;
+    {
+      sc::GradientTape::StopRecording quiet;
+      y = sc::exp(in) * 2.0;
+    }
+    return sc::sum(y * in);
+  };
+  auto only_paused = [](const Tensor& in) {  // a result made wholly while paused
+    sc::GradientTape::StopRecording quiet;
+    return sc::sum(in * in);
+  };
+  auto in_branch = [](const Tensor& in, const Tensor& p) {
+    return sc::cond(
+        p,
+        [&] {
+          Tensor y;
+          {
+            sc::GradientTape::StopRecording quiet;
+            y = in * 3.0;
+          }
+          return y * in;
+        },
+        [&] { return in * 3.0; });
+  };
+  const auto eager_grad = [&](const auto& fn, const auto&... extra) {
+    sc::GradientTape t;
+    t.watch(x);
+    return vals(t.gradient(sc::sum(fn(x, extra...)), x));
+  };
+  auto f = sc::function(body);
+  auto g = sc::function(only_paused);
+  auto h = sc::function(in_branch);
+  const Tensor yes = sc::scalar(true);
+  for (const bool nested : {false, true}) {
+    INFO("nested tapes: " << nested);
+    std::optional<sc::GradientTape> outer;
+    if (nested) outer.emplace();
+    check_close(eager_grad(f), eager_grad(body), 1e-12);
+    CHECK(eager_grad(g) == std::vector<double>{0, 0, 0});
+    CHECK(eager_grad(only_paused) == std::vector<double>{0, 0, 0});
+    check_close(eager_grad(h, yes), eager_grad(in_branch, yes), 1e-12);
+  }
+  const std::vector<double> want = eager_grad(body);
+  check_close(want, vals(sc::exp(x) * 2.0), 1e-12);
+  // In a while_loop body: a <- (2a) * a with 2a made while paused, three rounds: d/da = 2a per
+  // round (x = 1: 2 * 4 * 16).
+  auto loop = sc::function([](const Tensor& in) {
+    return sc::while_loop([](const Tensor& i, const Tensor&) { return i < 3; },
+                          [](const Tensor& i, const Tensor& a) {
+                            Tensor b;
+                            {
+                              sc::GradientTape::StopRecording quiet;
+                              b = a * 2.0;
+                            }
+                            return std::make_tuple(i + 1, b * a);
+                          },
+                          std::make_tuple(sc::scalar(std::int64_t{0}), in));
+  });
+  const Tensor x2 = sc::tensor({1.0, 2.0});
+  sc::GradientTape t;
+  t.watch(x2);
+  const auto [rounds, a] = loop(x2);
+  CHECK(rounds.item<std::int64_t>() == 3);
+  CHECK(vals(t.gradient(sc::sum(a), x2)) == std::vector<double>{128, 16384});
+}
+
+TEST_CASE("StopRecording in sc::function: an optimizer step traced inside adds no stop_gradient nodes", "[autodiff][function][stop]") {
+  // Its updates are made while paused and only assigned: nothing reads them after the pause.
+  sc::Variable w(sc::tensor({0.5, -1.0}), "w");
+  sc::optim::SGD opt(0.1, 0.9);
+  auto step = sc::function([&](const Tensor& x) {
+    sc::GradientTape t;
+    const Tensor loss = sc::sum(sc::square(x * w.value()));
+    opt.apply(t.gradient(loss, std::vector<sc::Variable>{w}), std::vector<sc::Variable>{w});
+    return loss;
+  });
+  const Tensor x = sc::tensor({1.0, 2.0});
+  step(x);
+  int stops = 0;
+  for (const auto& n : step.get_concrete(x).traced_graph().nodes)
+    stops += n.kind == sc::graph::NodeKind::op && n.op == sc::ops::OpId::StopGradient && n.attrs.i0 == 0;
+  CHECK(stops == 0);
 }

@@ -59,7 +59,7 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
     std::vector<Tensor> lifted;
     lift(outs, lifted, loc);
     graph.outputs.clear();
-    for (const Tensor& t : lifted) graph.outputs.push_back(value_of(t));
+    for (const Tensor& t : lifted) graph.outputs.push_back(recorded_value(value_of(t), here(loc)));
   }
 
   // ---- TraceState ---------------------------------------------------------------------
@@ -77,8 +77,9 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
     n.op = op;
     n.attrs = attrs;
     n.loc = here(loc);
-    for (const Tensor& t : lifted) n.inputs.push_back(value_of(t));
+    for (const Tensor& t : lifted) n.inputs.push_back(recorded_value(value_of(t), n.loc));
     const int id = graph.add_node(std::move(n), {TensorSpec{meta.shape, meta.dtype}}, dev);
+    mark_if_paused(id);
     return handle(graph.out(id));
   }
 
@@ -123,7 +124,11 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
   std::vector<Tensor> append_node(Node n, const std::vector<TensorSpec>& outs, const std::vector<Device>& devs,
                                   const std::source_location& loc) {
     n.loc = here(loc);
+    // (a custom_gradient call is not differentiated through the results it wraps)
+    const std::size_t wrapped = n.kind == NodeKind::custom_gradient ? outs.size() : 0;
+    for (std::size_t k = wrapped; k < n.inputs.size(); ++k) n.inputs[k] = recorded_value(n.inputs[k], n.loc);
     const int id = graph.add_node(std::move(n), outs);
+    mark_if_paused(id);
     std::vector<Tensor> r;
     for (std::size_t k = 0; k < outs.size(); ++k) {
       const int v = graph.nodes[id].outputs[k];
@@ -193,6 +198,37 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
     impl->device = graph.values[v].device;
     impl->symbolic = {serial, v};
     return Tensor(stagecraft::detail::Ref<stagecraft::detail::TensorImpl>::adopt(impl));
+  }
+
+  // ---- values made while the tapes were paused (GradientTape::StopRecording) ------------------
+  // Eagerly they carry no gradient (no tape recorded the ops that made them); a use of one after
+  // the pause reads it through a stop_gradient, so that gradients derived from the graph (a staged
+  // function's, a cond's) agree. Only float values: the others carry no gradient anyway.
+
+  static bool paused() { return stagecraft::detail::context().no_record > 0; }
+  void mark_if_paused(int node) {
+    if (!paused()) return;
+    for (int v : graph.nodes[static_cast<std::size_t>(node)].outputs) {
+      if (!is_floating(graph.values[static_cast<std::size_t>(v)].dtype)) continue;
+      if (unrecorded_.size() <= static_cast<std::size_t>(v)) unrecorded_.resize(static_cast<std::size_t>(v) + 1, 0);
+      unrecorded_[static_cast<std::size_t>(v)] = 1;
+    }
+  }
+  /// v, or where v was made during a pause that has ended, stop_gradient(v) (one per value).
+  int recorded_value(int v, const SrcLoc& loc) {
+    if (static_cast<std::size_t>(v) >= unrecorded_.size() || !unrecorded_[static_cast<std::size_t>(v)] || paused()) return v;
+    auto [it, fresh] = stopped_.try_emplace(v, -1);
+    if (fresh) {
+      Node s;
+      s.kind = NodeKind::op;
+      s.op = ops::OpId::StopGradient;
+      s.inputs = {v};
+      s.loc = loc;
+      const Value& x = graph.values[static_cast<std::size_t>(v)];
+      const int id = graph.add_node(std::move(s), {TensorSpec{x.shape, x.dtype}}, x.device);
+      it->second = graph.out(id);
+    }
+    return it->second;
   }
 
   static std::shared_ptr<stagecraft::detail::VariableState> state_of(const stagecraft::detail::VariableInfo* var) {
@@ -287,6 +323,8 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
   std::unordered_set<const stagecraft::detail::VariableInfo*> changed_here_;  ///< by a nested body
   std::unordered_map<std::uint64_t, Tensor> captures_;
   std::vector<std::shared_ptr<stagecraft::detail::VariableState>> assigned_;
+  std::vector<char> unrecorded_;                 ///< by value: made while the tapes were paused
+  std::unordered_map<int, int> stopped_;          ///< value -> its stop_gradient
 };
 
 using stagecraft::detail::TapeIsolation;
