@@ -5,6 +5,7 @@
 #include <stagecraft/stagecraft.hpp>
 
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -36,6 +37,36 @@ struct CountedIdentity {
     return sc::host_fn(id, {x}, {sc::TensorSpec{x.shape(), x.dtype()}}, grad)[0];
   }
 };
+
+/// For each set of watched arguments (w, x, both), under one tape (the split backward) and under
+/// nested tapes (the backward those use): the staged f's gradients of (x, w) equal body's eager
+/// ones, zeros for an unwatched argument. `before` runs before each staged call, `after(want)`
+/// after its gradient (bit 0: w watched, bit 1: x).
+template <class F, class Body>
+void check_wanted_gradients(F& f, Body& body, const sc::Tensor& x, const sc::Tensor& w,
+                            const std::function<void()>& before, const std::function<void(int)>& after) {
+  for (const bool nested : {false, true}) {
+    INFO("nested tapes: " << nested);
+    for (int want = 1; want <= 3; ++want) {
+      INFO("wanted: " << want);
+      std::optional<sc::GradientTape> outer;
+      if (nested) outer.emplace();
+      sc::GradientTape tape;
+      if (want & 1) tape.watch(w);
+      if (want & 2) tape.watch(x);
+      before();
+      const sc::Tensor loss = sc::sum(f(x, w));
+      const auto gs = tape.gradient(loss, std::vector<sc::Tensor>{x, w});
+      after(want);
+      sc::GradientTape te;
+      te.watch(x);
+      te.watch(w);
+      const auto ge = te.gradient(sc::sum(body(x, w)), std::vector<sc::Tensor>{x, w});
+      check_close(gs[0], want & 2 ? ge[0] : sc::zeros(x.shape()));
+      check_close(gs[1], want & 1 ? ge[1] : sc::zeros(w.shape()));
+    }
+  }
+}
 
 }  // namespace
 
@@ -288,25 +319,7 @@ TEST_CASE("joint gradient: a staged function computes only the gradients a tape 
   CHECK(products(cf.gradient_function()) == 3);
   CHECK(products(cf.gradient_function(sc::ops::Wanted::only(1))) == 2);
   CHECK(cf.gradient_function(sc::ops::Wanted::only(1)).graph().outputs.size() == 1);
-  for (const bool nested : {false, true}) {  // the split backward, and the backward nested tapes use
-    INFO("nested tapes: " << nested);
-    for (int want = 1; want <= 3; ++want) {  // w, x, both
-      INFO("wanted: " << want);
-      std::optional<sc::GradientTape> outer;
-      if (nested) outer.emplace();
-      sc::GradientTape tape;
-      if (want & 1) tape.watch(w);
-      if (want & 2) tape.watch(x);
-      const sc::Tensor loss = sc::sum(f(x, w));
-      const auto gs = tape.gradient(loss, std::vector<sc::Tensor>{x, w});
-      sc::GradientTape te;
-      te.watch(x);
-      te.watch(w);
-      const auto ge = te.gradient(sc::sum(body(x, w)), std::vector<sc::Tensor>{x, w});
-      check_close(gs[0], want & 2 ? ge[0] : sc::zeros({3, 4}));
-      check_close(gs[1], want & 1 ? ge[1] : sc::zeros({4, 2}));
-    }
-  }
+  check_wanted_gradients(f, body, x, w, [] {}, [](int) {});
 }
 
 TEST_CASE("joint gradient: a host_fn's gradient nobody wants is dropped from the staged gradient", "[host_fn][grad][joint]") {
@@ -326,25 +339,5 @@ TEST_CASE("joint gradient: a host_fn's gradient nobody wants is dropped from the
   };
   CHECK(host_fns(cf.gradient_function()) == 2);  // the forward's made again, and its gradient
   CHECK(host_fns(cf.gradient_function(sc::ops::Wanted::only(1))) == 1);  // w's: the forward's alone
-  for (const bool nested : {false, true}) {
-    INFO("nested tapes: " << nested);
-    for (int want = 1; want <= 3; ++want) {  // w, x, both
-      INFO("wanted: " << want);
-      std::optional<sc::GradientTape> outer;
-      if (nested) outer.emplace();
-      sc::GradientTape tape;
-      if (want & 1) tape.watch(w);
-      if (want & 2) tape.watch(x);
-      grads = 0;
-      const sc::Tensor loss = f(x, w);
-      const auto gs = tape.gradient(loss, std::vector<sc::Tensor>{x, w});
-      CHECK(grads == (want & 2 ? 1 : 0));
-      sc::GradientTape te;
-      te.watch(x);
-      te.watch(w);
-      const auto ge = te.gradient(body(x, w), std::vector<sc::Tensor>{x, w});
-      check_close(gs[0], want & 2 ? ge[0] : sc::zeros({3, 4}));
-      check_close(gs[1], want & 1 ? ge[1] : sc::zeros({3, 4}));
-    }
-  }
+  check_wanted_gradients(f, body, x, w, [&] { grads = 0; }, [&](int want) { CHECK(grads == (want & 2 ? 1 : 0)); });
 }
