@@ -174,9 +174,10 @@ if has threads && fits 40; then
 16|STAGECRAFT_BLAS_CORE=keep
 1|STAGECRAFT_BLAS_CORE=keep
 8|
-16|STAGECRAFT_BLAS_THREAD_FLOPS=1000000
-16|STAGECRAFT_BLAS_THREAD_FLOPS=4000000
-16|STAGECRAFT_BLAS_THREAD_FLOPS=16000000"}
+16|STAGECRAFT_BLAS_THREAD_FLOPS=16000000
+16|STAGECRAFT_BLAS_SPLIT_FLOPS=2000000
+16|STAGECRAFT_BLAS_SPLIT_FLOPS=8000000
+8|STAGECRAFT_BLAS_SPLIT_FLOPS=4000000"}
     while IFS= read -r v; do
       [[ -z $v ]] && continue
       n=${v%%|*} extra=${v#*|}
@@ -185,10 +186,10 @@ if has threads && fits 40; then
       printf "%-3s %-50s %s\n" "$n" "${extra:-default}" "${e:--}"
     done <<< "$variants"
   } | tee "$out/threads.txt"
-  # The best stagecraft setting at 16 threads (STAGECRAFT_GRAIN_SCALE, STAGECRAFT_BLAS_THREAD_FLOPS)
+  # The best stagecraft setting at 16 threads (STAGECRAFT_GRAIN_SCALE, STAGECRAFT_BLAS_*_FLOPS)
   # runs the scaling table below when it beats the defaults by 3%.
   base16=$(awk '$1 == 16 && $2 == "default" {print $3}' "$out/threads.txt" | head -1)
-  best=$(sort -k3 -n "$out/threads.txt" | awk '$1 == 16 && $2 ~ /^STAGECRAFT_(GRAIN_SCALE|BLAS_THREAD_FLOPS)=/ && $3 != "-" {l = $0} END {print l}')
+  best=$(sort -k3 -n "$out/threads.txt" | awk '$1 == 16 && $2 ~ /^STAGECRAFT_(GRAIN_SCALE|BLAS_THREAD_FLOPS|BLAS_SPLIT_FLOPS)=/ && $3 != "-" {l = $0} END {print l}')
   if [[ -n $best && -n $base16 && $base16 != - ]] && (($(echo "$best" | awk '{print $3}') * 100 > base16 * 103)); then
     SC_SCALING_ENV=$(echo "$best" | awk '{print $2}') && echo "scaling with $SC_SCALING_ENV"
   fi

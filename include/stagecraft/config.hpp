@@ -59,6 +59,14 @@ inline constexpr long parallel_grain_scale = 64;
 /// STAGECRAFT_BLAS_THREAD_FLOPS or sc::set_blas_thread_flops; under test on the 16-core Xeon,
 /// where the example's MLP ran 11% slower on 16 threads than on 8 (bench/RESULTS.md).
 inline constexpr long blas_thread_flops = 0;
+/// The least floating-point work (2 M N K) of each block when stagecraft splits a mid-sized
+/// matrix product over its own threads itself (blocks of columns or rows, taken dynamically, each
+/// one single-threaded OpenBLAS call): a product of less than 4 blocks per thread is split so,
+/// a larger one is left to OpenBLAS. It never changes OpenBLAS's thread count (what made
+/// blas_thread_flops cost), and a slow thread takes fewer blocks. 0 (the default) is off.
+/// Changed at run time by STAGECRAFT_BLAS_SPLIT_FLOPS or sc::set_blas_split_flops; to be
+/// measured on the 16-core Xeon against the 8 -> 16 thread drop (bench/RESULTS.md).
+inline constexpr long blas_split_flops = 0;
 /// CUDA graphs' default policy (cuda::GraphPolicy::when_cheaper): a staged plan is replayed as a
 /// graph when the bytes it copies per call (arguments and variable values in, results out) are at
 /// most this many per kernel it launches. On the lent H100/H200 virtual machines a launch cost

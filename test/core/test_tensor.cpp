@@ -1,10 +1,13 @@
 // Tensor creation, item/to_vector, from_blob, reshape sharing, the allocator, printing, random.
+#include <array>
 #include <atomic>
 #include <sstream>
 #include <vector>
 
 #include <catch2/catch.hpp>
 #include <stagecraft/stagecraft.hpp>
+
+#include "testing.hpp"
 
 TEST_CASE("nested lists give the right shape and dtype", "[tensor]") {
   auto a = sc::tensor({1.f, 2.f, 3.f});
@@ -157,6 +160,56 @@ TEST_CASE("the BLAS thread cap gives a small product fewer threads, then restore
   sc::set_blas_thread_flops(-5);  // clamped: off
   CHECK(sc::blas_thread_flops() == 0);
   sc::set_blas_thread_flops(saved);
+  sc::set_num_threads(threads);
+}
+
+TEST_CASE("a matrix product split over stagecraft's threads equals plain loops, every layout", "[threads][matmul]") {
+  STATIC_REQUIRE(sc::config::blas_split_flops == 0);  // off by default
+  const int threads = sc::num_threads();
+  const std::int64_t saved = sc::blas_split_flops();
+  sc::set_num_threads(3);
+  // (M, N, K): wide (split by columns, a ragged last block), tall (by rows), one block, large
+  // (left to OpenBLAS: 4 blocks per thread or more)
+  const std::vector<std::array<std::int64_t, 3>> shapes = {{8, 100, 30}, {90, 12, 20}, {5, 20, 7}, {64, 64, 64}};
+  for (const std::int64_t per : {std::int64_t{5000}, std::int64_t{20000}, std::int64_t{1} << 40}) {
+    sc::set_blas_split_flops(per);
+    {  // which products are split (the others go to OpenBLAS whole)
+      std::vector<float> a(64 * 64, 1.f), b(64 * 64, 1.f), c(64 * 64);
+      const auto split = [&](std::int64_t M, std::int64_t N, std::int64_t K) {
+        return sc::backend::cpu::blas_detail::split_gemm(M, N, K, a.data(), K, false, b.data(), N, false, c.data(), N, 0.f);
+      };
+      INFO("per " << per);
+      CHECK(split(8, 100, 30));
+      CHECK(split(64, 64, 64) == (per > 20000));
+      CHECK(c[0] == (per > 20000 ? 64.f : 30.f));  // (the last product split)
+    }
+    for (const auto& [M, N, K] : shapes)
+      for (const bool ta : {false, true})
+        for (const bool tb : {false, true})
+          for (const bool ld : {false, true}) {  // matmul_2d, or gemm_ld accumulating into a wider C
+            INFO("per " << per << ", M " << M << " N " << N << " K " << K << ", ta " << ta << " tb " << tb << " ld " << ld);
+            const std::vector<float> a = sctest::small_values<float>(M * K, 1, 9, 8), b = sctest::small_values<float>(K * N, 2, 9, 8);
+            const std::int64_t ldc = ld ? N + 3 : N;
+            std::vector<float> c(static_cast<std::size_t>(M * ldc), 0.5f);
+            if (ld) sc::backend::cpu::gemm_ld(M, N, K, a.data(), ta ? M : K, ta, b.data(), tb ? K : N, tb, c.data(), ldc, true);
+            else sc::backend::cpu::matmul_2d(M, N, K, a.data(), b.data(), c.data(), ta, tb);
+            for (std::int64_t m = 0; m < M; ++m)
+              for (std::int64_t n = 0; n < N; ++n) {
+                double want = ld ? 0.5 : 0.0;
+                for (std::int64_t k = 0; k < K; ++k)
+                  want += double(a[static_cast<std::size_t>(ta ? k * M + m : m * K + k)]) *
+                          double(b[static_cast<std::size_t>(tb ? n * K + k : k * N + n)]);
+                REQUIRE(c[static_cast<std::size_t>(m * ldc + n)] == Approx(want).epsilon(1e-5).margin(1e-5));
+              }
+            if (ld)
+              for (std::int64_t m = 0; m < M; ++m)
+                for (std::int64_t n = N; n < ldc; ++n) REQUIRE(c[static_cast<std::size_t>(m * ldc + n)] == 0.5f);  // untouched
+          }
+  }
+  CHECK(sc::num_threads() == 3);  // OpenBLAS's and stagecraft's thread count unchanged
+  sc::set_blas_split_flops(-1);   // clamped: off
+  CHECK(sc::blas_split_flops() == 0);
+  sc::set_blas_split_flops(saved);
   sc::set_num_threads(threads);
 }
 

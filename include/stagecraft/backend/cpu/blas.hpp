@@ -22,21 +22,60 @@ inline blasint bi(std::int64_t v) { return static_cast<blasint>(v); }
 
 inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
 
+/// C = op(A) op(B) + beta C through one cblas call, row-major with leading dimensions.
+inline void gemm_call(std::int64_t M, std::int64_t N, std::int64_t K, const float* A, std::int64_t lda, bool ta,
+                      const float* B, std::int64_t ldb, bool tb, float* C, std::int64_t ldc, float beta) {
+  cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), bi(M), bi(N), bi(K), 1.f, A, bi(lda), B, bi(ldb), beta, C, bi(ldc));
+}
+inline void gemm_call(std::int64_t M, std::int64_t N, std::int64_t K, const double* A, std::int64_t lda, bool ta,
+                      const double* B, std::int64_t ldb, bool tb, double* C, std::int64_t ldc, double beta) {
+  cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), bi(M), bi(N), bi(K), 1.0, A, bi(lda), B, bi(ldb), beta, C, bi(ldc));
+}
+
+/// gemm_call split by stagecraft over its own threads when blas_split_flops() asks it and the
+/// product is mid-sized (under 4 blocks of that work per thread): blocks of C's columns (a
+/// multiple of 16 wide) or rows (of 4), taken dynamically by the threads, each one OpenBLAS call,
+/// which runs on one thread inside the parallel region (its kernels for a block's size may sum in
+/// another order: within float rounding of the unsplit product). False (nothing done) otherwise.
+template <class T>
+bool split_gemm(std::int64_t M, std::int64_t N, std::int64_t K, const T* A, std::int64_t lda, bool ta, const T* B,
+                std::int64_t ldb, bool tb, T* C, std::int64_t ldc, T beta) {
+#if SC_HAS_OPENMP
+  const std::int64_t per = blas_split_flops();
+  if (per <= 0 || omp_in_parallel()) return false;
+  const int max_threads = omp_get_max_threads();
+  if (max_threads < 2) return false;
+  const double fit = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) / static_cast<double>(per);
+  if (fit >= 4.0 * max_threads) return false;  // a large product: OpenBLAS's own threads split it well
+  const bool by_cols = N >= M;
+  const std::int64_t extent = by_cols ? N : M, quantum = by_cols ? 16 : 4;
+  std::int64_t blocks = std::clamp<std::int64_t>(static_cast<std::int64_t>(fit), 1, std::max<std::int64_t>(extent / quantum, 1));
+  std::int64_t width = (extent + blocks - 1) / blocks;
+  width = (width + quantum - 1) / quantum * quantum;
+  blocks = (extent + width - 1) / width;
+  // At least two threads even for one block: inside a parallel region OpenBLAS runs on one.
+  const int threads = static_cast<int>(std::clamp<std::int64_t>(blocks, 2, max_threads));
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (std::int64_t k = 0; k < blocks; ++k) {
+    const std::int64_t b = k * width, n = std::min(extent, b + width) - b;
+    if (by_cols) gemm_call(M, n, K, A, lda, ta, tb ? B + b * ldb : B + b, ldb, tb, C + b, ldc, beta);
+    else gemm_call(n, N, K, ta ? A + b : A + b * lda, lda, ta, B, ldb, tb, C + b * ldc, ldc, beta);
+  }
+  return true;
+#else
+  (void)M, (void)N, (void)K, (void)A, (void)lda, (void)ta, (void)B, (void)ldb, (void)tb, (void)C, (void)ldc, (void)beta;
+  return false;
+#endif
+}
+
 /// C[M,N] = op(A) op(B), row-major, op(X) = X or X^T: A is [M,K] (ta: [K,M]), B is [K,N]
 /// (tb: [N,K]); leading dimensions are the stored row lengths. M, K, N > 0.
-inline void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const float* A, const float* B, float* C, bool ta,
-                 bool tb) {
+template <class T>
+void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const T* A, const T* B, T* C, bool ta, bool tb) {
   ensure_blas_core();
+  if (split_gemm(M, N, K, A, ta ? M : K, ta, B, tb ? K : N, tb, C, N, T(0))) return;
   const BlasThreadCap cap(2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
-  cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), bi(M), bi(N), bi(K), 1.f, A, bi(ta ? M : K), B, bi(tb ? K : N), 0.f, C,
-              bi(N));
-}
-inline void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const double* A, const double* B, double* C, bool ta,
-                 bool tb) {
-  ensure_blas_core();
-  const BlasThreadCap cap(2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
-  cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), bi(M), bi(N), bi(K), 1.0, A, bi(ta ? M : K), B, bi(tb ? K : N), 0.0, C,
-              bi(N));
+  gemm_call(M, N, K, A, ta ? M : K, ta, B, tb ? K : N, tb, C, N, T(0));
 }
 /// y = op(A) x with A stored [rows, cols] row-major: y[rows] = A x, or (t) y[cols] = A^T x.
 inline void gemv(std::int64_t rows, std::int64_t cols, const float* A, const float* x, float* y, bool t) {
@@ -226,16 +265,9 @@ void gemm_ld(std::int64_t M, std::int64_t N, std::int64_t K, const T* A, std::in
       if (ldc == N) std::memset(C, 0, static_cast<std::size_t>(M * N) * sizeof(T));
       else for (std::int64_t m = 0; m < M; ++m) std::memset(C + m * ldc, 0, static_cast<std::size_t>(N) * sizeof(T));
     }
-    const T beta = T(1);
+    if (blas_detail::split_gemm(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, T(1))) return;
     const BlasThreadCap cap(2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
-    if constexpr (std::is_same_v<T, float>)
-      cblas_sgemm(CblasRowMajor, blas_detail::tr(ta), blas_detail::tr(tb), blas_detail::bi(M), blas_detail::bi(N),
-                  blas_detail::bi(K), 1.f, A, blas_detail::bi(lda), B, blas_detail::bi(ldb), beta, C,
-                  blas_detail::bi(ldc));
-    else
-      cblas_dgemm(CblasRowMajor, blas_detail::tr(ta), blas_detail::tr(tb), blas_detail::bi(M), blas_detail::bi(N),
-                  blas_detail::bi(K), 1.0, A, blas_detail::bi(lda), B, blas_detail::bi(ldb), beta, C,
-                  blas_detail::bi(ldc));
+    blas_detail::gemm_call(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, T(1));
   } else {
     using U = std::make_unsigned_t<T>;
     for (std::int64_t m = 0; m < M; ++m) {

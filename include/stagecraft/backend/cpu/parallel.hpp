@@ -72,6 +72,27 @@ inline void set_blas_thread_flops(std::int64_t flops) {
   detail::blas_thread_flops_setting().store(std::max<std::int64_t>(flops, 0), std::memory_order_relaxed);
 }
 
+namespace detail {
+/// The process's BLAS split work: STAGECRAFT_BLAS_SPLIT_FLOPS when set (>= 0), else
+/// config::blas_split_flops.
+inline std::atomic<std::int64_t>& blas_split_flops_setting() {
+  static std::atomic<std::int64_t> flops{[] {
+    const char* v = std::getenv("STAGECRAFT_BLAS_SPLIT_FLOPS");
+    const long long k = v != nullptr ? std::atoll(v) : config::blas_split_flops;
+    return static_cast<std::int64_t>(std::max<long long>(k, 0));
+  }()};
+  return flops;
+}
+}  // namespace detail
+
+/// The least work (floating-point operations) of each block of a matrix product that stagecraft
+/// splits over its own threads (0: off); see config::blas_split_flops.
+inline std::int64_t blas_split_flops() { return detail::blas_split_flops_setting().load(std::memory_order_relaxed); }
+/// Sets blas_split_flops (0 turns the split off).
+inline void set_blas_split_flops(std::int64_t flops) {
+  detail::blas_split_flops_setting().store(std::max<std::int64_t>(flops, 0), std::memory_order_relaxed);
+}
+
 namespace backend::cpu {
 
 /// While alive, OpenBLAS (whose OpenMP build asks OpenMP for its thread count at each call) runs a
