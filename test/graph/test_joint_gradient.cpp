@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <stagecraft/stagecraft.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -37,6 +38,12 @@ struct CountedIdentity {
     return sc::host_fn(id, {x}, {sc::TensorSpec{x.shape(), x.dtype()}}, grad)[0];
   }
 };
+
+/// The nodes of g's graph for which pred holds.
+template <class Pred>
+int count_nodes(const sc::ConcreteFunction& g, Pred pred) {
+  return static_cast<int>(std::count_if(g.graph().nodes.begin(), g.graph().nodes.end(), pred));
+}
 
 /// For each set of watched arguments (w, x, both), under one tape (the split backward) and under
 /// nested tapes (the backward those use): the staged f's gradients of (x, w) equal body's eager
@@ -312,9 +319,7 @@ TEST_CASE("joint gradient: a staged function computes only the gradients a tape 
   // arguments) and w's, not x's too.
   const sc::ConcreteFunction cf = f.get_concrete(x, w);
   const auto products = [](const sc::ConcreteFunction& g) {
-    int n = 0;
-    for (const sc::graph::Node& node : g.graph().nodes) n += node.kind == sc::graph::NodeKind::op && node.op == sc::ops::OpId::MatMul;
-    return n;
+    return count_nodes(g, [](const sc::graph::Node& n) { return n.kind == sc::graph::NodeKind::op && n.op == sc::ops::OpId::MatMul; });
   };
   CHECK(products(cf.gradient_function()) == 3);
   CHECK(products(cf.gradient_function(sc::ops::Wanted::only(1))) == 2);
@@ -333,9 +338,7 @@ TEST_CASE("joint gradient: a host_fn's gradient nobody wants is dropped from the
   f(x, w);
   const sc::ConcreteFunction cf = f.get_concrete(x, w);
   const auto host_fns = [](const sc::ConcreteFunction& g) {
-    int n = 0;
-    for (const sc::graph::Node& node : g.graph().nodes) n += node.kind == sc::graph::NodeKind::host_fn;
-    return n;
+    return count_nodes(g, [](const sc::graph::Node& n) { return n.kind == sc::graph::NodeKind::host_fn; });
   };
   CHECK(host_fns(cf.gradient_function()) == 2);  // the forward's made again, and its gradient
   CHECK(host_fns(cf.gradient_function(sc::ops::Wanted::only(1))) == 1);  // w's: the forward's alone

@@ -67,6 +67,11 @@ inline std::vector<Tensor> custom_results(const std::shared_ptr<const CustomRule
 
 }  // namespace detail
 
+/// The several-results form, declared for the one-result form below.
+inline std::vector<Tensor> custom_gradient(const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& forward,
+                                           CustomBackwardN backward, const std::vector<Tensor>& xs,
+                                           std::source_location loc = std::source_location::current());
+
 /// y = forward(xs), differentiated with `backward` instead of the ops forward ran (which are
 /// not recorded). backward is written with ops, so higher-order tapes can differentiate it;
 /// the y it receives is the recorded result (same values), so a rule written in terms of y
@@ -76,18 +81,11 @@ inline std::vector<Tensor> custom_results(const std::shared_ptr<const CustomRule
 inline Tensor custom_gradient(const std::function<Tensor(const std::vector<Tensor>&)>& forward,
                               CustomBackward backward, const std::vector<Tensor>& xs,
                               std::source_location loc = std::source_location::current()) {
-  for (const Tensor& x : xs) detail::require_defined(x, "custom_gradient", loc);
   if (!forward || !backward) detail::fail<ValueError>("custom_gradient", loc, "the forward or backward function is empty");
-  Tensor y;
-  {
-    GradientTape::StopRecording quiet;
-    y = forward(xs);
-  }
-  detail::require_defined(y, "custom_gradient", loc);
-  auto rule = std::make_shared<detail::CustomRule>();
-  rule->backward = [backward = std::move(backward)](const std::vector<Tensor>& g, const std::vector<Tensor>& in,
-                                                    const std::vector<Tensor>& ys) { return backward(g[0], in, ys[0]); };
-  return detail::custom_results(rule, {y}, xs, loc)[0];
+  return custom_gradient([&forward](const std::vector<Tensor>& in) { return std::vector<Tensor>{forward(in)}; },
+                         [backward = std::move(backward)](const std::vector<Tensor>& g, const std::vector<Tensor>& in,
+                                                          const std::vector<Tensor>& ys) { return backward(g[0], in, ys[0]); },
+                         xs, loc)[0];
 }
 
 /// The same for a forward pass with several results: ys = forward(xs), differentiated with
@@ -95,7 +93,7 @@ inline Tensor custom_gradient(const std::function<Tensor(const std::vector<Tenso
 /// results the loss used (grads holds zeros for the others).
 inline std::vector<Tensor> custom_gradient(const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& forward,
                                            CustomBackwardN backward, const std::vector<Tensor>& xs,
-                                           std::source_location loc = std::source_location::current()) {
+                                           std::source_location loc) {
   for (const Tensor& x : xs) detail::require_defined(x, "custom_gradient", loc);
   if (!forward || !backward) detail::fail<ValueError>("custom_gradient", loc, "the forward or backward function is empty");
   std::vector<Tensor> ys;

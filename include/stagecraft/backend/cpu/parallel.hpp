@@ -30,14 +30,15 @@ inline void set_num_threads(int n) {
 }
 
 namespace detail {
+/// The integer in environment variable `name` when it is set, else `fallback`.
+inline long long env_or(const char* name, long long fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoll(v) : fallback;
+}
 /// The process's grain scale: STAGECRAFT_GRAIN_SCALE when set (a positive integer), else
 /// config::parallel_grain_scale.
 inline std::atomic<std::int64_t>& grain_scale_setting() {
-  static std::atomic<std::int64_t> scale{[] {
-    const char* v = std::getenv("STAGECRAFT_GRAIN_SCALE");
-    const long long k = v != nullptr ? std::atoll(v) : config::parallel_grain_scale;
-    return static_cast<std::int64_t>(std::clamp<long long>(k, 1, 1 << 20));
-  }()};
+  static std::atomic<std::int64_t> scale{std::clamp<long long>(env_or("STAGECRAFT_GRAIN_SCALE", config::parallel_grain_scale), 1, 1 << 20)};
   return scale;
 }
 }  // namespace detail
@@ -55,11 +56,7 @@ namespace detail {
 /// The process's BLAS thread work: STAGECRAFT_BLAS_THREAD_FLOPS when set (>= 0), else
 /// config::blas_thread_flops.
 inline std::atomic<std::int64_t>& blas_thread_flops_setting() {
-  static std::atomic<std::int64_t> flops{[] {
-    const char* v = std::getenv("STAGECRAFT_BLAS_THREAD_FLOPS");
-    const long long k = v != nullptr ? std::atoll(v) : config::blas_thread_flops;
-    return static_cast<std::int64_t>(std::max<long long>(k, 0));
-  }()};
+  static std::atomic<std::int64_t> flops{std::max<long long>(env_or("STAGECRAFT_BLAS_THREAD_FLOPS", config::blas_thread_flops), 0)};
   return flops;
 }
 }  // namespace detail
@@ -76,11 +73,7 @@ namespace detail {
 /// The process's BLAS split work: STAGECRAFT_BLAS_SPLIT_FLOPS when set (>= 0), else
 /// config::blas_split_flops.
 inline std::atomic<std::int64_t>& blas_split_flops_setting() {
-  static std::atomic<std::int64_t> flops{[] {
-    const char* v = std::getenv("STAGECRAFT_BLAS_SPLIT_FLOPS");
-    const long long k = v != nullptr ? std::atoll(v) : config::blas_split_flops;
-    return static_cast<std::int64_t>(std::max<long long>(k, 0));
-  }()};
+  static std::atomic<std::int64_t> flops{std::max<long long>(env_or("STAGECRAFT_BLAS_SPLIT_FLOPS", config::blas_split_flops), 0)};
   return flops;
 }
 }  // namespace detail
