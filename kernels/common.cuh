@@ -79,8 +79,12 @@ inline std::int64_t max_strided_offset(int rank, const std::int64_t* shape, cons
 void arm_fault_check();
 /// Arms the next wait for `device` to read its fault record (a graph launch whose body can write it).
 void arm_fault_check(int device);
-/// The device's own stream (never a capture's), made current; created on first use.
+/// The device's own stream (never a capture's), made current; created on first use. The device's
+/// queued eager ops (batch_enqueue) are launched on it first: whoever asks is about to queue work
+/// there.
 Status main_stream(int device, cudaStream_t* out);
+/// Launches the n (1..abi::batch_max_ops) queued ops as one kernel on s (kernels/batch.cu).
+Status launch_batch(const abi::BatchOp* ops, int n, cudaStream_t s);
 /// The stream this thread's launches on `device` are recorded on while it captures there (null
 /// when it does not).
 cudaStream_t capture_stream_of(int device);

@@ -5,6 +5,8 @@
 #include <mutex>
 #include <vector>
 
+#include "batch_elements.cuh"
+#include "batch_queue.hpp"
 #include "common.cuh"
 
 namespace stagecraft::cuda::kernels {
@@ -29,6 +31,7 @@ struct DeviceState {
   abi::Fault* fault_host = nullptr;  // pinned: where a check copies the record (null: a pageable copy)
   abi::Fault found;               // what the last check read from it, until take_fault
   std::atomic<bool> armed{false};  // a kernel that can fault ran since the last check
+  batch::Queue queued;             // small eager ops not yet launched (batch_enqueue)
 };
 DeviceState& state(int device) {
   static DeviceState states[max_devices];
@@ -117,7 +120,11 @@ Status make_current(int device) {
   return cudaSetDevice(device);
 }
 
-Status main_stream(int device, cudaStream_t* out) {
+namespace {
+
+/// main_stream without launching the queued ops: for the launch of a batch itself, and for
+/// allocations (new memory is used by no queued op).
+Status own_stream(int device, cudaStream_t* out) {
   if (const Status e = check_device(device)) return e;
   if (const auto e = make_current(device)) return e;
   DeviceState& d = state(device);
@@ -132,6 +139,26 @@ Status main_stream(int device, cudaStream_t* out) {
   }
   *out = s;
   return cudaSuccess;
+}
+
+/// What launches a batch of the queue of `device`: batch.cu's kernel on its own stream.
+struct LaunchOn {
+  int device;
+  Status operator()(const abi::BatchOp* ops, int n) const {
+    cudaStream_t s = nullptr;
+    if (const Status e = own_stream(device, &s)) return e;
+    return launch_batch(ops, n, s);
+  }
+};
+
+/// Launches the ops queued on device, if any (its stream made current).
+Status flush_queued(int device) { return batch::flush(state(device).queued, LaunchOn{device}); }
+
+}  // namespace
+
+Status main_stream(int device, cudaStream_t* out) {
+  if (const Status e = own_stream(device, out)) return e;
+  return flush_queued(device);
 }
 
 cudaStream_t capture_stream_of(int device) { return device >= 0 && device == capture_device ? capture_stream : nullptr; }
@@ -300,7 +327,7 @@ Status last_error() noexcept { return cudaGetLastError(); }
 // a capture is then valid whenever the graph runs (on the main stream, after the allocation).
 Status malloc_async(int device, std::size_t n, void** p) noexcept {
   cudaStream_t s = nullptr;
-  if (const Status e = main_stream(device, &s)) return e;
+  if (const Status e = own_stream(device, &s)) return e;
   const auto e = cudaMallocAsync(p, n, s);
   if (e == cudaErrorMemoryAllocation) cudaGetLastError();  // not sticky: the caller retries
   return e;
@@ -353,5 +380,18 @@ Status copy_d2d(int dst_device, void* dst, int src_device, const void* src, std:
   if (src_device == dst_device) return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, st);
   return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, n, st);
 }
+
+Status batch_enqueue(int device, const BatchOp& op) noexcept {
+  if (const Status e = check_device(device)) return e;
+  if (device == capture_device || !batch::takes_op(op)) return cudaErrorNotSupported;
+  return batch::push(state(device).queued, op, LaunchOn{device});
+}
+
+Status batch_flush(int device) noexcept {
+  if (const Status e = check_device(device)) return e;
+  return flush_queued(device);
+}
+
+BatchStats batch_stats() noexcept { return batch::stats(); }
 
 }  // namespace stagecraft::cuda::abi

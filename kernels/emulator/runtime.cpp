@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "../batch_elements.cuh"
+#include "../batch_queue.hpp"
 #include "emu.hpp"
 
 namespace stagecraft::cuda::emu {
@@ -52,6 +54,7 @@ struct DeviceState {
   abi::Fault* fault = nullptr;  // device pointer, made on first use
   abi::Fault found;
   std::atomic<bool> armed{false};
+  cuda::kernels::batch::Queue queued;  // small eager ops not yet run (batch_enqueue)
 };
 DeviceState& state(int device) {
   static DeviceState* states = [] {
@@ -217,6 +220,32 @@ void report_fault(abi::Fault* f, std::int32_t tag, std::int64_t value, std::int6
 
 namespace {
 
+namespace batch = cuda::kernels::batch;
+
+/// Runs a batch of the queue of `device` as one launch: batch.cu's ops, by the same functions,
+/// in order.
+struct LaunchOn {
+  int device;
+  Status operator()(const abi::BatchOp* ops, int n) const {
+    try {
+      std::vector<abi::BatchOp> own(ops, ops + n);  // (the closure may run later: a copy)
+      for (abi::BatchOp& op : own) {
+        op.a = host(op.a);
+        op.b = host(op.b);
+        op.y = host(op.y);
+      }
+      return launch(&state(device).stream, [own = std::move(own)] {
+        for (const abi::BatchOp& op : own) batch::run_op<std::int64_t>(op, 0, 1, true);
+      });
+    } catch (const std::bad_alloc&) {
+      return memory_allocation;
+    }
+  }
+};
+
+/// Runs the ops queued on `device`, if any: before anything else uses the device's stream.
+Status flush_queued(int device) { return batch::flush(state(device).queued, LaunchOn{device}); }
+
 /// After the device's work (all of it is done here): reads and clears its fault record when a
 /// kernel that can write it ran since the last check.
 Status collect_fault(int device) {
@@ -261,6 +290,7 @@ bool is_out_of_memory(Status s) noexcept { return s == memory_allocation; }
 
 Status stream(int device, Stream* out) noexcept {
   if (const Status e = check_device(device)) return e;
+  if (const Status e = flush_queued(device)) return e;
   if (capturing(device)) {
     capture_stream.device = device;
     *out = &capture_stream;
@@ -273,6 +303,7 @@ Status stream(int device, Stream* out) noexcept {
 Status synchronize(int device) noexcept {
   if (const Status e = check_device(device)) return e;
   if (capturing(device)) return spoil();
+  if (const Status e = flush_queued(device)) return e;
   return collect_fault(device);
 }
 
@@ -301,6 +332,7 @@ Status malloc_async(int device, std::size_t n, void** p) noexcept {
 Status free_async(int device, void* p) noexcept {
   if (const Status e = check_device(device)) return e;
   if (p == nullptr) return ok;
+  if (const Status e = flush_queued(device)) return e;
   DeviceState& d = state(device);
   const std::lock_guard<std::mutex> lock(d.mu);
   void* h = host(p);
@@ -318,6 +350,7 @@ Status copy_h2d(int device, void* dst, const void* src, std::size_t n) noexcept 
   if (n == 0) return ok;
   if (const Status e = check_device(device)) return e;
   if (!is_device_ptr(dst) || is_device_ptr(src)) return invalid_value;
+  if (const Status e = flush_queued(device)) return e;
   copies_made.fetch_add(1, std::memory_order_relaxed);
   if (capturing(device)) {  // recorded: the graph copies the bytes as they were (a staging buffer's)
     try {
@@ -337,6 +370,7 @@ Status copy_d2h(int device, void* dst, const void* src, std::size_t n) noexcept 
   if (const Status e = check_device(device)) return e;
   if (capturing(device)) return spoil();
   if (is_device_ptr(dst) || !is_device_ptr(src)) return invalid_value;
+  if (const Status e = flush_queued(device)) return e;
   std::memcpy(dst, host(src), n);
   return collect_fault(device);
 }
@@ -346,6 +380,7 @@ Status copy_d2d(int dst_device, void* dst, int src_device, const void* src, std:
   if (const Status e = check_device(dst_device)) return e;
   if (const Status e = check_device(src_device)) return e;
   if (!is_device_ptr(dst) || !is_device_ptr(src)) return invalid_value;
+  if (const Status e = flush_queued(src_device)) return e;
   Stream s = nullptr;
   if (const Status e = stream(dst_device, &s)) return e;
   copies_made.fetch_add(1, std::memory_order_relaxed);
@@ -382,6 +417,7 @@ Status take_fault(int device, Fault* out) noexcept {
 Status capture_begin(int device) noexcept {
   if (capture_device >= 0) return capture_unsupported;  // one capture per thread
   if (const Status e = check_device(device)) return e;
+  if (const Status e = flush_queued(device)) return e;
   auto root = std::unique_ptr<Rec>(new (std::nothrow) Rec());
   if (!root) return memory_allocation;
   capture_root = std::move(root);
@@ -458,6 +494,7 @@ Status graph_launch(GraphExec g, const GraphCopy* ins, int n_in, const GraphCopy
   auto* x = static_cast<Exec*>(g);
   if (x == nullptr || n_in != x->n_in || n_out != x->n_out) return invalid_value;
   if (capturing(x->device)) return capture_unsupported;
+  if (const Status e = flush_queued(x->device)) return e;
   graphs_launched.fetch_add(1, std::memory_order_relaxed);
   run(*x->body, LaunchCtx{ins, outs});
   if (arm) state(x->device).armed.store(true);
@@ -507,5 +544,23 @@ void capture_cond_free(CondNode node) noexcept {
   if (c->in_body) (void)capture_body_end(node);
   delete c;
 }
+
+// ---- eager batches --------------------------------------------------------------------------
+
+Status batch_enqueue(int device, const BatchOp& op) noexcept {
+  if (const Status e = check_device(device)) return e;
+  if (capturing(device) || !batch::takes_op(op)) return not_supported;
+  if (!is_device_ptr(op.y) || (op.kind != BatchOp::fill && !is_device_ptr(op.a)) ||
+      (op.kind == BatchOp::binary && !is_device_ptr(op.b)))
+    return invalid_value;
+  return batch::push(state(device).queued, op, LaunchOn{device});
+}
+
+Status batch_flush(int device) noexcept {
+  if (const Status e = check_device(device)) return e;
+  return flush_queued(device);
+}
+
+BatchStats batch_stats() noexcept { return batch::stats(); }
 
 }  // namespace stagecraft::cuda::abi

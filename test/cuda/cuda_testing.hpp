@@ -40,6 +40,15 @@ struct GraphPolicyScope {
   GraphPolicyScope& operator=(const GraphPolicyScope&) = delete;
 };
 
+/// Sets eager batching (sc::cuda::eager_batching) for a scope, and back to what it was.
+struct BatchingScope {
+  bool was = sc::cuda::eager_batching();
+  explicit BatchingScope(bool on) { sc::cuda::set_eager_batching(on); }
+  ~BatchingScope() { sc::cuda::set_eager_batching(was); }
+  BatchingScope(const BatchingScope&) = delete;
+  BatchingScope& operator=(const BatchingScope&) = delete;
+};
+
 /// What the host asked of the GPU while some code ran, as the CUDA emulator counts it; -1 each
 /// on a real GPU, which does not count.
 struct Launches {
@@ -48,8 +57,11 @@ struct Launches {
 template <class F>
 Launches counted(F&& f) {
 #if defined(STAGECRAFT_CUDA_EMULATOR)
+  // (small ops queued before f are launched first, and the ones f queued are launched: counted)
+  sc::cuda::flush();
   const auto before = sc::cuda::emu::counts();
   f();
+  sc::cuda::flush();
   const auto after = sc::cuda::emu::counts();
   return {after.kernels - before.kernels, after.copies - before.copies, after.graph_launches - before.graph_launches};
 #else

@@ -333,6 +333,45 @@ Status philox(bool normal, DT dt, const std::int64_t* state, double p0, double p
               Stream s) noexcept;
 
 
+// ---- eager batches ---------------------------------------------------------------------------
+/// One small elementwise op queued by batch_enqueue: y[i] = rule(a[i]) (unary), rule(a[i], b[i])
+/// (binary; an operand of one element is read at 0 by every i: its `one` flag), a[i] converted
+/// from dt to out_dt (cast), or `value` converted to dt (fill); n contiguous elements.
+struct BatchOp {
+  enum Kind : std::int8_t { unary, binary, cast, fill };
+  Kind kind = unary;
+  std::int8_t rule = 0;  ///< a UnaryRule or BinaryRule
+  bool a_one = false, b_one = false;
+  DT dt = DT::f32;      ///< the inputs' dtype (a fill's output)
+  DT out_dt = DT::f32;  ///< a cast's output dtype
+  std::int32_t n = 0;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* y = nullptr;
+  double value = 0;
+};
+static_assert(sizeof(BatchOp) == 48, "a batch of 64 ops travels in a launch's 4 KiB of parameters");
+/// Ops one batch launch runs (they travel as its parameter, in order, one block of threads).
+inline constexpr int batch_max_ops = 64;
+/// Ops with more elements than this launch their own kernel.
+inline constexpr std::int64_t batch_max_elements = 4096;
+/// Queues op on `device` (its pointers on that device) instead of launching it: the queued ops
+/// are launched together, as one kernel that runs them one after another, when batch_max_ops are
+/// queued, at batch_flush, and before anything else is queued on the device's stream (a kernel,
+/// a copy, a free, a wait, a graph launch: every other call of this interface that uses the
+/// device's stream launches them first), so the stream's order is kept. not_supported, with
+/// nothing queued, when this thread captures a graph on the device or the kernels take no such op
+/// (the caller launches it itself).
+Status batch_enqueue(int device, const BatchOp& op) noexcept;
+/// Launches the ops queued on `device`, if any.
+Status batch_flush(int device) noexcept;
+/// What batch_enqueue did since the process started (all devices).
+struct BatchStats {
+  std::int64_t ops = 0;      ///< ops queued
+  std::int64_t batches = 0;  ///< launches that ran them
+};
+BatchStats batch_stats() noexcept;
+
 // ---- kernels compiled at run time (NVRTC) ----------------------------------------------------
 /// A kernel compiled from source at run time, opaque (a cudaKernel_t).
 using RtcKernel = void*;

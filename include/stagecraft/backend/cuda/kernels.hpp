@@ -67,6 +67,15 @@ template <class Op>
 void unary(std::span<const Tensor> in, Tensor& out, const std::source_location& loc) {
   static_assert(unary_rule<Op>() != abi::UnaryRule::count, "stagecraft: this unary rule has no CUDA kernel");
   const Device d = out.device();
+  if (in[0].shape() == out.shape()) {
+    abi::BatchOp b;
+    b.kind = abi::BatchOp::unary;
+    b.rule = static_cast<std::int8_t>(unary_rule<Op>());
+    b.dt = dt(in[0].dtype());
+    b.a = in[0].raw_data();
+    b.y = out.raw_data();
+    if (stagecraft::cuda::detail::enqueue_small(d, b, out.numel(), Op::name, loc)) return;
+  }
   check(abi::unary(unary_rule<Op>(), dt(in[0].dtype()), in[0].raw_data(), out.raw_data(),
                    geometry(out.shape(), {&in[0].shape()}), stream(d, Op::name, loc)),
         d, Op::name, loc);
@@ -77,6 +86,19 @@ template <class Op>
 void binary(std::span<const Tensor> in, Tensor& out, const std::source_location& loc) {
   static_assert(binary_rule<Op>() != abi::BinaryRule::count, "stagecraft: this binary rule has no CUDA kernel");
   const Device d = out.device();
+  const bool a_one = in[0].numel() == 1, b_one = in[1].numel() == 1;
+  if ((a_one || in[0].shape() == out.shape()) && (b_one || in[1].shape() == out.shape())) {
+    abi::BatchOp b;
+    b.kind = abi::BatchOp::binary;
+    b.rule = static_cast<std::int8_t>(binary_rule<Op>());
+    b.dt = dt(in[0].dtype());
+    b.a_one = a_one;
+    b.b_one = b_one;
+    b.a = in[0].raw_data();
+    b.b = in[1].raw_data();
+    b.y = out.raw_data();
+    if (stagecraft::cuda::detail::enqueue_small(d, b, out.numel(), Op::name, loc)) return;
+  }
   check(abi::binary(binary_rule<Op>(), dt(in[0].dtype()), in[0].raw_data(), in[1].raw_data(), out.raw_data(),
                     geometry(out.shape(), {&in[0].shape(), &in[1].shape()}), stream(d, Op::name, loc)),
         d, Op::name, loc);
@@ -133,14 +155,20 @@ inline void one_hot(const Tensor& idx, Tensor& out, std::int64_t depth, std::str
 /// out = x converted to out's dtype.
 inline void cast(const Tensor& x, Tensor& out, std::string_view op, const std::source_location& loc) {
   const Device d = out.device();
+  abi::BatchOp b;
+  b.kind = abi::BatchOp::cast;
+  b.dt = dt(x.dtype());
+  b.out_dt = dt(out.dtype());
+  b.a = x.raw_data();
+  b.y = out.raw_data();
+  if (stagecraft::cuda::detail::enqueue_small(d, b, out.numel(), op, loc)) return;
   check(abi::cast(dt(x.dtype()), dt(out.dtype()), x.raw_data(), out.raw_data(), out.numel(), stream(d, op, loc)), d, op,
         loc);
 }
 
 /// Every element of out = value.
 inline void fill(Tensor& out, double value, std::string_view op, const std::source_location& loc) {
-  const Device d = out.device();
-  check(abi::fill(dt(out.dtype()), value, out.raw_data(), out.numel(), stream(d, op, loc)), d, op, loc);
+  stagecraft::cuda::detail::fill(out.raw_data(), out.device(), dt(out.dtype()), value, out.numel(), op, loc);
 }
 
 /// out = x reduced over the axes flagged in `mask` (x contiguous).

@@ -1,0 +1,138 @@
+// Small eager ops on a GPU queued and launched together (sc::cuda::eager_batching): the same values
+// as the CPU's and as one launch per op, at most abi::batch_max_ops ops per launch, and every queued
+// op run before what follows it on the device's stream (a larger op reusing its input's memory, a
+// copy to the host, a graph launch), also with several threads queueing on one device.
+#include "cuda/cuda_testing.hpp"
+
+#include <thread>
+#include <vector>
+
+using namespace sctest::cuda;
+
+namespace {
+
+/// 200 small ops of every kind a batch takes (unary, binary dense and with a one-element operand,
+/// comparisons, casts, fills), on whatever device x and y are on.
+sc::Tensor mixed_chain(sc::Tensor x, const sc::Tensor& y) {
+  for (int i = 0; i < 25; ++i) {
+    x = sc::tanh(x * 1.5f) + y;                          // 3 ops
+    const sc::Tensor m = (x > y).astype(sc::f32);        // 2
+    x = sc::maximum(x - m * 0.25f, sc::exp(-sc::abs(y)));  // 6 (minus one: the scalar's copy is kept)
+    x = x + sc::ones_like(x) * 0.0f;                     // 3 (a fill)
+  }
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("cuda eager batch: a chain of small ops equals the CPU's, up to 64 ops a launch", "[cuda][batch]") {
+  const BatchingScope on(true);
+  const sc::Tensor x = sc::random::uniform({100}, -1.0, 1.0, 41), y = sc::random::uniform({100}, -1.0, 1.0, 42);
+  const sc::Tensor xg = x.to(gpu), yg = y.to(gpu);
+  sc::Tensor sum_cpu = x, sum_gpu = xg;
+  for (int i = 0; i < 200; ++i) sum_cpu = sum_cpu + y;
+  const auto before = sc::cuda::batch_stats();
+  const auto [kernels, copies] = launches_of([&] {
+    for (int i = 0; i < 200; ++i) sum_gpu = sum_gpu + yg;
+  });
+  const auto after = sc::cuda::batch_stats();
+  CHECK(after.ops - before.ops == 200);
+  CHECK(after.launches - before.launches == 4);  // 64 + 64 + 64 + the 8 flushed
+  if (kernels >= 0) {
+    CHECK(kernels == 4);
+    CHECK(copies == 0);
+  }
+  check_same(sum_gpu, sum_cpu, 0);  // the same additions in the same order
+  check_same(mixed_chain(xg, yg), mixed_chain(x, y), 2e-6);
+}
+
+TEST_CASE("cuda eager batch: off, or ops too large, each op is its own launch with the same values",
+          "[cuda][batch]") {
+  const sc::Tensor x = sc::random::uniform({100}, -1.0, 1.0, 43), y = sc::random::uniform({100}, -1.0, 1.0, 44);
+  const sc::Tensor xg = x.to(gpu), yg = y.to(gpu);
+  sc::Tensor batched, alone;
+  {
+    const BatchingScope on(true);
+    batched = mixed_chain(xg, yg);
+  }
+  {
+    const BatchingScope off(false);
+    const auto before = sc::cuda::batch_stats();
+    const auto [kernels, copies] = launches_of([&] { alone = mixed_chain(xg, yg); });
+    CHECK(sc::cuda::batch_stats().ops == before.ops);
+    if (kernels >= 0) CHECK(kernels >= 300);
+  }
+  check_same(batched, mixed_chain(x, y), 2e-6);
+  CHECK(batched.to_vector<float>() == alone.to_vector<float>());  // the same kernels' rules
+  // A tensor above abi::batch_max_elements: launched alone
+  const BatchingScope on(true);
+  const sc::Tensor big = sc::random::uniform({sc::cuda::abi::batch_max_elements + 1}, -1.0, 1.0, 45);
+  const sc::Tensor bigg = big.to(gpu);
+  const auto before = sc::cuda::batch_stats();
+  const sc::Tensor r = sc::exp(bigg);
+  CHECK(sc::cuda::batch_stats().ops == before.ops);
+  check_same(r, sc::exp(big), 2e-6);
+}
+
+TEST_CASE("cuda eager batch: queued ops run before a larger op reuses their input's memory", "[cuda][batch]") {
+  const BatchingScope on(true);
+  const sc::Tensor x = sc::random::uniform({10, 10}, -1.0, 1.0, 46);
+  const sc::Tensor m = sc::random::uniform({10, 10}, -1.0, 1.0, 47).to(gpu);
+  sc::Tensor b;
+  const void* freed = nullptr;
+  {
+    const sc::Tensor a = x.to(gpu) + 1.0f;  // queued
+    b = a * 2.0f;                           // queued: reads a's memory
+    freed = a.raw_data();
+  }  // a's memory goes back to the allocator's cache, b not yet computed
+  const sc::Tensor c = sc::matmul(m, m);  // not a batched op: the queue is launched before it
+  CHECK(c.raw_data() == freed);           // (c took a's memory: what the test is about)
+  check_same(b, (x + 1.0f) * 2.0f, 0);
+}
+
+TEST_CASE("cuda eager batch: queued ops run before a copy to the host, an item and a graph launch",
+          "[cuda][batch][staged]") {
+  const BatchingScope on(true);
+  const GraphPolicyScope graphs(sc::cuda::GraphPolicy::always);
+  const sc::Tensor x = sc::random::uniform({8}, -1.0, 1.0, 48);
+  const sc::Tensor xg = x.to(gpu);
+  const sc::Tensor q = sc::square(xg) - 0.5f;  // queued
+  CHECK(q.to_vector<float>() == (sc::square(x) - 0.5f).to_vector<float>());
+  CHECK(sc::sum(sc::square(xg)).item<float>() == Approx(sc::sum(sc::square(x)).item<float>()).epsilon(1e-6));
+  auto f = sc::function([](const sc::Tensor& t) { return sc::tanh(t) * 3.0f + t; });
+  for (int call = 0; call < 4; ++call) {  // (captured at the second call, replayed from the third)
+    const sc::Tensor arg = xg * static_cast<float>(call + 1) - 0.25f;  // queued, read by the graph
+    const sc::Tensor want = f(x * static_cast<float>(call + 1) - 0.25f);
+    check_same(f(arg), want, 2e-6);
+  }
+}
+
+TEST_CASE("cuda eager batch: threads queueing on one device each get their own chain's values", "[cuda][batch]") {
+  const BatchingScope on(true);
+  constexpr int threads = 4;
+  std::vector<sc::Tensor> xs, ys, got(threads);
+  for (int t = 0; t < threads; ++t) {
+    xs.push_back(sc::random::uniform({50 + t}, -1.0, 1.0, 50 + static_cast<std::uint64_t>(t)));
+    ys.push_back(sc::random::uniform({50 + t}, -1.0, 1.0, 60 + static_cast<std::uint64_t>(t)));
+  }
+  std::vector<sc::Tensor> xg, yg;
+  for (int t = 0; t < threads; ++t) {
+    xg.push_back(xs[static_cast<std::size_t>(t)].to(gpu));
+    yg.push_back(ys[static_cast<std::size_t>(t)].to(gpu));
+  }
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      const auto k = static_cast<std::size_t>(t);
+      sc::Tensor r = xg[k];
+      for (int round = 0; round < 4; ++round) r = mixed_chain(r, yg[k]);
+      got[k] = r;
+    });
+  for (std::thread& th : pool) th.join();
+  for (int t = 0; t < threads; ++t) {
+    const auto k = static_cast<std::size_t>(t);
+    sc::Tensor want = xs[k];
+    for (int round = 0; round < 4; ++round) want = mixed_chain(want, ys[k]);
+    check_same(got[k], want, 1e-5);
+  }
+}
