@@ -25,8 +25,12 @@ bool need_gpu(benchmark::State& state) { return runs(state, sc::cuda::is_availab
 
 // ---- launch cost: one-element adds, queued back to back ------------------------------------------
 
-void small_add(benchmark::State& state) {
+// Batched (sc::cuda::eager_batching, the default): up to 64 adds share a launch; unbatched: one
+// launch per add, the launch path's own cost.
+void small_add(benchmark::State& state, bool batched) {
   if (!need_gpu(state)) return;
+  const bool was = sc::cuda::eager_batching();
+  sc::cuda::set_eager_batching(batched);
   const sc::Tensor a = sc::full({1}, 1.f).to(gpu), b = sc::full({1}, 2.f).to(gpu);
   sc::cuda::synchronize();
   constexpr int per_iter = 100;
@@ -35,8 +39,10 @@ void small_add(benchmark::State& state) {
     sc::cuda::synchronize();
   }
   state.SetItemsProcessed(state.iterations() * per_iter);  // items/s: ops per second
+  sc::cuda::set_eager_batching(was);
 }
-BENCHMARK(small_add)->Name("cuda/small_add/stagecraft")->UseRealTime();
+BENCHMARK_CAPTURE(small_add, batched, true)->Name("cuda/small_add/stagecraft")->UseRealTime();
+BENCHMARK_CAPTURE(small_add, unbatched, false)->Name("cuda/small_add/stagecraft_unbatched")->UseRealTime();
 
 // ---- bandwidth: the library's device-to-device copy ----------------------------------------------
 
