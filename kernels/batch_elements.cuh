@@ -22,8 +22,9 @@ namespace stagecraft::cuda::kernels::batch {
 using abi::BatchOp;
 using abi::DT;
 
-// Which dtypes a rule takes: floating rules f32/f64 only, arithmetic ones no bool, rules whose
-// result is bool (comparisons, logical ops) every dtype. Their result type is asked of i32
+// Which dtypes a rule takes (the table elementwise.cu's kernels and the emulator's use too):
+// floating rules f32/f64 only, arithmetic ones no bool, rules whose result is bool (comparisons,
+// logical ops) every dtype. Their result type is asked of i32
 // operands: on bool every rule's result is bool, and the host must not instantiate the
 // arithmetic ones on bool (dividing by false traps on x86).
 template <class R> constexpr bool floating_only = false;

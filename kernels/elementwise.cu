@@ -1,31 +1,22 @@
 // Elementwise kernels: unary and binary rules (ops/rules.hpp, called as they are on the CPU),
 // where, cast and fill, over strided and broadcast operands.
+#include "batch_elements.cuh"
 #include "common.cuh"
 #include "stagecraft/ops/rules.hpp"
 
 namespace stagecraft::cuda::kernels {
 namespace {
 
-// Which dtypes each rule is instantiated for: the ones dispatch can send it (ops/unary.hpp,
-// binary.hpp: floating rules see f32/f64 only, arithmetic ones no bool, predicates every dtype).
-template <class R> constexpr bool floating_only = false;
-template <> constexpr bool floating_only<rules::Exp> = true;
-template <> constexpr bool floating_only<rules::Log> = true;
-template <> constexpr bool floating_only<rules::Sqrt> = true;
-template <> constexpr bool floating_only<rules::Tanh> = true;
-template <> constexpr bool floating_only<rules::Sigmoid> = true;
-template <> constexpr bool floating_only<rules::Sin> = true;
-template <> constexpr bool floating_only<rules::Cos> = true;
-template <> constexpr bool floating_only<rules::Div> = true;
-
+// Which dtypes each rule is instantiated for: the ones dispatch can send it (floating rules f32/f64
+// only, arithmetic ones no bool, predicates every dtype): batch_elements.cuh's table, which the
+// batches of small ops and the emulator use too.
 /// A rule whose result is bool (comparisons, logical ops): the only ones that take bool inputs.
 template <class R, class T, class... Args>
 constexpr bool bool_rule = std::is_same_v<decltype(R::f(T{}, Args{}...)), bool>;
 
 template <class R, class T>
 constexpr bool accepts() {
-  if constexpr (floating_only<R>) return std::is_floating_point_v<T>;
-  else return !std::is_same_v<T, bool>;
+  return batch::takes<R, T>();
 }
 
 template <class R, class T, class Out>

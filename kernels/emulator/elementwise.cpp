@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../batch_elements.cuh"
 #include "emu.hpp"
 #include "stagecraft/ops/rules.hpp"
 
@@ -16,31 +17,20 @@ namespace stagecraft::cuda::emu {
 namespace {
 
 // Which dtypes each rule takes, as elementwise.cu: floating rules f32/f64 only, arithmetic ones
-// no bool, rules whose result is bool every dtype (anything else: not_supported, as the GPU's).
-template <class R> constexpr bool floating_only = false;
-template <> constexpr bool floating_only<rules::Exp> = true;
-template <> constexpr bool floating_only<rules::Log> = true;
-template <> constexpr bool floating_only<rules::Sqrt> = true;
-template <> constexpr bool floating_only<rules::Tanh> = true;
-template <> constexpr bool floating_only<rules::Sigmoid> = true;
-template <> constexpr bool floating_only<rules::Sin> = true;
-template <> constexpr bool floating_only<rules::Cos> = true;
-template <> constexpr bool floating_only<rules::Div> = true;
-
-/// A rule whose result is bool (comparisons, logical ops): the only ones that take bool inputs.
-/// Asked of i32 operands, where the .cu asks of T's: on bool every rule returns bool (V = bool), so
-/// there arithmetic rules take bool too, which dispatch never sends (ops/elementwise_rules.hpp).
-/// Here those give not_supported, and the host has no bool instances of them (the exp of a bool,
-/// a bool divided by false: a trap on x86).
+// no bool, rules whose result is bool every dtype (anything else: not_supported, as the GPU's);
+// batch_elements.cuh's table. A rule's result type is asked of i32 operands, where the .cu asks
+// of T's: on bool every rule returns bool (V = bool), so there arithmetic rules take bool too,
+// which dispatch never sends (ops/elementwise_rules.hpp). Here those give not_supported, and the
+// host has no bool instances of them (the exp of a bool, a bool divided by false: a trap on x86).
+namespace kb = cuda::kernels::batch;
 template <class R>
-constexpr bool bool_unary = std::is_same_v<decltype(R::f(std::int32_t{})), bool>;
+constexpr bool bool_unary = kb::unary_gives_bool<R>;
 template <class R>
-constexpr bool bool_binary = std::is_same_v<decltype(R::f(std::int32_t{}, std::int32_t{})), bool>;
+constexpr bool bool_binary = kb::binary_gives_bool<R>;
 
 template <class R, class T>
 constexpr bool accepts() {
-  if constexpr (floating_only<R>) return std::is_floating_point_v<T>;
-  else return !std::is_same_v<T, bool>;
+  return kb::takes<R, T>();
 }
 
 // ---- elementwise -------------------------------------------------------------------------------
