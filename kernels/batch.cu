@@ -9,7 +9,7 @@
 namespace stagecraft::cuda::kernels {
 namespace {
 
-constexpr int batch_threads = 512;
+constexpr int batch_threads = batch::block_threads;
 
 /// A batch as the kernel's parameter (up to N ops; launched with the smallest N that holds them).
 template <int N>

@@ -154,13 +154,130 @@ SC_BATCH_HD bool fill_as(const BatchOp& op, I first, I step, bool run) {
   return true;
 }
 
+// ---- reductions ---------------------------------------------------------------------------------
+// Output o of a batched reduction reads a at (o / inner) * red * inner + r * inner + o % inner for
+// r in [0, red). `lanes` neighbouring threads of a warp (a power of two up to 32, at most red) share
+// an output: lane j takes r = j, j + lanes, ... in order, then the lanes combine by a butterfly
+// (each with the lane `off` away, off = lanes / 2, ..., 1), and lane 0 writes. The host repeats
+// the same steps lane by lane, so the emulator's results are the GPU's bit for bit.
+
+/// Threads of the batch kernel's one block (kernels/batch.cu).
+inline constexpr int block_threads = 512;
+
+/// Lanes per output for n outputs of red elements each.
+SC_BATCH_HD int reduce_lanes(int n, int red) {
+  int l = 1;
+  while (l < 32 && l * 2 <= red && n * (l * 2) <= block_threads) l *= 2;
+  return l;
+}
+
+/// Integer sums wrap (as the CPU's adds and reduce.cu's); max and min are the rules, NaN first.
+struct SumStep {
+  template <class T>
+  SC_BATCH_HD static T f(T acc, T x) {
+    if constexpr (std::is_integral_v<T>) {
+      using U = std::make_unsigned_t<T>;
+      return static_cast<T>(static_cast<U>(static_cast<U>(acc) + static_cast<U>(x)));
+    } else {
+      return acc + x;
+    }
+  }
+};
+struct MaxStep {
+  template <class T>
+  SC_BATCH_HD static T f(T acc, T x) { return rules::Maximum::f(x, acc); }
+};
+struct MinStep {
+  template <class T>
+  SC_BATCH_HD static T f(T acc, T x) { return rules::Minimum::f(x, acc); }
+};
+
+/// Lane j's partial of output o.
+template <class Step, class In, class Out>
+SC_BATCH_HD Out lane_partial(const BatchOp& op, int o, int j, int lanes) {
+  const In* x = static_cast<const In*>(op.a);
+  const std::int64_t base = std::int64_t{o / op.inner} * op.red * op.inner + o % op.inner;
+  Out acc = static_cast<Out>(x[base + std::int64_t{j} * op.inner]);
+  for (int r = j + lanes; r < op.red; r += lanes) acc = Step::f(acc, static_cast<Out>(x[base + std::int64_t{r} * op.inner]));
+  return acc;
+}
+
+#if defined(__CUDACC__)
+template <class T>
+__device__ T shuffle_xor(T v, int off) {
+  if constexpr (std::is_same_v<T, bool>) return __shfl_xor_sync(0xffffffffu, static_cast<int>(v), off) != 0;
+  else return __shfl_xor_sync(0xffffffffu, v, off);
+}
+#endif
+
+template <class Step, class In, class Out>
+SC_BATCH_HD void reduce_elements(const BatchOp& op, int first) {
+  Out* y = static_cast<Out*>(op.y);
+  const int lanes = reduce_lanes(op.n, op.red);
+#if defined(__CUDA_ARCH__)
+  // every thread runs as many rounds (the shuffles need the whole warp); a group of lanes is all
+  // active or all idle
+  const int per_round = block_threads / lanes, lane = first % lanes, slot = first / lanes;
+  for (int base = 0; base < op.n; base += per_round) {
+    const int o = base + slot;
+    Out acc{};
+    if (o < op.n) acc = lane_partial<Step, In, Out>(op, o, lane, lanes);
+    for (int off = lanes / 2; off > 0; off /= 2) acc = Step::f(acc, shuffle_xor(acc, off));
+    if (o < op.n && lane == 0) y[o] = acc;
+  }
+#else
+  if (first != 0) return;  // (the host's one thread does every output)
+  for (int o = 0; o < op.n; ++o) {
+    Out acc[32];
+    for (int j = 0; j < lanes; ++j) acc[j] = lane_partial<Step, In, Out>(op, o, j, lanes);
+    for (int off = lanes / 2; off > 0; off /= 2) {
+      Out next[32];
+      for (int j = 0; j < lanes; ++j) next[j] = Step::f(acc[j], acc[j ^ off]);
+      for (int j = 0; j < lanes; ++j) acc[j] = next[j];
+    }
+    y[o] = acc[0];
+  }
+#endif
+}
+
+/// Runs (when `run`) reduction op over In; false for a rule other than sum, max, min.
+template <class In>
+SC_BATCH_HD bool reduce_as(const BatchOp& op, int first, bool run) {
+  // a bool sum counts into i64; a bool max/min is any/all
+  using SumOut = std::conditional_t<std::is_same_v<In, bool>, std::int64_t, In>;
+  switch (static_cast<abi::ReduceRule>(op.rule)) {
+    case abi::ReduceRule::sum:
+      if (run) reduce_elements<SumStep, In, SumOut>(op, first);
+      return true;
+    case abi::ReduceRule::max:
+      if (run) reduce_elements<MaxStep, In, In>(op, first);
+      return true;
+    case abi::ReduceRule::min:
+      if (run) reduce_elements<MinStep, In, In>(op, first);
+      return true;
+    default: return false;
+  }
+}
+
+/// A reduction's extents as the batch takes them: n outputs of red >= 1 elements, n a multiple of
+/// inner, at most batch_max_elements read.
+SC_BATCH_HD bool reduce_shape_ok(const BatchOp& op) {
+  return op.red >= 1 && op.inner >= 1 && op.n % op.inner == 0 &&
+         std::int64_t{op.n} * op.red <= abi::batch_max_elements;
+}
+
 /// Op's elements first, first + step, ... (a thread's share: its index and the block's width on
 /// the GPU, 0 and 1 on the host), when `run`; without `run` only whether op is one the batch
-/// kernel takes (its rule, dtypes and size).
+/// kernel takes (its rule, dtypes and size). A reduction is the block's together (first is the
+/// thread's index; on the host, first 0 does it all).
 template <class I>
 SC_BATCH_HD bool run_op(const BatchOp& op, I first, I step, bool run) {
   if (op.n <= 0 || op.n > abi::batch_max_elements) return false;
   switch (op.kind) {
+    case BatchOp::reduce: {
+      if (!reduce_shape_ok(op)) return false;
+      SC_BATCH_DT_SWITCH(op.dt, T, return reduce_as<T>(op, static_cast<int>(first), run));
+    }
     case BatchOp::unary:
       switch (static_cast<abi::UnaryRule>(op.rule)) {
 #define SC_CASE(R) \

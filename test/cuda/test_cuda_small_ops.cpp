@@ -4,6 +4,7 @@
 // (first, step) giving what one thread gives, and broadcasting of a one-element operand.
 #include "testing.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -211,4 +212,91 @@ TEST_CASE("eager batch elements: integer ops wrap, casts and fills as plain conv
   f.value = -0.5;
   run_as_threads(f, 4);
   for (double v : filled) CHECK(v == -0.5);
+}
+
+namespace {
+
+BatchOp reduce_op(abi::ReduceRule r, DT dt, const void* x, void* y, int outer, int red, int inner) {
+  BatchOp op = unary_op(abi::UnaryRule::Neg, dt, x, y, outer * inner);
+  op.kind = BatchOp::reduce;
+  op.rule = static_cast<std::int8_t>(r);
+  op.red = red;
+  op.inner = inner;
+  return op;
+}
+
+/// x [outer, red, inner] reduced over its middle axis by plain loops, in double: the sum, max or min.
+std::vector<double> reduced(const std::vector<double>& x, abi::ReduceRule r, int outer, int red, int inner) {
+  std::vector<double> y;
+  for (int o = 0; o < outer; ++o)
+    for (int i = 0; i < inner; ++i) {
+      double acc = r == abi::ReduceRule::sum ? 0.0 : x[static_cast<std::size_t>(o * red * inner + i)];
+      for (int k = 0; k < red; ++k) {
+        const double v = x[static_cast<std::size_t>((o * red + k) * inner + i)];
+        acc = r == abi::ReduceRule::sum ? acc + v : (r == abi::ReduceRule::max ? std::max(acc, v) : std::min(acc, v));
+      }
+      y.push_back(acc);
+    }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("eager batch elements: sums, maxima and minima over a middle axis against plain loops", "[cuda][batch]") {
+  using RR = abi::ReduceRule;
+  // (outer, red, inner): a whole tensor, rows, columns, a middle axis, one element each, many outputs
+  const int shapes[][3] = {{1, 37, 1}, {1, 4096, 1}, {5, 64, 1}, {1, 33, 7}, {3, 5, 4}, {40, 2, 1}, {2, 1, 9}, {600, 3, 1}};
+  for (const auto& sh : shapes) {
+    const int outer = sh[0], red = sh[1], inner = sh[2], n = outer * inner;
+    std::vector<double> x(static_cast<std::size_t>(outer * red * inner));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::round(8 * std::sin(0.37 * static_cast<double>(i) + 0.1));
+    const std::vector<float> xf(x.begin(), x.end());
+    const std::vector<std::int32_t> xi(x.begin(), x.end());
+    for (RR r : {RR::sum, RR::max, RR::min}) {
+      INFO("outer " << outer << ", red " << red << ", inner " << inner << ", rule " << static_cast<int>(r)
+                    << ", lanes " << kb::reduce_lanes(n, red));
+      const std::vector<double> want = reduced(x, r, outer, red, inner);
+      std::vector<double> y(static_cast<std::size_t>(n), -99);
+      std::vector<float> yf(static_cast<std::size_t>(n), -99);
+      std::vector<std::int32_t> yi(static_cast<std::size_t>(n), -99);
+      REQUIRE(kb::takes_op(reduce_op(r, DT::f64, x.data(), y.data(), outer, red, inner)));
+      run_as_threads(reduce_op(r, DT::f64, x.data(), y.data(), outer, red, inner), 3);
+      run_as_threads(reduce_op(r, DT::f32, xf.data(), yf.data(), outer, red, inner), 1);
+      run_as_threads(reduce_op(r, DT::i32, xi.data(), yi.data(), outer, red, inner), 2);
+      for (int o = 0; o < n; ++o) {
+        const auto k = static_cast<std::size_t>(o);
+        CHECK(y[k] == want[k]);  // small integers: every order of adding gives them exactly
+        CHECK(yf[k] == static_cast<float>(want[k]));
+        CHECK(yi[k] == static_cast<std::int32_t>(want[k]));
+      }
+    }
+  }
+  // bool: the sum counts into i64, max and min are any and all
+  const bool bits[6] = {false, true, false, false, false, false};
+  std::int64_t count[2] = {-1, -1};
+  bool any[2] = {}, all[2] = {true, true};
+  run_as_threads(reduce_op(RR::sum, DT::b8, bits, count, 2, 3, 1), 1);
+  run_as_threads(reduce_op(RR::max, DT::b8, bits, any, 2, 3, 1), 1);
+  run_as_threads(reduce_op(RR::min, DT::b8, bits, all, 2, 3, 1), 1);
+  CHECK((count[0] == 1 && count[1] == 0));
+  CHECK((any[0] && !any[1]));
+  CHECK((!all[0] && !all[1]));
+  // NaN wins a max and a min; integer sums wrap
+  const double with_nan[4] = {1.0, std::nan(""), 3.0, -2.0};
+  double mx = 0, mn = 0;
+  run_as_threads(reduce_op(RR::max, DT::f64, with_nan, &mx, 1, 4, 1), 1);
+  run_as_threads(reduce_op(RR::min, DT::f64, with_nan, &mn, 1, 4, 1), 1);
+  CHECK((std::isnan(mx) && std::isnan(mn)));
+  const std::int32_t big[2] = {std::numeric_limits<std::int32_t>::max(), 5};
+  std::int32_t wrapped = 0;
+  run_as_threads(reduce_op(RR::sum, DT::i32, big, &wrapped, 1, 2, 1), 1);
+  CHECK(wrapped == std::numeric_limits<std::int32_t>::min() + 4);
+  // refused: more than batch_max_elements read, outputs not whole rows of inner, arg reductions
+  float f[4] = {};
+  CHECK_FALSE(kb::takes_op(reduce_op(RR::sum, DT::f32, f, f, 2, 4096, 1)));
+  BatchOp ragged = reduce_op(RR::sum, DT::f32, f, f, 1, 2, 3);
+  ragged.n = 4;
+  CHECK_FALSE(kb::takes_op(ragged));
+  CHECK_FALSE(kb::takes_op(reduce_op(RR::argmax, DT::f32, f, f, 1, 4, 1)));
+  CHECK_FALSE(kb::takes_op(reduce_op(RR::sum, DT::f32, f, f, 1, 0, 1)));
 }

@@ -334,26 +334,29 @@ Status philox(bool normal, DT dt, const std::int64_t* state, double p0, double p
 
 
 // ---- eager batches ---------------------------------------------------------------------------
-/// One small elementwise op queued by batch_enqueue: y[i] = rule(a[i]) (unary), rule(a[i], b[i])
-/// (binary; an operand of one element is read at 0 by every i: its `one` flag), a[i] converted
-/// from dt to out_dt (cast), or `value` converted to dt (fill); n contiguous elements.
+/// One small op queued by batch_enqueue: y[i] = rule(a[i]) (unary), rule(a[i], b[i]) (binary; an
+/// operand of one element is read at 0 by every i: its `one` flag), a[i] converted from dt to
+/// out_dt (cast), or `value` converted to dt (fill), for n contiguous elements; or (reduce) the n
+/// results of a sum, max or min of a viewed as [n / inner, red, inner] over its middle axis, as
+/// abi::reduce gives them (a bool sum is i64, a bool max/min any/all).
 struct BatchOp {
-  enum Kind : std::int8_t { unary, binary, cast, fill };
+  enum Kind : std::int8_t { unary, binary, cast, fill, reduce };
   Kind kind = unary;
-  std::int8_t rule = 0;  ///< a UnaryRule or BinaryRule
+  std::int8_t rule = 0;  ///< a UnaryRule, BinaryRule or ReduceRule (sum, max, min)
   bool a_one = false, b_one = false;
   DT dt = DT::f32;      ///< the inputs' dtype (a fill's output)
   DT out_dt = DT::f32;  ///< a cast's output dtype
   std::int32_t n = 0;
+  std::int32_t red = 0, inner = 0;  ///< a reduction's reduced and trailing extents
   const void* a = nullptr;
   const void* b = nullptr;
   void* y = nullptr;
   double value = 0;
 };
-static_assert(sizeof(BatchOp) == 48, "a batch of 64 ops travels in a launch's 4 KiB of parameters");
+static_assert(sizeof(BatchOp) == 56, "a batch of 64 ops travels in a launch's 4 KiB of parameters");
 /// Ops one batch launch runs (they travel as its parameter, in order, one block of threads).
 inline constexpr int batch_max_ops = 64;
-/// Ops with more elements than this launch their own kernel.
+/// Ops with more elements than this (a reduction: more input elements) launch their own kernel.
 inline constexpr std::int64_t batch_max_elements = 4096;
 /// Queues op on `device` (its pointers on that device) instead of launching it: the queued ops
 /// are launched together, as one kernel that runs them one after another, when batch_max_ops are

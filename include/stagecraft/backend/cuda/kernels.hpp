@@ -171,6 +171,33 @@ inline void fill(Tensor& out, double value, std::string_view op, const std::sour
   stagecraft::cuda::detail::fill(out.raw_data(), out.device(), dt(out.dtype()), value, out.numel(), op, loc);
 }
 
+/// Queues a small sum, max or min (abi::BatchOp::reduce) when its reduced axes are one run of
+/// neighbouring axes (x viewed as [outer, red, inner]); false when it must launch its own kernels.
+inline bool batched_reduce(abi::ReduceRule r, const Tensor& x, Tensor& out, const bool* mask, std::string_view op,
+                           const std::source_location& loc) {
+  const Shape& s = x.shape();
+  int first = -1, last = -1;
+  for (int i = 0; i < s.rank(); ++i)
+    if (mask[i]) {
+      if (first < 0) first = i;
+      else if (last != i - 1) return false;  // (two runs of axes)
+      last = i;
+    }
+  if (first < 0 || x.numel() == 0 || x.numel() > abi::batch_max_elements) return false;
+  std::int64_t red = 1, inner = 1;
+  for (int i = first; i <= last; ++i) red *= s[i];
+  for (int i = last + 1; i < s.rank(); ++i) inner *= s[i];
+  abi::BatchOp b;
+  b.kind = abi::BatchOp::reduce;
+  b.rule = static_cast<std::int8_t>(r);
+  b.dt = dt(x.dtype());
+  b.red = static_cast<std::int32_t>(red);
+  b.inner = static_cast<std::int32_t>(inner);
+  b.a = x.raw_data();
+  b.y = out.raw_data();
+  return stagecraft::cuda::detail::enqueue_small(out.device(), b, x.numel() / red, op, loc);
+}
+
 /// out = x reduced over the axes flagged in `mask` (x contiguous).
 inline void reduce(abi::ReduceRule r, const Tensor& x, Tensor& out, const bool* mask, std::string_view op,
                    const std::source_location& loc) {
@@ -194,6 +221,7 @@ inline void reduce(abi::ReduceRule r, const Tensor& x, Tensor& out, const bool* 
     }
   }
   const Device d = out.device();
+  if (r != abi::ReduceRule::argmax && r != abi::ReduceRule::argmin && batched_reduce(r, x, out, mask, op, loc)) return;
   // A few long rows are cut in pieces: their partials go to scratch (stream-ordered: it is
   // reused only after the reduction's kernels, and held by a CUDA graph's capture).
   const std::int64_t scratch_bytes = abi::reduce_scratch_bytes(g);
