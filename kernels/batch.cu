@@ -1,6 +1,7 @@
-// Eager batches: the small elementwise ops queued on a device (abi::batch_enqueue, kept by
-// runtime.cu) launched as one kernel, one block whose threads run each op's elements in turn, a
-// barrier between ops so that an op reads what the ops before it wrote. A small eager op is bound
+// Eager batches: the small ops queued on a device (abi::batch_enqueue, kept by runtime.cu)
+// launched as one kernel, one block whose threads run each op's elements in turn (a reduction's
+// results by lanes of a warp: batch_elements.cuh), a barrier between ops so that an op reads what
+// the ops before it wrote. A small eager op is bound
 // by its launch (~4.5 us on an H100/H200 virtual machine, session 39); queued, up to
 // abi::batch_max_ops of them share one.
 #include "batch_elements.cuh"

@@ -12,7 +12,7 @@
 #include "stagecraft/ops/rules.hpp"
 
 #if defined(__CUDACC__)
-#define SC_BATCH_HD __host__ __device__
+#define SC_BATCH_HD __host__ __device__ inline
 #else
 #define SC_BATCH_HD inline
 #endif

@@ -316,8 +316,9 @@ inline std::string cudnn_status() {
 #endif
 }
 
-/// Whether small eager elementwise ops on a GPU (unary and binary ops, casts and fills of at most
-/// abi::batch_max_elements elements) are queued and launched together, up to abi::batch_max_ops
+/// Whether small eager ops on a GPU (unary and binary elementwise ops, casts, fills, and sums,
+/// maxima and minima over one run of neighbouring axes, of at most abi::batch_max_elements
+/// elements) are queued and launched together, up to abi::batch_max_ops
 /// per launch, instead of one launch each: a small op costs its launch (~4.5 us on an H100), the
 /// queue a fraction of a microsecond. On by default; STAGECRAFT_CUDA_BATCH=0 turns it off, as
 /// set_eager_batching(false) does. Queued ops run in their order before anything else queued on
