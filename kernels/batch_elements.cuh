@@ -19,6 +19,7 @@
 
 namespace stagecraft::cuda::kernels::batch {
 
+using abi::BatchGeometry;
 using abi::BatchOp;
 using abi::DT;
 
@@ -81,11 +82,34 @@ SC_BATCH_HD void unary_elements(const BatchOp& op, I first, I step) {
   for (I i = first; i < op.n; i += step) y[i] = static_cast<Out>(R::f(x[i]));
 }
 
+/// Whether op's geometry follows it in the queue (the kinds that read through strides).
+SC_BATCH_HD bool has_geometry(const BatchOp& op) {
+  return op.kind == BatchOp::broadcast || op.kind == BatchOp::copy || op.kind == BatchOp::gemm;
+}
+
+/// Offset (elements) in operand k of element i of g's shape (row-major).
+SC_BATCH_HD std::int32_t offset_in(const BatchGeometry& g, int k, std::int32_t i) {
+  std::int32_t off = 0;
+  for (int d = g.rank - 1; d >= 0; --d) {
+    off += (i % g.shape[d]) * g.strides[k][d];
+    i /= g.shape[d];
+  }
+  return off;
+}
+
+/// y = R(a, b): a and b read at i (or 0: their `one` flags), or through g's strides (broadcast).
 template <class R, class T, class Out, class I>
-SC_BATCH_HD void binary_elements(const BatchOp& op, I first, I step) {
+SC_BATCH_HD void binary_elements(const BatchOp& op, const BatchGeometry* g, I first, I step) {
   const T* a = static_cast<const T*>(op.a);
   const T* b = static_cast<const T*>(op.b);
   Out* y = static_cast<Out*>(op.y);
+  if (g != nullptr) {
+    for (I i = first; i < op.n; i += step) {
+      const auto j = static_cast<std::int32_t>(i);
+      y[i] = static_cast<Out>(R::f(a[offset_in(*g, 0, j)], b[offset_in(*g, 1, j)]));
+    }
+    return;
+  }
   for (I i = first; i < op.n; i += step) y[i] = static_cast<Out>(R::f(a[op.a_one ? 0 : i], b[op.b_one ? 0 : i]));
 }
 
@@ -104,12 +128,12 @@ SC_BATCH_HD bool unary_as(const BatchOp& op, I first, I step, bool run) {
 }
 
 template <class R, class T, class I>
-SC_BATCH_HD bool binary_as(const BatchOp& op, I first, I step, bool run) {
+SC_BATCH_HD bool binary_as(const BatchOp& op, const BatchGeometry* g, I first, I step, bool run) {
   if constexpr (binary_gives_bool<R>) {
-    if (run) binary_elements<R, T, bool>(op, first, step);
+    if (run) binary_elements<R, T, bool>(op, g, first, step);
     return true;
   } else if constexpr (takes<R, T>()) {
-    if (run) binary_elements<R, T, T>(op, first, step);
+    if (run) binary_elements<R, T, T>(op, g, first, step);
     return true;
   } else {
     return false;
@@ -122,8 +146,8 @@ SC_BATCH_HD bool unary_rule(const BatchOp& op, I first, I step, bool run) {
 }
 
 template <class R, class I>
-SC_BATCH_HD bool binary_rule(const BatchOp& op, I first, I step, bool run) {
-  SC_BATCH_DT_SWITCH(op.dt, T, return binary_as<R, T>(op, first, step, run));
+SC_BATCH_HD bool binary_rule(const BatchOp& op, const BatchGeometry* g, I first, I step, bool run) {
+  SC_BATCH_DT_SWITCH(op.dt, T, return binary_as<R, T>(op, g, first, step, run));
 }
 
 /// y = x converted, as elementwise.cu's cast kernel (rules::Cast).
@@ -152,6 +176,82 @@ SC_BATCH_HD bool fill_as(const BatchOp& op, I first, I step, bool run) {
     for (I i = first; i < op.n; i += step) y[i] = v;
   }
   return true;
+}
+
+/// y at g's strides[1] = x at strides[0], as unsigned words of T's size (bits unchanged).
+template <class T, class I>
+SC_BATCH_HD bool copy_as(const BatchOp& op, const BatchGeometry& g, I first, I step, bool run) {
+  using W = std::conditional_t<sizeof(T) == 1, std::uint8_t, std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+  if (run) {
+    const W* x = static_cast<const W*>(op.a);
+    W* y = static_cast<W*>(op.y);
+    for (I i = first; i < op.n; i += step) {
+      const auto j = static_cast<std::int32_t>(i);
+      y[offset_in(g, 1, j)] = x[offset_in(g, 0, j)];
+    }
+  }
+  return true;
+}
+
+/// y [M, N] = A B (BatchOp's gemm): one output per thread, its K terms in order; integer sums and
+/// products wrap (as gemm.cu's integer kernel), floating ones are a multiply then an add (the
+/// kernels are built without contraction: the host's result is the GPU's).
+template <class T, class I>
+SC_BATCH_HD bool gemm_as(const BatchOp& op, const BatchGeometry& g, I first, I step, bool run) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return false;
+  } else {
+    if (!run) return true;
+    const T* a = static_cast<const T*>(op.a);
+    const T* b = static_cast<const T*>(op.b);
+    T* y = static_cast<T*>(op.y);
+    const std::int32_t N = g.shape[1], K = g.shape[2];
+    for (I o = first; o < op.n; o += step) {
+      const auto m = static_cast<std::int32_t>(o) / N, n = static_cast<std::int32_t>(o) % N;
+      const T* ar = a + m * g.strides[0][0];
+      const T* bc = b + n * g.strides[1][1];
+      if constexpr (std::is_integral_v<T>) {
+        using U = std::make_unsigned_t<T>;
+        U acc = 0;
+        for (std::int32_t k = 0; k < K; ++k)
+          acc = static_cast<U>(acc + static_cast<U>(static_cast<U>(ar[k * g.strides[0][1]]) *
+                                                    static_cast<U>(bc[k * g.strides[1][0]])));
+        y[o] = static_cast<T>(acc);
+      } else {
+        T acc = 0;
+        for (std::int32_t k = 0; k < K; ++k) {
+          const T p = ar[k * g.strides[0][1]] * bc[k * g.strides[1][0]];
+          acc = acc + p;
+        }
+        y[o] = acc;
+      }
+    }
+    return true;
+  }
+}
+
+/// Whether g is one the batch takes for op: its axes and size, offsets below 2^31.
+SC_BATCH_HD bool geometry_ok(const BatchOp& op, const BatchGeometry& g) {
+  if (op.kind == BatchOp::gemm) {
+    if (g.rank != 3 || g.shape[0] < 1 || g.shape[1] < 1 || g.shape[2] < 1) return false;
+    const std::int64_t M = g.shape[0], N = g.shape[1], K = g.shape[2];
+    if (M * N != op.n || M * N > abi::batch_max_gemm_outputs || M * N * K > abi::batch_max_gemm_work) return false;
+    for (int k = 0; k < 2; ++k)
+      if (g.strides[k][0] < 0 || g.strides[k][1] < 0) return false;
+    return (M - 1) * g.strides[0][0] + (K - 1) * g.strides[0][1] < (std::int64_t{1} << 31) &&
+           (K - 1) * g.strides[1][0] + (N - 1) * g.strides[1][1] < (std::int64_t{1} << 31);
+  }
+  if (g.rank < 1 || g.rank > abi::batch_max_rank || op.n > abi::batch_max_elements) return false;
+  std::int64_t n = 1, last[2] = {0, 0};
+  for (int d = 0; d < g.rank; ++d) {
+    if (g.shape[d] < 1) return false;
+    n *= g.shape[d];
+    for (int k = 0; k < 2; ++k) {
+      if (g.strides[k][d] < 0) return false;
+      last[k] += std::int64_t{g.shape[d] - 1} * g.strides[k][d];
+    }
+  }
+  return n == op.n && last[0] < (std::int64_t{1} << 31) && last[1] < (std::int64_t{1} << 31);
 }
 
 // ---- reductions ---------------------------------------------------------------------------------
@@ -271,9 +371,17 @@ SC_BATCH_HD bool reduce_shape_ok(const BatchOp& op) {
 /// kernel takes (its rule, dtypes and size). A reduction is the block's together (first is the
 /// thread's index; on the host, first 0 does it all).
 template <class I>
-SC_BATCH_HD bool run_op(const BatchOp& op, I first, I step, bool run) {
-  if (op.n <= 0 || op.n > abi::batch_max_elements) return false;
+SC_BATCH_HD bool run_op(const BatchOp& op, const BatchGeometry* g, I first, I step, bool run) {
+  const bool wants_geometry = has_geometry(op);
+  if (op.n <= 0 || wants_geometry != (g != nullptr)) return false;
+  if (wants_geometry ? !geometry_ok(op, *g) : op.n > abi::batch_max_elements) return false;
   switch (op.kind) {
+    case BatchOp::copy: {
+      SC_BATCH_DT_SWITCH(op.dt, T, return copy_as<T>(op, *g, first, step, run));
+    }
+    case BatchOp::gemm: {
+      SC_BATCH_DT_SWITCH(op.dt, T, return gemm_as<T>(op, *g, first, step, run));
+    }
     case BatchOp::reduce: {
       if (!reduce_shape_ok(op)) return false;
       SC_BATCH_DT_SWITCH(op.dt, T, return reduce_as<T>(op, static_cast<int>(first), run));
@@ -287,9 +395,10 @@ SC_BATCH_HD bool run_op(const BatchOp& op, I first, I step, bool run) {
         default: return false;
       }
     case BatchOp::binary:
+    case BatchOp::broadcast:
       switch (static_cast<abi::BinaryRule>(op.rule)) {
 #define SC_CASE(R) \
-  case abi::BinaryRule::R: return binary_rule<rules::R>(op, first, step, run);
+  case abi::BinaryRule::R: return binary_rule<rules::R>(op, g, first, step, run);
         SC_CUDA_BINARY_RULES(SC_CASE)
 #undef SC_CASE
         default: return false;
@@ -304,8 +413,8 @@ SC_BATCH_HD bool run_op(const BatchOp& op, I first, I step, bool run) {
   return false;
 }
 
-/// True when the batch kernel takes op.
-inline bool takes_op(const BatchOp& op) { return run_op<int>(op, 0, 1, false); }
+/// True when the batch kernel takes op (with its geometry g for the kinds that have one).
+inline bool takes_op(const BatchOp& op, const BatchGeometry* g = nullptr) { return run_op<int>(op, g, 0, 1, false); }
 
 #undef SC_BATCH_DT_SWITCH
 

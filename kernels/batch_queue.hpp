@@ -13,8 +13,8 @@ namespace stagecraft::cuda::kernels::batch {
 
 struct Queue {
   std::mutex mu;
-  std::atomic<int> count{0};  // read without the lock by flush's quick test
-  abi::BatchOp ops[abi::batch_max_ops];
+  std::atomic<int> count{0};  // slots used; read without the lock by flush's quick test
+  abi::BatchSlot slots[abi::batch_max_ops];
 };
 
 /// The counters of abi::batch_stats (all devices).
@@ -26,7 +26,7 @@ inline Counters& counters() {
   return c;
 }
 
-/// Launches q's ops with launch(ops, n), emptying q (dropped if the launch fails: its status says
+/// Launches q's ops with launch(slots, n), emptying q (dropped if the launch fails: its status says
 /// so to the caller); the caller holds q.mu. The count drops to 0 only once the launch is queued:
 /// a flush on another thread that finds q empty without the lock may then queue its own work
 /// after it (a count dropped first would let that work go on the stream before the batch).
@@ -35,7 +35,7 @@ abi::Status launch_locked(Queue& q, Launch&& launch) {
   const int n = q.count.load(std::memory_order_relaxed);
   if (n == 0) return 0;
   counters().batches.fetch_add(1, std::memory_order_relaxed);
-  const abi::Status s = launch(static_cast<const abi::BatchOp*>(q.ops), n);
+  const abi::Status s = launch(static_cast<const abi::BatchSlot*>(q.slots), n);
   q.count.store(0, std::memory_order_release);
   return s;
 }
@@ -48,15 +48,20 @@ abi::Status flush(Queue& q, Launch&& launch) {
   return launch_locked(q, launch);
 }
 
-/// Appends op to q, launching the batch when it is full.
+/// Appends op (and its geometry g, when it has one: the next slot) to q, launching the batch
+/// first when they do not fit and after when it is full.
 template <class Launch>
-abi::Status push(Queue& q, const abi::BatchOp& op, Launch&& launch) {
+abi::Status push(Queue& q, const abi::BatchOp& op, const abi::BatchGeometry* g, Launch&& launch) {
   const std::lock_guard<std::mutex> lock(q.mu);
+  const int need = g != nullptr ? 2 : 1;
+  if (q.count.load(std::memory_order_relaxed) + need > abi::batch_max_ops)
+    if (const abi::Status s = launch_locked(q, launch)) return s;
   const int n = q.count.load(std::memory_order_relaxed);
-  q.ops[n] = op;
-  q.count.store(n + 1, std::memory_order_release);
+  q.slots[n].op = op;
+  if (g != nullptr) q.slots[n + 1].geo = *g;
+  q.count.store(n + need, std::memory_order_release);
   counters().ops.fetch_add(1, std::memory_order_relaxed);
-  return n + 1 == abi::batch_max_ops ? launch_locked(q, launch) : 0;
+  return n + need == abi::batch_max_ops ? launch_locked(q, launch) : 0;
 }
 
 inline abi::BatchStats stats() noexcept {

@@ -83,8 +83,8 @@ void arm_fault_check(int device);
 /// queued eager ops (batch_enqueue) are launched on it first: whoever asks is about to queue work
 /// there.
 Status main_stream(int device, cudaStream_t* out);
-/// Launches the n (1..abi::batch_max_ops) queued ops as one kernel on s (kernels/batch.cu).
-Status launch_batch(const abi::BatchOp* ops, int n, cudaStream_t s);
+/// Launches the n (1..abi::batch_max_ops) queued slots as one kernel on s (kernels/batch.cu).
+Status launch_batch(const abi::BatchSlot* slots, int n, cudaStream_t s);
 /// The stream this thread's launches on `device` are recorded on while it captures there (null
 /// when it does not).
 cudaStream_t capture_stream_of(int device);

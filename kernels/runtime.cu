@@ -144,10 +144,10 @@ Status own_stream(int device, cudaStream_t* out) {
 /// What launches a batch of the queue of `device`: batch.cu's kernel on its own stream.
 struct LaunchOn {
   int device;
-  Status operator()(const abi::BatchOp* ops, int n) const {
+  Status operator()(const abi::BatchSlot* slots, int n) const {
     cudaStream_t s = nullptr;
     if (const Status e = own_stream(device, &s)) return e;
-    return launch_batch(ops, n, s);
+    return launch_batch(slots, n, s);
   }
 };
 
@@ -381,10 +381,10 @@ Status copy_d2d(int dst_device, void* dst, int src_device, const void* src, std:
   return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, n, st);
 }
 
-Status batch_enqueue(int device, const BatchOp& op) noexcept {
+Status batch_enqueue(int device, const BatchOp& op, const BatchGeometry* geo) noexcept {
   if (const Status e = check_device(device)) return e;
-  if (device == capture_device || !batch::takes_op(op)) return cudaErrorNotSupported;
-  return batch::push(state(device).queued, op, LaunchOn{device});
+  if (device == capture_device || !batch::takes_op(op, geo)) return cudaErrorNotSupported;
+  return batch::push(state(device).queued, op, geo, LaunchOn{device});
 }
 
 Status batch_flush(int device) noexcept {

@@ -226,16 +226,21 @@ namespace batch = cuda::kernels::batch;
 /// in order.
 struct LaunchOn {
   int device;
-  Status operator()(const abi::BatchOp* ops, int n) const {
+  Status operator()(const abi::BatchSlot* slots, int n) const {
     try {
-      std::vector<abi::BatchOp> own(ops, ops + n);  // (the closure may run later: a copy)
-      for (abi::BatchOp& op : own) {
+      std::vector<abi::BatchSlot> own(slots, slots + n);  // (the closure may run later: a copy)
+      for (int k = 0; k < n; k += batch::has_geometry(own[k].op) ? 2 : 1) {
+        abi::BatchOp& op = own[k].op;
         op.a = host(op.a);
         op.b = host(op.b);
         op.y = host(op.y);
       }
       return launch(&state(device).stream, [own = std::move(own)] {
-        for (const abi::BatchOp& op : own) batch::run_op<std::int64_t>(op, 0, 1, true);
+        for (std::size_t k = 0; k < own.size(); ++k) {
+          const bool g = batch::has_geometry(own[k].op);
+          batch::run_op<std::int64_t>(own[k].op, g ? &own[k + 1].geo : nullptr, 0, 1, true);
+          k += g;
+        }
       });
     } catch (const std::bad_alloc&) {
       return memory_allocation;
@@ -547,13 +552,13 @@ void capture_cond_free(CondNode node) noexcept {
 
 // ---- eager batches --------------------------------------------------------------------------
 
-Status batch_enqueue(int device, const BatchOp& op) noexcept {
+Status batch_enqueue(int device, const BatchOp& op, const BatchGeometry* geo) noexcept {
   if (const Status e = check_device(device)) return e;
-  if (capturing(device) || !batch::takes_op(op)) return not_supported;
-  if (!is_device_ptr(op.y) || (op.kind != BatchOp::fill && !is_device_ptr(op.a)) ||
-      (op.kind == BatchOp::binary && !is_device_ptr(op.b)))
+  if (capturing(device) || !batch::takes_op(op, geo)) return not_supported;
+  const bool reads_b = op.kind == BatchOp::binary || op.kind == BatchOp::broadcast || op.kind == BatchOp::gemm;
+  if (!is_device_ptr(op.y) || (op.kind != BatchOp::fill && !is_device_ptr(op.a)) || (reads_b && !is_device_ptr(op.b)))
     return invalid_value;
-  return batch::push(state(device).queued, op, LaunchOn{device});
+  return batch::push(state(device).queued, op, geo, LaunchOn{device});
 }
 
 Status batch_flush(int device) noexcept {

@@ -77,7 +77,8 @@ TEST_CASE("cuda eager batch: off, or ops too large, each op is its own launch wi
 TEST_CASE("cuda eager batch: queued ops run before a larger op reuses their input's memory", "[cuda][batch]") {
   const BatchingScope on(true);
   const sc::Tensor x = sc::random::uniform({10, 10}, -1.0, 1.0, 46);
-  const sc::Tensor m = sc::random::uniform({10, 10}, -1.0, 1.0, 47).to(gpu);
+  const sc::Tensor wide_left = sc::random::uniform({10, 1000}, -1.0, 1.0, 49).to(gpu);
+  const sc::Tensor wide_right = sc::random::uniform({1000, 10}, -1.0, 1.0, 50).to(gpu);
   sc::Tensor b;
   const void* freed = nullptr;
   {
@@ -85,8 +86,10 @@ TEST_CASE("cuda eager batch: queued ops run before a larger op reuses their inpu
     b = a * 2.0f;                           // queued: reads a's memory
     freed = a.raw_data();
   }  // a's memory goes back to the allocator's cache, b not yet computed
-  const sc::Tensor c = sc::matmul(m, m);  // not a batched op: the queue is launched before it
-  CHECK(c.raw_data() == freed);           // (c took a's memory: what the test is about)
+  // a product too large for a batch (10 x 10 outputs, 10^5 multiply-adds): the queue is launched
+  // before it
+  const sc::Tensor c = sc::matmul(wide_left, wide_right);
+  CHECK(c.raw_data() == freed);  // (c took a's memory: what the test is about)
   check_same(b, (x + 1.0f) * 2.0f, 0);
 }
 
@@ -134,5 +137,104 @@ TEST_CASE("cuda eager batch: threads queueing on one device each get their own c
     sc::Tensor want = xs[k];
     for (int round = 0; round < 4; ++round) want = mixed_chain(want, ys[k]);
     check_same(got[k], want, 1e-5);
+  }
+}
+
+namespace {
+
+/// Broadcasting ops, slices, a transpose, a concat and small products (plain, with transpose
+/// flags, on integers): every kind of op a batch takes through a geometry, on x's device.
+std::vector<sc::Tensor> layout_chain(const sc::Tensor& x, const sc::Tensor& bias, const sc::Tensor& w,
+                                     const sc::Tensor& w16, const sc::Tensor& ints) {
+  const sc::Tensor h = sc::tanh(x + bias);                                                // [8, 16] + [16]
+  const sc::Tensor column = sc::reshape(sc::slice(bias, {0}, {8}), {8, 1});                // [8, 1]
+  const sc::Tensor scaled = h * column - sc::reshape(sc::slice(h, {0, 3}, {1, 1}), {});   // [8, 16] * [8, 1]
+  const sc::Tensor window = sc::slice(scaled, {1, 2}, {6, 5});                             // [6, 5] of [8, 16]
+  const sc::Tensor t = sc::transpose(window);                                              // [5, 6]
+  const sc::Tensor joined = sc::concat({t, t * 2.0f, sc::slice(h, {0, 0}, {5, 3})}, 1);   // [5, 15]
+  const sc::Tensor p = sc::matmul(h, w16);                      // [8, 12], K = 16
+  const sc::Tensor pt = sc::matmul(h, w, true, false);          // h^T [16, 8] w [8, 12]
+  const sc::Tensor pn = sc::matmul(p, w, false, true);          // p [8, 12] w^T [12, 8]
+  const sc::Tensor pi = sc::matmul(ints, sc::transpose(ints));  // i32 [4, 3] [3, 4]
+  return {scaled, window, t, joined, p, pt, pn, pi};
+}
+
+}  // namespace
+
+TEST_CASE("cuda eager batch: broadcasts, slices, transposes, concats and small products are queued too",
+          "[cuda][batch]") {
+  const sc::Tensor x = sc::random::uniform({8, 16}, -1.0, 1.0, 70), bias = sc::random::uniform({16}, -1.0, 1.0, 71);
+  const sc::Tensor w = sc::random::uniform({8, 12}, -1.0, 1.0, 72);
+  const sc::Tensor w16 = sc::random::uniform({16, 12}, -1.0, 1.0, 73);
+  const sc::Tensor ints =
+      sc::reshape(sc::tensor(std::vector<std::int32_t>{1, -2, 3, 40000, 5, -6, 7, 8, 9, 10, 11, 12}), {4, 3});
+  const auto want = layout_chain(x, bias, w, w16, ints);
+  auto on_gpu = [&] { return layout_chain(x.to(gpu), bias.to(gpu), w.to(gpu), w16.to(gpu), ints.to(gpu)); };
+  std::vector<sc::Tensor> got, alone;
+  const BatchingScope on(true);
+  const auto before = sc::cuda::batch_stats();
+  const auto [kernels, copies] = launches_of([&] { got = on_gpu(); });
+  const auto after = sc::cuda::batch_stats();
+  // every op above was queued: none launched alone
+  CHECK(after.ops - before.ops >= 15);
+  if (kernels >= 0) CHECK(kernels == after.launches - before.launches);
+  {
+    const BatchingScope off(false);
+    alone = on_gpu();
+  }
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("result " << i);
+    CHECK(got[i].shape() == want[i].shape());
+    check_same(got[i], want[i], want[i].dtype() == sc::i32 ? 0.0 : 2e-6);
+    check_same(alone[i], want[i], want[i].dtype() == sc::i32 ? 0.0 : 2e-6);
+  }
+}
+
+TEST_CASE("cuda eager batch: a small recurrent step with its gradient, CPU values, few launches", "[cuda][batch]") {
+  // an Elman cell written op by op (a user's own RNN): products, a broadcast bias, slices of the
+  // state, a concat; 6 steps and the gradient of every weight
+  const sc::Tensor xs = sc::random::uniform({6, 1, 5}, -1.0, 1.0, 80);
+  const sc::Tensor w0 = sc::random::uniform({5, 16}, -0.5, 0.5, 81), u0 = sc::random::uniform({16, 16}, -0.5, 0.5, 82);
+  const sc::Tensor b0 = sc::random::uniform({16}, -0.5, 0.5, 83);
+  auto grads = [&](sc::Device d) {
+    sc::Variable w(w0.to(d)), u(u0.to(d)), b(b0.to(d));
+    const sc::Tensor x = xs.to(d);
+    sc::GradientTape tape;
+    sc::Tensor h = sc::zeros({1, 16}).to(d), loss = sc::zeros({}).to(d);
+    for (std::int64_t t = 0; t < 6; ++t) {
+      const sc::Tensor xt = sc::reshape(sc::slice(x, {t, 0, 0}, {1, 1, 5}), {1, 5});
+      const sc::Tensor z = sc::matmul(xt, w) + sc::matmul(h, u) + b;
+      const sc::Tensor halves = sc::concat({sc::tanh(sc::slice(z, {0, 0}, {1, 8})), sc::sigmoid(sc::slice(z, {0, 8}, {1, 8}))}, 1);
+      h = halves;
+      loss = loss + sc::sum(sc::square(h));
+    }
+    const auto g = tape.gradient(loss, {w, u, b});
+    return std::vector<sc::Tensor>{loss, g[0], g[1], g[2]};
+  };
+  const auto want = grads(sc::Device::cpu());
+  const BatchingScope on(true);
+  grads(gpu);  // (warm: the allocator's first blocks)
+  std::vector<sc::Tensor> got, alone;
+  const auto [kernels, copies] = launches_of([&] {
+    got = grads(gpu);
+    for (auto& t : got) t.to_vector<float>();
+  });
+  Launches unbatched{};
+  {
+    const BatchingScope off(false);
+    unbatched = counted([&] {
+      alone = grads(gpu);
+      for (auto& t : alone) t.to_vector<float>();
+    });
+  }
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    check_same(got[i], want[i], 1e-5);
+    check_same(alone[i], want[i], 1e-5);
+  }
+  if (kernels >= 0) {
+    INFO(kernels << " kernels batched, " << unbatched.kernels << " a launch per op");
+    CHECK(kernels <= 8);
+    CHECK(unbatched.kernels >= 150);
   }
 }

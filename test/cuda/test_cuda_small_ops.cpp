@@ -41,7 +41,7 @@ BatchOp binary_op(abi::BinaryRule r, DT dt, const void* a, const void* b, void* 
 
 /// Runs op as `threads` threads of a block would (thread t: elements t, t + threads, ...).
 void run_as_threads(const BatchOp& op, int threads) {
-  for (int t = 0; t < threads; ++t) REQUIRE(kb::run_op<int>(op, t, threads, true));
+  for (int t = 0; t < threads; ++t) REQUIRE(kb::run_op<int>(op, nullptr, t, threads, true));
 }
 
 constexpr int n = 37;

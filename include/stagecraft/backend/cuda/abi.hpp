@@ -338,9 +338,15 @@ Status philox(bool normal, DT dt, const std::int64_t* state, double p0, double p
 /// operand of one element is read at 0 by every i: its `one` flag), a[i] converted from dt to
 /// out_dt (cast), or `value` converted to dt (fill), for n contiguous elements; or (reduce) the n
 /// results of a sum, max or min of a viewed as [n / inner, red, inner] over its middle axis, as
-/// abi::reduce gives them (a bool sum is i64, a bool max/min any/all).
+/// abi::reduce gives them (a bool sum is i64, a bool max/min any/all). The kinds below `reduce`
+/// take a BatchGeometry (batch_enqueue's `geo`): `broadcast`, the binary rule with a and b read
+/// through its strides over a contiguous y of its shape; `copy`, y at strides[1] = a at
+/// strides[0] (elements of dt, bits unchanged); `gemm`, y [M, N] (contiguous) = A B over K, shape
+/// {M, N, K}, A's element (m, k) at m * strides[0][0] + k * strides[0][1] (a transposed operand
+/// is only other strides), B's (k, n) at k * strides[1][0] + n * strides[1][1], integer sums
+/// wrapping; n = M * N.
 struct BatchOp {
-  enum Kind : std::int8_t { unary, binary, cast, fill, reduce };
+  enum Kind : std::int8_t { unary, binary, cast, fill, reduce, broadcast, copy, gemm };
   Kind kind = unary;
   std::int8_t rule = 0;  ///< a UnaryRule, BinaryRule or ReduceRule (sum, max, min)
   bool a_one = false, b_one = false;
@@ -354,18 +360,41 @@ struct BatchOp {
   double value = 0;
 };
 static_assert(sizeof(BatchOp) == 56, "a batch of 64 ops travels in a launch's 4 KiB of parameters");
-/// Ops one batch launch runs (they travel as its parameter, in order, one block of threads).
+/// Axes a BatchGeometry holds (more are merged where they can be: the caller's work).
+inline constexpr int batch_max_rank = 4;
+/// Where a broadcast, copy or gemm op reads and writes (BatchOp): extents and two operands'
+/// strides in elements, every offset below 2^31. It travels in the queue's next slot.
+struct BatchGeometry {
+  std::int32_t rank = 0;
+  std::int32_t shape[batch_max_rank] = {};
+  std::int32_t strides[2][batch_max_rank] = {};
+  std::int32_t unused = 0;
+};
+static_assert(sizeof(BatchGeometry) == sizeof(BatchOp), "a geometry takes one slot of a batch");
+/// A slot of a batch: an op, or the geometry of the op before it.
+union BatchSlot {
+  BatchOp op;
+  BatchGeometry geo;
+  constexpr BatchSlot() noexcept : geo() {}
+};
+/// Slots one batch launch holds (its ops travel as its parameter, in order, one block of threads):
+/// batch_max_ops ops, or fewer with geometries.
 inline constexpr int batch_max_ops = 64;
 /// Ops with more elements than this (a reduction: more input elements) launch their own kernel.
 inline constexpr std::int64_t batch_max_elements = 4096;
-/// Queues op on `device` (its pointers on that device) instead of launching it: the queued ops
-/// are launched together, as one kernel that runs them one after another, when batch_max_ops are
-/// queued, at batch_flush, and before anything else is queued on the device's stream (a kernel,
-/// a copy, a free, a wait, a graph launch: every other call of this interface that uses the
-/// device's stream launches them first), so the stream's order is kept. not_supported, with
+/// A gemm op's limits: at most this many outputs (M N) and multiply-adds (M N K); one block does
+/// them all, so a larger product is faster as cuBLAS's own launch.
+inline constexpr std::int64_t batch_max_gemm_outputs = 16384;
+inline constexpr std::int64_t batch_max_gemm_work = std::int64_t{1} << 16;
+/// Queues op (its geometry `geo` for the kinds that take one, else null) on `device` (its
+/// pointers on that device) instead of launching it: the queued ops
+/// are launched together, as one kernel that runs them one after another, when batch_max_ops
+/// slots are full, at batch_flush, and before anything else is queued on the device's stream (a
+/// kernel, a copy, a free, a wait, a graph launch: every other call of this interface that uses
+/// the device's stream launches them first), so the stream's order is kept. not_supported, with
 /// nothing queued, when this thread captures a graph on the device or the kernels take no such op
 /// (the caller launches it itself).
-Status batch_enqueue(int device, const BatchOp& op) noexcept;
+Status batch_enqueue(int device, const BatchOp& op, const BatchGeometry* geo = nullptr) noexcept;
 /// Launches the ops queued on `device`, if any.
 Status batch_flush(int device) noexcept;
 /// What batch_enqueue did since the process started (all devices).

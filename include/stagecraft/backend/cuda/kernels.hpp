@@ -44,6 +44,42 @@ inline abi::Geometry geometry(const Shape& out, std::initializer_list<const Shap
   return g;
 }
 
+/// g's first two operands as a batch's geometry (abi::BatchGeometry): size-1 axes dropped,
+/// neighbouring axes merged where both operands allow; false when more than abi::batch_max_rank
+/// axes remain or a value does not fit 31 bits (the op then launches its own kernel).
+inline bool batch_geometry(const abi::Geometry& g, abi::BatchGeometry& out) {
+  constexpr std::int64_t most = std::numeric_limits<std::int32_t>::max();
+  std::int64_t shape[max_rank], st[2][max_rank];
+  int rank = 0;
+  for (int d = 0; d < g.rank; ++d) {
+    if (g.shape[d] == 1) continue;
+    if (rank > 0 && st[0][rank - 1] == g.strides[0][d] * g.shape[d] && st[1][rank - 1] == g.strides[1][d] * g.shape[d]) {
+      shape[rank - 1] *= g.shape[d];
+      st[0][rank - 1] = g.strides[0][d];
+      st[1][rank - 1] = g.strides[1][d];
+      continue;
+    }
+    shape[rank] = g.shape[d];
+    st[0][rank] = g.strides[0][d];
+    st[1][rank] = g.strides[1][d];
+    ++rank;
+  }
+  if (rank == 0) {  // one element
+    shape[0] = 1;
+    st[0][0] = st[1][0] = 0;
+    rank = 1;
+  }
+  if (rank > abi::batch_max_rank) return false;
+  out.rank = rank;
+  for (int d = 0; d < rank; ++d) {
+    if (shape[d] > most || st[0][d] < 0 || st[0][d] > most || st[1][d] < 0 || st[1][d] > most) return false;
+    out.shape[d] = static_cast<std::int32_t>(shape[d]);
+    out.strides[0][d] = static_cast<std::int32_t>(st[0][d]);
+    out.strides[1][d] = static_cast<std::int32_t>(st[1][d]);
+  }
+  return true;
+}
+
 /// The abi enumerator of an op deriving from one of the listed rules (count when none).
 template <class Op>
 constexpr abi::UnaryRule unary_rule() {
@@ -87,7 +123,8 @@ void binary(std::span<const Tensor> in, Tensor& out, const std::source_location&
   static_assert(binary_rule<Op>() != abi::BinaryRule::count, "stagecraft: this binary rule has no CUDA kernel");
   const Device d = out.device();
   const bool a_one = in[0].numel() == 1, b_one = in[1].numel() == 1;
-  if ((a_one || in[0].shape() == out.shape()) && (b_one || in[1].shape() == out.shape())) {
+  const abi::Geometry g = geometry(out.shape(), {&in[0].shape(), &in[1].shape()});
+  if (out.numel() <= abi::batch_max_elements) {
     abi::BatchOp b;
     b.kind = abi::BatchOp::binary;
     b.rule = static_cast<std::int8_t>(binary_rule<Op>());
@@ -97,10 +134,16 @@ void binary(std::span<const Tensor> in, Tensor& out, const std::source_location&
     b.a = in[0].raw_data();
     b.b = in[1].raw_data();
     b.y = out.raw_data();
-    if (stagecraft::cuda::detail::enqueue_small(d, b, out.numel(), Op::name, loc)) return;
+    // same shapes (or one element): flat; broadcasting: read through the strides
+    abi::BatchGeometry bg;
+    const bool flat = (a_one || in[0].shape() == out.shape()) && (b_one || in[1].shape() == out.shape());
+    if (!flat) b.kind = abi::BatchOp::broadcast;
+    if ((flat || batch_geometry(g, bg)) &&
+        stagecraft::cuda::detail::enqueue_small(d, b, out.numel(), Op::name, loc, flat ? nullptr : &bg))
+      return;
   }
-  check(abi::binary(binary_rule<Op>(), dt(in[0].dtype()), in[0].raw_data(), in[1].raw_data(), out.raw_data(),
-                    geometry(out.shape(), {&in[0].shape(), &in[1].shape()}), stream(d, Op::name, loc)),
+  check(abi::binary(binary_rule<Op>(), dt(in[0].dtype()), in[0].raw_data(), in[1].raw_data(), out.raw_data(), g,
+                    stream(d, Op::name, loc)),
         d, Op::name, loc);
 }
 
@@ -127,6 +170,15 @@ inline void strided_copy(const void* src, const Shape& shape, const Shape& src_s
     g.strides[0][k] = src_strides[k];
     g.strides[1][k] = dst_strides[k];
   }
+  abi::BatchGeometry bg;
+  if (g.numel <= abi::batch_max_elements && batch_geometry(g, bg)) {
+    abi::BatchOp b;
+    b.kind = abi::BatchOp::copy;
+    b.dt = dt(d);
+    b.a = src;
+    b.y = dst;
+    if (stagecraft::cuda::detail::enqueue_small(dev, b, g.numel, op, loc, &bg)) return;
+  }
   check(abi::strided_copy(static_cast<int>(itemsize(d)), src, dst, g, stream(dev, op, loc)), dev, op, loc);
 }
 
@@ -135,6 +187,36 @@ inline void strided_copy(const void* src, const Shape& shape, const Shape& src_s
 inline void concat(std::span<const abi::ConcatPiece> pieces, DType d, Device dev, std::string_view op,
                    const std::source_location& loc) {
 #if defined(STAGECRAFT_WITH_CUDA)
+  if (stagecraft::cuda::eager_batching()) {
+    // small pieces join the batch as copies (rows of `row` elements to rows `pitch` apart); the
+    // others keep the concat kernel
+    std::vector<abi::ConcatPiece> rest;
+    for (const abi::ConcatPiece& p : pieces) {
+      const std::int64_t n = p.rows * p.row;
+      if (n == 0) continue;
+      abi::Geometry g;
+      g.rank = 2;
+      g.numel = n;
+      g.shape[0] = p.rows;
+      g.shape[1] = p.row;
+      g.strides[0][0] = p.row;
+      g.strides[0][1] = g.strides[1][1] = 1;
+      g.strides[1][0] = p.pitch;
+      abi::BatchGeometry bg;
+      abi::BatchOp b;
+      b.kind = abi::BatchOp::copy;
+      b.dt = dt(d);
+      b.a = p.x;
+      b.y = p.y;
+      if (n > abi::batch_max_elements || !batch_geometry(g, bg) ||
+          !stagecraft::cuda::detail::enqueue_small(dev, b, n, op, loc, &bg))
+        rest.push_back(p);
+    }
+    if (!rest.empty())
+      check(abi::concat(static_cast<int>(itemsize(d)), rest.data(), static_cast<int>(rest.size()), stream(dev, op, loc)),
+            dev, op, loc);
+    return;
+  }
   check(abi::concat(static_cast<int>(itemsize(d)), pieces.data(), static_cast<int>(pieces.size()), stream(dev, op, loc)),
         dev, op, loc);
 #else
@@ -276,12 +358,32 @@ inline void gemm(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t M, 
                                          tb ? "[" + std::to_string(N) + ", " + std::to_string(K) + "]^T"
                                             : "[" + std::to_string(K) + ", " + std::to_string(N) + "]",
                                          " on ", out.device().str(), " has a larger one");
+  const Device d = out.device();
+  if (g.batch == 1 && M * N <= abi::batch_max_gemm_outputs && K >= 1 && M * N * K <= abi::batch_max_gemm_work) {
+    // a small product joins the batch: one block's threads an output each (a cuBLAS launch would
+    // cost more than its work)
+    abi::BatchGeometry bg;
+    bg.rank = 3;
+    bg.shape[0] = static_cast<std::int32_t>(M);
+    bg.shape[1] = static_cast<std::int32_t>(N);
+    bg.shape[2] = static_cast<std::int32_t>(K);
+    bg.strides[0][0] = static_cast<std::int32_t>(ta ? 1 : K);
+    bg.strides[0][1] = static_cast<std::int32_t>(ta ? M : 1);
+    bg.strides[1][0] = static_cast<std::int32_t>(tb ? 1 : N);
+    bg.strides[1][1] = static_cast<std::int32_t>(tb ? K : 1);
+    abi::BatchOp small;
+    small.kind = abi::BatchOp::gemm;
+    small.dt = dt(out.dtype());
+    small.a = a.raw_data();
+    small.b = b.raw_data();
+    small.y = out.raw_data();
+    if (stagecraft::cuda::detail::enqueue_small(d, small, M * N, op, loc, &bg)) return;
+  }
   std::vector<std::int64_t> ao, bo;
   batch_offsets(a_batch, batch, M * K, g.a_stride, ao);
   batch_offsets(b_batch, batch, K * N, g.b_stride, bo);
   g.a_offsets = ao.empty() ? nullptr : ao.data();
   g.b_offsets = bo.empty() ? nullptr : bo.data();
-  const Device d = out.device();
   check(abi::gemm(dt(out.dtype()), a.raw_data(), b.raw_data(), out.raw_data(), g, d.index(), stream(d, op, loc)), d, op,
         loc);
 }

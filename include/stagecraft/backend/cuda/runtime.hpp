@@ -183,10 +183,11 @@ inline std::atomic<int>& eager_batching_flag() {
   return flag;
 }
 
-/// Queues `op` (n elements, checked here) on d's batch of small ops when batching is on and the
-/// kernels take it (abi::batch_enqueue); false when the caller must launch it itself.
+/// Queues `op` (n elements, checked here; its geometry `geo` for the kinds that have one) on d's
+/// batch of small ops when batching is on and the kernels take it (abi::batch_enqueue); false when
+/// the caller must launch it itself.
 inline bool enqueue_small(Device d, abi::BatchOp op, std::int64_t n, std::string_view name,
-                          const std::source_location& loc);
+                          const std::source_location& loc, const abi::BatchGeometry* geo = nullptr);
 
 /// Sets the n elements (of dtype dt) at dst on CUDA device d to value, converted on the device:
 /// the caller passes a value that dt holds exactly. Returns before the kernel ends.
@@ -316,10 +317,11 @@ inline std::string cudnn_status() {
 #endif
 }
 
-/// Whether small eager ops on a GPU (unary and binary elementwise ops, casts, fills, and sums,
-/// maxima and minima over one run of neighbouring axes, of at most abi::batch_max_elements
-/// elements) are queued and launched together, up to abi::batch_max_ops
-/// per launch, instead of one launch each: a small op costs its launch (~4.5 us on an H100), the
+/// Whether small eager ops on a GPU (unary and binary elementwise ops, broadcasting too, casts,
+/// fills, sums, maxima and minima over one run of neighbouring axes, the copies of slices,
+/// transposes and concats, of at most abi::batch_max_elements elements; single products within
+/// abi::batch_max_gemm_outputs and abi::batch_max_gemm_work) are queued and launched together, up
+/// to abi::batch_max_ops per launch, instead of one launch each: a small op costs its launch (~4.5 us on an H100), the
 /// queue a fraction of a microsecond. On by default; STAGECRAFT_CUDA_BATCH=0 turns it off, as
 /// set_eager_batching(false) does. Queued ops run in their order before anything else queued on
 /// the device after them (a larger op, a copy, a wait, a graph launch) and at flush(): results
@@ -361,16 +363,17 @@ inline BatchStats batch_stats() {
 
 namespace detail {
 inline bool enqueue_small(Device d, abi::BatchOp op, std::int64_t n, std::string_view name,
-                          const std::source_location& loc) {
+                          const std::source_location& loc, const abi::BatchGeometry* geo) {
 #if defined(STAGECRAFT_WITH_CUDA)
-  if (n <= 0 || n > abi::batch_max_elements || !eager_batching()) return false;
+  const std::int64_t most = op.kind == abi::BatchOp::gemm ? abi::batch_max_gemm_outputs : abi::batch_max_elements;
+  if (n <= 0 || n > most || !eager_batching()) return false;
   op.n = static_cast<std::int32_t>(n);
-  const abi::Status s = abi::batch_enqueue(d.index(), op);
+  const abi::Status s = abi::batch_enqueue(d.index(), op, geo);
   if (s == abi::not_supported) return false;
   check(s, d, name, loc);
   return true;
 #else
-  (void)d, (void)op, (void)n, (void)name, (void)loc;
+  (void)d, (void)op, (void)n, (void)name, (void)loc, (void)geo;
   return false;
 #endif
 }
