@@ -11,7 +11,8 @@
 // input and its kernel gradient) alone (LibTorch's, cuDNN: bench_cuda_torch.cpp).
 //   cuda/mlp_adam/batch128/mode:<m>, cuda/lstm50/mode:<m>, cuda/while100/mode:<m> (0 eager,
 //   1 staged kernel by kernel, 2 staged + graph always, 3 staged under the library's default
-//   graph policy: the MLP and LSTM only), .../libtorch
+//   graph policy: the MLP and LSTM only; the LSTM's 4 and 5: eager with the cell's ops one by one,
+//   small ops batched (sc::cuda::eager_batching) or a launch each), .../libtorch
 //   cuda/cnn_adam/batch128/algo:<a>/mode:<m>, cuda/conv2d/32x14x14_to_64/algo:<a> (0 cuDNN,
 //   1 im2col), .../libtorch
 #include "bench_models.hpp"
@@ -22,7 +23,7 @@ namespace {
 
 const sc::Device gpu = sc::Device::cuda(0);
 
-enum Mode : int { eager = 0, staged = 1, staged_graph = 2, staged_default = 3 };
+enum Mode : int { eager = 0, staged = 1, staged_graph = 2, staged_default = 3, ops_batched = 4, ops_unbatched = 5 };
 
 using bench::timed;
 void sc_sync() { sc::cuda::synchronize(); }
@@ -79,11 +80,23 @@ void lstm(benchmark::State& state) {
   sc::manual_seed(1);
   const bench::LstmModel m(gpu);
   const auto vars = m.cell.trainable_variables();
+  const Mode mode = static_cast<Mode>(state.range(0));
+  if (mode == ops_batched || mode == ops_unbatched) {
+    // eager, the cell's ops one by one (as a user's own cell runs), the small ones batched or not
+    const bool staging = sc::nn::lstm_cell_staging(), batching = sc::cuda::eager_batching();
+    sc::nn::lstm_cell_staging() = false;
+    sc::cuda::set_eager_batching(mode == ops_batched);
+    timed(state, [&] { return m.step(vars); }, sc_sync);
+    sc::nn::lstm_cell_staging() = staging;
+    sc::cuda::set_eager_batching(batching);
+    state.SetLabel(mode == ops_batched ? "cell op by op, eager batches" : "cell op by op, a launch per op");
+    return;
+  }
   const sc::Tensor dummy = sc::zeros({1});
-  sc_modes(state, static_cast<Mode>(state.range(0)), no_note, [&](const sc::Tensor&) { return m.step(vars); }, dummy);
+  sc_modes(state, mode, no_note, [&](const sc::Tensor&) { return m.step(vars); }, dummy);
 }
 BENCHMARK(lstm)->Name("cuda/lstm50")->ArgName("mode")->Arg(eager)->Arg(staged)->Arg(staged_graph)->Arg(staged_default)
-    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+    ->Arg(ops_batched)->Arg(ops_unbatched)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 constexpr int while_rounds = 100;
 
