@@ -29,13 +29,10 @@ __device__ __noinline__ void run_batch_op(abi::BatchOp op, const abi::BatchGeome
 // a geometry is read there through its address.
 template <int N>
 __global__ void __launch_bounds__(batch_threads) batch_kernel(const __grid_constant__ BatchParams<N> p) {
-  for (int k = 0; k < p.count; ++k) {
-    const abi::BatchOp& op = p.slots[k].op;
-    const bool has_geometry = batch::has_geometry(op);
-    run_batch_op(op, has_geometry ? &p.slots[k + 1].geo : nullptr);
-    k += has_geometry;
+  batch::for_each_op(p.slots, p.count, [](const abi::BatchOp& op, const abi::BatchGeometry* g) {
+    run_batch_op(op, g);
     __syncthreads();
-  }
+  });
 }
 
 template <int N>

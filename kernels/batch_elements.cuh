@@ -87,6 +87,17 @@ SC_BATCH_HD bool has_geometry(const BatchOp& op) {
   return op.kind == BatchOp::broadcast || op.kind == BatchOp::copy || op.kind == BatchOp::gemm;
 }
 
+/// Calls f(op, its geometry or null) for each op of a batch's n slots, in order (a geometry takes
+/// the slot after its op). Slot: abi::BatchSlot, const or not.
+template <class Slot, class F>
+SC_BATCH_HD void for_each_op(Slot* slots, int n, F&& f) {
+  for (int k = 0; k < n; ++k) {
+    const bool g = has_geometry(slots[k].op);
+    f(slots[k].op, g ? &slots[k + 1].geo : nullptr);
+    k += g;
+  }
+}
+
 /// Offset (elements) in operand k of element i of g's shape (row-major).
 SC_BATCH_HD std::int32_t offset_in(const BatchGeometry& g, int k, std::int32_t i) {
   std::int32_t off = 0;

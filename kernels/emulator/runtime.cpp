@@ -229,18 +229,16 @@ struct LaunchOn {
   Status operator()(const abi::BatchSlot* slots, int n) const {
     try {
       std::vector<abi::BatchSlot> own(slots, slots + n);  // (the closure may run later: a copy)
-      for (int k = 0; k < n; k += batch::has_geometry(own[k].op) ? 2 : 1) {
-        abi::BatchOp& op = own[k].op;
+      batch::for_each_op(own.data(), n, [](abi::BatchOp& op, const abi::BatchGeometry*) {
         op.a = host(op.a);
         op.b = host(op.b);
         op.y = host(op.y);
-      }
+      });
       return launch(&state(device).stream, [own = std::move(own)] {
-        for (std::size_t k = 0; k < own.size(); ++k) {
-          const bool g = batch::has_geometry(own[k].op);
-          batch::run_op<std::int64_t>(own[k].op, g ? &own[k + 1].geo : nullptr, 0, 1, true);
-          k += g;
-        }
+        const auto run = [](const abi::BatchOp& op, const abi::BatchGeometry* g) {
+          batch::run_op<std::int64_t>(op, g, 0, 1, true);
+        };
+        batch::for_each_op(own.data(), static_cast<int>(own.size()), run);
       });
     } catch (const std::bad_alloc&) {
       return memory_allocation;

@@ -156,6 +156,20 @@ inline void where(const Tensor& c, const Tensor& a, const Tensor& b, Tensor& out
         d, op, loc);
 }
 
+/// Queues the copy of g's view of src into its view of dst (abi::BatchOp::copy) when it is small;
+/// false when it must launch its own kernel.
+inline bool batched_copy(const void* src, void* dst, const abi::Geometry& g, DType d, Device dev, std::string_view op,
+                         const std::source_location& loc) {
+  abi::BatchGeometry bg;
+  if (g.numel > abi::batch_max_elements || !batch_geometry(g, bg)) return false;
+  abi::BatchOp b;
+  b.kind = abi::BatchOp::copy;
+  b.dt = dt(d);
+  b.a = src;
+  b.y = dst;
+  return stagecraft::cuda::detail::enqueue_small(dev, b, g.numel, op, loc, &bg);
+}
+
 /// Copies the view of src (shape, src_strides in elements) into the view of dst (dst_strides).
 inline void strided_copy(const void* src, const Shape& shape, const Shape& src_strides, void* dst,
                          const Shape& dst_strides, DType d, Device dev, std::string_view op,
@@ -170,15 +184,7 @@ inline void strided_copy(const void* src, const Shape& shape, const Shape& src_s
     g.strides[0][k] = src_strides[k];
     g.strides[1][k] = dst_strides[k];
   }
-  abi::BatchGeometry bg;
-  if (g.numel <= abi::batch_max_elements && batch_geometry(g, bg)) {
-    abi::BatchOp b;
-    b.kind = abi::BatchOp::copy;
-    b.dt = dt(d);
-    b.a = src;
-    b.y = dst;
-    if (stagecraft::cuda::detail::enqueue_small(dev, b, g.numel, op, loc, &bg)) return;
-  }
+  if (batched_copy(src, dst, g, d, dev, op, loc)) return;
   check(abi::strided_copy(static_cast<int>(itemsize(d)), src, dst, g, stream(dev, op, loc)), dev, op, loc);
 }
 
@@ -202,15 +208,7 @@ inline void concat(std::span<const abi::ConcatPiece> pieces, DType d, Device dev
       g.strides[0][0] = p.row;
       g.strides[0][1] = g.strides[1][1] = 1;
       g.strides[1][0] = p.pitch;
-      abi::BatchGeometry bg;
-      abi::BatchOp b;
-      b.kind = abi::BatchOp::copy;
-      b.dt = dt(d);
-      b.a = p.x;
-      b.y = p.y;
-      if (n > abi::batch_max_elements || !batch_geometry(g, bg) ||
-          !stagecraft::cuda::detail::enqueue_small(dev, b, n, op, loc, &bg))
-        rest.push_back(p);
+      if (!batched_copy(p.x, p.y, g, d, dev, op, loc)) rest.push_back(p);
     }
     if (!rest.empty())
       check(abi::concat(static_cast<int>(itemsize(d)), rest.data(), static_cast<int>(rest.size()), stream(dev, op, loc)),
