@@ -1,6 +1,6 @@
 // Kernels launched per eager step on the emulated GPU (kernels/emulator), with eager batching off
 // (a launch per op) and on (sc::cuda::eager_batching, the default): the counts of
-// bench/results/gpu.md's session 43 table. Counts, not times: the emulator runs each launch on the
+// bench/results/gpu.md's session 43 to 45 tables. Counts, not times: the emulator runs each launch on the
 // host. One command (after `cmake --preset emu && cmake --build build/emu --target stagecraft_cuda`):
 //   g++ -std=c++20 -O1 -fopenmp -DSTAGECRAFT_WITH_CUDA=1 -DSTAGECRAFT_CUDA_EMULATOR=1 -Iinclude
 //       -Ikernels -Ibench -Iexamples -I/usr/include/x86_64-linux-gnu/openblas-openmp

@@ -1,48 +1,127 @@
 // The optimizers' fused updates on a GPU (optim/fused.hpp; the CPU runs the same arithmetic as one
-// loop): one kernel per variable instead of Adam's 12 ops (SGD's 2 to 5). Each operation rounds on
-// its own, in the composite's order (kernels are built with --fmad=false: no contraction), with
-// sqrt and division correctly rounded, so the results are the composite's bit for bit.
+// loop per variable): one launch for up to abi::update_max_tensors variables instead of Adam's 12
+// ops each (SGD's 2 to 5), or a launch per variable. Each operation rounds on its own, in the
+// composite's order (kernels are built with --fmad=false: no contraction), with sqrt and division
+// correctly rounded, so the results are the composite's bit for bit.
 #include "common.cuh"
 #include "stagecraft/ops/rules.hpp"
 
 namespace stagecraft::cuda::kernels {
 namespace {
 
-/// The learning rate: from the device (a GPU scalar, read when the kernel runs) or given.
-template <class T>
-__device__ T rate(const T* dev, T host) {
-  return dev != nullptr ? *dev : host;
+/// An update launch's parameter: up to N variables (launched with the smallest N that holds them),
+/// the rate (a device scalar, read when the kernel runs, or lr_host) and the optimizer's constants.
+template <int N>
+struct UpdateParams {
+  abi::UpdateTensor t[N];
+  const void* lr;
+  double lr_host, c0, c1, c2;
+  int count;
+  bool flag;
+};
+static_assert(sizeof(UpdateParams<abi::update_max_tensors>) <= 4096, "an update's table fits a launch's parameters");
+
+/// Blocks a variable of n elements gets (past that, each thread takes several elements).
+__host__ __device__ inline std::int64_t blocks_of(std::int64_t n) {
+  const std::int64_t b = (n + block_threads - 1) / block_threads;
+  return b < 2048 ? b : 2048;
 }
 
+template <class T, int N>
+__device__ T rate(const UpdateParams<N>& p) {
+  return p.lr != nullptr ? *static_cast<const T*>(p.lr) : static_cast<T>(p.lr_host);
+}
+
+/// Adam's arithmetic on element i (in {g, m, v, w}, out {m1, v1, w1}); c0, c1, c2: a1, a2, eps.
 template <class T>
-__global__ void adam_kernel(const T* g, const T* m, const T* v, const T* w, T* m1, T* v1, T* w1, const T* lr_dev,
-                            T lr_host, T a1, T a2, T e, std::int64_t n) {
-  const T r = rate(lr_dev, lr_host);
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
-    const T gi = g[i], m0 = m[i], v0 = v[i], w0 = w[i];
+struct AdamStep {
+  T r, a1, a2, e;
+  template <int N>
+  __device__ explicit AdamStep(const UpdateParams<N>& p)
+      : r(rate<T>(p)), a1(static_cast<T>(p.c0)), a2(static_cast<T>(p.c1)), e(static_cast<T>(p.c2)) {}
+  __device__ void operator()(const abi::UpdateTensor& t, std::int64_t i) const {
+    const T gi = static_cast<const T*>(t.in[0])[i], m0 = static_cast<const T*>(t.in[1])[i];
+    const T v0 = static_cast<const T*>(t.in[2])[i], w0 = static_cast<const T*>(t.in[3])[i];
     const T mi = m0 + (gi - m0) * a1;
     const T vi = v0 + (gi * gi - v0) * a2;
     const T step = (mi * r) / (rules::Sqrt::f(vi) + e);
-    m1[i] = mi;
-    v1[i] = vi;
-    w1[i] = w0 - step;
+    static_cast<T*>(t.out[0])[i] = mi;
+    static_cast<T*>(t.out[1])[i] = vi;
+    static_cast<T*>(t.out[2])[i] = w0 - step;
   }
+};
+
+/// SGD's arithmetic on element i (in {g, w, vel}, out {w1, vel1}); c0: the momentum; flag: Nesterov.
+template <class T>
+struct SgdStep {
+  T r, mu;
+  bool nesterov;
+  template <int N>
+  __device__ explicit SgdStep(const UpdateParams<N>& p)
+      : r(rate<T>(p)), mu(static_cast<T>(p.c0)), nesterov(p.flag) {}
+  __device__ void operator()(const abi::UpdateTensor& t, std::int64_t i) const {
+    const T step = static_cast<const T*>(t.in[0])[i] * r;
+    const T w = static_cast<const T*>(t.in[1])[i];
+    if (t.in[2] == nullptr) {
+      static_cast<T*>(t.out[0])[i] = w - step;
+      return;
+    }
+    const T next = static_cast<const T*>(t.in[2])[i] * mu - step;
+    static_cast<T*>(t.out[1])[i] = next;
+    static_cast<T*>(t.out[0])[i] = w + (nesterov ? next * mu - step : next);
+  }
+};
+
+/// Each block finds its variable (blocks_of(n) consecutive blocks each, in table order) and runs
+/// a grid-stride loop over that variable's elements.
+template <template <class> class Step, class T, int N>
+__global__ void update_kernel(const __grid_constant__ UpdateParams<N> p) {
+  std::int64_t first = 0;
+  int k = 0;
+  for (; k < p.count - 1; ++k) {
+    const std::int64_t b = blocks_of(p.t[k].n);
+    if (blockIdx.x < first + b) break;
+    first += b;
+  }
+  const abi::UpdateTensor& t = p.t[k];
+  const Step<T> step(p);
+  const std::int64_t stride = blocks_of(t.n) * blockDim.x;
+  for (std::int64_t i = (blockIdx.x - first) * blockDim.x + threadIdx.x; i < t.n; i += stride) step(t, i);
 }
 
-template <class T>
-__global__ void sgd_kernel(const T* g, const T* w, const T* vel, T* w1, T* vel1, const T* lr_dev, T lr_host, T mu,
-                           bool nesterov, std::int64_t n) {
-  const T r = rate(lr_dev, lr_host);
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
-    const T step = g[i] * r;
-    if (vel == nullptr) {
-      w1[i] = w[i] - step;
-      continue;
-    }
-    const T next = vel[i] * mu - step;
-    vel1[i] = next;
-    w1[i] = w[i] + (nesterov ? next * mu - step : next);
+template <template <class> class Step, int N>
+Status launch_as(DT dt, const abi::UpdateTensor* t, int count, const void* lr, double lr_host, double c0, double c1,
+                 double c2, bool flag, abi::Stream s) {
+  UpdateParams<N> p;
+  std::int64_t blocks = 0;
+  for (int k = 0; k < count; ++k) {
+    p.t[k] = t[k];
+    blocks += blocks_of(t[k].n);
   }
+  if (blocks == 0) return cudaSuccess;
+  p.lr = lr;
+  p.lr_host = lr_host;
+  p.c0 = c0;
+  p.c1 = c1;
+  p.c2 = c2;
+  p.count = count;
+  p.flag = flag;
+  const auto st = static_cast<cudaStream_t>(s);
+  const auto grid = static_cast<unsigned>(blocks);
+  if (dt == DT::f32) update_kernel<Step, float, N><<<grid, block_threads, 0, st>>>(p);
+  else if (dt == DT::f64) update_kernel<Step, double, N><<<grid, block_threads, 0, st>>>(p);
+  else return cudaErrorNotSupported;
+  return launched();
+}
+
+template <template <class> class Step>
+Status launch(DT dt, const abi::UpdateTensor* t, int count, const void* lr, double lr_host, double c0, double c1,
+              double c2, bool flag, abi::Stream s) {
+  if (count < 0 || count > abi::update_max_tensors) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  if (count <= 4) return launch_as<Step, 4>(dt, t, count, lr, lr_host, c0, c1, c2, flag, s);
+  if (count <= 16) return launch_as<Step, 16>(dt, t, count, lr, lr_host, c0, c1, c2, flag, s);
+  return launch_as<Step, abi::update_max_tensors>(dt, t, count, lr, lr_host, c0, c1, c2, flag, s);
 }
 
 }  // namespace
@@ -51,38 +130,14 @@ __global__ void sgd_kernel(const T* g, const T* w, const T* vel, T* w1, T* vel1,
 namespace stagecraft::cuda::abi {
 using namespace stagecraft::cuda::kernels;
 
-Status adam_update(DT dt, const void* g, const void* m, const void* v, const void* w, void* m1, void* v1, void* w1,
-                   const void* lr, double lr_host, double a1, double a2, double eps, std::int64_t n, Stream s) noexcept {
-  if (n == 0) return cudaSuccess;
-  const auto st = static_cast<cudaStream_t>(s);
-  auto run = [&](auto tag) -> Status {
-    using T = decltype(tag);
-    adam_kernel<T><<<grid_for(n), block_threads, 0, st>>>(
-        static_cast<const T*>(g), static_cast<const T*>(m), static_cast<const T*>(v), static_cast<const T*>(w),
-        static_cast<T*>(m1), static_cast<T*>(v1), static_cast<T*>(w1), static_cast<const T*>(lr), static_cast<T>(lr_host),
-        static_cast<T>(a1), static_cast<T>(a2), static_cast<T>(eps), n);
-    return launched();
-  };
-  if (dt == DT::f32) return run(float{});
-  if (dt == DT::f64) return run(double{});
-  return cudaErrorNotSupported;
+Status adam_update(DT dt, const UpdateTensor* t, int count, const void* lr, double lr_host, double a1, double a2,
+                   double eps, Stream s) noexcept {
+  return launch<AdamStep>(dt, t, count, lr, lr_host, a1, a2, eps, false, s);
 }
 
-Status sgd_update(DT dt, const void* g, const void* w, const void* vel, void* w1, void* vel1, const void* lr,
-                  double lr_host, double momentum, bool nesterov, std::int64_t n, Stream s) noexcept {
-  if (n == 0) return cudaSuccess;
-  const auto st = static_cast<cudaStream_t>(s);
-  auto run = [&](auto tag) -> Status {
-    using T = decltype(tag);
-    sgd_kernel<T><<<grid_for(n), block_threads, 0, st>>>(static_cast<const T*>(g), static_cast<const T*>(w),
-                                                         static_cast<const T*>(vel), static_cast<T*>(w1),
-                                                         static_cast<T*>(vel1), static_cast<const T*>(lr),
-                                                         static_cast<T>(lr_host), static_cast<T>(momentum), nesterov, n);
-    return launched();
-  };
-  if (dt == DT::f32) return run(float{});
-  if (dt == DT::f64) return run(double{});
-  return cudaErrorNotSupported;
+Status sgd_update(DT dt, const UpdateTensor* t, int count, const void* lr, double lr_host, double momentum,
+                  bool nesterov, Stream s) noexcept {
+  return launch<SgdStep>(dt, t, count, lr, lr_host, momentum, 0, 0, nesterov, s);
 }
 
 }  // namespace stagecraft::cuda::abi

@@ -530,61 +530,76 @@ Status gemm_bgrad(DT dt, const void* a, const void* b, void* c, void* bgrad, con
 
 // ---- optim.cu --------------------------------------------------------------------------------
 
-Status adam_update(DT dt, const void* g, const void* m, const void* v, const void* w, void* m1, void* v1, void* w1,
-                   const void* lr, double lr_host, double a1, double a2, double eps, std::int64_t n, Stream s) noexcept {
-  if (n == 0) return emu::ok;
+namespace {
+
+/// An update launch of count variables: checks as optim.cu's, then one kernel that runs
+/// step(table entry, element) over each variable's elements in table order.
+template <class Step>
+Status update_launch(const UpdateTensor* t, int count, Stream s, Step step) {
+  if (count < 0 || count > update_max_tensors) return emu::invalid_value;
+  std::int64_t total = 0;
+  for (int k = 0; k < count; ++k) total += t[k].n;
+  if (total == 0) return emu::ok;  // (optim.cu launches no empty grid)
+  try {
+    std::vector<UpdateTensor> table(t, t + count);  // (the closure may run later: a copy)
+    return emu::queue(s, [table = std::move(table), step] {
+      for (const UpdateTensor& u : table)
+        for (std::int64_t i = 0; i < u.n; ++i) step(u, i);
+    });
+  } catch (const std::bad_alloc&) {
+    return emu::memory_allocation;
+  }
+}
+
+template <class T>
+const T* in(const UpdateTensor& u, int k) {
+  return u.in[k] != nullptr ? emu::host(static_cast<const T*>(u.in[k])) : nullptr;
+}
+template <class T>
+T* out(const UpdateTensor& u, int k) {
+  return emu::host(static_cast<T*>(u.out[k]));
+}
+
+}  // namespace
+
+Status adam_update(DT dt, const UpdateTensor* t, int count, const void* lr, double lr_host, double a1, double a2,
+                   double eps, Stream s) noexcept {
   return emu::visit_float(dt, [&](auto tag) -> Status {
     using T = decltype(tag);
-    // The constants rounded to T at the launch, as optim.cu's kernel arguments.
+    // The constants rounded to T at the launch, as optim.cu's kernel does with its parameters.
     const T r_host = static_cast<T>(lr_host), c1 = static_cast<T>(a1), c2 = static_cast<T>(a2), e = static_cast<T>(eps);
-    return emu::queue(s, [=] {
-      // A device rate is read when the kernel runs (an earlier launch may compute it).
+    return update_launch(t, count, s, [=](const UpdateTensor& u, std::int64_t i) {
+      // A device rate is read when the kernel runs (an earlier launch may compute it); every
+      // operation rounded on its own, in the composite's order.
       const T r = lr != nullptr ? *emu::host(static_cast<const T*>(lr)) : r_host;
-      const T* pg = emu::host(static_cast<const T*>(g));
-      const T* pm = emu::host(static_cast<const T*>(m));
-      const T* pv = emu::host(static_cast<const T*>(v));
-      const T* pw = emu::host(static_cast<const T*>(w));
-      T* qm = emu::host(static_cast<T*>(m1));
-      T* qv = emu::host(static_cast<T*>(v1));
-      T* qw = emu::host(static_cast<T*>(w1));
-      for (std::int64_t i = 0; i < n; ++i) {
-        // Every operation rounded on its own, in the composite's order.
-        const T gi = pg[i], m0 = pm[i], v0 = pv[i], w0 = pw[i];
-        const T mi = m0 + emu::rounded(T((gi - m0) * c1));
-        const T vi = v0 + emu::rounded(T((emu::rounded(T(gi * gi)) - v0) * c2));
-        const T step = emu::rounded(T(mi * r)) / T(rules::Sqrt::f(vi) + e);
-        qm[i] = mi;
-        qv[i] = vi;
-        qw[i] = w0 - step;
-      }
+      const T gi = in<T>(u, 0)[i], m0 = in<T>(u, 1)[i], v0 = in<T>(u, 2)[i], w0 = in<T>(u, 3)[i];
+      const T mi = m0 + emu::rounded(T((gi - m0) * c1));
+      const T vi = v0 + emu::rounded(T((emu::rounded(T(gi * gi)) - v0) * c2));
+      const T step = emu::rounded(T(mi * r)) / T(rules::Sqrt::f(vi) + e);
+      out<T>(u, 0)[i] = mi;
+      out<T>(u, 1)[i] = vi;
+      out<T>(u, 2)[i] = w0 - step;
     });
   });
 }
 
-Status sgd_update(DT dt, const void* g, const void* w, const void* vel, void* w1, void* vel1, const void* lr,
-                  double lr_host, double momentum, bool nesterov, std::int64_t n, Stream s) noexcept {
-  if (n == 0) return emu::ok;
+Status sgd_update(DT dt, const UpdateTensor* t, int count, const void* lr, double lr_host, double momentum,
+                  bool nesterov, Stream s) noexcept {
   return emu::visit_float(dt, [&](auto tag) -> Status {
     using T = decltype(tag);
     const T r_host = static_cast<T>(lr_host), mu = static_cast<T>(momentum);
-    return emu::queue(s, [=] {
+    return update_launch(t, count, s, [=](const UpdateTensor& u, std::int64_t i) {
       const T r = lr != nullptr ? *emu::host(static_cast<const T*>(lr)) : r_host;
-      const T* pg = emu::host(static_cast<const T*>(g));
-      const T* pw = emu::host(static_cast<const T*>(w));
-      const T* pvel = emu::host(static_cast<const T*>(vel));
-      T* qw = emu::host(static_cast<T*>(w1));
-      T* qvel = emu::host(static_cast<T*>(vel1));
-      for (std::int64_t i = 0; i < n; ++i) {
-        const T step = emu::rounded(T(pg[i] * r));
-        if (pvel == nullptr) {  // no momentum: vel1 is not written
-          qw[i] = pw[i] - step;
-          continue;
-        }
-        const T next = emu::rounded(T(pvel[i] * mu)) - step;
-        const T wi = pw[i];
-        qvel[i] = next;
-        qw[i] = wi + (nesterov ? T(emu::rounded(T(next * mu)) - step) : next);
+      const T step = emu::rounded(T(in<T>(u, 0)[i] * r));
+      const T wi = in<T>(u, 1)[i];
+      const T* vel = in<T>(u, 2);
+      if (vel == nullptr) {  // no momentum: vel1 is not written
+        out<T>(u, 0)[i] = wi - step;
+        return;
       }
+      const T next = emu::rounded(T(vel[i] * mu)) - step;
+      out<T>(u, 1)[i] = next;
+      out<T>(u, 0)[i] = wi + (nesterov ? T(emu::rounded(T(next * mu)) - step) : next);
     });
   });
 }

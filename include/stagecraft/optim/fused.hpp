@@ -1,12 +1,16 @@
 // One-pass updates for SGD and Adam: what their composite steps compute (3 to 12 elementwise
-// ops, each a pass over memory) in one loop per variable on the CPU, or one kernel on a GPU
-// (kernels/optim.cu: on a GPU each op was a launch, 72 of an MLP Adam step's), used eagerly when
-// it is safe, and (Adam, CPU) for the fused group a traced update becomes (graph/fused_special.hpp).
+// ops, each a pass over memory) in one loop per variable on the CPU, or on a GPU one launch for
+// a step's variables (kernels/optim.cu: each op was a launch, 72 of an MLP Adam step's; then one
+// per variable), used eagerly when it is safe, and (Adam, CPU) for the fused group a traced
+// update becomes (graph/fused_special.hpp).
 #pragma once
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "../backend/cpu/elementwise.hpp"  // batch<T>: xsimd vectors
 #include "../backend/cpu/parallel.hpp"
@@ -111,7 +115,93 @@ void adam_loop(std::int64_t n, const T* pg, const T* pm, const T* pv, const T* p
   });
 }
 
+/// A fused GPU update waiting for its step's launch (GpuUpdates): the tensors it reads and writes,
+/// held (their buffers must outlive the launch), and the variables its outputs then become.
+struct GpuUpdate {
+  bool adam = true;
+  bool nesterov = false;
+  std::array<double, 3> c{};  // Adam: 1 - beta1, 1 - beta2, eps; SGD: the momentum
+  Tensor lr;
+  std::array<Tensor, 4> in;    // abi::UpdateTensor's order (undefined: none)
+  std::array<Tensor, 3> out;   // new buffers, likewise
+  std::array<Variable, 3> to;  // the variable out[k] becomes (undefined: none)
+
+  const Tensor& weights() const { return out[adam ? 2 : 0]; }
+  /// Whether o can share this update's launch: same optimizer, constants, rate, device and dtype.
+  bool launches_with(const GpuUpdate& o) const {
+    return adam == o.adam && nesterov == o.nesterov && c == o.c && lr.raw_data() == o.lr.raw_data() &&
+           weights().device() == o.weights().device() && weights().dtype() == o.weights().dtype();
+  }
+};
+
+/// The step's waiting GPU updates while an Optimizer::apply holds a GpuUpdates on this thread.
+inline thread_local std::vector<GpuUpdate>* gpu_pending = nullptr;
+
+/// Launches the updates u (one launch for each run of alike ones, abi::update_max_tensors at most),
+/// then assigns their variables.
+inline void launch(std::vector<GpuUpdate>& u, [[maybe_unused]] const std::source_location& loc) {
+#if defined(STAGECRAFT_WITH_CUDA)
+  std::vector<cuda::abi::UpdateTensor> table;
+  for (std::size_t b = 0; b < u.size();) {
+    std::size_t e = b + 1;
+    while (e < u.size() && u[e].launches_with(u[b])) ++e;
+    table.clear();
+    for (std::size_t k = b; k < e; ++k) {
+      cuda::abi::UpdateTensor t;
+      for (std::size_t j = 0; j < 4; ++j) t.in[j] = u[k].in[j].defined() ? u[k].in[j].raw_data() : nullptr;
+      for (std::size_t j = 0; j < 3; ++j) t.out[j] = u[k].out[j].defined() ? u[k].out[j].raw_data() : nullptr;
+      t.n = u[k].weights().numel();
+      table.push_back(t);
+    }
+    const GpuUpdate& x = u[b];
+    const Tensor& w = x.weights();
+    if (x.adam)
+      backend::cuda::adam_update(table, w.dtype(), w.device(), x.lr, x.c[0], x.c[1], x.c[2], "Adam", loc);
+    else
+      backend::cuda::sgd_update(table, w.dtype(), w.device(), x.lr, x.c[0], x.nesterov, "SGD", loc);
+    b = e;
+  }
+#endif
+  for (GpuUpdate& x : u)
+    for (std::size_t j = 0; j < 3; ++j)
+      if (x.to[j].defined()) x.to[j].assign(x.out[j]);
+}
+
+/// u waits for its step's launch when a GpuUpdates is open on this thread, else launches now.
+inline void gpu_update(GpuUpdate u) {
+  if (gpu_pending != nullptr) {
+    gpu_pending->push_back(std::move(u));
+    return;
+  }
+  std::vector<GpuUpdate> one;
+  one.push_back(std::move(u));
+  launch(one, std::source_location::current());
+}
+
 }  // namespace detail
+
+/// Held by Optimizer::apply across a step's updates: the fused GPU updates wait, in order, and
+/// flush() launches them together, abi::update_max_tensors variables at a time (an MLP's six Adam
+/// updates: one launch, not six), then assigns the variables their new values. Destroyed without
+/// flush() (an exception during the step), the waiting updates are dropped: those variables keep
+/// their values. CPU updates run at once, as before.
+class GpuUpdates {
+ public:
+  GpuUpdates() noexcept : outer_(std::exchange(detail::gpu_pending, &list_)) {}
+  ~GpuUpdates() { detail::gpu_pending = outer_; }
+  GpuUpdates(const GpuUpdates&) = delete;
+  GpuUpdates& operator=(const GpuUpdates&) = delete;
+
+  void flush(const std::source_location& loc) {
+    std::vector<detail::GpuUpdate> list = std::move(list_);
+    list_.clear();
+    detail::launch(list, loc);
+  }
+
+ private:
+  std::vector<detail::GpuUpdate> list_;
+  std::vector<detail::GpuUpdate>* outer_;
+};
 
 /// Adam's update (optim/adam.hpp, its op order and roundings): c1 = 1 - beta1, c2 = 1 - beta2.
 ///   m += (g - m) * c1;  v += (g*g - v) * c2;  w -= (m * lr) / (sqrt(v) + eps)
@@ -119,14 +209,14 @@ inline void adam(const Tensor& g, Variable& var, Variable& m, Variable& v, const
                  double eps) {
   Tensor m1 = detail::like(m.value()), v1 = detail::like(v.value()), w1 = detail::like(var.value());
   if (w1.device().is_cuda()) {
-#if defined(STAGECRAFT_WITH_CUDA)
     // (c1, c2 and eps are rounded to var's dtype in the kernel's launch, as static_cast<T> below.)
-    backend::cuda::adam_update(g, m.value(), v.value(), var.value(), m1, v1, w1, lr, c1, c2, eps, "Adam",
-                               std::source_location::current());
-#endif
-    m.assign(m1);
-    v.assign(v1);
-    var.assign(w1);
+    detail::GpuUpdate u;
+    u.c = {c1, c2, eps};
+    u.lr = lr;
+    u.in = {g, m.value(), v.value(), var.value()};
+    u.out = {m1, v1, w1};
+    u.to = {m, v, var};
+    detail::gpu_update(std::move(u));
     return;
   }
   visit_floating(var.dtype(), [&](auto tag) {
@@ -176,12 +266,15 @@ inline void sgd(const Tensor& g, Variable& var, Variable* velocity, const Tensor
   Tensor w1 = detail::like(var.value());
   Tensor vel1 = velocity != nullptr ? detail::like(velocity->value()) : Tensor();
   if (w1.device().is_cuda()) {
-#if defined(STAGECRAFT_WITH_CUDA)
-    backend::cuda::sgd_update(g, var.value(), velocity != nullptr ? velocity->value() : Tensor(), w1, vel1, lr, momentum,
-                              nesterov, "SGD", std::source_location::current());
-#endif
-    if (velocity != nullptr) velocity->assign(vel1);
-    var.assign(w1);
+    detail::GpuUpdate u;
+    u.adam = false;
+    u.nesterov = nesterov;
+    u.c = {momentum, 0, 0};
+    u.lr = lr;
+    u.in = {g, var.value(), velocity != nullptr ? velocity->value() : Tensor(), Tensor()};
+    u.out = {w1, vel1, Tensor()};
+    u.to = {var, velocity != nullptr ? *velocity : Variable(), Variable()};
+    detail::gpu_update(std::move(u));
     return;
   }
   visit_floating(var.dtype(), [&](auto tag) {

@@ -17,6 +17,7 @@
 #include "../eager/context.hpp"
 #include "../ops/cast.hpp"
 #include "../state/variable.hpp"
+#include "fused.hpp"
 
 namespace stagecraft::optim {
 
@@ -101,6 +102,7 @@ class Optimizer {
     iterations_.assign_add(one_, loc);  // now t, 1 for the first step
     const Tensor lr = step_size(loc);   // once per step, in the learning rate's dtype
     std::array<Tensor, num_dtypes> lr_as{};  // lr converted to each variable dtype, once
+    fused::GpuUpdates gpu_updates;            // the fused GPU updates launch together, below
     for (std::size_t i = 0; i < vars.size(); ++i) {
       if (!grads[i].defined()) continue;
       const std::size_t k = known ? i : index_.at(key(vars[i]));
@@ -113,6 +115,7 @@ class Optimizer {
       Variable var = vars[i];
       update(g, var, slots_.data() + k * slot_names_.size(), lr_d, loc);
     }
+    gpu_updates.flush(loc);
   }
 
   /// Creates the slots of every variable in vars not seen before (in order), so they exist

@@ -317,16 +317,27 @@ Status gemm_bias(DT dt, const void* a, const void* b, const void* bias, void* c,
 /// not_supported, and nothing was queued.
 Status gemm_bgrad(DT dt, const void* a, const void* b, void* c, void* bgrad, const GemmArgs& g, int device,
                   Stream s) noexcept;
-/// Adam's fused update of n elements of dt (f32/f64), as optim/fused.hpp's CPU loop, op by op:
-/// m1 = m + (g - m) a1; v1 = v + (g g - v) a2; w1 = w - (m1 lr) / (sqrt(v1) + eps). lr: the rate
-/// as a device scalar of dt, or null for lr_host. Outputs are new buffers (inputs unchanged).
-Status adam_update(DT dt, const void* g, const void* m, const void* v, const void* w, void* m1, void* v1, void* w1,
-                   const void* lr, double lr_host, double a1, double a2, double eps, std::int64_t n, Stream s) noexcept;
-/// SGD's fused update (optim/fused.hpp): step = g lr; w1 = w - step, or with a velocity
-/// vel1 = vel momentum - step and w1 = w + vel1 (nesterov: w + (vel1 momentum - step)). vel null:
-/// no momentum (vel1 unused). lr as adam_update's.
-Status sgd_update(DT dt, const void* g, const void* w, const void* vel, void* w1, void* vel1, const void* lr,
-                  double lr_host, double momentum, bool nesterov, std::int64_t n, Stream s) noexcept;
+/// One variable of a multi-tensor optimizer update: its inputs, its new buffers (inputs unchanged)
+/// and its n elements. Adam: in {g, m, v, w}, out {m1, v1, w1}. SGD: in {g, w, vel}, out {w1,
+/// vel1}; vel null without momentum (vel1 unused).
+struct UpdateTensor {
+  const void* in[4] = {};
+  void* out[3] = {};
+  std::int64_t n = 0;
+};
+/// Variables one update launch takes (its table travels in the launch's 4 KiB of parameters);
+/// the caller splits a longer list.
+inline constexpr int update_max_tensors = 48;
+/// Adam's fused update of count (<= update_max_tensors) variables of dt (f32/f64) in one launch,
+/// as optim/fused.hpp's CPU loop, op by op: m1 = m + (g - m) a1; v1 = v + (g g - v) a2;
+/// w1 = w - (m1 lr) / (sqrt(v1) + eps). lr: the rate as a device scalar of dt, or null for lr_host.
+Status adam_update(DT dt, const UpdateTensor* t, int count, const void* lr, double lr_host, double a1, double a2,
+                   double eps, Stream s) noexcept;
+/// SGD's fused update of count variables (UpdateTensor's SGD order): step = g lr; w1 = w - step,
+/// or with a velocity vel1 = vel momentum - step and w1 = w + vel1 (nesterov: w + (vel1 momentum -
+/// step)). lr as adam_update's.
+Status sgd_update(DT dt, const UpdateTensor* t, int count, const void* lr, double lr_host, double momentum,
+                  bool nesterov, Stream s) noexcept;
 /// n normal (uniform when !normal) samples of dt (f32/f64) from the Philox stream of the device
 /// state {key, offset} (i64 [2]), the same numbers as the CPU op: p0, p1 are mean, stddev (lo, hi).
 Status philox(bool normal, DT dt, const std::int64_t* state, double p0, double p1, void* y, std::int64_t n,

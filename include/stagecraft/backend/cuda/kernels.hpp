@@ -2,6 +2,7 @@
 // kernel (abi.hpp) on the output's device stream. Launches are asynchronous; a failed one is a
 // DeviceError naming the op and the user's line.
 #pragma once
+#include <algorithm>
 #include <initializer_list>
 #include <limits>
 #include <source_location>
@@ -487,29 +488,32 @@ inline const void* rate_on_device(const Tensor& lr, double& host) {
   return nullptr;
 }
 
-/// Adam's update of w (m, v its slots, g its gradient) into the new tensors m1, v1, w1, one kernel
-/// (abi::adam_update); lr (w's dtype, one element) on the GPU or the CPU.
-inline void adam_update(const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& w, Tensor& m1, Tensor& v1,
-                        Tensor& w1, const Tensor& lr, double a1, double a2, double eps, std::string_view op,
-                        const std::source_location& loc) {
-  const Device d = w.device();
-  double host = 0;
-  const void* dev = rate_on_device(lr, host);
-  check(abi::adam_update(dt(w.dtype()), g.raw_data(), m.raw_data(), v.raw_data(), w.raw_data(), m1.raw_data(),
-                         v1.raw_data(), w1.raw_data(), dev, host, a1, a2, eps, w.numel(), stream(d, op, loc)),
-        d, op, loc);
+/// Calls launch(first entry, count) for each run of at most abi::update_max_tensors entries of t.
+template <class F>
+void update_launches(std::span<const abi::UpdateTensor> t, F&& launch) {
+  for (std::size_t k = 0; k < t.size(); k += abi::update_max_tensors)
+    launch(t.data() + k, static_cast<int>(std::min<std::size_t>(abi::update_max_tensors, t.size() - k)));
 }
 
-/// SGD's update of w into w1 (and of the velocity vel into vel1; both undefined without momentum).
-inline void sgd_update(const Tensor& g, const Tensor& w, const Tensor& vel, Tensor& w1, Tensor& vel1, const Tensor& lr,
-                       double momentum, bool nesterov, std::string_view op, const std::source_location& loc) {
-  const Device d = w.device();
+/// Adam's updates of the variables t (abi::UpdateTensor's order: tensors of dtype d on dev, new
+/// buffers out), abi::update_max_tensors to a launch; lr (d, one element) on the GPU or the CPU.
+inline void adam_update(std::span<const abi::UpdateTensor> t, DType d, Device dev, const Tensor& lr, double a1,
+                        double a2, double eps, std::string_view op, const std::source_location& loc) {
   double host = 0;
-  const void* dev = rate_on_device(lr, host);
-  check(abi::sgd_update(dt(w.dtype()), g.raw_data(), w.raw_data(), vel.defined() ? vel.raw_data() : nullptr,
-                        w1.raw_data(), vel1.defined() ? vel1.raw_data() : nullptr, dev, host, momentum, nesterov,
-                        w.numel(), stream(d, op, loc)),
-        d, op, loc);
+  const void* rate = rate_on_device(lr, host);
+  update_launches(t, [&](const abi::UpdateTensor* first, int n) {
+    check(abi::adam_update(dt(d), first, n, rate, host, a1, a2, eps, stream(dev, op, loc)), dev, op, loc);
+  });
+}
+
+/// SGD's updates of the variables t (abi::UpdateTensor's SGD order), as adam_update's.
+inline void sgd_update(std::span<const abi::UpdateTensor> t, DType d, Device dev, const Tensor& lr, double momentum,
+                       bool nesterov, std::string_view op, const std::source_location& loc) {
+  double host = 0;
+  const void* rate = rate_on_device(lr, host);
+  update_launches(t, [&](const abi::UpdateTensor* first, int n) {
+    check(abi::sgd_update(dt(d), first, n, rate, host, momentum, nesterov, stream(dev, op, loc)), dev, op, loc);
+  });
 }
 
 /// The fault record of a kernel that checks class labels against [0, classes) (cross_entropy's).

@@ -1,0 +1,135 @@
+// The optimizers' fused updates of GPU variables, a step's updates launched together
+// (optim::fused::GpuUpdates, abi::adam_update / sgd_update over a table of variables): the same
+// bits as the composite ops, the CPU's values within rounding, one launch per 48 variables of a
+// dtype, and a step's waiting updates dropped, not half-applied, when it is left early.
+#include "cuda/cuda_testing.hpp"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace sctest::cuda;
+
+namespace {
+
+enum class Opt { adam, sgd, momentum, nesterov };
+
+std::unique_ptr<sc::optim::Optimizer> make(Opt which) {
+  if (which == Opt::adam) return std::make_unique<sc::optim::Adam>(0.01);
+  return std::make_unique<sc::optim::SGD>(0.1, which == Opt::sgd ? 0.0 : 0.9, which == Opt::nesterov);
+}
+
+/// Variable k: sizes[k] values of dtypes[k % dtypes.size()].
+struct Model {
+  std::vector<std::int64_t> sizes;
+  std::vector<sc::DType> dtypes;
+  sc::DType dtype(std::size_t k) const { return dtypes[k % dtypes.size()]; }
+};
+
+/// The variables of m after `steps` steps of `which` on dev (fused updates on or off), each
+/// step's gradients fixed values.
+std::vector<sc::Tensor> train(Opt which, const Model& m, sc::Device dev, bool fused, int steps = 3) {
+  const bool was = sc::optim::fused::enabled;
+  sc::optim::fused::enabled = fused;
+  std::vector<sc::Variable> vars;
+  for (std::size_t k = 0; k < m.sizes.size(); ++k)
+    vars.emplace_back(values({m.sizes[k]}, m.dtype(k), 100 + k).to(dev), "w" + std::to_string(k));
+  const auto opt = make(which);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<sc::Tensor> grads;
+    for (std::size_t k = 0; k < vars.size(); ++k)
+      grads.push_back(values({m.sizes[k]}, m.dtype(k), 1000 * (step + 1) + k).to(dev));
+    opt->apply(grads, vars);
+  }
+  sc::optim::fused::enabled = was;
+  std::vector<sc::Tensor> out;
+  for (const sc::Variable& v : vars) out.push_back(v.value());
+  return out;
+}
+
+/// Kernels the second step of Adam over n variables of 5 f32 values launches (-1 on a real GPU).
+std::int64_t step_kernels(int n) {
+  std::vector<sc::Variable> vars;
+  std::vector<sc::Tensor> grads;
+  for (int k = 0; k < n; ++k) {
+    vars.emplace_back(values({5}, sc::f32, 10 + k).to(gpu));
+    grads.push_back(values({5}, sc::f32, 20 + k).to(gpu));
+  }
+  sc::optim::Adam opt(0.01);
+  opt.apply(grads, vars);  // (the first builds the slots)
+  return launches_of([&] { opt.apply(grads, vars); }).first;
+}
+
+}  // namespace
+
+TEST_CASE("cuda optim: a step's fused updates launched together equal the composite ops and the CPU",
+          "[cuda][optim]") {
+  // 60 variables (more than one launch holds), of 1 to 530000 elements (past the 2048 blocks a
+  // variable gets: a grid-stride loop), all f32, then f32 and f64 by turns (a launch per run of
+  // one dtype).
+  std::vector<std::int64_t> sizes;
+  for (int k = 0; k < 60; ++k) sizes.push_back(std::vector<std::int64_t>{1, 7, 300, 4096, 5000}[k % 5]);
+  std::vector<std::int64_t> with_large = sizes;
+  with_large[7] = 530000;
+  for (const Model& m : {Model{with_large, {sc::f32}}, Model{sizes, {sc::f32, sc::f64}}, Model{{3, 9}, {sc::f64}}})
+    for (const Opt which : {Opt::adam, Opt::sgd, Opt::momentum, Opt::nesterov}) {
+      INFO("optimizer " << static_cast<int>(which) << ", " << m.dtypes.size() << " dtypes, " << m.sizes.size()
+                        << " variables");
+      const auto fused = train(which, m, gpu, true), composite = train(which, m, gpu, false);
+      const auto cpu = train(which, m, sc::Device::cpu(), true);
+      for (std::size_t k = 0; k < fused.size(); ++k) {
+        INFO("variable " << k);
+        REQUIRE(fused[k].device() == gpu);
+        CHECK(fused[k].to_vector<double>() == composite[k].to_vector<double>());
+        check_same(fused[k], cpu[k], m.dtype(k) == sc::f32 ? 1e-6 : 1e-12);
+      }
+    }
+}
+
+TEST_CASE("cuda optim: one update launch per 48 variables of a step", "[cuda][optim]") {
+  const BatchingScope on(true);
+  const std::int64_t one = step_kernels(1);
+  if (one < 0) return;  // (a real GPU does not count launches)
+  const std::int64_t k48 = step_kernels(48), k49 = step_kernels(49), k100 = step_kernels(100);
+  WARN("Adam step of 1, 48, 49, 100 variables: " << one << ", " << k48 << ", " << k49 << ", " << k100 << " kernels");
+  CHECK(k48 == one);
+  CHECK(k49 == one + 1);
+  CHECK(k100 == one + 2);
+}
+
+TEST_CASE("cuda optim: a step's waiting GPU updates apply at flush, or not at all when it is left early",
+          "[cuda][optim]") {
+  const sc::Tensor g = values({10}, sc::f32, 3).to(gpu), lr = sc::full({}, 0.01, sc::f32);
+  const auto fresh = [] {
+    return std::vector<sc::Variable>{sc::Variable(values({10}, sc::f32, 4).to(gpu), "w"),
+                                     sc::Variable(sc::zeros({10}).to(gpu), "m"),
+                                     sc::Variable(sc::zeros({10}).to(gpu), "v")};
+  };
+  const auto adam = [&](std::vector<sc::Variable>& s) {
+    sc::optim::fused::adam(g, s[0], s[1], s[2], lr, 0.1, 0.001, 1e-7);
+  };
+  std::vector<sc::Variable> now = fresh();
+  adam(now);  // no step open: launched at once
+  const std::vector<double> before = fresh()[0].value().to_vector<double>();
+  const std::vector<double> after = now[0].value().to_vector<double>();
+  REQUIRE(after != before);
+
+  std::vector<sc::Variable> dropped = fresh();
+  {
+    sc::optim::fused::GpuUpdates step;
+    adam(dropped);
+    CHECK(dropped[0].value().to_vector<double>() == before);  // waiting
+  }  // left without flush (as when a step throws)
+  CHECK(dropped[0].value().to_vector<double>() == before);
+  CHECK(dropped[1].value().to_vector<double>() == std::vector<double>(10, 0.0));
+
+  std::vector<sc::Variable> flushed = fresh();
+  {
+    sc::optim::fused::GpuUpdates step;
+    adam(flushed);
+    step.flush(std::source_location::current());
+  }
+  CHECK(flushed[0].value().to_vector<double>() == after);
+  CHECK(flushed[1].value().to_vector<double>() == now[1].value().to_vector<double>());
+  CHECK(flushed[2].value().to_vector<double>() == now[2].value().to_vector<double>());
+}
