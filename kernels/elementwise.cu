@@ -91,6 +91,22 @@ __global__ void fill_kernel(T v, T* y, std::int64_t n) {
     y[i] = v;
 }
 
+/// add_n's inputs as its launch's parameter.
+struct AddNParams {
+  const void* x[abi::add_n_max_inputs];
+  int n;
+};
+
+template <class T>
+__global__ void add_n_kernel(const __grid_constant__ AddNParams p, T* y, std::int64_t numel) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < numel;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    T acc = static_cast<const T*>(p.x[0])[i];
+    for (int k = 1; k < p.n; ++k) acc = rules::Add::f(acc, static_cast<const T*>(p.x[k])[i]);
+    y[i] = acc;
+  }
+}
+
 template <class R>
 Status launch_unary(DT dt, const void* x, void* y, const Geometry& g, cudaStream_t s) {
   return visit(dt, [&](auto tag) -> Status {
@@ -171,6 +187,23 @@ Status binary(BinaryRule r, DT dt, const void* a, const void* b, void* y, const 
 #undef SC_CASE
     default: return cudaErrorInvalidValue;
   }
+}
+
+Status add_n(DT dt, const void* const* x, int n, void* y, std::int64_t numel, Stream s) noexcept {
+  if (n < 1 || n > add_n_max_inputs || dt == DT::b8) return cudaErrorInvalidValue;
+  if (numel == 0) return cudaSuccess;
+  AddNParams p;
+  for (int k = 0; k < n; ++k) p.x[k] = x[k];
+  p.n = n;
+  return visit(dt, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      return cudaErrorInvalidValue;
+    } else {
+      add_n_kernel<T><<<grid_for(numel), block_threads, 0, static_cast<cudaStream_t>(s)>>>(p, static_cast<T*>(y), numel);
+      return launched();
+    }
+  });
 }
 
 Status where(DT dt, const bool* c, const void* a, const void* b, void* y, const Geometry& g, Stream s) noexcept {

@@ -16,6 +16,7 @@
 #include "io/npy.hpp"
 
 #include "eager/dispatch.hpp"
+#include "ops/add_n.hpp"
 #include "ops/binary.hpp"
 #include "ops/cast.hpp"
 #include "ops/unary.hpp"

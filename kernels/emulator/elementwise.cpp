@@ -4,6 +4,8 @@
 // of a captured graph, so it holds copies of what it reads) calling the same rules
 // (ops/rules.hpp) on scalars, taking the dtypes and giving the statuses of the .cu files (one
 // exception, for inputs dispatch never sends: bool_unary below).
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -301,6 +303,26 @@ Status binary(BinaryRule r, DT dt, const void* a, const void* b, void* y, const 
 #undef SC_CASE
     default: return emu::invalid_value;
   }
+}
+
+Status add_n(DT dt, const void* const* x, int n, void* y, std::int64_t numel, Stream s) noexcept {
+  if (n < 1 || n > add_n_max_inputs || dt == DT::b8) return emu::invalid_value;
+  if (numel == 0) return emu::ok;
+  std::array<const void*, add_n_max_inputs> in{};
+  std::copy(x, x + n, in.begin());
+  return emu::visit(dt, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    return emu::launch(s, [in, n, y, numel] {
+      T* yh = emu::host(static_cast<T*>(y));
+      std::array<const T*, add_n_max_inputs> xh{};
+      for (int k = 0; k < n; ++k) xh[k] = emu::host(static_cast<const T*>(in[k]));
+      for (std::int64_t i = 0; i < numel; ++i) {  // (y may be x[0]: element i read before it is written)
+        T acc = xh[0][i];
+        for (int k = 1; k < n; ++k) acc = rules::Add::f(acc, xh[k][i]);
+        yh[i] = acc;
+      }
+    });
+  });
 }
 
 Status where(DT dt, const bool* c, const void* a, const void* b, void* y, const Geometry& g, Stream s) noexcept {

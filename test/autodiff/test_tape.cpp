@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -478,4 +479,59 @@ TEST_CASE("gradient rules skip the gradients of inputs that lead to no source", 
   const auto [n_all, gw_all] = run(true);
   CHECK(n_skip + 1 == n_all);
   CHECK(gw_skip == gw_all);
+}
+
+TEMPLATE_TEST_CASE("a value used many times: its gradient's contributions added in the backward sweep's order",
+                   "[autodiff][tape]", float, double) {
+  // loss = sum(w * c_0) + ... + sum(w * c_99): w's gradient is c_99 + c_98 + ... + c_0, added in
+  // the order the backward sweep reaches them (the last use first; on a GPU by add_n, 32 at a
+  // time, with the same bits: test_cuda_eager_batch). A plain loop is the reference.
+  const sc::DType d = std::is_same_v<TestType, float> ? sc::f32 : sc::f64;
+  constexpr int uses = 100;
+  const sc::Tensor w0 = sc::random::uniform({5, 7}, -1.0, 1.0, 1, d);
+  std::vector<sc::Tensor> c;
+  for (int k = 0; k < uses; ++k) c.push_back(sc::random::uniform({5, 7}, -1.0, 1.0, 100 + k, d));
+  const auto grad = [&](const sc::Tensor& w) {
+    sc::GradientTape tape;
+    tape.watch(w);
+    sc::Tensor loss = sc::sum(w * c[0]);
+    for (int k = 1; k < uses; ++k) loss = loss + sc::sum(w * c[k]);
+    return tape.gradient(loss, w);
+  };
+  const sc::Tensor got = grad(w0);
+  std::vector<TestType> want = c[uses - 1].to_vector<TestType>();
+  for (int k = uses - 2; k >= 0; --k) {
+    const std::vector<TestType> ck = c[k].to_vector<TestType>();
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] = want[i] + ck[i];
+  }
+  CHECK(got.to_vector<TestType>() == want);
+  // Traced, the backward pass keeps its chain of adds (fused with their neighbours): same values.
+  auto traced = sc::function([&](const sc::Tensor& w) { return grad(w); });
+  const sc::Tensor staged_grad = traced(w0);
+  const std::vector<double> staged = staged_grad.to_vector<double>();
+  const std::vector<double> eager = got.to_vector<double>();
+  REQUIRE(staged.size() == eager.size());
+  for (std::size_t i = 0; i < eager.size(); ++i) CHECK(staged[i] == Approx(eager[i]).epsilon(1e-6));
+}
+
+TEST_CASE("add_n: one shape, numeric dtypes, a list of at least one tensor", "[autodiff][ops]") {
+  const sc::Tensor a = sc::ones({2, 3}), b = sc::ones({3});
+  CHECK_THROWS_AS(sc::add_n({}), sc::ValueError);
+  CHECK_THROWS_WITH(sc::add_n({}), Catch::Contains("[add_n] needs at least one tensor"));
+  const int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(sc::add_n({a, a, b}), Catch::Contains("[add_n] all tensors must have the same shape, got [2, 3] "
+                                                          "(tensor 0) and [3] (tensor 2)") &&
+                                              Catch::Contains(at_line(line)));
+  CHECK_THROWS_AS(sc::add_n({a, b}), sc::ShapeError);
+  const sc::Tensor m = a > 0.5f;
+  CHECK_THROWS_AS(sc::add_n({m, m}), sc::DTypeError);
+  CHECK_THROWS_WITH(sc::add_n({m, m}), Catch::Contains("[add_n] expects numeric dtypes, got bool"));
+  // its gradient: the output's gradient to every input
+  const sc::Tensor x = sc::scalar(2.0), y = sc::scalar(5.0);
+  sc::GradientTape tape;
+  tape.watch(x);
+  tape.watch(y);
+  const auto g = tape.gradient(sc::add_n({x, y, x}) * 3.0, std::vector<sc::Tensor>{x, y});
+  CHECK(g[0].item<double>() == 6.0);
+  CHECK(g[1].item<double>() == 3.0);
 }

@@ -15,6 +15,7 @@
 
 // The op headers themselves (not the umbrella): the suite needs only the ops and creation.
 #include <stagecraft/core/creation.hpp>
+#include <stagecraft/ops/add_n.hpp>
 #include <stagecraft/ops/binary.hpp>
 #include <stagecraft/ops/broadcast_to.hpp>
 #include <stagecraft/ops/cast.hpp>

@@ -1,5 +1,6 @@
 // Conformance table of the reductions: sum max min argmax argmin (primitives) and mean,
-// logsumexp (composites) over axis lists, keepdims, negative axes, empty and rank-0 inputs.
+// logsumexp (composites) over axis lists, keepdims, negative axes, empty and rank-0 inputs; and
+// add_n, a sum of tensors.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -200,7 +201,22 @@ std::vector<OpEntry> reduce_entries() {
   };
   OpEntry am = arg_entry("argmax", "sc::argmax(x, axis)", SC_CALL(sc::argmax(x[0], p.axis)), true);
   OpEntry an = arg_entry("argmin", "sc::argmin(x, axis)", SC_CALL(sc::argmin(x[0], p.axis)), false);
-  return {sum, sum_default, mx, mn, mean, lse, am, an};
+  // add_n: one shape, added in order (exactly the reference's roundings); small and large, 1 to 40
+  // inputs (a GPU launch sums 32; small ones join the eager batches as adds).
+  RefFn add_n_ref = [](const std::vector<Ref>& in, const Params&) { return add_n(in); };
+  OpEntry addn{"add_n", "sc::add_n(xs)", SC_CALL(sc::add_n(x)), add_n_ref, exact_rounding, {}, 0xFFu};
+  const auto same = [](sc::Shape s, std::size_t n) { return std::vector<sc::Shape>(n, s); };
+  for (const std::vector<sc::Shape>& shapes :
+       {same({3, 4}, 2), same({3, 4}, 3), same({}, 3), same({0, 2}, 2), same({5}, 1), same({300, 257}, 5),
+        same({7}, 40), same({70, 70}, 40), same({70, 70}, 33)})
+    for (DType d : numeric) {
+      Case c;
+      for (const sc::Shape& s : shapes) c.in.push_back({s, d});
+      c.note = std::to_string(shapes.size()) + " inputs";
+      addn.cases.push_back(c);
+    }
+  addn.cases.push_back({{{{2, 3}, sc::i32}, {{2, 3}, sc::f32}, {{2, 3}, sc::f64}}, {}, "mixed dtypes promote"});
+  return {sum, sum_default, mx, mn, mean, lse, am, an, addn};
 }
 
 }  // namespace

@@ -256,6 +256,18 @@ Ref concat(const std::vector<Ref>& xs, std::int64_t axis) {
   return y;
 }
 
+Ref add_n(const std::vector<Ref>& xs) {
+  DType d = xs[0].dtype;
+  for (const Ref& x : xs) d = promote2(d, x.dtype);
+  Ref y = make_ref(xs[0].shape, d);
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    double acc = round_to(xs[0].v[i], d);
+    for (std::size_t k = 1; k < xs.size(); ++k) acc = round_to(acc + round_to(xs[k].v[i], d), d);
+    y.v[i] = acc;
+  }
+  return y;
+}
+
 Ref stack(const std::vector<Ref>& xs, std::int64_t axis) {
   const int ax = norm_axis(axis, static_cast<int>(xs[0].shape.size()) + 1);
   std::vector<Ref> ex;

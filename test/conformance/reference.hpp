@@ -80,6 +80,8 @@ Ref transpose(const Ref& x, Dims perm);
 Ref reshape(const Ref& x, Dims shape);  ///< one -1 allowed
 Ref broadcast_to(const Ref& x, const Dims& shape);
 Ref concat(const std::vector<Ref>& xs, std::int64_t axis);
+/// xs (one shape) added left to right in their common dtype, each sum rounded to it.
+Ref add_n(const std::vector<Ref>& xs);
 Ref stack(const std::vector<Ref>& xs, std::int64_t axis);
 Ref slice(const Ref& x, const Dims& begin, const Dims& size);  ///< begin < 0: from the end; size -1: to the end
 Ref gather(const Ref& x, const Ref& idx, std::int64_t axis);  ///< idx < 0 counts from the end

@@ -238,3 +238,33 @@ TEST_CASE("cuda eager batch: a small recurrent step with its gradient, CPU value
     CHECK(unbatched.kernels >= 150);
   }
 }
+
+TEST_CASE("cuda eager batch: a large value's gradient contributions are summed by add_n, 32 a launch",
+          "[cuda][batch]") {
+  // w ([70, 70]: above the batches' 4096 elements) used 100 times: its 100 contributions, an add
+  // each before, are summed by add_n in runs of 32 (4 launches), with the CPU's bits.
+  const sc::Tensor w0 = sc::random::uniform({70, 70}, -1.0, 1.0, 7);
+  std::vector<sc::Tensor> c;
+  for (int k = 0; k < 100; ++k) c.push_back(sc::random::uniform({70, 70}, -1.0, 1.0, 200 + k));
+  const auto grad = [&](sc::Device d, Launches* n) {
+    const sc::Tensor w = w0.to(d);
+    std::vector<sc::Tensor> cd;
+    for (const sc::Tensor& t : c) cd.push_back(t.to(d));
+    sc::GradientTape tape;
+    tape.watch(w);
+    sc::Tensor y = w * cd[0];
+    for (std::size_t k = 1; k < cd.size(); ++k) y = y + w * cd[k];  // w * c_k: a contribution of c_k
+    const sc::Tensor loss = sc::sum(y);
+    sc::Tensor g;
+    const Launches counts = counted([&] { g = tape.gradient(loss, w); });
+    if (n != nullptr) *n = counts;
+    return g;
+  };
+  Launches n;
+  const sc::Tensor got = grad(gpu, &n);
+  check_same(got, grad(sc::Device::cpu(), nullptr), 0);
+  if (n.kernels >= 0) {
+    INFO(n.kernels << " kernels");
+    CHECK(n.kernels <= 110);  // the seed, its broadcast, 100 products (the vjps), 4 add_n (99 adds before)
+  }
+}

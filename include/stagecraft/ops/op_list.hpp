@@ -34,7 +34,9 @@
   /* losses (ops/cross_entropy.hpp) */                          \
   X(SoftmaxCrossEntropy) X(SoftmaxCrossEntropyGrad)             \
   /* moves between devices (ops/to_device.hpp) */               \
-  X(ToDevice)
+  X(ToDevice)                                                   \
+  /* sums of many (ops/add_n.hpp) */                            \
+  X(AddN)
 // clang-format on
 
 namespace stagecraft::ops {

@@ -8,6 +8,7 @@
 #include "op_list.hpp"
 
 // Every op's home (an op added to op_list.hpp without its header here fails to compile below).
+#include "add_n.hpp"
 #include "binary.hpp"
 #include "broadcast_to.hpp"
 #include "cast.hpp"

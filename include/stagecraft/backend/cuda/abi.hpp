@@ -317,6 +317,11 @@ Status gemm_bias(DT dt, const void* a, const void* b, const void* bias, void* c,
 /// not_supported, and nothing was queued.
 Status gemm_bgrad(DT dt, const void* a, const void* b, void* c, void* bgrad, const GemmArgs& g, int device,
                   Stream s) noexcept;
+/// Inputs one add_n launch sums (their addresses travel as the launch's parameter).
+inline constexpr int add_n_max_inputs = 32;
+/// y = ((x[0] + x[1]) + x[2]) + ... elementwise, each addition the add rule's: n (1 to
+/// add_n_max_inputs) inputs of numel elements of dt (not bool), contiguous; y may be x[0].
+Status add_n(DT dt, const void* const* x, int n, void* y, std::int64_t numel, Stream s) noexcept;
 /// One variable of a multi-tensor optimizer update: its inputs, its new buffers (inputs unchanged)
 /// and its n elements. Adam: in {g, m, v, w}, out {m1, v1, w1}. SGD: in {g, w, vel}, out {w1,
 /// vel1}; vel null without momentum (vel1 unused).

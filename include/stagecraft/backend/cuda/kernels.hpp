@@ -157,6 +157,38 @@ inline void where(const Tensor& c, const Tensor& a, const Tensor& b, Tensor& out
         d, op, loc);
 }
 
+/// out = ((in[0] + in[1]) + in[2]) + ... (one shape and dtype, AddOp the add op): when small and
+/// eager batching is on, adds into out that join the batch; else abi::add_n_max_inputs inputs a
+/// launch, each launch after the first adding to out.
+template <class AddOp>
+void add_n(std::span<const Tensor> in, Tensor& out, const std::source_location& loc) {
+  const Device d = out.device();
+  if (in.size() >= 2 && out.numel() <= abi::batch_max_elements && stagecraft::cuda::eager_batching()) {
+    binary<AddOp>(in.first(2), out, loc);
+    for (std::size_t k = 2; k < in.size(); ++k) {
+      const Tensor pair[2] = {out, in[k]};
+      binary<AddOp>(pair, out, loc);
+    }
+    return;
+  }
+  std::vector<const void*> x;
+  x.reserve(in.size());
+  for (const Tensor& t : in) x.push_back(t.raw_data());
+  const auto launch = [&](const void* const* first, std::size_t n) {
+    check(abi::add_n(dt(out.dtype()), first, static_cast<int>(n), out.raw_data(), out.numel(),
+                     stream(d, "add_n", loc)),
+          d, "add_n", loc);
+  };
+  std::size_t done = std::min<std::size_t>(abi::add_n_max_inputs, x.size());
+  launch(x.data(), done);
+  while (done < x.size()) {  // out so far, then the next inputs
+    const std::size_t n = std::min<std::size_t>(abi::add_n_max_inputs - 1, x.size() - done);
+    x[done - 1] = out.raw_data();
+    launch(x.data() + done - 1, n + 1);
+    done += n;
+  }
+}
+
 /// Queues the copy of g's view of src into its view of dst (abi::BatchOp::copy) when it is small;
 /// false when it must launch its own kernel.
 inline bool batched_copy(const void* src, void* dst, const abi::Geometry& g, DType d, Device dev, std::string_view op,
