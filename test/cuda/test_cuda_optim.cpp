@@ -133,3 +133,33 @@ TEST_CASE("cuda optim: a step's waiting GPU updates apply at flush, or not at al
   CHECK(flushed[1].value().to_vector<double>() == now[1].value().to_vector<double>());
   CHECK(flushed[2].value().to_vector<double>() == now[2].value().to_vector<double>());
 }
+
+TEST_CASE("cuda optim: a step over CPU and GPU variables by turns updates each where it lives", "[cuda][optim]") {
+  // The CPU's updates run at once, the GPU's wait for the step's launch (one per run of GPU
+  // variables sharing a rate): the values of an all-CPU run either way.
+  for (const Opt which : {Opt::adam, Opt::momentum}) {
+    INFO("optimizer " << static_cast<int>(which));
+    const auto run = [&](bool mixed) {
+      std::vector<sc::Variable> vars;
+      for (int k = 0; k < 6; ++k)
+        vars.emplace_back(values({3 + k}, sc::f32, 300 + k).to(mixed && k % 2 == 0 ? gpu : sc::Device::cpu()));
+      const auto opt = make(which);
+      for (int step = 0; step < 3; ++step) {
+        std::vector<sc::Tensor> grads;
+        for (int k = 0; k < 6; ++k) grads.push_back(values({3 + k}, sc::f32, 400 + 10 * step + k).to(vars[k].device()));
+        opt->apply(grads, vars);
+      }
+      std::vector<sc::Tensor> out;
+      for (const sc::Variable& v : vars) out.push_back(v.value());
+      return out;
+    };
+    const auto mixed = run(true), cpu = run(false);
+    for (std::size_t k = 0; k < mixed.size(); ++k) {
+      INFO("variable " << k);
+      CHECK(mixed[k].device() == (k % 2 == 0 ? gpu : sc::Device::cpu()));
+      const auto got = mixed[k].to_vector<double>(), want = cpu[k].to_vector<double>();
+      REQUIRE(got.size() == want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-6));
+    }
+  }
+}
