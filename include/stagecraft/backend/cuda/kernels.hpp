@@ -124,7 +124,8 @@ void binary(std::span<const Tensor> in, Tensor& out, const std::source_location&
   static_assert(binary_rule<Op>() != abi::BinaryRule::count, "stagecraft: this binary rule has no CUDA kernel");
   const Device d = out.device();
   const bool a_one = in[0].numel() == 1, b_one = in[1].numel() == 1;
-  const abi::Geometry g = geometry(out.shape(), {&in[0].shape(), &in[1].shape()});
+  // (made only when needed: a flat batched op, the common small case, reads no geometry)
+  const auto g = [&] { return geometry(out.shape(), {&in[0].shape(), &in[1].shape()}); };
   if (out.numel() <= abi::batch_max_elements) {
     abi::BatchOp b;
     b.kind = abi::BatchOp::binary;
@@ -139,11 +140,11 @@ void binary(std::span<const Tensor> in, Tensor& out, const std::source_location&
     abi::BatchGeometry bg;
     const bool flat = (a_one || in[0].shape() == out.shape()) && (b_one || in[1].shape() == out.shape());
     if (!flat) b.kind = abi::BatchOp::broadcast;
-    if ((flat || batch_geometry(g, bg)) &&
+    if ((flat || batch_geometry(g(), bg)) &&
         stagecraft::cuda::detail::enqueue_small(d, b, out.numel(), Op::name, loc, flat ? nullptr : &bg))
       return;
   }
-  check(abi::binary(binary_rule<Op>(), dt(in[0].dtype()), in[0].raw_data(), in[1].raw_data(), out.raw_data(), g,
+  check(abi::binary(binary_rule<Op>(), dt(in[0].dtype()), in[0].raw_data(), in[1].raw_data(), out.raw_data(), g(),
                     stream(d, Op::name, loc)),
         d, Op::name, loc);
 }
