@@ -189,6 +189,20 @@ SC_BATCH_HD bool fill_as(const BatchOp& op, I first, I step, bool run) {
   return true;
 }
 
+/// y = c ? a : b (rules::Where), each operand at i or, with its `one` flag, at 0.
+template <class T, class I>
+SC_BATCH_HD bool select_as(const BatchOp& op, I first, I step, bool run) {
+  if (run) {
+    const T* a = static_cast<const T*>(op.a);
+    const T* b = static_cast<const T*>(op.b);
+    T* y = static_cast<T*>(op.y);
+    const bool c_one = op.rule != 0;
+    for (I i = first; i < op.n; i += step)
+      y[i] = rules::Where::f(op.c[c_one ? 0 : i], a[op.a_one ? 0 : i], b[op.b_one ? 0 : i]);
+  }
+  return true;
+}
+
 /// y at g's strides[1] = x at strides[0], as unsigned words of T's size (bits unchanged).
 template <class T, class I>
 SC_BATCH_HD bool copy_as(const BatchOp& op, const BatchGeometry& g, I first, I step, bool run) {
@@ -419,6 +433,10 @@ SC_BATCH_HD bool run_op(const BatchOp& op, const BatchGeometry* g, I first, I st
     }
     case BatchOp::fill: {
       SC_BATCH_DT_SWITCH(op.dt, T, return fill_as<T>(op, first, step, run));
+    }
+    case BatchOp::select: {
+      if (op.rule != 0 && op.rule != 1) return false;
+      SC_BATCH_DT_SWITCH(op.dt, T, return select_as<T>(op, first, step, run));
     }
   }
   return false;

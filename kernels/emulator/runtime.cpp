@@ -233,6 +233,7 @@ struct LaunchOn {
         op.a = host(op.a);
         op.b = host(op.b);
         op.y = host(op.y);
+        if (op.kind == abi::BatchOp::select) op.c = host(op.c);
       });
       return launch(&state(device).stream, [own = std::move(own)] {
         const auto run = [](const abi::BatchOp& op, const abi::BatchGeometry* g) {
@@ -553,8 +554,10 @@ void capture_cond_free(CondNode node) noexcept {
 Status batch_enqueue(int device, const BatchOp& op, const BatchGeometry* geo) noexcept {
   if (const Status e = check_device(device)) return e;
   if (capturing(device) || !batch::takes_op(op, geo)) return not_supported;
-  const bool reads_b = op.kind == BatchOp::binary || op.kind == BatchOp::broadcast || op.kind == BatchOp::gemm;
-  if (!is_device_ptr(op.y) || (op.kind != BatchOp::fill && !is_device_ptr(op.a)) || (reads_b && !is_device_ptr(op.b)))
+  const bool reads_b = op.kind == BatchOp::binary || op.kind == BatchOp::broadcast || op.kind == BatchOp::gemm ||
+                       op.kind == BatchOp::select;
+  if (!is_device_ptr(op.y) || (op.kind != BatchOp::fill && !is_device_ptr(op.a)) || (reads_b && !is_device_ptr(op.b)) ||
+      (op.kind == BatchOp::select && !is_device_ptr(op.c)))
     return invalid_value;
   return batch::push(state(device).queued, op, geo, LaunchOn{device});
 }

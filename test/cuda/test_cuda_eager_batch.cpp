@@ -268,3 +268,52 @@ TEST_CASE("cuda eager batch: a large value's gradient contributions are summed b
     CHECK(n.kernels <= 110);  // the seed, its broadcast, 100 products (the vjps), 4 add_n (99 adds before)
   }
 }
+
+TEST_CASE("cuda eager batch: where selects are queued, with the CPU's values", "[cuda][batch]") {
+  // where over each dtype, scalars on either side, a non-bool condition (its cast queued too), and
+  // maximum's gradient (wheres inside): every op queued, none launched alone; a broadcasting where
+  // ([4, 1] condition over [4, 5]) still launches its own kernel.
+  const sc::Tensor x = sc::random::uniform({40}, -1.0, 1.0, 90), y = sc::random::uniform({40}, -1.0, 1.0, 91);
+  const sc::Tensor ix = sc::cast(x * 100.f, sc::i64), iy = sc::cast(y * 100.f, sc::i32);
+  const auto selects = [](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& ia, const sc::Tensor& ib) {
+    const sc::Tensor m = a > b;
+    return std::vector<sc::Tensor>{sc::where(m, a, b),           sc::where(m, a, 0.5f),
+                                   sc::where(m, -1.f, b),        sc::where(m, ia, ib),
+                                   sc::where(ib, a.astype(sc::f64), 2.0),  // an i32 condition
+                                   sc::where(sc::max(a) > 0.5f, a, b),  // a one-element condition
+                                   sc::where(m, m, b > 0.f)};
+  };
+  const auto want = selects(x, y, ix, iy);
+  const sc::Tensor xg = x.to(gpu), yg = y.to(gpu), ixg = ix.to(gpu), iyg = iy.to(gpu);
+  const BatchingScope on(true);
+  std::vector<sc::Tensor> got;
+  const auto before = sc::cuda::batch_stats();
+  const auto [kernels, copies] = launches_of([&] { got = selects(xg, yg, ixg, iyg); });
+  const auto after = sc::cuda::batch_stats();
+  if (kernels >= 0) CHECK(kernels == after.launches - before.launches);  // nothing launched alone
+  CHECK(after.ops - before.ops >= 12);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("result " << i);
+    CHECK(got[i].dtype() == want[i].dtype());
+    check_same(got[i], want[i], 0);
+  }
+  // maximum's gradient (its ties split) and a broadcasting where
+  const sc::Tensor a = sc::cast(sc::cast(x * 4.f, sc::i32), sc::f32), b = sc::cast(sc::cast(y * 4.f, sc::i32), sc::f32);
+  const auto grads = [](const sc::Tensor& p, const sc::Tensor& q) {
+    sc::GradientTape tape;
+    tape.watch(p);
+    tape.watch(q);
+    const sc::Tensor loss = sc::sum(sc::maximum(p, q) * p);
+    auto g = tape.gradient(loss, std::vector<sc::Tensor>{p, q});
+    g.push_back(sc::where(sc::reshape(p, {4, 10}) > 0.f, sc::reshape(q, {4, 10}), sc::reshape(p, {4, 10})));
+    g.push_back(sc::where(sc::slice(sc::reshape(p, {4, 10}), {0, 0}, {4, 1}) > 0.f, sc::reshape(q, {4, 10}), 7.f));
+    return g;
+  };
+  const auto want_g = grads(a, b);
+  const auto got_g = grads(a.to(gpu), b.to(gpu));
+  for (std::size_t i = 0; i < got_g.size(); ++i) {
+    INFO("gradient result " << i);
+    check_same(got_g[i], want_g[i], 0);
+  }
+}

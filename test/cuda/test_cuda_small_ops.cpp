@@ -214,6 +214,67 @@ TEST_CASE("eager batch elements: integer ops wrap, casts and fills as plain conv
   for (double v : filled) CHECK(v == -0.5);
 }
 
+TEST_CASE("eager batch elements: selects of every dtype, one-element operands, against plain expressions",
+          "[cuda][batch]") {
+  // y = c ? a : b for a, b and y of each dtype; c, a, b each full or of one element
+  bool cs[n];
+  for (int i = 0; i < n; ++i) cs[i] = i % 3 != 1;
+  const auto check_dtype = [&](auto tag, DT dt) {
+    using T = decltype(tag);
+    std::vector<T> a(n), b(n), y(n);
+    for (int i = 0; i < n; ++i) {
+      a[static_cast<std::size_t>(i)] = static_cast<T>(i % 2 == 0);
+      b[static_cast<std::size_t>(i)] = static_cast<T>(i % 5 == 0);
+      if constexpr (sizeof(T) > 1) {
+        a[static_cast<std::size_t>(i)] = static_cast<T>(i * 3 - 40);
+        b[static_cast<std::size_t>(i)] = static_cast<T>(1000 - i);
+      }
+    }
+    for (const int ones : {0, 1, 2, 4, 7}) {  // bits: c, a, b of one element
+      INFO("dtype " << static_cast<int>(dt) << ", one-element operands " << ones);
+      BatchOp op = unary_op(abi::UnaryRule::Neg, dt, a.data(), reinterpret_cast<void*>(y.data()), n);
+      op.kind = BatchOp::select;
+      op.b = b.data();
+      op.c = cs;
+      op.rule = (ones & 1) != 0 ? 1 : 0;
+      op.a_one = (ones & 2) != 0;
+      op.b_one = (ones & 4) != 0;
+      REQUIRE(kb::takes_op(op));
+      std::fill(y.begin(), y.end(), T{});
+      run_as_threads(op, ones + 1);
+      for (int i = 0; i < n; ++i) {
+        const bool m = cs[op.rule != 0 ? 0 : i];
+        const T want = m ? a[static_cast<std::size_t>(op.a_one ? 0 : i)] : b[static_cast<std::size_t>(op.b_one ? 0 : i)];
+        CHECK(y[static_cast<std::size_t>(i)] == want);
+      }
+    }
+  };
+  check_dtype(std::uint8_t{}, DT::b8);  // (bool's bytes; std::vector<bool> has no data())
+  check_dtype(std::int32_t{}, DT::i32);
+  check_dtype(std::int64_t{}, DT::i64);
+  check_dtype(float{}, DT::f32);
+  check_dtype(double{}, DT::f64);
+  // NaN and signed zeros pass through unchanged
+  const double a[2] = {std::numeric_limits<double>::quiet_NaN(), -0.0}, b[2] = {1.0, 2.0};
+  const bool m[2] = {true, true};
+  double y[2] = {};
+  BatchOp op = unary_op(abi::UnaryRule::Neg, DT::f64, a, y, 2);
+  op.kind = BatchOp::select;
+  op.b = b;
+  op.c = m;
+  run_as_threads(op, 1);
+  CHECK(std::isnan(y[0]));
+  CHECK((y[1] == 0.0 && std::signbit(y[1])));
+  // refused: a condition flag other than 0 or 1, sizes outside [1, batch_max_elements]
+  op.rule = 2;
+  CHECK_FALSE(kb::takes_op(op));
+  op.rule = 0;
+  op.n = 0;
+  CHECK_FALSE(kb::takes_op(op));
+  op.n = static_cast<int>(abi::batch_max_elements) + 1;
+  CHECK_FALSE(kb::takes_op(op));
+}
+
 namespace {
 
 BatchOp reduce_op(abi::ReduceRule r, DT dt, const void* x, void* y, int outer, int red, int inner) {

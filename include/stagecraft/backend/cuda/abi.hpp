@@ -354,17 +354,19 @@ Status philox(bool normal, DT dt, const std::int64_t* state, double p0, double p
 /// operand of one element is read at 0 by every i: its `one` flag), a[i] converted from dt to
 /// out_dt (cast), or `value` converted to dt (fill), for n contiguous elements; or (reduce) the n
 /// results of a sum, max or min of a viewed as [n / inner, red, inner] over its middle axis, as
-/// abi::reduce gives them (a bool sum is i64, a bool max/min any/all). The kinds below `reduce`
-/// take a BatchGeometry (batch_enqueue's `geo`): `broadcast`, the binary rule with a and b read
+/// abi::reduce gives them (a bool sum is i64, a bool max/min any/all). Three kinds take a
+/// BatchGeometry (batch_enqueue's `geo`): `broadcast`, the binary rule with a and b read
 /// through its strides over a contiguous y of its shape; `copy`, y at strides[1] = a at
 /// strides[0] (elements of dt, bits unchanged); `gemm`, y [M, N] (contiguous) = A B over K, shape
 /// {M, N, K}, A's element (m, k) at m * strides[0][0] + k * strides[0][1] (a transposed operand
 /// is only other strides), B's (k, n) at k * strides[1][0] + n * strides[1][1], integer sums
-/// wrapping; n = M * N.
+/// wrapping; n = M * N. `select` (no geometry): y[i] = c[i] ? a[i] : b[i] (rules::Where) for a, b
+/// and y of dt and c bool, each operand contiguous or of one element (its `one` flag; c's is
+/// `rule`, 1 or 0, which a select has no other use for).
 struct BatchOp {
-  enum Kind : std::int8_t { unary, binary, cast, fill, reduce, broadcast, copy, gemm };
+  enum Kind : std::int8_t { unary, binary, cast, fill, reduce, broadcast, copy, gemm, select };
   Kind kind = unary;
-  std::int8_t rule = 0;  ///< a UnaryRule, BinaryRule or ReduceRule (sum, max, min)
+  std::int8_t rule = 0;  ///< a UnaryRule, BinaryRule or ReduceRule (sum, max, min); a select's c_one
   bool a_one = false, b_one = false;
   DT dt = DT::f32;      ///< the inputs' dtype (a fill's output)
   DT out_dt = DT::f32;  ///< a cast's output dtype
@@ -373,7 +375,10 @@ struct BatchOp {
   const void* a = nullptr;
   const void* b = nullptr;
   void* y = nullptr;
-  double value = 0;
+  union {
+    double value = 0;  ///< a fill's value
+    const bool* c;     ///< a select's condition
+  };
 };
 static_assert(sizeof(BatchOp) == 56, "a batch of 64 ops travels in a launch's 4 KiB of parameters");
 /// Axes a BatchGeometry holds (more are merged where they can be: the caller's work).

@@ -153,6 +153,21 @@ void binary(std::span<const Tensor> in, Tensor& out, const std::source_location&
 inline void where(const Tensor& c, const Tensor& a, const Tensor& b, Tensor& out, std::string_view op,
                   const std::source_location& loc) {
   const Device d = out.device();
+  // small, each operand of out's shape or one element: a select that joins the batch
+  const auto flat = [&](const Tensor& t) { return t.numel() == 1 || t.shape() == out.shape(); };
+  if (out.numel() <= abi::batch_max_elements && flat(c) && flat(a) && flat(b)) {
+    abi::BatchOp s;
+    s.kind = abi::BatchOp::select;
+    s.rule = c.numel() == 1 ? 1 : 0;
+    s.dt = dt(out.dtype());
+    s.a_one = a.numel() == 1;
+    s.b_one = b.numel() == 1;
+    s.c = static_cast<const bool*>(c.raw_data());
+    s.a = a.raw_data();
+    s.b = b.raw_data();
+    s.y = out.raw_data();
+    if (stagecraft::cuda::detail::enqueue_small(d, s, out.numel(), op, loc)) return;
+  }
   check(abi::where(dt(out.dtype()), static_cast<const bool*>(c.raw_data()), a.raw_data(), b.raw_data(), out.raw_data(),
                    geometry(out.shape(), {&c.shape(), &a.shape(), &b.shape()}), stream(d, op, loc)),
         d, op, loc);
