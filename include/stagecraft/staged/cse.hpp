@@ -15,6 +15,7 @@
 #pragma once
 #include <array>
 #include <cstring>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -41,13 +42,19 @@ constexpr bool shareable() {
   }
 }
 
-/// A constant that identifies type T: the address of a variable of its own.
+/// A constant that identifies a type: its name as the compiler prints it (the __PRETTY_FUNCTION__
+/// of a function of the type; two names of one length are rarely compared past a short prefix).
+/// Not the address of a variable of the type's own: two such addresses do not compare as a
+/// constant expression under GCC's -fno-delete-null-pointer-checks, which UBSan's -fsanitize=null
+/// turns on.
+using TypeId = std::string_view;
 template <class T>
-inline constexpr char type_tag = 0;
-using TypeId = const void*;
+constexpr std::string_view pretty_name() {
+  return __PRETTY_FUNCTION__;
+}
 template <class T>
 constexpr TypeId type_id() {
-  return &type_tag<T>;
+  return pretty_name<T>();
 }
 
 /// Whether the search stops at N: a leaf, or a materialized operand (one value: its operands are
