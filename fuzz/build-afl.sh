@@ -24,7 +24,7 @@ fi
 rm -f "$out/probe"
 
 blas=$(pkg-config --cflags openblas 2>/dev/null || echo -I/usr/include/x86_64-linux-gnu/openblas-openmp)
-for t in ${TARGETS:-idx safetensors npy}; do
+for t in ${TARGETS:-idx safetensors npy function}; do
   echo "building $out/fuzz_$t"
   AFL_USE_ASAN=1 AFL_USE_UBSAN=1 AFL_QUIET=1 afl-g++-fast -std=c++20 -O1 -g -fno-omit-frame-pointer -fopenmp \
     -I"$src/include" $blas "$src/fuzz/fuzz_$t.cpp" -o "$out/fuzz_$t" -lopenblas -lz -pthread

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <stagecraft/core/error.hpp>
@@ -21,20 +22,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
 namespace scfuzz {
 
-/// Runs one read of untrusted bytes. IOError is the documented answer to a bad file; any other
-/// exception is a bug, so it aborts (a crash to AFL, a failed test to CTest) after saying what.
-template <class F>
-void expect_only_ioerror(const char* what, F&& body) {
+/// Runs body; an exception of type Accepted (named `accepted` in the message) is an accepted
+/// answer, any other exception is a bug, so it aborts (a crash to AFL, a failed test to CTest)
+/// after saying what.
+template <class Accepted, class F>
+void expect_only(const char* what, const char* accepted, F&& body) {
   try {
     body();
-  } catch (const stagecraft::IOError&) {
+  } catch (const Accepted&) {
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "[fuzz] %s threw something other than IOError: %s\n", what, e.what());
+    std::fprintf(stderr, "[fuzz] %s threw something other than %s: %s\n", what, accepted, e.what());
     std::abort();
   } catch (...) {
     std::fprintf(stderr, "[fuzz] %s threw a non-std exception\n", what);
     std::abort();
   }
+}
+
+/// Runs one read of untrusted bytes: IOError is the documented answer to a bad file.
+template <class F>
+void expect_only_ioerror(const char* what, F&& body) {
+  expect_only<stagecraft::IOError>(what, "IOError", std::forward<F>(body));
 }
 
 /// Fails (aborts) when a read that succeeded breaks an invariant of its result.

@@ -1,6 +1,6 @@
 // Writes the seed inputs of the fuzz targets: small valid files made by the library's writers
 // (or by hand where it has none: IDX) and hand-made corrupt ones from the readers' test suites.
-// Usage: fuzz_make_seeds OUT_DIR  (writes OUT_DIR/idx, OUT_DIR/safetensors, OUT_DIR/npy)
+// Usage: fuzz_make_seeds OUT_DIR  (writes OUT_DIR/idx, OUT_DIR/safetensors, OUT_DIR/npy, OUT_DIR/function)
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -158,6 +158,57 @@ void npy_seeds(const fs::path& dir) {
   write(dir / "long_int", npy(1, dict("<f4", "(2L,)"), one_two));
 }
 
+// ---- saved functions (sc::load_function) ----
+// fuzz_function's input: the graph's text, as a saved function's metadata holds it.
+void function_seeds(const fs::path& dir) {
+  const auto save = [&](const char* name, const sc::ConcreteFunction& cf) {
+    const fs::path tmp = fs::temp_directory_path() / "stagecraft_seed.function";
+    cf.save(tmp.string());
+    write(dir / name, sc::load_safetensors(tmp).metadata.at("graph"));
+    fs::remove(tmp);
+  };
+  static sc::Variable w(sc::tensor({{0.5f, -1.f}, {2.f, 0.25f}, {1.5f, -0.5f}}), "dense/w");
+  static sc::Variable b(sc::tensor({0.1f, -0.2f}), "dense/b");
+  static sc::Variable steps(sc::scalar(std::int64_t{0}), "steps", false);
+  const sc::Tensor x43 = sc::random::uniform({4, 3}, -1.0, 1.0, 1);
+  save("dense", sc::function([](sc::Tensor x) { return sc::relu(sc::matmul(x, w) + b); }, "dense").get_concrete(x43));
+  save("train_step", sc::function([](sc::Tensor x, sc::Tensor y) {
+                       sc::GradientTape tape;
+                       const sc::Tensor loss = sc::nn::cross_entropy(sc::matmul(x, w) + b, y);
+                       const auto g = tape.gradient(loss, std::vector<sc::Variable>{w, b});
+                       w.assign_sub(g[0] * 0.1f);
+                       b.assign_sub(g[1] * 0.1f);
+                       steps.assign_add(sc::scalar(std::int64_t{1}));
+                       return loss;
+                     }, "train_step").get_concrete(x43, sc::tensor(std::vector<std::int64_t>{0, 1, 1, 0})));
+  save("cond", sc::function([](sc::Tensor x) {
+                 return sc::cond(sc::sum(x) > 0.f, [&] { return sc::exp(x); }, [&] { return -x * 2.f; });
+               }, "cond").get_concrete(x43));
+  save("while", sc::function([](sc::Tensor x) {
+                  return std::get<1>(sc::while_loop([](sc::Tensor i, sc::Tensor) { return i < 5; },
+                                                    [](sc::Tensor i, sc::Tensor v) { return std::make_tuple(i + 1, v * 0.5f + 1.f); },
+                                                    std::make_tuple(sc::scalar(std::int64_t{0}), x)));
+                }, "while").get_concrete(x43));
+  save("layout", sc::function([](sc::Tensor x, sc::Tensor idx) {
+                   const sc::Tensor t = sc::transpose(sc::reshape(x, {2, 6}));
+                   const sc::Tensor c = sc::concat({sc::slice(t, {1, 0}, {3, -1}), sc::gather(t, idx)}, 0);
+                   return sc::stack({sc::max(c, {0}), sc::argmax(c, 0).astype(sc::f32)}) + sc::sum(sc::one_hot(idx, 2, sc::f32));
+                 }, "layout").get_concrete(x43, sc::tensor(std::vector<std::int64_t>{1, 0, 3})));
+  save("conv", sc::function([](sc::Tensor img, sc::Tensor k) {
+                 return sc::nn::max_pool2d(sc::nn::conv2d(img, k, 1, 1), 2, 2) + sc::nn::avg_pool2d(img, 2, 2);
+               }, "conv").get_concrete(sc::random::uniform({1, 1, 4, 4}, 0.0, 1.0, 2), sc::random::uniform({1, 1, 3, 3}, -1.0, 1.0, 3)));
+  save("ints_and_bools", sc::function([](sc::Tensor a, sc::Tensor m) {
+                           return sc::where(m, a * 3 - 1, sc::sum(a, {0}, true)) / 2;
+                         }, "ints").get_concrete(sc::tensor(std::vector<std::int32_t>{1, -2, 3, 4}, sc::Shape{2, 2}),
+                                                 sc::tensor({1.f, 0.f}) > 0.5f));
+  // corrupt: a truncated graph, an input index out of range
+  const std::string dense = read(dir / "dense");
+  write(dir / "truncated_dense", dense.substr(0, dense.size() * 2 / 3));
+  std::string bad = dense;
+  bad.replace(bad.find("in=[0,"), 6, "in=[9,");
+  write(dir / "bad_input_index", bad);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -166,9 +217,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const fs::path out = argv[1];
-  for (const char* t : {"idx", "safetensors", "npy"}) fs::create_directories(out / t);
+  for (const char* t : {"idx", "safetensors", "npy", "function"}) fs::create_directories(out / t);
   idx_seeds(out / "idx");
   safetensors_seeds(out / "safetensors");
   npy_seeds(out / "npy");
+  function_seeds(out / "function");
   return 0;
 }
