@@ -52,6 +52,7 @@ struct DeviceState {
   std::unordered_map<void*, std::size_t> blocks;  // host address -> bytes
   std::size_t in_use = 0;
   abi::Fault* fault = nullptr;  // device pointer, made on first use
+  abi::Fault* fault_host = nullptr;  // the same, untagged: LeakSanitizer then sees it held
   abi::Fault found;
   std::atomic<bool> armed{false};
   cuda::kernels::batch::Queue queued;  // small eager ops not yet run (batch_enqueue)
@@ -400,6 +401,7 @@ Status fault_record(int device, Fault** out) noexcept {
       auto* h = static_cast<Fault*>(std::aligned_alloc(256, 256));
       if (h == nullptr) return memory_allocation;
       *h = Fault{};
+      d.fault_host = h;
       d.fault = static_cast<Fault*>(device_ptr(h));
     }
     *out = d.fault;
