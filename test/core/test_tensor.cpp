@@ -56,6 +56,48 @@ TEST_CASE("item and to_vector convert and check", "[tensor]") {
   CHECK_THROWS_AS(u.item<float>(), sc::ValueError);
 }
 
+TEST_CASE("other C++ integer types make tensors of the dtype that holds their values", "[tensor]") {
+  // long long is int64_t's twin (long on Linux), not the same type: it used to match no overload
+  const sc::Tensor ll = sc::tensor({{1LL, -2LL}, {3LL, 4LL}});
+  CHECK(ll.dtype() == sc::i64);
+  CHECK(ll.shape() == sc::Shape{2, 2});
+  CHECK(ll.to_vector<std::int64_t>() == std::vector<std::int64_t>{1, -2, 3, 4});
+  // 8- and 16-bit integers fit i32; unsigned and 64-bit integers take i64
+  const sc::Tensor pixels = sc::tensor(std::vector<std::uint8_t>{0, 255, 7, 128}, sc::Shape{2, 2});
+  CHECK(pixels.dtype() == sc::i32);
+  CHECK(pixels.to_vector<std::int32_t>() == std::vector<std::int32_t>{0, 255, 7, 128});
+  CHECK(sc::tensor({short{-3}, short{30000}}).to_vector<std::int32_t>() == std::vector<std::int32_t>{-3, 30000});
+  CHECK(sc::tensor({4000000000u}).dtype() == sc::i64);
+  CHECK(sc::tensor({4000000000u}).item<std::int64_t>() == 4000000000LL);
+  CHECK(sc::tensor(std::vector<std::size_t>{1, 2, 3}).to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 2, 3});
+  // std::vector<bool> keeps its bits in words: it has no data() to copy from
+  CHECK(sc::tensor(std::vector<bool>{true, false, true}).to_vector<bool>() == std::vector<bool>{true, false, true});
+  CHECK(sc::tensor(std::vector<bool>{true, false, true}).dtype() == sc::boolean);
+  // a 64-bit unsigned value above INT64_MAX fits no dtype
+  const std::uint64_t big = std::uint64_t{1} << 63;
+  CHECK_THROWS_AS(sc::tensor(std::vector<std::uint64_t>{1, big}), sc::ValueError);
+  CHECK_THROWS_AS(sc::tensor({big}), sc::ValueError);
+  CHECK_THROWS_AS(sc::scalar(big), sc::ValueError);
+  CHECK_THROWS_AS(sc::full({2}, big), sc::ValueError);
+  CHECK_THROWS_WITH(sc::scalar(big), Catch::Contains("[scalar]") && Catch::Contains("9223372036854775808") &&
+                                         Catch::Contains("test_tensor.cpp"));
+  CHECK(sc::tensor(std::vector<std::uint64_t>{big - 1}).item<std::int64_t>() == INT64_MAX);
+  CHECK(sc::scalar(7LL).dtype() == sc::i64);
+  CHECK(sc::full({2}, 9ULL).to_vector<std::int64_t>() == std::vector<std::int64_t>{9, 9});
+  CHECK(sc::full({2}, std::uint8_t{200}).dtype() == sc::i32);
+  // read back as any of them: through the element type, then as static_cast converts
+  CHECK(sc::tensor({5.75f}).item<long long>() == 5);
+  CHECK(sc::tensor({300}).item<std::uint8_t>() == 44);
+  CHECK(sc::tensor({1.5, -2.5}).to_vector<long long>() == std::vector<long long>{1, -2});
+  CHECK(sc::tensor({true, false}).to_vector<std::size_t>() == std::vector<std::size_t>{1, 0});
+  // and a GPU tensor reads back the same way (a copy to the host first)
+  if (sc::cuda::is_available()) {
+    const sc::Tensor g = ll.to(sc::Device::cuda(0));
+    CHECK(g.to_vector<long long>() == std::vector<long long>{1, -2, 3, 4});
+    CHECK(sc::sum(g).item<unsigned>() == 6u);
+  }
+}
+
 TEST_CASE("from_blob is zero-copy over user memory", "[tensor]") {
   std::vector<float> buf{1, 2, 3, 4};
   auto t = sc::from_blob(buf.data(), {2, 2}, sc::f32);

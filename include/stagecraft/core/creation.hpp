@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <source_location>
 #include <vector>
 
@@ -63,66 +64,87 @@ void list_shape(const L& l, Shape& s, int depth, const std::source_location& loc
         if (s.rank() <= d) s.push_back(0);
   }
 }
+/// v as the element type that stores it (element_t); a 64-bit unsigned value above INT64_MAX
+/// fits no dtype: ValueError.
+template <Number T>
+element_t<T> to_element(T v, std::string_view op, const std::source_location& loc) {
+  if constexpr (std::is_unsigned_v<T> && sizeof(T) >= sizeof(std::int64_t)) {
+    if (v > static_cast<T>(std::numeric_limits<std::int64_t>::max()))
+      fail<ValueError>(op, loc, "value ", v, " does not fit i64, the widest integer dtype");
+  }
+  return static_cast<element_t<T>>(v);
+}
 template <class L, class T>
-void list_fill(const L& l, T*& out) {
+void list_fill(const L& l, T*& out, const std::source_location& loc) {
   if constexpr (nested_list<L>::depth > 0) {
-    for (const auto& e : l) list_fill(e, out);
+    for (const auto& e : l) list_fill(e, out, loc);
   } else {
-    *out++ = static_cast<T>(l);
+    *out++ = to_element(l, "tensor", loc);
   }
 }
 template <class L>
 Tensor from_list(const L& l, const std::source_location& loc) {
-  using T = typename nested_list<L>::type;
+  using T = element_t<typename nested_list<L>::type>;
   Shape s;
   list_shape(l, s, 0, loc);
-  return make_host<T>(s, [&](T* p) { list_fill(l, p); });
+  return make_host<T>(s, [&](T* p) { list_fill(l, p, loc); }, "tensor", loc);
 }
 
 }  // namespace detail
 
 /// A 1-D tensor from a list: sc::tensor({1.f, 2.f, 3.f}) is f32 [3]. The dtype follows the
-/// C++ type: float f32, double f64, int i32, int64_t i64, bool bool.
-template <Element T>
+/// C++ type: float f32, double f64, int i32, int64_t (and long long) i64, bool bool; other
+/// integers take the dtype that holds their values (element_t: unsigned char i32, unsigned i64).
+template <Number T>
 Tensor tensor(std::initializer_list<T> v, std::source_location loc = std::source_location::current()) {
   return detail::from_list(v, loc);
 }
 /// A 2-D tensor from nested lists (rows must have equal lengths).
-template <Element T>
+template <Number T>
 Tensor tensor(std::initializer_list<std::initializer_list<T>> v, std::source_location loc = std::source_location::current()) {
   return detail::from_list(v, loc);
 }
 /// A 3-D tensor from nested lists.
-template <Element T>
+template <Number T>
 Tensor tensor(std::initializer_list<std::initializer_list<std::initializer_list<T>>> v,
               std::source_location loc = std::source_location::current()) {
   return detail::from_list(v, loc);
 }
 /// A 4-D tensor from nested lists.
-template <Element T>
+template <Number T>
 Tensor tensor(std::initializer_list<std::initializer_list<std::initializer_list<std::initializer_list<T>>>> v,
               std::source_location loc = std::source_location::current()) {
   return detail::from_list(v, loc);
 }
 /// A tensor of the given shape holding a copy of `values` (row-major; sizes must match).
-template <Element T>
+/// (dtype as the lists': std::vector<std::uint8_t> pixels give i32, std::vector<bool> bool).
+template <Number T>
 Tensor tensor(const std::vector<T>& values, Shape shape, std::source_location loc = std::source_location::current()) {
-  const std::int64_t n = detail::checked_numel(shape, itemsize(dtype_of<T>()), "tensor", loc);
+  using E = element_t<T>;
+  const std::int64_t n = detail::checked_numel(shape, itemsize(dtype_of<E>()), "tensor", loc);
   if (static_cast<std::int64_t>(values.size()) != n)
     detail::fail<ShapeError>("tensor", loc, values.size(), " values do not fill shape ", shape, " (", n, " elements)");
-  return detail::make_host<T>(
-      shape, [&](T* p) { if (!values.empty()) std::memcpy(p, values.data(), values.size() * sizeof(T)); }, "tensor",
-      loc);
+  return detail::make_host<E>(
+      shape,
+      [&](E* p) {
+        if constexpr (std::is_same_v<T, E> && !std::is_same_v<T, bool>) {  // std::vector<bool> has no data()
+          if (!values.empty()) std::memcpy(p, values.data(), values.size() * sizeof(T));
+        } else {
+          for (const T v : values) *p++ = detail::to_element(v, "tensor", loc);
+        }
+      },
+      "tensor", loc);
 }
 /// A 1-D tensor holding a copy of `values`.
-template <Element T>
+template <Number T>
 Tensor tensor(const std::vector<T>& values, std::source_location loc = std::source_location::current()) {
   return tensor(values, Shape{static_cast<std::int64_t>(values.size())}, loc);
 }
-/// A rank-0 tensor.
-template <Element T>
-Tensor scalar(T v) {
-  return detail::make_host<T>(Shape{}, [&](T* p) { *p = v; });
+/// A rank-0 tensor (dtype as sc::tensor's).
+template <Number T>
+Tensor scalar(T v, std::source_location loc = std::source_location::current()) {
+  const element_t<T> e = detail::to_element(v, "scalar", loc);
+  return detail::make_host<element_t<T>>(Shape{}, [&](element_t<T>* p) { *p = e; }, "scalar", loc);
 }
 
 /// Checks that every extent is non-negative and the tensor fits (see detail::checked_numel).
@@ -141,11 +163,13 @@ inline Tensor full(Shape shape, double value, DType d, std::source_location loc 
   });
 }
 /// A tensor of the given shape with every element `value`; the dtype is value's (7.f → f32).
-/// The value is stored as given (an i64 above 2^53 is not rounded through double).
-template <Element T>
+/// The value is stored as given (an i64 above 2^53 is not rounded through double); other
+/// integer types take sc::tensor's dtype (element_t).
+template <Number T>
 Tensor full(Shape shape, T value, std::source_location loc = std::source_location::current()) {
-  check_shape(shape, "full", loc, dtype_of<T>());
-  return detail::make_full<T>(shape, value, "full", loc);
+  using E = element_t<T>;
+  check_shape(shape, "full", loc, dtype_of<E>());
+  return detail::make_full<E>(shape, detail::to_element(value, "full", loc), "full", loc);
 }
 /// Zeros of the given shape and dtype (f32 by default).
 inline Tensor zeros(Shape shape, DType d = DType::f32, std::source_location loc = std::source_location::current()) {

@@ -63,6 +63,29 @@ concept Element = std::is_same_v<T, bool> || std::is_same_v<T, std::int32_t> ||
 template <class T>
 concept Scalar = std::is_arithmetic_v<std::remove_cvref_t<T>>;
 
+/// C++ numbers that make tensors and read them back (sc::tensor, sc::scalar, sc::full, item,
+/// to_vector): the Element types and the other integer types (long long, short, unsigned
+/// char, unsigned, size_t, ...). Not the character types (char, wchar_t, char8/16/32_t: text,
+/// not numbers) nor long double (no dtype holds it).
+template <class T>
+concept Number = std::is_arithmetic_v<T> && !std::is_same_v<T, long double> && !std::is_same_v<T, char> &&
+                 !std::is_same_v<T, wchar_t> && !std::is_same_v<T, char8_t> && !std::is_same_v<T, char16_t> &&
+                 !std::is_same_v<T, char32_t>;
+
+namespace detail {
+template <class T>
+constexpr auto element_of() {
+  if constexpr (Element<T>) return T{};
+  else if constexpr (std::is_signed_v<T> ? sizeof(T) <= 4 : sizeof(T) < 4) return std::int32_t{};
+  else return std::int64_t{};
+}
+}  // namespace detail
+/// The Element type that stores a Number: itself for an Element; else the integer element type
+/// that holds all its values (i32 for integers of 8 and 16 bits, i64 for long long, unsigned and
+/// wider; a 64-bit unsigned value above INT64_MAX fits none: the callers raise ValueError).
+template <Number T>
+using element_t = decltype(detail::element_of<T>());
+
 // ---------------------------------------------------------------------------------------
 // Promotion. The one table: for two tensors the result is the higher of the two in the
 // order bool < i32 < i64 < f32 < f64 (so i64 + f32 is f32, as in PyTorch and JAX).

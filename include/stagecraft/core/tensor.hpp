@@ -64,11 +64,13 @@ class Tensor {
   /// True while this is a value in a graph being traced (it has no data yet).
   bool is_symbolic() const noexcept { return impl_ && impl_->symbolic.trace != 0; }
 
-  /// The single element, converted to T. Throws for more than one element.
-  template <Element T>
+  /// The single element, converted to T. Throws for more than one element. A T that is not an
+  /// Element (long long, unsigned char, size_t, ...) is read as its element_t, then converted as
+  /// static_cast converts integers (a value it cannot hold wraps).
+  template <Number T>
   T item(std::source_location loc = std::source_location::current()) const;
-  /// All elements in row-major order, converted to T.
-  template <Element T>
+  /// All elements in row-major order, converted to T (as item's).
+  template <Number T>
   std::vector<T> to_vector(std::source_location loc = std::source_location::current()) const;
   /// A copy on another device (the same tensor when it is already there): an op (ops/to_device.hpp),
   /// so gradients flow back across it and a trace records it.
@@ -231,29 +233,34 @@ inline Tensor on_host(const Tensor& t, std::string_view op, const std::source_lo
 
 }  // namespace detail
 
-template <Element T>
+template <Number T>
 T Tensor::item(std::source_location loc) const {
   if (defined() && device().is_cuda() && !is_symbolic()) return detail::on_host(*this, "item", loc).item<T>(loc);
   detail::require_concrete(*this, "item", loc);
   if (numel() != 1)
     detail::fail<ShapeError>("item", loc, "needs exactly one element, tensor has shape ", shape());
-  return detail::load_as<T>(raw_data(), dtype(), 0);
+  return static_cast<T>(detail::load_as<element_t<T>>(raw_data(), dtype(), 0));
 }
 
-template <Element T>
+template <Number T>
 std::vector<T> Tensor::to_vector(std::source_location loc) const {
-  if (defined() && device().is_cuda() && !is_symbolic())
-    return detail::on_host(*this, "to_vector", loc).to_vector<T>(loc);
-  detail::require_concrete(*this, "to_vector", loc);
-  std::vector<T> out(static_cast<std::size_t>(numel()));
-  if constexpr (!std::is_same_v<T, bool>) {  // std::vector<bool> has no data()
-    if (dtype() == dtype_of<T>()) {
-      if (!out.empty()) std::memcpy(out.data(), raw_data(), nbytes());
-      return out;
+  if constexpr (!Element<T>) {
+    const std::vector<element_t<T>> e = to_vector<element_t<T>>(loc);
+    return std::vector<T>(e.begin(), e.end());
+  } else {
+    if (defined() && device().is_cuda() && !is_symbolic())
+      return detail::on_host(*this, "to_vector", loc).to_vector<T>(loc);
+    detail::require_concrete(*this, "to_vector", loc);
+    std::vector<T> out(static_cast<std::size_t>(numel()));
+    if constexpr (!std::is_same_v<T, bool>) {  // std::vector<bool> has no data()
+      if (dtype() == dtype_of<T>()) {
+        if (!out.empty()) std::memcpy(out.data(), raw_data(), nbytes());
+        return out;
+      }
     }
+    for (std::int64_t i = 0; i < numel(); ++i) out[i] = detail::load_as<T>(raw_data(), dtype(), i);
+    return out;
   }
-  for (std::int64_t i = 0; i < numel(); ++i) out[i] = detail::load_as<T>(raw_data(), dtype(), i);
-  return out;
 }
 
 inline Tensor::operator bool() const {
