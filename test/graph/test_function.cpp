@@ -166,6 +166,16 @@ TEST_CASE("function: a variable reached through a Tensor is still read at each c
   auto g = sc::function([&](sc::Tensor x) { return x * s.value().item<float>(); });
   const std::string m = error_of<sc::StagingError>([&] { g(sc::scalar(1.f)); });
   CHECK_THAT(m, Catch::Contains("[item]") && Catch::Contains("sc::cond") && Catch::Contains("test_function.cpp"));
+  // so is an `if` on a traced value; a conversion takes no source_location, so the message names
+  // the op that made the value and its line (the comparison in the `if`)
+  const int if_line = __LINE__ + 2;
+  auto branchy = sc::function([](sc::Tensor x) {
+    if (sc::sum(x) > 0.f) return x;
+    return -x;
+  });
+  const std::string b = error_of<sc::StagingError>([&] { branchy(sc::tensor({1.f})); });
+  const std::string at = "`greater` at test_function.cpp:" + std::to_string(if_line);
+  CHECK_THAT(b, Catch::Contains("[bool]") && Catch::Contains(at) && Catch::Contains("sc::cond"));
   // a value taken before the function is a value, as eagerly: it does not follow the variable
   sc::Variable w(sc::scalar(1.f), "w");
   const sc::Tensor snapshot = w.value();

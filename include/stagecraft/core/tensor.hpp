@@ -266,9 +266,15 @@ std::vector<T> Tensor::to_vector(std::source_location loc) const {
 inline Tensor::operator bool() const {
   const std::source_location loc = std::source_location::current();
   detail::require_defined(*this, "bool", loc);
-  if (is_symbolic())
-    throw StagingError("[bool] a symbolic tensor has no truth value while tracing; "
-                       "use sc::cond(pred, then_fn, else_fn) or sc::while_loop instead of if/while");
+  if (is_symbolic()) {
+    // a conversion takes no source_location: name the user's line of the op that made the value
+    std::string from;
+    for (const detail::TraceState* t = detail::context().trace; t != nullptr; t = t->parent)
+      if (t->serial == impl_->symbolic.trace) from = t->origin(impl_->symbolic.id);
+    throw StagingError("[bool] a symbolic tensor has no truth value while tracing" +
+                       (from.empty() ? std::string() : " (it is the value of " + from + ")") +
+                       "; use sc::cond(pred, then_fn, else_fn) or sc::while_loop instead of if/while");
+  }
   if (device().is_cuda()) return static_cast<bool>(detail::on_host(*this, "bool", loc));
   if (numel() != 1)
     throw ShapeError("[bool] the truth value of a tensor with shape " + shape().str() +

@@ -5,6 +5,7 @@
 #include <memory>
 #include <source_location>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "../ops/op_list.hpp"
@@ -61,6 +62,9 @@ struct TraceState {
                                               std::span<const Tensor> xs, const std::source_location& loc) = 0;
   /// Whether a Variable may be created now (only on a function's first trace).
   virtual bool may_create_variables() const = 0;
+  /// Where this trace's value `id` comes from, for errors: "`greater` at file.cpp:12" (the op or
+  /// node that makes it and the user's line), or empty when unknown.
+  virtual std::string origin(int id) const = 0;
   /// True when a symbolic tensor belongs to this trace or an enclosing one.
   bool owns(const SymbolicValue& v) const {
     for (const TraceState* t = this; t != nullptr; t = t->parent)

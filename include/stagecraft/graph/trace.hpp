@@ -89,6 +89,14 @@ class GraphBuilder final : public stagecraft::detail::TraceState {
     return read_of(state_of(var), loc);
   }
 
+  std::string origin(int id) const override {
+    if (id < 0 || id >= static_cast<int>(graph.values.size()) || graph.values[id].node < 0) return {};
+    const Node& n = graph.nodes[graph.values[id].node];
+    std::string s = "`" + std::string(n.name()) + "`";
+    if (const std::string at = detail_ir::loc_text(n.loc); !at.empty()) s.append(" at ").append(at);
+    return s;
+  }
+
   const Tensor* shadow(const stagecraft::detail::VariableInfo* var) override {
     auto it = vars_.find(var);
     if (it != vars_.end()) return &it->second.shadow;
