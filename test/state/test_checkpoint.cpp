@@ -130,6 +130,46 @@ TEST_CASE("Checkpoint::restore reports missing and unexpected keys and mismatche
   CHECK(values(m2.kernel) == std::vector<float>(6, 0.f));
 }
 
+TEST_CASE("Checkpoint::restore into an optimizer that has no slots yet says to build it first", "[checkpoint]") {
+  TempDir dir;
+  const fs::path p = dir / "ck.safetensors";
+  Model m;
+  sc::optim::Adam adam(0.1);
+  const std::vector<sc::Variable> vars{m.kernel, m.bias};
+  adam.apply({sc::full({3, 2}, 1.f), sc::full({2}, 1.f)}, vars);
+  sc::Checkpoint ck;
+  ck.track("model", m);
+  ck.track("opt", adam);
+  ck.save(p);
+
+  // a new run: the model and a fresh optimizer, whose slots its first apply() would make
+  Model m2;
+  sc::optim::Adam fresh(0.1);
+  sc::Checkpoint ck2;
+  ck2.track("model", m2);
+  ck2.track("opt", fresh);
+  CHECK_THROWS_MATCHES(ck2.restore(p), sc::IOError,
+                       Has("unexpected keys (4): opt/m/0:kernel") && Has("'opt' has not made the state") &&
+                           Has("call build(vars) on it") && Has("test_checkpoint.cpp"));
+  // the fix the message names
+  fresh.build({m2.kernel, m2.bias});
+  ck2.restore(p);
+  CHECK(values(fresh.slot(m2.kernel, "m")) == values(adam.slot(m.kernel, "m")));
+  CHECK(fresh.iterations() == 1);
+  // the hint comes with whatever else is wrong, and only when a trackee that builds lacks keys
+  sc::optim::Adam other(0.1);
+  sc::Variable lone(sc::zeros({5}));
+  sc::Checkpoint ck3;
+  ck3.track("opt", other);
+  ck3.track("lone", lone);
+  CHECK_THROWS_MATCHES(ck3.restore(p), sc::IOError, Has("missing keys (1): lone") && Has("'opt' has not made") &&
+                                                        Has("unexpected keys (6)"));
+  sc::Checkpoint ck4;
+  ck4.track("model", m2);
+  ck4.track("lone", lone);
+  CHECK_THROWS_MATCHES(ck4.restore(p), sc::IOError, Has("missing keys (1): lone") && !Has("has not made"));
+}
+
 TEST_CASE("Checkpoint::restore of a missing, truncated or corrupt file changes nothing", "[checkpoint]") {
   TempDir dir;
   Model m;

@@ -1,5 +1,6 @@
 // Checkpoint: saves and restores the variables of tracked objects (modules, optimizers) as safetensors.
 #pragma once
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <filesystem>
@@ -32,7 +33,8 @@ concept HasNamedVariables = requires(const T& t) {
 /// state created after track() (optimizer slots) is included; they must outlive the
 /// Checkpoint's use. restore() is all or nothing: it checks every key, shape and dtype first
 /// and, on any mismatch, throws ONE IOError listing all of them (missing keys, unexpected
-/// keys, shape and dtype mismatches) without changing any variable. A missing, truncated or
+/// keys, shape and dtype mismatches; a tracked optimizer whose slots the file holds but which
+/// was not built yet is named, with the fix) without changing any variable. A missing, truncated or
 /// corrupt file is an IOError too and changes nothing. save() is atomic (see save_safetensors).
 class Checkpoint {
  public:
@@ -48,7 +50,10 @@ class Checkpoint {
                   "(sc::Module, the optimizers)");
     if constexpr (HasNamedVariables<T>) {
       T* p = &obj;
-      add(std::move(name), [p] { return std::vector<Item>(p->named_variables()); }, false, loc);
+      // an object that makes its variables at build(vars) (an optimizer's slots) gets a hint
+      // when a restore finds its keys in the file but not in it: it was not built yet
+      constexpr bool builds = requires(T& t, const std::vector<Variable>& vars) { t.build(vars); };
+      add(std::move(name), [p] { return std::vector<Item>(p->named_variables()); }, false, loc, builds);
     }
   }
   /// Temporaries would dangle: track objects that outlive the Checkpoint.
@@ -57,7 +62,7 @@ class Checkpoint {
   /// Tracks a single variable; its key is `name`.
   void track(std::string name, Variable& v, std::source_location loc = std::source_location::current()) {
     Variable* p = &v;
-    add(std::move(name), [p] { return std::vector<Item>{{std::string(), *p}}; }, true, loc);
+    add(std::move(name), [p] { return std::vector<Item>{{std::string(), *p}}; }, true, loc, false);
   }
 
   /// The names passed to track(), in order.
@@ -108,6 +113,16 @@ class Checkpoint {
       append_list(msg, "missing keys", missing);
       append_list(msg, "unexpected keys", unexpected);
       append_list(msg, "shape/dtype mismatches", mismatched);
+      for (const auto& t : tracked_) {
+        const std::string prefix = t.name + "/";
+        const bool unbuilt = t.builds && std::any_of(unexpected.begin(), unexpected.end(), [&](const std::string& k) {
+                               return k.starts_with(prefix) && k != prefix + "iterations";
+                             });
+        if (unbuilt)
+          msg += " '" + t.name + "' has not made the state of these variables yet (an optimizer makes its slots at "
+                 "build(vars) or its first apply()): call build(vars) on it, with the variables it trains, "
+                 "before restore;";
+      }
       detail::fail<IOError>(op, loc, "'", path.string(), "' does not match the tracked variables; nothing was restored.",
                             msg);
     }
@@ -123,16 +138,17 @@ class Checkpoint {
     std::string name;
     Collect collect;
     bool single;  // a tracked Variable: its key is the name alone
+    bool builds;  // it makes variables at build(vars) (an optimizer)
   };
 
-  void add(std::string name, Collect c, bool single, const std::source_location& loc) {
+  void add(std::string name, Collect c, bool single, const std::source_location& loc, bool builds) {
     if (name.empty()) detail::fail<ValueError>("Checkpoint::track", loc, "the name is empty");
     if (name.find('/') != std::string::npos)
       detail::fail<ValueError>("Checkpoint::track", loc, "the name '", name,
                                "' contains '/', which separates a tracked name from variable paths");
     for (const auto& t : tracked_)
       if (t.name == name) detail::fail<ValueError>("Checkpoint::track", loc, "the name '", name, "' is already tracked");
-    tracked_.push_back({std::move(name), std::move(c), single});
+    tracked_.push_back({std::move(name), std::move(c), single, builds});
   }
 
   std::vector<Item> collect(std::string_view op, const std::source_location& loc) const {
