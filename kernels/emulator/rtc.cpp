@@ -265,6 +265,7 @@ struct Cache {
   std::mutex mu;
   std::unordered_map<std::string, Library> libraries;  // by key
   std::unordered_map<std::string, Kernel*> kernels;    // by key + NUL + name (never freed)
+  std::vector<Kernel*> forgotten;  // rtc_forget's: still valid (a plan may launch them), held here
   std::atomic<std::int64_t> compiled{0}, memory_hits{0}, disk_hits{0};
 };
 Cache& cache() {
@@ -479,6 +480,7 @@ Status rtc_launch(RtcKernel k, void** args, std::int64_t n, Stream s) noexcept {
 void rtc_forget() noexcept {
   Cache& c = cache();
   const std::lock_guard<std::mutex> lock(c.mu);
+  for (const auto& [key, k] : c.kernels) c.forgotten.push_back(k);
   c.kernels.clear();
   c.libraries.clear();
 }
