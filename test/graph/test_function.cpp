@@ -434,7 +434,19 @@ TEST_CASE("function: the graph prints with the user's lines", "[function][graph]
   CHECK_THAT(text, Catch::Contains("test_function.cpp:"));
   CHECK_THAT(cf.graph().to_dot(), Catch::Contains("digraph"));
   check_same(cf(sc::ones({2, 2})), sc::exp(sc::ones({2, 2})) + 1.f);
-  CHECK_THAT(error_of<sc::ShapeError>([&] { cf(sc::ones({3})); }), Catch::Contains("argument 0"));
+  // a wrong argument names the caller's line (the first argument carries it), not the library's
+  const int call_line = __LINE__ + 1;
+  const std::string m = error_of<sc::ShapeError>([&] { cf(sc::ones({3})); });
+  CHECK_THAT(m, Catch::Contains("argument 0") && Catch::Contains("test_function.cpp:" + std::to_string(call_line)));
+  // as with a variable first (an Operand reads it once), and for a function of two arguments
+  auto two = sc::function([](sc::Tensor x, sc::Tensor y) { return x * y; });
+  const sc::ConcreteFunction cf2 = two.get_concrete(sc::ones({2}), sc::ones({2}));
+  sc::Variable v(sc::ones({2}), "v");
+  check_same(cf2(v, sc::full({2}, 3.f)), sc::full({2}, 3.f));
+  const int call_line2 = __LINE__ + 1;
+  const std::string m2 = error_of<sc::ShapeError>([&] { cf2(v, sc::ones({5})); });
+  CHECK_THAT(m2, Catch::Contains("argument 1") && Catch::Contains("test_function.cpp:" + std::to_string(call_line2)));
+  CHECK_THAT(m2, !Catch::Contains("function.hpp"));
 }
 
 TEST_CASE("function: several threads call one function", "[function][threads]") {

@@ -187,11 +187,16 @@ class ConcreteFunction {
     if (recording) record_gradient(args, outs, loc);
     return outs;
   }
-  /// g(x, y): tensors (or variables) in, FunctionOutputs out.
+  /// g(x, y): tensors (or variables) in, FunctionOutputs out. The first argument is an Operand,
+  /// so errors (arguments that do not match the signature) name the caller's line.
   template <class... A>
     requires(std::convertible_to<const A&, const Tensor&> && ...)
-  FunctionOutputs operator()(const A&... args) const {
-    return FunctionOutputs(call(std::vector<Tensor>{static_cast<const Tensor&>(args)...}));
+  FunctionOutputs operator()(Operand first, const A&... rest) const {
+    return FunctionOutputs(call(std::vector<Tensor>{first.t, static_cast<const Tensor&>(rest)...}, first.loc));
+  }
+  /// g() for a function of no arguments.
+  FunctionOutputs operator()(std::source_location loc = std::source_location::current()) const {
+    return FunctionOutputs(call({}, loc));
   }
 
   /// Writes the optimized graph and the variables it reads (see graph/serialize.hpp).
@@ -561,31 +566,28 @@ class Function {
  public:
   explicit Function(F f, std::string name = "f") : s_(std::make_shared<Shared>(std::move(f), std::move(name))) {}
 
+  /// f(args...). A first argument that is a Tensor is taken as an Operand, so errors of the call
+  /// name the caller's line (an operator cannot take a defaulted std::source_location).
   template <class... A>
+    requires(!detail_fn::FirstIsTensor<A...>)
   auto operator()(const A&... args) const {
-    static_assert((detail_fn::SupportedArg<std::decay_t<A>> && ...),
-                  "sc::function: arguments must be sc::Tensor, sc::Variable, std::vector<sc::Tensor>, or plain "
-                  "values (arithmetic, enum, std::string, Shape, DType)");
-    using R = std::invoke_result_t<F&, const A&...>;
-    bool symbolic = stagecraft::detail::context().trace != nullptr;
-    ((symbolic = symbolic || detail_fn::any_symbolic(args)), ...);
-    if (symbolic) return s_->f(args...);  // called inside another trace: inline it
-    const Entry& e = entry_for(std::source_location::current(), args...);
-    std::vector<Tensor> flat;
-    (detail_fn::bind_arg(args, flat), ...);
-    std::vector<Tensor> outs = e.cf.run(flat, std::source_location::current());
-    if constexpr (std::is_void_v<R>) {
-      return;
-    } else {
-      std::size_t pos = 0, li = 0;
-      return detail_fn::unflatten<R>(outs, pos, e.lengths, li);
-    }
+    return invoke(std::source_location::current(), args...);
+  }
+  template <class... A>
+  auto operator()(Operand first, const A&... rest) const {
+    return invoke(first.loc, first.t, rest...);
   }
 
-  /// Traces (if needed) for these arguments and returns the concrete function.
+  /// Traces (if needed) for these arguments and returns the concrete function (a first Tensor
+  /// argument keeps the caller's line, as in operator()).
   template <class... A>
+    requires(!detail_fn::FirstIsTensor<A...>)
   ConcreteFunction get_concrete(const A&... args) const {
     return entry_for(std::source_location::current(), args...).cf;
+  }
+  template <class... A>
+  ConcreteFunction get_concrete(Operand first, const A&... rest) const {
+    return entry_for(first.loc, first.t, rest...).cf;
   }
   /// How many times fn was traced (one per distinct signature).
   int trace_count() const {
@@ -615,6 +617,27 @@ class Function {
     bool warned = false;
     bool log = true;
   };
+
+  template <class... A>
+  auto invoke(const std::source_location& loc, const A&... args) const {
+    static_assert((detail_fn::SupportedArg<std::decay_t<A>> && ...),
+                  "sc::function: arguments must be sc::Tensor, sc::Variable, std::vector<sc::Tensor>, or plain "
+                  "values (arithmetic, enum, std::string, Shape, DType)");
+    using R = std::invoke_result_t<F&, const A&...>;
+    bool symbolic = stagecraft::detail::context().trace != nullptr;
+    ((symbolic = symbolic || detail_fn::any_symbolic(args)), ...);
+    if (symbolic) return s_->f(args...);  // called inside another trace: inline it
+    const Entry& e = entry_for(loc, args...);
+    std::vector<Tensor> flat;
+    (detail_fn::bind_arg(args, flat), ...);
+    std::vector<Tensor> outs = e.cf.run(flat, loc);
+    if constexpr (std::is_void_v<R>) {
+      return;
+    } else {
+      std::size_t pos = 0, li = 0;
+      return detail_fn::unflatten<R>(outs, pos, e.lengths, li);
+    }
+  }
 
   template <class... A>
   const Entry& entry_for(const std::source_location& loc, const A&... args) const {

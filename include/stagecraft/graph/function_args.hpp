@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -30,6 +31,9 @@ concept TensorListArg = std::same_as<T, std::vector<Tensor>>;
 
 template <class T>
 concept SupportedArg = PlainArg<T> || TensorArg<T> || VariableArg<T> || TensorListArg<T>;
+/// A call whose first argument is a Tensor (Function::operator() takes it as an Operand).
+template <class... A>
+concept FirstIsTensor = sizeof...(A) > 0 && std::same_as<std::decay_t<std::tuple_element_t<0, std::tuple<A...>>>, Tensor>;
 
 /// What a tensor argument contributes to a signature.
 struct TensorSig {
