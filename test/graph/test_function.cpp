@@ -48,21 +48,33 @@ TEST_CASE("function: traced results equal eager ones", "[function]") {
 
 TEST_CASE("function: retraces on a new signature and says why", "[function]") {
   LogCapture log;
+  const int made_line = __LINE__ + 1;
   auto f = sc::function([](sc::Tensor x, int k) { return x * static_cast<float>(k); }, "scale");
   f(sc::ones({2, 3}), 2);
   f(sc::ones({2, 3}), 2);
   CHECK(f.trace_count() == 1);
+  const int call_line = __LINE__ + 1;
   f(sc::ones({4, 3}), 2);
   CHECK(f.trace_count() == 2);
   REQUIRE(log.lines.size() == 1);
-  CHECK_THAT(log.lines[0], Catch::Contains("argument 0 changed from f32[2, 3] to f32[4, 3]"));
+  // which call retraced: its line ends the notice
+  CHECK_THAT(log.lines[0], Catch::Contains("retracing 'scale' (trace 2): argument 0 changed from f32[2, 3] to "
+                                           "f32[4, 3] at test_function.cpp:" + std::to_string(call_line)));
   check_same(f(sc::ones({2, 3}), 3), sc::full({2, 3}, 3.f));
   CHECK(f.trace_count() == 3);
   CHECK_THAT(log.lines[1], Catch::Contains("argument 1 changed from 2 to 3"));
   f.set_retrace_warning(4);
   f(sc::ones({2, 3}, sc::f64), 3);
   CHECK(f.trace_count() == 4);
-  CHECK_THAT(log.lines.back(), Catch::Contains("traced 4 times"));
+  CHECK_THAT(log.lines.back(), Catch::Contains("'scale' (made at test_function.cpp:" + std::to_string(made_line) +
+                                              ") has been traced 4 times"));
+  // a call whose first argument is not a Tensor names the line that made the function
+  auto g = sc::function([](int k, sc::Tensor x) { return x * static_cast<float>(k); }, "scale2");
+  const int g_line = __LINE__ - 1;
+  g(1, sc::ones({2}));
+  g(2, sc::ones({2}));
+  CHECK_THAT(log.lines.back(), Catch::Contains("argument 0 changed from 1 to 2 at test_function.cpp:" +
+                                              std::to_string(g_line)));
 }
 
 TEST_CASE("function: a plain argument's C++ type and sign of zero are part of the signature", "[function]") {

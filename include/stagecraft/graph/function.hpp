@@ -564,14 +564,18 @@ STAGECRAFT_COMPILED_INLINE std::function<void(const std::string&)>& staging_log(
 template <class F>
 class Function {
  public:
-  explicit Function(F f, std::string name = "f") : s_(std::make_shared<Shared>(std::move(f), std::move(name))) {}
+  /// `loc`: where the function is made (sc::function's caller), named by retrace notices and
+  /// used for errors of a call whose first argument is not a Tensor.
+  explicit Function(F f, std::string name = "f", std::source_location loc = std::source_location::current())
+      : s_(std::make_shared<Shared>(std::move(f), std::move(name), loc)) {}
 
   /// f(args...). A first argument that is a Tensor is taken as an Operand, so errors of the call
-  /// name the caller's line (an operator cannot take a defaulted std::source_location).
+  /// name the caller's line (an operator cannot take a defaulted std::source_location); with
+  /// another first argument they name the line that made the function.
   template <class... A>
     requires(!detail_fn::FirstIsTensor<A...>)
   auto operator()(const A&... args) const {
-    return invoke(std::source_location::current(), args...);
+    return invoke(s_->defined_at, args...);
   }
   template <class... A>
   auto operator()(Operand first, const A&... rest) const {
@@ -583,7 +587,7 @@ class Function {
   template <class... A>
     requires(!detail_fn::FirstIsTensor<A...>)
   ConcreteFunction get_concrete(const A&... args) const {
-    return entry_for(std::source_location::current(), args...).cf;
+    return entry_for(s_->defined_at, args...).cf;
   }
   template <class... A>
   ConcreteFunction get_concrete(Operand first, const A&... rest) const {
@@ -608,9 +612,10 @@ class Function {
     std::vector<std::size_t> lengths;
   };
   struct Shared {
-    Shared(F fn, std::string n) : f(std::move(fn)), name(std::move(n)) {}
+    Shared(F fn, std::string n, const std::source_location& at) : f(std::move(fn)), name(std::move(n)), defined_at(at) {}
     F f;
     std::string name;
+    std::source_location defined_at;
     std::mutex mu;
     std::vector<std::unique_ptr<Entry>> entries;
     int warn_at = 5;
@@ -648,7 +653,7 @@ class Function {
     for (const auto& e : s_->entries)
       if (e->scope == scope && std::equal(sig.begin(), sig.end(), e->sig.begin(), e->sig.end())) return *e;
     std::vector<detail_fn::ArgKey> sigv(sig.begin(), sig.end());
-    if (!s_->entries.empty() && s_->log) note_retrace(sigv, scope);
+    if (!s_->entries.empty() && s_->log) note_retrace(sigv, scope, loc);
     auto e = std::make_unique<Entry>();
     e->sig = std::move(sigv);
     e->scope = scope;
@@ -657,7 +662,8 @@ class Function {
     return *s_->entries.back();
   }
 
-  void note_retrace(const std::vector<detail_fn::ArgKey>& sig, const std::optional<Device>& scope) const {
+  void note_retrace(const std::vector<detail_fn::ArgKey>& sig, const std::optional<Device>& scope,
+                    const std::source_location& loc) const {
     // Against the closest earlier signature (fewest differing arguments and scope, latest on ties).
     const Entry* closest = nullptr;
     std::size_t best = sig.size() + 2;
@@ -678,10 +684,12 @@ class Function {
                (*prev)[i].text(typed) + " to " + sig[i].text(typed);
       }
     const int n = static_cast<int>(s_->entries.size()) + 1;
-    staging_log()("[sc::function] retracing '" + s_->name + "' (trace " + std::to_string(n) + "): " + why);
+    staging_log()("[sc::function] retracing '" + s_->name + "' (trace " + std::to_string(n) + "): " + why + " at " +
+                  stagecraft::detail::where(loc));
     if (n >= s_->warn_at && !s_->warned) {
       s_->warned = true;
-      staging_log()("[sc::function] warning: '" + s_->name + "' has been traced " + std::to_string(n) +
+      staging_log()("[sc::function] warning: '" + s_->name + "' (made at " + stagecraft::detail::where(s_->defined_at) +
+                    ") has been traced " + std::to_string(n) +
                     " times; each trace builds a new graph. Call it with fewer distinct shapes, and pass values "
                     "that change as tensors rather than C++ values");
     }
@@ -714,8 +722,9 @@ class Function {
 
 /// Stages fn: `auto f = sc::function([&](sc::Tensor x) { ... }); f(x);`
 template <class F>
-Function<std::decay_t<F>> function(F&& fn, std::string name = "f") {
-  return Function<std::decay_t<F>>(std::forward<F>(fn), std::move(name));
+Function<std::decay_t<F>> function(F&& fn, std::string name = "f",
+                                   std::source_location loc = std::source_location::current()) {
+  return Function<std::decay_t<F>>(std::forward<F>(fn), std::move(name), loc);
 }
 
 }  // namespace stagecraft
