@@ -97,6 +97,11 @@ TEST_CASE("save/load: elementwise functions with constants and several results",
   auto [a, b] = f(x, y);
   check_bitwise(g(x, y)[0], a);
   check_bitwise(g(x, y)[1], b);
+  // a call that does not match the saved signature names the caller's line
+  const int call_line = __LINE__ + 1;
+  const auto bad_call = [&] { return g(x, sc::ones({3, 2})); };
+  CHECK_THROWS_WITH(bad_call(), Catch::Contains("argument 1") &&
+                                    Catch::Contains("test_serialize.cpp:" + std::to_string(call_line)));
   // Other dtypes, and integer/bool values inside.
   auto h = sc::function([](sc::Tensor a1, sc::Tensor k1) {
     return sc::where(a1 > 0.0, a1 * 3.0, sc::cast(k1, sc::f64)) + sc::cast(k1 * std::int64_t{2} < std::int64_t{3}, sc::f64);
