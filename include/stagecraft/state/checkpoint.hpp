@@ -115,9 +115,8 @@ class Checkpoint {
       append_list(msg, "shape/dtype mismatches", mismatched);
       for (const auto& t : tracked_) {
         const std::string prefix = t.name + "/";
-        const bool unbuilt = t.builds && std::any_of(unexpected.begin(), unexpected.end(), [&](const std::string& k) {
-                               return k.starts_with(prefix) && k != prefix + "iterations";
-                             });
+        const bool unbuilt = t.builds && std::any_of(unexpected.begin(), unexpected.end(),
+                                                     [&](const std::string& k) { return k.starts_with(prefix); });
         if (unbuilt)
           msg += " '" + t.name + "' has not made the state of these variables yet (an optimizer makes its slots at "
                  "build(vars) or its first apply()): call build(vars) on it, with the variables it trains, "
