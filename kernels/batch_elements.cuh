@@ -36,6 +36,9 @@ template <> constexpr bool floating_only<rules::Tanh> = true;
 template <> constexpr bool floating_only<rules::Sigmoid> = true;
 template <> constexpr bool floating_only<rules::Sin> = true;
 template <> constexpr bool floating_only<rules::Cos> = true;
+template <> constexpr bool floating_only<rules::Log1p> = true;
+template <> constexpr bool floating_only<rules::Expm1> = true;
+template <> constexpr bool floating_only<rules::Erf> = true;
 template <> constexpr bool floating_only<rules::Div> = true;
 
 template <class R>

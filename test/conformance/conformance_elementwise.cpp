@@ -78,6 +78,11 @@ std::vector<OpEntry> unary_entries() {
        {Gen::special}},
       {"cos", "sc::cos", SC_CALL(sc::cos(x[0])), [](double v) { return std::cos(v); }, UK::floating, transcendental,
        {Gen::special}},
+      {"log1p", "sc::log1p", SC_CALL(sc::log1p(x[0])), [](double v) { return std::log1p(v); }, UK::floating,
+       transcendental, all},
+      {"expm1", "sc::expm1", SC_CALL(sc::expm1(x[0])), [](double v) { return std::expm1(v); }, UK::floating,
+       transcendental, all},
+      {"erf", "sc::erf", SC_CALL(sc::erf(x[0])), [](double v) { return std::erf(v); }, UK::floating, transcendental, all},
       {"logical_not", "sc::logical_not", SC_CALL(sc::logical_not(x[0])), [](double v) { return v == 0 ? 1.0 : 0.0; },
        UK::predicate, exact_rounding, all},
       // operator! is not reachable: `!tensor` is ambiguous (see conformance_dtypes.cpp, library bug).

@@ -46,7 +46,8 @@ TEST_CASE("cuda: uploads back to back leave no error for the next launch", "[cud
 TEST_CASE("cuda: unary ops == CPU", "[cuda]") {
   using U = sc::Tensor (*)(const sc::Tensor&, std::source_location);
   const std::vector<std::pair<const char*, U>> floating = {
-      {"exp", sc::exp}, {"tanh", sc::tanh}, {"sigmoid", sc::sigmoid}, {"sin", sc::sin}, {"cos", sc::cos}};
+      {"exp", sc::exp}, {"tanh", sc::tanh}, {"sigmoid", sc::sigmoid}, {"sin", sc::sin}, {"cos", sc::cos},
+      {"log1p", sc::log1p}, {"expm1", sc::expm1}, {"erf", sc::erf}};
   const std::vector<std::pair<const char*, U>> numeric = {
       {"neg", sc::neg}, {"abs", sc::abs}, {"square", sc::square}, {"relu", sc::relu}, {"sign", sc::sign}};
   for (const sc::DType d : {sc::i32, sc::i64, sc::f32, sc::f64}) {

@@ -103,11 +103,14 @@ TEST_CASE("eager batch elements: every unary rule on f64 and f32 against plain e
       {R::Sigmoid, sigmoid},
       {R::Sin, [](double v) { return std::sin(v); }},
       {R::Cos, [](double v) { return std::cos(v); }},
+      {R::Log1p, [](double v) { return std::log1p(std::fabs(v) + 0.5); }},
+      {R::Expm1, [](double v) { return std::expm1(v); }},
+      {R::Erf, [](double v) { return std::erf(v); }},
   };
   const std::vector<double> base = inputs(3.0, 0.2);
   for (const auto& [rule, want] : rules) {
     INFO("rule " << static_cast<int>(rule));
-    const bool positive = rule == R::Log || rule == R::Sqrt;
+    const bool positive = rule == R::Log || rule == R::Sqrt || rule == R::Log1p;
     std::vector<double> x = base;
     if (positive)
       for (double& v : x) v = std::fabs(v) + 0.5;

@@ -137,3 +137,62 @@ TEMPLATE_TEST_CASE("exp and log keep finite results at the ends of the range", "
   const T s = sc::sigmoid(sc::tensor(std::vector<T>(5, f32 ? T(-88) : T(-708.5)))).template to_vector<T>()[0];
   CHECK(close(s, T(1) / (T(1) + std::exp(f32 ? T(88) : T(708.5)))));
 }
+
+// log1p, expm1 and erf: special values and values near 0 where the plain forms lose digits, at
+// every position of a row (the SIMD body and the scalar tail), against <cmath> in double.
+TEMPLATE_TEST_CASE("log1p, expm1 and erf: special values and tiny arguments in every lane", "[elementwise]", float, double) {
+  using T = TestType;
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  const std::vector<T> special{T(0), T(-0.0), T(1e-30), T(-1e-30), T(1e-7), T(-1e-7), T(3e-4), T(-1), T(-2),
+                               T(0.5), T(-0.5), T(5), T(-5), T(30), T(-30), T(80), T(700), inf, -inf, nan};
+  struct Case {
+    const char* name;
+    sc::Tensor (*op)(const sc::Tensor&, std::source_location);
+    double (*ref)(double);
+  };
+  const Case cases[] = {{"log1p", sc::log1p, [](double v) { return std::log1p(v); }},
+                        {"expm1", sc::expm1, [](double v) { return std::expm1(v); }},
+                        {"erf", sc::erf, [](double v) { return std::erf(v); }}};
+  const double tol = std::is_same_v<T, float> ? 5e-7 : 1e-13;  // SIMD forms within a few ulp (erf f64: ~70)
+  for (const Case& c : cases) {
+    // each special value at every position of a 37-long row
+    for (std::size_t pos = 0; pos < 37; pos += 5) {
+      for (const T v : special) {
+        std::vector<T> row(37, T(0.25));
+        row[pos] = v;
+        const std::vector<T> got = c.op(sc::tensor(row), std::source_location::current()).template to_vector<T>();
+        const double want = static_cast<T>(c.ref(static_cast<double>(v)));
+        INFO(c.name << "(" << v << ") at " << pos << ": " << got[pos] << " vs " << want);
+        if (std::isnan(want)) {
+          CHECK(std::isnan(got[pos]));
+        } else if (std::isinf(want) || want == 0) {
+          CHECK(static_cast<double>(got[pos]) == want);
+          CHECK(std::signbit(got[pos]) == std::signbit(want));
+        } else {
+          CHECK(std::fabs(got[pos] - want) <= tol * std::fabs(want));
+        }
+        CHECK(static_cast<double>(got[(pos + 1) % 37]) == Approx(static_cast<T>(c.ref(0.25))).epsilon(tol));
+      }
+    }
+  }
+  // where the plain forms cancel: log(1 + 1e-10) is 0 in f32 and 1 + 1e-10 rounds in f64
+  CHECK(sc::log1p(sc::scalar(T(1e-10))).template item<T>() == Approx(std::log1p(T(1e-10))).epsilon(tol));
+  CHECK(sc::expm1(sc::scalar(T(1e-10))).template item<T>() == Approx(std::expm1(T(1e-10))).epsilon(tol));
+  CHECK(sc::log1p(sc::scalar(T(1e-10))).template item<T>() != T(0));
+}
+
+// NaNs come out of log1p, expm1 and erf as they went in, sign included, at every position of a row
+// (xsimd's forms flip some NaN signs where <cmath>'s keep them: eager and fused loops would differ).
+TEMPLATE_TEST_CASE("log1p, expm1 and erf pass a NaN through with its sign", "[elementwise]", float, double) {
+  using T = TestType;
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  for (const T v : {nan, -nan}) {
+    const std::vector<T> row(37, v);
+    for (auto op : {+[](const sc::Tensor& x) { return sc::log1p(x); }, +[](const sc::Tensor& x) { return sc::expm1(x); },
+                    +[](const sc::Tensor& x) { return sc::erf(x); }})
+      for (const T y : op(sc::tensor(row)).template to_vector<T>()) {
+        CHECK(std::isnan(y));
+        CHECK(std::signbit(y) == std::signbit(v));
+      }
+  }
+}

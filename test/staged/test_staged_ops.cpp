@@ -19,7 +19,8 @@ const sc::DType all_dtypes[] = {sc::f32, sc::f64, sc::i32, sc::i64, sc::boolean}
 TEST_CASE("staged unary ops equal eager, traced and compiled on every dtype", "[staged][ops]") {
   const std::vector<std::pair<const char*, std::function<void(const Tensor&, double)>>> ops = {
       UNARY(neg), UNARY(abs), UNARY(square), UNARY(relu), UNARY(sign), UNARY(exp), UNARY(log),
-      UNARY(sqrt), UNARY(tanh), UNARY(sigmoid), UNARY(sin), UNARY(cos), UNARY(logical_not)};
+      UNARY(sqrt), UNARY(tanh), UNARY(sigmoid), UNARY(sin), UNARY(cos), UNARY(log1p), UNARY(expm1), UNARY(erf),
+      UNARY(logical_not)};
   for (const auto& [name, check] : ops) {
     for (sc::DType d : all_dtypes) {
       for (const sc::Shape& s : {sc::Shape{37}, sc::Shape{3, 5}, sc::Shape{}, sc::Shape{0}, sc::Shape{70001}}) {
@@ -31,7 +32,7 @@ TEST_CASE("staged unary ops equal eager, traced and compiled on every dtype", "[
       }
     }
   }
-  CHECK(ops.size() == 13);
+  CHECK(ops.size() == 16);
 }
 
 #undef UNARY

@@ -7,7 +7,8 @@
 #define STAGECRAFT_OP_LIST(X)                                   \
   /* elementwise unary (ops/unary.hpp) */                       \
   X(Neg) X(Abs) X(Exp) X(Log) X(Sqrt) X(Tanh) X(Sigmoid)        \
-  X(Relu) X(Square) X(Sign) X(Sin) X(Cos) X(LogicalNot)         \
+  X(Relu) X(Square) X(Sign) X(Sin) X(Cos) X(Log1p) X(Expm1)     \
+  X(Erf) X(LogicalNot)                                          \
   /* elementwise binary (ops/binary.hpp) */                     \
   X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(Maximum) X(Minimum)      \
   X(Less) X(LessEqual) X(Greater) X(GreaterEqual) X(Equal)      \

@@ -1,4 +1,5 @@
-// Elementwise unary ops: neg abs exp log sqrt tanh sigmoid relu square sign sin cos logical_not.
+// Elementwise unary ops: neg abs exp log sqrt tanh sigmoid relu square sign sin cos log1p expm1 erf
+// logical_not.
 #pragma once
 #include <cmath>
 #include <vector>
@@ -63,6 +64,18 @@ struct Cos : Unary<Cos, UnaryKind::floating>, rules::Cos {
   static constexpr bool batch_dependent = true;
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
+struct Log1p : Unary<Log1p, UnaryKind::floating>, rules::Log1p {
+  SC_OP_HEAD(Log1p, "log1p")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
+};
+struct Expm1 : Unary<Expm1, UnaryKind::floating>, rules::Expm1 {
+  SC_OP_HEAD(Expm1, "expm1")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
+};
+struct Erf : Unary<Erf, UnaryKind::floating>, rules::Erf {
+  SC_OP_HEAD(Erf, "erf")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
+};
 struct LogicalNot : Unary<LogicalNot, UnaryKind::predicate>, rules::LogicalNot {
   SC_OP_HEAD(LogicalNot, "logical_not")
 };
@@ -97,6 +110,12 @@ SC_UNARY_API(sigmoid, Sigmoid)
 SC_UNARY_API(sin, Sin)
 /// Cosine (integer inputs become f32).
 SC_UNARY_API(cos, Cos)
+/// log(1 + x), accurate where x is tiny next to 1 (integer inputs become f32).
+SC_UNARY_API(log1p, Log1p)
+/// e^x - 1, accurate where x is near 0 (integer inputs become f32).
+SC_UNARY_API(expm1, Expm1)
+/// The error function erf(x) (integer inputs become f32).
+SC_UNARY_API(erf, Erf)
 /// x == 0, as bool.
 SC_UNARY_API(logical_not, LogicalNot)
 #undef SC_UNARY_API
@@ -140,5 +159,11 @@ inline VjpResult Tanh::vjp(const Tensor& g, Inputs, const Tensor& out, const Att
 inline VjpResult Sigmoid::vjp(const Tensor& g, Inputs, const Tensor& out, const Attrs&) { return {g * out * (1 - out)}; }
 inline VjpResult Sin::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {g * cos(in[0])}; }
 inline VjpResult Cos::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {g * -sin(in[0])}; }
+inline VjpResult Log1p::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {g / (in[0] + 1)}; }
+inline VjpResult Expm1::vjp(const Tensor& g, Inputs, const Tensor& out, const Attrs&) { return {g * (out + 1)}; }
+// 2/sqrt(pi) e^(-x^2)
+inline VjpResult Erf::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) {
+  return {g * (exp(-square(in[0])) * 1.1283791670955126)};
+}
 
 }  // namespace stagecraft::ops

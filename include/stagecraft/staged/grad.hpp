@@ -83,6 +83,10 @@ auto adjoint(const Map1<Op, A>& n, const G& g) {
   else if constexpr (std::is_same_v<Op, ops::Sigmoid>) return smul(smul(g, n), m2<ops::Sub>(k(1), n));
   else if constexpr (std::is_same_v<Op, ops::Sin>) return smul(g, m1<ops::Cos>(a));
   else if constexpr (std::is_same_v<Op, ops::Cos>) return smul(g, sneg(m1<ops::Sin>(a)));
+  else if constexpr (std::is_same_v<Op, ops::Log1p>) return sdiv(g, m2<ops::Add>(a, k(1)));
+  else if constexpr (std::is_same_v<Op, ops::Expm1>) return smul(g, m2<ops::Add>(n, k(1)));
+  else if constexpr (std::is_same_v<Op, ops::Erf>)  // 2/sqrt(pi) e^(-x^2)
+    return smul(g, m2<ops::Mul>(m1<ops::Exp>(m1<ops::Neg>(m2<ops::Mul>(a, a))), kd(1.1283791670955126)));
   else return Zero{};  // sign and predicates: piecewise constant
 }
 

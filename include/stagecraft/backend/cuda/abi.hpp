@@ -33,7 +33,8 @@ struct Geometry {
 /// The unary rules of ops/rules.hpp the kernels are instantiated from (the list is the only copy
 /// of their names; their math is the rules themselves).
 #define SC_CUDA_UNARY_RULES(X) \
-  X(Neg) X(Abs) X(Square) X(Relu) X(Sign) X(Exp) X(Log) X(Sqrt) X(Tanh) X(Sigmoid) X(Sin) X(Cos) X(LogicalNot)
+  X(Neg) X(Abs) X(Square) X(Relu) X(Sign) X(Exp) X(Log) X(Sqrt) X(Tanh) X(Sigmoid) X(Sin) X(Cos) X(Log1p) \
+  X(Expm1) X(Erf) X(LogicalNot)
 /// The binary rules, as SC_CUDA_UNARY_RULES.
 #define SC_CUDA_BINARY_RULES(X)                                                                         \
   X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(Maximum) X(Minimum) X(Less) X(LessEqual) X(Greater) X(GreaterEqual) \
