@@ -19,6 +19,7 @@
 #include "ops/add_n.hpp"
 #include "ops/binary.hpp"
 #include "ops/cast.hpp"
+#include "ops/clip.hpp"
 #include "ops/unary.hpp"
 #include "ops/where.hpp"
 
@@ -49,8 +50,10 @@
 #include "graph/function.hpp"
 #include "staged/staged.hpp"
 
+#include "nn/activations.hpp"
 #include "nn/init.hpp"
 #include "nn/layers.hpp"
+#include "nn/losses.hpp"
 #include "optim/adam.hpp"
 #include "optim/optimizer.hpp"
 #include "optim/sgd.hpp"

@@ -431,3 +431,66 @@ TEST_CASE("cuda: implicit copies are counted, and strict placement makes them er
   sc::reset_device_stats();
   CHECK(sc::device_stats().implicit_copies == 0);
 }
+
+TEST_CASE("cuda: activations, clip and losses == CPU, with their gradients", "[cuda]") {
+  using F = std::function<sc::Tensor(const sc::Tensor&, const sc::Tensor&)>;
+  const std::vector<std::pair<const char*, F>> fs = {
+      {"leaky_relu", [](const sc::Tensor& x, const sc::Tensor&) { return sc::nn::leaky_relu(x, 0.1); }},
+      {"elu", [](const sc::Tensor& x, const sc::Tensor&) { return sc::nn::elu(x); }},
+      {"silu", [](const sc::Tensor& x, const sc::Tensor&) { return sc::nn::silu(x); }},
+      {"gelu", [](const sc::Tensor& x, const sc::Tensor&) { return sc::nn::gelu(x); }},
+      {"gelu_tanh", [](const sc::Tensor& x, const sc::Tensor&) { return sc::nn::gelu_tanh(x); }},
+      {"softplus", [](const sc::Tensor& x, const sc::Tensor&) { return sc::nn::softplus(x); }},
+      {"clip", [](const sc::Tensor& x, const sc::Tensor&) { return sc::clip(x, -0.5, 0.75); }},
+      {"mse_loss", [](const sc::Tensor& x, const sc::Tensor& t) { return sc::nn::mse_loss(x, t); }},
+      {"bce", [](const sc::Tensor& x, const sc::Tensor& t) { return sc::nn::binary_cross_entropy_with_logits(x, sc::sigmoid(t)); }},
+      {"layer_norm", [](const sc::Tensor& x, const sc::Tensor&) { return sc::nn::layer_norm(x, {x.shape().back()}); }},
+      {"var", [](const sc::Tensor& x, const sc::Tensor&) { return sc::var(x, {0}, false, 1); }}};
+  for (const sc::DType d : {sc::f32, sc::f64}) {
+    for (const sc::Shape& s : {sc::Shape{7}, sc::Shape{600, 3}}) {
+      const sc::Tensor x = values(s, d, 5) * 2, t = values(s, d, 6);
+      for (const auto& [name, f] : fs) {
+        INFO(name << " " << sc::name(d) << " " << sctest::str(s));
+        const double tol = d == sc::f32 ? 1e-5 : 1e-12;
+        sc::Tensor cpu_y, cpu_g, gpu_y, gpu_g;
+        {
+          sc::GradientTape tape;
+          tape.watch(x);
+          cpu_y = f(x, t);
+          cpu_g = tape.gradient(sc::sum(cpu_y), x);
+        }
+        {
+          const sc::Tensor xg = x.to(gpu), tg = t.to(gpu);
+          sc::GradientTape tape;
+          tape.watch(xg);
+          gpu_y = f(xg, tg);
+          gpu_g = tape.gradient(sc::sum(gpu_y), xg);
+          CHECK(gpu_y.device() == gpu);
+        }
+        check_same(gpu_y, cpu_y, tol);
+        check_same(gpu_g, cpu_g, tol);
+      }
+    }
+  }
+  // dropout draws its mask on the input's device: zeros and 2x, about half each
+  sc::random::Generator gen(4);
+  const sc::Tensor x = values({4000}, sc::f32, 8).to(gpu);
+  const sc::Tensor y = sc::nn::dropout(x, 0.5, gen);
+  CHECK(y.device() == gpu);
+  const auto xv = x.to_vector<float>(), yv = y.to_vector<float>();
+  int kept = 0;
+  for (std::size_t k = 0; k < xv.size(); ++k) {
+    if (yv[k] != 0.f) {
+      ++kept;
+      REQUIRE(yv[k] == xv[k] * 2.f);
+    }
+  }
+  CHECK(kept > 1800);
+  CHECK(kept < 2200);
+  // traced on the GPU: a fresh mask at every call
+  auto f = sc::function([&](const sc::Tensor& a) { return sc::nn::dropout(a, 0.5, gen); });
+  const sc::Tensor t1 = f(x), t2 = f(x);
+  CHECK(t1.device() == gpu);
+  CHECK(t1.to_vector<float>() != t2.to_vector<float>());
+  CHECK(f.trace_count() == 1);
+}

@@ -1,6 +1,10 @@
-// All layers: nn::Dense, nn::Conv2D, nn::LSTMCell (each a sc::Module, called as layer(x)).
+// All layers: nn::Dense, nn::Conv2D, nn::LSTMCell, nn::Embedding, nn::LayerNorm, nn::Dropout (each a
+// sc::Module, called as layer(x)).
 #pragma once
 #include "conv.hpp"
 #include "dense.hpp"
+#include "dropout.hpp"
+#include "embedding.hpp"
 #include "init.hpp"
 #include "lstm.hpp"
+#include "normalization.hpp"

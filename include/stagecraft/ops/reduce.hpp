@@ -193,6 +193,22 @@ inline Tensor mean(const Tensor& x, std::vector<std::int64_t> axes = {}, bool ke
   return cast(div(sum(cast(x, DType::f64, loc), std::move(axes), keepdims, loc), count, loc), DType::f32, loc);
 }
 
+/// Variance over axes ({} = all): mean((x - mean(x))^2) * n / (n - correction), two passes (no
+/// cancellation of E[x^2] - E[x]^2). correction 0 (the default, NumPy's ddof) is the population
+/// variance, 1 the unbiased sample variance. Floats keep their dtype; integers and bool give f32.
+/// n <= correction gives NaN (an empty axis too); a negative correction is a ValueError.
+inline Tensor var(const Tensor& x, std::vector<std::int64_t> axes = {}, bool keepdims = false,
+                  std::int64_t correction = 0, std::source_location loc = std::source_location::current()) {
+  if (SC_UNLIKELY(correction < 0)) detail::fail<ValueError>("var", loc, "correction must be >= 0, got ", correction);
+  const ops::Attrs a = detail::reduce_attrs(x, axes, keepdims, "var", loc);
+  const std::int64_t n = detail::reduced_count(x, a, "var", loc);
+  const Tensor xf = is_floating(x.dtype()) ? x : cast(x, DType::f32, loc);
+  const Tensor d = sub(xf, mean(xf, axes, true, loc), loc);
+  const Tensor ss = sum(mul(d, d, loc), std::move(axes), keepdims, loc);
+  const double denom = static_cast<double>(n - correction);
+  return n > correction ? div(ss, denom, loc) : mul(ss, std::numeric_limits<double>::quiet_NaN(), loc);
+}
+
 namespace detail {
 /// The shift that keeps exp(x - shift) from overflowing: max(x) over axes, kept, or 0 where that
 /// max is not finite. A constant to the tape (read from a stop_gradient view, so the max is not

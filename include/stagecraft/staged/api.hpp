@@ -230,6 +230,16 @@ auto where(const C& c, const A& a, const B& b) {
   else return staged<staging::Leaf>{};
 }
 
+/// clip(x, lo, hi) on staged operands, as the eager sc::clip (ops/clip.hpp): m = (x < lo ? lo : x),
+/// then (m > hi ? hi : m). Bounds are C++ scalars (weak), tensors or staged values; a staged clip
+/// does not check lo <= hi (its bounds may be values of the graph).
+template <class X, class L, class H>
+  requires(staging::Staged<X> || staging::Staged<L> || staging::Staged<H>)
+auto clip(const X& x, const L& lo, const H& hi) {
+  const auto m = stagecraft::where(x < lo, lo, x);
+  return stagecraft::where(m > hi, hi, m);
+}
+
 /// x converted to dtype X (a compile-time dtype: sc::cast<sc::f32>(x)).
 template <DType X, class A>
   requires staging::Staged<A>

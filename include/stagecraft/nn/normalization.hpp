@@ -1,0 +1,92 @@
+// nn::layer_norm and the nn::LayerNorm layer: written with other ops (mean, var, sqrt), so they get
+// gradients, tracing and every device from those ops.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <source_location>
+#include <string_view>
+#include <vector>
+
+#include "../ops/binary.hpp"
+#include "../ops/reduce.hpp"
+#include "../ops/unary.hpp"
+#include "../state/module.hpp"
+#include "functional.hpp"
+
+namespace stagecraft::nn {
+
+/// (x - mean) / sqrt(var + eps) over x's trailing axes, the ones `normalized_shape` names (Ba et
+/// al. 2016; PyTorch's F.layer_norm), then * gamma + beta where given (each of normalized_shape,
+/// or undefined for none). var is the population variance (two passes). Integers become f32. A
+/// normalized_shape that is not x's trailing shape, or a gamma/beta of another shape, is a
+/// ShapeError; eps must be finite and >= 0.
+inline Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& gamma = Tensor(),
+                         const Tensor& beta = Tensor(), double eps = 1e-5,
+                         std::source_location loc = std::source_location::current()) {
+  constexpr std::string_view op = "layer_norm";
+  stagecraft::detail::require_defined(x, op, loc);
+  ops::require_dtype(!is_bool(x.dtype()), op, x.dtype(), "numeric dtypes", loc);
+  if (SC_UNLIKELY(!std::isfinite(eps) || eps < 0))
+    stagecraft::detail::fail<ValueError>(op, loc, "eps must be finite and >= 0, got ", eps);
+  const int k = normalized_shape.rank(), r = x.rank();
+  bool trailing = k >= 1 && k <= r;
+  for (int i = 0; trailing && i < k; ++i) trailing = x.shape()[r - k + i] == normalized_shape[i];
+  if (SC_UNLIKELY(!trailing))
+    stagecraft::detail::fail<ShapeError>(op, loc, "normalized_shape ", normalized_shape,
+                                         " must be the trailing shape of x (at least one axis), got x ", x.shape());
+  const auto check_affine = [&](const Tensor& t, std::string_view name) {
+    if (t.defined() && SC_UNLIKELY(t.shape() != normalized_shape))
+      stagecraft::detail::fail<ShapeError>(op, loc, name, " must have normalized_shape ", normalized_shape, ", got ",
+                                           t.shape());
+  };
+  check_affine(gamma, "gamma");
+  check_affine(beta, "beta");
+  std::vector<std::int64_t> axes;
+  for (int i = r - k; i < r; ++i) axes.push_back(i);
+  const Tensor xf = functional_detail::as_floating(x, loc);
+  const Tensor centered = sub(xf, mean(xf, axes, true, loc), loc);
+  const Tensor variance = mean(mul(centered, centered, loc), axes, true, loc);
+  Tensor y = div(centered, sqrt(add(variance, eps, loc), loc), loc);
+  if (gamma.defined()) y = mul(y, gamma, loc);
+  if (beta.defined()) y = add(y, beta, loc);
+  return y;
+}
+
+/// Layer normalization over the trailing `normalized_shape` of its input, with a learned scale
+/// gamma (ones) and shift beta (zeros) of that shape (Keras' names; PyTorch's weight and bias).
+class LayerNorm : public Module {
+ public:
+  LayerNorm(Shape normalized_shape, double eps = 1e-5, DType dtype = DType::f32,
+            std::source_location loc = std::source_location::current())
+      : shape_(std::move(normalized_shape)), eps_(eps) {
+    if (SC_UNLIKELY(shape_.rank() < 1 || shape_.numel() < 1))
+      stagecraft::detail::fail<ValueError>("LayerNorm", loc, "needs a normalized_shape of at least one element, got ",
+                                           shape_);
+    if (SC_UNLIKELY(!std::isfinite(eps) || eps < 0))
+      stagecraft::detail::fail<ValueError>("LayerNorm", loc, "eps must be finite and >= 0, got ", eps);
+    gamma = Variable(stagecraft::ones(shape_, dtype, loc), "gamma", true, loc);
+    beta = Variable(stagecraft::zeros(shape_, dtype, loc), "beta", true, loc);
+    add({{"gamma", gamma}, {"beta", beta}}, loc);
+  }
+  /// Over the last axis, of `features` elements.
+  explicit LayerNorm(std::int64_t features, double eps = 1e-5, DType dtype = DType::f32,
+                     std::source_location loc = std::source_location::current())
+      : LayerNorm(Shape{features}, eps, dtype, loc) {}
+
+  /// x [..., normalized_shape] → the same shape.
+  Tensor operator()(const Tensor& x, std::source_location loc = std::source_location::current()) const {
+    return layer_norm(x, shape_, gamma, beta, eps_, loc);
+  }
+
+  const Shape& normalized_shape() const { return shape_; }
+  double eps() const { return eps_; }
+
+  Variable gamma;  ///< normalized_shape, starts at 1
+  Variable beta;   ///< normalized_shape, starts at 0
+
+ private:
+  Shape shape_;
+  double eps_;
+};
+
+}  // namespace stagecraft::nn
