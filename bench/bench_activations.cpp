@@ -1,0 +1,180 @@
+// Activations and layer norm, side by side in one run: a hand-written loop (the limit: one pass,
+// <cmath> per element, OpenMP) vs stagecraft eager (the composite's ops one by one: a pass each) vs
+// traced (sc::function: the ops fused into one pass) vs compiled (sc::compile, for the elementwise
+// ones) vs LibTorch's native kernels (when built in). gelu and softplus on 4M floats, layer_norm on
+// [4096, 1024] rows.
+#include <cmath>
+#include <cstdint>
+
+#include <omp.h>
+
+#include "bench_common.hpp"
+
+#if STAGECRAFT_BENCH_TORCH
+#include <torch/torch.h>
+#endif
+
+namespace {
+
+constexpr std::int64_t n_elems = std::int64_t{1} << 22;
+constexpr std::int64_t rows = 4096, cols = 1024;
+
+enum class Fn { gelu, softplus };
+
+const sc::Tensor& x_elems() {
+  static const sc::Tensor x = sc::random::uniform({n_elems}, -4.0, 4.0, 1);
+  return x;
+}
+const sc::Tensor& x_rows() {
+  static const sc::Tensor x = sc::random::uniform({rows, cols}, -4.0, 4.0, 2);
+  return x;
+}
+
+void count(benchmark::State& state, std::int64_t n) {
+  state.SetItemsProcessed(state.iterations() * n);
+  state.SetBytesProcessed(state.iterations() * n * 2 * std::int64_t{sizeof(float)});
+}
+
+sc::Tensor sc_call(Fn f, const sc::Tensor& x) {
+  return f == Fn::gelu ? sc::nn::gelu(x) : sc::nn::softplus(x);
+}
+
+void eager(benchmark::State& state, Fn f) {
+  const sc::Tensor& x = x_elems();
+  for (auto _ : state) {
+    sc::Tensor y = sc_call(f, x);
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  count(state, n_elems);
+}
+
+void traced(benchmark::State& state, Fn f) {
+  const sc::Tensor& x = x_elems();
+  auto fn = sc::function([f](const sc::Tensor& a) { return sc_call(f, a); });
+  (void)fn(x);
+  for (auto _ : state) {
+    sc::Tensor y = fn(x);
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  count(state, n_elems);
+}
+
+void compiled(benchmark::State& state, Fn f) {
+  const sc::Tensor& x = x_elems();
+  auto run = [&](auto g) {
+    for (auto _ : state) {
+      sc::Tensor y = g(x);
+      benchmark::DoNotOptimize(y.raw_data());
+    }
+  };
+  if (f == Fn::gelu) run(sc::compile<sc::f32>([](auto a) { return sc::nn::gelu(a); }));
+  else run(sc::compile<sc::f32>([](auto a) { return sc::nn::softplus(a); }));
+  count(state, n_elems);
+}
+
+void hand(benchmark::State& state, Fn f) {
+  const sc::Tensor& x = x_elems();
+  const sc::Tensor out = sc::zeros({n_elems});
+  const float* __restrict a = static_cast<const float*>(x.raw_data());
+  float* __restrict y = static_cast<float*>(out.raw_data());
+  for (auto _ : state) {
+    if (f == Fn::gelu) {
+#pragma omp parallel for simd
+      for (std::int64_t i = 0; i < n_elems; ++i) y[i] = 0.5f * a[i] * (1.f + std::erf(a[i] * 0.70710678f));
+    } else {
+#pragma omp parallel for simd
+      for (std::int64_t i = 0; i < n_elems; ++i) y[i] = std::fmax(a[i], 0.f) + std::log1p(std::exp(-std::fabs(a[i])));
+    }
+    benchmark::DoNotOptimize(y);
+    benchmark::ClobberMemory();
+  }
+  count(state, n_elems);
+}
+
+void layer_norm_eager(benchmark::State& state) {
+  const sc::Tensor& x = x_rows();
+  for (auto _ : state) {
+    sc::Tensor y = sc::nn::layer_norm(x, {cols});
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  count(state, rows * cols);
+}
+
+void layer_norm_traced(benchmark::State& state) {
+  const sc::Tensor& x = x_rows();
+  auto fn = sc::function([](const sc::Tensor& a) { return sc::nn::layer_norm(a, {cols}); });
+  (void)fn(x);
+  for (auto _ : state) {
+    sc::Tensor y = fn(x);
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  count(state, rows * cols);
+}
+
+void layer_norm_hand(benchmark::State& state) {
+  const sc::Tensor& x = x_rows();
+  const sc::Tensor out = sc::zeros({rows, cols});
+  const float* a = static_cast<const float*>(x.raw_data());
+  float* y = static_cast<float*>(out.raw_data());
+  for (auto _ : state) {
+#pragma omp parallel for
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* xr = a + r * cols;
+      float* yr = y + r * cols;
+      float m = 0, v = 0;
+#pragma omp simd reduction(+ : m)
+      for (std::int64_t k = 0; k < cols; ++k) m += xr[k];
+      m /= static_cast<float>(cols);
+#pragma omp simd reduction(+ : v)
+      for (std::int64_t k = 0; k < cols; ++k) v += (xr[k] - m) * (xr[k] - m);
+      const float inv = 1.f / std::sqrt(v / static_cast<float>(cols) + 1e-5f);
+#pragma omp simd
+      for (std::int64_t k = 0; k < cols; ++k) yr[k] = (xr[k] - m) * inv;
+    }
+    benchmark::DoNotOptimize(y);
+    benchmark::ClobberMemory();
+  }
+  count(state, rows * cols);
+}
+
+#if STAGECRAFT_BENCH_TORCH
+void torch_fn(benchmark::State& state, Fn f) {
+  torch::NoGradGuard ng;
+  const at::Tensor x = bench::as_torch(x_elems());
+  for (auto _ : state) {
+    at::Tensor y = f == Fn::gelu ? torch::gelu(x) : torch::softplus(x);
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  count(state, n_elems);
+}
+void layer_norm_torch(benchmark::State& state) {
+  torch::NoGradGuard ng;
+  const at::Tensor x = bench::as_torch(x_rows());
+  for (auto _ : state) {
+    at::Tensor y = torch::layer_norm(x, {cols});
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  count(state, rows * cols);
+}
+#endif
+
+}  // namespace
+
+BENCHMARK_CAPTURE(hand, gelu, Fn::gelu)->UseRealTime();
+BENCHMARK_CAPTURE(eager, gelu, Fn::gelu)->UseRealTime();
+BENCHMARK_CAPTURE(traced, gelu, Fn::gelu)->UseRealTime();
+BENCHMARK_CAPTURE(compiled, gelu, Fn::gelu)->UseRealTime();
+BENCHMARK_CAPTURE(hand, softplus, Fn::softplus)->UseRealTime();
+BENCHMARK_CAPTURE(eager, softplus, Fn::softplus)->UseRealTime();
+BENCHMARK_CAPTURE(traced, softplus, Fn::softplus)->UseRealTime();
+BENCHMARK_CAPTURE(compiled, softplus, Fn::softplus)->UseRealTime();
+BENCHMARK(layer_norm_hand)->UseRealTime();
+BENCHMARK(layer_norm_eager)->UseRealTime();
+BENCHMARK(layer_norm_traced)->UseRealTime();
+#if STAGECRAFT_BENCH_TORCH
+BENCHMARK_CAPTURE(torch_fn, gelu, Fn::gelu)->UseRealTime();
+BENCHMARK_CAPTURE(torch_fn, softplus, Fn::softplus)->UseRealTime();
+BENCHMARK(layer_norm_torch)->UseRealTime();
+#endif
+
+STAGECRAFT_BENCH_MAIN()
