@@ -76,7 +76,7 @@ std::vector<FusedProgram> mixed_programs() {
 }  // namespace
 
 TEST_CASE("batch: programs launched together, built for the host, compute what the CPU evaluator does",
-          "[cuda][rtc][batch]") {
+          "[cuda][rtc][batch][hostcc]") {
   const std::vector<FusedProgram> ps = mixed_programs();
   for (const FusedProgram& p : ps) REQUIRE(sc::graph::cuda_batchable(p));
   const std::vector<std::int64_t> starts = sc::graph::cuda_batch_starts(ps);

@@ -145,7 +145,7 @@ TEST_CASE("convert: converted inputs are read by the cast's rule, and compile un
 }
 
 TEST_CASE("convert: the generated kernels, built for the host, compute what casting the inputs first does",
-          "[cuda][rtc][convert]") {
+          "[cuda][rtc][convert][hostcc]") {
   SECTION("i64, f32 and bool inputs of an f64 program, one written out") { check_on_host(mixed_program(), false); }
   SECTION("f32 to i32: NaN, infinities and out of range as the cast op defines them") { check_on_host(to_int_program(), false); }
   SECTION("an f64 scalar in an f32 program, 16-byte accesses and the tail") { check_on_host(scalar_program(), true); }

@@ -485,7 +485,7 @@ FusedProgram row_program(sc::DType d, std::int64_t rows, std::int64_t inner, sc:
 
 }  // namespace
 
-TEST_CASE("rtc: the generated kernel, built for the host, computes what the CPU evaluator does", "[cuda][rtc]") {
+TEST_CASE("rtc: the generated kernel, built for the host, computes what the CPU evaluator does", "[cuda][rtc][hostcc]") {
   for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64}) {
     INFO(sc::name(d));
     const FusedProgram p = broadcast_program(d);
@@ -498,7 +498,7 @@ TEST_CASE("rtc: the generated kernel, built for the host, computes what the CPU 
 }
 
 TEST_CASE("rtc: inputs read through windows (absorbed slices), built for the host, compute what the CPU evaluator does",
-          "[cuda][rtc][window]") {
+          "[cuda][rtc][window][hostcc]") {
   using sc::ops::OpId;
   for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64})
     for (bool reduce : {false, true}) {
@@ -537,7 +537,7 @@ FusedProgram product_program(sc::DType d, bool ta, bool tb, bool reduce) {
 }
 
 TEST_CASE("rtc: inputs formed as small products in the kernel, built for the host, compute what the CPU evaluator does",
-          "[cuda][rtc][product]") {
+          "[cuda][rtc][product][hostcc]") {
   for (sc::DType d : {sc::f32, sc::f64})
     for (int flags = 0; flags < 4; ++flags)
       for (bool reduce : {false, true}) {
@@ -553,7 +553,7 @@ TEST_CASE("rtc: inputs formed as small products in the kernel, built for the hos
 }
 
 TEST_CASE("rtc: an element's products formed by lanes of a warp together, built for the host with real threads, compute "
-          "what the CPU evaluator does", "[cuda][rtc][product]") {
+          "what the CPU evaluator does", "[cuda][rtc][product][hostcc]") {
   // 63 elements, 13 terms: 2 lanes (7 and 6 terms), 8 (a warp's last element past the end), 32
   // (19 lanes without a term); three blocks of 256 threads, so 32 lanes take three passes.
   // With the rows summed: the elements by lanes (the reduced register one more output), then a
@@ -612,7 +612,7 @@ TEST_CASE("rtc: lanes per element: a few elements with long products get a warp,
 }
 
 TEST_CASE("rtc: outputs written through windows of one tensor (an absorbed concat), built for the host, compute what "
-          "the CPU evaluator does", "[cuda][rtc][out_window]") {
+          "the CPU evaluator does", "[cuda][rtc][out_window][hostcc]") {
   using sc::ops::OpId;
   for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64})
     for (bool reduce : {false, true}) {
@@ -637,7 +637,7 @@ TEST_CASE("rtc: outputs written through windows of one tensor (an absorbed conca
     }
 }
 
-TEST_CASE("rtc: the 16-byte kernel, built for the host, computes the same, tail included", "[cuda][rtc]") {
+TEST_CASE("rtc: the 16-byte kernel, built for the host, computes the same, tail included", "[cuda][rtc][hostcc]") {
   for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64}) {
     for (std::int64_t rows : {7, 8, 1}) {  // 63, 72 and 9 elements: tails of 3/1, none, 1/1
       INFO(sc::name(d) << " rows " << rows);
@@ -654,7 +654,7 @@ TEST_CASE("rtc: the 16-byte kernel, built for the host, computes the same, tail 
     }
   }
 }
-TEST_CASE("rtc: the row kernel of a reduction, built for the host with real threads, computes what the CPU evaluator does", "[cuda][rtc]") {
+TEST_CASE("rtc: the row kernel of a reduction, built for the host with real threads, computes what the CPU evaluator does", "[cuda][rtc][hostcc]") {
   using sc::ops::OpId;
   // Rows of 1 (no tree), 3 (4 threads a row, one without an element), 10, 256 (a block a row),
   // 1000 (each thread takes several); enough rows that three blocks stride over them.
@@ -695,7 +695,7 @@ TEST_CASE("rtc: the row kernel of a reduction, built for the host with real thre
   }
 }
 
-TEST_CASE("rtc: a reduction cut in pieces, built for the host with real threads, computes what the CPU evaluator does", "[cuda][rtc]") {
+TEST_CASE("rtc: a reduction cut in pieces, built for the host with real threads, computes what the CPU evaluator does", "[cuda][rtc][hostcc]") {
   using sc::ops::OpId;
   // Few long rows: each cut in pieces whose partials a second kernel combines (4 pieces a row, 17
   // with a last one of 369 elements, 2), the pieces' blocks striding over them.
