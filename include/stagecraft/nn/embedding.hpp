@@ -9,6 +9,7 @@
 #include "../ops/gather.hpp"
 #include "../ops/random.hpp"
 #include "../state/module.hpp"
+#include "ids.hpp"
 #include "init.hpp"
 
 namespace stagecraft::nn {
@@ -36,7 +37,7 @@ class Embedding : public Module {
     stagecraft::detail::require_defined(ids, op, loc);
     ops::require_dtype(ids.dtype() == DType::i32 || ids.dtype() == DType::i64, op, ids.dtype(),
                        "integer ids (i32 or i64)", loc);
-    if (!ids.is_symbolic() && ids.device().is_cpu()) check_ids(ids, loc);
+    functional_detail::check_ids(ids, num_, op, "id", true, loc);
     return gather(weight, ids, 0, loc);
   }
 
@@ -46,19 +47,6 @@ class Embedding : public Module {
   Variable weight;  ///< [num, dim]
 
  private:
-  void check_ids(const Tensor& ids, const std::source_location& loc) const {
-    visit_dtype(ids.dtype(), [&](auto tag) {
-      using I = typename decltype(tag)::type;
-      if constexpr (std::is_same_v<I, std::int32_t> || std::is_same_v<I, std::int64_t>) {
-        const I* p = static_cast<const I*>(ids.raw_data());
-        for (std::int64_t i = 0, n = ids.numel(); i < n; ++i)
-          if (SC_UNLIKELY(p[i] < 0 || p[i] >= num_))
-            stagecraft::detail::fail<ValueError>("Embedding", loc, "id ", static_cast<std::int64_t>(p[i]), " at index ",
-                                                 i, " of ids ", ids.shape(), " is out of range [0, ", num_, ")");
-      }
-    });
-  }
-
   std::int64_t num_, dim_;
 };
 

@@ -12,6 +12,7 @@
 #include "../ops/reduce.hpp"
 #include "../ops/unary.hpp"
 #include "../ops/where.hpp"
+#include "ids.hpp"
 
 namespace stagecraft::nn {
 
@@ -19,22 +20,6 @@ namespace functional_detail {  // not "detail": that would hide stagecraft::deta
 /// x as a float tensor (integers and bool become f32, as exp would make them).
 inline Tensor as_floating(const Tensor& x, const std::source_location& loc) {
   return is_floating(x.dtype()) ? x : cast(x, DType::f32, loc);
-}
-
-/// Throws ValueError naming the first label outside [0, classes). Reads the labels on the
-/// host, so only concrete CPU labels are checked here (one pass over N integers).
-inline void check_labels(const Tensor& labels, std::int64_t classes, const std::source_location& loc) {
-  if (labels.is_symbolic() || !labels.device().is_cpu() || labels.numel() == 0) return;
-  visit_dtype(labels.dtype(), [&](auto tag) {
-    using I = typename decltype(tag)::type;
-    if constexpr (std::is_integral_v<I> && !std::is_same_v<I, bool>) {
-      const I* p = static_cast<const I*>(labels.raw_data());
-      for (std::int64_t i = 0, n = labels.numel(); i < n; ++i)
-        if (SC_UNLIKELY(p[i] < 0 || p[i] >= classes))
-          stagecraft::detail::fail<ValueError>("cross_entropy", loc, "label ", static_cast<std::int64_t>(p[i]),
-                                               " at index ", i, " is out of range [0, ", classes, ")");
-    }
-  });
 }
 }  // namespace functional_detail
 
@@ -72,7 +57,7 @@ inline Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
   stagecraft::detail::require_defined(logits, op, loc);
   stagecraft::detail::require_defined(labels, op, loc);
   ops::xent::check_inputs(op, logits, labels, loc);  // the op's own checks, named as this function
-  functional_detail::check_labels(labels, logits.shape()[1], loc);
+  functional_detail::check_ids(labels, logits.shape()[1], "cross_entropy", "label", false, loc);
   // One op (and one for its gradient): symbolic labels (a staged step) are checked by its kernel
   // when the plan runs, and labels on a GPU by the GPU's (raised at the next wait, as a bad gather
   // index). Its numbers are log_softmax's: (x - shift) - log(sum(exp(x - shift))) at the label.
