@@ -4,9 +4,12 @@
 #include <stagecraft/stagecraft.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "testing.hpp"
 
@@ -181,6 +184,36 @@ TEST_CASE("dropout: the rate of zeros, the scale, fresh masks, seeds, gradients,
   CHECK_THROWS_AS(sc::nn::dropout(sc::tensor({true}), 0.5), sc::DTypeError);
   CHECK_THROWS_AS(sc::nn::Dropout(-0.1), sc::ValueError);
   CHECK_THROWS_AS(drop(Tensor()), sc::ValueError);
+}
+
+TEST_CASE("Dropout: a checkpoint restores the stream of masks", "[nn][dropout][checkpoint]") {
+  const Tensor x = sc::ones({64});
+  sc::nn::Dropout drop(0.5, 21);
+  REQUIRE(drop.trainable_variables().empty());  // nothing for an optimizer
+  REQUIRE(drop.named_variables().size() == 1);
+  CHECK(drop.named_variables()[0].first == "generator_state");
+  (void)drop(x);  // advance past the first mask
+  const auto dir = std::filesystem::temp_directory_path() / ("sc_dropout_ck_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct Cleanup {
+    std::filesystem::path d;
+    ~Cleanup() { std::filesystem::remove_all(d); }
+  } cleanup{dir};
+  sc::Checkpoint ck;
+  ck.track("drop", drop);
+  ck.save(dir / "ck.safetensors");
+  const auto next1 = drop(x).to_vector<float>(), next2 = drop(x).to_vector<float>();
+  CHECK(next1 != next2);
+  // a fresh layer with another seed, restored: the masks the first one drew after the save
+  sc::nn::Dropout other(0.5, 99);
+  sc::Checkpoint ck2;
+  ck2.track("drop", other);
+  ck2.restore(dir / "ck.safetensors");
+  CHECK(other(x).to_vector<float>() == next1);
+  CHECK(other(x).to_vector<float>() == next2);
+  // and the same layer, rewound
+  ck.restore(dir / "ck.safetensors");
+  CHECK(drop(x).to_vector<float>() == next1);
 }
 
 TEST_CASE("Embedding: rows by id, any id shape, gradients that accumulate, errors", "[nn][embedding]") {

@@ -41,7 +41,10 @@ inline Tensor dropout(const Tensor& x, double rate, random::Generator& gen = ran
 
 /// Dropout as a layer: `drop(x)` while training (the default), x itself after `drop.eval()` (or
 /// `drop(x, false)`). Its masks come from its own generator, seeded at construction (or from the
-/// global seed stream, sc::manual_seed, when no seed is given), so runs repeat.
+/// global seed stream, sc::manual_seed, when no seed is given), so runs repeat. The generator's
+/// state is the module's non-trainable variable "generator_state" (i64 [2]: key, offset), so a
+/// checkpoint of the model restores the stream of masks too and a resumed run draws the masks
+/// the uninterrupted one would have (restore it while no other thread draws from it).
 class Dropout : public Module {
  public:
   explicit Dropout(double rate, std::optional<std::uint64_t> seed = std::nullopt,
@@ -49,6 +52,7 @@ class Dropout : public Module {
       : rate_(rate), gen_(seed ? *seed : init::next_seed(), loc) {
     if (SC_UNLIKELY(!(rate >= 0 && rate <= 1)))
       stagecraft::detail::fail<ValueError>("Dropout", loc, "rate must be in [0, 1], got ", rate);
+    add("generator_state", Variable(gen_.state()), loc);  // a second handle of the same variable
   }
 
   Tensor operator()(const Tensor& x, std::source_location loc = std::source_location::current()) {
