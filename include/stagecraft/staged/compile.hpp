@@ -4,6 +4,7 @@
 // (graph/ir.hpp) by tracing its op-by-op form; sc::grad<I>(g) is the compiled derivative.
 #pragma once
 #include <array>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -19,6 +20,20 @@ template <class F, unsigned DS = staging::default_set>
 class Compiled;
 
 namespace staging {
+/// The body of a compiled function's traced form (its GPU path): N tensors in, the expression's
+/// value out. Not a template of the expression, so every compiled function of N arguments
+/// shares one sc::function type (instantiating sc::function once per expression cost about a
+/// second of -O2 compile time each).
+template <int N>
+struct TracedBody {
+  std::function<Tensor(const std::array<Tensor, N>&)> run;
+  template <class... T>
+    requires(sizeof...(T) == N)
+  Tensor operator()(const T&... ts) const {
+    return run(std::array<Tensor, N>{Tensor(ts)...});
+  }
+};
+
 /// The derivative of sum(f(args...)) with respect to argument I, as a staged function.
 template <int I, class F>
 struct GradFn {
@@ -229,19 +244,21 @@ class Compiled {
     return staging::run<N>(e.node, staging::Env<N, DS>{std::move(args), loc});
   }
 
-  /// The expression over N arguments as a function body for sc::function.
+  /// The expression over N arguments as a function body for sc::function, behind a
+  /// std::function: every compiled function of N arguments shares one sc::function type, so a
+  /// file instantiates the tracing machinery once per argument count, not once per expression.
   template <int N>
-  auto traced_body() const {
-    return [e = expression<N>(), loc = loc_](const auto&... ts) -> Tensor {
+  staging::TracedBody<N> traced_body() const {
+    return {[e = expression<N>(), loc = loc_](const std::array<Tensor, N>& ts) -> Tensor {
       const detail::LocOverride at(loc);  // the graph's nodes carry the line that called sc::compile
-      return staging::run<N>(e.node, staging::Env<N, DS>{{Tensor(ts)...}, loc});
-    };
+      return staging::run<N>(e.node, staging::Env<N, DS>{ts, loc});
+    }};
   }
   /// Runs the N-argument graph as a traced function, made once and kept (it caches its traces).
   /// Its errors name the line of sc::compile, which every node of the graph carries.
   template <int N>
   Tensor call_traced(const std::array<Tensor, N>& args) const {
-    using Fn = decltype(function(traced_body<N>(), "compiled"));
+    using Fn = Function<staging::TracedBody<N>>;
     std::shared_ptr<Fn> fn;
     {
       std::lock_guard<std::mutex> lock(last_->mu);
