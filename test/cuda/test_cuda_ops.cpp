@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <sstream>
+#include <string>
+#include <tuple>
 
 namespace {
 using namespace sctest::cuda;
@@ -493,4 +495,27 @@ TEST_CASE("cuda: activations, clip and losses == CPU, with their gradients", "[c
   CHECK(t1.device() == gpu);
   CHECK(t1.to_vector<float>() != t2.to_vector<float>());
   CHECK(f.trace_count() == 1);
+}
+
+TEST_CASE("cuda: a traced layer_norm computes x - mean again in its last kernel, == CPU, its gradient too", "[cuda][staged]") {
+  const sc::Tensor x = values({96, 130}, sc::f32, 21) * 3, g = values({130}, sc::f32, 22) + 3,
+                   b = values({130}, sc::f32, 23);
+  const auto step = [](const sc::Tensor& a, const sc::Tensor& ga, const sc::Tensor& be) {
+    sc::GradientTape tape;
+    tape.watch(a);
+    const sc::Tensor y = sc::nn::layer_norm(a, {130}, ga, be);
+    const sc::Tensor loss = sc::sum(y * y * 0.5f + y);
+    return std::make_tuple(y, tape.gradient(loss, a));
+  };
+  auto f = sc::function(step);
+  const sc::Tensor xg = x.to(gpu), gg = g.to(gpu), bg = b.to(gpu);
+  const auto [y, gx] = f(xg, gg, bg);
+  CHECK(y.device() == gpu);
+  CHECK(gx.device() == gpu);
+  const std::string plan = f.get_concrete(xg, gg, bg).plan().str();
+  INFO(plan);
+  CHECK_THAT(plan, Catch::Contains("sub (again)"));
+  const auto [y0, gx0] = step(x, g, b);
+  check_same(y, y0, 1e-5);
+  check_same(gx, gx0, 1e-4);
 }

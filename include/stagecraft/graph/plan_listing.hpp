@@ -19,14 +19,20 @@ inline std::string value_text(const Graph& g, int v) {
   return s;
 }
 
-/// The ops of a fused group in program order ("matmul -> add, relu, sum"): its head first.
+/// The ops of a fused group in program order ("matmul -> add, relu, sum"): its head first, then
+/// the ops it computes again rather than read ("sub (again), div, mul").
 inline std::string group_text(const Graph& g, const FusionGroup& fg) {
   std::string s;
   if (fg.head >= 0) s = std::string(g.nodes[fg.head].name()) + " ->";
-  for (std::size_t k = 0; k < fg.nodes.size(); ++k) {
-    s += (k == 0 ? (s.empty() ? "" : " ") : ", ");
-    s += g.nodes[fg.nodes[k]].name();
-  }
+  bool first = true;
+  const auto put = [&](int n, const char* note) {
+    s += first ? (s.empty() ? "" : " ") : ", ";
+    s += g.nodes[n].name();
+    s += note;
+    first = false;
+  };
+  for (int n : fg.recomputed) put(n, " (again)");
+  for (int n : fg.nodes) put(n, "");
   return s;
 }
 

@@ -31,6 +31,9 @@ struct FusionGroup {
   int head = -1;
   int reduce = -1;
   std::vector<int> concats = {};
+  /// Nodes of other groups whose values this group computes again from their inputs instead of
+  /// reading them (rematerialized: see find_fusion_groups); their instructions come first.
+  std::vector<int> recomputed = {};
 };
 
 /// Every group of a graph; group_of[node] is the node's group or -1.
@@ -63,6 +66,11 @@ STAGECRAFT_COMPILED_INLINE ProductFusion& product_fusion();
 /// concatenates its gates' gradients).
 STAGECRAFT_COMPILED_INLINE bool& concat_fusion();
 
+/// Whether a group with a reduction leaves a cheap value to the later groups that read it, which
+/// compute it again from its inputs (FusionGroup::recomputed), instead of writing it: on by
+/// default (layer_norm's centred values are then never stored). Off for comparisons.
+STAGECRAFT_COMPILED_INLINE bool& rematerialize();
+
 /// The most multiply-adds a group may spend forming one product's elements (each element it reads
 /// costs the product's inner extent); larger products stay a library call (cuBLAS). Default 2^20:
 /// an LSTM step's recurrent product up to a batch of 64 at 64 hidden units.
@@ -74,6 +82,11 @@ STAGECRAFT_COMPILED_INLINE ProductFusion& product_fusion() {
 }
 
 STAGECRAFT_COMPILED_INLINE bool& concat_fusion() {
+  static bool on = true;
+  return on;
+}
+
+STAGECRAFT_COMPILED_INLINE bool& rematerialize() {
   static bool on = true;
   return on;
 }
@@ -165,6 +178,10 @@ STAGECRAFT_COMPILED_INLINE std::vector<int> concats_of(const Graph& g, const std
 STAGECRAFT_COMPILED_INLINE void write_concats(const Graph& g, const std::vector<int>& concats, const std::vector<int>& reg,
                                               FusionGroup& fg);
 
+/// True when op `id` is cheap enough to compute twice rather than store and read back once:
+/// add, sub, mul, neg, abs, maximum, minimum, relu, square (no division, no transcendental).
+STAGECRAFT_COMPILED_INLINE bool cheap_to_recompute(ops::OpId id);
+
 /// The matmul whose result a GPU group `ms` can take as a cuBLASLt epilogue, or -1: the group is
 /// `result + bias` or `relu(result + bias)` (the sum read by nothing else), over f32 on one GPU,
 /// with result = a [M, K] x b [K, N] (transpose flags allowed, no batch) read by nothing else and
@@ -172,6 +189,15 @@ STAGECRAFT_COMPILED_INLINE void write_concats(const Graph& g, const std::vector<
 STAGECRAFT_COMPILED_INLINE int gpu_epilogue_head(const Graph& g, const std::vector<std::vector<int>>& users,
                                                  const std::vector<int>& ms);
 #if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE bool cheap_to_recompute(ops::OpId id) {
+  using ops::OpId;
+  switch (id) {
+    case OpId::Add: case OpId::Sub: case OpId::Mul: case OpId::Neg: case OpId::Abs:
+    case OpId::Maximum: case OpId::Minimum: case OpId::Relu: case OpId::Square: return true;
+    default: return false;
+  }
+}
+
 STAGECRAFT_COMPILED_INLINE std::vector<std::vector<int>> users_of(const Graph& g) {
   std::vector<std::vector<int>> users(g.values.size());
   for (std::size_t i = 0; i < g.nodes.size(); ++i)
@@ -586,6 +612,52 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
       single[k] = single[k] || product || detail_fuse::convertible(g, is_output, p);
     }
   }
+  // Rematerialized values: a value of a group with a reduction, made by a cheap op
+  // (cheap_to_recompute) from values that exist anyway (arguments, constants, results of other
+  // ops or of groups without a reduction; not slices, casts or products a group may absorb) of
+  // which at most one is as large as it,
+  // and read outside its group only by other groups of its shape that will be built, is not
+  // written by its group: each of those groups computes it again from the op's inputs. The reduce-
+  // then-normalise pattern (layer_norm: x - mean feeds the variance's sum and, after it, the
+  // normalisation) then writes and reads back one tensor less.
+  std::vector<char> remat(g.values.size(), 0);
+  {
+    const auto builds = [&](int t) {
+      return t >= 0 && !members[t].empty() && head_of[t] < 0 &&
+             (members[t].size() >= 2 || reduce_of[t] >= 0 || single[t]);
+    };
+    for (std::size_t k = 0; rematerialize() && k < members.size(); ++k) {
+      if (members[k].empty() || reduce_of[k] < 0 || head_of[k] >= 0) continue;
+      for (int m : members[k]) {
+        const Node& n = g.nodes[m];
+        const int v = n.outputs[0];
+        const Value& val = g.values[v];
+        if (is_output[v] || !detail_fuse::cheap_to_recompute(n.op)) continue;
+        bool ok = true;
+        int full = 0;
+        for (int w : n.inputs) {
+          const int pn = g.values[w].node;
+          full += g.values[w].shape.numel() >= val.shape.numel();
+          if (pn < 0) continue;
+          const Node& pnode = g.nodes[pn];
+          // (a group with a reduction may recompute its own values: not those)
+          ok = ok && (tentative[pn] < 0 || reduce_of[tentative[pn]] < 0) && !detail_fuse::windowable(g, users, is_output, pn) &&
+               !detail_fuse::convertible(g, is_output, pn) &&
+               !(pnode.kind == NodeKind::op && pnode.op == ops::OpId::MatMul);
+        }
+        bool read_outside = false;
+        for (int u : users[v]) {
+          const int t = tentative[u];
+          if (t == static_cast<int>(k)) continue;
+          read_outside = true;
+          const Value* tv = builds(t) ? &g.values[g.nodes[members[t][0]].outputs[0]] : nullptr;
+          ok = ok && tv != nullptr && std::find(members[t].begin(), members[t].end(), u) != members[t].end() &&
+               tv->shape == val.shape && tv->dtype == val.dtype && tv->device == val.device;
+        }
+        remat[v] = ok && full <= 1 && read_outside;
+      }
+    }
+  }
   // Slices read by several groups without a matmul head and by nothing else (an LSTM's bias
   // slices, read by every step's gates): each group reads its window of the sliced value, and the
   // slice never runs (it joins the first group that reads it, where the plan skips it).
@@ -632,9 +704,7 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
     // only this group reads is read through a window of the sliced value instead: no kernel of
     // its own (an LSTM's gates, read from one [N, 4H] product).
     std::vector<int> absorbed;
-    for (int m : ms)
-      for (int v : g.nodes[m].inputs)
-        if (r.group_of[g.values[v].node] != gid && reg[v] < 0) {
+    const auto take_input = [&](int v) {
           reg[v] = static_cast<int>(fg.inputs.size());
           const int sn = g.values[v].node;
           FusedWindow w;
@@ -654,7 +724,19 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
           fg.program.input_shapes.push_back(g.values[v].shape);
           fg.program.windows.push_back(std::move(w));
           fg.program.input_dtypes.push_back(g.values[fg.inputs.back()].dtype);
+    };
+    for (int m : ms)
+      for (int v : g.nodes[m].inputs) {
+        const int pn = g.values[v].node;
+        if (reg[v] >= 0 || (pn >= 0 && r.group_of[pn] == gid)) continue;
+        if (!remat[v] || std::find(fg.recomputed.begin(), fg.recomputed.end(), pn) != fg.recomputed.end()) {
+          if (!remat[v]) take_input(v);
+          continue;
         }
+        fg.recomputed.push_back(pn);  // computed here from its inputs (registered below, first)
+        for (int w : g.nodes[pn].inputs)
+          if (reg[w] < 0) take_input(w);
+      }
     if (!fg.program.any_window()) fg.program.windows.clear();
     if (!fg.program.any_converted()) fg.program.input_dtypes.clear();
     for (int sn : absorbed) {
@@ -664,11 +746,16 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
     std::sort(fg.nodes.begin(), fg.nodes.end());  // (each slice comes before its readers)
     if (fg.head < 0) detail_fuse::absorb_products(g, users, is_output, r.group_of, gid, fg);
     const int base = static_cast<int>(fg.inputs.size());
+    for (int pn : fg.recomputed) {  // (their inputs are all input slots)
+      const Node& n = g.nodes[pn];
+      fg.program.code.push_back({n.op, reg[n.inputs[0]], n.inputs.size() > 1 ? reg[n.inputs[1]] : -1});
+      reg[n.outputs[0]] = base + static_cast<int>(fg.program.code.size()) - 1;
+    }
     for (std::size_t j = 0; j < ms.size(); ++j) {
       const Node& n = g.nodes[ms[j]];
       FusedInstr ins{n.op, reg[n.inputs[0]], n.inputs.size() > 1 ? reg[n.inputs[1]] : -1};
       fg.program.code.push_back(ins);
-      reg[n.outputs[0]] = base + static_cast<int>(j);
+      reg[n.outputs[0]] = base + static_cast<int>(fg.program.code.size()) - 1;
     }
     if (fg.reduce >= 0) {
       const Node& rn = g.nodes[fg.reduce];
@@ -685,7 +772,7 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
     for (int m : ms) {
       const int v = g.nodes[m].outputs[0];
       bool outside = is_output[v] != 0;
-      for (int u : users[v]) outside |= r.group_of[u] != gid;
+      for (int u : users[v]) outside |= r.group_of[u] != gid && !remat[v];  // (remat: its readers compute it)
       if (outside) {
         fg.outputs.push_back(v);
         fg.program.outputs.push_back(reg[v]);

@@ -1,0 +1,146 @@
+// Rematerialization in the fusion pass (graph::rematerialize()): a group with a reduction leaves
+// a cheap value to the later groups that read it, which compute it again from its inputs instead
+// of reading it back (layer_norm's centred values are never stored); the same bits as without
+// it, and every case it must leave alone.
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <stagecraft/stagecraft.hpp>
+
+#include "function_testing.hpp"
+#include "testing.hpp"
+
+namespace {
+
+using sctest::function::check_same;
+
+/// RAII: graph::rematerialize() set to `on` for the scope.
+struct Remat {
+  bool saved = sc::graph::rematerialize();
+  explicit Remat(bool on) { sc::graph::rematerialize() = on; }
+  Remat(const Remat&) = delete;
+  Remat& operator=(const Remat&) = delete;
+  ~Remat() { sc::graph::rematerialize() = saved; }
+};
+
+/// a and b hold the same values bit for bit.
+template <class T>
+bool same_bits(const sc::Tensor& a, const sc::Tensor& b) {
+  const auto x = a.to_vector<T>(), y = b.to_vector<T>();
+  bool same = x.size() == y.size();
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  for (std::size_t i = 0; same && i < x.size(); ++i) same = std::bit_cast<U>(x[i]) == std::bit_cast<U>(y[i]);
+  return same;
+}
+
+/// f traced (a fresh sc::function) with rematerialization on or off: its plan listing and results.
+template <class F, class... A>
+std::pair<std::string, std::vector<sc::Tensor>> traced(bool on, const F& f, const A&... args) {
+  const Remat mode(on);
+  auto fn = sc::function(f);
+  std::vector<sc::Tensor> outs;
+  if constexpr (std::is_same_v<decltype(fn(args...)), sc::Tensor>) outs.push_back(fn(args...));
+  else std::apply([&](const auto&... o) { (outs.push_back(o), ...); }, fn(args...));
+  return {fn.get_concrete(args...).plan().str(), outs};
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("fusion: layer_norm's variance group leaves x - mean to the normalisation, which computes it again",
+                   "[function][fusion][remat]", float, double) {
+  using T = TestType;
+  const sc::DType d = sc::dtype_of<T>();
+  const sc::Tensor x = (sc::random::normal({64, 300}, 4) * 3.f + 1.f).astype(d);
+  const sc::Tensor gamma = sc::random::uniform({300}, 0.5, 1.5, 5, d), beta = sc::random::uniform({300}, -1.0, 1.0, 6, d);
+  const auto ln = [](const sc::Tensor& a, const sc::Tensor& g, const sc::Tensor& b) {
+    return sc::nn::layer_norm(a, {300}, g, b);
+  };
+  const auto [on_plan, on] = traced(true, ln, x, gamma, beta);
+  const auto [off_plan, off] = traced(false, ln, x, gamma, beta);
+  INFO(on_plan);
+  INFO(off_plan);
+  const std::string t = std::string(sc::name(d));
+  // on: the variance's group writes only its sum; the last group computes x - mean itself
+  CHECK_THAT(on_plan, Catch::Contains("fused sub, mul, sum -> " + t + "[64, 1]\n"));
+  CHECK_THAT(on_plan, Catch::Contains("fused sub (again), div, mul, add -> " + t + "[64, 300]\n"));
+  // off: the centred values are written and read back
+  CHECK_THAT(off_plan, Catch::Contains("fused sub, mul, sum -> " + t + "[64, 300], " + t + "[64, 1]\n"));
+  CHECK_THAT(off_plan, !Catch::Contains("(again)"));
+  CHECK(same_bits<T>(on[0], off[0]));
+  check_same(on[0], ln(x, gamma, beta), std::is_same_v<T, float> ? 1e-5 : 1e-12);
+}
+
+TEST_CASE("fusion: the gradient of a traced layer_norm has the same bits with and without rematerialization",
+          "[function][fusion][remat]") {
+  const sc::Tensor x = sc::random::normal({32, 257}, 7), w = sc::random::normal({32, 257}, 8);
+  const sc::Tensor gamma = sc::random::uniform({257}, 0.5, 1.5, 9), beta = sc::random::uniform({257}, -1.0, 1.0, 10);
+  const auto step = [](const sc::Tensor& a, const sc::Tensor& r, const sc::Tensor& g, const sc::Tensor& b) {
+    sc::GradientTape tape;
+    tape.watch(a);
+    tape.watch(g);
+    tape.watch(b);
+    const sc::Tensor loss = sc::sum(sc::nn::layer_norm(a, {257}, g, b) * r);
+    const std::vector<sc::Tensor> gs = tape.gradient(loss, {a, g, b});
+    return std::make_tuple(loss, gs[0], gs[1], gs[2]);
+  };
+  const auto [on_plan, on] = traced(true, step, x, w, gamma, beta);
+  const auto [off_plan, off] = traced(false, step, x, w, gamma, beta);
+  INFO(on_plan);
+  CHECK_THAT(on_plan, Catch::Contains("(again)"));
+  REQUIRE(on.size() == 4);
+  for (std::size_t k = 0; k < on.size(); ++k) {
+    INFO("output " << k);
+    CHECK(same_bits<float>(on[k], off[k]));
+  }
+  const auto [l, gx, gg, gb] = step(x, w, gamma, beta);  // eager
+  check_same(on[0], l, 1e-4);
+  check_same(on[1], gx, 1e-5);
+  check_same(on[2], gg, 1e-4);
+  check_same(on[3], gb, 1e-4);
+}
+
+TEST_CASE("fusion: values that are results, costly to compute, or made of two large inputs are not computed twice",
+          "[function][fusion][remat]") {
+  const sc::Tensor x = sc::random::normal({64, 300}, 11), y = sc::random::normal({64, 300}, 12);
+  const auto mean_of = [](const sc::Tensor& a) { return sc::sum(a, {-1}, true) / 300.f; };
+  // a result of the function: written once anyway
+  const auto result = [&](const sc::Tensor& a) {
+    const sc::Tensor c = a - mean_of(a);
+    return std::make_tuple(c, c / sc::sqrt(sc::sum(c * c, {-1}, true) + 1.f));
+  };
+  // softmax: exp is not recomputed (a transcendental costs more than reading its value back)
+  const auto softmax = [](const sc::Tensor& a) {
+    const sc::Tensor e = sc::exp(a - sc::max(a, {-1}, true));
+    return e / sc::sum(e, {-1}, true);
+  };
+  // x - y: recomputing it would read two large tensors where one is read now
+  const auto two = [](const sc::Tensor& a, const sc::Tensor& b) {
+    const sc::Tensor c = a - b;
+    return c / sc::sqrt(sc::sum(c * c, {-1}, true) + 1.f);
+  };
+  {
+    const auto [plan, outs] = traced(true, result, x);
+    INFO(plan);
+    CHECK_THAT(plan, !Catch::Contains("(again)"));
+    const auto [c, n] = result(x);
+    check_same(outs[0], c, 1e-6);
+    check_same(outs[1], n, 1e-5);
+  }
+  {
+    const auto [plan, outs] = traced(true, softmax, x);
+    INFO(plan);
+    CHECK_THAT(plan, !Catch::Contains("(again)"));
+    check_same(outs[0], softmax(x), 1e-6);
+  }
+  {
+    const auto [plan, outs] = traced(true, two, x, y);
+    INFO(plan);
+    CHECK_THAT(plan, !Catch::Contains("(again)"));
+    check_same(outs[0], two(x, y), 1e-5);
+  }
+}
