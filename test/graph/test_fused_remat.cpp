@@ -75,6 +75,38 @@ TEMPLATE_TEST_CASE("fusion: layer_norm's variance group leaves x - mean to the n
   check_same(on[0], ln(x, gamma, beta), std::is_same_v<T, float> ? 1e-5 : 1e-12);
 }
 
+TEMPLATE_TEST_CASE("fusion: a lone op reading a value left by a reduction's group becomes a group that computes it again",
+                   "[function][fusion][remat]", float, double) {
+  using T = TestType;
+  const sc::DType d = sc::dtype_of<T>();
+  const sc::Tensor x = (sc::random::normal({48, 260}, 13) * 2.f - 1.f).astype(d);
+  // layer_norm without gamma and beta: its normalisation is one div, of x - mean by the deviation
+  const auto ln = [](const sc::Tensor& a) { return sc::nn::layer_norm(a, {260}); };
+  const auto [on_plan, on] = traced(true, ln, x);
+  const auto [off_plan, off] = traced(false, ln, x);
+  INFO(on_plan);
+  INFO(off_plan);
+  const std::string t = std::string(sc::name(d));
+  CHECK_THAT(on_plan, Catch::Contains("fused sub, mul, sum -> " + t + "[48, 1]\n"));
+  CHECK_THAT(on_plan, Catch::Contains("fused sub (again), div -> " + t + "[48, 260]\n"));
+  CHECK_THAT(off_plan, Catch::Contains("kernel div -> " + t + "[48, 260]\n"));
+  CHECK(same_bits<T>(on[0], off[0]));
+  check_same(on[0], ln(x), std::is_same_v<T, float> ? 1e-5 : 1e-12);
+  // two lone readers (siblings: one group) compute it again once
+  const auto two = [](const sc::Tensor& a) {
+    const sc::Tensor c = a - sc::sum(a, {-1}, true) / 260.f;
+    const sc::Tensor s = sc::sum(c * c, {-1}, true) + 1.f;
+    return std::make_tuple(c / s, c * s);
+  };
+  const auto [two_plan, two_on] = traced(true, two, x);
+  INFO(two_plan);
+  CHECK_THAT(two_plan, Catch::Contains("fused sub, mul, sum -> " + t + "[48, 1]\n"));
+  CHECK_THAT(two_plan, Catch::Contains("fused sub (again), mul, div -> " + t + "[48, 260], " + t + "[48, 260]\n"));
+  const auto [c0, c1] = two(x);
+  check_same(two_on[0], c0, std::is_same_v<T, float> ? 1e-5 : 1e-12);
+  check_same(two_on[1], c1, std::is_same_v<T, float> ? 1e-4 : 1e-10);
+}
+
 TEST_CASE("fusion: the gradient of a traced layer_norm has the same bits with and without rematerialization",
           "[function][fusion][remat]") {
   const sc::Tensor x = sc::random::normal({32, 257}, 7), w = sc::random::normal({32, 257}, 8);

@@ -199,16 +199,15 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
   // (cheap_to_recompute) from values that exist anyway (arguments, constants, results of other
   // ops or of groups without a reduction; not slices, casts or products a group may absorb) of
   // which at most one is as large as it,
-  // and read outside its group only by other groups of its shape that will be built, is not
+  // and read outside its group only by other groups of its shape (built then, if lone), is not
   // written by its group: each of those groups computes it again from the op's inputs. The reduce-
   // then-normalise pattern (layer_norm: x - mean feeds the variance's sum and, after it, the
   // normalisation) then writes and reads back one tensor less.
   std::vector<char> remat(g.values.size(), 0);
   {
-    const auto builds = [&](int t) {
-      return t >= 0 && !members[t].empty() && head_of[t] < 0 &&
-             (members[t].size() >= 2 || reduce_of[t] >= 0 || single[t]);
-    };
+    // (a lone op reading the value becomes a group too: the value computed again, then the op,
+    // as layer_norm's normalisation without an affine step)
+    const auto builds = [&](int t) { return t >= 0 && !members[t].empty() && head_of[t] < 0; };
     for (std::size_t k = 0; rematerialize() && k < members.size(); ++k) {
       if (members[k].empty() || reduce_of[k] < 0 || head_of[k] >= 0) continue;
       for (int m : members[k]) {
@@ -238,6 +237,9 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
                tv->shape == val.shape && tv->dtype == val.dtype && tv->device == val.device;
         }
         remat[v] = ok && full <= 1 && read_outside;
+        if (remat[v])
+          for (int u : users[v])
+            if (tentative[u] != static_cast<int>(k)) single[tentative[u]] = 1;
       }
     }
   }
