@@ -1,7 +1,10 @@
 // Helpers of the sc::function tests (test_function.cpp, test_function_fusion.cpp, and the plan
 // counts of cuda/test_cuda_batch.cpp).
 #pragma once
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -24,6 +27,30 @@ inline void check_same(const sc::Tensor& a, const sc::Tensor& b, double tol = 0)
     else CHECK(std::abs(x[i] - y[i]) <= tol * (1 + std::abs(y[i])));
   }
 }
+
+/// a and b hold the same values bit for bit (dtype T: f32 or f64).
+template <class T>
+bool same_bits(const sc::Tensor& a, const sc::Tensor& b) {
+  const auto x = a.to_vector<T>(), y = b.to_vector<T>();
+  bool same = x.size() == y.size();
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  for (std::size_t i = 0; same && i < x.size(); ++i) same = std::bit_cast<U>(x[i]) == std::bit_cast<U>(y[i]);
+  return same;
+}
+
+/// RAII: a setting (sc::graph::rematerialize(), row_chains(), ...) given a value for the scope.
+template <class T>
+class Setting {
+ public:
+  Setting(T& setting, T value) : setting_(setting), saved_(setting) { setting_ = value; }
+  Setting(const Setting&) = delete;
+  Setting& operator=(const Setting&) = delete;
+  ~Setting() { setting_ = saved_; }
+
+ private:
+  T& setting_;
+  T saved_;
+};
 
 /// The plan a GPU lowers for c's graph, without a GPU: every value relabelled cuda:0, optimized
 /// and lowered with GPU fusion on; nothing runs. Its kernels are its launches there.

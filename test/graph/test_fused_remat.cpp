@@ -18,30 +18,12 @@
 namespace {
 
 using sctest::function::check_same;
-
-/// RAII: graph::rematerialize() set to `on` for the scope.
-struct Remat {
-  bool saved = sc::graph::rematerialize();
-  explicit Remat(bool on) { sc::graph::rematerialize() = on; }
-  Remat(const Remat&) = delete;
-  Remat& operator=(const Remat&) = delete;
-  ~Remat() { sc::graph::rematerialize() = saved; }
-};
-
-/// a and b hold the same values bit for bit.
-template <class T>
-bool same_bits(const sc::Tensor& a, const sc::Tensor& b) {
-  const auto x = a.to_vector<T>(), y = b.to_vector<T>();
-  bool same = x.size() == y.size();
-  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
-  for (std::size_t i = 0; same && i < x.size(); ++i) same = std::bit_cast<U>(x[i]) == std::bit_cast<U>(y[i]);
-  return same;
-}
+using sctest::function::same_bits;
 
 /// f traced (a fresh sc::function) with rematerialization on or off: its plan listing and results.
 template <class F, class... A>
 std::pair<std::string, std::vector<sc::Tensor>> traced(bool on, const F& f, const A&... args) {
-  const Remat mode(on);
+  const sctest::function::Setting<bool> mode(sc::graph::rematerialize(), on);
   auto fn = sc::function(f);
   std::vector<sc::Tensor> outs;
   if constexpr (std::is_same_v<decltype(fn(args...)), sc::Tensor>) outs.push_back(fn(args...));
