@@ -21,6 +21,7 @@
 #include "passes/dce.hpp"
 #include "passes/fuse.hpp"
 #include "passes/memory.hpp"
+#include "plan_rows.hpp"
 #include "plan_steps.hpp"
 
 namespace stagecraft::graph {
@@ -39,6 +40,7 @@ struct PlanStats {
   int batched_groups = 0;             ///< GPU fused groups launched together with others (CudaFusedBatch)
   int losses_with_gradient = 0;       ///< GPU cross-entropy losses computed with their gradient (one kernel)
   int specialized = 0;                ///< CPU groups run by a specialized kernel (fused_special.hpp)
+  int row_chains = 0;                 ///< runs of CPU steps run a block of rows at a time (plan_rows.hpp)
   std::int64_t peak_bytes = 0;        ///< planned buffer memory (with reuse)
   std::int64_t intermediate_bytes = 0;  ///< every intermediate in its own buffer
   int buffers = 0;                    ///< planned buffers
@@ -164,10 +166,14 @@ class Plan {
   void copy_rest(const Step& s, std::size_t i, RunState& st) const;
   /// Binds args to the graph's inputs and runs every step (an error names the node's line).
   void run_steps(RunState& st, std::span<const Tensor> args) const;
+  /// Runs row chain c (its steps block by block, or in turn where its buffers do not allow it).
+  void run_chain(const detail_plan::RowChain& c, RunState& st) const;
   void release(RunState& st) const;
 
   std::shared_ptr<const Graph> g_;
   std::vector<Step> steps_;
+  std::vector<detail_plan::RowChain> chains_;
+  std::vector<int> chain_at_;  ///< per step: the chain it starts, or -1 (empty: no chain)
   FusionGroups groups_;
   MemoryPlan mem_;
   PlanStats stats_;
@@ -317,6 +323,10 @@ STAGECRAFT_COMPILED_INLINE void Plan::lower(bool fuse) {
     }
   }
   for (int c : mem_.placed_in) stats_.pieces_in_place += c >= 0;
+  chains_ = detail_plan::find_row_chains(g, steps_);
+  if (!chains_.empty()) chain_at_.assign(steps_.size(), -1);
+  for (std::size_t c = 0; c < chains_.size(); ++c) chain_at_[chains_[c].first] = static_cast<int>(c);
+  stats_.row_chains = static_cast<int>(chains_.size());
   stats_.steps = static_cast<int>(steps_.size());
   for (const Step& s : steps_) {  // (a GPU group with a matmul head is one cuBLASLt call)
     stats_.kernels += (s.kind == StepKind::kernel || s.kind == StepKind::fused) + (s.head_fns != nullptr && !s.gpu) +
@@ -479,18 +489,36 @@ STAGECRAFT_COMPILED_INLINE void Plan::run_steps(RunState& st, std::span<const Te
   std::vector<std::int64_t> ns(timed ? steps_.size() : 0);
   for (std::size_t i = 0; i < steps_.size(); ++i) {
     const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    const std::size_t at = i;
     try {
-      run_step(steps_[i], i, st);
+      if (SC_UNLIKELY(!chain_at_.empty()) && chain_at_[i] >= 0 && !st.capture) {
+        const detail_plan::RowChain& c = chains_[static_cast<std::size_t>(chain_at_[i])];
+        run_chain(c, st);
+        i = c.last;  // (its time is its first step's)
+      } else {
+        run_step(steps_[i], i, st);
+      }
     } catch (const Error& e) {
-      detail_plan::rethrow_at(e, g.nodes[steps_[i].node].loc);
+      detail_plan::rethrow_at(e, g.nodes[steps_[at].node].loc);
     }
-    if (timed) ns[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    if (timed) ns[at] = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   }
   if (!timed) return;
   std::lock_guard<std::mutex> lock(mu_);
   host_ns_.resize(steps_.size());
   for (std::size_t i = 0; i < ns.size(); ++i) host_ns_[i] += ns[i];
   ++host_runs_;
+}
+
+STAGECRAFT_COMPILED_INLINE void Plan::run_chain(const detail_plan::RowChain& c, RunState& st) const {
+  for (std::size_t i = c.first; i <= c.last; ++i)
+    for (int v : steps_[i].out)
+      if (mem_.buffer_of[v] < 0) {
+        const Tensor& t = st.vals[v];
+        t.impl()->storage = stagecraft::detail::Storage::allocate(t.nbytes(), t.device());
+      }
+  if (detail_plan::run_row_chain(c, st.ins, st.outs, st.vals)) return;
+  for (std::size_t i = c.first; i <= c.last; ++i) run_step(steps_[i], i, st);
 }
 
 STAGECRAFT_COMPILED_INLINE std::vector<double> Plan::host_times() const {
