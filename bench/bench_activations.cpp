@@ -1,8 +1,8 @@
 // Activations and layer norm, side by side in one run: a hand-written loop (the limit: one pass,
 // <cmath> per element, OpenMP) vs stagecraft eager (the composite's ops one by one: a pass each) vs
 // traced (sc::function: the ops fused into one pass) vs compiled (sc::compile, for the elementwise
-// ones) vs LibTorch's native kernels (when built in). gelu and softplus on 4M floats, layer_norm on
-// [4096, 1024] rows.
+// ones) vs LibTorch's native kernels (when built in). gelu and softplus on 4M floats, layer_norm and
+// softmax on [4096, 1024] rows (traced also without row chains and rematerialization, for the ratios).
 #include <cmath>
 #include <cstdint>
 
@@ -100,10 +100,45 @@ void layer_norm_eager(benchmark::State& state) {
   count(state, rows * cols);
 }
 
-void layer_norm_traced(benchmark::State& state) {
-  const sc::Tensor& x = x_rows();
-  auto fn = sc::function([](const sc::Tensor& a) { return sc::nn::layer_norm(a, {cols}); });
+/// How the traced plan is lowered: as by default (x - mean computed again in the last group, the
+/// steps run a block of rows at a time), without row chains, or without either.
+enum class Lowering { full, no_chains, neither };
+
+/// f traced with the lowering `how` (the switches apply when it is traced, at its first call).
+template <class F>
+auto traced_with(Lowering how, F f, const sc::Tensor& x) {
+  const bool remat = sc::graph::rematerialize(), chains = sc::graph::row_chains();
+  sc::graph::rematerialize() = how != Lowering::neither;
+  sc::graph::row_chains() = how == Lowering::full;
+  auto fn = sc::function(f);
   (void)fn(x);
+  sc::graph::rematerialize() = remat;
+  sc::graph::row_chains() = chains;
+  return fn;
+}
+
+void layer_norm_traced(benchmark::State& state, Lowering how) {
+  const sc::Tensor& x = x_rows();
+  auto fn = traced_with(how, [](const sc::Tensor& a) { return sc::nn::layer_norm(a, {cols}); }, x);
+  for (auto _ : state) {
+    sc::Tensor y = fn(x);
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  count(state, rows * cols);
+}
+
+void softmax_eager(benchmark::State& state) {
+  const sc::Tensor& x = x_rows();
+  for (auto _ : state) {
+    sc::Tensor y = sc::nn::softmax(x, -1);
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  count(state, rows * cols);
+}
+
+void softmax_traced(benchmark::State& state, Lowering how) {
+  const sc::Tensor& x = x_rows();
+  auto fn = traced_with(how, [](const sc::Tensor& a) { return sc::nn::softmax(a, -1); }, x);
   for (auto _ : state) {
     sc::Tensor y = fn(x);
     benchmark::DoNotOptimize(y.raw_data());
@@ -156,6 +191,15 @@ void layer_norm_torch(benchmark::State& state) {
   }
   count(state, rows * cols);
 }
+void softmax_torch(benchmark::State& state) {
+  torch::NoGradGuard ng;
+  const at::Tensor x = bench::as_torch(x_rows());
+  for (auto _ : state) {
+    at::Tensor y = torch::softmax(x, -1);
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  count(state, rows * cols);
+}
 #endif
 
 }  // namespace
@@ -170,11 +214,17 @@ BENCHMARK_CAPTURE(traced, softplus, Fn::softplus)->UseRealTime();
 BENCHMARK_CAPTURE(compiled, softplus, Fn::softplus)->UseRealTime();
 BENCHMARK(layer_norm_hand)->UseRealTime();
 BENCHMARK(layer_norm_eager)->UseRealTime();
-BENCHMARK(layer_norm_traced)->UseRealTime();
+BENCHMARK_CAPTURE(layer_norm_traced, full, Lowering::full)->UseRealTime();
+BENCHMARK_CAPTURE(layer_norm_traced, no_row_chains, Lowering::no_chains)->UseRealTime();
+BENCHMARK_CAPTURE(layer_norm_traced, no_chains_no_remat, Lowering::neither)->UseRealTime();
+BENCHMARK(softmax_eager)->UseRealTime();
+BENCHMARK_CAPTURE(softmax_traced, full, Lowering::full)->UseRealTime();
+BENCHMARK_CAPTURE(softmax_traced, no_row_chains, Lowering::no_chains)->UseRealTime();
 #if STAGECRAFT_BENCH_TORCH
 BENCHMARK_CAPTURE(torch_fn, gelu, Fn::gelu)->UseRealTime();
 BENCHMARK_CAPTURE(torch_fn, softplus, Fn::softplus)->UseRealTime();
 BENCHMARK(layer_norm_torch)->UseRealTime();
+BENCHMARK(softmax_torch)->UseRealTime();
 #endif
 
 STAGECRAFT_BENCH_MAIN()
