@@ -38,20 +38,6 @@ bool same_bits(const sc::Tensor& a, const sc::Tensor& b) {
   return same;
 }
 
-/// RAII: a setting (sc::graph::rematerialize(), row_chains(), ...) given a value for the scope.
-template <class T>
-class Setting {
- public:
-  Setting(T& setting, T value) : setting_(setting), saved_(setting) { setting_ = value; }
-  Setting(const Setting&) = delete;
-  Setting& operator=(const Setting&) = delete;
-  ~Setting() { setting_ = saved_; }
-
- private:
-  T& setting_;
-  T saved_;
-};
-
 /// The plan a GPU lowers for c's graph, without a GPU: every value relabelled cuda:0, optimized
 /// and lowered with GPU fusion on; nothing runs. Its kernels are its launches there.
 inline std::shared_ptr<const sc::graph::Plan> gpu_plan(const sc::ConcreteFunction& c) {

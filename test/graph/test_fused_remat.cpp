@@ -13,6 +13,7 @@
 #include <stagecraft/stagecraft.hpp>
 
 #include "function_testing.hpp"
+#include "passes_testing.hpp"
 #include "testing.hpp"
 
 namespace {
@@ -23,7 +24,7 @@ using sctest::function::same_bits;
 /// f traced (a fresh sc::function) with rematerialization on or off: its plan listing and results.
 template <class F, class... A>
 std::pair<std::string, std::vector<sc::Tensor>> traced(bool on, const F& f, const A&... args) {
-  const sctest::function::Setting<bool> mode(sc::graph::rematerialize(), on);
+  const sctest::passes::Switch<bool> mode(sc::graph::rematerialize(), on);
   auto fn = sc::function(f);
   std::vector<sc::Tensor> outs;
   if constexpr (std::is_same_v<decltype(fn(args...)), sc::Tensor>) outs.push_back(fn(args...));

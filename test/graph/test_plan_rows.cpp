@@ -12,6 +12,7 @@
 #include <stagecraft/stagecraft.hpp>
 
 #include "function_testing.hpp"
+#include "passes_testing.hpp"
 #include "testing.hpp"
 
 namespace {
@@ -28,7 +29,7 @@ struct Traced {
 /// f traced (a fresh sc::function) with row chains on or off: its listing, chains and results.
 template <class F, class... A>
 Traced traced(bool on, const F& f, const A&... args) {
-  const sctest::function::Setting<bool> mode(sc::graph::row_chains(), on);
+  const sctest::passes::Switch<bool> mode(sc::graph::row_chains(), on);
   auto fn = sc::function(f);
   Traced t;
   if constexpr (std::is_same_v<decltype(fn(args...)), sc::Tensor>) t.outs.push_back(fn(args...));
