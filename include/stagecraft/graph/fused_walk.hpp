@@ -1,0 +1,57 @@
+// How the fused evaluator (fused_kernel.hpp) walks a tensor read or written through a strided
+// plan over the output's elements: a tile gathered (a broadcast or windowed input) or scattered
+// (an output through its window).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "../backend/cpu/elementwise.hpp"
+#include "../core/shape.hpp"
+
+namespace stagecraft::graph::detail_fused {
+
+/// Gather: fills buf[0, len) with the elements at output positions [t0, t0 + len) of the tensor
+/// at `walked` (an input, walked by p). Scatter: writes buf[0, len) there instead (an output
+/// through its window; p has no broadcast axis). One memcpy or fill per run of the innermost
+/// merged axis, the outer index advanced as an odometer.
+template <bool Scatter, class T>
+void copy_walk(std::conditional_t<Scatter, T*, const T*> walked, const backend::cpu::StridedPlan<1>& p, std::int64_t t0,
+               std::int64_t len, std::conditional_t<Scatter, const T*, T*> buf) {
+  const int r = p.shape.rank();
+  if (r == 0) {  // one element
+    if constexpr (Scatter) *walked = *buf;
+    else *buf = *walked;
+    return;
+  }
+  const std::int64_t inner = p.shape[r - 1], si = p.strides[0][r - 1];
+  std::int64_t idx[max_rank] = {}, off = 0, rem = t0 / inner, pos = t0 % inner;
+  for (int d = r - 2; d >= 0; --d) {
+    idx[d] = rem % p.shape[d];
+    rem /= p.shape[d];
+    off += idx[d] * p.strides[0][d];
+  }
+  while (len > 0) {
+    const std::int64_t run = std::min(inner - pos, len);
+    const auto w = walked + off + pos * si;
+    if constexpr (Scatter) {
+      if (si == 1) std::memcpy(w, buf, static_cast<std::size_t>(run) * sizeof(T));
+      else for (std::int64_t i = 0; i < run; ++i) w[i * si] = buf[i];
+    } else {
+      if (si == 1) std::memcpy(buf, w, static_cast<std::size_t>(run) * sizeof(T));
+      else if (si == 0) std::fill_n(buf, run, *w);
+      else for (std::int64_t i = 0; i < run; ++i) buf[i] = w[i * si];
+    }
+    buf += run, len -= run, pos = 0;
+    for (int d = r - 2; d >= 0; --d) {
+      ++idx[d];
+      off += p.strides[0][d];
+      if (idx[d] < p.shape[d]) break;
+      off -= idx[d] * p.strides[0][d];
+      idx[d] = 0;
+    }
+  }
+}
+
+}  // namespace stagecraft::graph::detail_fused
