@@ -66,6 +66,7 @@ struct VectorInput {
   int input = -1;
   bool broadcast = false;
   backend::cpu::StridedPlan<1> plan;  ///< the input's strides over the output, axes merged
+  int splat = -1;  ///< its index among the inputs read as one value in a tile of one row (see place_splats)
 };
 /// An output not written by its instruction (an input or single value, or a register written twice).
 struct CopyOut {
@@ -82,7 +83,10 @@ struct Gather {
   const std::byte* src = nullptr;
   const backend::cpu::StridedPlan<1>* plan = nullptr;  ///< null: a linear copy
   std::int64_t off = 0;                                  ///< its slot's offset in the scratch
+  int splat = -1;                                        ///< VectorInput::splat
 };
+/// Inputs at most read as one value per tile (PreparedFused::per_tile_splat).
+inline constexpr int max_splats = 8;
 
 }  // namespace detail_fused
 
@@ -92,6 +96,10 @@ struct PreparedFused {
   FusedProgram program;                                 ///< the program as given
   std::vector<detail_fused::Reg> regs;                  ///< one per register
   std::vector<detail_fused::Step> once, per_tile;       ///< single-value steps; steps per tile
+  /// per_tile for a tile in which every input broadcast along the innermost axis that binary
+  /// instructions only read holds one value: they read it as one (operand -2 - k: the k-th such
+  /// input) instead of a tile gathered from it. Empty when no input qualifies.
+  std::vector<detail_fused::Step> per_tile_splat;
   std::vector<int> scalar_inputs;                       ///< inputs read as one value
   std::vector<detail_fused::VectorInput> vector_inputs; ///< inputs read per element
   std::vector<detail_fused::CopyOut> copies;             ///< outputs copied at the end of a tile
@@ -201,6 +209,52 @@ extern template void place_results<float>(PreparedFused&, const std::vector<char
 extern template void place_results<double>(PreparedFused&, const std::vector<char>&);
 #endif
 
+/// Marks the inputs that may be read as one value in a tile lying in one run of their broadcast
+/// innermost axis (a row's mean or deviation over the row's elements): inputs only binary
+/// instructions read, as one operand with the other read per element, not copied out nor reduced;
+/// then writes per_tile_splat. The sv / vs kernels compute what vv does over a gathered tile of
+/// that value, lane by lane (no such instruction is batch-dependent).
+template <class T>
+void place_splats(PreparedFused& pf, const std::vector<char>& live) {
+  const FusedProgram& p = pf.program;
+  const int nin = static_cast<int>(p.input_shapes.size()), nk = static_cast<int>(p.code.size());
+  std::vector<char> ok(static_cast<std::size_t>(nin), 0);
+  int n = 0;
+  for (const VectorInput& v : pf.vector_inputs) {
+    const int r = v.plan.shape.rank();
+    if (v.broadcast && r > 0 && v.plan.strides[0][r - 1] == 0 && n < max_splats) ok[v.input] = 1, ++n;
+  }
+  if (n == 0) return;
+  const auto is = [&](int r) { return r >= 0 && r < nin && ok[r]; };
+  for (int k = 0; k < nk; ++k) {
+    const FusedInstr& c = p.code[k];
+    if (!live[nin + k] || pf.regs[nin + k].scalar_value() || !(is(c.a) || is(c.b))) continue;
+    const bool fine = c.b >= 0 && is(c.a) != is(c.b) && !kernels<T>(c.op).batch_dependent &&
+                      !pf.regs[is(c.a) ? c.b : c.a].scalar_value();
+    if (!fine) {
+      if (is(c.a)) ok[c.a] = 0;
+      if (is(c.b)) ok[c.b] = 0;
+    }
+  }
+  for (const CopyOut& c : pf.copies)
+    if (is(c.reg)) ok[c.reg] = 0;
+  if (p.reduction && is(p.reduction->reg)) ok[p.reduction->reg] = 0;
+  std::vector<int> index(static_cast<std::size_t>(nin), -1);
+  int m = 0;
+  for (VectorInput& v : pf.vector_inputs)
+    if (ok[v.input]) v.splat = index[v.input] = m++;
+  if (m == 0) return;
+  std::size_t j = 0;
+  for (int k = 0; k < nk; ++k) {
+    if (!live[nin + k] || pf.regs[nin + k].scalar_value()) continue;
+    Step s = pf.per_tile[j++];
+    const FusedInstr& c = p.code[k];
+    if (is(c.a)) s = {reinterpret_cast<void (*)()>(kernels<T>(c.op).k[sv]), -2 - index[c.a], s.b, s.y};
+    else if (is(c.b)) s = {reinterpret_cast<void (*)()>(kernels<T>(c.op).k[vs]), s.a, -2 - index[c.b], s.y};
+    pf.per_tile_splat.push_back(s);
+  }
+}
+
 template <class T>
 std::int64_t grain_of(const FusedProgram& p, const std::vector<char>& live) {
   const int nin = static_cast<int>(p.input_shapes.size());
@@ -243,6 +297,7 @@ STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p) {
   visit_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     f::place_results<T>(pf, live);
+    f::place_splats<T>(pf, live);
     pf.grain = f::grain_of<T>(p, live);
     for (const FusedInstr& c : p.code) pf.batch_dependent = pf.batch_dependent || f::kernels<T>(c.op).batch_dependent;
   });
@@ -343,6 +398,7 @@ void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std:
     return reinterpret_cast<T*>((l.ptr ? l.ptr : ws) + l.off + t0 * l.stride);
   };
   const std::int64_t nsteps = static_cast<std::int64_t>(pf.per_tile.size()) + 1;
+  const T* one[max_splats] = {};  // with per_tile_splat: the value each such input holds in this tile
   for (std::int64_t t0 = b; t0 < e; t0 += tile) {
     const std::int64_t len = std::min(tile, e - t0);
     // lines of each buffer in the next tile, and where that tile starts
@@ -350,16 +406,23 @@ void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std:
     const std::int64_t off = (t0 + tile) * std::int64_t{sizeof(T)};
     std::int64_t k = 0;
     prefetch(st, off, 0, lines / nsteps);
+    bool splat = !pf.per_tile_splat.empty();
+    for (const Gather& g : st.gathers)
+      if (splat && g.splat >= 0)
+        splat = (one[g.splat] = constant_run<T>(reinterpret_cast<const T*>(g.src), *g.plan, t0, len)) != nullptr;
     for (const Gather& g : st.gathers) {
+      if (splat && g.splat >= 0) continue;
       T* dst = reinterpret_cast<T*>(ws + g.off);
       const T* src = reinterpret_cast<const T*>(g.src);
       if (g.plan) copy_walk<false, T>(src, *g.plan, t0, len, dst);
       else std::memcpy(dst, src + t0, static_cast<std::size_t>(len) * sizeof(T));
     }
-    for (const Step& s : pf.per_tile) {
+    for (const Step& s : splat ? pf.per_tile_splat : pf.per_tile) {
       ++k;
       prefetch(st, off, lines * k / nsteps, lines * (k + 1) / nsteps);
-      reinterpret_cast<Kernel<T>>(s.fn)(at(s.a, t0), s.b >= 0 ? at(s.b, t0) : nullptr, at(s.y, t0), len);
+      const T* a = s.a >= 0 ? at(s.a, t0) : one[-2 - s.a];
+      const T* bv = s.b >= 0 ? at(s.b, t0) : (s.b == -1 ? nullptr : one[-2 - s.b]);
+      reinterpret_cast<Kernel<T>>(s.fn)(a, bv, at(s.y, t0), len);
     }
     for (const CopyOut& c : pf.copies) {
       const T* src = at(c.reg, t0);
@@ -504,7 +567,8 @@ void bind(const PreparedFused& pf, std::span<const Tensor> in, std::span<Tensor>
     if (!v.broadcast && !aliased) continue;  // read in place
     const std::int64_t off = pf.regs[v.input].slot * slot_stride(pf);
     const std::int64_t first = pf.arg_offsets[static_cast<std::size_t>(v.input)] * std::int64_t{sizeof(T)};
-    st.gathers.push_back({static_cast<const std::byte*>(in[v.input].raw_data()) + first, v.broadcast ? &v.plan : nullptr, off});
+    st.gathers.push_back({static_cast<const std::byte*>(in[v.input].raw_data()) + first, v.broadcast ? &v.plan : nullptr, off,
+                          v.splat});
     st.locs[v.input] = {nullptr, off, 0};
   }
 }

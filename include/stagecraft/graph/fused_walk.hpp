@@ -1,6 +1,7 @@
 // How the fused evaluator (fused_kernel.hpp) walks a tensor read or written through a strided
-// plan over the output's elements: a tile gathered (a broadcast or windowed input) or scattered
-// (an output through its window).
+// plan over the output's elements: a tile gathered (a broadcast or windowed input), a tile
+// scattered (an output through its window), and whether a tile reads one element only (a
+// row-broadcast input over a tile inside one row, read as a single value instead of gathered).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -52,6 +53,23 @@ void copy_walk(std::conditional_t<Scatter, T*, const T*> walked, const backend::
       idx[d] = 0;
     }
   }
+}
+
+/// The one element that output positions [t0, t0 + len) read through p when they all read the
+/// same one (p's innermost axis is broadcast, stride 0, and the positions lie in one run of it),
+/// else null.
+template <class T>
+const T* constant_run(const T* walked, const backend::cpu::StridedPlan<1>& p, std::int64_t t0, std::int64_t len) {
+  const int r = p.shape.rank();
+  if (r == 0) return walked;
+  const std::int64_t inner = p.shape[r - 1];
+  if (p.strides[0][r - 1] != 0 || t0 % inner + len > inner) return nullptr;
+  std::int64_t rem = t0 / inner, off = 0;
+  for (int d = r - 2; d >= 0; --d) {
+    off += rem % p.shape[d] * p.strides[0][d];
+    rem /= p.shape[d];
+  }
+  return walked + off;
 }
 
 }  // namespace stagecraft::graph::detail_fused
