@@ -24,7 +24,8 @@ inline Tensor as_floating(const Tensor& x, const std::source_location& loc) {
 }  // namespace functional_detail
 
 /// exp(x) / sum(exp(x)) along axis, computed as softmax(x - max(x)) so large values do not
-/// overflow. Integer inputs become f32.
+/// overflow, and each exp multiplied by its row's 1 / sum (as PyTorch does: one division per row,
+/// not per element). Integer inputs become f32.
 inline Tensor softmax(const Tensor& x, std::int64_t axis = -1,
                       std::source_location loc = std::source_location::current()) {
   stagecraft::detail::require_defined(x, "softmax", loc);
@@ -32,7 +33,7 @@ inline Tensor softmax(const Tensor& x, std::int64_t axis = -1,
   const Tensor xf = functional_detail::as_floating(x, loc);
   if (x.shape()[static_cast<int>(ax)] == 0) return xf;  // nothing to normalise (and no max)
   const Tensor e = exp(sub(xf, max(xf, {ax}, true, loc), loc), loc);
-  return div(e, sum(e, {ax}, true, loc), loc);
+  return mul(e, div(1, sum(e, {ax}, true, loc), loc), loc);
 }
 
 /// log(softmax(x)) along axis, as (x - shift) - log(sum(exp(x - shift))) with shift = max(x):
