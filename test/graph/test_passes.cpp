@@ -106,6 +106,24 @@ TEST_CASE("simplify: identities broadcast or reshaped are identities, zeros keep
   check_same_bits(g, s, {sc::tensor(std::vector<float>{-0.f, 0.f, 1.f, -2.f, 3.5f, -0.f}, sc::Shape{2, 3})});
 }
 
+TEST_CASE("simplify: a binary op reads a broadcast_to's input where it broadcasts that itself", "[passes][simplify]") {
+  const sc::TensorSpec full{sc::Shape{4, 5}, sc::f32}, rows{sc::Shape{4, 1}, sc::f32}, cols{sc::Shape{5}, sc::f32};
+  const Graph g = trace({full, rows, cols}, [](const Tensors& x) {
+    const sc::Tensor b = sc::broadcast_to(x[1], {4, 5});
+    return Tensors{x[0] + b, b - x[0], x[0] * b, b / x[0], sc::maximum(b, x[0]), sc::minimum(x[0], b),
+                   b * x[2],                                  // [4, 1] and [5] broadcast to [4, 5] themselves
+                   b + sc::broadcast_to(x[2], {4, 5}),         // both operands
+                   sc::broadcast_to(x[1], {3, 4, 5}) + x[0],  // x[1] and x[0] make [4, 5], not [3, 4, 5]: kept
+                   sc::exp(b)};                               // a unary op: kept
+  });
+  CHECK(count(g, "broadcast_to") == 3);
+  const Graph s = sc::graph::dce(sc::graph::simplify(g));
+  sc::graph::verify(s, "simplify");
+  INFO(s.str());
+  CHECK(count(s, "broadcast_to") == 2);  // exp's and the rank-3 one
+  check_same_bits(g, s, {random_arg(full, 1), random_arg(rows, 2), random_arg(cols, 3)});
+}
+
 TEST_CASE("simplify keeps x + 0.0 and x - (-0.0), which turn -0.0 into +0.0 as eager does", "[passes][simplify]") {
   const Graph g = trace({f23}, [](const Tensors& x) {
     return Tensors{x[0] + 0.f, 0.f + x[0], x[0] - (-0.f), x[0] + sc::zeros({2, 3}), x[0] + sc::zeros({3}, sc::i32)};

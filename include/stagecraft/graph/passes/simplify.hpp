@@ -290,6 +290,32 @@ STAGECRAFT_COMPILED_INLINE Rewrite transpose_into_matmul(const View& s, const No
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
 
+/// op(broadcast_to(x), y) -> op(x, y), and on the right, when x and y broadcast to the op's shape
+/// themselves: the op reads x's elements where it read their copies (the same values, so the same
+/// results), and the copy need not be made. (An autodiff gradient adds a reduction's broadcast
+/// gradient to a value of the full shape; the fusion pass then reads x as a broadcast input.)
+STAGECRAFT_COMPILED_INLINE Rewrite broadcast_into_binary(const View& s, const Node& n);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE Rewrite broadcast_into_binary(const View& s, const Node& n) {
+  if (n.inputs.size() != 2) return {};
+  const Shape& out = s.value(n.outputs[0]).shape;
+  for (std::size_t k = 0; k < 2; ++k) {
+    const int v = s.in(n, k);
+    const Node& p = s.producer(v);
+    if (p.kind != NodeKind::op || p.op != ops::OpId::BroadcastTo || p.inputs.size() != 1) continue;
+    const int x = s.in(p, 0);
+    if (s.value(x).dtype != s.value(v).dtype || s.value(x).device != s.value(v).device) continue;
+    Shape joint;
+    if (!broadcast_shapes(s.value(x).shape, s.value(s.in(n, 1 - k)).shape, joint) || !(joint == out)) continue;
+    Node m = n;
+    m.inputs = {s.in(n, 0), s.in(n, 1)};
+    m.inputs[k] = x;
+    return Rewrite::to_node(std::move(m));
+  }
+  return {};
+}
+#endif  // STAGECRAFT_DEFINE_COMPILED
+
 /// One rewrite rule: the op it matches and what it does. Rules of one op are tried in order.
 struct Rule {
   ops::OpId op;
@@ -305,6 +331,12 @@ inline const Rule rules[] = {
     {ops::OpId::Add, "(x+0)+0 -> x+0", &zero_add_twice},
     {ops::OpId::Sub, "x-0 -> x", &right_zero<false>},
     {ops::OpId::Div, "x/1 -> x", &right_identity<1>},
+    {ops::OpId::Add, "broadcast_to(x) + y -> x + y", &broadcast_into_binary},
+    {ops::OpId::Sub, "broadcast_to(x) - y -> x - y", &broadcast_into_binary},
+    {ops::OpId::Mul, "broadcast_to(x) * y -> x * y", &broadcast_into_binary},
+    {ops::OpId::Div, "broadcast_to(x) / y -> x / y", &broadcast_into_binary},
+    {ops::OpId::Maximum, "maximum(broadcast_to(x), y) -> maximum(x, y)", &broadcast_into_binary},
+    {ops::OpId::Minimum, "minimum(broadcast_to(x), y) -> minimum(x, y)", &broadcast_into_binary},
     {ops::OpId::Neg, "neg(neg(x)) -> x", &involution},
     {ops::OpId::Reshape, "reshape(x, shape of x) -> x", &no_op_when_same_type},
     {ops::OpId::Reshape, "reshape(reshape(x)) -> reshape(x)", &reshape_reshape},
@@ -350,8 +382,10 @@ STAGECRAFT_COMPILED_INLINE int simplify_node(Graph& r, std::size_t i, const std:
 /// elements (x*1, 1*x, x+(-0), (-0)+x, x-0, x/1, where the constant is all ones or zeros of that
 /// sign (is_all_zero: x+0.0 stays, as it turns -0.0 into +0.0, but (x+0.0)+0.0 is x+0.0), or a fill of that value; kept
 /// when the op changes x's dtype, a broadcast_to when it only changes its shape), neg(neg(x)),
-/// reshape, transpose and slice chains, reshape/cast/broadcast_to/slice that change nothing, a transpose
-/// of the last two axes folded into the matmul reading it, and chains of moves between devices. Nodes it bypasses are left for dce.
+/// reshape, transpose and slice chains, reshape/cast/broadcast_to/slice that change nothing, a
+/// broadcast_to read by add, sub, mul, div, maximum or minimum that broadcast its input themselves,
+/// a transpose of the last two axes folded into the matmul reading it, and chains of moves between
+/// devices. Nodes it bypasses are left for dce.
 STAGECRAFT_COMPILED_INLINE Graph simplify(const Graph& g);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE Graph simplify(const Graph& g) {
