@@ -2,9 +2,12 @@
 // <cmath> per element, OpenMP) vs stagecraft eager (the composite's ops one by one: a pass each) vs
 // traced (sc::function: the ops fused into one pass) vs compiled (sc::compile, for the elementwise
 // ones) vs LibTorch's native kernels (when built in). gelu and softplus on 4M floats, layer_norm and
-// softmax on [4096, 1024] rows (traced also without row chains and rematerialization, for the ratios).
+// softmax on [4096, 1024] rows (traced also without row chains and rematerialization, for the ratios),
+// and a layer_norm training step's gradients (x, gamma and beta of sum(layer_norm(x) * r)).
 #include <cmath>
 #include <cstdint>
+#include <tuple>
+#include <vector>
 
 #include <omp.h>
 
@@ -127,6 +130,45 @@ void layer_norm_traced(benchmark::State& state, Lowering how) {
   count(state, rows * cols);
 }
 
+const sc::Tensor& r_rows() {
+  static const sc::Tensor r = sc::random::uniform({rows, cols}, -1.0, 1.0, 3);
+  return r;
+}
+
+/// sum(layer_norm(x, gamma, beta) * r) and its gradients with respect to x, gamma and beta.
+std::vector<sc::Tensor> layer_norm_step(const sc::Tensor& x, const sc::Tensor& r, const sc::Tensor& gamma,
+                                        const sc::Tensor& beta) {
+  sc::GradientTape tape;
+  tape.watch(x);
+  tape.watch(gamma);
+  tape.watch(beta);
+  const sc::Tensor loss = sc::sum(sc::nn::layer_norm(x, {cols}, gamma, beta) * r);
+  std::vector<sc::Tensor> out = tape.gradient(loss, {x, gamma, beta});
+  out.push_back(loss);
+  return out;
+}
+
+/// The training step's gradients, eager (traced: false) or as one sc::function.
+void layer_norm_grad(benchmark::State& state, bool traced) {
+  const sc::Tensor &x = x_rows(), &r = r_rows();
+  const sc::Tensor gamma = sc::random::uniform({cols}, 0.5, 1.5, 4), beta = sc::random::uniform({cols}, -1.0, 1.0, 5);
+  auto fn = sc::function([](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& c, const sc::Tensor& d) {
+    const std::vector<sc::Tensor> o = layer_norm_step(a, b, c, d);
+    return std::make_tuple(o[0], o[1], o[2], o[3]);
+  });
+  if (traced) (void)fn(x, r, gamma, beta);
+  for (auto _ : state) {
+    if (traced) {
+      auto out = fn(x, r, gamma, beta);
+      benchmark::DoNotOptimize(std::get<0>(out).raw_data());
+    } else {
+      std::vector<sc::Tensor> out = layer_norm_step(x, r, gamma, beta);
+      benchmark::DoNotOptimize(out[0].raw_data());
+    }
+  }
+  count(state, rows * cols);
+}
+
 void softmax_eager(benchmark::State& state) {
   const sc::Tensor& x = x_rows();
   for (auto _ : state) {
@@ -191,6 +233,17 @@ void layer_norm_torch(benchmark::State& state) {
   }
   count(state, rows * cols);
 }
+void layer_norm_grad_torch(benchmark::State& state) {
+  const at::Tensor x = bench::as_torch(x_rows()).clone().requires_grad_(true), r = bench::as_torch(r_rows());
+  const at::Tensor gamma = torch::rand({cols}).add_(0.5).requires_grad_(true);
+  const at::Tensor beta = torch::rand({cols}).sub_(0.5).requires_grad_(true);
+  for (auto _ : state) {
+    const at::Tensor loss = (torch::layer_norm(x, {cols}, gamma, beta) * r).sum();
+    const std::vector<at::Tensor> g = torch::autograd::grad({loss}, {x, gamma, beta});
+    benchmark::DoNotOptimize(g[0].data_ptr());
+  }
+  count(state, rows * cols);
+}
 void softmax_torch(benchmark::State& state) {
   torch::NoGradGuard ng;
   const at::Tensor x = bench::as_torch(x_rows());
@@ -217,6 +270,8 @@ BENCHMARK(layer_norm_eager)->UseRealTime();
 BENCHMARK_CAPTURE(layer_norm_traced, full, Lowering::full)->UseRealTime();
 BENCHMARK_CAPTURE(layer_norm_traced, no_row_chains, Lowering::no_chains)->UseRealTime();
 BENCHMARK_CAPTURE(layer_norm_traced, no_chains_no_remat, Lowering::neither)->UseRealTime();
+BENCHMARK_CAPTURE(layer_norm_grad, eager, false)->UseRealTime();
+BENCHMARK_CAPTURE(layer_norm_grad, traced, true)->UseRealTime();
 BENCHMARK(softmax_eager)->UseRealTime();
 BENCHMARK_CAPTURE(softmax_traced, full, Lowering::full)->UseRealTime();
 BENCHMARK_CAPTURE(softmax_traced, no_row_chains, Lowering::no_chains)->UseRealTime();
@@ -225,6 +280,7 @@ BENCHMARK_CAPTURE(torch_fn, gelu, Fn::gelu)->UseRealTime();
 BENCHMARK_CAPTURE(torch_fn, softplus, Fn::softplus)->UseRealTime();
 BENCHMARK(layer_norm_torch)->UseRealTime();
 BENCHMARK(softmax_torch)->UseRealTime();
+BENCHMARK(layer_norm_grad_torch)->UseRealTime();
 #endif
 
 STAGECRAFT_BENCH_MAIN()
