@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 build=build/kit
 kit=.gpukit
-targets=(test_cuda_ops test_nvcc_staged fashion_mnist bench_cuda profile_cuda_steps)
+targets=(test_cuda_ops test_cuda_conformance test_nvcc_staged fashion_mnist bench_cuda profile_cuda_steps)
 
 if [[ ! -f $build/CMakeCache.txt ]]; then
   # the .cu files' host code gets the same -march as the C++ (inline functions built both ways)
@@ -26,7 +26,7 @@ cmake --build "$build" --target "${targets[@]}"
 rm -rf "$kit" && mkdir -p "$kit/stage/lib" "$kit/stage/include"
 # The binaries, stripped, at their build-tree paths; the CTest files that name them (and the test
 # lists catch_discover_tests wrote) so that `ctest -L cuda` runs there as here.
-for t in test/cuda/test_cuda_ops test/cuda/test_nvcc_staged examples/fashion_mnist bench/bench_cuda bench/profile_cuda_steps; do
+for t in test/cuda/test_cuda_ops test/cuda/test_cuda_conformance test/cuda/test_nvcc_staged examples/fashion_mnist bench/bench_cuda bench/profile_cuda_steps; do
   mkdir -p "$kit/stage/$build/$(dirname "$t")"
   strip --strip-debug -o "$kit/stage/$build/$t" "$build/$t"  # symbols kept: a backtrace there names functions
 done

@@ -100,7 +100,8 @@ struct Tol {
 //   4 ulps of sum|a b| sqrt(K): matmul, conv2d (K = C kh kw terms).
 //   2 ulps of sum|cols| kh kw: col2im;  2 ulps of sum|window|: avg_pool2d.
 //   8 ulps: softmax of |p| (|x - max| + 2); log_softmax of |x| + |max| + log(sum) + 1
-//     (backward-stable: x - logsumexp rounds at |x|); cross_entropy the same, per row.
+//     (backward-stable: x - logsumexp rounds at |x|); cross_entropy the same, per row; its
+//     gradient of |g| / N (p (|x - max| + 2) + [label]).
 inline constexpr Tol exact_rounding{1};   ///< IEEE-exact ops (add, mul, div, sqrt): correctly rounded; 1 ulp slack
 inline constexpr Tol transcendental{4};   ///< exp, log, tanh, sin, ... (xsimd vector math is within ~2-3 ulps)
 
