@@ -1,6 +1,7 @@
 // Activations and layer norm, side by side in one run: a hand-written loop (the limit: one pass,
-// <cmath> per element, OpenMP) vs stagecraft eager (the composite's ops one by one: a pass each) vs
-// traced (sc::function: the ops fused into one pass) vs compiled (sc::compile, for the elementwise
+// <cmath> per element, OpenMP) vs stagecraft eager (as a user gets it: a large CPU tensor's
+// composite runs as a staged function, nn/composite.hpp) vs eager_ops (the composite's ops one by
+// one, nn::composite_staging() off: a pass each) vs traced (sc::function: the ops fused into one pass) vs compiled (sc::compile, for the elementwise
 // ones) vs LibTorch's native kernels (when built in). gelu and softplus on 4M floats, layer_norm and
 // softmax on [4096, 1024] rows (traced also without row chains and rematerialization, for the ratios),
 // and a layer_norm training step's gradients (x, gamma and beta of sum(layer_norm(x) * r)).
@@ -38,11 +39,21 @@ void count(benchmark::State& state, std::int64_t n) {
   state.SetBytesProcessed(state.iterations() * n * 2 * std::int64_t{sizeof(float)});
 }
 
+/// Eager composites staged (the default) or op by op while alive.
+struct Staging {
+  bool was = sc::nn::composite_staging();
+  explicit Staging(bool on) { sc::nn::composite_staging() = on; }
+  ~Staging() { sc::nn::composite_staging() = was; }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+};
+
 sc::Tensor sc_call(Fn f, const sc::Tensor& x) {
   return f == Fn::gelu ? sc::nn::gelu(x) : sc::nn::softplus(x);
 }
 
-void eager(benchmark::State& state, Fn f) {
+void eager(benchmark::State& state, Fn f, bool staged) {
+  const Staging mode(staged);
   const sc::Tensor& x = x_elems();
   for (auto _ : state) {
     sc::Tensor y = sc_call(f, x);
@@ -94,7 +105,8 @@ void hand(benchmark::State& state, Fn f) {
   count(state, n_elems);
 }
 
-void layer_norm_eager(benchmark::State& state) {
+void layer_norm_eager(benchmark::State& state, bool staged) {
+  const Staging mode(staged);
   const sc::Tensor& x = x_rows();
   for (auto _ : state) {
     sc::Tensor y = sc::nn::layer_norm(x, {cols});
@@ -149,7 +161,8 @@ std::vector<sc::Tensor> layer_norm_step(const sc::Tensor& x, const sc::Tensor& r
 }
 
 /// The training step's gradients, eager (traced: false) or as one sc::function.
-void layer_norm_grad(benchmark::State& state, bool traced) {
+void layer_norm_grad(benchmark::State& state, bool traced, bool staged = true) {
+  const Staging mode(staged);
   const sc::Tensor &x = x_rows(), &r = r_rows();
   const sc::Tensor gamma = sc::random::uniform({cols}, 0.5, 1.5, 4), beta = sc::random::uniform({cols}, -1.0, 1.0, 5);
   auto fn = sc::function([](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& c, const sc::Tensor& d) {
@@ -169,7 +182,8 @@ void layer_norm_grad(benchmark::State& state, bool traced) {
   count(state, rows * cols);
 }
 
-void softmax_eager(benchmark::State& state) {
+void softmax_eager(benchmark::State& state, bool staged) {
+  const Staging mode(staged);
   const sc::Tensor& x = x_rows();
   for (auto _ : state) {
     sc::Tensor y = sc::nn::softmax(x, -1);
@@ -258,21 +272,26 @@ void softmax_torch(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK_CAPTURE(hand, gelu, Fn::gelu)->UseRealTime();
-BENCHMARK_CAPTURE(eager, gelu, Fn::gelu)->UseRealTime();
+BENCHMARK_CAPTURE(eager, gelu, Fn::gelu, true)->UseRealTime();
+BENCHMARK_CAPTURE(eager, gelu_ops, Fn::gelu, false)->UseRealTime();
 BENCHMARK_CAPTURE(traced, gelu, Fn::gelu)->UseRealTime();
 BENCHMARK_CAPTURE(compiled, gelu, Fn::gelu)->UseRealTime();
 BENCHMARK_CAPTURE(hand, softplus, Fn::softplus)->UseRealTime();
-BENCHMARK_CAPTURE(eager, softplus, Fn::softplus)->UseRealTime();
+BENCHMARK_CAPTURE(eager, softplus, Fn::softplus, true)->UseRealTime();
+BENCHMARK_CAPTURE(eager, softplus_ops, Fn::softplus, false)->UseRealTime();
 BENCHMARK_CAPTURE(traced, softplus, Fn::softplus)->UseRealTime();
 BENCHMARK_CAPTURE(compiled, softplus, Fn::softplus)->UseRealTime();
 BENCHMARK(layer_norm_hand)->UseRealTime();
-BENCHMARK(layer_norm_eager)->UseRealTime();
+BENCHMARK_CAPTURE(layer_norm_eager, staged, true)->UseRealTime();
+BENCHMARK_CAPTURE(layer_norm_eager, ops, false)->UseRealTime();
 BENCHMARK_CAPTURE(layer_norm_traced, full, Lowering::full)->UseRealTime();
 BENCHMARK_CAPTURE(layer_norm_traced, no_row_chains, Lowering::no_chains)->UseRealTime();
 BENCHMARK_CAPTURE(layer_norm_traced, no_chains_no_remat, Lowering::neither)->UseRealTime();
 BENCHMARK_CAPTURE(layer_norm_grad, eager, false)->UseRealTime();
+BENCHMARK_CAPTURE(layer_norm_grad, eager_ops, false, false)->UseRealTime();
 BENCHMARK_CAPTURE(layer_norm_grad, traced, true)->UseRealTime();
-BENCHMARK(softmax_eager)->UseRealTime();
+BENCHMARK_CAPTURE(softmax_eager, staged, true)->UseRealTime();
+BENCHMARK_CAPTURE(softmax_eager, ops, false)->UseRealTime();
 BENCHMARK_CAPTURE(softmax_traced, full, Lowering::full)->UseRealTime();
 BENCHMARK_CAPTURE(softmax_traced, no_row_chains, Lowering::no_chains)->UseRealTime();
 #if STAGECRAFT_BENCH_TORCH

@@ -8,6 +8,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -603,6 +604,10 @@ class Function {
   /// Whether retraces are reported to staging_log() (default true; a library's own staged
   /// functions, such as nn::LSTMCell's eager step, turn it off).
   void set_retrace_log(bool on) { s_->log = on; }
+  /// At most n traces (default: no limit): a call whose signature would be trace n + 1 runs fn
+  /// eagerly, op by op, instead of tracing it. A library's own staged functions (the eager
+  /// composites of nn::staged_composites()) bound their memory so. get_concrete ignores it.
+  void set_max_traces(int n) { s_->max_traces = n; }
 
  private:
   struct Entry {
@@ -621,6 +626,7 @@ class Function {
     int warn_at = 5;
     bool warned = false;
     bool log = true;
+    int max_traces = std::numeric_limits<int>::max();
   };
 
   template <class... A>
@@ -632,26 +638,34 @@ class Function {
     bool symbolic = stagecraft::detail::context().trace != nullptr;
     ((symbolic = symbolic || detail_fn::any_symbolic(args)), ...);
     if (symbolic) return s_->f(args...);  // called inside another trace: inline it
-    const Entry& e = entry_for(loc, args...);
+    const Entry* e = find_or_trace(loc, /*limited=*/true, args...);
+    if (e == nullptr) return s_->f(args...);  // past set_max_traces: eagerly
     std::vector<Tensor> flat;
     (detail_fn::bind_arg(args, flat), ...);
-    std::vector<Tensor> outs = e.cf.run(flat, loc);
+    std::vector<Tensor> outs = e->cf.run(flat, loc);
     if constexpr (std::is_void_v<R>) {
       return;
     } else {
       std::size_t pos = 0, li = 0;
-      return detail_fn::unflatten<R>(outs, pos, e.lengths, li);
+      return detail_fn::unflatten<R>(outs, pos, e->lengths, li);
     }
   }
 
   template <class... A>
   const Entry& entry_for(const std::source_location& loc, const A&... args) const {
+    return *find_or_trace(loc, /*limited=*/false, args...);
+  }
+  /// The entry of these arguments' signature, traced now if new; null when `limited` and
+  /// max_traces are traced already.
+  template <class... A>
+  const Entry* find_or_trace(const std::source_location& loc, bool limited, const A&... args) const {
     const std::array<detail_fn::ArgKey, sizeof...(A)> sig{detail_fn::key_of(args)...};
     const Device* scoped = stagecraft::detail::scoped_device();
     const std::optional<Device> scope = scoped != nullptr ? std::optional<Device>(*scoped) : std::nullopt;
     std::lock_guard<std::mutex> lock(s_->mu);
     for (const auto& e : s_->entries)
-      if (e->scope == scope && std::equal(sig.begin(), sig.end(), e->sig.begin(), e->sig.end())) return *e;
+      if (e->scope == scope && std::equal(sig.begin(), sig.end(), e->sig.begin(), e->sig.end())) return e.get();
+    if (limited && s_->entries.size() >= static_cast<std::size_t>(s_->max_traces)) return nullptr;
     std::vector<detail_fn::ArgKey> sigv(sig.begin(), sig.end());
     if (!s_->entries.empty() && s_->log) note_retrace(sigv, scope, loc);
     auto e = std::make_unique<Entry>();
@@ -659,7 +673,7 @@ class Function {
     e->scope = scope;
     trace_into(*e, loc, args...);
     s_->entries.push_back(std::move(e));
-    return *s_->entries.back();
+    return s_->entries.back().get();
   }
 
   void note_retrace(const std::vector<detail_fn::ArgKey>& sig, const std::optional<Device>& scope,

@@ -2,7 +2,10 @@
 // tracing and every device from those ops; no loops here).
 #pragma once
 #include <cstdint>
+#include <optional>
+#include <source_location>
 #include <type_traits>
+#include <utility>
 
 #include "../ops/binary.hpp"
 #include "../ops/cast.hpp"
@@ -21,19 +24,42 @@ namespace functional_detail {  // not "detail": that would hide stagecraft::deta
 inline Tensor as_floating(const Tensor& x, const std::source_location& loc) {
   return is_floating(x.dtype()) ? x : cast(x, DType::f32, loc);
 }
+/// softmax's ops (log_softmax's with `take_log`) on a floating-point x along axis ax, not empty.
+inline Tensor softmax_ops(const Tensor& xf, std::int64_t ax, bool take_log, const std::source_location& loc) {
+  if (take_log) {
+    const Tensor z = sub(xf, stagecraft::detail::logsumexp_shift(xf, {ax}, loc), loc);
+    return sub(z, stagecraft::log(sum(exp(z, loc), {ax}, true, loc), loc), loc);
+  }
+  const Tensor e = exp(sub(xf, max(xf, {ax}, true, loc), loc), loc);
+  return mul(e, div(1, sum(e, {ax}, true, loc), loc), loc);
+}
+/// Runs softmax_ops of a large eager CPU tensor as a staged function, or gives nullopt. Set by
+/// nn/composite.hpp (which the umbrella header includes): this header stays free of the tracing
+/// JIT's headers, which sc::stage's users need not compile.
+using SoftmaxStager = std::optional<Tensor> (*)(const Tensor& xf, std::int64_t ax, bool take_log,
+                                                const std::source_location& loc);
+inline SoftmaxStager& softmax_stager() {
+  static SoftmaxStager f = nullptr;
+  return f;
+}
+inline Tensor softmax_any(const Tensor& xf, std::int64_t ax, bool take_log, const std::source_location& loc) {
+  if (const SoftmaxStager f = softmax_stager())
+    if (std::optional<Tensor> r = f(xf, ax, take_log, loc)) return *std::move(r);
+  return softmax_ops(xf, ax, take_log, loc);
+}
 }  // namespace functional_detail
 
 /// exp(x) / sum(exp(x)) along axis, computed as softmax(x - max(x)) so large values do not
 /// overflow, and each exp multiplied by its row's 1 / sum (as PyTorch does: one division per row,
-/// not per element). Integer inputs become f32.
+/// not per element). Integer inputs become f32. On a large CPU tensor the ops run as one staged
+/// function (nn/composite.hpp).
 inline Tensor softmax(const Tensor& x, std::int64_t axis = -1,
                       std::source_location loc = std::source_location::current()) {
   stagecraft::detail::require_defined(x, "softmax", loc);
   const std::int64_t ax = normalize_axis(axis, x.rank(), "softmax", loc);
   const Tensor xf = functional_detail::as_floating(x, loc);
   if (x.shape()[static_cast<int>(ax)] == 0) return xf;  // nothing to normalise (and no max)
-  const Tensor e = exp(sub(xf, max(xf, {ax}, true, loc), loc), loc);
-  return mul(e, div(1, sum(e, {ax}, true, loc), loc), loc);
+  return functional_detail::softmax_any(xf, ax, false, loc);
 }
 
 /// log(softmax(x)) along axis, as (x - shift) - log(sum(exp(x - shift))) with shift = max(x):
@@ -45,8 +71,7 @@ inline Tensor log_softmax(const Tensor& x, std::int64_t axis = -1,
   const std::int64_t ax = normalize_axis(axis, x.rank(), "log_softmax", loc);
   const Tensor xf = functional_detail::as_floating(x, loc);
   if (x.shape()[static_cast<int>(ax)] == 0) return xf;
-  const Tensor z = sub(xf, stagecraft::detail::logsumexp_shift(xf, {ax}, loc), loc);
-  return sub(z, log(sum(exp(z, loc), {ax}, true, loc), loc), loc);
+  return functional_detail::softmax_any(xf, ax, true, loc);
 }
 
 /// Mean over the batch of -log_softmax(logits)[i, labels[i]]: logits [N, C] (f32/f64),

@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <source_location>
 #include <string_view>
 #include <vector>
@@ -11,16 +12,50 @@
 #include "../ops/reduce.hpp"
 #include "../ops/unary.hpp"
 #include "../state/module.hpp"
+#include "composite.hpp"
 #include "functional.hpp"
 
 namespace stagecraft::nn {
+
+/// layer_norm's ops on a floating-point x over its last `axes` axes, with gamma and/or beta where
+/// the flags say (in that order among `affine`): eager, or as a staged function's body.
+struct LayerNormOps {
+  int axes;
+  double eps;
+  bool gamma, beta;
+  bool operator==(const LayerNormOps&) const = default;
+  template <class... T>
+  Tensor operator()(const Tensor& xf, const T&... affine) const {
+    return (*this)(xf, affine..., std::source_location::current());
+  }
+  Tensor operator()(const Tensor& xf, const std::source_location& loc) const { return apply(xf, {}, {}, loc); }
+  Tensor operator()(const Tensor& xf, const Tensor& a, const std::source_location& loc) const {
+    return gamma ? apply(xf, a, {}, loc) : apply(xf, {}, a, loc);
+  }
+  Tensor operator()(const Tensor& xf, const Tensor& g, const Tensor& b, const std::source_location& loc) const {
+    return apply(xf, g, b, loc);
+  }
+
+ private:
+  Tensor apply(const Tensor& xf, const Tensor& g, const Tensor& b, const std::source_location& loc) const {
+    std::vector<std::int64_t> ax;
+    for (int i = xf.rank() - axes; i < xf.rank(); ++i) ax.push_back(i);
+    const Tensor centered = sub(xf, mean(xf, ax, true, loc), loc);
+    const Tensor variance = mean(mul(centered, centered, loc), ax, true, loc);
+    Tensor y = mul(centered, div(1, sqrt(add(variance, eps, loc), loc), loc), loc);
+    if (g.defined()) y = mul(y, g, loc);
+    if (b.defined()) y = add(y, b, loc);
+    return y;
+  }
+};
 
 /// (x - mean) / sqrt(var + eps) over x's trailing axes, the ones `normalized_shape` names (Ba et
 /// al. 2016; PyTorch's F.layer_norm), then * gamma + beta where given (each of normalized_shape,
 /// or undefined for none). var is the population variance (two passes). As PyTorch does, each row's
 /// 1 / sqrt(var + eps) is computed once and its elements multiplied by it (a division per element
 /// costs ~5 multiplications; the two roundings differ from one division's by at most an ulp or
-/// so). Integers become f32. A
+/// so). Integers become f32. On a large CPU tensor the ops run as one staged function (see
+/// nn/composite.hpp). A
 /// normalized_shape that is not x's trailing shape, or a gamma/beta of another shape, is a
 /// ShapeError; eps must be finite and >= 0.
 inline Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& gamma = Tensor(),
@@ -44,15 +79,18 @@ inline Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const T
   };
   check_affine(gamma, "gamma");
   check_affine(beta, "beta");
-  std::vector<std::int64_t> axes;
-  for (int i = r - k; i < r; ++i) axes.push_back(i);
   const Tensor xf = functional_detail::as_floating(x, loc);
-  const Tensor centered = sub(xf, mean(xf, axes, true, loc), loc);
-  const Tensor variance = mean(mul(centered, centered, loc), axes, true, loc);
-  Tensor y = mul(centered, div(1, sqrt(add(variance, eps, loc), loc), loc), loc);
-  if (gamma.defined()) y = mul(y, gamma, loc);
-  if (beta.defined()) y = add(y, beta, loc);
-  return y;
+  const LayerNormOps body{k, eps, gamma.defined(), beta.defined()};
+  std::optional<Tensor> staged;  // a large CPU tensor: the ops as one staged function (composite.hpp)
+  if (gamma.defined() && beta.defined())
+    staged = composite_detail::run(body, "layer_norm", loc, xf, gamma, beta);
+  else if (gamma.defined() || beta.defined())
+    staged = composite_detail::run(body, "layer_norm", loc, xf, gamma.defined() ? gamma : beta);
+  else
+    staged = composite_detail::run(body, "layer_norm", loc, xf);
+  if (staged) return *std::move(staged);
+  return gamma.defined() ? (beta.defined() ? body(xf, gamma, beta, loc) : body(xf, gamma, loc))
+                         : (beta.defined() ? body(xf, beta, loc) : body(xf, loc));
 }
 
 /// Layer normalization over the trailing `normalized_shape` of its input, with a learned scale

@@ -1,0 +1,132 @@
+// Eager composites of large CPU tensors run staged. nn::layer_norm, softmax, log_softmax and the
+// activations (gelu, gelu_tanh, silu, elu, softplus) are written with other ops; eager, each of
+// those ops is a pass over the tensor (layer_norm: about nine), while traced the fusion pass runs
+// them as one or two. So an eager call on a large tensor runs the composite's ops as a staged
+// function (graph/function.hpp): traced once per shape, dtype and parameters, then its plan; under
+// a GradientTape the call is differentiable as any sc::function call (its backward staged too).
+// The values are those of the same ops traced (the eager ones' up to the order of a reduction's
+// additions). Small tensors, calls inside a trace, tensors on a GPU or under another DeviceScope
+// run op by op as before.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <source_location>
+#include <utility>
+#include <vector>
+
+#include "../backend/cpu/parallel.hpp"
+#include "../core/device.hpp"
+#include "../graph/function.hpp"
+#include "functional.hpp"
+
+namespace stagecraft::nn {
+
+/// Whether eager composites of large CPU tensors run staged (default true; off: op by op).
+inline bool& composite_staging() {
+  static bool on = true;
+  return on;
+}
+/// The fewest elements of a composite's input for it to run staged with several threads (default
+/// 262144, 1 MiB of f32; with one thread (num_threads()) four times that). Below it the ops' passes
+/// stay in the L2 cache and run about as fast as the staged plan, or faster: measured with
+/// bench/composite_threshold.cpp on a 16-core Xeon (16 threads: 0.5-1.2x at 4096-65536 elements,
+/// 1.5-2.4x at 262144, 4-24x from 1M; 1 thread: 0.7-1.6x at 262144, 0.95-2.6x from 1M).
+inline std::int64_t& composite_staging_min_elements() {
+  static std::int64_t n = 262144;
+  return n;
+}
+
+namespace composite_detail {
+/// Traces kept per composite and parameters (distinct shapes and dtypes; default 8); calls with
+/// another shape after that run op by op, so a program of many shapes holds at most this many
+/// plans. Read when a composite's staged function is made.
+inline int& max_traces() {
+  static int n = 8;
+  return n;
+}
+/// Parameter sets kept per composite (eps, axis, alpha...); others run op by op.
+inline constexpr std::size_t max_bodies = 16;
+
+/// Staged calls made, for tests.
+inline std::atomic<std::uint64_t>& staged_calls() {
+  static std::atomic<std::uint64_t> n{0};
+  return n;
+}
+
+/// Whether this eager call may run staged: staging on, no trace under way, every tensor given
+/// concrete and on the CPU, no DeviceScope elsewhere, and x at least the threshold (four times it
+/// on one thread).
+template <class... T>
+bool eligible(const Tensor& x, const T&... rest) {
+  if (!composite_staging() || stagecraft::detail::context().trace != nullptr) return false;
+  const std::int64_t min = composite_staging_min_elements() * (num_threads() > 1 ? 1 : 4);
+  if (x.is_symbolic() || x.shape().numel() < min) return false;
+  for (const Tensor* t : {&x, &rest...})
+    if (t->is_symbolic() || !t->device().is_cpu()) return false;
+  const Device* scoped = stagecraft::detail::scoped_device();
+  return scoped == nullptr || scoped->is_cpu();
+}
+
+/// The staged functions of one composite, one per parameter set. Never destroyed: plans may be
+/// released at exit after the allocators they return memory to.
+template <class Body>
+struct Cache {
+  std::mutex mu;
+  std::vector<std::pair<Body, Function<Body>>> fns;
+};
+template <class Body>
+Cache<Body>& cache() {
+  static auto* c = new Cache<Body>();
+  return *c;
+}
+
+/// body(x, rest...) through body's staged function, or nullopt where the call is not eligible
+/// or the composite's cache is full (the caller then runs the ops itself). `body` compares equal
+/// to another of the same parameters; its call returns one Tensor.
+template <class Body, class... T>
+std::optional<Tensor> run(const Body& body, const char* name, const std::source_location& loc, const Tensor& x,
+                          const T&... rest) {
+  if (!eligible(x, rest...)) return std::nullopt;
+  Cache<Body>& c = cache<Body>();
+  std::optional<Function<Body>> f;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto& [b, fn] : c.fns)
+      if (b == body) {
+        f = fn;
+        break;
+      }
+    if (!f) {
+      if (c.fns.size() >= max_bodies) return std::nullopt;
+      f.emplace(body, name);
+      f->set_retrace_log(false);  // a trace per shape is expected
+      f->set_max_traces(max_traces());
+      c.fns.emplace_back(body, *f);
+    }
+  }
+  ++staged_calls();
+  return (*f)(Operand(x, loc), rest...);
+}
+
+/// softmax or log_softmax along one axis (functional.hpp's ops).
+struct SoftmaxOps {
+  std::int64_t axis;
+  bool take_log;
+  bool operator==(const SoftmaxOps&) const = default;
+  Tensor operator()(const Tensor& xf) const {
+    return functional_detail::softmax_ops(xf, axis, take_log, std::source_location::current());
+  }
+};
+inline std::optional<Tensor> stage_softmax(const Tensor& xf, std::int64_t ax, bool take_log,
+                                           const std::source_location& loc) {
+  return run(SoftmaxOps{ax, take_log}, take_log ? "log_softmax" : "softmax", loc, xf);
+}
+/// functional.hpp's softmax and log_softmax stage through this once any file of the program
+/// includes this header (the umbrella header does).
+inline const bool softmax_stager_set = (functional_detail::softmax_stager() = &stage_softmax, true);
+}  // namespace composite_detail
+
+}  // namespace stagecraft::nn
