@@ -188,7 +188,7 @@ TEST_CASE("composites run staged: LayerNorm's variables get their gradients", "[
   for (std::size_t k = 0; k < 2; ++k) check_close(staged[k], by_ops[k], 2e-5);
 }
 
-TEST_CASE("composites stay op by op: small tensors, traces, the switch; integer inputs stage as f32",
+TEST_CASE("composites stay op by op: small tensors, traces, the switch (integer inputs stage as f32)",
           "[nn][composite][staged]") {
   const std::uint64_t before = cd::staged_calls();
   // The default threshold: 262144 elements, 1M on one thread.
