@@ -40,13 +40,7 @@ void count(benchmark::State& state, std::int64_t n) {
 }
 
 /// Eager composites staged (the default) or op by op while alive.
-struct Staging {
-  bool was = sc::nn::composite_staging();
-  explicit Staging(bool on) { sc::nn::composite_staging() = on; }
-  ~Staging() { sc::nn::composite_staging() = was; }
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-};
+using Staging = sc::nn::CompositeStagingScope;
 
 sc::Tensor sc_call(Fn f, const sc::Tensor& x) {
   return f == Fn::gelu ? sc::nn::gelu(x) : sc::nn::softplus(x);

@@ -18,22 +18,12 @@ using sc::Shape;
 using sc::Tensor;
 namespace cd = sc::nn::composite_detail;
 
-struct Staging {
-  bool was = sc::nn::composite_staging();
-  explicit Staging(bool on) { sc::nn::composite_staging() = on; }
-  ~Staging() { sc::nn::composite_staging() = was; }
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-};
+using Staging = sc::nn::CompositeStagingScope;
 
 /// Composites of at least 32768 elements stage while alive (the default threshold is 262144,
 /// four times that on one thread: the tests' tensors stay small).
-struct Threshold {
-  std::int64_t was = sc::nn::composite_staging_min_elements();
-  Threshold() { sc::nn::composite_staging_min_elements() = sc::num_threads() > 1 ? 32768 : 8192; }
-  ~Threshold() { sc::nn::composite_staging_min_elements() = was; }
-  Threshold(const Threshold&) = delete;
-  Threshold& operator=(const Threshold&) = delete;
+struct Threshold : sc::nn::CompositeStagingScope {
+  Threshold() : CompositeStagingScope(sc::nn::composite_staging(), sc::num_threads() > 1 ? 32768 : 8192) {}
 };
 
 void check_close(const Tensor& a, const Tensor& b, double tol) {
@@ -247,4 +237,28 @@ TEST_CASE("composites run staged: bad input is still the caller's error", "[nn][
   CHECK_THROWS_WITH(sc::nn::softmax(x, 2), Catch::Contains("[softmax]") && Catch::Contains(at(line)));
   line = __LINE__ + 1;
   CHECK_THROWS_WITH(sc::nn::gelu(x > 0), Catch::Contains("[gelu]") && Catch::Contains(at(line)));
+}
+
+TEST_CASE("CompositeStagingScope sets the staging settings and restores them, nested", "[nn][composite][staged]") {
+  const bool on = sc::nn::composite_staging();
+  const std::int64_t min = sc::nn::composite_staging_min_elements();
+  {
+    const sc::nn::CompositeStagingScope outer(false, 100);
+    CHECK_FALSE(sc::nn::composite_staging());
+    CHECK(sc::nn::composite_staging_min_elements() == 100);
+    {
+      const sc::nn::CompositeStagingScope inner(true);  // the threshold stays the outer scope's
+      CHECK(sc::nn::composite_staging());
+      CHECK(sc::nn::composite_staging_min_elements() == 100);
+      sc::nn::composite_staging_min_elements() = 0;  // restored by outer's destructor
+    }
+    CHECK_FALSE(sc::nn::composite_staging());
+    CHECK(sc::nn::composite_staging_min_elements() == 100);
+    // off: a large composite runs op by op
+    const std::uint64_t before = cd::staged_calls();
+    (void)sc::nn::gelu(sc::random::normal({40000}, 9));
+    CHECK(cd::staged_calls() == before);
+  }
+  CHECK(sc::nn::composite_staging() == on);
+  CHECK(sc::nn::composite_staging_min_elements() == min);
 }

@@ -24,20 +24,44 @@
 
 namespace stagecraft::nn {
 
-/// Whether eager composites of large CPU tensors run staged (default true; off: op by op).
-inline bool& composite_staging() {
-  static bool on = true;
+/// Whether eager composites of large CPU tensors run staged (default true; false: op by op). The
+/// setting is the process's; reading and assigning it from several threads is safe.
+inline std::atomic<bool>& composite_staging() {
+  static std::atomic<bool> on{true};
   return on;
 }
 /// The fewest elements of a composite's input for it to run staged with several threads (default
-/// 262144, 1 MiB of f32; with one thread (num_threads()) four times that). Below it the ops' passes
-/// stay in the L2 cache and run about as fast as the staged plan, or faster: measured with
-/// bench/composite_threshold.cpp on a 16-core Xeon (16 threads: 0.5-1.2x at 4096-65536 elements,
-/// 1.5-2.4x at 262144, 4-24x from 1M; 1 thread: 0.7-1.6x at 262144, 0.95-2.6x from 1M).
-inline std::int64_t& composite_staging_min_elements() {
-  static std::int64_t n = 262144;
+/// 262144, 1 MiB of f32; with one thread (num_threads()) four times that; 0: every size). Below it
+/// the ops' passes stay in the L2 cache and run about as fast as the staged plan, or faster:
+/// measured with bench/composite_threshold.cpp on a 16-core Xeon (16 threads: 0.5-1.2x at
+/// 4096-65536 elements, 1.5-2.4x at 262144, 4-24x from 1M; 1 thread: 0.7-1.6x at 262144,
+/// 0.95-2.6x from 1M).
+inline std::atomic<std::int64_t>& composite_staging_min_elements() {
+  static std::atomic<std::int64_t> n{262144};
   return n;
 }
+
+/// While alive, eager composites run staged or not (`on`) and, when given, from `min_elements`
+/// elements; the settings before it come back when it is destroyed. The settings are the
+/// process's, so scopes on several threads at once restore in no defined order.
+class CompositeStagingScope {
+ public:
+  explicit CompositeStagingScope(bool on, std::optional<std::int64_t> min_elements = std::nullopt)
+      : was_on_(composite_staging()), was_min_(composite_staging_min_elements()) {
+    composite_staging() = on;
+    if (min_elements) composite_staging_min_elements() = *min_elements;
+  }
+  ~CompositeStagingScope() {
+    composite_staging() = was_on_;
+    composite_staging_min_elements() = was_min_;
+  }
+  CompositeStagingScope(const CompositeStagingScope&) = delete;
+  CompositeStagingScope& operator=(const CompositeStagingScope&) = delete;
+
+ private:
+  bool was_on_;
+  std::int64_t was_min_;
+};
 
 namespace composite_detail {
 /// Traces kept per composite and parameters (distinct shapes and dtypes; default 8); calls with

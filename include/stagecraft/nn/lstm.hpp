@@ -3,6 +3,7 @@
 // the step runs as a staged function of its own (lstm_cell_staging()): a plan for the forward pass
 // and one for its gradient, not an op (on a GPU a kernel launch) per op.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -29,9 +30,10 @@ namespace stagecraft::nn {
 /// launched) on its own: about 17 forward and 40 backward. Measured on one CPU thread, 50 steps
 /// with backward: 1.29x faster at batch 1 (hidden 64), 1.02-1.05x at batch 32-128 (hidden
 /// 128-256); forward alone 1.24x at batch 1, 0.98x at batch 32. Off: every op runs eagerly.
-/// Traced code is the same either way.
-inline bool& lstm_cell_staging() {
-  static bool on = true;
+/// Traced code is the same either way. The setting is the process's; reading and assigning it
+/// from several threads is safe.
+inline std::atomic<bool>& lstm_cell_staging() {
+  static std::atomic<bool> on{true};
   return on;
 }
 
