@@ -12,6 +12,8 @@
 # examples  fashion_mnist on all 60000 images, CPU and --device cuda (eager, graph)
 # debug     backtraces of crashing GPU tests ($SC_DEBUG_TESTS) and the example's whole output
 # threads   the example at 16 threads under OpenMP/OpenBLAS settings (issue 9's scaling)
+# alternate the example at 8, 12 and 16 threads in turn, $SC_ALTERNATE_ROUNDS rounds (default 7),
+#           with each count's median: a drop from 8 to 16 told from this machine's noise (~40 s)
 # profile   each model's step (mlp, lstm, cnn; $SC_PROFILE_MODELS) eager, staged and as a graph: its
 #           wall time against its host enqueue time, and Nsight Compute's time per kernel
 #           (profile.txt; bench/ncu_summary.py)
@@ -193,6 +195,35 @@ if has threads && fits 40; then
   if [[ -n $best && -n $base16 && $base16 != - ]] && (($(echo "$best" | awk '{print $3}') * 100 > base16 * 103)); then
     SC_SCALING_ENV=$(echo "$best" | awk '{print $2}') && echo "scaling with $SC_SCALING_ENV"
   fi
+fi
+
+# alternate: one run per thread count per round, the counts in turn, so a slow spell of the
+# machine falls on every count alike; medians of the rounds (issue 9: never slower with more threads).
+if has alternate && fits 30; then
+  stamp "alternate: the example's MLP on 20000 images at 8, 12 and 16 threads in turn"
+  ex_s() { grep -o "examples_per_sec=[0-9]*" | cut -d= -f2; }
+  {
+    rounds=${SC_ALTERNATE_ROUNDS:-7}
+    counts="8 12 16"
+    declare -A runs=()
+    for ((k = 1; k <= rounds; ++k)); do
+      fits 8 || break
+      line="round $k:"
+      for n in $counts; do
+        ((n > $(nproc))) && continue
+        e=$(env OMP_NUM_THREADS=$n timeout 30 "$fm" --epochs 1 --limit 20000 2>/dev/null | ex_s)
+        line+=" $n=${e:--}"
+        [[ -n $e ]] && runs[$n]+="$e "
+      done
+      echo "$line"
+    done
+    for n in $counts; do
+      [[ -z ${runs[$n]:-} ]] && continue
+      printf "threads %-3s median %s examples/s of %s runs (%s)\n" "$n" \
+        "$(tr ' ' '\n' <<< "${runs[$n]}" | sed '/^$/d' | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}')" \
+        "$(wc -w <<< "${runs[$n]}")" "${runs[$n]% }"
+    done
+  } | tee "$out/alternate.txt"
 fi
 
 if has scaling && fits 60; then
