@@ -154,9 +154,12 @@ std::vector<sc::Tensor> layer_norm_step(const sc::Tensor& x, const sc::Tensor& r
   return out;
 }
 
-/// The training step's gradients, eager (traced: false) or as one sc::function.
-void layer_norm_grad(benchmark::State& state, bool traced, bool staged = true) {
+/// The training step's gradients, eager (traced: false) or as one sc::function (with `columns`
+/// off: its column sums, gamma's and beta's gradients, as reduction kernels, not in fused groups).
+void layer_norm_grad(benchmark::State& state, bool traced, bool staged = true, bool columns = true) {
   const Staging mode(staged);
+  const bool columns_were = sc::graph::column_reductions();
+  sc::graph::column_reductions() = columns;
   const sc::Tensor &x = x_rows(), &r = r_rows();
   const sc::Tensor gamma = sc::random::uniform({cols}, 0.5, 1.5, 4), beta = sc::random::uniform({cols}, -1.0, 1.0, 5);
   auto fn = sc::function([](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& c, const sc::Tensor& d) {
@@ -173,6 +176,7 @@ void layer_norm_grad(benchmark::State& state, bool traced, bool staged = true) {
       benchmark::DoNotOptimize(out[0].raw_data());
     }
   }
+  sc::graph::column_reductions() = columns_were;
   count(state, rows * cols);
 }
 
@@ -284,6 +288,7 @@ BENCHMARK_CAPTURE(layer_norm_traced, no_chains_no_remat, Lowering::neither)->Use
 BENCHMARK_CAPTURE(layer_norm_grad, eager, false)->UseRealTime();
 BENCHMARK_CAPTURE(layer_norm_grad, eager_ops, false, false)->UseRealTime();
 BENCHMARK_CAPTURE(layer_norm_grad, traced, true)->UseRealTime();
+BENCHMARK_CAPTURE(layer_norm_grad, traced_no_columns, true, true, false)->UseRealTime();
 BENCHMARK_CAPTURE(softmax_eager, staged, true)->UseRealTime();
 BENCHMARK_CAPTURE(softmax_eager, ops, false)->UseRealTime();
 BENCHMARK_CAPTURE(softmax_traced, full, Lowering::full)->UseRealTime();

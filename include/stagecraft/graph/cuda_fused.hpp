@@ -488,8 +488,9 @@ STAGECRAFT_COMPILED_INLINE bool& cuda_vector_loads() {
 
 STAGECRAFT_COMPILED_INLINE bool cuda_fusible(const FusedProgram& p) {
   if (detail_cuda_fused::c_type(p.dtype) == nullptr) return false;
-  if (p.reduction && (!is_floating(p.dtype) || (p.reduction->op != ops::OpId::Sum && p.reduction->op != ops::OpId::Max &&
-                                                p.reduction->op != ops::OpId::Min)))
+  if (p.reduction && (!is_floating(p.dtype) || p.reduction->leading ||  // (column reductions: the CPU's only)
+                      (p.reduction->op != ops::OpId::Sum && p.reduction->op != ops::OpId::Max &&
+                       p.reduction->op != ops::OpId::Min)))
     return false;
   for (const FusedInstr& c : p.code)
     if (static_cast<int>(c.op) >= ops::num_ops || detail_cuda_fused::rule_names[static_cast<std::size_t>(c.op)].empty())

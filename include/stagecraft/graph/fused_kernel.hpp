@@ -491,6 +491,103 @@ void run_reduction(const PreparedFused& pf, RunState& st, T* out) {
   }
 }
 
+/// Columns one task of a column reduction covers at most (a multiple of every batch size; from the
+/// shape only, as the row chunks, so results do not depend on the thread count).
+inline constexpr std::int64_t column_group = 2048;
+
+/// A reduction over the program's leading axes (FusedReduction::leading): out[c] = reduction over
+/// the rows r of reg[r * C + c]. Tasks take a chunk of rows and a group of columns, evaluate the
+/// program over those elements (whole rows at once when a group is every column) and accumulate
+/// each tile into the chunk's row of partial results as the backend's column reduction does (the
+/// same chunks, a sum's rows pairwise in blocks of col_block, the first row copied), and the
+/// chunks' partial rows are reduced by that kernel: every column adds in the eager sum's order,
+/// so the results are its bits. Every element of the program is evaluated once, so its
+/// elementwise outputs are written as by run_tiles over the whole range.
+template <class Rd, class T>
+void run_columns(const PreparedFused& pf, RunState& st, T* out) {
+  namespace cpu = backend::cpu;
+  const FusedReduction& rd = *pf.program.reduction;
+  const std::int64_t C = rd.inner, R = pf.numel / C;
+  const std::int64_t cw = std::min(C, column_group), groups = (C + cw - 1) / cw;
+  if (pf.batch_dependent && C % static_cast<std::int64_t>(batch<T>::size) != 0) {
+    // Rows that do not start on a batch boundary would batch other elements together than the
+    // eager op's flat loop (sin and cos): flat tiles into a buffer, then the column reduction.
+    std::vector<T> flat(static_cast<std::size_t>(pf.numel));
+    cpu::parallel_for(pf.numel, pf.grain, [&](std::int64_t b, std::int64_t e) {
+      run_tiles<T>(pf, st, b, e, [&](const auto& at, std::int64_t t0, std::int64_t len) {
+        std::copy_n(at(rd.reg, t0), len, flat.data() + t0);
+      });
+    });
+    cpu::reduce3<Rd, T, T>(flat.data(), out, 1, R, C);
+    return;
+  }
+  // The chunks of rows the backend's column reduction (reduce3) cuts [R, C] into, so that every
+  // column adds in its order: the eager sum's bits.
+  std::int64_t chunks = 1;
+  {
+    const std::int64_t ntiles = (C + cpu::col_tile - 1) / cpu::col_tile;
+    if (R * C >= cpu::grain_cheap && ntiles < cpu::split_target / 4) {
+      const std::int64_t min_rows = std::max<std::int64_t>(2, 512 / std::min(C, cpu::col_tile));
+      chunks = std::max<std::int64_t>(1, std::min((cpu::split_target + ntiles - 1) / ntiles, R / min_rows));
+    }
+  }
+  const std::int64_t per = (R + chunks - 1) / chunks;
+  chunks = (R + per - 1) / per;  // no empty chunk
+  // (out is written last: the plan may give it the buffer of an input that the tiles read)
+  st.partials.resize(static_cast<std::size_t>(chunks * C) * sizeof(T));
+  T* part = reinterpret_cast<T*>(st.partials.data());
+  int levels = 1;  // scratch rows the pairwise split needs (one per level; a few spare)
+  for (std::int64_t n = per; n > 0; n /= 2) ++levels;
+  const std::int64_t grain = std::max<std::int64_t>(1, pf.grain / (per * cw));
+  cpu::parallel_tasks(chunks * groups, grain, [&](std::int64_t tb, std::int64_t te) {
+    thread_local std::vector<T> scratch;
+    if (scratch.size() < static_cast<std::size_t>(levels * cw)) scratch.resize(static_cast<std::size_t>(levels * cw));
+    for (std::int64_t t = tb; t < te; ++t) {
+      const std::int64_t c = t / groups, c0 = (t % groups) * cw, len = std::min(cw, C - c0);
+      // acc[0, len) = the reduction of rows [r0, r1) (r1 - r0 <= col_block, or any for max, min)
+      const auto leaf = [&](std::int64_t r0, std::int64_t r1, T* acc) {
+        const auto take = [&](std::int64_t row, std::int64_t col, const T* v, std::int64_t n) {
+          if (row == r0) std::copy_n(v, n, acc + col);
+          else cpu::accumulate_row<Rd, T, T>(acc + col, v, n);
+        };
+        if (len == C) {  // whole rows: one pass over them
+          run_tiles<T>(pf, st, r0 * C, r1 * C, [&](const auto& at, std::int64_t t0, std::int64_t n) {
+            const T* v = at(rd.reg, t0);
+            for (std::int64_t i = t0, e = t0 + n; i < e;) {
+              const std::int64_t row = i / C, col = i - row * C, k = std::min(e - i, C - col);
+              take(row, col, v + (i - t0), k);
+              i += k;
+            }
+          });
+          return;
+        }
+        for (std::int64_t row = r0; row < r1; ++row) {
+          const std::int64_t b = row * C + c0;
+          run_tiles<T>(pf, st, b, b + len, [&](const auto& at, std::int64_t t0, std::int64_t n) {
+            take(row, t0 - b, at(rd.reg, t0), n);
+          });
+        }
+      };
+      const auto rows = [&](const auto& self, std::int64_t r0, std::int64_t r1, T* acc, int level) -> void {
+        if constexpr (Rd::is_sum) {
+          if (r1 - r0 > cpu::col_block) {
+            const std::int64_t h = (r1 - r0) / 2;
+            self(self, r0, r0 + h, acc, level + 1);
+            T* tmp = scratch.data() + level * cw;
+            self(self, r0 + h, r1, tmp, level + 1);
+            cpu::accumulate_row<Rd, T, T>(acc, tmp, len);
+            return;
+          }
+        }
+        leaf(r0, r1, acc);
+      };
+      rows(rows, c * per, std::min(R, (c + 1) * per), part + c * C + c0, 0);
+    }
+  });
+  if (chunks > 1) cpu::reduce3<Rd, T, T>(part, out, 1, chunks, C, false);
+  else std::copy_n(part, C, out);
+}
+
 STAGECRAFT_COMPILED_INLINE bool overlaps(const Tensor& a, const Tensor& b);
 
 /// Throws, naming the tensor, unless t is a concrete tensor on `dev` of dtype `dt` and shape
@@ -641,6 +738,14 @@ STAGECRAFT_COMPILED_INLINE void run(const PreparedFused& pf, std::span<const Ten
     }
     if constexpr (std::is_floating_point_v<T>) {
       T* out = static_cast<T*>(outputs[nout - 1].raw_data());
+      if (p.reduction->leading) {
+        switch (p.reduction->op) {
+          case ops::OpId::Max: f::run_columns<backend::cpu::MaxReducer, T>(pf, st, out); break;
+          case ops::OpId::Min: f::run_columns<backend::cpu::MinReducer, T>(pf, st, out); break;
+          default: f::run_columns<backend::cpu::SumReducer, T>(pf, st, out); break;
+        }
+        return;
+      }
       switch (p.reduction->op) {
         case ops::OpId::Max: f::run_reduction<backend::cpu::MaxReducer, T>(pf, st, out); break;
         case ops::OpId::Min: f::run_reduction<backend::cpu::MinReducer, T>(pf, st, out); break;

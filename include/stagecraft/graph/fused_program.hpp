@@ -19,14 +19,20 @@ struct FusedInstr {
   friend bool operator==(const FusedInstr&, const FusedInstr&) = default;
 };
 
-/// The reduction a program feeds (its consumer): register `reg` reduced over its trailing `inner`
-/// elements by sum, max or min (op is OpId::Sum, Max or Min), giving numel / inner results of
-/// shape out_shape. The register is reduced tile by tile as it is computed, never stored whole.
+/// The reduction a program feeds (its consumer): register `reg`, seen as rows of `inner`
+/// elements, reduced by sum, max or min (op is OpId::Sum, Max or Min). Over each row (its trailing
+/// `inner` elements: numel / inner results), or with `leading`, over the rows (its leading axes, a
+/// column sum: `inner` results), of shape out_shape. The register is reduced tile by tile as it is
+/// computed, never stored whole. Leading reductions run on the CPU only, each column adding in the
+/// reduction kernel's order (its bits).
 struct FusedReduction {
   ops::OpId op = ops::OpId::Sum;
   int reg = -1;
   std::int64_t inner = 1;
   Shape out_shape;
+  bool leading = false;
+  /// Results: numel / inner over rows, inner over columns.
+  std::int64_t results(std::int64_t numel) const { return leading ? inner : numel / inner; }
 };
 
 /// An input read through a window of a larger tensor (a slice the fusion pass took into the

@@ -150,9 +150,10 @@ STAGECRAFT_COMPILED_INLINE void validate(const FusedProgram& p) {
     if (rd.reg < 0 || rd.reg >= nin + static_cast<int>(p.code.size()))
       fail_program("the reduced register " + std::to_string(rd.reg) + " does not exist");
     if (p.operand(static_cast<std::size_t>(rd.reg))) fail_program("the reduced register is an operand input");
-    if (n == 0 || rd.inner < 1 || n % rd.inner != 0 || rd.out_shape.numel() != n / rd.inner)
-      fail_program("a reduction over " + std::to_string(rd.inner) + " trailing elements of " + p.out_shape.str() +
-                   " cannot give shape " + rd.out_shape.str());
+    if (n == 0 || rd.inner < 1 || n % rd.inner != 0 || rd.out_shape.numel() != rd.results(n))
+      fail_program("a reduction over " + (rd.leading ? "the rows of " + std::to_string(rd.inner) + " elements"
+                                                     : std::to_string(rd.inner) + " trailing elements") +
+                   " of " + p.out_shape.str() + " cannot give shape " + rd.out_shape.str());
   }
 }
 

@@ -118,7 +118,8 @@ inline std::optional<std::pair<RowUnit, Shape>> unit_of(const Graph& g, const St
     const FusedProgram& p = s.fused->program;
     if (p.any_window() || p.any_out_window() || p.any_converted() || p.out_shape.rank() < 2) return std::nullopt;
     if (p.dtype != DType::f32 && p.dtype != DType::f64) return std::nullopt;
-    if (p.reduction && p.reduction->inner != p.out_shape[p.out_shape.rank() - 1]) return std::nullopt;
+    if (p.reduction && (p.reduction->leading || p.reduction->inner != p.out_shape[p.out_shape.rank() - 1]))
+      return std::nullopt;
     u.fused = s.fused;
     u.width = p.out_shape[p.out_shape.rank() - 1];
     return std::pair{u, p.out_shape};

@@ -2,7 +2,8 @@
 // broadcasting inputs) into one FusedProgram each, run as one pass over the data; a matmul whose
 // result the group reads runs in the same step (its epilogue: bias, activation; CPU only), and a
 // sum, max or min over trailing axes of a group's value consumes it tile by tile (never stored
-// whole; on a GPU, row by row in the group's generated kernel), and a concat of the group's values
+// whole; on a GPU, row by row in the group's generated kernel), on the CPU also one over leading
+// axes (a column sum: column_reductions()), and a concat of the group's values
 // is written by the group itself, each piece through its window of the concat's result.
 #pragma once
 #include <algorithm>
@@ -347,8 +348,9 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
       const Node& rn = g.nodes[fg.reduce];
       r.group_of[fg.reduce] = gid;
       fg.nodes.push_back(fg.reduce);
-      fg.program.reduction = FusedReduction{rn.op, reg[rn.inputs[0]], detail_fuse::trailing_inner(g, rn),
-                                            g.values[rn.outputs[0]].shape};
+      const std::int64_t trailing = detail_fuse::trailing_inner(g, rn);
+      fg.program.reduction = FusedReduction{rn.op, reg[rn.inputs[0]], trailing > 0 ? trailing : detail_fuse::leading_kept(g, rn),
+                                            g.values[rn.outputs[0]].shape, trailing == 0};
     }
     if (fg.head >= 0) r.group_of[fg.head] = gid;
     // Concats of the group's values after it: the group writes their results (their pieces are

@@ -67,6 +67,11 @@ STAGECRAFT_COMPILED_INLINE bool& concat_fusion();
 /// default (layer_norm's centred values are then never stored). Off for comparisons.
 STAGECRAFT_COMPILED_INLINE bool& rematerialize();
 
+/// Whether a CPU group's value summed (max, min) over leading axes (a column sum: sum(x, {0}) of a
+/// matrix, a bias's or LayerNorm gamma's gradient) is reduced by the group as it is computed,
+/// instead of written and read again by a reduction kernel: on by default. Off for comparisons.
+STAGECRAFT_COMPILED_INLINE bool& column_reductions();
+
 /// The most multiply-adds a group may spend forming one product's elements (each element it reads
 /// costs the product's inner extent); larger products stay a library call (cuBLAS). Default 2^20:
 /// an LSTM step's recurrent product up to a batch of 64 at 64 hidden units.
@@ -83,6 +88,11 @@ STAGECRAFT_COMPILED_INLINE bool& concat_fusion() {
 }
 
 STAGECRAFT_COMPILED_INLINE bool& rematerialize() {
+  static bool on = true;
+  return on;
+}
+
+STAGECRAFT_COMPILED_INLINE bool& column_reductions() {
   static bool on = true;
   return on;
 }
@@ -124,6 +134,9 @@ STAGECRAFT_COMPILED_INLINE bool readers_ok(const Graph& g, const std::vector<std
 
 /// The trailing element count a reduction node reduces (its axes a suffix of its input's), or 0.
 STAGECRAFT_COMPILED_INLINE std::int64_t trailing_inner(const Graph& g, const Node& r);
+/// The element count a reduction node keeps when its axes are a prefix of its input's that leaves
+/// more than one element (a column reduction: sum(x, {0}) of a matrix), or 0.
+STAGECRAFT_COMPILED_INLINE std::int64_t leading_kept(const Graph& g, const Node& r);
 
 /// True when node n is a sum/max/min that can consume a group's value: the CPU evaluator's tiles
 /// or, on a GPU, the generated kernel's rows (sc_fused_r) reduce it as it is computed.
@@ -252,6 +265,20 @@ STAGECRAFT_COMPILED_INLINE std::int64_t trailing_inner(const Graph& g, const Nod
   return inner;
 }
 
+STAGECRAFT_COMPILED_INLINE std::int64_t leading_kept(const Graph& g, const Node& r) {
+  const Shape& s = g.values[r.inputs[0]].shape;
+  if (r.attrs.ints.empty()) return 0;  // every axis: trailing_inner's
+  Shape axes;
+  for (std::int64_t a : r.attrs.ints) axes.push_back(a < 0 ? a + s.rank() : a);
+  std::sort(axes.begin(), axes.end());
+  if (axes.rank() >= s.rank()) return 0;
+  for (int k = 0; k < axes.rank(); ++k)
+    if (axes[k] != k) return 0;
+  std::int64_t kept = 1;
+  for (int k = axes.rank(); k < s.rank(); ++k) kept *= s[k];
+  return kept > 1 ? kept : 0;  // (one column: the kernel sums it as a row, in another order)
+}
+
 STAGECRAFT_COMPILED_INLINE bool reduction_candidate(const Graph& g, const Node& n) {
   if (n.kind != NodeKind::op || n.outputs.size() != 1 || n.inputs.size() != 1) return false;
   if (n.op != ops::OpId::Sum && n.op != ops::OpId::Max && n.op != ops::OpId::Min) return false;
@@ -259,7 +286,7 @@ STAGECRAFT_COMPILED_INLINE bool reduction_candidate(const Graph& g, const Node& 
   const Value& out = g.values[n.outputs[0]];
   const bool here = in.device.is_cpu() || (in.device.is_cuda() && cuda_fusion());
   return here && out.device == in.device && is_floating(in.dtype) && out.dtype == in.dtype && in.shape.numel() > 0 &&
-         trailing_inner(g, n) > 0;
+         (trailing_inner(g, n) > 0 || (in.device.is_cpu() && column_reductions() && leading_kept(g, n) > 0));
 }
 
 STAGECRAFT_COMPILED_INLINE bool windowable(const Graph& g, const std::vector<std::vector<int>>& users,
