@@ -444,6 +444,19 @@ void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std:
   }
 }
 
+/// Register `reg` over the whole program in flat tiles (as the eager op's flat loop batches its
+/// elements), into a buffer: the reductions' path for programs whose SIMD bits depend on the batch.
+template <class T>
+std::vector<T> flat_values(const PreparedFused& pf, const RunState& st, int reg) {
+  std::vector<T> flat(static_cast<std::size_t>(pf.numel));
+  backend::cpu::parallel_for(pf.numel, pf.grain, [&](std::int64_t b, std::int64_t e) {
+    run_tiles<T>(pf, st, b, e, [&](const auto& at, std::int64_t t0, std::int64_t len) {
+      std::copy_n(at(reg, t0), len, flat.data() + t0);
+    });
+  });
+  return flat;
+}
+
 /// Elements one reduction task covers (a whole number of tiles, from the shape only, so results
 /// do not depend on the thread count).
 inline constexpr std::int64_t reduce_chunk_tiles = 32;
@@ -455,12 +468,7 @@ void run_reduction(const PreparedFused& pf, RunState& st, T* out) {
     // Rows that do not start on a batch boundary would batch other elements together than the
     // eager op's flat loop, which changes the bits of sin and cos: the program runs over the whole
     // output in flat tiles (into a buffer), then each row is reduced.
-    std::vector<T> flat(static_cast<std::size_t>(pf.numel));
-    backend::cpu::parallel_for(pf.numel, pf.grain, [&](std::int64_t b, std::int64_t e) {
-      run_tiles<T>(pf, st, b, e, [&](const auto& at, std::int64_t t0, std::int64_t len) {
-        std::copy_n(at(rd.reg, t0), len, flat.data() + t0);
-      });
-    });
+    const std::vector<T> flat = flat_values<T>(pf, st, rd.reg);
     for (std::int64_t row = 0; row < pf.numel / rd.inner; ++row)
       out[row] = backend::cpu::reduce_row<Rd, T, T>(flat.data() + row * rd.inner, rd.inner);
     return;
@@ -512,27 +520,13 @@ void run_columns(const PreparedFused& pf, RunState& st, T* out) {
   if (pf.batch_dependent && C % static_cast<std::int64_t>(batch<T>::size) != 0) {
     // Rows that do not start on a batch boundary would batch other elements together than the
     // eager op's flat loop (sin and cos): flat tiles into a buffer, then the column reduction.
-    std::vector<T> flat(static_cast<std::size_t>(pf.numel));
-    cpu::parallel_for(pf.numel, pf.grain, [&](std::int64_t b, std::int64_t e) {
-      run_tiles<T>(pf, st, b, e, [&](const auto& at, std::int64_t t0, std::int64_t len) {
-        std::copy_n(at(rd.reg, t0), len, flat.data() + t0);
-      });
-    });
+    const std::vector<T> flat = flat_values<T>(pf, st, rd.reg);
     cpu::reduce3<Rd, T, T>(flat.data(), out, 1, R, C);
     return;
   }
   // The chunks of rows the backend's column reduction (reduce3) cuts [R, C] into, so that every
   // column adds in its order: the eager sum's bits.
-  std::int64_t chunks = 1;
-  {
-    const std::int64_t ntiles = (C + cpu::col_tile - 1) / cpu::col_tile;
-    if (R * C >= cpu::grain_cheap && ntiles < cpu::split_target / 4) {
-      const std::int64_t min_rows = std::max<std::int64_t>(2, 512 / std::min(C, cpu::col_tile));
-      chunks = std::max<std::int64_t>(1, std::min((cpu::split_target + ntiles - 1) / ntiles, R / min_rows));
-    }
-  }
-  const std::int64_t per = (R + chunks - 1) / chunks;
-  chunks = (R + per - 1) / per;  // no empty chunk
+  const std::int64_t per = cpu::chunk_rows(1, R, C), chunks = (R + per - 1) / per;
   // (out is written last: the plan may give it the buffer of an input that the tiles read)
   st.partials.resize(static_cast<std::size_t>(chunks * C) * sizeof(T));
   T* part = reinterpret_cast<T*>(st.partials.data());

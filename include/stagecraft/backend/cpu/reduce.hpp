@@ -144,9 +144,20 @@ void reduce_cols(const In* x, std::int64_t rows, std::int64_t stride, std::int64
 
 // ---- one [outer, R, inner] step ---------------------------------------------------------
 
+/// The rows of each chunk reduce3 cuts R into for a [outer, R, inner] reduction (R: no cut). From
+/// the shape only, so results do not depend on the thread count; the fused evaluator's column
+/// reductions cut alike to add every column in the same order.
+inline std::int64_t chunk_rows(std::int64_t outer, std::int64_t R, std::int64_t inner) {
+  const std::int64_t natural = outer * ((inner + col_tile - 1) / col_tile);
+  if (outer * R * inner < grain_cheap || natural >= split_target / 4) return R;
+  const std::int64_t min_rows = std::max<std::int64_t>(2, 512 / std::min(inner, col_tile));
+  const std::int64_t chunks = std::min((split_target + natural - 1) / natural, R / min_rows);
+  return chunks < 2 ? R : (R + chunks - 1) / chunks;
+}
+
 /// y[o, i] = reduction over r of x[o, r, i]; R >= 1. Threads go over rows (and column tiles);
-/// when those are too few for a big reduction, R is cut into chunks whose partial results
-/// are reduced in a second, small step.
+/// when those are too few for a big reduction, R is cut into chunks (chunk_rows) whose partial
+/// results are reduced in a second, small step.
 template <class Rd, class In, class Out>
 void reduce3(const In* x, Out* y, std::int64_t outer, std::int64_t R, std::int64_t inner, bool allow_split = true) {
   const std::int64_t len = std::min(inner, col_tile);
@@ -158,19 +169,14 @@ void reduce3(const In* x, Out* y, std::int64_t outer, std::int64_t R, std::int64
     if (inner == 1) *dst = reduce_row<Rd, In, Out>(src, r1 - r0);
     else reduce_cols<Rd, In, Out>(src, r1 - r0, inner, std::min(len, inner - t * col_tile), dst + t * col_tile);
   };
-  std::int64_t chunks = 1;
-  if (allow_split && outer * R * inner >= grain_cheap && natural < split_target / 4) {
-    const std::int64_t min_rows = std::max<std::int64_t>(2, 512 / len);
-    chunks = std::min((split_target + natural - 1) / natural, R / min_rows);
-  }
-  if (chunks < 2) {
+  const std::int64_t per = allow_split ? chunk_rows(outer, R, inner) : R;
+  if (per >= R) {
     parallel_tasks(natural, grain_cheap / (R * len), [&](std::int64_t b, std::int64_t e) {
       for (std::int64_t k = b; k < e; ++k) block(k / ntiles, k % ntiles, 0, R, y + (k / ntiles) * inner);
     });
     return;
   }
-  const std::int64_t per = (R + chunks - 1) / chunks;
-  chunks = (R + per - 1) / per;  // no empty chunk
+  const std::int64_t chunks = (R + per - 1) / per;
   Tensor part = detail::empty_tensor(Shape{outer * chunks * inner}, dtype_of<Out>(), Device::cpu());
   Out* p = static_cast<Out*>(part.raw_data());
   parallel_tasks(natural * chunks, 1, [&](std::int64_t b, std::int64_t e) {
