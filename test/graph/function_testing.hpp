@@ -6,12 +6,15 @@
 #include <cstdint>
 #include <type_traits>
 #include <memory>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include <stagecraft/graph/function.hpp>
 #include <stagecraft/stagecraft.hpp>
 
+#include "passes_testing.hpp"
 #include "testing.hpp"
 
 namespace sctest::function {
@@ -36,6 +39,18 @@ bool same_bits(const sc::Tensor& a, const sc::Tensor& b) {
   using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
   for (std::size_t i = 0; same && i < x.size(); ++i) same = std::bit_cast<U>(x[i]) == std::bit_cast<U>(y[i]);
   return same;
+}
+
+/// f traced (a fresh sc::function) with a pass switch (sc::graph::rematerialize(), ...) set to `on`
+/// and restored after: its plan listing and results.
+template <class F, class... A>
+std::pair<std::string, std::vector<sc::Tensor>> traced_with(bool& pass, bool on, const F& f, const A&... args) {
+  const sctest::passes::Switch<bool> mode(pass, on);
+  auto fn = sc::function(f);
+  std::vector<sc::Tensor> outs;
+  if constexpr (std::is_same_v<decltype(fn(args...)), sc::Tensor>) outs.push_back(fn(args...));
+  else std::apply([&](const auto&... o) { (outs.push_back(o), ...); }, fn(args...));
+  return {fn.get_concrete(args...).plan().str(), outs};
 }
 
 /// The plan a GPU lowers for c's graph, without a GPU: every value relabelled cuda:0, optimized

@@ -26,13 +26,8 @@ using sctest::function::same_bits;
 
 /// f traced (a fresh sc::function) with column reductions on or off: its plan listing and results.
 template <class F, class... A>
-std::pair<std::string, std::vector<sc::Tensor>> traced(bool on, const F& f, const A&... args) {
-  const sctest::passes::Switch<bool> mode(sc::graph::column_reductions(), on);
-  auto fn = sc::function(f);
-  std::vector<sc::Tensor> outs;
-  if constexpr (std::is_same_v<decltype(fn(args...)), sc::Tensor>) outs.push_back(fn(args...));
-  else std::apply([&](const auto&... o) { (outs.push_back(o), ...); }, fn(args...));
-  return {fn.get_concrete(args...).plan().str(), outs};
+auto traced(bool on, const F& f, const A&... args) {
+  return sctest::function::traced_with(sc::graph::column_reductions(), on, f, args...);
 }
 
 enum class Red { sum, max, min };
