@@ -16,7 +16,7 @@ namespace {
 
 constexpr std::int64_t n_elems = std::int64_t{1} << 24;  // 16M floats, 64 MiB per buffer
 
-enum class Fn { add, mul, exp, tanh, sigmoid };
+enum class Fn { add, mul, exp, tanh, sigmoid, erf };
 
 // The fixtures: two inputs and a preallocated output, shared by every library.
 struct Buffers {
@@ -44,6 +44,7 @@ sc::Tensor sc_call(Fn f, const sc::Tensor& a, const sc::Tensor& b) {
     case Fn::exp: return sc::exp(a);
     case Fn::tanh: return sc::tanh(a);
     case Fn::sigmoid: return sc::sigmoid(a);
+    case Fn::erf: return sc::erf(a);
   }
   return {};
 }
@@ -80,6 +81,10 @@ void hand_loop(Fn f, const float* __restrict a, const float* __restrict b, float
     case Fn::sigmoid:
 #pragma omp parallel for simd
       for (std::int64_t i = 0; i < n; ++i) y[i] = 1.f / (1.f + std::exp(-a[i]));
+      break;
+    case Fn::erf:
+#pragma omp parallel for simd
+      for (std::int64_t i = 0; i < n; ++i) y[i] = std::erf(a[i]);
       break;
   }
 }
@@ -120,6 +125,9 @@ void xsimd_fn(benchmark::State& state, Fn f) {
       case Fn::sigmoid:
         xsimd_loop(buf.pa(), buf.pb(), buf.po(), n_elems, [](B x, B) { return B(1.f) / (B(1.f) + xsimd::exp(-x)); });
         break;
+      case Fn::erf:  // what sc::erf on f32 was until session 54 (now its own rational function)
+        xsimd_loop(buf.pa(), buf.pb(), buf.po(), n_elems, [](B x, B) { return xsimd::erf(x); });
+        break;
     }
     benchmark::ClobberMemory();
   }
@@ -159,6 +167,7 @@ void xtensor_fn(benchmark::State& state, Fn f) {
       case Fn::sigmoid:
         xt_assign(buf.po(), n_elems, [&](auto b, auto e) { return 1.f / (1.f + xt::exp(-view(pa, b, e))); });
         break;
+      case Fn::erf: xt_assign(buf.po(), n_elems, [&](auto b, auto e) { return xt::erf(view(pa, b, e)); }); break;
     }
     benchmark::ClobberMemory();
   }
@@ -173,6 +182,7 @@ at::Tensor torch_call(Fn f, const at::Tensor& a, const at::Tensor& b) {
     case Fn::exp: return at::exp(a);
     case Fn::tanh: return at::tanh(a);
     case Fn::sigmoid: return at::sigmoid(a);
+    case Fn::erf: return at::erf(a);
   }
   return {};
 }
@@ -200,6 +210,7 @@ void torch_out_fn(benchmark::State& state, Fn f) {
       case Fn::exp: at::exp_out(y, a); break;
       case Fn::tanh: at::tanh_out(y, a); break;
       case Fn::sigmoid: at::sigmoid_out(y, a); break;
+      case Fn::erf: at::erf_out(y, a); break;
     }
     benchmark::ClobberMemory();
   }
@@ -209,7 +220,7 @@ void torch_out_fn(benchmark::State& state, Fn f) {
 
 void register_all() {
   const std::pair<const char*, Fn> fns[] = {
-      {"add", Fn::add}, {"mul", Fn::mul}, {"exp", Fn::exp}, {"tanh", Fn::tanh}, {"sigmoid", Fn::sigmoid}};
+      {"add", Fn::add}, {"mul", Fn::mul}, {"exp", Fn::exp}, {"tanh", Fn::tanh}, {"sigmoid", Fn::sigmoid}, {"erf", Fn::erf}};
   for (const auto& [name, f] : fns) {
     const std::string s = std::string("elementwise_16M/") + name + "/";
     benchmark::RegisterBenchmark((s + "stagecraft").c_str(), stagecraft_fn, f)->UseRealTime();
