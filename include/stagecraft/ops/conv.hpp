@@ -353,7 +353,7 @@ struct ConvPlan {
   static int available_threads() {
 #if SC_HAS_OPENMP
     if (omp_in_parallel() || openblas_get_parallel() != OPENBLAS_OPENMP) return 1;
-    return omp_get_max_threads();
+    return num_threads();
 #else
     return 1;
 #endif

@@ -16,6 +16,13 @@
 
 namespace stagecraft::backend::cpu {
 
+/// Before a product: the calling thread's OpenMP count settled (the CPU quota; OpenBLAS's OpenMP
+/// build reads that count at each call) and OpenBLAS's core chosen.
+inline void blas_ready() {
+  stagecraft::detail::settle_thread_count();
+  ensure_blas_core();
+}
+
 namespace blas_detail {
 
 inline blasint bi(std::int64_t v) { return static_cast<blasint>(v); }
@@ -72,18 +79,18 @@ bool split_gemm(std::int64_t M, std::int64_t N, std::int64_t K, const T* A, std:
 /// (tb: [N,K]); leading dimensions are the stored row lengths. M, K, N > 0.
 template <class T>
 void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const T* A, const T* B, T* C, bool ta, bool tb) {
-  ensure_blas_core();
+  blas_ready();
   if (split_gemm(M, N, K, A, ta ? M : K, ta, B, tb ? K : N, tb, C, N, T(0))) return;
   const BlasThreadCap cap(2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
   gemm_call(M, N, K, A, ta ? M : K, ta, B, tb ? K : N, tb, C, N, T(0));
 }
 /// y = op(A) x with A stored [rows, cols] row-major: y[rows] = A x, or (t) y[cols] = A^T x.
 inline void gemv(std::int64_t rows, std::int64_t cols, const float* A, const float* x, float* y, bool t) {
-  ensure_blas_core();
+  blas_ready();
   cblas_sgemv(CblasRowMajor, tr(t), bi(rows), bi(cols), 1.f, A, bi(cols), x, 1, 0.f, y, 1);
 }
 inline void gemv(std::int64_t rows, std::int64_t cols, const double* A, const double* x, double* y, bool t) {
-  ensure_blas_core();
+  blas_ready();
   cblas_dgemv(CblasRowMajor, tr(t), bi(rows), bi(cols), 1.0, A, bi(cols), x, 1, 0.0, y, 1);
 }
 
@@ -257,7 +264,7 @@ void gemm_ld(std::int64_t M, std::int64_t N, std::int64_t K, const T* A, std::in
     return;
   }
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    ensure_blas_core();
+    blas_ready();
     // OpenBLAS scales C by beta in a pass of its own (sgemm_beta) before it adds the product,
     // and that pass was 5% of a CNN training step: zeroing C ourselves (memset) and adding
     // with beta = 1 costs less.

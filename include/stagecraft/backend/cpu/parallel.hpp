@@ -4,25 +4,61 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 
 #include "../../config.hpp"
+#include "cpu_quota.hpp"
 #if SC_HAS_OPENMP
 #include <omp.h>
 #endif
 
 namespace stagecraft {
 
-/// Threads the CPU backend uses (OpenMP's max threads; 1 without OpenMP).
+namespace detail {
+/// The thread count the process's CPU quota allows (cpu_quota.hpp) where the user set none
+/// through OMP_NUM_THREADS; 0 when nothing is to be lowered. Read once per process.
+inline int quota_thread_cap() {
+  static const int cap = [] {
+    if (std::getenv("OMP_NUM_THREADS") != nullptr) return 0;
+    const std::optional<double> q = backend::cpu::cpu_quota();
+    return q ? backend::cpu::threads_for_quota(*q) : 0;
+  }();
+  return cap;
+}
+/// Whether the calling thread's count was settled (the quota applied, or set_num_threads called).
+inline bool& thread_count_settled() {
+  thread_local bool settled = false;
+  return settled;
+}
+/// Once per thread, before its first parallel region or BLAS product: lowers OpenMP's count for
+/// this thread to what the CPU quota allows, when the count is still the runtime's default (one
+/// per CPU the process may run on). A count the program chose stays.
+inline void settle_thread_count() {
+#if SC_HAS_OPENMP
+  bool& settled = thread_count_settled();
+  if (SC_LIKELY(settled) || omp_in_parallel()) return;
+  settled = true;
+  const int cap = quota_thread_cap(), max = omp_get_max_threads();
+  if (cap > 0 && max > cap && max == backend::cpu::affinity_cpus()) omp_set_num_threads(cap);
+#endif
+}
+}  // namespace detail
+
+/// Threads the CPU backend uses: OpenMP's max threads (at most the process's CPU quota in whole
+/// CPUs unless OMP_NUM_THREADS or set_num_threads said otherwise); 1 without OpenMP.
 inline int num_threads() {
 #if SC_HAS_OPENMP
+  detail::settle_thread_count();
   return omp_get_max_threads();
 #else
   return 1;
 #endif
 }
-/// Sets the CPU backend's thread count (OpenBLAS follows, as it shares the OpenMP runtime).
+/// Sets the CPU backend's thread count for the calling thread (OpenBLAS follows, as it shares the
+/// OpenMP runtime); the CPU quota no longer lowers it.
 inline void set_num_threads(int n) {
 #if SC_HAS_OPENMP
+  detail::thread_count_settled() = true;
   omp_set_num_threads(std::max(1, n));
 #else
   (void)n;
@@ -126,7 +162,7 @@ class BlasThreadCap {
 template <class F>
 void parallel_for(std::int64_t n, std::int64_t grain, F&& f) {
 #if SC_HAS_OPENMP
-  if (n >= grain && n >= 2 * 64 && !omp_in_parallel() && omp_get_max_threads() > 1) {
+  if (n >= grain && n >= 2 * 64 && !omp_in_parallel() && num_threads() > 1) {
     const std::int64_t per_thread = std::max<std::int64_t>(grain / 2, 64) * parallel_grain_scale();
     const int want = static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), n / per_thread));
     if (want > 1) {
