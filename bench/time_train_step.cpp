@@ -5,7 +5,7 @@
 //   g++ -std=c++20 -O2 -march=x86-64-v3 -fopenmp -DNDEBUG -I<tree>/include -Iexamples
 //       -I/usr/include/x86_64-linux-gnu/openblas-openmp bench/time_train_step.cpp -lopenblas -lz
 //   (one command line)
-//   ./a.out [batch=128] [mlp|cnn|lstm]
+//   ./a.out [batch=128] [mlp|cnn|lstm]      (SC_THREADS=n: n threads instead of one)
 // lstm: bench_models.hpp's 50-step LSTM cell 32 -> 64 with its backward pass (`./a.out 1 lstm`
 // is bench_staged's row at batch 1), then the kernels of its plan fused as on a GPU, and of the
 // plan a GPU lowers (the graph relabelled cuda:0; with and without graph::product_fusion).
@@ -42,7 +42,7 @@ void time_rounds(const char* model, int batch, int per_round, Step step, const A
 }  // namespace
 
 int main(int argc, char** argv) {
-  sc::set_num_threads(1);
+  sc::set_num_threads(std::getenv("SC_THREADS") != nullptr ? std::atoi(std::getenv("SC_THREADS")) : 1);
   const int batch = argc > 1 ? std::atoi(argv[1]) : 128;
   const std::string model = argc > 2 ? argv[2] : "mlp";
   if (model == "lstm") {

@@ -305,7 +305,10 @@ int run(const Options& o, const sc::data::Dataset& data) {
                  static_cast<long long>(cs.cudnn), static_cast<long long>(cs.im2col), sc::cuda::cudnn_status().c_str());
   }
   // What the CPU ran (thread-scaling tables); after training: the BLAS core is chosen at the first product.
-  std::fprintf(stderr, "cpu: %d threads, OpenBLAS core %s\n", sc::num_threads(), sc::blas_core().c_str());
+  char quota[32] = "none";
+  if (const auto q = sc::cpu_quota()) std::snprintf(quota, sizeof quota, "%.2f CPUs", *q);
+  std::fprintf(stderr, "cpu: %d threads, OpenBLAS core %s, CPU quota %s\n", sc::num_threads(), sc::blas_core().c_str(),
+               quota);
   std::printf("test_accuracy=%.4f examples_per_sec=%lld\n", accuracy, static_cast<long long>(eps + 0.5));
   return 0;
 }
