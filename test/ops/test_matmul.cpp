@@ -223,6 +223,19 @@ TEST_CASE("matmul errors name the op, the shapes and the user's line", "[matmul]
   CHECK_THROWS_AS(sc::matmul(sc::Tensor(), sc::ones({2})), sc::ValueError);
 }
 
+TEST_CASE("OpenBLAS's own thread pool is held to the CPU quota, only where the user set no count", "[matmul][blas]") {
+  namespace cpu = sc::backend::cpu;
+  // pthreads build, 64 threads, a quota of 2: lowered to 2
+  CHECK(cpu::blas_pool_threads_for_quota(OPENBLAS_THREAD, 64, 2, false) == 2);
+  // already within the quota, no quota, a count in the environment: left alone
+  CHECK(cpu::blas_pool_threads_for_quota(OPENBLAS_THREAD, 2, 2, false) == 0);
+  CHECK(cpu::blas_pool_threads_for_quota(OPENBLAS_THREAD, 64, 0, false) == 0);
+  CHECK(cpu::blas_pool_threads_for_quota(OPENBLAS_THREAD, 64, 2, true) == 0);
+  // the OpenMP build follows OpenMP's count (settled per thread); the serial build has no pool
+  CHECK(cpu::blas_pool_threads_for_quota(OPENBLAS_OPENMP, 64, 2, false) == 0);
+  CHECK(cpu::blas_pool_threads_for_quota(OPENBLAS_SEQUENTIAL, 64, 2, false) == 0);
+}
+
 TEST_CASE("an OpenBLAS that fell back to SSE-era kernels is switched to the CPU's best core", "[matmul][blas]") {
   namespace cpu = sc::backend::cpu;
   // The rule, case by case: a fallback core is replaced by the best one for the CPU's level; a

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -16,10 +17,29 @@
 
 namespace stagecraft::backend::cpu {
 
+/// The thread count to give OpenBLAS's own pool (its pthreads build, Ubuntu's default: it ignores
+/// OpenMP's count) under a CPU quota allowing `cap` threads (0: none), or 0 to leave it: only that
+/// build, only while it runs more than `cap`, and only where the user set no count in the
+/// environment (OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS).
+inline int blas_pool_threads_for_quota(int parallel_kind, int current, int cap, bool count_in_environment) {
+  if (parallel_kind != OPENBLAS_THREAD || cap <= 0 || count_in_environment || current <= cap) return 0;
+  return cap;
+}
+
 /// Before a product: the calling thread's OpenMP count settled (the CPU quota; OpenBLAS's OpenMP
-/// build reads that count at each call) and OpenBLAS's core chosen.
+/// build reads that count at each call), OpenBLAS's own pool held to the quota (its pthreads
+/// build; once per process) and OpenBLAS's core chosen.
 inline void blas_ready() {
   stagecraft::detail::settle_thread_count();
+  static const bool pool_settled = [] {
+    const bool env = std::getenv("OPENBLAS_NUM_THREADS") != nullptr || std::getenv("GOTO_NUM_THREADS") != nullptr ||
+                     std::getenv("OMP_NUM_THREADS") != nullptr;
+    const int n = blas_pool_threads_for_quota(openblas_get_parallel(), openblas_get_num_threads(),
+                                              stagecraft::detail::quota_thread_cap(), env);
+    if (n > 0) openblas_set_num_threads(n);
+    return true;
+  }();
+  (void)pool_settled;
   ensure_blas_core();
 }
 
