@@ -84,7 +84,7 @@ TEST_CASE("cpu quota from cgroup v1: CFS quota over period, under the mount's ro
   CHECK_FALSE(q::quota_from("9:memory:/docker/abc/sub\n", v1_line, root));
 }
 
-TEST_CASE("cpu quota: v1 and v2 both mounted, the smaller; unreadable or malformed files are no limit") {
+TEST_CASE("cpu quota: v1 and v2 both mounted, the smaller, and unreadable or malformed files are no limit") {
   sctest::TempDir d("sc_quota");
   const std::string root = d.path.string();
   write(d / "sys/fs/cgroup/g/cpu.max", "300000 100000\n");
