@@ -50,14 +50,14 @@ inline constexpr long parallel_threshold = 1 << 15;
 /// The default factor on the work each thread of a parallel loop gets (parallel_for: at least
 /// max(grain / 2, 64) elements times this). On the 16-core Xeon (a virtual machine) a parallel
 /// region cost so much that the Fashion-MNIST MLP ran 18.8K examples/s at 16 threads with factor
-/// 1 (81.7K on one thread) and 125K with 64 (bench/RESULTS.md, thread scaling). Changed at run
+/// 1 (81.7K on one thread) and 125K with 64 (bench/results/threads.md). Changed at run
 /// time by STAGECRAFT_GRAIN_SCALE or sc::set_parallel_grain_scale.
 inline constexpr long parallel_grain_scale = 64;
 /// The least floating-point work (2 M N K) each OpenBLAS thread of a matrix product gets: a product
 /// of less runs on fewer threads (OpenBLAS otherwise threads every product above ~0.5 MFLOP over
 /// all of them). 0 (the default) leaves OpenBLAS's choice alone. Changed at run time by
 /// STAGECRAFT_BLAS_THREAD_FLOPS or sc::set_blas_thread_flops; under test on the 16-core Xeon,
-/// where the example's MLP ran 11% slower on 16 threads than on 8 (bench/RESULTS.md).
+/// where the example's MLP ran 11% slower on 16 threads than on 8 (bench/results/threads.md).
 inline constexpr long blas_thread_flops = 0;
 /// The least floating-point work (2 M N K) of each block when stagecraft splits a mid-sized
 /// matrix product over its own threads itself (blocks of columns or rows, taken dynamically, each
@@ -65,7 +65,7 @@ inline constexpr long blas_thread_flops = 0;
 /// a larger one is left to OpenBLAS. It never changes OpenBLAS's thread count (what made
 /// blas_thread_flops cost), and a slow thread takes fewer blocks. 0 (the default) is off.
 /// Changed at run time by STAGECRAFT_BLAS_SPLIT_FLOPS or sc::set_blas_split_flops; to be
-/// measured on the 16-core Xeon against the 8 -> 16 thread drop (bench/RESULTS.md).
+/// measured on the 16-core Xeon against the 8 -> 16 thread drop (bench/results/threads.md).
 inline constexpr long blas_split_flops = 0;
 /// CUDA graphs' default policy (cuda::GraphPolicy::when_cheaper): a staged plan is replayed as a
 /// graph when the bytes it copies per call (arguments and variable values in, results out) are at

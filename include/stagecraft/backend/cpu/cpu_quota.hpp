@@ -4,7 +4,7 @@
 // CPUQuota=) on a 64-core host sees 64 CPUs: OpenMP starts 64 threads, and they share two CPUs'
 // worth of time. Every parallel region then waits for threads the kernel has set aside until the
 // next period, and a spinning thread spends the quota the others need: the Fashion-MNIST example
-// ran 10x slower with 2 threads than with 1 in a group allowed one CPU (bench/RESULTS.md, "CPU
+// ran 10x slower with 2 threads than with 1 in a group allowed one CPU (bench/results/threads.md, "CPU
 // quotas"). So the library's default thread count is at most the quota in whole CPUs (at least
 // 1); OMP_NUM_THREADS, sc::set_num_threads or a count the program gave OpenMP itself win over it.
 //
