@@ -310,6 +310,51 @@ TEST_CASE("split_forward_backward: values made from constants are made again by 
     }
 }
 
+TEST_CASE("split_forward_backward: values cheap ops make from fewer bytes are made again, not kept",
+          "[function][grad][split]") {
+  // Joint graph of y = layer_norm(x) over rows of 8 with gamma and beta: (x, gamma, beta, seed) ->
+  // (y, dx, dgamma, dbeta). x - mean and xhat are [4, 8] like x but made from x and per-row values
+  // by subtractions and products, so the backward half makes them again: no [4, 8] residual but x.
+  const sc::Shape rows{4, 8};
+  sc::graph::GraphBuilder b("joint", false);
+  {
+    sc::graph::TraceScope s(b);
+    const sc::Tensor x = b.add_input({rows, sc::f32}, sc::Device::cpu());
+    const sc::Tensor gamma = b.add_input({sc::Shape{8}, sc::f32}, sc::Device::cpu());
+    const sc::Tensor beta = b.add_input({sc::Shape{8}, sc::f32}, sc::Device::cpu());
+    const sc::Tensor seed = b.add_input({rows, sc::f32}, sc::Device::cpu());
+    sc::GradientTape tape;
+    tape.watch({x, gamma, beta});
+    const sc::Tensor y = sc::nn::layer_norm(x, {8}, gamma, beta);
+    std::vector<sc::Tensor> outs = tape.gradient(y, {x, gamma, beta}, seed);
+    outs.insert(outs.begin(), y);
+    b.set_outputs(outs, std::source_location::current());
+  }
+  const sc::graph::SplitGraphs p = sc::graph::split_forward_backward(b.graph, 3, 1);
+  sc::graph::verify(p.forward, "split");
+  sc::graph::verify(p.backward, "split");
+  REQUIRE(p.forward.outputs.size() == 1 + static_cast<std::size_t>(p.num_residuals));
+  for (int k = 0; k < p.num_residuals; ++k) {
+    const int v = p.forward.outputs[1 + k];
+    INFO("residual " << k << ": " << p.forward.values[v].shape);
+    CHECK((p.forward.values[v].shape != rows || v == p.forward.inputs[0]));
+  }
+  const sc::Tensor x = sc::random::normal(rows, 11), gamma = sc::random::uniform({8}, 0.5, 1.5, 12),
+                   beta = sc::random::normal({8}, 13), seed = sc::random::normal(rows, 14);
+  const auto fo = sc::graph::Plan(std::make_shared<const sc::graph::Graph>(p.forward)).run(std::vector<sc::Tensor>{x, gamma, beta});
+  std::vector<sc::Tensor> bin(fo.begin() + 1, fo.end());
+  bin.push_back(seed);
+  const auto bo = sc::graph::Plan(std::make_shared<const sc::graph::Graph>(p.backward)).run(bin);
+  REQUIRE(bo.size() == 3);
+  // Against the eager gradient of the same function.
+  sc::GradientTape tape;
+  tape.watch({x, gamma, beta});
+  const sc::Tensor y = sc::nn::layer_norm(x, {8}, gamma, beta);
+  const std::vector<sc::Tensor> want = tape.gradient(y, {x, gamma, beta}, seed);
+  check_close(fo[0], y);
+  for (int k = 0; k < 3; ++k) check_close(bo[k], want[k], 1e-4);
+}
+
 TEST_CASE("joint gradient: a staged function computes only the gradients a tape wants", "[function][grad][joint]") {
   auto body = [&](sc::Tensor x, sc::Tensor w) { return sc::tanh(sc::matmul(x, w)); };
   auto f = sc::function(body);
