@@ -167,6 +167,9 @@ void layer_norm_grad(benchmark::State& state, bool traced, bool staged = true, b
     return std::make_tuple(o[0], o[1], o[2], o[3]);
   });
   if (traced) (void)fn(x, r, gamma, beta);
+  // The step's memory high-water mark above what lives across steps (its residuals among it).
+  sc::reset_peak_memory();
+  const std::size_t live = sc::memory_stats().bytes_in_use;
   for (auto _ : state) {
     if (traced) {
       auto out = fn(x, r, gamma, beta);
@@ -176,6 +179,7 @@ void layer_norm_grad(benchmark::State& state, bool traced, bool staged = true, b
       benchmark::DoNotOptimize(out[0].raw_data());
     }
   }
+  state.counters["peak_MB"] = static_cast<double>(sc::memory_stats().peak_bytes_in_use - live) / 1e6;
   sc::graph::column_reductions() = columns_were;
   count(state, rows * cols);
 }

@@ -9,6 +9,10 @@
 // lstm: bench_models.hpp's 50-step LSTM cell 32 -> 64 with its backward pass (`./a.out 1 lstm`
 // is bench_staged's row at batch 1), then the kernels of its plan fused as on a GPU, and of the
 // plan a GPU lowers (the graph relabelled cuda:0; with and without graph::product_fusion).
+// layer_norm: the gradients of sum(layer_norm(x, gamma, beta) * r) over [batch, 1024] (`./a.out
+// 4096 layer_norm` is bench_activations' layer_norm_grad), and the step's memory high-water mark
+// above what lives across steps: eager, the layer_norm is a staged call under the tape (its
+// forward keeps residuals for its backward, graph/split.hpp).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,11 +27,15 @@
 namespace {
 
 /// 7 rounds of `per_round` calls of step(args...) eager, then traced by sc::function; prints the
-/// median and best round per call.
+/// median and best round per call (and, with `peak`, the memory high-water mark above what lived
+/// before the rounds).
 template <class Step, class... A>
 void time_rounds(const char* model, int batch, int per_round, Step step, const A&... args) {
   auto traced = sc::function(step);
   for (int staged = 0; staged < 2; ++staged) {
+    (void)sc::Tensor(staged ? sc::Tensor(traced(args...)) : sc::Tensor(step(args...))).item<float>();
+    sc::reset_peak_memory();
+    const std::size_t live = sc::memory_stats().bytes_in_use;
     std::vector<double> ms;
     for (int r = 0; r < 7; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -35,7 +43,8 @@ void time_rounds(const char* model, int batch, int per_round, Step step, const A
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / per_round);
     }
     std::sort(ms.begin(), ms.end());
-    std::printf("%s %s batch %d: %.3f ms (best %.3f)\n", model, staged ? "staged" : "eager", batch, ms[3], ms[0]);
+    std::printf("%s %s batch %d: %.3f ms (best %.3f), peak %.1f MB above live\n", model, staged ? "staged" : "eager",
+                batch, ms[3], ms[0], static_cast<double>(sc::memory_stats().peak_bytes_in_use - live) / 1e6);
   }
 }
 
@@ -75,6 +84,19 @@ int main(int argc, char** argv) {
       std::printf("lstm plan lowered for a GPU%s: %d kernels (%d products formed in groups)\n",
                   mode == sc::graph::ProductFusion::off ? ", products apart" : "", st.kernels, st.fused_products);
     }
+    return 0;
+  }
+  if (model == "layer_norm") {
+    const std::int64_t cols = 1024;
+    const sc::Tensor x = sc::random::uniform({batch, cols}, -1.0, 1.0, 1), r = sc::random::uniform({batch, cols}, -1.0, 1.0, 3);
+    const sc::Tensor gamma = sc::random::uniform({cols}, 0.5, 1.5, 4), beta = sc::random::uniform({cols}, -1.0, 1.0, 5);
+    time_rounds("layer_norm", batch, 10, [&](const sc::Tensor& a) {
+      sc::GradientTape tape;
+      tape.watch({a, gamma, beta});
+      const sc::Tensor loss = sc::sum(sc::nn::layer_norm(a, {cols}, gamma, beta) * r);
+      const auto g = tape.gradient(loss, {a, gamma, beta});
+      return loss + (sc::sum(g[0]) + sc::sum(g[1]) + sc::sum(g[2])) * 0.f;
+    }, x);
     return 0;
   }
   const bool cnn = model == "cnn";
