@@ -17,6 +17,43 @@ TEST_CASE("binary broadcasting patterns", "[elementwise]") {
   CHECK((a / 2).to_vector<float>() == std::vector<float>{0.5, 1, 1.5, 2, 2.5, 3});
 }
 
+TEST_CASE("broadcasting ops split long rows over threads: shares that start and end inside rows",
+          "[elementwise][threads]") {
+  // Threads split the output's elements, not its rows (parallel_row_pieces): few long rows (a
+  // scalar broadcast is one) spread too. Each case against a plain loop, at 1 and 2 threads.
+  const std::int64_t R = 3, C = 70001;  // odd: shares end inside rows
+  const sc::Tensor a = sc::random::uniform({R, C}, -1.0, 1.0, 1), col = sc::random::uniform({R, 1}, -1.0, 1.0, 2);
+  const sc::Tensor row = sc::random::uniform({C}, -1.0, 1.0, 3), s = sc::tensor({2.5f});
+  const sc::Tensor cond = sc::random::uniform({R, C}, 0.0, 1.0, 4) > 0.5f;
+  const auto va = a.to_vector<float>(), vcol = col.to_vector<float>(), vrow = row.to_vector<float>();
+  const auto vc = cond.to_vector<bool>();
+  const int threads = sc::num_threads();
+  for (const int n : {1, 2}) {
+    sc::set_num_threads(n);
+    INFO(n << " threads");
+    const auto sub = (a - col).to_vector<float>();            // a strided walk: [R, C] - [R, 1]
+    const auto mul = (a * row).to_vector<float>();            // one row repeated: [R, C] * [C]
+    const auto outer = (col * row).to_vector<float>();        // both broadcast: [R, 1] * [C]
+    const auto fill = sc::broadcast_to(s, {R * C}).to_vector<float>();  // one long row
+    const auto cols = sc::broadcast_to(col, {R, C}).to_vector<float>();
+    const auto sel = sc::where(cond, col, row).to_vector<float>();
+    REQUIRE(sub.size() == static_cast<std::size_t>(R * C));
+    int bad = 0;
+    for (std::int64_t r = 0; r < R; ++r)
+      for (std::int64_t c = 0; c < C; ++c) {
+        const std::size_t i = static_cast<std::size_t>(r * C + c);
+        bad += sub[i] != va[i] - vcol[r];
+        bad += mul[i] != va[i] * vrow[c];
+        bad += outer[i] != vcol[r] * vrow[c];
+        bad += fill[i] != 2.5f;
+        bad += cols[i] != vcol[r];
+        bad += sel[i] != (vc[i] ? vcol[r] : vrow[c]);
+      }
+    CHECK(bad == 0);
+  }
+  sc::set_num_threads(threads);
+}
+
 TEST_CASE("errors name the op, the shapes and the user's line", "[elementwise][errors]") {
   auto a = sc::ones({2, 3});
   auto b = sc::ones({4});

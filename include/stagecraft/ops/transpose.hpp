@@ -203,13 +203,13 @@ void tiled_copy(const U* x, U* y, const StridedPlan<1>& p, int j) {
 }
 
 /// y (contiguous, extents `ext`) = x read with `in_strides` (elements; 0 repeats, i.e.
-/// broadcasts). Rows that are contiguous (or repeated) in x are copied (or filled) whole; a
-/// permutation that moves x's contiguous axis goes through the blocked tile loop.
+/// broadcasts). Rows that are contiguous (or repeated) in x are copied (or filled) a piece per
+/// thread (parallel_row_pieces: a scalar broadcast to any size is one row); a permutation that moves x's contiguous axis goes through the blocked tile loop.
 inline void strided_copy(const void* x, void* y, const Shape& ext, const Shape& in_strides, DType dtype) {
   if (ext.numel() == 0) return;
   const StridedPlan<1> p = coalesce_copy(ext, in_strides);
   const int r = p.shape.rank();
-  const std::int64_t len = p.shape[r - 1], s = p.strides[0][r - 1];
+  const std::int64_t s = p.strides[0][r - 1];
   int j = -1;
   for (int k = 0; k < r - 1 && s != 0 && s != 1; ++k)
     if (p.strides[0][k] == 1) j = k;
@@ -218,15 +218,12 @@ inline void strided_copy(const void* x, void* y, const Shape& ext, const Shape& 
     const U* px = static_cast<const U*>(x);
     U* py = static_cast<U*>(y);
     if (j >= 0) return tiled_copy<U>(px, py, p, j);
-    const std::int64_t rows = p.shape.numel() / len;
-    parallel_for(rows, std::max<std::int64_t>(1, grain_cheap / len), [&](std::int64_t rb, std::int64_t re) {
-      for_each_row<1>(p, rb, re, [&](const std::int64_t* off, std::int64_t o, std::int64_t l) {
-        const U* xr = px + off[0];
-        U* yr = py + o;
-        if (s == 1) std::memcpy(yr, xr, static_cast<std::size_t>(l) * sizeof(U));
-        else if (s == 0) std::fill(yr, yr + l, xr[0]);
-        else for (std::int64_t i = 0; i < l; ++i) yr[i] = xr[i * s];
-      });
+    parallel_row_pieces<1>(p, grain_cheap, [&](const std::int64_t* off, std::int64_t o, std::int64_t lo, std::int64_t hi) {
+      const U* xr = px + off[0];
+      U* yr = py + o;
+      if (s == 1) std::memcpy(yr + lo, xr + lo, static_cast<std::size_t>(hi - lo) * sizeof(U));
+      else if (s == 0) std::fill(yr + lo, yr + hi, xr[0]);
+      else for (std::int64_t i = lo; i < hi; ++i) yr[i] = xr[i * s];
     });
   });
 }

@@ -35,7 +35,6 @@ struct Where : rules::Where {
     const Shape* shapes[3] = {&c.shape(), &in[1].shape(), &in[2].shape()};
     const auto p = backend::cpu::collapse<3>(out.shape(), shapes);
     const int r = p.shape.rank();
-    const std::int64_t len = p.shape[r - 1], rows = out.numel() / len;
     const std::int64_t s0 = p.strides[0][r - 1], s1 = p.strides[1][r - 1], s2 = p.strides[2][r - 1];
     visit_dtype(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -43,14 +42,10 @@ struct Where : rules::Where {
       const T* pa = static_cast<const T*>(in[1].raw_data());
       const T* pb = static_cast<const T*>(in[2].raw_data());
       T* py = static_cast<T*>(out.raw_data());
-      backend::cpu::parallel_for(rows, std::max<std::int64_t>(1, backend::cpu::grain_cheap / len),
-                                 [&](std::int64_t rb, std::int64_t re) {
-        backend::cpu::for_each_row<3>(p, rb, re, [&](const std::int64_t* off, std::int64_t o, std::int64_t l) {
-          const bool* cc = pc + off[0];
-          const T* aa = pa + off[1];
-          const T* bb = pb + off[2];
-          backend::cpu::select_row<Where>(cc, aa, bb, py + o, l, s0, s1, s2);
-        });
+      backend::cpu::parallel_row_pieces<3>(p, backend::cpu::grain_cheap, [&](const std::int64_t* off, std::int64_t o,
+                                                                              std::int64_t lo, std::int64_t hi) {
+        backend::cpu::select_row<Where>(pc + off[0] + lo * s0, pa + off[1] + lo * s1, pb + off[2] + lo * s2, py + o + lo,
+                                        hi - lo, s0, s1, s2);
       });
     });
   }

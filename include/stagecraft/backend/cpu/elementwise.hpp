@@ -367,6 +367,22 @@ void for_each_row(const StridedPlan<N>& p, std::int64_t row_begin, std::int64_t 
   }
 }
 
+/// Splits the plan's output elements (contiguous, rows of the innermost extent) over threads as
+/// parallel_for splits elements, and calls row(offsets, out_offset, lo, hi) for the part [lo, hi)
+/// of each row that falls in a thread's share. Threads follow the elements, not the rows: a few
+/// long rows (a scalar broadcast coalesces to one) still spread, and long rows are not held to
+/// parallel_for's floor of 64 units per thread (which made a [4096, 1024] broadcast one thread's).
+template <int N, class Row>
+void parallel_row_pieces(const StridedPlan<N>& p, std::int64_t grain, Row&& row) {
+  const std::int64_t len = p.shape[p.shape.rank() - 1], n = p.shape.numel();
+  if (n == 0) return;
+  parallel_for(n, grain, [&](std::int64_t b, std::int64_t e) {
+    for_each_row<N>(p, b / len, (e + len - 1) / len, [&](const std::int64_t* off, std::int64_t o, std::int64_t l) {
+      row(off, o, std::max<std::int64_t>(b - o, 0), std::min<std::int64_t>(e - o, l));
+    });
+  });
+}
+
 /// out = Op(a, b) with NumPy broadcasting; a and b already have the compute dtype T.
 template <class Op, class T, class R>
 void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t grain) {
@@ -392,22 +408,22 @@ void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t gra
   const std::int64_t last = os.back();
   const bool row_a = fb && a.numel() == last && a.shape().back() == last;
   const bool row_b = fa && b.numel() == last && b.shape().back() == last;
-  if (row_a || row_b) {
-    parallel_for(n / last, std::max<std::int64_t>(1, grain / last), [&](std::int64_t rb, std::int64_t re) {
-      for (std::int64_t r = rb; r < re; ++r)
-        binary_row<Op, T, R>(row_a ? pa : pa + r * last, row_b ? pb : pb + r * last, py + r * last, last, 1, 1);
+  if (row_a || row_b) {  // (threads split elements; a share may start or end inside a row)
+    parallel_for(n, grain, [&](std::int64_t s, std::int64_t e) {
+      for (std::int64_t r = s / last; r * last < e; ++r) {
+        const std::int64_t lo = std::max(s - r * last, std::int64_t{0}), hi = std::min(e - r * last, last);
+        binary_row<Op, T, R>((row_a ? pa : pa + r * last) + lo, (row_b ? pb : pb + r * last) + lo, py + r * last + lo,
+                             hi - lo, 1, 1);
+      }
     });
     return;
   }
   const Shape* ins[2] = {&a.shape(), &b.shape()};
   const StridedPlan<2> p = collapse<2>(os, ins);
   const int r = p.shape.rank();
-  const std::int64_t len = p.shape[r - 1], rows = n / len;
   const int sa = static_cast<int>(p.strides[0][r - 1]), sb = static_cast<int>(p.strides[1][r - 1]);
-  parallel_for(rows, std::max<std::int64_t>(1, grain / len), [&](std::int64_t rb, std::int64_t re) {
-    for_each_row<2>(p, rb, re, [&](const std::int64_t* off, std::int64_t o, std::int64_t l) {
-      binary_row<Op, T, R>(pa + off[0], pb + off[1], py + o, l, sa, sb);
-    });
+  parallel_row_pieces<2>(p, grain, [&](const std::int64_t* off, std::int64_t o, std::int64_t lo, std::int64_t hi) {
+    binary_row<Op, T, R>(pa + off[0] + lo * sa, pb + off[1] + lo * sb, py + o + lo, hi - lo, sa, sb);
   });
 }
 
