@@ -367,6 +367,15 @@ void for_each_row(const StridedPlan<N>& p, std::int64_t row_begin, std::int64_t 
   }
 }
 
+/// The part [lo, hi) of the row of `len` elements starting at output element `o` that a thread's
+/// share [b, e) of the output covers (empty when hi <= lo).
+struct RowPiece {
+  std::int64_t lo, hi;
+};
+inline RowPiece row_piece(std::int64_t b, std::int64_t e, std::int64_t o, std::int64_t len) {
+  return {std::max<std::int64_t>(b - o, 0), std::min<std::int64_t>(e - o, len)};
+}
+
 /// Splits the plan's output elements (contiguous, rows of the innermost extent) over threads as
 /// parallel_for splits elements, and calls row(offsets, out_offset, lo, hi) for the part [lo, hi)
 /// of each row that falls in a thread's share. Threads follow the elements, not the rows: a few
@@ -378,7 +387,8 @@ void parallel_row_pieces(const StridedPlan<N>& p, std::int64_t grain, Row&& row)
   if (n == 0) return;
   parallel_for(n, grain, [&](std::int64_t b, std::int64_t e) {
     for_each_row<N>(p, b / len, (e + len - 1) / len, [&](const std::int64_t* off, std::int64_t o, std::int64_t l) {
-      row(off, o, std::max<std::int64_t>(b - o, 0), std::min<std::int64_t>(e - o, l));
+      const RowPiece rp = row_piece(b, e, o, l);
+      row(off, o, rp.lo, rp.hi);
     });
   });
 }
@@ -411,9 +421,10 @@ void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t gra
   if (row_a || row_b) {  // (threads split elements; a share may start or end inside a row)
     parallel_for(n, grain, [&](std::int64_t s, std::int64_t e) {
       for (std::int64_t r = s / last; r * last < e; ++r) {
-        const std::int64_t lo = std::max(s - r * last, std::int64_t{0}), hi = std::min(e - r * last, last);
-        binary_row<Op, T, R>((row_a ? pa : pa + r * last) + lo, (row_b ? pb : pb + r * last) + lo, py + r * last + lo,
-                             hi - lo, 1, 1);
+        const std::int64_t o = r * last;
+        const RowPiece rp = row_piece(s, e, o, last);
+        binary_row<Op, T, R>((row_a ? pa : pa + o) + rp.lo, (row_b ? pb : pb + o) + rp.lo, py + o + rp.lo, rp.hi - rp.lo,
+                             1, 1);
       }
     });
     return;
