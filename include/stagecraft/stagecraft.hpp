@@ -14,6 +14,7 @@
 #include "core/shape.hpp"
 #include "core/tensor.hpp"
 #include "io/npy.hpp"
+#include "backend/cpu/thread_tuner.hpp"
 
 #include "eager/dispatch.hpp"
 #include "ops/add_n.hpp"
