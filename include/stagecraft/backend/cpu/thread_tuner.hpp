@@ -29,28 +29,41 @@ struct ThreadTunerOptions {
   /// Steps run at the largest count and not timed before the first trial (tracing, first-touch
   /// allocations, caches).
   int warmup_steps = 2;
-  /// Timed steps per count; their median is the count's time. The first step after a change of
-  /// count is run and not timed (OpenBLAS resizes its buffers then).
+  /// Timed steps per count, at least; the mean of a trial's steps is the count's time (what a run
+  /// of steps costs: a busy neighbour slows some steps 40-fold and leaves others alone, so a
+  /// median would miss it). The first step after a change of count is run and not timed (it pays
+  /// for the change).
   int trial_steps = 5;
+  /// Seconds of timed steps per count, at least (a trial shorter than the scheduler's periods
+  /// could fall wholly between a neighbour's turns).
+  double trial_seconds = 0.02;
   /// A smaller count is kept when its time is at most this fraction above the fastest: as fast,
   /// and it leaves CPUs to the rest of the machine.
   double tolerance = 0.02;
-  /// Steps after settling before the counts are tried again (the machine's load changes); 0: never.
-  std::int64_t retune_every = 0;
+  /// Seconds of steps at the chosen count before the counts are tried again; 0: never. What the
+  /// machine lends changes: a neighbour starts or stops, a virtual machine's host gets busy (on
+  /// a 2-vCPU virtual machine, spells of seconds where 2 threads ran no faster than 1 came and
+  /// went). A search costs a few trials of trial_seconds, some at slower counts.
+  double retune_seconds = 2.0;
 };
 
 /// Chooses the thread count of a repeated piece of work by timing it. Each run(step) times one call
 /// of step() at the count being tried. Counts go from the largest down by halves while each is
-/// within the tolerance of the fastest so far, then the midpoints beside the best are tried; the
-/// tuner settles on the smallest count within the tolerance of the fastest median and calls
-/// set_num_threads with it. Counts only go through set_num_threads, which is per calling thread:
-/// call run() from the thread that runs the steps. Not thread-safe (one tuner per stepping thread).
+/// within the tolerance of the fastest so far, then the midpoints beside the best, then the largest
+/// count once more when a smaller one leads; the tuner settles on the smallest count whose mean
+/// step time is within the tolerance of the fastest (a count tried twice: its later trial) and
+/// calls set_num_threads with it. A change of count costs (the example's MLP step alternating 1 and 2
+/// threads every step ran as slowly at 2 as at 1), so counts are tried in runs of steps. Counts only
+/// go through set_num_threads, which is per calling thread: call run() from the thread that runs the
+/// steps. Not thread-safe (one tuner per stepping thread).
 class ThreadTuner {
  public:
-  /// One count tried: its threads and the median of its timed steps, in seconds.
+  /// One count tried: its threads, the mean of its timed steps in seconds, and whether it stands
+  /// (a count timed again is judged by its later trial).
   struct Trial {
     int threads;
-    double median_s;
+    double mean_s;
+    bool stands = true;
   };
 
   explicit ThreadTuner(ThreadTunerOptions o = {}, const std::source_location& loc = std::source_location::current())
@@ -60,7 +73,9 @@ class ThreadTuner {
     if (o.warmup_steps < 0) bad("warmup_steps must be 0 or more", o.warmup_steps);
     if (o.trial_steps < 1) bad("trial_steps must be at least 1", o.trial_steps);
     if (!(o.tolerance >= 0 && o.tolerance < 1)) bad("tolerance must be in [0, 1)", o.tolerance);
-    if (o.retune_every < 0) bad("retune_every must be 0 (never) or more", o.retune_every);
+    if (!(o.trial_seconds >= 0 && o.trial_seconds <= 3600)) bad("trial_seconds must be in [0, 3600]", o.trial_seconds);
+    if (!(o.retune_seconds >= 0 && std::isfinite(o.retune_seconds)))
+      bad("retune_seconds must be 0 (never) or more", o.retune_seconds);
     max_ = o.max_threads > 0 ? o.max_threads : num_threads();
     current_ = max_;
     left_ = o.warmup_steps;
@@ -86,27 +101,30 @@ class ThreadTuner {
     }
   }
 
-  /// Counts one step of `seconds` at threads() (for callers that time their steps themselves and
-  /// set threads() before each); run() calls it.
+  /// Counts one step of `seconds` run at threads(); run() calls it. Callers that time their steps
+  /// themselves run each at threads() (set_num_threads) and record its time.
   void record(double seconds, const std::source_location& loc = std::source_location::current()) {
     if (!(seconds >= 0) || !std::isfinite(seconds))
       detail::fail<ValueError>("ThreadTuner", loc, "a step's time must be finite and not negative, got ", seconds);
     ++steps_;
     if (settled_) {
-      if (o_.retune_every > 0 && ++since_settled_ >= o_.retune_every) restart();
+      since_settled_ += seconds;
+      if (o_.retune_seconds > 0 && since_settled_ >= o_.retune_seconds) restart();
       return;
     }
     if (left_ > 0) {  // warm-up, or the step after a change of count
       --left_;
       return;
     }
-    times_.push_back(seconds);
-    if (static_cast<int>(times_.size()) < o_.trial_steps) return;
-    std::sort(times_.begin(), times_.end());
-    const std::size_t n = times_.size();
-    const double median = n % 2 ? times_[n / 2] : (times_[n / 2 - 1] + times_[n / 2]) / 2;
-    trials_.push_back({current_, median});
-    times_.clear();
+    sum_ += seconds;
+    ++timed_;
+    // Enough steps and enough time; a trial of steps too quick to time ends at 100 x trial_steps.
+    if (timed_ < o_.trial_steps || (sum_ < o_.trial_seconds && timed_ < 100LL * o_.trial_steps)) return;
+    for (Trial& t : trials_)
+      if (t.threads == current_) t.stands = false;
+    trials_.push_back({current_, sum_ / static_cast<double>(timed_)});
+    sum_ = 0;
+    timed_ = 0;
     const int next = next_count();
     if (next == 0) {
       settle();
@@ -133,7 +151,7 @@ class ThreadTuner {
     std::string s;
     char buf[64];
     for (const Trial& t : trials_) {
-      std::snprintf(buf, sizeof buf, "%s%d threads %.3g ms", s.empty() ? "" : ", ", t.threads, t.median_s * 1e3);
+      std::snprintf(buf, sizeof buf, "%s%d threads %.3g ms", s.empty() ? "" : ", ", t.threads, t.mean_s * 1e3);
       s += buf;
     }
     std::snprintf(buf, sizeof buf, "%s%s%d threads", s.empty() ? "" : ": ", settled_ ? "" : "trying ", current_);
@@ -147,25 +165,27 @@ class ThreadTuner {
     return nullptr;
   }
   double fastest() const {
-    double f = trials_.front().median_s;
-    for (const Trial& t : trials_) f = std::min(f, t.median_s);
+    double f = trials_.back().mean_s;
+    for (const Trial& t : trials_)
+      if (t.stands) f = std::min(f, t.mean_s);
     return f;
   }
-  /// The smallest count whose median is within the tolerance of the fastest.
+  /// The smallest count whose standing time is within the tolerance of the fastest.
   int best() const {
     const double limit = fastest() * (1 + o_.tolerance);
     int b = max_;
     for (const Trial& t : trials_)
-      if (t.median_s <= limit) b = std::min(b, t.threads);
+      if (t.stands && t.mean_s <= limit) b = std::min(b, t.threads);
     return b;
   }
   /// The next count to try after the last trial; 0 when done. Halving goes on while the last count
   /// is within the tolerance of the fastest so far; then, once, the midpoints between the best and
-  /// the counts halving tried on either side of it, larger side first.
+  /// the counts halving tried on either side of it, larger side first; then the largest again when
+  /// a smaller count leads.
   int next_count() {
     const Trial& last = trials_.back();
     if (halving_) {
-      if (last.threads > 1 && last.median_s <= fastest() * (1 + o_.tolerance)) return last.threads / 2;
+      if (last.threads > 1 && last.mean_s <= fastest() * (1 + o_.tolerance)) return last.threads / 2;
       halving_ = false;
       const int b = best();
       int above = 0, below = 0;  // the nearest tried counts on either side of b
@@ -181,6 +201,13 @@ class ThreadTuner {
       refine_.pop_back();
       if (find(mid) == nullptr) return mid;
     }
+    // Before settling below the largest count, the largest is timed once more and its later trial
+    // stands: the first trial comes first and meets what slows a program's first steps (pages
+    // touched the first time, a spell of the machine).
+    if (!confirmed_ && best() != max_) {
+      confirmed_ = true;
+      return max_;
+    }
     return 0;
   }
   void settle() {
@@ -192,8 +219,10 @@ class ThreadTuner {
   void restart() {
     settled_ = false;
     halving_ = true;
+    confirmed_ = false;
     trials_.clear();
-    times_.clear();
+    sum_ = 0;
+    timed_ = 0;
     refine_.clear();
     left_ = current_ != max_ ? 1 : 0;
     current_ = max_;
@@ -201,9 +230,9 @@ class ThreadTuner {
 
   ThreadTunerOptions o_;
   int max_ = 1, current_ = 1, chosen_ = 0, applied_ = 0, left_ = 0;
-  bool settled_ = false, halving_ = true;
-  std::int64_t steps_ = 0, since_settled_ = 0;
-  std::vector<double> times_;
+  bool settled_ = false, halving_ = true, confirmed_ = false;
+  std::int64_t steps_ = 0, timed_ = 0;
+  double sum_ = 0, since_settled_ = 0;  // the current trial's timed seconds; seconds since settling
   std::vector<Trial> trials_;
   std::vector<int> refine_;  // midpoints still to try
 };
