@@ -184,7 +184,7 @@ if has threads && fits 40; then
       [[ -z $v ]] && continue
       n=${v%%|*} extra=${v#*|}
       fits 10 || break
-      e=$(env OMP_NUM_THREADS=$n $extra timeout 30 "$fm" --epochs 1 --limit 20000 2>/dev/null | ex_s)
+      e=$(env OMP_NUM_THREADS=$n $extra timeout 30 "$fm" --epochs 1 --limit 20000 --threads "$n" 2>/dev/null | ex_s)
       printf "%-3s %-50s %s\n" "$n" "${extra:-default}" "${e:--}"
     done <<< "$variants"
   } | tee "$out/threads.txt"
@@ -199,21 +199,26 @@ fi
 
 # alternate: one run per thread count per round, the counts in turn, so a slow spell of the
 # machine falls on every count alike; medians of the rounds (issue 9: never slower with more threads).
+# "8" is the example's default (--threads auto: a ThreadTuner keeps the fastest count up to 8),
+# "8f" exactly 8 threads (--threads 8).
 if has alternate && fits 30; then
-  stamp "alternate: the example's MLP on 20000 images at 8, 12 and 16 threads in turn"
+  stamp "alternate: the example's MLP on 20000 images at 8, 12 and 16 threads in turn, tuned and fixed"
   ex_s() { grep -o "examples_per_sec=[0-9]*" | cut -d= -f2; }
   {
     rounds=${SC_ALTERNATE_ROUNDS:-7}
-    counts="8 12 16"
+    counts="8 8f 12 12f 16 16f"
     declare -A runs=()
     for ((k = 1; k <= rounds; ++k)); do
       fits 8 || break
       line="round $k:"
-      for n in $counts; do
+      for c in $counts; do
+        n=${c%f}
         ((n > $(nproc))) && continue
-        e=$(env OMP_NUM_THREADS=$n timeout 30 "$fm" --epochs 1 --limit 20000 2>/dev/null | ex_s)
-        line+=" $n=${e:--}"
-        [[ -n $e ]] && runs[$n]+="$e "
+        fixed=auto
+        [[ $c == *f ]] && fixed=$n
+        e=$(env OMP_NUM_THREADS=$n timeout 30 "$fm" --epochs 1 --limit 20000 --threads $fixed 2>/dev/null | ex_s)
+        line+=" $c=${e:--}"
+        [[ -n $e ]] && runs[$c]+="$e "
       done
       echo "$line"
     done
@@ -230,15 +235,18 @@ if has scaling && fits 60; then
   stamp "scaling: the example's MLP on 30000 images, 1 epoch (eager; staged at 1 and 16), against PyTorch's copy"
   ex_s() { grep -o "examples_per_sec=[0-9]*" | cut -d= -f2; }
   {
-    printf "%-8s %-12s %-12s %-12s %s\n" threads eager_ex/s staged_ex/s pytorch_ex/s "stagecraft's OpenBLAS core"
+    # eager and staged: the example's default (--threads auto, up to n); eager_fixed: --threads n.
+    printf "%-8s %-12s %-12s %-12s %-12s %s\n" threads eager_ex/s eager_fixed staged_ex/s pytorch_ex/s "stagecraft's OpenBLAS core, threads tuned"
     for n in 1 2 4 8 16; do
       ((n > $(nproc))) && break
       fits 25 || break
       e=$(env OMP_NUM_THREADS=$n ${SC_SCALING_ENV:-} timeout 60 "$fm" --epochs 1 --limit 30000 2> "$aux/scaling-$n.err" | ex_s)
+      f=$(env OMP_NUM_THREADS=$n ${SC_SCALING_ENV:-} timeout 60 "$fm" --epochs 1 --limit 30000 --threads "$n" 2>/dev/null | ex_s)
       s=-
       ((n == 1 || n == 16)) && s=$(env OMP_NUM_THREADS=$n ${SC_SCALING_ENV:-} timeout 60 "$fm" --epochs 1 --limit 30000 --mode staged 2>/dev/null | ex_s)
       p=$(timeout 60 python3 bench/torch_fashion_mnist.py --threads "$n" --epochs 1 --limit 30000 2>&1 | ex_s)
-      printf "%-8s %-12s %-12s %-12s %s\n" "$n" "${e:--}" "${s:--}" "${p:--}" "$(grep -o "OpenBLAS core .*" "$aux/scaling-$n.err")"
+      printf "%-8s %-12s %-12s %-12s %-12s %s, %s\n" "$n" "${e:--}" "${f:--}" "${s:--}" "${p:--}" \
+        "$(grep -o "OpenBLAS core [^,]*" "$aux/scaling-$n.err")" "$(grep -o "threads tuned: .*" "$aux/scaling-$n.err")"
     done
     echo "stagecraft's runs with: ${SC_SCALING_ENV:-defaults}"
     python3 -c "import torch; print('PyTorch', torch.__version__, '|', ' '.join(torch.__config__.parallel_info().split()[:12]))" 2>&1

@@ -2,7 +2,8 @@
 // checkpoints that resume exactly.
 //
 //   fashion_mnist [--model mlp|cnn] [--mode eager|staged|graph] [--device cpu|cuda[:N]] [--epochs N]
-//                 [--batch N] [--seed N] [--save PATH] [--resume PATH] [--data DIR] [--limit N] [--help]
+//                 [--batch N] [--seed N] [--save PATH] [--resume PATH] [--data DIR] [--limit N]
+//                 [--threads auto|N] [--help]
 //
 // stdout: one line per epoch (epoch, mean training loss, test accuracy), then, last, exactly
 // `test_accuracy=0.XXXX examples_per_sec=NNNN`. stderr: a progress bar (in place on a
@@ -42,6 +43,7 @@ struct Options {
   std::string data = sc::data::default_fashion_mnist_dir;
   std::optional<std::int64_t> limit;
   sc::Device device = sc::Device::cpu();
+  std::int64_t threads = 0;  // 0: auto (a ThreadTuner chooses up to OpenMP's count)
 };
 
 constexpr const char* usage_text =
@@ -58,6 +60,8 @@ constexpr const char* usage_text =
     "  --resume PATH        restore a checkpoint and continue from its epoch\n"
     "  --data DIR           Fashion-MNIST directory (default /usr/share/datasets/fashion-mnist)\n"
     "  --limit N            train on the first N training examples only\n"
+    "  --threads auto|N     CPU threads: auto (default) times the first steps at OpenMP's count\n"
+    "                       (OMP_NUM_THREADS) and fewer, and keeps the fastest; N: exactly N\n"
     "  --help               this message\n";
 
 struct UsageError {
@@ -98,7 +102,8 @@ Options parse(int argc, char** argv) {
       inline_value = true;
     }
     static const std::vector<std::string_view> flags = {"--model", "--mode", "--epochs", "--batch", "--seed",
-                                                        "--save",  "--resume", "--data", "--limit", "--device"};
+                                                        "--save",  "--resume", "--data", "--limit", "--device",
+                                                        "--threads"};
     bool known = false;
     for (std::string_view f : flags) known = known || arg == f;
     if (!known) throw UsageError{"unknown option '" + arg + "'"};
@@ -133,6 +138,18 @@ Options parse(int argc, char** argv) {
       o.seed = parse_uint(arg, value);
     } else if (arg == "--limit") {
       o.limit = parse_positive(arg, value);
+    } else if (arg == "--threads") {
+      std::int64_t n = 0;  // 0: auto
+      if (value != "auto") {
+        try {
+          n = parse_positive(arg, value);
+        } catch (const UsageError&) {
+          n = -1;
+        }
+        if (n < 1 || n > 4096)
+          throw UsageError{"--threads expects auto or an integer from 1 to 4096, got '" + value + "'"};
+      }
+      o.threads = n;
     } else if (value.empty()) {
       throw UsageError{arg + " needs a non-empty value"};
     } else if (arg == "--save") {
@@ -264,6 +281,14 @@ int run(const Options& o, const sc::data::Dataset& data) {
     accuracy = evaluate();
   }
   sc::Tensor last_x, last_y;  // a batch of the last shape, to ask the step how it ran
+  // --threads auto: the steps on the CPU run at OpenMP's count and fewer, timed, and the fastest
+  // count is kept (more threads than the machine really runs make every parallel region wait).
+  if (o.threads > 0) sc::set_num_threads(static_cast<int>(o.threads));
+  std::optional<sc::ThreadTuner> tuner;
+  if (o.threads == 0 && !o.device.is_cuda()) tuner.emplace();
+  auto step = [&](const sc::Tensor& x, const sc::Tensor& y) {
+    return staged ? staged_step(x, y) : fashion::train_step(model, opt, vars, x, y);
+  };
   for (std::int64_t epoch = start; epoch < o.epochs; ++epoch) {
     batcher.start_epoch(epoch);
     Progress progress(epoch + 1, o.epochs, batcher.batches_per_epoch());
@@ -271,7 +296,7 @@ int run(const Options& o, const sc::data::Dataset& data) {
     std::int64_t seen = 0, done = 0;
     const auto t0 = Clock::now();
     while (auto b = batcher.next()) {
-      const sc::Tensor loss = staged ? staged_step(b->x, b->y) : fashion::train_step(model, opt, vars, b->x, b->y);
+      const sc::Tensor loss = tuner ? tuner->run([&] { return step(b->x, b->y); }) : step(b->x, b->y);
       const std::int64_t len = b->x.shape()[0];
       last_x = b->x, last_y = b->y;
       loss_sum += loss.item<double>() * double(len);
@@ -309,6 +334,7 @@ int run(const Options& o, const sc::data::Dataset& data) {
   if (const auto q = sc::cpu_quota()) std::snprintf(quota, sizeof quota, "%.2f CPUs", *q);
   std::fprintf(stderr, "cpu: %d threads, OpenBLAS core %s, CPU quota %s\n", sc::num_threads(), sc::blas_core().c_str(),
                quota);
+  if (tuner) std::fprintf(stderr, "threads tuned: %s\n", tuner->summary().c_str());
   std::printf("test_accuracy=%.4f examples_per_sec=%lld\n", accuracy, static_cast<long long>(eps + 0.5));
   return 0;
 }

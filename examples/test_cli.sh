@@ -27,6 +27,9 @@ expect 2 '--batch expects a non-negative integer' --batch -5
 expect 2 '--limit needs a value' --limit
 expect 2 '--seed expects a non-negative integer' --seed abc
 expect 2 'usage: fashion_mnist' --epochs
+expect 2 '--threads expects auto or an integer from 1 to 4096' --threads 0
+expect 2 "--threads expects auto or an integer from 1 to 4096, got 'many'" --threads=many
+expect 2 '--threads expects auto or an integer from 1 to 4096' --threads 5000
 expect 1 'apt-get install dataset-fashion-mnist' --data /nonexistent/fashion-mnist
 expect 2 '--device expects cpu, cuda or cuda:N' --device tpu
 expect 2 '--device expects cpu, cuda or cuda:N' --device cuda:x

@@ -14,11 +14,23 @@ staged=$("$bin" "${common[@]}" --mode staged 2>/dev/null)
 echo "eager:"; echo "$eager"
 echo "staged:"; echo "$staged"
 field() { grep -o "$1=[0-9.]*" | cut -d= -f2; }
-paste <(echo "$eager" | grep '^epoch' | field loss) <(echo "$staged" | grep '^epoch' | field loss) |
-  awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-3 * (1 + $1)) { print "FAIL: losses differ: " $1 " vs " $2; bad = 1 } }
-       END { exit bad }'
+same_losses() {
+  paste <(echo "$1" | grep '^epoch' | field loss) <(echo "$2" | grep '^epoch' | field loss) |
+    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-3 * (1 + $1)) { print "FAIL: losses differ: " $1 " vs " $2; bad = 1 } }
+         END { exit bad }'
+}
+same_losses "$eager" "$staged"
 ae=$(echo "$eager" | tail -1 | field test_accuracy)
 as=$(echo "$staged" | tail -1 | field test_accuracy)
 awk -v a="$ae" -v b="$as" 'BEGIN { d = a - b; if (d < 0) d = -d; if (d > 0.01) { print "FAIL: accuracy " a " vs " b; exit 1 } }'
 [[ $(echo "$eager" | grep -c '^epoch') -eq 2 && $(echo "$staged" | grep -c '^epoch') -eq 2 ]] || { echo "FAIL: epoch lines"; exit 1; }
+# --threads: exactly one thread trains as the default (--threads auto) does; the default times 2
+# threads and 1 (OMP_NUM_THREADS=2) and says which it kept.
+fixed=$(OMP_NUM_THREADS=2 "$bin" "${common[@]}" --mode eager --threads 1 2>/dev/null)
+tuned=$(OMP_NUM_THREADS=2 "$bin" "${common[@]}" --mode eager 2>&1)
+same_losses "$eager" "$fixed"
+same_losses "$eager" "$tuned"
+echo "$tuned" | grep -E "^threads tuned:"
+echo "$tuned" | grep -qE "^threads tuned: 2 threads [0-9.e+-]+ ms, 1 threads [0-9.e+-]+ ms: [12] threads$" ||
+  { echo "FAIL: the tuner's report"; exit 1; }
 echo PASS
