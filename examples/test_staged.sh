@@ -31,6 +31,8 @@ tuned=$(OMP_NUM_THREADS=2 "$bin" "${common[@]}" --mode eager 2>&1)
 same_losses "$eager" "$fixed"
 same_losses "$eager" "$tuned"
 echo "$tuned" | grep -E "^threads tuned:"
-echo "$tuned" | grep -qE "^threads tuned: 2 threads [0-9.e+-]+ ms, 1 threads [0-9.e+-]+ ms: [12] threads$" ||
+# 2 threads, then 1, then 2 again where 1 led; still trying where the run ended before a trial did.
+t='[0-9.e+-]+ ms'
+echo "$tuned" | grep -qE "^threads tuned: (2 threads $t(, 1 threads $t(, 2 threads $t)?)?: )?(trying )?[12] threads$" ||
   { echo "FAIL: the tuner's report"; exit 1; }
 echo PASS
