@@ -1,7 +1,10 @@
 // Tensor creation, item/to_vector, from_blob, reshape sharing, the allocator, printing, random.
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <mutex>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -164,6 +167,59 @@ TEST_CASE("the grain scale sets how many threads a parallel loop uses", "[thread
 #endif
   sc::set_parallel_grain_scale(0);  // clamped
   CHECK(sc::parallel_grain_scale() == 1);
+  sc::set_parallel_grain_scale(saved);
+  sc::set_num_threads(threads);
+}
+
+TEST_CASE("parallel_rows splits whole rows by their work, without parallel_for's 64-unit floor", "[threads]") {
+  const std::int64_t saved = sc::parallel_grain_scale();
+  const int threads = sc::num_threads();
+  sc::set_num_threads(4);
+  const std::int64_t g = sc::backend::cpu::grain_cheap;
+  // The ranges f was given, in order of their start.
+  const auto ranges = [g](std::int64_t rows, std::int64_t work) {
+    std::mutex m;
+    std::vector<std::pair<std::int64_t, std::int64_t>> got;
+    sc::backend::cpu::parallel_rows(rows, work, g, [&](std::int64_t b, std::int64_t e) {
+      const std::lock_guard<std::mutex> lock(m);
+      got.emplace_back(b, e);
+    });
+    std::sort(got.begin(), got.end());
+    return got;
+  };
+  // Every row once, in contiguous ranges.
+  const auto covers = [](const std::vector<std::pair<std::int64_t, std::int64_t>>& got, std::int64_t rows) {
+    std::int64_t next = 0;
+    for (const auto& [b, e] : got) {
+      if (b != next || e <= b) return false;
+      next = e;
+    }
+    return next == rows;
+  };
+  sc::set_parallel_grain_scale(1);
+  const auto wide = ranges(10, 100000);  // 10 rows of 100K elements
+  CHECK(covers(wide, 10));
+#if SC_HAS_OPENMP
+  CHECK(wide.size() == 4);  // spread evenly: 3, 3, 2, 2 rows
+  CHECK(wide.front() == std::pair<std::int64_t, std::int64_t>{0, 3});
+  CHECK(wide.back() == std::pair<std::int64_t, std::int64_t>{8, 10});
+  std::atomic<int> old{0};  // what parallel_for makes of the same loop: one range
+  sc::backend::cpu::parallel_for(10, std::max<std::int64_t>(1, g / 100000), [&](std::int64_t, std::int64_t) { ++old; });
+  CHECK(old.load() == 1);
+  CHECK(ranges(3, g).size() == 3);                // no more threads than rows
+  CHECK(ranges(1000, g / 200).size() == 4);      // narrow rows: as many as the elements allow
+#endif
+  CHECK(ranges(10, g / 20).size() == 1);  // under the grain: serial
+  CHECK(ranges(1, std::int64_t{1} << 40).size() == 1);
+  CHECK(covers(ranges(7, 0), 7));          // rows of no work count as one element
+  // A total that overflows int64 saturates.
+  CHECK(covers(ranges(3, std::int64_t{1} << 62), 3));
+  sc::set_parallel_grain_scale(64);  // the default: a thread takes at least 64 * g / 2 elements
+  CHECK(ranges(10, 100000).size() == 1);
+#if SC_HAS_OPENMP
+  CHECK(ranges(10, 800000).size() == 4);
+  CHECK(ranges(2, 32 * g).size() == 2);
+#endif
   sc::set_parallel_grain_scale(saved);
   sc::set_num_threads(threads);
 }

@@ -477,8 +477,7 @@ void run_reduction(const PreparedFused& pf, RunState& st, T* out) {
   const std::int64_t per_row = (rd.inner + chunk - 1) / chunk, tasks = rows * per_row;
   st.partials.resize(static_cast<std::size_t>(tasks) * sizeof(T));
   T* part = reinterpret_cast<T*>(st.partials.data());
-  const std::int64_t grain = std::max<std::int64_t>(1, pf.grain / std::min(chunk, rd.inner));
-  backend::cpu::parallel_tasks(tasks, grain, [&](std::int64_t tb, std::int64_t te) {
+  backend::cpu::parallel_rows(tasks, std::min(chunk, rd.inner), pf.grain, [&](std::int64_t tb, std::int64_t te) {
     for (std::int64_t t = tb; t < te; ++t) {
       const std::int64_t row = t / per_row, c = t % per_row;
       const std::int64_t b = row * rd.inner + c * chunk, e = std::min(b + chunk, (row + 1) * rd.inner);
@@ -532,8 +531,7 @@ void run_columns(const PreparedFused& pf, RunState& st, T* out) {
   T* part = reinterpret_cast<T*>(st.partials.data());
   int levels = 1;  // scratch rows the pairwise split needs (one per level; a few spare)
   for (std::int64_t n = per; n > 0; n /= 2) ++levels;
-  const std::int64_t grain = std::max<std::int64_t>(1, pf.grain / (per * cw));
-  cpu::parallel_tasks(chunks * groups, grain, [&](std::int64_t tb, std::int64_t te) {
+  cpu::parallel_rows(chunks * groups, per * cw, pf.grain, [&](std::int64_t tb, std::int64_t te) {
     thread_local std::vector<T> scratch;
     if (scratch.size() < static_cast<std::size_t>(levels * cw)) scratch.resize(static_cast<std::size_t>(levels * cw));
     for (std::int64_t t = tb; t < te; ++t) {

@@ -45,7 +45,7 @@ struct Concat {
     const std::size_t isz = itemsize(out.dtype());
     const std::int64_t row = os[ax] * inner;  // elements of one output row
     auto* y = static_cast<std::byte*>(out.raw_data());
-    backend::cpu::parallel_for(outer, std::max<std::int64_t>(1, backend::cpu::grain_cheap / row),
+    backend::cpu::parallel_rows(outer, row, backend::cpu::grain_cheap,
                                [&](std::int64_t ob, std::int64_t oe) {
       for (std::int64_t o = ob; o < oe; ++o) {
         std::byte* dst = y + static_cast<std::size_t>(o * row) * isz;

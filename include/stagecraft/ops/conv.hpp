@@ -91,11 +91,6 @@ void run_window(const Tensor& in, Tensor& out, const Shape& image, const Attrs& 
   });
 }
 
-/// Rows of a threaded loop that does `per_row` elements of cheap work each.
-inline std::int64_t row_grain(std::int64_t per_row) {
-  return std::max<std::int64_t>(1, backend::cpu::grain_cheap / std::max<std::int64_t>(1, per_row));
-}
-
 /// Window rows [lo, hi) whose input row oy*stride - pad + i lies inside [0, H) (the rest
 /// read padding): valid_cols for rows.
 inline void valid_rows(const Window& w, std::int64_t i, std::int64_t& lo, std::int64_t& hi) {
@@ -120,7 +115,7 @@ template <class T>
 void im2col_into(const Window& w, std::int64_t images, const T* x, T* col, std::int64_t sn, std::int64_t sr) {
   const std::int64_t kk = w.kh * w.kw, ckk = w.C * kk, L = w.Ho * w.Wo, s = w.stride;
   const bool flat = flat_blocks(w);
-  backend::cpu::parallel_for(images * ckk, row_grain(L), [&](std::int64_t bb, std::int64_t be) {
+  backend::cpu::parallel_rows(images * ckk, L, backend::cpu::grain_cheap, [&](std::int64_t bb, std::int64_t be) {
     for (std::int64_t b = bb; b < be; ++b) {
       const std::int64_t g = b / ckk, q = b % ckk, c = q / kk, i = (q / w.kw) % w.kh, j = q % w.kw;
       T* __restrict dst = col + g * sn + q * sr;
@@ -164,7 +159,7 @@ void im2col_into(const Window& w, std::int64_t images, const T* x, T* col, std::
 template <class T>
 void col2im_flat(const Window& w, std::int64_t images, T* col, T* x, std::int64_t sn, std::int64_t sr) {
   const std::int64_t kk = w.kh * w.kw, plane = w.H * w.W;
-  backend::cpu::parallel_for(images * w.C, row_grain(plane * kk), [&](std::int64_t pb, std::int64_t pe) {
+  backend::cpu::parallel_rows(images * w.C, plane * kk, backend::cpu::grain_cheap, [&](std::int64_t pb, std::int64_t pe) {
     for (std::int64_t p = pb; p < pe; ++p) {
       const std::int64_t g = p / w.C, c = p % w.C;
       T* __restrict dst = x + p * plane;
@@ -195,7 +190,7 @@ void col2im_flat(const Window& w, std::int64_t images, T* col, T* x, std::int64_
 template <class T>
 void col2im_into(const Window& w, std::int64_t images, const T* col, T* x, std::int64_t sn, std::int64_t sr) {
   const std::int64_t rows = images * w.C * w.H, s = w.stride;
-  backend::cpu::parallel_for(rows, row_grain(w.W + w.kh * w.kw * w.Wo / s), [&](std::int64_t rb, std::int64_t re) {
+  backend::cpu::parallel_rows(rows, w.W + w.kh * w.kw * w.Wo / s, backend::cpu::grain_cheap, [&](std::int64_t rb, std::int64_t re) {
     for (std::int64_t r = rb; r < re; ++r) {
       const std::int64_t gc = r / w.H, y = r % w.H, g = gc / w.C, c = gc % w.C;
       T* dst = x + r * w.W;

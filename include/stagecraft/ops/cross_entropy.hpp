@@ -14,7 +14,6 @@
 
 #include "../backend/cpu/parallel.hpp"
 #include "check_range.hpp"  // range_askers, CheckRange::out_of_range: the error the old check gave
-#include "conv.hpp"         // row_grain
 #include "rules.hpp"
 // The ops the gradient rules (at the end) are written with.
 #include "binary.hpp"
@@ -93,7 +92,7 @@ struct SoftmaxCrossEntropy {
         const I* lab = static_cast<const I*>(in[1].raw_data());
         xent::check_labels(lab, N, C);
         std::vector<double> picked(static_cast<std::size_t>(N));
-        backend::cpu::parallel_for(N, row_grain(4 * C), [&](std::int64_t b, std::int64_t e) {
+        backend::cpu::parallel_rows(N, 4 * C, backend::cpu::grain_cheap, [&](std::int64_t b, std::int64_t e) {
           for (std::int64_t i = b; i < e; ++i) picked[static_cast<std::size_t>(i)] = row_value(x + i * C, lab[i], C);
         });
         double total = 0;
@@ -143,7 +142,7 @@ struct SoftmaxCrossEntropyGrad {
         T* dx = static_cast<T*>(out.raw_data());
         xent::check_labels(lab, N, C);
         const double scale = static_cast<double>(*static_cast<const T*>(in[0].raw_data())) / static_cast<double>(N);
-        backend::cpu::parallel_for(N, row_grain(6 * C), [&](std::int64_t b, std::int64_t e) {
+        backend::cpu::parallel_rows(N, 6 * C, backend::cpu::grain_cheap, [&](std::int64_t b, std::int64_t e) {
           for (std::int64_t i = b; i < e; ++i) row_grad(x + i * C, static_cast<std::int64_t>(lab[i]), C, scale, dx + i * C);
         });
       });

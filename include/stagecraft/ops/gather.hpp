@@ -108,7 +108,7 @@ struct Gather {
         U* y = static_cast<U*>(out.raw_data());
         // One unit is one (outer index, index) pair: a run of `inner` contiguous elements;
         // a thread's range is walked as spans of indices within one outer row.
-        backend::cpu::parallel_for(outer * N, std::max<std::int64_t>(1, backend::cpu::grain_cheap / inner),
+        backend::cpu::parallel_rows(outer * N, inner, backend::cpu::grain_cheap,
                                    [&](std::int64_t rb, std::int64_t re) {
           for (std::int64_t r = rb; r < re;) {
             const std::int64_t o = r / N, n0 = r % N, n1 = std::min(N, n0 + (re - r));
@@ -204,7 +204,7 @@ struct ScatterAdd {
           std::memcpy(y + b, x + b, static_cast<std::size_t>(e - b) * sizeof(T));
         });
         if (N == 0) return;
-        backend::cpu::parallel_for(outer * inner, std::max<std::int64_t>(1, backend::cpu::grain_cheap / N),
+        backend::cpu::parallel_rows(outer * inner, N, backend::cpu::grain_cheap,
                                    [&](std::int64_t cb, std::int64_t ce) {
           for (std::int64_t c = cb; c < ce;) {
             const std::int64_t o = c / inner, i0 = c % inner, len = std::min(inner - i0, ce - c);
@@ -254,7 +254,7 @@ struct OneHot {
         using I = typename decltype(itag)::type;
         const I* ix = static_cast<const I*>(in[0].raw_data());
         T* y = static_cast<T*>(out.raw_data());
-        backend::cpu::parallel_for(N, std::max<std::int64_t>(1, backend::cpu::grain_cheap / D),
+        backend::cpu::parallel_rows(N, D, backend::cpu::grain_cheap,
                                    [&](std::int64_t b, std::int64_t e) {
           std::fill(y + b * D, y + e * D, T(0));
           for (std::int64_t n = b; n < e; ++n)

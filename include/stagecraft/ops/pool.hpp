@@ -52,7 +52,7 @@ struct Pool2d {
         // The common 2x2 / stride 2 window: one pass per output row, no scratch row (a row is
         // only a few dozen elements, so the generic path's per-row set-up cost more than its work).
         const std::int64_t rows = w.N * w.C * w.Ho;
-        backend::cpu::parallel_for(rows, row_grain(4 * w.Wo), [&](std::int64_t rb, std::int64_t re) {
+        backend::cpu::parallel_rows(rows, 4 * w.Wo, backend::cpu::grain_cheap, [&](std::int64_t rb, std::int64_t re) {
           for (std::int64_t r = rb; r < re; ++r) {
             const std::int64_t nc = r / w.Ho, oy = r % w.Ho;
             const T* __restrict r0 = x + (nc * w.H + 2 * oy) * w.W;
@@ -67,7 +67,7 @@ struct Pool2d {
       // One task per output row (n, c, oy): rows of different tasks never overlap, and a
       // single image with few channels still splits across threads.
       const std::int64_t rows = w.N * w.C * w.Ho;
-      backend::cpu::parallel_for(rows, row_grain(used * w.kh), [&](std::int64_t rb, std::int64_t re) {
+      backend::cpu::parallel_rows(rows, used * w.kh, backend::cpu::grain_cheap, [&](std::int64_t rb, std::int64_t re) {
         std::vector<T> tmp(static_cast<std::size_t>(used));
         for (std::int64_t r = rb; r < re; ++r) {
           const std::int64_t nc = r / w.Ho, oy = r % w.Ho;
@@ -211,7 +211,7 @@ struct MaxPool2dGrad {
       T* dx = static_cast<T*>(out.raw_data());
       const std::int64_t plane = w.H * w.W, oplane = w.Ho * w.Wo;
       // One task per (n, c) plane: windows of one plane may overlap, planes never do.
-      backend::cpu::parallel_for(w.N * w.C, row_grain(plane + oplane * w.kh * w.kw), [&](std::int64_t b, std::int64_t e) {
+      backend::cpu::parallel_rows(w.N * w.C, plane + oplane * w.kh * w.kw, backend::cpu::grain_cheap, [&](std::int64_t b, std::int64_t e) {
         for (std::int64_t p = b; p < e; ++p) scatter_plane(w, g + p * oplane, x + p * plane, dx + p * plane);
       });
     });

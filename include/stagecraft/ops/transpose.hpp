@@ -181,7 +181,7 @@ void tiled_copy(const U* x, U* y, const StridedPlan<1>& p, int j) {
   constexpr std::int64_t T = transpose_tile;
   const std::int64_t ta_n = (A + T - 1) / T, tb_n = (B + T - 1) / T;
   const std::int64_t units = (p.shape.numel() / (A * B)) * ta_n * tb_n;
-  parallel_for(units, std::max<std::int64_t>(1, grain_cheap / (T * T)), [&](std::int64_t ub, std::int64_t ue) {
+  parallel_rows(units, T * T, grain_cheap, [&](std::int64_t ub, std::int64_t ue) {
     Odometer o = outer;
     o.seek(ub / (ta_n * tb_n));
     std::int64_t tb = (ub / ta_n) % tb_n, ta = ub % ta_n;

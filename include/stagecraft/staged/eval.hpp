@@ -291,8 +291,8 @@ Tensor fused(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape&
     base[k] = used[k] ? sl[k].raw_data() : nullptr;
     step[k] = used[k] && sl[k].numel() == n ? 1 : 0;
   }
-  std::int64_t grain = E::costly ? backend::cpu::grain_costly : backend::cpu::grain_cheap;
-  std::int64_t units = n;
+  const std::int64_t grain = E::costly ? backend::cpu::grain_costly : backend::cpu::grain_cheap;
+  std::int64_t units = n, len = 1;  // units: elements, or (strided) rows of len elements
   backend::cpu::StridedPlan<NS> plan;
   if (lay == Layout::strided) {  // rows of the collapsed broadcasting walk
     std::array<Shape, NS> shapes;
@@ -302,19 +302,21 @@ Tensor fused(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape&
       ins[k] = &shapes[k];
     }
     plan = backend::cpu::collapse<NS>(shape, ins);
-    const std::int64_t len = plan.shape[plan.shape.rank() - 1];
+    len = plan.shape[plan.shape.rank() - 1];
     units = n / len;
-    grain = std::max<std::int64_t>(1, grain / len);
   }
   constexpr bool simd = E::template uniform<D>() && simd_dtype(D);
   const bool nt = simd && lay == Layout::dense && backend::cpu::stream_output(y, n);
   auto loop = [&](auto ordered) {
     constexpr int O = decltype(ordered)::value;
     using L = std::conditional_t<simd, SimdLane<T, true, false, O>, ScalarLane<true>>;
-    backend::cpu::parallel_for(units, grain, [&](std::int64_t b, std::int64_t end) {
+    auto body = [&](std::int64_t b, std::int64_t end) {
       Walker<NS, T> walk(base, step, used, b, end, lay == Layout::strided ? &plan : nullptr);
       fused_share<L, NA, D>(shared, c, y, walk, nt);
-    });
+    };
+    // elements go in ranges of whole vectors (parallel_for); rows by their elements (parallel_rows)
+    if (lay == Layout::strided) backend::cpu::parallel_rows(units, len, grain, body);
+    else backend::cpu::parallel_for(units, grain, body);
   };
   // a loop without NaN tests for max/min constants, where none is NaN (checked here, once)
   if constexpr (simd && has_minmax_const<E>()) {
@@ -516,8 +518,7 @@ bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Ten
         c.s[k] = used[k] && sl[k].numel() == n ? 1 : 0;
       }
       std::vector<T> part(static_cast<std::size_t>(units));
-      const std::int64_t grain = std::max<std::int64_t>(1, backend::cpu::grain_cheap / std::min(inner, chunk));
-      backend::cpu::parallel_for(units, grain, [&](std::int64_t ub, std::int64_t ue) {
+      backend::cpu::parallel_rows(units, std::min(inner, chunk), backend::cpu::grain_cheap, [&](std::int64_t ub, std::int64_t ue) {
         auto cc = c;
         const X local = shared;
         for (std::int64_t u = ub; u < ue; ++u) {

@@ -184,8 +184,7 @@ template <class T>
 void int_gemm(std::int64_t M, std::int64_t N, std::int64_t K, const T* A, const T* B, T* C) {
   using U = std::make_unsigned_t<T>;
   constexpr std::int64_t kc = 128, nc = 2048;
-  const std::int64_t grain = std::max<std::int64_t>(1, grain_costly / std::max<std::int64_t>(1, N * K));
-  parallel_for(M, grain, [&](std::int64_t rb, std::int64_t re) {
+  parallel_rows(M, N * K, grain_costly, [&](std::int64_t rb, std::int64_t re) {
     std::memset(C + rb * N, 0, static_cast<std::size_t>((re - rb) * N) * sizeof(T));
     for (std::int64_t k0 = 0; k0 < K; k0 += kc) {
       const std::int64_t k1 = std::min(K, k0 + kc);

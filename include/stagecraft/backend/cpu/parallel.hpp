@@ -183,6 +183,37 @@ void parallel_for(std::int64_t n, std::int64_t grain, F&& f) {
   f(std::int64_t{0}, n);
 }
 
+/// Runs f(begin, end) over rows [0, rows) of `row_work` elements of work each, one contiguous
+/// range of whole rows per thread, spread evenly. The thread count comes from the total work as
+/// parallel_for's comes from elements (serial below `grain`; each thread takes at least
+/// grain / 2 * parallel_grain_scale() of it), with no 64-unit floor or rounding: 16 rows of 100K
+/// elements split 16 ways, where parallel_for(16, ...) would keep them on one thread.
+template <class F>
+void parallel_rows(std::int64_t rows, std::int64_t row_work, std::int64_t grain, F&& f) {
+#if SC_HAS_OPENMP
+  if (rows >= 2 && !omp_in_parallel() && num_threads() > 1) {
+    const std::int64_t per_row = std::max<std::int64_t>(row_work, 1);
+    const std::int64_t work = per_row > INT64_MAX / rows ? INT64_MAX : rows * per_row;
+    const std::int64_t per_thread = std::max<std::int64_t>(grain / 2, 64) * parallel_grain_scale();
+    const std::int64_t want = std::min<std::int64_t>({omp_get_max_threads(), rows, work / per_thread});
+    if (work >= grain && want > 1) {
+#pragma omp parallel num_threads(static_cast<int>(want))
+      {
+        const std::int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const std::int64_t q = rows / nt, r = rows % nt;
+        const std::int64_t b = t * q + std::min(t, r), e = b + q + (t < r ? 1 : 0);
+        if (b < e) f(b, e);
+      }
+      return;
+    }
+  }
+#else
+  (void)row_work;
+  (void)grain;
+#endif
+  f(std::int64_t{0}, rows);
+}
+
 /// Grain sizes: cheap ops (add) need many elements to beat thread start-up; costly ones fewer.
 inline constexpr std::int64_t grain_cheap = config::parallel_threshold;
 inline constexpr std::int64_t grain_costly = config::parallel_threshold / 8;

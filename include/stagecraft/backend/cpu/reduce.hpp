@@ -62,15 +62,6 @@ struct MinReducer {
   template <class B> static B simd(const B& a, const B& b) { return rules::Minimum::f(b, a); }
 };
 
-/// Runs f(task_begin, task_end) over n heavy tasks. parallel_for rounds ranges to multiples
-/// of 64 (for SIMD element loops), which would put 128 of 130 row tasks on one thread; giving
-/// it 64 slots per task makes every range a whole number of tasks, evenly spread.
-template <class F>
-void parallel_tasks(std::int64_t n, std::int64_t grain_tasks, F&& f) {
-  parallel_for(n * 64, std::max<std::int64_t>(1, grain_tasks) * 64,
-               [&](std::int64_t b, std::int64_t e) { f(b / 64, (e + 63) / 64); });
-}
-
 // ---- one contiguous row -------------------------------------------------------------------
 
 /// The reduction of x[0..n) (n >= 1, or n >= 0 for sums).
@@ -171,7 +162,7 @@ void reduce3(const In* x, Out* y, std::int64_t outer, std::int64_t R, std::int64
   };
   const std::int64_t per = allow_split ? chunk_rows(outer, R, inner) : R;
   if (per >= R) {
-    parallel_tasks(natural, grain_cheap / (R * len), [&](std::int64_t b, std::int64_t e) {
+    parallel_rows(natural, R * len, grain_cheap, [&](std::int64_t b, std::int64_t e) {
       for (std::int64_t k = b; k < e; ++k) block(k / ntiles, k % ntiles, 0, R, y + (k / ntiles) * inner);
     });
     return;
@@ -179,7 +170,7 @@ void reduce3(const In* x, Out* y, std::int64_t outer, std::int64_t R, std::int64
   const std::int64_t chunks = (R + per - 1) / per;
   Tensor part = detail::empty_tensor(Shape{outer * chunks * inner}, dtype_of<Out>(), Device::cpu());
   Out* p = static_cast<Out*>(part.raw_data());
-  parallel_tasks(natural * chunks, 1, [&](std::int64_t b, std::int64_t e) {
+  parallel_rows(natural * chunks, per * len, grain_cheap, [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t k = b; k < e; ++k) {
       const std::int64_t t = k % ntiles, c = (k / ntiles) % chunks, o = k / (ntiles * chunks);
       block(o, t, c * per, std::min(R, (c + 1) * per), p + (o * chunks + c) * inner);
@@ -321,13 +312,13 @@ template <bool IsMax, class T>
 void arg_reduce3(const T* x, std::int64_t* y, std::int64_t outer, std::int64_t R, std::int64_t inner) {
   if (outer * inner == 0) return;
   if (inner == 1) {
-    parallel_tasks(outer, grain_cheap / R, [&](std::int64_t b, std::int64_t e) {
+    parallel_rows(outer, R, grain_cheap, [&](std::int64_t b, std::int64_t e) {
       for (std::int64_t o = b; o < e; ++o) y[o] = arg_row<IsMax>(x + o * R, R);
     });
     return;
   }
   const std::int64_t ntiles = (inner + col_tile - 1) / col_tile;
-  parallel_tasks(outer * ntiles, grain_cheap / (R * std::min(inner, col_tile)), [&](std::int64_t b, std::int64_t e) {
+  parallel_rows(outer * ntiles, R * std::min(inner, col_tile), grain_cheap, [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t k = b; k < e; ++k) {
       const std::int64_t o = k / ntiles, t0 = (k % ntiles) * col_tile, len = std::min(col_tile, inner - t0);
       const T* src = x + o * R * inner + t0;
