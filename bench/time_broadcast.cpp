@@ -5,38 +5,20 @@
 //   g++ -std=c++20 -O2 -march=native -fopenmp -DNDEBUG -I<tree>/include
 //       -I/usr/include/x86_64-linux-gnu/openblas-openmp bench/time_broadcast.cpp -lopenblas -lz
 //   (one command line)
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <vector>
 
 #include <stagecraft/stagecraft.hpp>
-
-namespace {
-
-template <class F>
-double median_ms(F f) {
-  std::vector<double> ms;
-  for (int i = 0; i < 41; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const sc::Tensor y = f();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-}  // namespace
+#include "time_median.hpp"
 
 int main() {
   const std::int64_t rows = 4096, cols = 1024;
   const sc::Tensor x = sc::random::uniform({rows, cols}, -1.0, 1.0, 1), b = sc::random::uniform({cols}, -1.0, 1.0, 2);
   const sc::Tensor col = sc::random::uniform({rows, 1}, -1.0, 1.0, 3), s = sc::tensor({1.f});
   const sc::Tensor cond = x > 0.f;
-  const double bias = median_ms([&] { return x + b; });
-  const double fill = median_ms([&] { return sc::broadcast_to(s, {rows, cols}); });
-  const double sub = median_ms([&] { return x - col; });
-  const double sel = median_ms([&] { return sc::where(cond, col, b); });
+  const double bias = bench::median_ms([&] { return x + b; }, 41);
+  const double fill = bench::median_ms([&] { return sc::broadcast_to(s, {rows, cols}); }, 41);
+  const double sub = bench::median_ms([&] { return x - col; }, 41);
+  const double sel = bench::median_ms([&] { return sc::where(cond, col, b); }, 41);
   std::printf("%d threads, ms: bias_add %.3f  scalar_broadcast %.3f  sub_column %.3f  where %.3f\n", sc::num_threads(),
               bias, fill, sub, sel);
   return 0;

@@ -7,28 +7,10 @@
 //   g++ -std=c++20 -O2 -march=native -fopenmp -DNDEBUG -I<tree>/include
 //       -I/usr/include/x86_64-linux-gnu/openblas-openmp bench/time_row_loops.cpp -lopenblas -lz
 //   (one command line)
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <vector>
 
 #include <stagecraft/stagecraft.hpp>
-
-namespace {
-
-template <class F>
-double median_ms(F f) {
-  std::vector<double> ms;
-  for (int i = 0; i < 21; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const sc::Tensor y = f();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-}  // namespace
+#include "time_median.hpp"
 
 int main() {
   const sc::Tensor a = sc::random::uniform({64, 32768}, -1.0, 1.0, 1), b = sc::random::uniform({64, 32768}, -1.0, 1.0, 2);
@@ -39,13 +21,13 @@ int main() {
   const sc::Tensor labels = sc::cast(sc::random::uniform({64}, 0.0, 65535.0, 7), sc::DType::i64);
   const sc::Tensor mi = sc::cast(sc::random::uniform({512, 512}, -8.0, 8.0, 8), sc::DType::i32);
   const sc::Tensor img = sc::random::uniform({8, 64, 112, 112}, -1.0, 1.0, 9);
-  const double cat = median_ms([&] { return sc::concat({a, b}, 1); });
-  const double tr = median_ms([&] { return sc::transpose(sq, {1, 0}); });
-  const double sum = median_ms([&] { return sc::sum(wide, {1}); });
-  const double take = median_ms([&] { return sc::gather(table, idx, 0); });
-  const double xent = median_ms([&] { return sc::nn::cross_entropy(wide, labels); });
-  const double imm = median_ms([&] { return sc::matmul(mi, mi); });
-  const double pool = median_ms([&] { return sc::nn::max_pool2d(img, 2, 2); });
+  const double cat = bench::median_ms([&] { return sc::concat({a, b}, 1); }, 21);
+  const double tr = bench::median_ms([&] { return sc::transpose(sq, {1, 0}); }, 21);
+  const double sum = bench::median_ms([&] { return sc::sum(wide, {1}); }, 21);
+  const double take = bench::median_ms([&] { return sc::gather(table, idx, 0); }, 21);
+  const double xent = bench::median_ms([&] { return sc::nn::cross_entropy(wide, labels); }, 21);
+  const double imm = bench::median_ms([&] { return sc::matmul(mi, mi); }, 21);
+  const double pool = bench::median_ms([&] { return sc::nn::max_pool2d(img, 2, 2); }, 21);
   std::printf("%d threads, ms: concat %.3f  transpose %.3f  row_sum %.3f  gather %.3f  cross_entropy %.3f  "
               "i32_matmul %.3f  max_pool %.3f\n",
               sc::num_threads(), cat, tr, sum, take, xent, imm, pool);
