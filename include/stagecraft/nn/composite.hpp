@@ -20,7 +20,6 @@
 #include "../backend/cpu/parallel.hpp"
 #include "../core/device.hpp"
 #include "../graph/function.hpp"
-#include "functional.hpp"
 
 namespace stagecraft::nn {
 
@@ -135,22 +134,6 @@ std::optional<Tensor> run(const Body& body, const char* name, const std::source_
   return (*f)(Operand(x, loc), rest...);
 }
 
-/// softmax or log_softmax along one axis (functional.hpp's ops).
-struct SoftmaxOps {
-  std::int64_t axis;
-  bool take_log;
-  bool operator==(const SoftmaxOps&) const = default;
-  Tensor operator()(const Tensor& xf) const {
-    return functional_detail::softmax_ops(xf, axis, take_log, std::source_location::current());
-  }
-};
-inline std::optional<Tensor> stage_softmax(const Tensor& xf, std::int64_t ax, bool take_log,
-                                           const std::source_location& loc) {
-  return run(SoftmaxOps{ax, take_log}, take_log ? "log_softmax" : "softmax", loc, xf);
-}
-/// functional.hpp's softmax and log_softmax stage through this once any file of the program
-/// includes this header (the umbrella header does).
-inline const bool softmax_stager_set = (functional_detail::softmax_stager() = &stage_softmax, true);
 }  // namespace composite_detail
 
 }  // namespace stagecraft::nn

@@ -15,6 +15,7 @@
 #include "../ops/reduce.hpp"
 #include "../ops/unary.hpp"
 #include "../ops/where.hpp"
+#include "composite.hpp"
 #include "ids.hpp"
 
 namespace stagecraft::nn {
@@ -33,18 +34,20 @@ inline Tensor softmax_ops(const Tensor& xf, std::int64_t ax, bool take_log, cons
   const Tensor e = exp(sub(xf, max(xf, {ax}, true, loc), loc), loc);
   return mul(e, div(1, sum(e, {ax}, true, loc), loc), loc);
 }
-/// Runs softmax_ops of a large eager CPU tensor as a staged function, or gives nullopt. Set by
-/// nn/composite.hpp (which the umbrella header includes): this header stays free of the tracing
-/// JIT's headers, which sc::stage's users need not compile.
-using SoftmaxStager = std::optional<Tensor> (*)(const Tensor& xf, std::int64_t ax, bool take_log,
-                                                const std::source_location& loc);
-inline SoftmaxStager& softmax_stager() {
-  static SoftmaxStager f = nullptr;
-  return f;
-}
+/// softmax_ops as a staged function's body (composite.hpp): one traced function per axis and kind.
+struct SoftmaxOps {
+  std::int64_t axis;
+  bool take_log;
+  bool operator==(const SoftmaxOps&) const = default;
+  Tensor operator()(const Tensor& xf) const { return softmax_ops(xf, axis, take_log, std::source_location::current()); }
+};
+/// softmax_ops of xf, as one staged function where xf is a large eager CPU tensor (composite.hpp).
+/// Called here, not through a pointer that a static initialiser sets: such an initialiser made
+/// every file that included the umbrella header compile the tracing JIT, whatever it called.
 inline Tensor softmax_any(const Tensor& xf, std::int64_t ax, bool take_log, const std::source_location& loc) {
-  if (const SoftmaxStager f = softmax_stager())
-    if (std::optional<Tensor> r = f(xf, ax, take_log, loc)) return *std::move(r);
+  if (std::optional<Tensor> r = composite_detail::run(SoftmaxOps{ax, take_log}, take_log ? "log_softmax" : "softmax",
+                                                      loc, xf))
+    return *std::move(r);
   return softmax_ops(xf, ax, take_log, loc);
 }
 }  // namespace functional_detail
