@@ -9,7 +9,11 @@
 #include <stagecraft/ops/unary.hpp>
 #include <stagecraft/optim/fused.hpp>
 
+#include <atomic>
+#include <cstdint>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -19,6 +23,7 @@ using sc::ops::OpId;
 
 /// Adam's update program over `shape` and dtype d (optim/fused.hpp's pattern, made concrete).
 g::FusedProgram adam_over(const sc::Shape& shape, sc::DType d) {
+  sc::optim::fused::register_adam_program();  // as Adam's constructor does
   g::FusedProgram p = sc::optim::fused::adam_program();
   p.dtype = d;
   p.out_shape = shape;
@@ -116,4 +121,56 @@ TEST_CASE("fused special: programs of another shape stay in the tile evaluator",
   g::fused_specializations() = false;
   CHECK(differs(p));
   g::fused_specializations() = true;
+}
+
+TEST_CASE("fused special: a name registers once, from any thread, and a kernel keeps its address",
+          "[fused][special]") {
+  sc::optim::fused::register_adam_program();
+  const g::FusedProgram adam = adam_over(sc::Shape{8}, sc::f32);
+  const g::SpecialKernel* k = g::find_special(adam);
+  REQUIRE(k != nullptr);
+  CHECK_FALSE(g::register_special({"adam", g::FusedProgram{}, nullptr}));  // the first stays
+
+  // Programs of input n negated five times, registered by 8 threads at once (16 names, each
+  // twice). Their kernel is right, should another test of this binary make such a program.
+  auto neg = [](int n) {
+    g::FusedProgram p;
+    p.input_shapes = std::vector<sc::Shape>(static_cast<std::size_t>(n) + 1, sc::Shape{1});
+    p.code = {{OpId::Neg, n, -1}};
+    for (int i = 1; i < 5; ++i) p.code.push_back({OpId::Neg, n + i, -1});
+    p.outputs = {n + 5};
+    return p;
+  };
+  auto run_neg = +[](std::span<const sc::Tensor> in, std::span<sc::Tensor> out) {
+    const sc::Tensor& x = in.back();
+    for (std::int64_t i = 0; i < x.numel(); ++i)
+      if (x.dtype() == sc::f32)
+        static_cast<float*>(out[0].raw_data())[i] = -static_cast<const float*>(x.raw_data())[i];
+      else
+        static_cast<double*>(out[0].raw_data())[i] = -static_cast<const double*>(x.raw_data())[i];
+  };
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (int i = 0; i < 16; ++i) v.push_back("test_neg_" + std::to_string(i));
+    return v;
+  }();
+  std::atomic<int> added{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 16; ++i) {
+        const int n = (i + 2 * t) % 16;
+        if (g::register_special({names[static_cast<std::size_t>(n)].c_str(), neg(n), run_neg})) ++added;
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  CHECK(added == 16);
+  CHECK(g::find_special(adam) == k);  // not moved by the 16 registrations after it
+  g::FusedProgram p = neg(3);
+  p.dtype = sc::f32;
+  p.out_shape = sc::Shape{8};
+  for (sc::Shape& s : p.input_shapes) s = sc::Shape{8};
+  const g::SpecialKernel* n3 = g::find_special(p);
+  REQUIRE(n3 != nullptr);
+  CHECK(std::string(n3->name) == "test_neg_3");
 }

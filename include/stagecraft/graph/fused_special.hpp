@@ -3,11 +3,14 @@
 // (fused_kernel.hpp) runs one op at a time over L1 tiles, a load and a store per op and element.
 // Adam's 12-op update of one variable ran 2x slower there than as the eager fused loop
 // (optim/fused.hpp), which made a traced training step slower than the eager one. The code that
-// emits a program registers its kernel with that program (optim/fused.hpp: Adam's update);
-// prepare() looks every CPU program up here. The graph layer names no op: a program matches a
+// emits a program registers its kernel with that program before it is traced (optim/fused.hpp:
+// Adam's update, registered by the optimizer's constructor); prepare() looks every CPU program up. The graph layer names no op: a program matches a
 // pattern instruction by instruction, and results are the same bits as the evaluator's.
 #pragma once
+#include <deque>
+#include <mutex>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -27,10 +30,15 @@ struct SpecialKernel {
   void (*run)(std::span<const Tensor> in, std::span<Tensor> out) = nullptr;
 };
 
-/// The registered kernels, in registration order (static initialisation: see register_special).
-inline std::vector<SpecialKernel>& special_kernels() {
-  static std::vector<SpecialKernel> kernels;
-  return kernels;
+/// The registered kernels, in registration order, under their lock. A deque: a plan keeps a
+/// pointer to its kernel, which a later registration must not move.
+struct SpecialRegistry {
+  std::mutex mu;
+  std::deque<SpecialKernel> kernels;
+};
+inline SpecialRegistry& special_registry() {
+  static SpecialRegistry r;
+  return r;
 }
 
 /// Whether prepare() gives programs their specialized kernel (default true). Off, every program
@@ -40,9 +48,17 @@ inline bool& fused_specializations() {
   return on;
 }
 
-/// Adds k; returns true, for `inline const bool registered = graph::register_special(...);`.
+/// Adds k unless a kernel of that name is registered; returns whether it added it. Safe from
+/// any thread, at any time: the code that emits a program calls it before it can be traced (once,
+/// e.g. from a function-local static: optim/fused.hpp's register_adam_program), not from a
+/// static initialiser, which would make every file that includes its header compile the kernel
+/// and all it reaches.
 inline bool register_special(SpecialKernel k) {
-  special_kernels().push_back(std::move(k));
+  SpecialRegistry& r = special_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (const SpecialKernel& have : r.kernels)
+    if (std::string_view(have.name) == k.name) return false;
+  r.kernels.push_back(std::move(k));
   return true;
 }
 
@@ -62,7 +78,9 @@ inline bool matches(const FusedProgram& p, const FusedProgram& q) {
 /// The kernel registered for p, or null (always null with fused_specializations() off).
 inline const SpecialKernel* find_special(const FusedProgram& p) {
   if (!fused_specializations()) return nullptr;
-  for (const SpecialKernel& k : special_kernels())
+  SpecialRegistry& r = special_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (const SpecialKernel& k : r.kernels)
     if (matches(p, k.pattern)) return &k;
   return nullptr;
 }

@@ -29,6 +29,7 @@ class Adam : public Optimizer {
     check_range(beta2, 0, 1, false, "beta2", loc);
     if (!(eps >= 0 && std::isfinite(eps)))
       stagecraft::detail::fail<ValueError>("Adam", loc, "eps must be finite and >= 0, got ", eps);
+    fused::register_adam_program();  // a traced update runs as one loop (fused.hpp)
   }
 
   std::string_view name() const override { return "Adam"; }

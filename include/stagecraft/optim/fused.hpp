@@ -256,8 +256,13 @@ inline void run_adam_program(std::span<const Tensor> in, std::span<Tensor> out) 
   });
 }
 
-/// Registered once per program: prepare() then runs a traced Adam update as adam_loop.
-inline const bool adam_program_registered = graph::register_special({"adam", adam_program(), &run_adam_program});
+/// Registers adam_program's kernel, once per process (later calls do nothing): prepare() then runs
+/// a traced Adam update as adam_loop. Adam's constructor calls it; a program that runs a saved
+/// function with Adam's update and makes no Adam calls it before it loads the function.
+inline void register_adam_program() {
+  static const bool done = graph::register_special({"adam", adam_program(), &run_adam_program});
+  (void)done;
+}
 
 /// SGD's update (optim/sgd.hpp): step = g * lr; without momentum w -= step; with momentum mu
 ///   velocity = velocity * mu - step;  w += velocity  (nesterov: w += velocity * mu - step)
