@@ -535,3 +535,82 @@ TEST_CASE("add_n: one shape, numeric dtypes, a list of at least one tensor", "[a
   CHECK(g[0].item<double>() == 6.0);
   CHECK(g[1].item<double>() == 3.0);
 }
+
+TEST_CASE("a sum's gradient reaches elementwise rules unbroadcast, every source whole", "[autodiff][tape][memory]") {
+  // x [4, 3]: sum over everything, over rows, over columns (kept and not), into mul, add, sub,
+  // div, and into rules that need the full shape (exp, reshape); the reference is by hand.
+  const Tensor x = sc::tensor(Vec{0.5, -1, 2, 1.5, 0.25, -2, 3, 1, -0.5, 2, -1.5, 0.75}, {4, 3});
+  const Tensor r = sc::tensor(Vec{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {4, 3});
+  auto grad = [&](auto loss) {
+    sc::GradientTape t;
+    t.watch(x);
+    return t.gradient(loss(x), x);
+  };
+  auto check = [](const Tensor& g, const Vec& want) {
+    REQUIRE(g.shape() == sc::Shape{4, 3});
+    CHECK(v(g) == want);
+  };
+  const Vec rv = v(r);
+  Vec ones(12, 1.0), twos(12, 2.0), exps, inv;
+  for (double e : v(x)) exps.push_back(std::exp(e));
+  for (double e : rv) inv.push_back(1.0 / e);
+  check(grad([&](const Tensor& a) { return sc::sum(a * r); }), rv);
+  check(grad([&](const Tensor& a) { return sc::sum(a); }), ones);  // the source itself
+  check(grad([&](const Tensor& a) { return sc::sum(a / r); }), inv);
+  check(grad([&](const Tensor& a) { return sc::sum(sc::sum(a + a, {0})); }), twos);
+  check(grad([&](const Tensor& a) { return sc::sum(sc::sum(a - r, {1}, true) * 2.0); }), twos);
+  const Vec ge = v(grad([&](const Tensor& a) { return sc::sum(sc::exp(a)); }));  // exp: to an ulp
+  REQUIRE(ge.size() == exps.size());
+  for (std::size_t i = 0; i < ge.size(); ++i) CHECK(ge[i] == Approx(exps[i]).epsilon(1e-15));
+  check(grad([&](const Tensor& a) { return sc::sum(sc::reshape(a, {12})); }), ones);
+  // Contributions of both kinds added: sum(x) (unbroadcast) + sum(x * r) (whole).
+  Vec both;
+  for (double e : rv) both.push_back(1 + e);
+  check(grad([&](const Tensor& a) { return sc::sum(a) + sc::sum(a * r); }), both);
+  // Into an input the op broadcast: its gradient is the sum over the broadcast axes, 4 rows
+  // here (the unbroadcast value counted once per row, not once).
+  {
+    const Tensor row = sc::tensor(Vec{1, 2, 3}, {1, 3}), col = sc::tensor(Vec{1, 2, 3, 4}, {4, 1});
+    sc::GradientTape t(/*persistent=*/true);
+    t.watch(row);
+    t.watch(col);
+    CHECK(v(t.gradient(sc::sum(row + x), row)) == Vec{4, 4, 4});
+    CHECK(v(t.gradient(sc::sum(x - col), col)) == Vec{-3, -3, -3, -3});
+    CHECK(v(t.gradient(sc::sum(row * r), row)) == Vec{22, 26, 30});
+    CHECK(v(t.gradient(sc::sum(sc::sum(x * col, {1}, true) * 3.0), col)) == Vec{4.5, -0.75, 10.5, 3.75});
+    CHECK(t.gradient(row + x, row).shape() == sc::Shape{1, 3});  // a non-scalar target
+    CHECK(v(t.gradient(row + x, row)) == Vec{4, 4, 4});
+  }
+  // A non-scalar target's seed of ones, into mul and straight to the source.
+  {
+    sc::GradientTape t(/*persistent=*/true);
+    t.watch(x);
+    const Tensor y = x * r;
+    check(t.gradient(y, x), rv);
+    check(t.gradient(x, x), ones);
+  }
+  // Second order through the unbroadcast gradient: d/dx sum(d/dx sum(x^2 * r)) = 2r.
+  {
+    sc::GradientTape outer;
+    outer.watch(x);
+    sc::GradientTape inner;
+    inner.watch(x);
+    const Tensor g = inner.gradient(sc::sum(x * x * r), x);
+    Vec two_r;
+    for (double e : rv) two_r.push_back(2 * e);
+    check(outer.gradient(sc::sum(g), x), two_r);
+  }
+
+  // No tensor of copies of the sum's gradient: the backward of sum(x * r) allocates only x's
+  // gradient (the broadcast of the ones was a second one, 4 MB here).
+  const Tensor big = sc::random::normal({1024, 1024}, 3), rb = sc::random::normal({1024, 1024}, 4);
+  sc::GradientTape t;
+  t.watch(big);
+  const Tensor loss = sc::sum(big * rb);
+  sc::reset_peak_memory();
+  const std::int64_t before = static_cast<std::int64_t>(sc::memory_stats().bytes_in_use);
+  const Tensor g = t.gradient(loss, big);
+  const std::int64_t above = static_cast<std::int64_t>(sc::memory_stats().peak_bytes_in_use) - before;
+  CHECK(above <= static_cast<std::int64_t>(g.nbytes()) + 4096);
+  CHECK(v(g) == v(rb));
+}

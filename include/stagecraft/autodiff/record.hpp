@@ -72,6 +72,11 @@ struct TapeEntry : RefCounted {
   std::vector<Tensor> more_outputs;  ///< a joint entry's other results
   ops::Attrs attrs;
   std::source_location loc;
+  /// The rule takes a gradient of a shape that broadcasts to the output's (ops::TakesBroadcastGrad);
+  /// otherwise the tape broadcasts it first.
+  bool broadcast_grad = false;
+  /// The rule may give gradients that broadcast to their inputs (ops::GivesBroadcastGrad).
+  bool gives_broadcast_grad = false;
 
   template <class F>
   void for_each_output(F&& f) const {
@@ -267,6 +272,8 @@ void record_on_tapes(ops::Inputs in, const ops::Attrs& attrs, const Tensor& out,
       e->output = out;
       e->attrs = attrs;
       e->loc = loc;
+      e->broadcast_grad = ops::TakesBroadcastGrad<Op>;
+      e->gives_broadcast_grad = ops::GivesBroadcastGrad<Op>;
       return e;
     });
   }

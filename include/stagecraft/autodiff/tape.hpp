@@ -48,6 +48,33 @@ inline Tensor sum_to(const Tensor& g, const Shape& shape, std::string_view op, c
   return s;
 }
 
+/// Whether g's shape broadcasts to `shape` (the form the tape keeps a gradient in: a sum's rule
+/// gives one value for a whole block).
+inline bool broadcasts_to(const Shape& g, const Shape& shape) {
+  if (g.rank() > shape.rank()) return false;
+  const int skip = shape.rank() - g.rank();  // g's axis i is shape's axis i + skip
+  for (int i = 0; i < g.rank(); ++i)
+    if (g[i] != 1 && g[i] != shape[i + skip]) return false;
+  return true;
+}
+
+/// g as a tensor of `shape` (g's shape broadcasts to it).
+inline Tensor full_gradient(const Tensor& g, const Shape& shape, const std::source_location& loc) {
+  return !g.defined() || g.shape() == shape ? g : broadcast_to(g, shape, loc);
+}
+
+/// The gradient g a rule gave for an input of shape x, in the tape's form. A rule that may give
+/// it unbroadcast (`may_broadcast`: ops::GivesBroadcastGrad) gives one that stands for a tensor
+/// of shape `whole` (an elementwise op's output, a sum's input): kept so where x is `whole`,
+/// else broadcast and summed down to x (x was broadcast by the op). Any other rule's is summed
+/// down to x (sum_to).
+inline Tensor input_gradient(const Tensor& g, const Shape& whole, const Shape& x, bool may_broadcast,
+                             std::string_view op, const std::source_location& loc) {
+  if (may_broadcast && broadcasts_to(g.shape(), whole))
+    return whole == x ? g : sum_to(full_gradient(g, whole, loc), x, op, loc);
+  return sum_to(g, x, op, loc);
+}
+
 /// RAII: ops traced while alive carry `loc` (a recorded op's user line) instead of their own.
 class LocOverride {
  public:
@@ -292,8 +319,9 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
     return p.sum;
   };
   std::unordered_map<const detail::TensorImpl*, Partial> grads;
-  // The seed of ones is an op (Fill), so a traced backward pass records it as a node.
-  grads[target.impl()] = Partial{seed == nullptr                   ? detail::fill_on(target.device(), target.shape(), 1.0, target.dtype(), loc)
+  // The seed of ones is an op (Fill), so a traced backward pass records it as a node: one value,
+  // which broadcasts to the target (broadcasts_to: the form the tape keeps).
+  grads[target.impl()] = Partial{seed == nullptr                   ? detail::fill_on(target.device(), Shape{}, 1.0, target.dtype(), loc)
                                   : seed->dtype() == target.dtype() ? *seed
                                                                     : cast(*seed, target.dtype(), loc),
                                  {},
@@ -312,10 +340,13 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
       if (std::none_of(sources.begin(), sources.end(), [&](const Tensor& s) { return s.same(o); })) grads.erase(it);
       return g;
     };
-    const Tensor g = take(e.output);
+    // A gradient may still have a shape that broadcasts to its value's (broadcasts_to); a rule
+    // that needs the full shape gets it broadcast.
+    const Tensor g = e.broadcast_grad ? take(e.output) : detail::full_gradient(take(e.output), e.output.shape(), e.loc);
     std::vector<Tensor> g_more;
     bool reached = g.defined();
-    for (const Tensor& o : e.more_outputs) reached = g_more.emplace_back(take(o)).defined() || reached;
+    for (const Tensor& o : e.more_outputs)
+      reached = g_more.emplace_back(detail::full_gradient(take(o), o.shape(), e.loc)).defined() || reached;
     if (!reached) continue;
     std::vector<Tensor> gs;
     // Nodes the rule appends to a trace carry the forward op's user line, not this file's.
@@ -336,7 +367,8 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
     for (std::size_t k = 0; k < gs.size(); ++k) {
       const Tensor& x = e.inputs[k];
       if (!gs[k].defined() || !depends.count(x.impl())) continue;
-      Tensor gk = detail::sum_to(gs[k], x.shape(), e.op, e.loc);
+      Tensor gk = detail::input_gradient(gs[k], e.broadcast_grad ? e.output.shape() : x.shape(), x.shape(),
+                                         e.gives_broadcast_grad, e.op, e.loc);
       if (gk.dtype() != x.dtype()) gk = cast(gk, x.dtype(), e.loc);
       auto [slot, fresh] = grads.try_emplace(x.impl());
       Partial& p = slot->second;
@@ -345,8 +377,9 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
         p.at = e.loc;
       } else if (chain || gk.device().is_cpu()) {
         p.sum = stagecraft::add(p.sum, gk, e.loc);  // not TapeRecorder::add
-      } else {
-        p.later.push_back(std::move(gk));
+      } else {  // add_n takes tensors of one shape
+        p.sum = detail::full_gradient(p.sum, x.shape(), e.loc);
+        p.later.push_back(detail::full_gradient(gk, x.shape(), e.loc));
         const std::size_t held = p.later.size() + 1;
         if (held >= detail::max_pending_gradients ||
             static_cast<std::int64_t>(held * p.sum.nbytes()) >= detail::max_pending_gradient_bytes)
@@ -358,7 +391,8 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
   out.reserve(sources.size());
   for (const Tensor& s : sources) {
     auto it = grads.find(s.impl());
-    out.push_back(it != grads.end() ? total(it->second) : detail::fill_on(s.device(), s.shape(), 0.0, s.dtype(), loc));
+    out.push_back(it != grads.end() ? detail::full_gradient(total(it->second), s.shape(), loc)
+                                    : detail::fill_on(s.device(), s.shape(), 0.0, s.dtype(), loc));
   }
   return out;
 }

@@ -28,6 +28,7 @@ struct Cast {
   SC_OP_HEAD(Cast, "cast")
   static constexpr int arity = 1;
   static constexpr ElementwiseKind elementwise_kind = ElementwiseKind::cast;
+  static constexpr bool vjp_takes_broadcast_grad = true;  // g converted elementwise
 
   static OutMeta infer(Inputs in, const Attrs& a, const std::source_location&) {
     return {in[0].shape(), a.dtype};

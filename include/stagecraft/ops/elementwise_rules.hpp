@@ -54,6 +54,9 @@ inline constexpr bool vectorizes_for = Op::vectorizes;
 template <class Op, UnaryKind K>
 struct Unary {
   static constexpr int arity = 1;
+  /// Every unary rule is elementwise in g (g times a function of x or the result): it takes a
+  /// gradient that broadcasts to the output's (ops::TakesBroadcastGrad; the tape's form).
+  static constexpr bool vjp_takes_broadcast_grad = true;
   static constexpr ElementwiseKind elementwise_kind = K == UnaryKind::floating  ? ElementwiseKind::unary_floating
                                                       : K == UnaryKind::numeric ? ElementwiseKind::unary_numeric
                                                                                 : ElementwiseKind::predicate;

@@ -86,6 +86,16 @@ template <class Op>
 concept HasVjp = HasSelectiveVjp<Op> || requires(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a) {
   { Op::vjp(g, in, out, a) } -> std::convertible_to<std::vector<Tensor>>;
 };
+/// An op whose rule is elementwise in g (`static constexpr bool vjp_takes_broadcast_grad = true`):
+/// it gives the same gradients when g has a shape that broadcasts to the output's, so the tape
+/// hands it a gradient still unbroadcast (sum's of a loss: one value, not a tensor of copies).
+template <class Op>
+concept TakesBroadcastGrad = requires { requires Op::vjp_takes_broadcast_grad; };
+/// An op whose rule may give an input's gradient in a shape that broadcasts to the input's
+/// (`static constexpr bool vjp_gives_broadcast_grad = true`: sum's), as may one that takes such
+/// a gradient; any other rule's gradients must sum down to the input's shape exactly.
+template <class Op>
+concept GivesBroadcastGrad = TakesBroadcastGrad<Op> || requires { requires Op::vjp_gives_broadcast_grad; };
 
 /// Ops that accept every dtype use this; others reject with a DTypeError naming the dtype.
 inline void require_dtype(bool ok, std::string_view op, DType d, const char* what,

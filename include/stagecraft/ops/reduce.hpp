@@ -67,6 +67,7 @@ struct AxisReduce {
 /// Sum over axes; bool sums as i64, integers keep their dtype (and wrap), empty axes give 0.
 struct Sum : AxisReduce<Sum, backend::cpu::SumReducer, false> {
   SC_OP_HEAD(Sum, "sum")
+  static constexpr bool vjp_gives_broadcast_grad = true;  // g over the block, unbroadcast
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
 /// Largest element over axes; NaN propagates; an empty reduced axis is a ValueError.
@@ -284,18 +285,18 @@ inline Tensor extremum_vjp(const Tensor& g, const Tensor& x, const Tensor& out, 
 
 }  // namespace stagecraft
 
-// broadcast_to's rule sums and sum's rule broadcasts: each header includes the other here,
+// broadcast_to's rule sums and sum's rule feeds broadcasts: each header includes the other here,
 // after its own declarations, so whichever comes first every function a rule names is declared.
 #include "broadcast_to.hpp"
 
 namespace stagecraft {
 
-// Every element of the reduced block gets the block's gradient: one broadcast (an op, so a
-// trace records it rather than a constant of ones).
+// Every element of the reduced block gets the block's gradient: g with the reduced axes kept
+// (as 1), which broadcasts to x. The tape passes it on unbroadcast to rules that take it so (a
+// loss's sum times its terms: no tensor of copies of one value) and broadcasts it (an op, so a
+// trace records it rather than a constant of ones) for the others.
 inline std::vector<Tensor> ops::Sum::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs& a) {
-  const Tensor gx = detail::unreduce(g, in[0].shape(), a);
-  if (gx.shape() == in[0].shape()) return {gx};
-  return {broadcast_to(gx, in[0].shape())};
+  return {detail::unreduce(g, in[0].shape(), a)};
 }
 inline std::vector<Tensor> ops::Max::vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a) {
   return {detail::extremum_vjp(g, in[0], out, a)};

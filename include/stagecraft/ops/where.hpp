@@ -13,6 +13,7 @@ namespace ops {
 struct Where : rules::Where {
   SC_OP_HEAD(Where, "where")
   static constexpr int arity = 3;
+  static constexpr bool vjp_takes_broadcast_grad = true;  // g enters elementwise
   static constexpr ElementwiseKind elementwise_kind = ElementwiseKind::where;
   static constexpr int promote_from = 1;
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
