@@ -4,8 +4,9 @@
 // Adam's 12-op update of one variable ran 2x slower there than as the eager fused loop
 // (optim/fused.hpp), which made a traced training step slower than the eager one. The code that
 // emits a program registers its kernel with that program before it is traced (optim/fused.hpp:
-// Adam's update, registered by the optimizer's constructor); prepare() looks every CPU program up. The graph layer names no op: a program matches a
-// pattern instruction by instruction, and results are the same bits as the evaluator's.
+// Adam's update, registered by the optimizer's constructor); prepare() looks every CPU program up.
+// The graph layer names no op: a program matches a pattern instruction by instruction, and results
+// are the same bits as the evaluator's.
 #pragma once
 #include <deque>
 #include <mutex>
