@@ -48,16 +48,6 @@ inline Tensor sum_to(const Tensor& g, const Shape& shape, std::string_view op, c
   return s;
 }
 
-/// Whether g's shape broadcasts to `shape` (the form the tape keeps a gradient in: a sum's rule
-/// gives one value for a whole block).
-inline bool broadcasts_to(const Shape& g, const Shape& shape) {
-  if (g.rank() > shape.rank()) return false;
-  const int skip = shape.rank() - g.rank();  // g's axis i is shape's axis i + skip
-  for (int i = 0; i < g.rank(); ++i)
-    if (g[i] != 1 && g[i] != shape[i + skip]) return false;
-  return true;
-}
-
 /// g as a tensor of `shape` (g's shape broadcasts to it).
 inline Tensor full_gradient(const Tensor& g, const Shape& shape, const std::source_location& loc) {
   return !g.defined() || g.shape() == shape ? g : broadcast_to(g, shape, loc);
@@ -70,7 +60,8 @@ inline Tensor full_gradient(const Tensor& g, const Shape& shape, const std::sour
 /// down to x (sum_to).
 inline Tensor input_gradient(const Tensor& g, const Shape& whole, const Shape& x, bool may_broadcast,
                              std::string_view op, const std::source_location& loc) {
-  if (may_broadcast && broadcasts_to(g.shape(), whole))
+  Shape both;
+  if (may_broadcast && broadcast_shapes(g.shape(), whole, both) && both == whole)
     return whole == x ? g : sum_to(full_gradient(g, whole, loc), x, op, loc);
   return sum_to(g, x, op, loc);
 }
@@ -320,7 +311,7 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
   };
   std::unordered_map<const detail::TensorImpl*, Partial> grads;
   // The seed of ones is an op (Fill), so a traced backward pass records it as a node: one value,
-  // which broadcasts to the target (broadcasts_to: the form the tape keeps).
+  // which broadcasts to the target (the form the tape keeps: input_gradient).
   grads[target.impl()] = Partial{seed == nullptr                   ? detail::fill_on(target.device(), Shape{}, 1.0, target.dtype(), loc)
                                   : seed->dtype() == target.dtype() ? *seed
                                                                     : cast(*seed, target.dtype(), loc),
@@ -340,7 +331,7 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
       if (std::none_of(sources.begin(), sources.end(), [&](const Tensor& s) { return s.same(o); })) grads.erase(it);
       return g;
     };
-    // A gradient may still have a shape that broadcasts to its value's (broadcasts_to); a rule
+    // A gradient may still have a shape that broadcasts to its value's (input_gradient); a rule
     // that needs the full shape gets it broadcast.
     const Tensor g = e.broadcast_grad ? take(e.output) : detail::full_gradient(take(e.output), e.output.shape(), e.loc);
     std::vector<Tensor> g_more;

@@ -12,41 +12,34 @@ namespace ops {
 
 struct Add : Binary<Add, BinaryKind::arithmetic>, rules::Add {
   SC_OP_HEAD(Add, "add")
-  static constexpr bool vjp_takes_broadcast_grad = true;  // g enters elementwise
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
 struct Sub : Binary<Sub, BinaryKind::arithmetic>, rules::Sub {
   SC_OP_HEAD(Sub, "sub")
-  static constexpr bool vjp_takes_broadcast_grad = true;  // g enters elementwise
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
 struct Mul : Binary<Mul, BinaryKind::arithmetic>, rules::Mul {
   SC_OP_HEAD(Mul, "mul")
-  static constexpr bool vjp_takes_broadcast_grad = true;  // g enters elementwise
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 /// True division: integer inputs are promoted to f32 first (as in PyTorch).
 struct Div : Binary<Div, BinaryKind::floating>, rules::Div {
   SC_OP_HEAD(Div, "div")
-  static constexpr bool vjp_takes_broadcast_grad = true;  // g enters elementwise
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 /// a^b; for integers by repeated squaring (a negative exponent gives 0 unless |a| is 1).
 struct Pow : Binary<Pow, BinaryKind::arithmetic>, rules::Pow {
   SC_OP_HEAD(Pow, "pow")
-  static constexpr bool vjp_takes_broadcast_grad = true;  // g enters elementwise
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 /// Larger of a and b; NaN in either gives NaN (as NumPy's maximum).
 struct Maximum : Binary<Maximum, BinaryKind::arithmetic>, rules::Maximum {
   SC_OP_HEAD(Maximum, "maximum")
-  static constexpr bool vjp_takes_broadcast_grad = true;  // g enters elementwise
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 /// Smaller of a and b; NaN in either gives NaN (as NumPy's minimum).
 struct Minimum : Binary<Minimum, BinaryKind::arithmetic>, rules::Minimum {
   SC_OP_HEAD(Minimum, "minimum")
-  static constexpr bool vjp_takes_broadcast_grad = true;  // g enters elementwise
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 
@@ -54,7 +47,6 @@ struct Minimum : Binary<Minimum, BinaryKind::arithmetic>, rules::Minimum {
 /// with its neighbours; where(x > 0, g, 0) made a bool tensor and took two passes.
 struct ReluGrad : Binary<ReluGrad, BinaryKind::arithmetic>, rules::ReluGrad {
   SC_OP_HEAD(ReluGrad, "relu_grad")
-  static constexpr bool vjp_takes_broadcast_grad = true;  // g enters elementwise
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 

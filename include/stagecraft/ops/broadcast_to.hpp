@@ -47,7 +47,7 @@ inline Tensor broadcast_to(const Tensor& x, Shape shape, std::source_location lo
 }  // namespace stagecraft
 
 // ---- gradient rule --------------------------------------------------------------------------
-// It sums, and sum's rule broadcasts: each header includes the other here, after its own
+// It sums, and sum's rule feeds broadcasts: each header includes the other here, after its own
 // declarations, so whichever comes first every function a rule names is declared.
 #include "reduce.hpp"
 

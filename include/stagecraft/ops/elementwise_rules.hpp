@@ -121,6 +121,9 @@ inline Shape broadcast_or_throw(const Tensor& a, const Tensor& b, std::string_vi
 template <class Op, BinaryKind K>
 struct Binary {
   static constexpr int arity = 2;
+  /// Every binary rule is elementwise in g (g selected or times a function of the inputs): it
+  /// takes a gradient that broadcasts to the output's (ops::TakesBroadcastGrad; the tape's form).
+  static constexpr bool vjp_takes_broadcast_grad = true;
   static constexpr ElementwiseKind elementwise_kind = K == BinaryKind::arithmetic ? ElementwiseKind::arithmetic
                                                       : K == BinaryKind::floating ? ElementwiseKind::floating
                                                       : K == BinaryKind::compare  ? ElementwiseKind::compare
