@@ -156,9 +156,10 @@ TEST_CASE("row chains: steps that do not work row by row, small plans and inexac
     const Traced on = same_with_and_without<float>(f, x);
     INFO(on.plan);
     CHECK(on.chains == 1);
-    // (the column sum, fused with c * c in step 2, is not in it; the last step computes c again)
+    // (the column sum, fused with c * c in step 2, joins it; the last step, which reads the sum,
+    // does not, and computes c again)
     CHECK_THAT(on.plan, Catch::Contains("2. fused sub, mul, sum -> f32[1, 160]\n"));
-    CHECK_THAT(on.plan, Catch::Contains("rows: steps 0-1 run"));
+    CHECK_THAT(on.plan, Catch::Contains("rows: steps 0-2 run"));
     check_same(on.outs[0], f(x), 1e-5);
   }
   {  // below row_chain_min_elements: no chain
@@ -186,5 +187,58 @@ TEST_CASE("row chains: steps that do not work row by row, small plans and inexac
     const Traced on = traced(true, f, xi);
     CHECK(on.chains == 0);
     CHECK(on.outs[0].to_vector<std::int32_t>() == f(xi).to_vector<std::int32_t>());
+  }
+}
+
+TEST_CASE("row chains: reductions over the leading axes join a chain chunk by chunk, with the same bits",
+          "[function][rows]") {
+  // [rows, cols]: the backend cuts the rows into chunks of 3 (513 x 130), 12 with a last chunk of
+  // one row and rows of an odd length (3001 x 67), 79 with a last of 13, each chunk's sum added in
+  // pairwise halves of at most 64 rows (20000 x 64)
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{513, 130}, {3001, 67}, {20000, 64}}) {
+    INFO(rows << " x " << cols);
+    const sc::Tensor x = sc::random::normal({rows, cols}, 40) * 3.f, w = sc::random::normal({rows, cols}, 41);
+    const float n = static_cast<float>(cols);
+    const auto f = [n](const sc::Tensor& a, const sc::Tensor& r) {
+      const sc::Tensor s0 = sc::sum(r, {0});             // a kernel's sum of an input
+      const sc::Tensor c = a - sc::sum(a, {-1}, true) / n;  // rows
+      const sc::Tensor s1 = sc::sum(c * r, {0}, true);   // a fused group's sum
+      const sc::Tensor hi = sc::max(c * 2.f, {0});       // a maximum and a minimum
+      const sc::Tensor lo = sc::min(a * r, {0});
+      return std::make_tuple(c * r, s0, s1, hi, lo);
+    };
+    const Traced on = same_with_and_without<float>(f, x, w);
+    INFO(on.plan);
+    CHECK(on.chains >= 1);
+    CHECK_THAT(on.plan, Catch::Contains("(column reductions)"));
+    const auto [y, s0, s1, hi, lo] = f(x, w);
+    check_same(on.outs[0], y, 1e-6);
+    check_same(on.outs[1], s0, 1e-3);
+    check_same(on.outs[2], s1, 1e-3);
+    check_same(on.outs[3], hi, 0);
+    check_same(on.outs[4], lo, 0);
+  }
+  {  // doubles, rank 3 (the leading axes are two), and the gradient of a bias and a gamma
+    const sc::Tensor x = sc::random::normal({40, 150, 67}, 42).astype(sc::DType::f64),
+                     r = sc::random::normal({40, 150, 67}, 43).astype(sc::DType::f64);
+    const auto f = [](const sc::Tensor& a, const sc::Tensor& g) {
+      const sc::Tensor c = a - sc::mean(a, {-1}, true);
+      return std::make_tuple(c, sc::sum(g, {0, 1}), sc::sum(g * c, {0, 1}, true));
+    };
+    const Traced on = same_with_and_without<double>(f, x, r);
+    INFO(on.plan);
+    CHECK_THAT(on.plan, Catch::Contains("(column reductions)"));
+    const auto [c, sb, sg] = f(x, r);
+    check_same(on.outs[1], sb, 1e-10);
+    check_same(on.outs[2], sg, 1e-10);
+  }
+  {  // too few chunks (very wide rows): the column sum stays a step of its own
+    const sc::Tensor x = sc::random::normal({16, 40000}, 44), w = sc::random::normal({16, 40000}, 45);
+    const auto f = [](const sc::Tensor& a, const sc::Tensor& r) {
+      return std::make_tuple(a - sc::max(a, {-1}, true), sc::sum(a * r, {0}));
+    };
+    const Traced on = same_with_and_without<float>(f, x, w);
+    INFO(on.plan);
+    CHECK_THAT(on.plan, !Catch::Contains("(column reductions)"));
   }
 }

@@ -101,9 +101,11 @@ STAGECRAFT_COMPILED_INLINE std::string Plan::str(int indent) const {
         break;
     }
   }
-  for (const detail_plan::RowChain& c : chains_)
-    os << pad << "rows: steps " << c.first << "-" << c.last << " run " << c.block << " of " << c.rows
-       << " rows at a time\n";
+  for (const detail_plan::RowChain& c : chains_) {
+    os << pad << "rows: steps " << c.first << "-" << c.last << " run " << c.block << " of " << c.rows << " rows at a time";
+    if (c.chunk > 0) os << ", by chunks of " << c.chunk << " (column reductions)";
+    os << "\n";
+  }
   return os.str();
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
