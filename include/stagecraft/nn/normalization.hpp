@@ -41,7 +41,7 @@ struct LayerNormOps {
     std::vector<std::int64_t> ax;
     for (int i = xf.rank() - axes; i < xf.rank(); ++i) ax.push_back(i);
     const Tensor centered = sub(xf, mean(xf, ax, true, loc), loc);
-    const Tensor variance = mean(mul(centered, centered, loc), ax, true, loc);
+    const Tensor variance = mean(square(centered, loc), ax, true, loc);
     Tensor y = mul(centered, div(1, sqrt(add(variance, eps, loc), loc), loc), loc);
     if (g.defined()) y = mul(y, g, loc);
     if (b.defined()) y = add(y, b, loc);

@@ -146,7 +146,9 @@ using VjpResult = std::vector<Tensor>;
 inline VjpResult Neg::vjp(const Tensor& g, Inputs, const Tensor&, const Attrs&) { return {neg(g)}; }
 // The subgradient 0 at x == 0 (as TF and PyTorch).
 inline VjpResult Abs::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {g * sign(in[0])}; }
-inline VjpResult Square::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {g * (in[0] * 2)}; }
+// 2 g x as x (2 g): g may be smaller than x (a broadcast gradient), and doubling is exact, so
+// either order gives the same bits (barring overflow).
+inline VjpResult Square::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&) { return {in[0] * (g * 2)}; }
 // 0 at x == 0 (as TF and PyTorch); NaN inputs get 0 too. Masked by the result (relu(x) > 0 exactly
 // where x > 0), not the input: then nothing but relu reads the input, which lets a traced dense
 // layer's product, bias and relu run as one cuBLASLt call with its epilogue on a GPU.
