@@ -614,3 +614,56 @@ TEST_CASE("a sum's gradient reaches elementwise rules unbroadcast, every source 
   CHECK(above <= static_cast<std::int64_t>(g.nbytes()) + 4096);
   CHECK(v(g) == v(rb));
 }
+
+TEST_CASE("sub's second input, broadcast by the op: its gradient is summed down, then negated",
+          "[autodiff][tape][memory]") {
+  const Tensor x = sc::random::normal({1024, 1024}, 5), r = sc::random::normal({1024, 1024}, 6);
+  const Tensor col = sc::random::normal({1024, 1}, 7), row = sc::random::normal({1024}, 8);
+  // the bits of -(the sum of r over the broadcast axes): negation commutes with the sum's rounding
+  {
+    sc::GradientTape t(/*persistent=*/true);
+    t.watch(col);
+    t.watch(row);
+    t.watch(x);
+    const Tensor loss = sc::sum((x - col) * r);
+    CHECK(v(t.gradient(loss, col)) == v(sc::neg(sc::sum(r, {1}, true))));
+    CHECK(v(t.gradient(sc::sum((x - row) * r), row)) == v(sc::neg(sc::sum(r, {0}))));
+    CHECK(v(t.gradient(sc::sum((x - x * 2.f) * r), x)) == v(sc::neg(r)));  // not broadcast: -g
+    CHECK(v(t.gradient(loss, x)) == v(r));
+  }
+  // no full-size negation: the backward allocates the product's gradient (4 MB) and col's, not a
+  // negated copy of it (4 MB more)
+  {
+    sc::GradientTape t;
+    t.watch(col);
+    const Tensor loss = sc::sum((x - col) * r);
+    sc::reset_peak_memory();
+    const std::int64_t before = static_cast<std::int64_t>(sc::memory_stats().bytes_in_use);
+    const Tensor g = t.gradient(loss, col);
+    const std::int64_t above = static_cast<std::int64_t>(sc::memory_stats().peak_bytes_in_use) - before;
+    CHECK(above <= static_cast<std::int64_t>(x.nbytes()) + 65536);
+  }
+  // traced: the gradient's graph negates [64, 1], not [64, 33]; second order still flows
+  const Tensor xs = sc::random::normal({64, 33}, 9), rs = sc::random::normal({64, 33}, 10);
+  const Tensor cs = sc::random::normal({64, 1}, 11);
+  auto f = sc::function([](const Tensor& a, const Tensor& c, const Tensor& q) {
+    sc::GradientTape t;
+    t.watch(c);
+    return t.gradient(sc::sum((a - c) * q), c);
+  });
+  CHECK(v(f(xs, cs, rs)) == v(sc::neg(sc::sum(rs, {1}, true))));
+  const sc::graph::Graph& gr = f.get_concrete(xs, cs, rs).graph();
+  int negs = 0;
+  for (const sc::graph::Node& n : gr.nodes)
+    if (n.kind == sc::graph::NodeKind::op && n.op == sc::ops::OpId::Neg) {
+      ++negs;
+      CHECK(gr.values[n.outputs[0]].shape == sc::Shape{64, 1});
+    }
+  CHECK(negs == 1);
+  sc::GradientTape outer;
+  outer.watch(cs);
+  sc::GradientTape inner;
+  inner.watch(cs);
+  const Tensor gc = inner.gradient(sc::sum((xs - cs) * (xs - cs)), cs);  // -2 (x - c) summed over rows
+  CHECK(v(outer.gradient(sc::sum(gc), cs)) == Vec(64, 2.0 * 33));
+}

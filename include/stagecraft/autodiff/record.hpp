@@ -77,6 +77,8 @@ struct TapeEntry : RefCounted {
   bool broadcast_grad = false;
   /// The rule may give gradients that broadcast to their inputs (ops::GivesBroadcastGrad).
   bool gives_broadcast_grad = false;
+  /// The rule gives the second input -g (ops::NegatesSecondGrad).
+  bool negates_second = false;
 
   template <class F>
   void for_each_output(F&& f) const {
@@ -274,6 +276,7 @@ void record_on_tapes(ops::Inputs in, const ops::Attrs& attrs, const Tensor& out,
       e->loc = loc;
       e->broadcast_grad = ops::TakesBroadcastGrad<Op>;
       e->gives_broadcast_grad = ops::GivesBroadcastGrad<Op>;
+      e->negates_second = ops::NegatesSecondGrad<Op>;
       return e;
     });
   }

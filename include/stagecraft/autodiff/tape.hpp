@@ -340,6 +340,7 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
       reached = g_more.emplace_back(detail::full_gradient(take(o), o.shape(), e.loc)).defined() || reached;
     if (!reached) continue;
     std::vector<Tensor> gs;
+    Tensor negated;  // (a second input's gradient summed down before it is negated)
     // Nodes the rule appends to a trace carry the forward op's user line, not this file's.
     const detail::LocOverride at_user_line(e.loc);
     // The inputs that depend on a source: a rule may skip the others' gradients (the first
@@ -350,16 +351,28 @@ inline std::vector<Tensor> GradientTape::run(const Tensor& target, const std::ve
     if (e.joint) {
       g_more.insert(g_more.begin(), g);
       gs = (*e.joint)(g_more, wanted);
-    } else if (e.vjp) gs = e.vjp(g, e.inputs, e.output, e.attrs, wanted);
-    else
+    } else if (e.vjp) {
+      // a second input the op broadcast, whose gradient is -g (sub's): g summed down, then negated
+      const bool sum_first =
+          e.negates_second && e.inputs.size() == 2 && wanted[1] && e.inputs[1].shape() != e.output.shape();
+      if (sum_first) {
+        const Shape& b = e.inputs[1].shape();
+        negated = neg(detail::input_gradient(g, e.output.shape(), b, e.broadcast_grad, e.op, e.loc), e.loc);
+        wanted.bits &= ~std::uint64_t{2};
+      }
+      gs = e.vjp(g, e.inputs, e.output, e.attrs, wanted);
+      if (sum_first && gs.size() == 2) gs[1] = negated;
+    } else
       detail::fail<ValueError>(e.op, e.loc, "has no gradient rule (asked by gradient() at ", detail::where(loc), ")");
     if (gs.size() != e.inputs.size())
       detail::fail<ValueError>(e.op, e.loc, "gradient rule returned ", gs.size(), " gradients for ", e.inputs.size(), " inputs");
     for (std::size_t k = 0; k < gs.size(); ++k) {
       const Tensor& x = e.inputs[k];
       if (!gs[k].defined() || !depends.count(x.impl())) continue;
-      Tensor gk = detail::input_gradient(gs[k], e.broadcast_grad ? e.output.shape() : x.shape(), x.shape(),
-                                         e.gives_broadcast_grad, e.op, e.loc);
+      const Shape& whole = e.broadcast_grad ? e.output.shape() : x.shape();
+      Tensor gk = k == 1 && negated.defined()
+                      ? gs[k]  // (already x's shape)
+                      : detail::input_gradient(gs[k], whole, x.shape(), e.gives_broadcast_grad, e.op, e.loc);
       if (gk.dtype() != x.dtype()) gk = cast(gk, x.dtype(), e.loc);
       auto [slot, fresh] = grads.try_emplace(x.impl());
       Partial& p = slot->second;

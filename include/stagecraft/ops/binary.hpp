@@ -16,7 +16,8 @@ struct Add : Binary<Add, BinaryKind::arithmetic>, rules::Add {
 };
 struct Sub : Binary<Sub, BinaryKind::arithmetic>, rules::Sub {
   SC_OP_HEAD(Sub, "sub")
-  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
+  static constexpr bool vjp_negates_second = true;  // b's gradient is -g (ops::NegatesSecondGrad)
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted w);
 };
 struct Mul : Binary<Mul, BinaryKind::arithmetic>, rules::Mul {
   SC_OP_HEAD(Mul, "mul")
@@ -181,7 +182,9 @@ inline Tensor& operator/=(Tensor& a, Operand b) { return a = detail::dispatch2<o
 namespace stagecraft::ops {
 
 inline std::vector<Tensor> Add::vjp(const Tensor& g, Inputs, const Tensor&, const Attrs&) { return {g, g}; }
-inline std::vector<Tensor> Sub::vjp(const Tensor& g, Inputs, const Tensor&, const Attrs&) { return {g, neg(g)}; }
+inline std::vector<Tensor> Sub::vjp(const Tensor& g, Inputs, const Tensor&, const Attrs&, Wanted w) {
+  return {w[0] ? g : Tensor(), w[1] ? neg(g) : Tensor()};
+}
 inline std::vector<Tensor> Mul::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&, Wanted w) {
   return {w[0] ? g * in[1] : Tensor(), w[1] ? g * in[0] : Tensor()};
 }

@@ -96,6 +96,12 @@ concept TakesBroadcastGrad = requires { requires Op::vjp_takes_broadcast_grad; }
 /// a gradient; any other rule's gradients must sum down to the input's shape exactly.
 template <class Op>
 concept GivesBroadcastGrad = TakesBroadcastGrad<Op> || requires { requires Op::vjp_gives_broadcast_grad; };
+/// An op whose rule gives its second input -g, the output's gradient negated (`static constexpr
+/// bool vjp_negates_second = true`: sub's). Where the op broadcast that input, the tape sums g
+/// down to its shape and negates the sum instead of every element (the same bits: negation is
+/// exact): x - mean(x) then costs no full-size negation in its backward.
+template <class Op>
+concept NegatesSecondGrad = requires { requires Op::vjp_negates_second; };
 
 /// Ops that accept every dtype use this; others reject with a DTypeError naming the dtype.
 inline void require_dtype(bool ok, std::string_view op, DType d, const char* what,
