@@ -257,7 +257,7 @@ struct ColumnSink {
   const std::vector<ColumnLeaf>* leaves;
   T* part;
   T* scratch;
-  std::int64_t width, first, end;
+  std::int64_t width, first;
   T* row(int buf) const { return buf < 0 ? part : scratch + buf * width; }
   /// Takes elements [col, col + n) of row `r` (rows and each row's elements in order); `at`:
   /// the leaf being filled.
@@ -437,7 +437,7 @@ STAGECRAFT_COMPILED_INLINE bool run_row_chain(const RowChain& c, const std::vect
             const ops::OpId op = op_of(u);
             const std::vector<ColumnLeaf>& lv = (ch + 1) * c.chunk <= c.rows ? c.leaves : c.last_leaves;
             const r::ColumnSink<T> sink{op == ops::OpId::Sum ? &lv : nullptr, parts[k].data() + ch * u.width,
-                                        scr + scratch_at[k], u.width, ch * c.chunk, std::min(c.rows, (ch + 1) * c.chunk)};
+                                        scr + scratch_at[k], u.width, ch * c.chunk};
             switch (op) {
               case ops::OpId::Max: r::column_unit<cpu::MaxReducer, T>(u, st[k], vals, r0, r1, sink, at[k]); break;
               case ops::OpId::Min: r::column_unit<cpu::MinReducer, T>(u, st[k], vals, r0, r1, sink, at[k]); break;
