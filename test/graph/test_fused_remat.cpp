@@ -154,3 +154,81 @@ TEST_CASE("fusion: values that are results, costly to compute, or made of two la
     check_same(outs[0], two(x, y), 1e-5);
   }
 }
+
+TEMPLATE_TEST_CASE("fusion: gamma's gradient computes the normalised values again from x, two ops deep",
+                   "[function][fusion][remat]", float, double) {
+  using T = TestType;
+  const sc::DType d = sc::dtype_of<T>();
+  const std::int64_t rows = 96, cols = 130;
+  const sc::Tensor x = (sc::random::normal({rows, cols}, 21) * 2.f + 0.5f).astype(d);
+  const sc::Tensor r = sc::random::uniform({rows, cols}, -1.0, 1.0, 22, d);
+  const sc::Tensor gamma = sc::random::uniform({cols}, 0.5, 1.5, 23, d), beta = sc::random::uniform({cols}, -1.0, 1.0, 24, d);
+  const auto step = [cols](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& g, const sc::Tensor& be) {
+    sc::GradientTape tape;
+    tape.watch(a);
+    tape.watch(g);
+    tape.watch(be);
+    const sc::Tensor loss = sc::sum(sc::nn::layer_norm(a, {cols}, g, be) * b);
+    const std::vector<sc::Tensor> gs = tape.gradient(loss, {a, g, be});
+    return std::make_tuple(loss, gs[0], gs[1], gs[2]);
+  };
+  const auto [on_plan, on] = traced(true, step, x, r, gamma, beta);
+  const auto [off_plan, off] = traced(false, step, x, r, gamma, beta);
+  INFO(on_plan);
+  const std::string t = std::string(sc::name(d));
+  // xhat = (x - mean) * rstd: the loss's group writes only the loss; gamma's gradient makes xhat
+  // again from x (sub, then mul) instead of reading it back
+  CHECK_THAT(on_plan, Catch::Contains("fused sub (again), mul, mul, add, mul, sum -> " + t + "[]\n"));
+  CHECK_THAT(on_plan, Catch::Contains("sub (again), mul (again), mul, sum -> " + t + "[130]\n"));
+  CHECK_THAT(off_plan, !Catch::Contains("(again)"));
+  REQUIRE(on.size() == 4);
+  for (std::size_t k = 0; k < on.size(); ++k) {
+    INFO("output " << k);
+    CHECK(same_bits<T>(on[k], off[k]));
+  }
+  const auto [l, gx, gg, gb] = step(x, r, gamma, beta);  // eager
+  const double tol = std::is_same_v<T, float> ? 1e-4 : 1e-10;
+  check_same(on[0], l, tol);
+  check_same(on[1], gx, tol);
+  check_same(on[2], gg, tol);
+  check_same(on[3], gb, tol);
+}
+
+TEST_CASE("fusion: values computed again stop at three ops and at one large input in all",
+          "[function][fusion][remat]") {
+  const sc::Tensor x = sc::random::normal({64, 200}, 31), y = sc::random::normal({64, 200}, 32);
+  const auto inv = [](const sc::Tensor& v) { return 1.f / (sc::sum(v * v, {-1}, true) + 1.f); };
+  // c = x - mean, then three more steps, each a reduction's group reading the last value: c, d
+  // and e are computed again (1, 2, 3 ops), f (4 ops) is written by its group
+  const auto deep = [&](const sc::Tensor& a) {
+    const sc::Tensor c = a - sc::sum(a, {-1}, true) / 200.f;
+    const sc::Tensor d = c * inv(c);
+    const sc::Tensor e = d * inv(d);
+    const sc::Tensor f = e * inv(e);
+    return f * inv(f);
+  };
+  // d = c * y reads a second large tensor: c is computed again, d is not
+  const auto two = [&](const sc::Tensor& a, const sc::Tensor& b) {
+    const sc::Tensor c = a - sc::sum(a, {-1}, true) / 200.f;
+    const sc::Tensor d = c * b * inv(c);
+    return d * inv(d);
+  };
+  {
+    const auto [plan, on] = traced(true, deep, x);
+    const auto [plan_off, off] = traced(false, deep, x);
+    INFO(plan);
+    CHECK_THAT(plan, Catch::Contains("sub (again), mul (again), mul (again), mul, mul, sum -> f32[64, 200], f32[64, 1]\n"));
+    CHECK_THAT(plan, !Catch::Contains("mul (again), mul (again), mul (again)"));
+    CHECK(same_bits<float>(on[0], off[0]));
+    check_same(on[0], deep(x), 1e-5);
+  }
+  {
+    const auto [plan, on] = traced(true, two, x, y);
+    const auto [plan_off, off] = traced(false, two, x, y);
+    INFO(plan);
+    CHECK_THAT(plan, Catch::Contains("sub (again)"));
+    CHECK_THAT(plan, !Catch::Contains("mul (again)"));
+    CHECK(same_bits<float>(on[0], off[0]));
+    check_same(on[0], two(x, y), 1e-5);
+  }
+}

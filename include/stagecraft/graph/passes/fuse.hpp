@@ -209,38 +209,51 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
     // (a lone op reading the value becomes a group too: the value computed again, then the op,
     // as layer_norm's normalisation without an affine step)
     const auto builds = [&](int t) { return t >= 0 && !members[t].empty() && head_of[t] < 0; };
-    for (std::size_t k = 0; rematerialize() && k < members.size(); ++k) {
-      if (members[k].empty() || reduce_of[k] < 0 || head_of[k] >= 0) continue;
-      for (int m : members[k]) {
-        const Node& n = g.nodes[m];
-        const int v = n.outputs[0];
-        const Value& val = g.values[v];
-        if (is_output[v] || !detail_fuse::cheap_to_recompute(n.op)) continue;
-        bool ok = true;
-        int full = 0;
-        for (int w : n.inputs) {
-          const int pn = g.values[w].node;
-          full += g.values[w].shape.numel() >= val.shape.numel();
-          if (pn < 0) continue;
-          const Node& pnode = g.nodes[pn];
-          // (a group with a reduction may recompute its own values: not those)
-          ok = ok && (tentative[pn] < 0 || reduce_of[tentative[pn]] < 0) && !detail_fuse::windowable(g, users, is_output, pn) &&
-               !detail_fuse::convertible(g, is_output, pn) &&
-               !(pnode.kind == NodeKind::op && pnode.op == ops::OpId::MatMul);
-        }
-        bool read_outside = false;
-        for (int u : users[v]) {
-          const int t = tentative[u];
-          if (t == static_cast<int>(k)) continue;
-          read_outside = true;
-          const Value* tv = builds(t) ? &g.values[g.nodes[members[t][0]].outputs[0]] : nullptr;
-          ok = ok && tv != nullptr && std::find(members[t].begin(), members[t].end(), u) != members[t].end() &&
-               tv->shape == val.shape && tv->dtype == val.dtype && tv->device == val.device;
-        }
-        remat[v] = ok && full <= 1 && read_outside;
-        if (remat[v])
+    // A value's inputs may be rematerialized values themselves, computed again first (layer_norm's
+    // (x - mean) * rstd, which its gamma's gradient reads): up to max_ops ops in all, with at most
+    // one input as large as the value among the values the whole computation reads.
+    constexpr int max_ops = 3;
+    std::vector<int> ops_of(g.values.size(), 0), full_of(g.values.size(), 0);
+    for (bool changed = rematerialize(); changed;) {
+      changed = false;
+      for (std::size_t k = 0; k < members.size(); ++k) {
+        if (members[k].empty() || reduce_of[k] < 0 || head_of[k] >= 0) continue;
+        for (int m : members[k]) {
+          const Node& n = g.nodes[m];
+          const int v = n.outputs[0];
+          const Value& val = g.values[v];
+          if (remat[v] || is_output[v] || !detail_fuse::cheap_to_recompute(n.op)) continue;
+          bool ok = true;
+          int full = 0, cost = 1;
+          for (int w : n.inputs) {
+            if (remat[w]) {  // (computed again too, from its own inputs)
+              full += g.values[w].shape.numel() >= val.shape.numel() ? full_of[w] : 0;
+              cost += ops_of[w];
+              continue;
+            }
+            const int pn = g.values[w].node;
+            full += g.values[w].shape.numel() >= val.shape.numel();
+            if (pn < 0) continue;
+            const Node& pnode = g.nodes[pn];
+            // (a group with a reduction may recompute its own values: not those)
+            ok = ok && (tentative[pn] < 0 || reduce_of[tentative[pn]] < 0) && !detail_fuse::windowable(g, users, is_output, pn) &&
+                 !detail_fuse::convertible(g, is_output, pn) &&
+                 !(pnode.kind == NodeKind::op && pnode.op == ops::OpId::MatMul);
+          }
+          bool read_outside = false;
+          for (int u : users[v]) {
+            const int t = tentative[u];
+            if (t == static_cast<int>(k)) continue;
+            read_outside = true;
+            const Value* tv = builds(t) ? &g.values[g.nodes[members[t][0]].outputs[0]] : nullptr;
+            ok = ok && tv != nullptr && std::find(members[t].begin(), members[t].end(), u) != members[t].end() &&
+                 tv->shape == val.shape && tv->dtype == val.dtype && tv->device == val.device;
+          }
+          if (!(ok && full <= 1 && cost <= max_ops && read_outside)) continue;
+          remat[v] = 1, ops_of[v] = cost, full_of[v] = full, changed = true;
           for (int u : users[v])
             if (tentative[u] != static_cast<int>(k)) single[tentative[u]] = 1;
+        }
       }
     }
   }
@@ -311,18 +324,23 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
       fg.program.windows.push_back(std::move(w));
       fg.program.input_dtypes.push_back(g.values[fg.inputs.back()].dtype);
     };
+    // a rematerialized value: computed here from its inputs (registered below, first), after
+    // those of them that are rematerialized too
+    const auto recompute = [&](const auto& self, int v) -> void {
+      const int pn = g.values[v].node;
+      if (std::find(fg.recomputed.begin(), fg.recomputed.end(), pn) != fg.recomputed.end()) return;
+      for (int w : g.nodes[pn].inputs) {
+        if (remat[w]) self(self, w);
+        else if (reg[w] < 0) take_input(w);
+      }
+      fg.recomputed.push_back(pn);
+    };
     for (int m : ms)
       for (int v : g.nodes[m].inputs) {
         const int pn = g.values[v].node;
         if (reg[v] >= 0 || (pn >= 0 && r.group_of[pn] == gid)) continue;
-        if (!remat[v]) {
-          take_input(v);
-          continue;
-        }
-        if (std::find(fg.recomputed.begin(), fg.recomputed.end(), pn) != fg.recomputed.end()) continue;
-        fg.recomputed.push_back(pn);  // computed here from its inputs (registered below, first)
-        for (int w : g.nodes[pn].inputs)
-          if (reg[w] < 0) take_input(w);
+        if (remat[v]) recompute(recompute, v);
+        else take_input(v);
       }
     if (!fg.program.any_window()) fg.program.windows.clear();
     if (!fg.program.any_converted()) fg.program.input_dtypes.clear();
@@ -333,7 +351,7 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
     std::sort(fg.nodes.begin(), fg.nodes.end());  // (each slice comes before its readers)
     if (fg.head < 0) detail_fuse::absorb_products(g, users, is_output, r.group_of, gid, fg);
     const int base = static_cast<int>(fg.inputs.size());
-    for (int pn : fg.recomputed) {  // (their inputs are all input slots)
+    for (int pn : fg.recomputed) {  // (their inputs: input slots or recomputed before them)
       const Node& n = g.nodes[pn];
       fg.program.code.push_back({n.op, reg[n.inputs[0]], n.inputs.size() > 1 ? reg[n.inputs[1]] : -1});
       reg[n.outputs[0]] = base + static_cast<int>(fg.program.code.size()) - 1;
