@@ -53,6 +53,20 @@ std::pair<std::string, std::vector<sc::Tensor>> traced_with(bool& pass, bool on,
   return {fn.get_concrete(args...).plan().str(), outs};
 }
 
+/// A layer_norm training step over rows of `cols`: (a, r, gamma, beta) -> (loss, d loss/d a,
+/// d loss/d gamma, d loss/d beta), loss = sum(layer_norm(a, {cols}, gamma, beta) * r).
+inline auto layer_norm_step(std::int64_t cols) {
+  return [cols](const sc::Tensor& a, const sc::Tensor& r, const sc::Tensor& g, const sc::Tensor& b) {
+    sc::GradientTape tape;
+    tape.watch(a);
+    tape.watch(g);
+    tape.watch(b);
+    const sc::Tensor loss = sc::sum(sc::nn::layer_norm(a, {cols}, g, b) * r);
+    const std::vector<sc::Tensor> gs = tape.gradient(loss, {a, g, b});
+    return std::make_tuple(loss, gs[0], gs[1], gs[2]);
+  };
+}
+
 /// The plan a GPU lowers for c's graph, without a GPU: every value relabelled cuda:0, optimized
 /// and lowered with GPU fusion on; nothing runs. Its kernels are its launches there.
 inline std::shared_ptr<const sc::graph::Plan> gpu_plan(const sc::ConcreteFunction& c) {

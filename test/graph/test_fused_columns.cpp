@@ -168,26 +168,18 @@ TEST_CASE("fusion: a traced layer_norm training step with column reductions agre
   const std::int64_t rows = 256, cols = 96;
   const sc::Tensor x = sc::random::normal({rows, cols}, 11) * 2.f + 1.f, r = sc::random::uniform({rows, cols}, -1.0, 1.0, 12);
   const sc::Tensor gamma = sc::random::uniform({cols}, 0.5, 1.5, 13), beta = sc::random::uniform({cols}, -1.0, 1.0, 14);
-  const auto step = [cols](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& g, const sc::Tensor& be) {
-    sc::GradientTape tape;
-    tape.watch(a);
-    tape.watch(g);
-    tape.watch(be);
-    const sc::Tensor loss = sc::sum(sc::nn::layer_norm(a, {cols}, g, be) * b);
-    const std::vector<sc::Tensor> d = tape.gradient(loss, {a, g, be});
-    return std::make_tuple(d[0], d[1], d[2], loss);
-  };
+  const auto step = sctest::function::layer_norm_step(cols);
   const auto [plan, on] = traced(true, step, x, r, gamma, beta);
   const auto [plan_off, off] = traced(false, step, x, r, gamma, beta);
   INFO(plan);
   // gamma's gradient, sum(r * xhat, {0}): one fused pass instead of a product written and summed
   // (xhat computed again from x: it is never written)
   CHECK_THAT(plan, Catch::Contains("mul, sum -> f32[96]"));
-  CHECK_THAT(plan_off, !Catch::Contains("fused mul, sum -> f32[96]"));
+  CHECK_THAT(plan_off, !Catch::Contains("mul, sum -> f32[96]"));
   const auto eager = step(x, r, gamma, beta);
   check_same(on[0], std::get<0>(eager), 1e-4);
   check_same(on[1], std::get<1>(eager), 1e-4);
   check_same(on[2], std::get<2>(eager), 1e-4);
-  CHECK(same_bits<float>(on[1], off[1]));
   check_same(on[3], std::get<3>(eager), 1e-4);
+  CHECK(same_bits<float>(on[2], off[2]));  // gamma's gradient
 }

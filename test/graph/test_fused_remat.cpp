@@ -89,15 +89,7 @@ TEST_CASE("fusion: the gradient of a traced layer_norm has the same bits with an
           "[function][fusion][remat]") {
   const sc::Tensor x = sc::random::normal({32, 257}, 7), w = sc::random::normal({32, 257}, 8);
   const sc::Tensor gamma = sc::random::uniform({257}, 0.5, 1.5, 9), beta = sc::random::uniform({257}, -1.0, 1.0, 10);
-  const auto step = [](const sc::Tensor& a, const sc::Tensor& r, const sc::Tensor& g, const sc::Tensor& b) {
-    sc::GradientTape tape;
-    tape.watch(a);
-    tape.watch(g);
-    tape.watch(b);
-    const sc::Tensor loss = sc::sum(sc::nn::layer_norm(a, {257}, g, b) * r);
-    const std::vector<sc::Tensor> gs = tape.gradient(loss, {a, g, b});
-    return std::make_tuple(loss, gs[0], gs[1], gs[2]);
-  };
+  const auto step = sctest::function::layer_norm_step(257);
   const auto [on_plan, on] = traced(true, step, x, w, gamma, beta);
   const auto [off_plan, off] = traced(false, step, x, w, gamma, beta);
   INFO(on_plan);
@@ -163,15 +155,7 @@ TEMPLATE_TEST_CASE("fusion: gamma's gradient computes the normalised values agai
   const sc::Tensor x = (sc::random::normal({rows, cols}, 21) * 2.f + 0.5f).astype(d);
   const sc::Tensor r = sc::random::uniform({rows, cols}, -1.0, 1.0, 22, d);
   const sc::Tensor gamma = sc::random::uniform({cols}, 0.5, 1.5, 23, d), beta = sc::random::uniform({cols}, -1.0, 1.0, 24, d);
-  const auto step = [cols](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& g, const sc::Tensor& be) {
-    sc::GradientTape tape;
-    tape.watch(a);
-    tape.watch(g);
-    tape.watch(be);
-    const sc::Tensor loss = sc::sum(sc::nn::layer_norm(a, {cols}, g, be) * b);
-    const std::vector<sc::Tensor> gs = tape.gradient(loss, {a, g, be});
-    return std::make_tuple(loss, gs[0], gs[1], gs[2]);
-  };
+  const auto step = sctest::function::layer_norm_step(cols);
   const auto [on_plan, on] = traced(true, step, x, r, gamma, beta);
   const auto [off_plan, off] = traced(false, step, x, r, gamma, beta);
   INFO(on_plan);
