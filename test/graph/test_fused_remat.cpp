@@ -154,7 +154,8 @@ TEMPLATE_TEST_CASE("fusion: gamma's gradient computes the normalised values agai
   const std::int64_t rows = 96, cols = 130;
   const sc::Tensor x = (sc::random::normal({rows, cols}, 21) * 2.f + 0.5f).astype(d);
   const sc::Tensor r = sc::random::uniform({rows, cols}, -1.0, 1.0, 22, d);
-  const sc::Tensor gamma = sc::random::uniform({cols}, 0.5, 1.5, 23, d), beta = sc::random::uniform({cols}, -1.0, 1.0, 24, d);
+  const sc::Tensor gamma = sc::random::uniform({cols}, 0.5, 1.5, 23, d);
+  const sc::Tensor beta = sc::random::uniform({cols}, -1.0, 1.0, 24, d);
   const auto step = sctest::function::layer_norm_step(cols);
   const auto [on_plan, on] = traced(true, step, x, r, gamma, beta);
   const auto [off_plan, off] = traced(false, step, x, r, gamma, beta);
@@ -201,7 +202,8 @@ TEST_CASE("fusion: values computed again stop at three ops and at one large inpu
     const auto [plan, on] = traced(true, deep, x);
     const auto [plan_off, off] = traced(false, deep, x);
     INFO(plan);
-    CHECK_THAT(plan, Catch::Contains("sub (again), mul (again), mul (again), mul, mul, sum -> f32[64, 200], f32[64, 1]\n"));
+    CHECK_THAT(plan,
+               Catch::Contains("sub (again), mul (again), mul (again), mul, mul, sum -> f32[64, 200], f32[64, 1]\n"));
     CHECK_THAT(plan, !Catch::Contains("mul (again), mul (again), mul (again)"));
     CHECK(same_bits<float>(on[0], off[0]));
     check_same(on[0], deep(x), 1e-5);

@@ -236,8 +236,8 @@ STAGECRAFT_COMPILED_INLINE FusionGroups find_fusion_groups(const Graph& g) {
             if (pn < 0) continue;
             const Node& pnode = g.nodes[pn];
             // (a group with a reduction may recompute its own values: not those)
-            ok = ok && (tentative[pn] < 0 || reduce_of[tentative[pn]] < 0) && !detail_fuse::windowable(g, users, is_output, pn) &&
-                 !detail_fuse::convertible(g, is_output, pn) &&
+            ok = ok && (tentative[pn] < 0 || reduce_of[tentative[pn]] < 0) &&
+                 !detail_fuse::windowable(g, users, is_output, pn) && !detail_fuse::convertible(g, is_output, pn) &&
                  !(pnode.kind == NodeKind::op && pnode.op == ops::OpId::MatMul);
           }
           bool read_outside = false;
