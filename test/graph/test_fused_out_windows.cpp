@@ -206,3 +206,42 @@ TEST_CASE("invalid output windows and tensors are named errors", "[fused][out_wi
   CHECK_THROWS_WITH(g::run_fused(p, std::vector<sc::Tensor>{x, inside}, one),
                     Catch::Contains("input 1 shares memory with an output tensor written through windows"));
 }
+
+TEST_CASE("constant_run: the one element a tile of a broadcast input reads, against unravelled indices", "[fused]") {
+  // out's positions [t0, t0 + len) read input `in` (broadcast to out) through the collapsed plan;
+  // the reference unravels every position over out's own axes
+  const auto check = [](const sc::Shape& in, const sc::Shape& out) {
+    const sc::Shape st[1] = {sc::broadcast_strides(in, out)};
+    const sc::backend::cpu::StridedPlan<1> plan = sc::backend::cpu::collapse_strides<1>(out, st);
+    const std::int64_t n = out.numel();
+    const auto offset = [&](std::int64_t i) {
+      std::int64_t off = 0;
+      for (int d = out.rank() - 1; d >= 0; --d) {
+        off += i % out[d] * st[0][d];
+        i /= out[d];
+      }
+      return off;
+    };
+    const int r = plan.shape.rank();
+    const std::int64_t inner = plan.shape[r - 1];
+    const std::vector<float> buf(static_cast<std::size_t>(in.numel()));
+    const float* base = buf.data();
+    for (std::int64_t len : {std::int64_t{1}, std::int64_t{2}, std::int64_t{3}, inner, n})
+      for (std::int64_t t0 = 0; t0 + len <= n; ++t0) {
+        INFO("in " << in.str() << ", out " << out.str() << ", t0 " << t0 << ", len " << len);
+        const float* got = g::detail_fused::constant_run<float>(base, plan, t0, len);
+        const bool one_run = plan.strides[0][r - 1] == 0 && t0 / inner == (t0 + len - 1) / inner;
+        REQUIRE((got != nullptr) == one_run);
+        if (!one_run) continue;
+        CHECK(got - base == offset(t0));
+        for (std::int64_t i = t0; i < t0 + len; ++i) CHECK(offset(i) == offset(t0));
+      }
+  };
+  check(sc::Shape{7, 1}, sc::Shape{7, 9});
+  check(sc::Shape{5, 1, 4, 1}, sc::Shape{5, 3, 4, 6});
+  check(sc::Shape{1, 3, 1, 1}, sc::Shape{5, 3, 4, 6});
+  check(sc::Shape{5, 3, 4, 1}, sc::Shape{5, 3, 4, 6});
+  check(sc::Shape{3, 1, 1}, sc::Shape{3, 4, 5});
+  check(sc::Shape{1}, sc::Shape{8});
+  check(sc::Shape{2, 1, 3, 1}, sc::Shape{2, 5, 3, 4});
+}

@@ -62,10 +62,15 @@ template <class T>
 const T* constant_run(const T* walked, const backend::cpu::StridedPlan<1>& p, std::int64_t t0, std::int64_t len) {
   const int r = p.shape.rank();
   if (r == 0) return walked;
-  const std::int64_t inner = p.shape[r - 1];
-  if (p.strides[0][r - 1] != 0 || t0 % inner + len > inner) return nullptr;
-  std::int64_t rem = t0 / inner, off = 0;
-  for (int d = r - 2; d >= 0; --d) {
+  if (p.strides[0][r - 1] != 0) return nullptr;
+  const std::int64_t inner = p.shape[r - 1], run = t0 / inner;  // (one division: called per tile)
+  if (t0 - run * inner + len > inner) return nullptr;
+  std::int64_t rem = run, off = 0;
+  for (int d = r - 2; d >= 0 && rem > 0; --d) {
+    if (rem < p.shape[d]) {  // (the outer axes' indices are all 0)
+      off += rem * p.strides[0][d];
+      break;
+    }
     off += rem % p.shape[d] * p.strides[0][d];
     rem /= p.shape[d];
   }
