@@ -245,3 +245,44 @@ TEST_CASE("constant_run: the one element a tile of a broadcast input reads, agai
   check(sc::Shape{1}, sc::Shape{8});
   check(sc::Shape{2, 1, 3, 1}, sc::Shape{2, 5, 3, 4});
 }
+
+TEST_CASE("contiguous_run: the row a tile of a broadcast input reads in place, against unravelled indices", "[fused]") {
+  // out's positions [t0, t0 + len) read input `in` (broadcast to out) through the collapsed plan;
+  // contiguous_run gives them in place exactly when they are consecutive elements of `in` within
+  // one run of the plan's innermost axis
+  const auto check = [](const sc::Shape& in, const sc::Shape& out) {
+    const sc::Shape st[1] = {sc::broadcast_strides(in, out)};
+    const sc::backend::cpu::StridedPlan<1> plan = sc::backend::cpu::collapse_strides<1>(out, st);
+    const std::int64_t n = out.numel();
+    const auto offset = [&](std::int64_t i) {
+      std::int64_t off = 0;
+      for (int d = out.rank() - 1; d >= 0; --d) {
+        off += i % out[d] * st[0][d];
+        i /= out[d];
+      }
+      return off;
+    };
+    const int r = plan.shape.rank();
+    const std::int64_t inner = plan.shape[r - 1];
+    const std::vector<float> buf(static_cast<std::size_t>(in.numel()));
+    const float* base = buf.data();
+    std::int64_t in_place = 0;
+    for (std::int64_t len : {std::int64_t{1}, std::int64_t{2}, std::int64_t{3}, inner, n})
+      for (std::int64_t t0 = 0; t0 + len <= n; ++t0) {
+        INFO("in " << in.str() << ", out " << out.str() << ", t0 " << t0 << ", len " << len);
+        const float* got = g::detail_fused::contiguous_run<float>(base, plan, t0, len);
+        const bool one_run = plan.strides[0][r - 1] == 1 && t0 / inner == (t0 + len - 1) / inner;
+        REQUIRE((got != nullptr) == one_run);
+        if (!one_run) continue;
+        ++in_place;
+        for (std::int64_t i = t0; i < t0 + len; ++i) REQUIRE(got + (i - t0) - base == offset(i));
+      }
+    return in_place;
+  };
+  CHECK(check(sc::Shape{9}, sc::Shape{7, 9}) > 0);          // a row over rows (layer_norm's gamma)
+  CHECK(check(sc::Shape{4, 6}, sc::Shape{5, 3, 4, 6}) > 0);  // merged axes: runs of 24
+  CHECK(check(sc::Shape{3, 1, 6}, sc::Shape{5, 3, 4, 6}) > 0);
+  CHECK(check(sc::Shape{1, 1, 4, 6}, sc::Shape{2, 3, 4, 6}) > 0);
+  CHECK(check(sc::Shape{7, 1}, sc::Shape{7, 9}) == 0);  // broadcast along the innermost axis: never
+  CHECK(check(sc::Shape{3, 1}, sc::Shape{2, 3, 4}) == 0);
+}

@@ -1,7 +1,9 @@
 // Inputs broadcast along the innermost axis (a row's mean or deviation, [R, 1] over [R, C]) read
 // as one value in a tile that lies inside one row (PreparedFused::per_tile_splat) instead of a
 // tile gathered from them: which inputs qualify, and the same bits as the gathered run at every
-// tile size, row width, rank and thread count, against plain loops for the exact ops.
+// tile size, row width, rank and thread count, against plain loops for the exact ops. Inputs
+// broadcast over rows (a [C] row over [R, C], a window's row) read in place in a tile that lies
+// inside one row instead of gathered: against plain loops, copied out and reduced as well.
 // (Only the headers it uses: the evaluator must build without the rest of the graph layer.)
 #include <catch2/catch.hpp>
 #include <stagecraft/backend/cpu/parallel.hpp>
@@ -168,4 +170,79 @@ TEST_CASE("fused: inputs not read as one value: read by a unary op, against each
     const std::vector<sc::Tensor> got = run(pf, in), want = run(gathered(pf), in);
     for (std::size_t j = 0; j < got.size(); ++j) CHECK(same_bits<float>(got[j], want[j]));
   }
+}
+
+TEMPLATE_TEST_CASE("fused: a row broadcast over rows is read in place in a tile inside a row, against plain loops",
+                   "[fused][splat]", float, double) {
+  using T = TestType;
+  const sc::DType d = sc::dtype_of<T>();
+  // inputs x [..., C] and w, a row over x's rows (maybe a window of a larger tensor):
+  // y = (x - w) * w; outputs y and w as it is; with a reduction, each row's sum of w
+  struct Case {
+    sc::Shape out, w;
+    g::FusedWindow window;  // w's, if any
+  };
+  const std::vector<Case> cases = {
+      {{40, 1024}, {1024}, {}},           // every tile inside a row (f32: two per row)
+      {{37, 700}, {700}, {}},             // tiles inside a row, and tiles across two rows
+      {{50, 3}, {3}, {}},                 // every tile across rows: gathered always
+      {{4, 6, 300}, {6, 300}, {}},        // runs of 1800 (axes merged)
+      {{3, 4, 200}, {3, 1, 200}, {}},     // runs of 200 only
+      {{30, 500}, {1, 500}, {{4, 520}, {2, 9}}},  // a window's row
+  };
+  const OpId sub = op("sub"), mul = op("mul"), sum = op("sum");
+  std::uint64_t seed = 300;
+  for (const Case& c : cases)
+    for (const bool reduce : {false, true})
+      for (const std::int64_t tile : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{700}})
+        for (const int threads : {1, 2}) {
+          const std::int64_t C = c.out[c.out.rank() - 1];
+          const sc::Tensor x = make<T>(c.out, ++seed), w = make<T>(c.window.on() ? c.window.parent : c.w, ++seed);
+          g::FusedProgram p{d, c.out, {c.out, c.w}, {{sub, 0, 1}, {mul, 2, 1}}, {3, 1}};
+          if (c.window.on()) p.windows = {{}, c.window};
+          if (reduce) {
+            sc::Shape rows = c.out;
+            rows[rows.rank() - 1] = 1;
+            p.reduction = g::FusedReduction{sum, 1, C, rows};
+          }
+          g::PreparedFused pf = g::prepare(p);
+          if (tile > 0) pf.tile = tile;
+          INFO("output " << c.out << ", w " << c.w << ", tile " << pf.tile << (reduce ? ", reduced, " : ", ") << threads
+                         << " threads");
+          const Threads on(threads);
+          const std::vector<sc::Tensor> got = run(pf, {x, w});
+          REQUIRE(got.size() == (reduce ? 3u : 2u));
+          // the row each output element reads: w's element at (its index modulo w's numel, as the
+          // broadcast repeats w over the leading axes, with size-1 axes of w repeating their row)
+          const std::vector<T> xv = x.to_vector<T>(), wv = w.to_vector<T>(), y = got[0].to_vector<T>();
+          const std::vector<T> wo = got[1].to_vector<T>();
+          std::vector<T> row_of(static_cast<std::size_t>(c.out.numel()));
+          const sc::Shape ws = sc::broadcast_strides(c.w, c.out);
+          for (std::int64_t i = 0; i < c.out.numel(); ++i) {
+            std::int64_t off = 0, rem = i;
+            std::vector<std::int64_t> idx(static_cast<std::size_t>(c.out.rank()));
+            for (int k = c.out.rank() - 1; k >= 0; --k)
+              idx[static_cast<std::size_t>(k)] = rem % c.out[k], rem /= c.out[k];
+            if (c.window.on()) {  // w [1, C] at begin of its parent: element (0, j) is parent (b0, b1 + j)
+              off = c.window.begin[0] * c.window.parent[1] + c.window.begin[1] + idx.back();
+            } else {
+              for (int k = 0; k < c.out.rank(); ++k) off += idx[static_cast<std::size_t>(k)] * ws[k];
+            }
+            row_of[static_cast<std::size_t>(i)] = wv[static_cast<std::size_t>(off)];
+          }
+          std::int64_t bad = 0;
+          for (std::size_t i = 0; i < xv.size(); ++i) {
+            bad += y[i] != static_cast<T>((xv[i] - row_of[i]) * row_of[i]);
+            bad += wo[i] != row_of[i];
+          }
+          CHECK(bad == 0);
+          if (!reduce) continue;
+          const std::vector<T> sums = got[2].to_vector<T>();
+          for (std::size_t r = 0; r < sums.size(); ++r) {
+            double want = 0;
+            for (std::size_t j = 0; j < static_cast<std::size_t>(C); ++j)
+              want += static_cast<double>(row_of[r * static_cast<std::size_t>(C) + j]);
+            CHECK(static_cast<double>(sums[r]) == Approx(want).epsilon(1e-5));
+          }
+        }
 }

@@ -84,6 +84,8 @@ struct Gather {
   const backend::cpu::StridedPlan<1>* plan = nullptr;  ///< null: a linear copy
   std::int64_t off = 0;                                  ///< its slot's offset in the scratch
   int splat = -1;                                        ///< VectorInput::splat
+  int reg = -1;                                          ///< its register (the input's index)
+  bool rows = false;  ///< its plan's innermost axis has stride 1: a tile within one run is read in place
 };
 /// Inputs at most read as one value per tile (PreparedFused::per_tile_splat).
 inline constexpr int max_splats = 8;
@@ -360,6 +362,7 @@ struct RunState {
   std::vector<std::byte> values;
   std::vector<std::pair<const std::byte*, bool>> streams;  ///< buffers walked tile by tile (true: written)
   std::vector<std::byte> partials;  ///< a reduction's partial results, one per chunk
+  bool rows = false;                ///< some gather has Gather::rows
 };
 STAGECRAFT_COMPILED_INLINE RunState& run_state();
 #if STAGECRAFT_DEFINE_COMPILED
@@ -384,20 +387,49 @@ SC_ALWAYS_INLINE void prefetch(const RunState& st, std::int64_t off, std::int64_
   }
 }
 
-/// Runs the tiles of output elements [b, e) on this thread; after each, after_tile(register
-/// pointer function, t0, len) (a reduction reads its register there).
-template <class T, class AfterTile>
-void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std::int64_t e, AfterTile&& after_tile) {
+/// Runs tiles of a prepared program on this thread: set up once per task (the thread's scratch,
+/// its copy of the register locations when some input is read in place by rows), then run(b, e,
+/// after_tile) per range of output elements, as often as the task needs (a row at a time).
+template <class T>
+class TileRun {
+ public:
+  TileRun(const PreparedFused& pf, const RunState& st)
+      : pf_(pf), st_(st), stride_(slot_stride(pf)), nsteps_(static_cast<std::int64_t>(pf.per_tile.size()) + 1) {
+    // (one slot more with windowed outputs: a single value spread over a tile before its copy)
+    const int slots = std::max(pf.num_slots + (pf.out_plans.empty() ? 0 : 1), 1);
+    ws_ = thread_scratch().get(static_cast<std::size_t>(slots * stride_));
+    locs_ = st.locs.data();
+    if (st.rows) {  // (pointed at each such input's row per tile)
+      own_.assign(st.locs.begin(), st.locs.end());
+      locs_ = own_.data();
+    }
+  }
+
+  /// Runs the tiles of output elements [b, e); after each, after_tile(register pointer function,
+  /// t0, len) (a reduction reads its register there).
+  template <class AfterTile>
+  void run(std::int64_t b, std::int64_t e, AfterTile&& after_tile);
+
+ private:
+  const PreparedFused& pf_;
+  const RunState& st_;
+  std::int64_t stride_, nsteps_;
+  std::byte* ws_ = nullptr;
+  std::vector<Loc> own_;
+  const Loc* locs_ = nullptr;
+};
+
+template <class T>
+template <class AfterTile>
+void TileRun<T>::run(std::int64_t b, std::int64_t e, AfterTile&& after_tile) {
+  const PreparedFused& pf = pf_;
   const std::int64_t tile = pf.tile;
-  // (one slot more with windowed outputs: a single value spread over a tile before its copy)
-  const int slots = std::max(pf.num_slots + (pf.out_plans.empty() ? 0 : 1), 1);
-  std::byte* ws = thread_scratch().get(static_cast<std::size_t>(slots * slot_stride(pf)));
-  const Loc* locs = st.locs.data();
+  std::byte* const ws = ws_;
+  const Loc* const locs = locs_;
   const auto at = [&](int r, std::int64_t t0) -> T* {
     const Loc& l = locs[r];
     return reinterpret_cast<T*>((l.ptr ? l.ptr : ws) + l.off + t0 * l.stride);
   };
-  const std::int64_t nsteps = static_cast<std::int64_t>(pf.per_tile.size()) + 1;
   const T* one[max_splats] = {};  // with per_tile_splat: the value each such input holds in this tile
   for (std::int64_t t0 = b; t0 < e; t0 += tile) {
     const std::int64_t len = std::min(tile, e - t0);
@@ -405,21 +437,26 @@ void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std:
     const std::int64_t lines = t0 + tile < e ? (std::min(tile, e - t0 - tile) * std::int64_t{sizeof(T)} + 63) / 64 : 0;
     const std::int64_t off = (t0 + tile) * std::int64_t{sizeof(T)};
     std::int64_t k = 0;
-    prefetch(st, off, 0, lines / nsteps);
+    prefetch(st_, off, 0, lines / nsteps_);
     bool splat = !pf.per_tile_splat.empty();
-    for (const Gather& g : st.gathers)
+    for (const Gather& g : st_.gathers)
       if (splat && g.splat >= 0)
         splat = (one[g.splat] = constant_run<T>(reinterpret_cast<const T*>(g.src), *g.plan, t0, len)) != nullptr;
-    for (const Gather& g : st.gathers) {
+    for (const Gather& g : st_.gathers) {
       if (splat && g.splat >= 0) continue;
       T* dst = reinterpret_cast<T*>(ws + g.off);
       const T* src = reinterpret_cast<const T*>(g.src);
+      if (g.rows) {  // (in place when the tile lies in one row, else gathered into its slot)
+        const T* row = contiguous_run<T>(src, *g.plan, t0, len);
+        own_[static_cast<std::size_t>(g.reg)] = {reinterpret_cast<std::byte*>(const_cast<T*>(row)), row ? 0 : g.off, 0};
+        if (row) continue;
+      }
       if (g.plan) copy_walk<false, T>(src, *g.plan, t0, len, dst);
       else std::memcpy(dst, src + t0, static_cast<std::size_t>(len) * sizeof(T));
     }
     for (const Step& s : splat ? pf.per_tile_splat : pf.per_tile) {
       ++k;
-      prefetch(st, off, lines * k / nsteps, lines * (k + 1) / nsteps);
+      prefetch(st_, off, lines * k / nsteps_, lines * (k + 1) / nsteps_);
       const T* a = s.a >= 0 ? at(s.a, t0) : one[-2 - s.a];
       const T* bv = s.b >= 0 ? at(s.b, t0) : (s.b == -1 ? nullptr : one[-2 - s.b]);
       reinterpret_cast<Kernel<T>>(s.fn)(a, bv, at(s.y, t0), len);
@@ -429,7 +466,7 @@ void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std:
       T* base = reinterpret_cast<T*>(locs[pf.regs.size() + c.output].ptr);
       if (!pf.out_plans.empty() && pf.program.out_windowed(static_cast<std::size_t>(c.output))) {
         if (pf.regs[c.reg].scalar_value()) {  // (one value: a tile of it first)
-          T* tmp = reinterpret_cast<T*>(ws + pf.num_slots * slot_stride(pf));
+          T* tmp = reinterpret_cast<T*>(ws + pf.num_slots * stride_);
           std::fill_n(tmp, len, *src);
           src = tmp;
         }
@@ -442,6 +479,12 @@ void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std:
     }
     after_tile(at, t0, len);
   }
+}
+
+/// Runs the tiles of output elements [b, e) on this thread (TileRun::run, set up for one range).
+template <class T, class AfterTile>
+void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std::int64_t e, AfterTile&& after_tile) {
+  TileRun<T>(pf, st).run(b, e, std::forward<AfterTile>(after_tile));
 }
 
 /// Register `reg` over the whole program in flat tiles (as the eager op's flat loop batches its
@@ -478,12 +521,13 @@ void run_reduction(const PreparedFused& pf, RunState& st, T* out) {
   st.partials.resize(static_cast<std::size_t>(tasks) * sizeof(T));
   T* part = reinterpret_cast<T*>(st.partials.data());
   backend::cpu::parallel_rows(tasks, std::min(chunk, rd.inner), pf.grain, [&](std::int64_t tb, std::int64_t te) {
+    TileRun<T> tiles(pf, st);
     for (std::int64_t t = tb; t < te; ++t) {
       const std::int64_t row = t / per_row, c = t % per_row;
       const std::int64_t b = row * rd.inner + c * chunk, e = std::min(b + chunk, (row + 1) * rd.inner);
       bool first = true;
       T acc = T(0);
-      run_tiles<T>(pf, st, b, e, [&](const auto& at, std::int64_t t0, std::int64_t len) {
+      tiles.run(b, e, [&](const auto& at, std::int64_t t0, std::int64_t len) {
         const T v = backend::cpu::reduce_row<Rd, T, T>(at(rd.reg, t0), len);
         acc = first ? v : Rd::combine(acc, v);
         first = false;
@@ -534,6 +578,7 @@ void run_columns(const PreparedFused& pf, RunState& st, T* out) {
   cpu::parallel_rows(chunks * groups, per * cw, pf.grain, [&](std::int64_t tb, std::int64_t te) {
     thread_local std::vector<T> scratch;
     if (scratch.size() < static_cast<std::size_t>(levels * cw)) scratch.resize(static_cast<std::size_t>(levels * cw));
+    TileRun<T> tiles(pf, st);
     for (std::int64_t t = tb; t < te; ++t) {
       const std::int64_t c = t / groups, c0 = (t % groups) * cw, len = std::min(cw, C - c0);
       // acc[0, len) = the reduction of rows [r0, r1) (r1 - r0 <= col_block, or any for max, min)
@@ -543,7 +588,7 @@ void run_columns(const PreparedFused& pf, RunState& st, T* out) {
           else cpu::accumulate_row<Rd, T, T>(acc + col, v, n);
         };
         if (len == C) {  // whole rows: one pass over them
-          run_tiles<T>(pf, st, r0 * C, r1 * C, [&](const auto& at, std::int64_t t0, std::int64_t n) {
+          tiles.run(r0 * C, r1 * C, [&](const auto& at, std::int64_t t0, std::int64_t n) {
             const T* v = at(rd.reg, t0);
             for (std::int64_t i = t0, e = t0 + n; i < e;) {
               const std::int64_t row = i / C, col = i - row * C, k = std::min(e - i, C - col);
@@ -555,7 +600,7 @@ void run_columns(const PreparedFused& pf, RunState& st, T* out) {
         }
         for (std::int64_t row = r0; row < r1; ++row) {
           const std::int64_t b = row * C + c0;
-          run_tiles<T>(pf, st, b, b + len, [&](const auto& at, std::int64_t t0, std::int64_t n) {
+          tiles.run(b, b + len, [&](const auto& at, std::int64_t t0, std::int64_t n) {
             take(row, t0 - b, at(rd.reg, t0), n);
           });
         }
@@ -632,6 +677,7 @@ void bind(const PreparedFused& pf, std::span<const Tensor> in, std::span<Tensor>
                                       values + pf.regs[s.y].index, 1);
   st.gathers.clear();
   st.streams.clear();
+  st.rows = false;
   // (an output tensor written through windows is not walked tile by tile: not prefetched)
   for (std::size_t t = 0; t < out.size(); ++t)
     if (p.out_arg_shape(t) == p.out_shape) st.streams.emplace_back(static_cast<const std::byte*>(out[t].raw_data()), true);
@@ -656,8 +702,11 @@ void bind(const PreparedFused& pf, std::span<const Tensor> in, std::span<Tensor>
     if (!v.broadcast && !aliased) continue;  // read in place
     const std::int64_t off = pf.regs[v.input].slot * slot_stride(pf);
     const std::int64_t first = pf.arg_offsets[static_cast<std::size_t>(v.input)] * std::int64_t{sizeof(T)};
+    const int r = v.plan.shape.rank();
+    const bool rows = v.broadcast && (r == 0 || v.plan.strides[0][r - 1] == 1);
     st.gathers.push_back({static_cast<const std::byte*>(in[v.input].raw_data()) + first, v.broadcast ? &v.plan : nullptr, off,
-                          v.splat});
+                          v.splat, v.input, rows});
+    st.rows = st.rows || rows;
     st.locs[v.input] = {nullptr, off, 0};
   }
 }

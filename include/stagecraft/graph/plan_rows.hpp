@@ -221,12 +221,13 @@ template <class Rd, class T>
 void reduce_rows(const PreparedFused& pf, const detail_fused::RunState& st, std::int64_t r0, std::int64_t r1, T* out) {
   const FusedReduction& rd = *pf.program.reduction;
   const std::int64_t chunk = pf.tile * detail_fused::reduce_chunk_tiles;
+  detail_fused::TileRun<T> tiles(pf, st);
   for (std::int64_t row = r0; row < r1; ++row) {
     T acc = T(0);
     for (std::int64_t b = row * rd.inner, end = (row + 1) * rd.inner; b < end; b += chunk) {
       bool first = true;
       T part = T(0);
-      detail_fused::run_tiles<T>(pf, st, b, std::min(b + chunk, end), [&](const auto& at, std::int64_t t0, std::int64_t len) {
+      tiles.run(b, std::min(b + chunk, end), [&](const auto& at, std::int64_t t0, std::int64_t len) {
         const T v = backend::cpu::reduce_row<Rd, T, T>(at(rd.reg, t0), len);
         part = first ? v : Rd::combine(part, v);
         first = false;
