@@ -1,5 +1,6 @@
 // The error hierarchy and the one way errors are formatted: "[op] what is wrong at file:line".
 #pragma once
+#include <concepts>
 #include <source_location>
 #include <sstream>
 #include <stdexcept>
@@ -37,26 +38,65 @@ inline std::string where(const std::source_location& loc) {
   return std::string(f) + ":" + std::to_string(loc.line());
 }
 
+/// Appends one part of an error message as `std::ostream << part` writes it. Strings, characters
+/// and integers are appended directly; anything else (a Shape, a DType, a double) through a stream
+/// of its own, one instantiation per type. fail() calls these instead of streaming every part into
+/// one ostringstream: an error site then compiles to a few calls, not a stream's inlined code per
+/// combination of parts (a file tracing one op has over a hundred such sites).
+SC_NOINLINE inline void append_part(std::string& m, std::string_view s) { m.append(s); }
+SC_NOINLINE inline void append_part(std::string& m, const std::string& s) { m.append(s); }
+SC_NOINLINE inline void append_part(std::string& m, const char* s) {
+  if (s) m.append(s);  // (a stream writes nothing for a null pointer)
+}
+SC_NOINLINE inline void append_part(std::string& m, char c) { m.push_back(c); }
+template <std::integral I>
+  requires(!std::same_as<I, bool> && !std::same_as<I, char> && !std::same_as<I, signed char> &&
+           !std::same_as<I, unsigned char> && !std::same_as<I, char8_t> && !std::same_as<I, char16_t> &&
+           !std::same_as<I, char32_t> && !std::same_as<I, wchar_t>)
+SC_NOINLINE void append_part(std::string& m, const I& v) {
+  m.append(std::to_string(v));
+}
+template <class X>
+SC_NOINLINE void append_part(std::string& m, const X& x) {
+  std::ostringstream os;
+  os << x;
+  m.append(os.str());
+}
+
+/// The parts written one after another, as one stream writes them.
 template <class... Parts>
 std::string concat_parts(const Parts&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  return os.str();
+  std::string m;
+  (append_part(m, parts), ...);
+  return m;
 }
 
 /// Throws E with "[op] message at file:line"; cold so the happy path stays small.
 template <class E, class... Parts>
 [[noreturn]] SC_COLD void fail(std::string_view op, const std::source_location& loc,
                                const Parts&... parts) {
-  throw E("[" + std::string(op) + "] " + concat_parts(parts...) + " at " + where(loc));
+  std::string m = "[";
+  m.append(op);
+  m.append("] ");
+  (append_part(m, parts), ...);
+  m.append(" at ");
+  m.append(where(loc));
+  throw E(m);
 }
 
 /// As fail(), for a location kept as a file name and line (graph nodes, loaded graphs).
 template <class E, class... Parts>
 [[noreturn]] SC_COLD void fail_at(std::string_view op, std::string_view file, unsigned line, const Parts&... parts) {
   if (auto p = file.find_last_of("/\\"); p != std::string_view::npos) file.remove_prefix(p + 1);
-  throw E("[" + std::string(op) + "] " + concat_parts(parts...) + " at " + std::string(file) + ":" +
-          std::to_string(line));
+  std::string m = "[";
+  m.append(op);
+  m.append("] ");
+  (append_part(m, parts), ...);
+  m.append(" at ");
+  m.append(file);
+  m.append(":");
+  m.append(std::to_string(line));
+  throw E(m);
 }
 
 /// Throws an error of e's kind (ShapeError, ..., or Error) with message m.
