@@ -255,31 +255,45 @@ void record_entry(ops::Inputs in, Make&& make) {
   }
 }
 
+/// What an op's tape entries hold besides the call itself: one constant per op, so recording is
+/// one function for every op rather than an instantiation each.
+struct EntryKind {
+  std::string_view op;
+  VjpFn vjp = nullptr;
+  bool broadcast_grad = false, gives_broadcast_grad = false, negates_second = false;
+};
+template <class Op>
+inline constexpr EntryKind entry_kind{Op::name, vjp_of<Op>(), ops::TakesBroadcastGrad<Op>, ops::GivesBroadcastGrad<Op>,
+                                      ops::NegatesSecondGrad<Op>};
+
+/// Records a call of the op `k` describes on every recording tape that watches one of its inputs.
+SC_NOINLINE inline void record_call(const EntryKind& k, ops::Inputs in, const ops::Attrs& attrs, const Tensor& out,
+                                    const std::source_location& loc) {
+  if (context().no_record > 0) return;
+  // An op that hands back one of its inputs is the identity to the tape; recording it would
+  // make a loop that counts the gradient twice.
+  for (const Tensor& x : in)
+    if (x.same(out)) return;
+  record_entry(in, [&] {
+    auto* e = new TapeEntry;
+    e->op = k.op;
+    e->vjp = k.vjp;
+    e->inputs = EntryInputs(in);
+    e->output = out;
+    e->attrs = attrs;
+    e->loc = loc;
+    e->broadcast_grad = k.broadcast_grad;
+    e->gives_broadcast_grad = k.gives_broadcast_grad;
+    e->negates_second = k.negates_second;
+    return e;
+  });
+}
+
 /// Records an op call on every recording tape that watches one of its inputs.
 template <class Op>
 void record_on_tapes(ops::Inputs in, const ops::Attrs& attrs, const Tensor& out, const std::source_location& loc) {
-  if constexpr (NonDifferentiable<Op>) {
-    return;  // integer/bool results carry no gradient, so nothing downstream is recorded
-  } else {
-    if (context().no_record > 0) return;
-    // An op that hands back one of its inputs is the identity to the tape; recording it would
-    // make a loop that counts the gradient twice.
-    for (const Tensor& x : in)
-      if (x.same(out)) return;
-    record_entry(in, [&] {
-      auto* e = new TapeEntry;
-      e->op = Op::name;
-      e->vjp = vjp_of<Op>();
-      e->inputs = EntryInputs(in);
-      e->output = out;
-      e->attrs = attrs;
-      e->loc = loc;
-      e->broadcast_grad = ops::TakesBroadcastGrad<Op>;
-      e->gives_broadcast_grad = ops::GivesBroadcastGrad<Op>;
-      e->negates_second = ops::NegatesSecondGrad<Op>;
-      return e;
-    });
-  }
+  if constexpr (!NonDifferentiable<Op>)  // (integer/bool results carry no gradient: nothing downstream is recorded)
+    record_call(entry_kind<Op>, in, attrs, out, loc);
 }
 
 /// Lets every recording tape see the values in `in` now, as an op reading them would: a
