@@ -387,6 +387,39 @@ SC_ALWAYS_INLINE void prefetch(const RunState& st, std::int64_t off, std::int64_
   }
 }
 
+/// Where a register is during a tile: at(r, t0) points at register r's elements of the tile
+/// starting at t0 (what run() hands the function it calls after each tile).
+template <class T>
+struct RegAt {
+  const Loc* locs;
+  std::byte* ws;
+  T* operator()(int r, std::int64_t t0) const {
+    const Loc& l = locs[r];
+    return reinterpret_cast<T*>((l.ptr ? l.ptr : ws) + l.off + t0 * l.stride);
+  }
+};
+
+/// A reference to what run() calls after each tile, f(at, t0, len) (a reduction reads its
+/// register there), or nothing: one instantiation of the tile loop per dtype serves every
+/// caller, at one indirect call per tile. The callable must outlive the run.
+template <class T>
+class AfterTile {
+ public:
+  AfterTile() = default;
+  template <class F>
+    requires std::invocable<const F&, const RegAt<T>&, std::int64_t, std::int64_t>
+  AfterTile(const F& f)  // NOLINT: made from the caller's lambda
+      : f_(&f), call_([](const void* p, const RegAt<T>& at, std::int64_t t0, std::int64_t len) {
+          (*static_cast<const F*>(p))(at, t0, len);
+        }) {}
+  explicit operator bool() const { return call_ != nullptr; }
+  void operator()(const RegAt<T>& at, std::int64_t t0, std::int64_t len) const { call_(f_, at, t0, len); }
+
+ private:
+  const void* f_ = nullptr;
+  void (*call_)(const void*, const RegAt<T>&, std::int64_t, std::int64_t) = nullptr;
+};
+
 /// Runs tiles of a prepared program on this thread: set up once per task (the thread's scratch,
 /// its copy of the register locations when some input is read in place by rows), then run(b, e,
 /// after_tile) per range of output elements, as often as the task needs (a row at a time).
@@ -405,10 +438,9 @@ class TileRun {
     }
   }
 
-  /// Runs the tiles of output elements [b, e); after each, after_tile(register pointer function,
-  /// t0, len) (a reduction reads its register there).
-  template <class AfterTile>
-  void run(std::int64_t b, std::int64_t e, AfterTile&& after_tile);
+  /// Runs the tiles of output elements [b, e); after each, after_tile(register locations, t0,
+  /// len) (a reduction reads its register there).
+  void run(std::int64_t b, std::int64_t e, AfterTile<T> after_tile = {});
 
  private:
   const PreparedFused& pf_;
@@ -420,16 +452,12 @@ class TileRun {
 };
 
 template <class T>
-template <class AfterTile>
-void TileRun<T>::run(std::int64_t b, std::int64_t e, AfterTile&& after_tile) {
+void TileRun<T>::run(std::int64_t b, std::int64_t e, AfterTile<T> after_tile) {
   const PreparedFused& pf = pf_;
   const std::int64_t tile = pf.tile;
   std::byte* const ws = ws_;
   const Loc* const locs = locs_;
-  const auto at = [&](int r, std::int64_t t0) -> T* {
-    const Loc& l = locs[r];
-    return reinterpret_cast<T*>((l.ptr ? l.ptr : ws) + l.off + t0 * l.stride);
-  };
+  const RegAt<T> at{locs, ws};
   const T* one[max_splats] = {};  // with per_tile_splat: the value each such input holds in this tile
   for (std::int64_t t0 = b; t0 < e; t0 += tile) {
     const std::int64_t len = std::min(tile, e - t0);
@@ -477,14 +505,14 @@ void TileRun<T>::run(std::int64_t b, std::int64_t e, AfterTile&& after_tile) {
         std::memcpy(base + t0, src, static_cast<std::size_t>(len) * sizeof(T));
       }
     }
-    after_tile(at, t0, len);
+    if (after_tile) after_tile(at, t0, len);
   }
 }
 
 /// Runs the tiles of output elements [b, e) on this thread (TileRun::run, set up for one range).
-template <class T, class AfterTile>
-void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std::int64_t e, AfterTile&& after_tile) {
-  TileRun<T>(pf, st).run(b, e, std::forward<AfterTile>(after_tile));
+template <class T>
+void run_tiles(const PreparedFused& pf, const RunState& st, std::int64_t b, std::int64_t e, AfterTile<T> after_tile = {}) {
+  TileRun<T>(pf, st).run(b, e, after_tile);
 }
 
 /// Register `reg` over the whole program in flat tiles (as the eager op's flat loop batches its
@@ -773,7 +801,7 @@ STAGECRAFT_COMPILED_INLINE void run(const PreparedFused& pf, std::span<const Ten
     f::bind<T>(pf, inputs, elementwise, st);
     if (!p.reduction) {
       backend::cpu::parallel_for(pf.numel, pf.grain, [&](std::int64_t b, std::int64_t e) {
-        f::run_tiles<T>(pf, st, b, e, [](const auto&, std::int64_t, std::int64_t) {});
+        f::run_tiles<T>(pf, st, b, e);
       });
       return;
     }

@@ -445,7 +445,7 @@ STAGECRAFT_COMPILED_INLINE bool run_row_chain(const RowChain& c, const std::vect
               default: r::column_unit<cpu::SumReducer, T>(u, st[k], vals, r0, r1, sink, at[k]); break;
             }
           } else if (u.fused && !u.fused->program.reduction) {
-            f::run_tiles<T>(*u.fused, st[k], r0 * u.width, r1 * u.width, [](const auto&, std::int64_t, std::int64_t) {});
+            f::run_tiles<T>(*u.fused, st[k], r0 * u.width, r1 * u.width);
           } else {
             switch (op_of(u)) {
               case ops::OpId::Max: r::reduce_unit<cpu::MaxReducer, T>(u, st[k], outs, vals, r0, r1); break;
