@@ -207,35 +207,52 @@ TEST_CASE("invalid output windows and tensors are named errors", "[fused][out_wi
                     Catch::Contains("input 1 shares memory with an output tensor written through windows"));
 }
 
+namespace {
+
+/// Every tile [t0, t0 + len) of `out` (lengths 1, 2, 3, the innermost run's, all of out) reading
+/// input `in` (broadcast to out) through the collapsed plan: each(base, plan, t0, len, in_one_run,
+/// offset), where in_one_run says whether the tile lies in one run of the plan's innermost axis
+/// and offset(i), the reference, unravels position i over out's own axes.
+template <class Each>
+void for_each_tile(const sc::Shape& in, const sc::Shape& out, const Each& each) {
+  const sc::Shape st[1] = {sc::broadcast_strides(in, out)};
+  const sc::backend::cpu::StridedPlan<1> plan = sc::backend::cpu::collapse_strides<1>(out, st);
+  const std::int64_t n = out.numel();
+  const auto offset = [&](std::int64_t i) {
+    std::int64_t off = 0;
+    for (int d = out.rank() - 1; d >= 0; --d) {
+      off += i % out[d] * st[0][d];
+      i /= out[d];
+    }
+    return off;
+  };
+  const std::int64_t inner = plan.shape[plan.shape.rank() - 1];
+  const std::vector<float> buf(static_cast<std::size_t>(in.numel()));
+  for (std::int64_t len : {std::int64_t{1}, std::int64_t{2}, std::int64_t{3}, inner, n})
+    for (std::int64_t t0 = 0; t0 + len <= n; ++t0) {
+      INFO("in " << in.str() << ", out " << out.str() << ", t0 " << t0 << ", len " << len);
+      each(buf.data(), plan, t0, len, t0 / inner == (t0 + len - 1) / inner, offset);
+    }
+}
+
+/// The plan's innermost stride.
+std::int64_t inner_stride(const sc::backend::cpu::StridedPlan<1>& plan) {
+  return plan.strides[0][plan.shape.rank() - 1];
+}
+
+}  // namespace
+
 TEST_CASE("constant_run: the one element a tile of a broadcast input reads, against unravelled indices", "[fused]") {
-  // out's positions [t0, t0 + len) read input `in` (broadcast to out) through the collapsed plan;
-  // the reference unravels every position over out's own axes
   const auto check = [](const sc::Shape& in, const sc::Shape& out) {
-    const sc::Shape st[1] = {sc::broadcast_strides(in, out)};
-    const sc::backend::cpu::StridedPlan<1> plan = sc::backend::cpu::collapse_strides<1>(out, st);
-    const std::int64_t n = out.numel();
-    const auto offset = [&](std::int64_t i) {
-      std::int64_t off = 0;
-      for (int d = out.rank() - 1; d >= 0; --d) {
-        off += i % out[d] * st[0][d];
-        i /= out[d];
-      }
-      return off;
-    };
-    const int r = plan.shape.rank();
-    const std::int64_t inner = plan.shape[r - 1];
-    const std::vector<float> buf(static_cast<std::size_t>(in.numel()));
-    const float* base = buf.data();
-    for (std::int64_t len : {std::int64_t{1}, std::int64_t{2}, std::int64_t{3}, inner, n})
-      for (std::int64_t t0 = 0; t0 + len <= n; ++t0) {
-        INFO("in " << in.str() << ", out " << out.str() << ", t0 " << t0 << ", len " << len);
-        const float* got = g::detail_fused::constant_run<float>(base, plan, t0, len);
-        const bool one_run = plan.strides[0][r - 1] == 0 && t0 / inner == (t0 + len - 1) / inner;
-        REQUIRE((got != nullptr) == one_run);
-        if (!one_run) continue;
-        CHECK(got - base == offset(t0));
-        for (std::int64_t i = t0; i < t0 + len; ++i) CHECK(offset(i) == offset(t0));
-      }
+    for_each_tile(in, out, [](const float* base, const auto& plan, std::int64_t t0, std::int64_t len, bool in_one_run,
+                              const auto& offset) {
+      const float* got = g::detail_fused::constant_run<float>(base, plan, t0, len);
+      const bool one_run = inner_stride(plan) == 0 && in_one_run;
+      REQUIRE((got != nullptr) == one_run);
+      if (!one_run) return;
+      CHECK(got - base == offset(t0));
+      for (std::int64_t i = t0; i < t0 + len; ++i) CHECK(offset(i) == offset(t0));
+    });
   };
   check(sc::Shape{7, 1}, sc::Shape{7, 9});
   check(sc::Shape{5, 1, 4, 1}, sc::Shape{5, 3, 4, 6});
@@ -247,36 +264,19 @@ TEST_CASE("constant_run: the one element a tile of a broadcast input reads, agai
 }
 
 TEST_CASE("contiguous_run: the row a tile of a broadcast input reads in place, against unravelled indices", "[fused]") {
-  // out's positions [t0, t0 + len) read input `in` (broadcast to out) through the collapsed plan;
-  // contiguous_run gives them in place exactly when they are consecutive elements of `in` within
-  // one run of the plan's innermost axis
+  // contiguous_run gives a tile in place exactly when its positions are consecutive elements of
+  // the input within one run of the plan's innermost axis
   const auto check = [](const sc::Shape& in, const sc::Shape& out) {
-    const sc::Shape st[1] = {sc::broadcast_strides(in, out)};
-    const sc::backend::cpu::StridedPlan<1> plan = sc::backend::cpu::collapse_strides<1>(out, st);
-    const std::int64_t n = out.numel();
-    const auto offset = [&](std::int64_t i) {
-      std::int64_t off = 0;
-      for (int d = out.rank() - 1; d >= 0; --d) {
-        off += i % out[d] * st[0][d];
-        i /= out[d];
-      }
-      return off;
-    };
-    const int r = plan.shape.rank();
-    const std::int64_t inner = plan.shape[r - 1];
-    const std::vector<float> buf(static_cast<std::size_t>(in.numel()));
-    const float* base = buf.data();
     std::int64_t in_place = 0;
-    for (std::int64_t len : {std::int64_t{1}, std::int64_t{2}, std::int64_t{3}, inner, n})
-      for (std::int64_t t0 = 0; t0 + len <= n; ++t0) {
-        INFO("in " << in.str() << ", out " << out.str() << ", t0 " << t0 << ", len " << len);
-        const float* got = g::detail_fused::contiguous_run<float>(base, plan, t0, len);
-        const bool one_run = plan.strides[0][r - 1] == 1 && t0 / inner == (t0 + len - 1) / inner;
-        REQUIRE((got != nullptr) == one_run);
-        if (!one_run) continue;
-        ++in_place;
-        for (std::int64_t i = t0; i < t0 + len; ++i) REQUIRE(got + (i - t0) - base == offset(i));
-      }
+    for_each_tile(in, out, [&](const float* base, const auto& plan, std::int64_t t0, std::int64_t len, bool in_one_run,
+                               const auto& offset) {
+      const float* got = g::detail_fused::contiguous_run<float>(base, plan, t0, len);
+      const bool one_run = inner_stride(plan) == 1 && in_one_run;
+      REQUIRE((got != nullptr) == one_run);
+      if (!one_run) return;
+      ++in_place;
+      for (std::int64_t i = t0; i < t0 + len; ++i) REQUIRE(got + (i - t0) - base == offset(i));
+    });
     return in_place;
   };
   CHECK(check(sc::Shape{9}, sc::Shape{7, 9}) > 0);          // a row over rows (layer_norm's gamma)

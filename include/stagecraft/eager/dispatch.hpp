@@ -204,6 +204,29 @@ SC_NOINLINE Tensor dispatch_move(ops::Inputs in, const ops::Attrs& attrs, const 
   return out;
 }
 
+/// The inputs, those from position `from` on converted to `want` (dispatch's promotion, out of
+/// line: one function for every op).
+SC_NOINLINE inline std::vector<Tensor> converted(ops::Inputs in, std::size_t from, DType want,
+                                                 const std::source_location& loc) {
+  std::vector<Tensor> conv(in.begin(), in.end());
+  for (std::size_t i = from; i < conv.size(); ++i)
+    if (conv[i].dtype() != want) conv[i] = cast_to(conv[i], want, loc);
+  return conv;
+}
+
+/// The inputs, each on `dev` (a DeviceScope moved the op, or a CPU scalar joins it); a copy the
+/// user did not ask for is counted.
+SC_NOINLINE inline std::vector<Tensor> moved_to(ops::Inputs in, Device dev, std::string_view op,
+                                                const std::source_location& loc) {
+  std::vector<Tensor> moved(in.begin(), in.end());
+  for (Tensor& m : moved)
+    if (m.device() != dev) {
+      if (!host_scalar(m) || scoped_device() != nullptr) count_implicit_copy(m, dev, op, loc);
+      m = m.to(dev, loc);
+    }
+  return moved;
+}
+
 template <class Op>
 Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_location& loc) {
   for (const Tensor& t : in) require_defined(t, Op::name, loc);
@@ -214,22 +237,12 @@ Tensor dispatch(ops::Inputs in, const ops::Attrs& attrs, const std::source_locat
     DType want = in.empty() ? DType::f32 : in[0].dtype();
     if (SC_UNLIKELY(wanted_dtype<Op>(in, want))) {
       constexpr int from = [] { if constexpr (Promoting<Op>) return Op::promote_from; else return 0; }();
-      std::vector<Tensor> conv(in.begin(), in.end());
-      for (std::size_t i = from; i < conv.size(); ++i)
-        if (conv[i].dtype() != want) conv[i] = cast_to(conv[i], want, loc);
-      return dispatch<Op>(conv, attrs, loc);
+      return dispatch<Op>(converted(in, from, want, loc), attrs, loc);
     }
   }
   for (const Tensor& t : in)
-    if (SC_UNLIKELY(t.device() != dev)) {  // a DeviceScope moved the op, or a CPU scalar joins it
-      std::vector<Tensor> moved(in.begin(), in.end());
-      for (Tensor& m : moved)
-        if (m.device() != dev) {
-          if (!host_scalar(m) || scoped_device() != nullptr) count_implicit_copy(m, dev, Op::name, loc);
-          m = m.to(dev, loc);
-        }
-      return dispatch<Op>(moved, attrs, loc);
-    }
+    if (SC_UNLIKELY(t.device() != dev))  // a DeviceScope moved the op, or a CPU scalar joins it
+      return dispatch<Op>(moved_to(in, dev, Op::name, loc), attrs, loc);
   const ops::OutMeta meta = Op::infer(in, attrs, loc);
   Context& ctx = context();
   if (SC_UNLIKELY(ctx.trace != nullptr || any_symbolic(in))) return trace_op<Op>(in, attrs, meta, dev, loc);
