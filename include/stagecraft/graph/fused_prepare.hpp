@@ -1,0 +1,303 @@
+// The fused evaluator's preparation (fused_kernel.hpp runs what it prepares): a FusedProgram
+// validated once, each instruction's kernel looked up, each register given its home (one value,
+// an input read in place or gathered, a scratch slot, an output) and each broadcast input its walk,
+// so a run does no lookup.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../backend/cpu/elementwise.hpp"
+#include "../backend/cpu/parallel.hpp"
+#include "../ops/registry.hpp"
+#include "fused_ops.hpp"
+#include "fused_program.hpp"
+#include "fused_special.hpp"
+#include "fused_validate.hpp"
+#include "fused_walk.hpp"
+
+namespace stagecraft::graph {
+
+namespace detail_fused {
+
+/// Bytes of one register's tile. The current tile of every register and buffer, and the next
+/// tile's prefetched inputs, must stay in L1: bench_fusion's sweep (9-op chain, 5 buffers) found
+/// 2 KiB best at 256K elements and within 5% of 1 KiB at 16M; 4 KiB 15-40% slower, 16 KiB 70%.
+inline constexpr std::int64_t tile_bytes = 2048;
+/// Elements per tile (prepare's default; PreparedFused::tile may be changed before a run).
+template <class T>
+inline constexpr std::int64_t tile_elems = tile_bytes / static_cast<std::int64_t>(sizeof(T));
+
+/// Where a register lives during a tile.
+enum class Home : std::uint8_t { scalar, input, slot, output };
+struct Reg {
+  Home home = Home::slot;
+  int index = -1;  ///< scalar: its value's index; input: the input; output: the output written directly
+  int slot = -1;   ///< scratch slot: slot results, and inputs when gathered (broadcast or aliased)
+  bool scalar_value() const { return home == Home::scalar; }
+};
+/// One kernel call per tile (or per run for single-element results): fn(reg a, reg b, reg y).
+struct Step {
+  void (*fn)() = nullptr;  ///< a Kernel<T> of the program's dtype, cast back before the call
+  int a = -1, b = -1, y = -1;
+};
+/// An input read per element: in place (same numel as the output) or gathered by `plan`.
+struct VectorInput {
+  int input = -1;
+  bool broadcast = false;
+  backend::cpu::StridedPlan<1> plan;  ///< the input's strides over the output, axes merged
+  int splat = -1;  ///< its index among the inputs read as one value in a tile of one row (see place_splats)
+};
+/// An output not written by its instruction (an input or single value, or a register written twice).
+struct CopyOut {
+  int output = -1, reg = -1;
+};
+
+/// Where a register is for the tile starting at t0: (ptr, or the thread's scratch) + off + t0 * stride.
+struct Loc {
+  std::byte* ptr = nullptr;
+  std::int64_t off = 0, stride = 0;
+};
+/// A gather for one tile: a broadcast input by its plan, or an aliased input copied in place.
+struct Gather {
+  const std::byte* src = nullptr;
+  const backend::cpu::StridedPlan<1>* plan = nullptr;  ///< null: a linear copy
+  std::int64_t off = 0;                                  ///< its slot's offset in the scratch
+  int splat = -1;                                        ///< VectorInput::splat
+  int reg = -1;                                          ///< its register (the input's index)
+  bool rows = false;  ///< its plan's innermost axis has stride 1: a tile within one run is read in place
+};
+/// Inputs at most read as one value per tile (PreparedFused::per_tile_splat).
+inline constexpr int max_splats = 8;
+
+}  // namespace detail_fused
+
+/// A FusedProgram with its kernels, register homes and broadcast walks resolved (see prepare()):
+/// running it does no lookup and, after a thread's first run, no allocation.
+struct PreparedFused {
+  FusedProgram program;                                 ///< the program as given
+  std::vector<detail_fused::Reg> regs;                  ///< one per register
+  std::vector<detail_fused::Step> once, per_tile;       ///< single-value steps; steps per tile
+  /// per_tile for a tile in which every input broadcast along the innermost axis that binary
+  /// instructions only read holds one value: they read it as one (operand -2 - k: the k-th such
+  /// input) instead of a tile gathered from it. Empty when no input qualifies.
+  std::vector<detail_fused::Step> per_tile_splat;
+  std::vector<int> scalar_inputs;                       ///< inputs read as one value
+  std::vector<detail_fused::VectorInput> vector_inputs; ///< inputs read per element
+  std::vector<detail_fused::CopyOut> copies;             ///< outputs copied at the end of a tile
+  int num_slots = 0, num_scalars = 0;
+  std::int64_t numel = 0, grain = 0;
+  std::int64_t tile = 0;  ///< elements per tile, any positive count (default: tile_bytes of the dtype)
+  const SpecialKernel* special = nullptr;  ///< a compiled loop for this program (fused_special.hpp), or null
+  bool batch_dependent = false;  ///< an instruction's SIMD bits depend on the batch (OpKernels)
+  std::vector<std::int64_t> arg_offsets;  ///< program.arg_offset(k) of each input (elements)
+  std::vector<std::int64_t> arg_bytes;    ///< bytes of the tensor passed as each input (its arg_shape)
+  std::int64_t out_bytes = 0;             ///< bytes of each elementwise output
+  /// Per output written through a window (FusedProgram::out_windows): its walk over its tensor
+  /// (copied there from its register at the end of each tile); empty without windows.
+  std::vector<backend::cpu::StridedPlan<1>> out_plans;
+  /// A program with products (FusedProduct): `program` is it with each product an input of the
+  /// product's shape (formed by BLAS at each run, before the tiles) and each operand one unread
+  /// element; `products` and `passed` are the program's entries and the shapes of the tensors
+  /// passed. Empty otherwise.
+  std::vector<FusedProduct> products;
+  std::vector<Shape> passed;
+};
+
+
+namespace detail_fused {
+
+template <class T>
+Step step_of(const FusedInstr& c, int y, Mode m) {
+  return {reinterpret_cast<void (*)()>(kernels<T>(c.op).k[m]), c.a, c.b, y};
+}
+
+/// Homes of the input registers: one value, in place, or gathered into a dedicated slot.
+STAGECRAFT_COMPILED_INLINE void place_inputs(PreparedFused& pf, const std::vector<char>& live);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE void place_inputs(PreparedFused& pf, const std::vector<char>& live) {
+  const FusedProgram& p = pf.program;
+  for (int i = 0; i < static_cast<int>(p.input_shapes.size()); ++i) {
+    Reg& r = pf.regs[i];
+    if (p.input_shapes[i].numel() == 1) {
+      r = {Home::scalar, pf.num_scalars++, -1};
+      if (live[i]) pf.scalar_inputs.push_back(i);
+    } else if (live[i]) {
+      r = {Home::input, i, pf.num_slots++};  // the slot is used when gathered
+      // a windowed input is gathered from its parent's strides as a broadcast one is
+      VectorInput v{i, p.input_shapes[i].numel() != pf.numel || p.windowed(static_cast<std::size_t>(i)), {}};
+      if (v.broadcast) {
+        const Shape st[1] = {p.strides_over_out(static_cast<std::size_t>(i))};
+        v.plan = backend::cpu::collapse_strides<1>(p.out_shape, st);
+      }
+      pf.vector_inputs.push_back(v);
+    }
+  }
+}
+#endif  // STAGECRAFT_DEFINE_COMPILED
+
+/// Homes of the results and the steps: single values once per run; per-element results written
+/// straight into their first output, else into scratch slots reused once their last reader ran.
+template <class T>
+void place_results(PreparedFused& pf, const std::vector<char>& live) {
+  const FusedProgram& p = pf.program;
+  const int nin = static_cast<int>(p.input_shapes.size()), nk = static_cast<int>(p.code.size());
+  const int end = nk;  // "read at the end of the tile" (copied outputs)
+  std::vector<int> last(nin + nk, -1), direct(nin + nk, -1);
+  for (int k = 0; k < nk; ++k)
+    if (live[nin + k]) {
+      last[p.code[k].a] = k;
+      if (p.code[k].b >= 0) last[p.code[k].b] = k;
+    }
+  for (int j = 0; j < static_cast<int>(p.outputs.size()); ++j) {
+    const int r = p.outputs[j];  // (a windowed output is copied out through its window)
+    if (r >= nin && direct[r] < 0 && !p.out_windowed(static_cast<std::size_t>(j))) direct[r] = j;
+    else last[r] = end;
+  }
+  if (p.reduction) last[p.reduction->reg] = end;  // reduced after the tile's last step
+  std::vector<int> free_slots;
+  for (int k = 0; k < nk; ++k) {
+    const int y = nin + k;
+    if (!live[y]) continue;
+    const FusedInstr& c = p.code[k];
+    const bool sa = pf.regs[c.a].scalar_value(), sb = c.b < 0 || pf.regs[c.b].scalar_value();
+    if (sa && sb) {  // from single values only: once per run, by the scalar rule
+      pf.regs[y] = {Home::scalar, pf.num_scalars++, -1};
+      pf.once.push_back(step_of<T>(c, y, scalar));
+      continue;
+    }
+    for (int o : {c.a, c.b == c.a ? -1 : c.b})  // operands read for the last time free their slots first (y may reuse one)
+      if (o >= nin && last[o] == k && pf.regs[o].home == Home::slot) free_slots.push_back(pf.regs[o].slot);
+    if (direct[y] >= 0) {
+      pf.regs[y] = {Home::output, direct[y], -1};
+    } else {
+      int s = pf.num_slots;
+      if (free_slots.empty()) ++pf.num_slots;
+      else s = free_slots.back(), free_slots.pop_back();
+      pf.regs[y] = {Home::slot, -1, s};
+    }
+    pf.per_tile.push_back(step_of<T>(c, y, c.b < 0 ? vv : (sa ? sv : (sb ? vs : vv))));
+  }
+  for (int j = 0; j < static_cast<int>(p.outputs.size()); ++j) {
+    const int r = p.outputs[j];
+    if (!(pf.regs[r].home == Home::output && pf.regs[r].index == j)) pf.copies.push_back({j, r});
+  }
+}
+#if defined(STAGECRAFT_PRECOMPILED)  // compiled in stagecraft::precompiled, with every op's kernels
+extern template void place_results<bool>(PreparedFused&, const std::vector<char>&);
+extern template void place_results<std::int32_t>(PreparedFused&, const std::vector<char>&);
+extern template void place_results<std::int64_t>(PreparedFused&, const std::vector<char>&);
+extern template void place_results<float>(PreparedFused&, const std::vector<char>&);
+extern template void place_results<double>(PreparedFused&, const std::vector<char>&);
+#endif
+
+/// Marks the inputs that may be read as one value in a tile lying in one run of their broadcast
+/// innermost axis (a row's mean or deviation over the row's elements): inputs only binary
+/// instructions read, as one operand with the other read per element, not copied out nor reduced;
+/// then writes per_tile_splat. The sv / vs kernels compute what vv does over a gathered tile of
+/// that value, lane by lane (no such instruction is batch-dependent).
+template <class T>
+void place_splats(PreparedFused& pf, const std::vector<char>& live) {
+  const FusedProgram& p = pf.program;
+  const int nin = static_cast<int>(p.input_shapes.size()), nk = static_cast<int>(p.code.size());
+  std::vector<char> ok(static_cast<std::size_t>(nin), 0);
+  int n = 0;
+  for (const VectorInput& v : pf.vector_inputs) {
+    const int r = v.plan.shape.rank();
+    if (v.broadcast && r > 0 && v.plan.strides[0][r - 1] == 0 && n < max_splats) ok[v.input] = 1, ++n;
+  }
+  if (n == 0) return;
+  const auto is = [&](int r) { return r >= 0 && r < nin && ok[r]; };
+  for (int k = 0; k < nk; ++k) {
+    const FusedInstr& c = p.code[k];
+    if (!live[nin + k] || pf.regs[nin + k].scalar_value() || !(is(c.a) || is(c.b))) continue;
+    const bool fine = c.b >= 0 && is(c.a) != is(c.b) && !kernels<T>(c.op).batch_dependent &&
+                      !pf.regs[is(c.a) ? c.b : c.a].scalar_value();
+    if (!fine) {
+      if (is(c.a)) ok[c.a] = 0;
+      if (is(c.b)) ok[c.b] = 0;
+    }
+  }
+  for (const CopyOut& c : pf.copies)
+    if (is(c.reg)) ok[c.reg] = 0;
+  if (p.reduction && is(p.reduction->reg)) ok[p.reduction->reg] = 0;
+  std::vector<int> index(static_cast<std::size_t>(nin), -1);
+  int m = 0;
+  for (VectorInput& v : pf.vector_inputs)
+    if (ok[v.input]) v.splat = index[v.input] = m++;
+  if (m == 0) return;
+  std::size_t j = 0;
+  for (int k = 0; k < nk; ++k) {
+    if (!live[nin + k] || pf.regs[nin + k].scalar_value()) continue;
+    Step s = pf.per_tile[j++];
+    const FusedInstr& c = p.code[k];
+    if (is(c.a)) s = {reinterpret_cast<void (*)()>(kernels<T>(c.op).k[sv]), -2 - index[c.a], s.b, s.y};
+    else if (is(c.b)) s = {reinterpret_cast<void (*)()>(kernels<T>(c.op).k[vs]), s.a, -2 - index[c.b], s.y};
+    pf.per_tile_splat.push_back(s);
+  }
+}
+
+template <class T>
+std::int64_t grain_of(const FusedProgram& p, const std::vector<char>& live) {
+  const int nin = static_cast<int>(p.input_shapes.size());
+  std::int64_t cost = 0;
+  for (int k = 0; k < static_cast<int>(p.code.size()); ++k)
+    if (live[nin + k]) cost += kernels<T>(p.code[k].op).cost;
+  return std::max<std::int64_t>(backend::cpu::grain_costly, backend::cpu::grain_cheap / std::max<std::int64_t>(1, cost));
+}
+
+}  // namespace detail_fused
+
+/// Validates p (ValueError "[fused] invalid program: ..." otherwise) and resolves, once, each
+/// instruction's kernel, each register's home and each broadcast input's walk.
+STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p);
+#if STAGECRAFT_DEFINE_COMPILED
+STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p) {
+  namespace f = detail_fused;
+  f::validate(p);
+  if (p.any_converted())
+    f::fail_program("an input converted from another dtype (FusedProgram::input_dtypes) runs in generated GPU kernels only");
+  if (p.any_product()) {  // the program over the products formed first (see PreparedFused::products)
+    FusedProgram q = p;
+    q.products.clear();
+    for (std::size_t k = 0; k < q.input_shapes.size(); ++k)
+      if (p.operand(k)) q.input_shapes[k] = Shape{};
+    PreparedFused pf = prepare(q);
+    pf.products = p.products;
+    for (std::size_t k = 0; k < p.input_shapes.size(); ++k) pf.passed.push_back(p.arg_shape(k));
+    return pf;
+  }
+  PreparedFused pf;
+  pf.program = p;
+  pf.numel = p.out_shape.numel();
+  pf.tile = f::tile_bytes / static_cast<std::int64_t>(itemsize(p.dtype));
+  pf.regs.resize(p.input_shapes.size() + p.code.size());
+  const std::vector<char> live = f::live_registers(p);
+  if (p.reduction && p.out_shape.numel() > 1 && f::single_valued(p)[p.reduction->reg])
+    f::fail_program("the reduced register is one value for the whole run (reduce its input instead)");
+  f::place_inputs(pf, live);
+  visit_dtype(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    f::place_results<T>(pf, live);
+    f::place_splats<T>(pf, live);
+    pf.grain = f::grain_of<T>(p, live);
+    for (const FusedInstr& c : p.code) pf.batch_dependent = pf.batch_dependent || f::kernels<T>(c.op).batch_dependent;
+  });
+  pf.special = find_special(p);
+  for (std::size_t k = 0; k < p.input_shapes.size(); ++k) {
+    pf.arg_offsets.push_back(p.arg_offset(k));
+    pf.arg_bytes.push_back(p.arg_shape(k).numel() * static_cast<std::int64_t>(itemsize(p.dtype)));
+  }
+  pf.out_bytes = pf.numel * static_cast<std::int64_t>(itemsize(p.dtype));
+  if (p.any_out_window())
+    for (std::size_t j = 0; j < p.outputs.size(); ++j) {
+      const Shape st[1] = {p.out_strides(j)};
+      pf.out_plans.push_back(backend::cpu::collapse_strides<1>(p.out_shape, st));
+    }
+  return pf;
+}
+#endif  // STAGECRAFT_DEFINE_COMPILED
+
+}  // namespace stagecraft::graph
