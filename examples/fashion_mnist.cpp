@@ -3,7 +3,7 @@
 //
 //   fashion_mnist [--model mlp|cnn] [--mode eager|staged|graph] [--device cpu|cuda[:N]] [--epochs N]
 //                 [--batch N] [--seed N] [--save PATH] [--resume PATH] [--data DIR] [--limit N]
-//                 [--threads auto|N] [--help]
+//                 [--test-limit N] [--threads auto|N] [--help]
 //
 // stdout: one line per epoch (epoch, mean training loss, test accuracy), then, last, exactly
 // `test_accuracy=0.XXXX examples_per_sec=NNNN`. stderr: a progress bar (in place on a
@@ -41,7 +41,7 @@ struct Options {
   std::uint64_t seed = 0;
   std::string save, resume;
   std::string data = sc::data::default_fashion_mnist_dir;
-  std::optional<std::int64_t> limit;
+  std::optional<std::int64_t> limit, test_limit;
   sc::Device device = sc::Device::cpu();
   std::int64_t threads = 0;  // 0: auto (a ThreadTuner chooses up to OpenMP's count)
 };
@@ -60,6 +60,7 @@ constexpr const char* usage_text =
     "  --resume PATH        restore a checkpoint and continue from its epoch\n"
     "  --data DIR           Fashion-MNIST directory (default /usr/share/datasets/fashion-mnist)\n"
     "  --limit N            train on the first N training examples only\n"
+    "  --test-limit N       measure accuracy on the first N test examples only\n"
     "  --threads auto|N     CPU threads: auto (default) times the first steps at OpenMP's count\n"
     "                       (OMP_NUM_THREADS) and fewer, and keeps the fastest; N: exactly N\n"
     "  --help               this message\n";
@@ -103,7 +104,7 @@ Options parse(int argc, char** argv) {
     }
     static const std::vector<std::string_view> flags = {"--model", "--mode", "--epochs", "--batch", "--seed",
                                                         "--save",  "--resume", "--data", "--limit", "--device",
-                                                        "--threads"};
+                                                        "--test-limit", "--threads"};
     bool known = false;
     for (std::string_view f : flags) known = known || arg == f;
     if (!known) throw UsageError{"unknown option '" + arg + "'"};
@@ -138,6 +139,8 @@ Options parse(int argc, char** argv) {
       o.seed = parse_uint(arg, value);
     } else if (arg == "--limit") {
       o.limit = parse_positive(arg, value);
+    } else if (arg == "--test-limit") {
+      o.test_limit = parse_positive(arg, value);
     } else if (arg == "--threads") {
       std::int64_t n = 0;  // 0: auto
       if (value != "auto") {
@@ -214,7 +217,11 @@ int run(const Options& o, const sc::data::Dataset& data) {
   // data is copied there once, so the Batcher gathers each batch on the device.
   std::optional<sc::DeviceScope> on_device;
   if (o.device.is_cuda()) on_device.emplace(o.device);
-  const sc::Tensor test_x = data.test_images.to(o.device), test_y = data.test_labels.to(o.device);
+  sc::Tensor test_x = data.test_images.to(o.device), test_y = data.test_labels.to(o.device);
+  if (o.test_limit && *o.test_limit < test_x.shape()[0]) {
+    test_x = sc::slice(test_x, {0, 0, 0}, {*o.test_limit, -1, -1});
+    test_y = sc::slice(test_y, {0}, {*o.test_limit});
+  }
   sc::manual_seed(o.seed);  // the weights' seeds come from the global stream, in member order
   Model model;
   sc::optim::Adam opt(1e-3);

@@ -25,6 +25,7 @@ expect 2 '--epochs expects an integer >= 1' --epochs 0
 expect 2 '--epochs expects a non-negative integer' --epochs 3x
 expect 2 '--batch expects a non-negative integer' --batch -5
 expect 2 '--limit needs a value' --limit
+expect 2 '--test-limit expects an integer >= 1' --test-limit 0
 expect 2 '--seed expects a non-negative integer' --seed abc
 expect 2 'usage: fashion_mnist' --epochs
 expect 2 '--threads expects auto or an integer from 1 to 4096' --threads 0

@@ -19,7 +19,8 @@ err_log=$(mktemp)
 trap 'rm -f "$err_log"' EXIT
 for model in mlp cnn; do
   for mode in eager staged graph; do
-    common=(--data "$data" --model "$model" --mode "$mode" --limit 3000 --batch 64 --seed 5 --epochs 2)
+    common=(--data "$data" --model "$model" --mode "$mode" --limit 3000 --test-limit 2000 --batch 64 --seed 5
+            --epochs 2)
     cpu=$("$bin" "${common[@]}" 2>/dev/null)
     gpu=$("$bin" "${common[@]}" --device cuda 2>"$err_log")
     echo "$model $mode cpu:"; echo "$cpu"
