@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
+#include <type_traits>
 
 #include "../../config.hpp"
 #include "cpu_quota.hpp"
@@ -156,31 +157,90 @@ class BlasThreadCap {
   int saved_ = 0;
 };
 
+namespace detail_parallel {
+/// What the parallel loops run on each thread: fn(ctx, begin, end), the caller's callable behind a
+/// pointer, so the OpenMP region (outlined by the compiler, a function per region) exists once,
+/// not once per kernel: 624 instantiations in a file that traces one add.
+using RangeFn = void (*)(void* ctx, std::int64_t b, std::int64_t e);
+
+template <class F>
+[[gnu::noinline]] void call_range(void* ctx, std::int64_t b, std::int64_t e) {
+  (*static_cast<std::remove_reference_t<F>*>(ctx))(b, e);
+}
+
+/// Threads parallel_for starts for n elements (1: run serially).
+inline int threads_for(std::int64_t n, std::int64_t grain) {
+#if SC_HAS_OPENMP
+  if (n >= grain && n >= 2 * 64 && !omp_in_parallel() && num_threads() > 1) {
+    const std::int64_t per_thread = std::max<std::int64_t>(grain / 2, 64) * parallel_grain_scale();
+    return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(omp_get_max_threads(), n / per_thread)));
+  }
+#else
+  (void)n;
+  (void)grain;
+#endif
+  return 1;
+}
+
+inline void run_elements(int want, std::int64_t n, RangeFn fn, void* ctx) {
+#if SC_HAS_OPENMP
+#pragma omp parallel num_threads(want)
+  {
+    const std::int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    std::int64_t chunk = (n + nt - 1) / nt;
+    chunk = (chunk + 63) / 64 * 64;
+    const std::int64_t b = std::min(n, t * chunk), e = std::min(n, b + chunk);
+    if (b < e) fn(ctx, b, e);
+  }
+#else
+  (void)want;
+  fn(ctx, 0, n);
+#endif
+}
+
+/// Threads parallel_rows starts (1: run serially).
+inline int threads_for_rows(std::int64_t rows, std::int64_t row_work, std::int64_t grain) {
+#if SC_HAS_OPENMP
+  if (rows >= 2 && !omp_in_parallel() && num_threads() > 1) {
+    const std::int64_t per_row = std::max<std::int64_t>(row_work, 1);
+    const std::int64_t work = per_row > INT64_MAX / rows ? INT64_MAX : rows * per_row;
+    const std::int64_t per_thread = std::max<std::int64_t>(grain / 2, 64) * parallel_grain_scale();
+    const std::int64_t want = std::min<std::int64_t>({omp_get_max_threads(), rows, work / per_thread});
+    if (work >= grain && want > 1) return static_cast<int>(want);
+  }
+#else
+  (void)rows;
+  (void)row_work;
+  (void)grain;
+#endif
+  return 1;
+}
+
+inline void run_rows(int want, std::int64_t rows, RangeFn fn, void* ctx) {
+#if SC_HAS_OPENMP
+#pragma omp parallel num_threads(want)
+  {
+    const std::int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const std::int64_t q = rows / nt, r = rows % nt;
+    const std::int64_t b = t * q + std::min(t, r), e = b + q + (t < r ? 1 : 0);
+    if (b < e) fn(ctx, b, e);
+  }
+#else
+  (void)want;
+  fn(ctx, 0, rows);
+#endif
+}
+}  // namespace detail_parallel
+
 /// Runs f(begin, end) over [0, n) split into one contiguous range per thread, or serially
 /// when n < grain (small tensors pay no thread start-up) or when already in a parallel region.
 /// Ranges are rounded to multiples of 64 so SIMD loops keep whole vectors.
 template <class F>
 void parallel_for(std::int64_t n, std::int64_t grain, F&& f) {
-#if SC_HAS_OPENMP
-  if (n >= grain && n >= 2 * 64 && !omp_in_parallel() && num_threads() > 1) {
-    const std::int64_t per_thread = std::max<std::int64_t>(grain / 2, 64) * parallel_grain_scale();
-    const int want = static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), n / per_thread));
-    if (want > 1) {
-#pragma omp parallel num_threads(want)
-      {
-        const std::int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-        std::int64_t chunk = (n + nt - 1) / nt;
-        chunk = (chunk + 63) / 64 * 64;
-        const std::int64_t b = std::min(n, t * chunk), e = std::min(n, b + chunk);
-        if (b < e) f(b, e);
-      }
-      return;
-    }
-  }
-#else
-  (void)grain;
-#endif
-  f(std::int64_t{0}, n);
+  const int want = detail_parallel::threads_for(n, grain);
+  void* ctx = const_cast<void*>(static_cast<const void*>(&f));
+  if (want > 1) detail_parallel::run_elements(want, n, &detail_parallel::call_range<F>, ctx);
+  else detail_parallel::call_range<F>(ctx, 0, n);  // (the same body, not a second copy inlined here)
 }
 
 /// Runs f(begin, end) over rows [0, rows) of `row_work` elements of work each, one contiguous
@@ -190,28 +250,10 @@ void parallel_for(std::int64_t n, std::int64_t grain, F&& f) {
 /// elements split 16 ways, where parallel_for(16, ...) would keep them on one thread.
 template <class F>
 void parallel_rows(std::int64_t rows, std::int64_t row_work, std::int64_t grain, F&& f) {
-#if SC_HAS_OPENMP
-  if (rows >= 2 && !omp_in_parallel() && num_threads() > 1) {
-    const std::int64_t per_row = std::max<std::int64_t>(row_work, 1);
-    const std::int64_t work = per_row > INT64_MAX / rows ? INT64_MAX : rows * per_row;
-    const std::int64_t per_thread = std::max<std::int64_t>(grain / 2, 64) * parallel_grain_scale();
-    const std::int64_t want = std::min<std::int64_t>({omp_get_max_threads(), rows, work / per_thread});
-    if (work >= grain && want > 1) {
-#pragma omp parallel num_threads(static_cast<int>(want))
-      {
-        const std::int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-        const std::int64_t q = rows / nt, r = rows % nt;
-        const std::int64_t b = t * q + std::min(t, r), e = b + q + (t < r ? 1 : 0);
-        if (b < e) f(b, e);
-      }
-      return;
-    }
-  }
-#else
-  (void)row_work;
-  (void)grain;
-#endif
-  f(std::int64_t{0}, rows);
+  const int want = detail_parallel::threads_for_rows(rows, row_work, grain);
+  void* ctx = const_cast<void*>(static_cast<const void*>(&f));
+  if (want > 1) detail_parallel::run_rows(want, rows, &detail_parallel::call_range<F>, ctx);
+  else detail_parallel::call_range<F>(ctx, 0, rows);
 }
 
 /// Grain sizes: cheap ops (add) need many elements to beat thread start-up; costly ones fewer.
