@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <utility>
@@ -99,6 +100,31 @@ TEST_CASE("other C++ integer types make tensors of the dtype that holds their va
     CHECK(g.to_vector<long long>() == std::vector<long long>{1, -2, 3, 4});
     CHECK(sc::sum(g).item<unsigned>() == 6u);
   }
+}
+
+TEST_CASE("full with a dtype keeps an integer exact, and zeros and ones name themselves", "[tensor]") {
+  // an integer is never rounded through double: 2^53 + 1 is not a double
+  const std::int64_t odd = (std::int64_t{1} << 53) + 1;
+  CHECK(sc::full({2}, odd, sc::i64).to_vector<std::int64_t>() == std::vector<std::int64_t>{odd, odd});
+  CHECK(sc::full({1}, std::numeric_limits<std::int64_t>::min(), sc::i64).item<std::int64_t>() == INT64_MIN);
+  CHECK(sc::full({1}, -2147483648LL, sc::i32).item<std::int32_t>() == INT32_MIN);
+  CHECK(sc::full({1}, 7u, sc::i32).item<std::int32_t>() == 7);
+  // to a floating dtype as C++ converts it; to bool, nonzero is true
+  CHECK(sc::full({1}, odd, sc::f64).item<double>() == static_cast<double>(odd));
+  CHECK(sc::full({1}, -5, sc::f32).item<float>() == -5.f);
+  CHECK(sc::full({2}, 2, sc::boolean).to_vector<bool>() == std::vector<bool>{true, true});
+  CHECK(sc::full({1}, 0, sc::boolean).item<bool>() == false);
+  // an integer an integer dtype cannot hold is a DTypeError, as a weak scalar's (not a wrap)
+  CHECK_THROWS_AS(sc::full({2}, 3000000000LL, sc::i32), sc::DTypeError);
+  CHECK_THROWS_WITH(sc::full({2}, 3000000000LL, sc::i32), Catch::Contains("[full]") &&
+                                                              Catch::Contains("3000000000 does not fit i32") &&
+                                                              Catch::Contains("test_tensor.cpp"));
+  CHECK_THROWS_AS(sc::full({1}, std::numeric_limits<std::uint64_t>::max(), sc::i64), sc::DTypeError);
+  // a floating value keeps cast()'s rule (test_hardening.cpp); errors name the function called
+  CHECK(sc::full({1}, 2.75, sc::i32).item<std::int32_t>() == 2);
+  CHECK_THROWS_WITH(sc::zeros({-1, 2}), Catch::Contains("[zeros] negative extent") && Catch::Contains("test_tensor.cpp"));
+  CHECK_THROWS_WITH(sc::ones({-3}, sc::i64), Catch::Contains("[ones] negative extent"));
+  CHECK_THROWS_WITH(sc::full({-3}, 1.0, sc::i64), Catch::Contains("[full] negative extent"));
 }
 
 TEST_CASE("from_blob is zero-copy over user memory", "[tensor]") {

@@ -1,10 +1,13 @@
 // Creating tensors: from values and nested lists, constants, ranges, and user memory.
 #pragma once
 #include <cmath>
+#include <concepts>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <source_location>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tensor.hpp"
@@ -153,14 +156,37 @@ inline void check_shape(const Shape& s, std::string_view op, const std::source_l
   detail::checked_numel(s, itemsize(d), op, loc);
 }
 
-/// A tensor of the given shape with every element `value` converted to dtype d.
-inline Tensor full(Shape shape, double value, DType d, std::source_location loc = std::source_location::current()) {
-  check_shape(shape, "full", loc, d);
+namespace detail {
+/// Every element `value`, as dtype d: a floating value by cast()'s rule (NaN or out of range:
+/// an integer dtype's lowest value); an integer exactly (never through double), or converted to
+/// a floating dtype, or a DTypeError when an integer dtype cannot hold it (as eager's weak
+/// scalars). `op` names the caller in errors (full, zeros, ones).
+template <class V>
+Tensor full_as(const Shape& shape, V value, DType d, std::string_view op, const std::source_location& loc) {
+  check_shape(shape, op, loc, d);
   return visit_dtype(d, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // NaN/out of range: T's lowest, as cast()
-    return detail::make_full<T>(shape, rules::math::batch_cast<T>(value), "full", loc);
+    if constexpr (std::is_floating_point_v<V>) {
+      return make_full<T>(shape, rules::math::batch_cast<T>(value), op, loc);
+    } else if constexpr (std::is_same_v<T, bool> || std::is_floating_point_v<T>) {
+      return make_full<T>(shape, static_cast<T>(value), op, loc);
+    } else {
+      if (!std::in_range<T>(value)) fail<DTypeError>(op, loc, "the integer ", value, " does not fit ", name(d));
+      return make_full<T>(shape, static_cast<T>(value), op, loc);
+    }
   });
+}
+}  // namespace detail
+
+/// A tensor of the given shape with every element `value` converted to dtype d: a floating value
+/// as cast() converts it; an integer exactly (an i64 above 2^53 is not rounded through double),
+/// a DTypeError where d is an integer dtype that cannot hold it.
+inline Tensor full(Shape shape, double value, DType d, std::source_location loc = std::source_location::current()) {
+  return detail::full_as(shape, value, d, "full", loc);
+}
+template <std::integral I>
+Tensor full(Shape shape, I value, DType d, std::source_location loc = std::source_location::current()) {
+  return detail::full_as(shape, value, d, "full", loc);
 }
 /// A tensor of the given shape with every element `value`; the dtype is value's (7.f → f32).
 /// The value is stored as given (an i64 above 2^53 is not rounded through double); other
@@ -173,11 +199,11 @@ Tensor full(Shape shape, T value, std::source_location loc = std::source_locatio
 }
 /// Zeros of the given shape and dtype (f32 by default).
 inline Tensor zeros(Shape shape, DType d = DType::f32, std::source_location loc = std::source_location::current()) {
-  return full(shape, 0.0, d, loc);
+  return detail::full_as(shape, 0.0, d, "zeros", loc);
 }
 /// Ones of the given shape and dtype (f32 by default).
 inline Tensor ones(Shape shape, DType d = DType::f32, std::source_location loc = std::source_location::current()) {
-  return full(shape, 1.0, d, loc);
+  return detail::full_as(shape, 1.0, d, "ones", loc);
 }
 /// Zeros with x's shape and dtype, on x's device (whatever DeviceScope is active).
 inline Tensor zeros_like(const Tensor& x) {
