@@ -103,6 +103,16 @@ TEST_CASE("function: a plain argument's C++ type and sign of zero are part of th
   g(sc::ones({1}), NAN);
   g(sc::ones({1}), NAN);  // a NaN matches itself
   CHECK(g.trace_count() == 3);
+  // a long double is compared whole, not as the double it rounds to
+  auto h = sc::function([](sc::Tensor x, long double d) { return x * (d > 1.0L ? 2.f : 3.f); });
+  CHECK(h(sc::ones({1}), 1.0L).item<float>() == 3.f);
+  const long double above = 1.0L + 1e-18L;
+  if (static_cast<double>(above) == 1.0 && above > 1.0L) {  // (where long double is wider than double)
+    CHECK(h(sc::ones({1}), above).item<float>() == 2.f);
+    CHECK(h.trace_count() == 2);
+  }
+  CHECK(h(sc::ones({1}), 1.0L).item<float>() == 3.f);
+  CHECK(h.trace_count() == (static_cast<double>(above) == 1.0 && above > 1.0L ? 2 : 1));
 }
 
 TEST_CASE("function: the DeviceScope a call is made under is part of its signature", "[function][retrace]") {

@@ -2,6 +2,7 @@
 // device, each Variable's identity, each plain value) and the values a trace receives in place of
 // its arguments.
 #pragma once
+#include <bit>
 #include <concepts>
 #include <source_location>
 #include <sstream>
@@ -144,6 +145,9 @@ ArgKey key_of(const T& a) {
     if constexpr (std::is_enum_v<D>) k.integer = static_cast<long long>(a);
     else if constexpr (std::is_integral_v<D>) k.integer = static_cast<long long>(a);
     k.number = static_cast<double>(a);
+    // a long double's bits past a double's: what rounding to double dropped, exact as a double
+    if constexpr (std::same_as<D, long double>)
+      k.integer = std::bit_cast<long long>(static_cast<double>(a - static_cast<long double>(k.number)));
   } else {
     k.kind = 'S';
     std::ostringstream os;
