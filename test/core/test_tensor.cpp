@@ -109,6 +109,9 @@ TEST_CASE("full with a dtype keeps an integer exact, and zeros and ones name the
   CHECK(sc::full({1}, std::numeric_limits<std::int64_t>::min(), sc::i64).item<std::int64_t>() == INT64_MIN);
   CHECK(sc::full({1}, -2147483648LL, sc::i32).item<std::int32_t>() == INT32_MIN);
   CHECK(sc::full({1}, 7u, sc::i32).item<std::int32_t>() == 7);
+  CHECK(sc::full({1}, true, sc::i32).item<std::int32_t>() == 1);  // bool and characters are integers too
+  CHECK(sc::full({1}, 'a', sc::i64).item<std::int64_t>() == 97);
+  CHECK(sc::full({1}, std::uint8_t{200}, sc::f32).item<float>() == 200.f);
   // to a floating dtype as C++ converts it; to bool, nonzero is true
   CHECK(sc::full({1}, odd, sc::f64).item<double>() == static_cast<double>(odd));
   CHECK(sc::full({1}, -5, sc::f32).item<float>() == -5.f);

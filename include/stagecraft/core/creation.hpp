@@ -171,8 +171,11 @@ Tensor full_as(const Shape& shape, V value, DType d, std::string_view op, const 
     } else if constexpr (std::is_same_v<T, bool> || std::is_floating_point_v<T>) {
       return make_full<T>(shape, static_cast<T>(value), op, loc);
     } else {
-      if (!std::in_range<T>(value)) fail<DTypeError>(op, loc, "the integer ", value, " does not fit ", name(d));
-      return make_full<T>(shape, static_cast<T>(value), op, loc);
+      // (as a standard integer type first: in_range takes no bool or character type)
+      using W = std::conditional_t<std::is_signed_v<V>, long long, unsigned long long>;
+      const W w = static_cast<W>(value);
+      if (!std::in_range<T>(w)) fail<DTypeError>(op, loc, "the integer ", w, " does not fit ", name(d));
+      return make_full<T>(shape, static_cast<T>(w), op, loc);
     }
   });
 }
