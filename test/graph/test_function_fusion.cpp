@@ -293,6 +293,46 @@ TEST_CASE("function: a sum, max or min over trailing axes consumes the fused gro
   check_same(h(x), lead(x));
 }
 
+/// a and b (f32 or f64) hold the same values bit for bit.
+bool same_bits_any(const sc::Tensor& a, const sc::Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  if (a.dtype() == sc::f32) return same_bits(a, b);
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (std::bit_cast<std::uint64_t>(x[i]) != std::bit_cast<std::uint64_t>(y[i])) return false;
+  return true;
+}
+
+TEST_CASE("fused: a sum, mean or max of a fused group gives the eager reduction's bits, long rows cut alike",
+          "[function][fusion]") {
+  FuseAll fuse;
+  // Rows short and long, many and few (few long rows: the eager kernel cuts them into chunks),
+  // lengths off every batch and pair_block boundary; f32 and f64; 1 and 2 threads.
+  const std::vector<sc::Shape> shapes = {{64, 300}, {1000, 77}, {4, 5000}, {2, 3, 1029}, {3, 1 << 17}, {1, 250001}};
+  auto sq = [](const sc::Tensor& a, const sc::Tensor& b) { return sc::sum(a * a + b, {-1}); };
+  auto mean = [](const sc::Tensor& a, const sc::Tensor& b) { return sc::mean(a * b - 0.25, {-1}, true); };
+  auto mx = [](const sc::Tensor& a, const sc::Tensor& b) { return sc::max(sc::tanh(a) * b, {-1}); };
+  auto all = [](const sc::Tensor& a, const sc::Tensor& b) { return sc::sum(sc::square(a - b) * 0.5); };
+  auto wave = [](const sc::Tensor& a, const sc::Tensor& b) { return sc::sum(sc::sin(a) * b, {-1}); };
+  const int threads = sc::num_threads();
+  for (const sc::DType d : {sc::f32, sc::f64}) {
+    for (const sc::Shape& s : shapes) {
+      const sc::Tensor x = sc::random::normal(s, 7, 0.0, 1.0, d), y = sc::random::normal(s, 8, 0.0, 1.0, d);
+      for (int t : {1, 2}) {
+        sc::set_num_threads(t);
+        int k = 0;
+        for (const auto& f : std::vector<std::function<sc::Tensor(const sc::Tensor&, const sc::Tensor&)>>{sq, mean, mx, all, wave}) {
+          auto staged = sc::function(f);
+          INFO("shape " << s << ", dtype " << d << ", threads " << t << ", function " << k++);
+          CHECK(staged.get_concrete(x, y).stats().plan.fused_reductions == 1);
+          CHECK(same_bits_any(staged(x, y), f(x, y)));
+        }
+      }
+    }
+  }
+  sc::set_num_threads(threads);
+}
+
 TEST_CASE("function: a traced LSTM's products are batched: one for all inputs, one per weight gradient",
           "[function][train]") {
   // graph::batch_products: the 10 inputs' x W are one product of the stacked inputs, the kernels'

@@ -1,9 +1,11 @@
 // Reductions (sum mean max min logsumexp argmax argmin) against plain-loop references.
 #include <catch2/catch.hpp>
 #include <stagecraft/stagecraft.hpp>
+#include <stagecraft/backend/cpu/reduce_stream.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -401,6 +403,50 @@ TEST_CASE("logsumexp is stable for huge values and all -inf rows", "[reduce]") {
   CHECK(dv[2] == -inf);
   CHECK(sc::logsumexp(d).item<double>() == Approx(1000.0 + std::log(2.0)).epsilon(1e-15));
   CHECK(sc::logsumexp(sc::tensor({1, 2, 3})).dtype() == sc::f32);
+}
+
+template <class T>
+bool same_bits(T a, T b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+/// reduce_streamed fed the row in runs of random lengths (at most `most`; 1: one element at a time).
+template <class Rd, class T>
+T reduce_in_runs(const std::vector<T>& row, std::uint64_t seed, i64 most) {
+  Rng rng(seed);
+  return sc::backend::cpu::reduce_streamed<Rd, T>(static_cast<i64>(row.size()), [&](i64 b, i64 e, auto& leaf) {
+    while (b < e) {
+      const i64 k = std::min(e - b, 1 + static_cast<i64>(rng.next() % static_cast<std::uint64_t>(most)));
+      leaf.add(row.data() + b, k);
+      b += k;
+    }
+  });
+}
+
+TEMPLATE_TEST_CASE("a row reduced from runs (the fused evaluator's tiles) gives reduce_row's bits", "[reduce]", float,
+                   double, std::int32_t, std::int64_t) {
+  namespace cpu = sc::backend::cpu;
+  using T = TestType;
+  Rng rng(31);
+  for (const i64 n : {0, 1, 3, 7, 15, 16, 17, 31, 63, 64, 65, 100, 1023, 1024, 1025, 2047, 3000, 5000, 70001}) {
+    std::vector<T> row(static_cast<std::size_t>(n));
+    for (T& v : row) v = static_cast<T>(rng.uniform() * 200 - 100);
+    for (const i64 most : {i64{1}, i64{5}, i64{100}, i64{1500}, n + 1}) {
+      INFO("n " << n << ", runs of at most " << most);
+      const auto seed = static_cast<std::uint64_t>(n * 7 + most);
+      const T s = reduce_in_runs<cpu::SumReducer, T>(row, seed, most);
+      CHECK(same_bits(s, cpu::reduce_row<cpu::SumReducer, T, T>(row.data(), n)));
+      if (n == 0) continue;
+      if constexpr (std::is_floating_point_v<T>) {  // a NaN in max and min wins wherever it is
+        if (n > 2) row[static_cast<std::size_t>(n / 3)] = std::numeric_limits<T>::quiet_NaN();
+      }
+      const T mx = reduce_in_runs<cpu::MaxReducer, T>(row, seed, most);
+      const T mn = reduce_in_runs<cpu::MinReducer, T>(row, seed, most);
+      CHECK(same_bits(mx, cpu::reduce_row<cpu::MaxReducer, T, T>(row.data(), n)));
+      CHECK(same_bits(mn, cpu::reduce_row<cpu::MinReducer, T, T>(row.data(), n)));
+      if (n > 2) row[static_cast<std::size_t>(n / 3)] = T(1);
+    }
+  }
 }
 
 TEST_CASE("reduction errors name the op, the shape and the user's line", "[reduce][errors]") {
