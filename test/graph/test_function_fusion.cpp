@@ -321,7 +321,8 @@ TEST_CASE("fused: a sum, mean or max of a fused group gives the eager reduction'
       for (int t : {1, 2}) {
         sc::set_num_threads(t);
         int k = 0;
-        for (const auto& f : std::vector<std::function<sc::Tensor(const sc::Tensor&, const sc::Tensor&)>>{sq, mean, mx, all, wave}) {
+        using Fn = std::function<sc::Tensor(const sc::Tensor&, const sc::Tensor&)>;
+        for (const Fn& f : std::vector<Fn>{sq, mean, mx, all, wave}) {
           auto staged = sc::function(f);
           INFO("shape " << s << ", dtype " << d << ", threads " << t << ", function " << k++);
           CHECK(staged.get_concrete(x, y).stats().plan.fused_reductions == 1);

@@ -14,6 +14,7 @@
 
 #include "../backend/cpu/parallel.hpp"
 #include "../backend/cpu/reduce.hpp"
+#include "../backend/cpu/reduce_stream.hpp"
 #include "fused_prepare.hpp"
 
 namespace stagecraft::graph {
@@ -139,8 +140,9 @@ class TileRun {
   }
 
   /// Runs the tiles of output elements [b, e); after each, after_tile(register locations, t0,
-  /// len) (a reduction reads its register there).
-  void run(std::int64_t b, std::int64_t e, AfterTile<T> after_tile = {});
+  /// len) (a reduction reads its register there). The next tile's buffers are prefetched up to
+  /// element `ahead` (e when -1; further when the caller runs the next range after this one).
+  void run(std::int64_t b, std::int64_t e, AfterTile<T> after_tile = {}, std::int64_t ahead = -1);
 
  private:
   const PreparedFused& pf_;
@@ -152,7 +154,7 @@ class TileRun {
 };
 
 template <class T>
-void TileRun<T>::run(std::int64_t b, std::int64_t e, AfterTile<T> after_tile) {
+void TileRun<T>::run(std::int64_t b, std::int64_t e, AfterTile<T> after_tile, std::int64_t ahead) {
   const PreparedFused& pf = pf_;
   const std::int64_t tile = pf.tile;
   std::byte* const ws = ws_;
@@ -162,7 +164,8 @@ void TileRun<T>::run(std::int64_t b, std::int64_t e, AfterTile<T> after_tile) {
   for (std::int64_t t0 = b; t0 < e; t0 += tile) {
     const std::int64_t len = std::min(tile, e - t0);
     // lines of each buffer in the next tile, and where that tile starts
-    const std::int64_t lines = t0 + tile < e ? (std::min(tile, e - t0 - tile) * std::int64_t{sizeof(T)} + 63) / 64 : 0;
+    const std::int64_t pe = ahead < 0 ? e : ahead;
+    const std::int64_t lines = t0 + tile < pe ? (std::min(tile, pe - t0 - tile) * std::int64_t{sizeof(T)} + 63) / 64 : 0;
     const std::int64_t off = (t0 + tile) * std::int64_t{sizeof(T)};
     std::int64_t k = 0;
     prefetch(st_, off, 0, lines / nsteps_);
@@ -228,46 +231,46 @@ std::vector<T> flat_values(const PreparedFused& pf, const RunState& st, int reg)
   return flat;
 }
 
-/// Elements one reduction task covers (a whole number of tiles, from the shape only, so results
-/// do not depend on the thread count).
-inline constexpr std::int64_t reduce_chunk_tiles = 32;
-
+/// A reduction over the program's last axes (rows of rd.inner elements): the eager kernel's order
+/// (reduce3 over [rows, inner, 1]) so the results are its bits. Few long rows are cut into the
+/// same chunks (chunk_rows), a task each; a task evaluates its elements tile by tile and reduces
+/// them as reduce_row does (the pairwise pieces of a float sum, in each the SIMD accumulators:
+/// reduce_streamed), and the chunks' results are reduced by the kernel's second step.
 template <class Rd, class T>
 void run_reduction(const PreparedFused& pf, RunState& st, T* out) {
+  namespace cpu = backend::cpu;
   const FusedReduction& rd = *pf.program.reduction;
-  if (pf.batch_dependent && rd.inner % static_cast<std::int64_t>(batch<T>::size) != 0) {
+  const std::int64_t n = rd.inner, rows = pf.numel / n;
+  if (pf.batch_dependent && n % static_cast<std::int64_t>(batch<T>::size) != 0) {
     // Rows that do not start on a batch boundary would batch other elements together than the
     // eager op's flat loop, which changes the bits of sin and cos: the program runs over the whole
-    // output in flat tiles (into a buffer), then each row is reduced.
+    // output in flat tiles (into a buffer), then the eager reduction.
     const std::vector<T> flat = flat_values<T>(pf, st, rd.reg);
-    for (std::int64_t row = 0; row < pf.numel / rd.inner; ++row)
-      out[row] = backend::cpu::reduce_row<Rd, T, T>(flat.data() + row * rd.inner, rd.inner);
+    cpu::reduce3<Rd, T, T>(flat.data(), out, rows, n, 1);
     return;
   }
-  const std::int64_t rows = pf.numel / rd.inner, chunk = pf.tile * reduce_chunk_tiles;
-  const std::int64_t per_row = (rd.inner + chunk - 1) / chunk, tasks = rows * per_row;
+  const std::int64_t per = cpu::chunk_rows(rows, n, 1), chunks = (n + per - 1) / per, tasks = rows * chunks;
+  // (out is written last: the plan may give it the buffer of an input that the tiles read)
   st.partials.resize(static_cast<std::size_t>(tasks) * sizeof(T));
   T* part = reinterpret_cast<T*>(st.partials.data());
-  backend::cpu::parallel_rows(tasks, std::min(chunk, rd.inner), pf.grain, [&](std::int64_t tb, std::int64_t te) {
+  cpu::parallel_rows(tasks, std::min(per, n), pf.grain, [&](std::int64_t tb, std::int64_t te) {
     TileRun<T> tiles(pf, st);
     for (std::int64_t t = tb; t < te; ++t) {
-      const std::int64_t row = t / per_row, c = t % per_row;
-      const std::int64_t b = row * rd.inner + c * chunk, e = std::min(b + chunk, (row + 1) * rd.inner);
-      bool first = true;
-      T acc = T(0);
-      tiles.run(b, e, [&](const auto& at, std::int64_t t0, std::int64_t len) {
-        const T v = backend::cpu::reduce_row<Rd, T, T>(at(rd.reg, t0), len);
-        acc = first ? v : Rd::combine(acc, v);
-        first = false;
+      const std::int64_t row = t / chunks, c = t % chunks, b = row * n + c * per, len = std::min(per, n - c * per);
+      if (len <= pf.tile) {  // one tile: reduce_row over it
+        tiles.run(b, b + len, [&](const auto& at, std::int64_t t0, std::int64_t k) {
+          part[t] = cpu::reduce_row<Rd, T, T>(at(rd.reg, t0), k);
+        });
+        continue;
+      }
+      part[t] = cpu::reduce_streamed<Rd, T>(len, [&](std::int64_t e0, std::int64_t e1, auto& leaf) {
+        const auto take = [&](const auto& at, std::int64_t t0, std::int64_t k) { leaf.add(at(rd.reg, t0), k); };
+        tiles.run(b + e0, b + e1, take, b + len);  // (the next piece's first tile prefetched too)
       });
-      part[t] = acc;
     }
   });
-  for (std::int64_t row = 0; row < rows; ++row) {
-    T acc = part[row * per_row];
-    for (std::int64_t c = 1; c < per_row; ++c) acc = Rd::combine(acc, part[row * per_row + c]);
-    out[row] = acc;
-  }
+  if (chunks > 1) cpu::reduce3<Rd, T, T>(part, out, rows, chunks, 1, false);
+  else std::copy_n(part, rows, out);
 }
 
 /// Columns one task of a column reduction covers at most (a multiple of every batch size; from the

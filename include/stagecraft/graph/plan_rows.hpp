@@ -23,6 +23,7 @@
 
 #include "../backend/cpu/parallel.hpp"
 #include "../backend/cpu/reduce.hpp"
+#include "../backend/cpu/reduce_stream.hpp"
 #include "fused_kernel.hpp"
 #include "ir.hpp"
 #include "plan_steps.hpp"
@@ -174,6 +175,10 @@ inline std::optional<std::pair<RowUnit, Shape>> unit_of(const Graph& g, const St
     if (p.reduction && p.reduction->inner != p.out_shape[p.out_shape.rank() - 1]) return std::nullopt;
     u.columns = p.reduction && p.reduction->leading;
     if (u.columns && p.reduction->inner < 2) return std::nullopt;  // (one column: the row kernel's order)
+    if (p.reduction && !u.columns) {  // (rows the eager kernel cuts into chunks: run alone, as it does)
+      const std::int64_t n = p.reduction->inner;
+      if (n > 0 && backend::cpu::chunk_rows(p.out_shape.numel() / n, n, 1) < n) return std::nullopt;
+    }
     u.fused = s.fused;
     u.width = p.out_shape[p.out_shape.rank() - 1];
     return std::pair{u, p.out_shape};
@@ -215,26 +220,24 @@ inline std::optional<std::pair<RowUnit, Shape>> unit_of(const Graph& g, const St
   return std::pair{u, y.shape};
 }
 
-/// Reduces rows [r0, r1) of a fused program with a reduction into out, each row's chunks as
-/// detail_fused::run_reduction cuts and combines them.
+/// Reduces rows [r0, r1) of a fused program with a reduction into out, each row as
+/// detail_fused::run_reduction reduces a row it does not cut (unit_of takes no program it cuts).
 template <class Rd, class T>
 void reduce_rows(const PreparedFused& pf, const detail_fused::RunState& st, std::int64_t r0, std::int64_t r1, T* out) {
   const FusedReduction& rd = *pf.program.reduction;
-  const std::int64_t chunk = pf.tile * detail_fused::reduce_chunk_tiles;
   detail_fused::TileRun<T> tiles(pf, st);
   for (std::int64_t row = r0; row < r1; ++row) {
-    T acc = T(0);
-    for (std::int64_t b = row * rd.inner, end = (row + 1) * rd.inner; b < end; b += chunk) {
-      bool first = true;
-      T part = T(0);
-      tiles.run(b, std::min(b + chunk, end), [&](const auto& at, std::int64_t t0, std::int64_t len) {
-        const T v = backend::cpu::reduce_row<Rd, T, T>(at(rd.reg, t0), len);
-        part = first ? v : Rd::combine(part, v);
-        first = false;
+    const std::int64_t b = row * rd.inner;
+    if (rd.inner <= pf.tile) {  // one tile: reduce_row over it
+      tiles.run(b, b + rd.inner, [&](const auto& at, std::int64_t t0, std::int64_t k) {
+        out[row] = backend::cpu::reduce_row<Rd, T, T>(at(rd.reg, t0), k);
       });
-      acc = b == row * rd.inner ? part : Rd::combine(acc, part);
+      continue;
     }
-    out[row] = acc;
+    out[row] = backend::cpu::reduce_streamed<Rd, T>(rd.inner, [&](std::int64_t e0, std::int64_t e1, auto& leaf) {
+      const auto take = [&](const auto& at, std::int64_t t0, std::int64_t k) { leaf.add(at(rd.reg, t0), k); };
+      tiles.run(b + e0, b + e1, take, b + rd.inner);
+    });
   }
 }
 

@@ -27,7 +27,8 @@ Out reduce_pairwise(std::int64_t off, std::int64_t n, const Leaf& leaf) {
 
 /// One piece of reduce_row (the part below its pairwise split) over n elements handed to add() in
 /// runs of any length: four SIMD accumulators over whole blocks of 4 batches, one over the whole
-/// batches after them, the scalar tail; a run that stops inside a block waits in a buffer.
+/// batches after them, the scalar tail; a run that stops inside a block waits in a buffer. A run
+/// that is the whole piece goes to reduce_row itself.
 template <class Rd, class T>
 class RowLeaf {
   static constexpr std::int64_t W = [] {
@@ -36,7 +37,7 @@ class RowLeaf {
   }();
 
  public:
-  explicit RowLeaf(std::int64_t n) {
+  explicit RowLeaf(std::int64_t n) : n_(n) {
     if constexpr (Vectorizable<T>) {
       if (n >= 4 * W) {
         end4_ = n / (4 * W) * (4 * W);
@@ -46,26 +47,31 @@ class RowLeaf {
     }
   }
 
-  /// The next len elements of the row, in order.
+  /// The next len elements of the piece, in order.
   void add(const T* x, std::int64_t len) {
+    if (i_ == 0 && have_ == 0 && !started_ && len == n_) {  // the whole piece at once
+      if (len > 0) acc_ = reduce_row<Rd, T, T>(x, len), started_ = true;
+      i_ = len;
+      return;
+    }
     while (len > 0) {
       if (phase_ == Phase::scalar) {
         for (const T* e = x + len; x < e; ++x) acc_ = started_ ? Rd::combine(acc_, *x) : *x, started_ = true;
         i_ += len;
         return;
       }
-      const std::int64_t block = phase_ == Phase::four ? 4 * W : W;
-      const T* src = x;
-      if (have_ == 0 && len >= block) {  // straight from the run
-        x += block, len -= block;
-      } else {  // (part of a block: gathered first)
-        const std::int64_t k = std::min(block - have_, len);
-        std::copy_n(x, k, buf_ + have_);
-        have_ += k, x += k, len -= k;
-        if (have_ < block) return;
-        src = buf_, have_ = 0;
+      if (have_ == 0) {  // whole blocks straight from the run
+        const std::int64_t k = blocks(x, len);
+        x += k, len -= k;
+        if (k > 0) continue;
       }
-      take_block(src);
+      const std::int64_t block = phase_ == Phase::four ? 4 * W : W;  // (part of a block: gathered first)
+      const std::int64_t k = std::min(block - have_, len);
+      std::copy_n(x, k, buf_ + have_);
+      have_ += k, x += k, len -= k;
+      if (have_ < block) return;
+      have_ = 0;
+      blocks(buf_, block);
     }
   }
 
@@ -75,23 +81,44 @@ class RowLeaf {
  private:
   enum class Phase { four, one, scalar };
 
-  void take_block(const T* p) {
+  /// Takes the whole blocks of the current phase at the front of x[0, len) (none past its end);
+  /// returns how many elements it took. Accumulates in registers, as reduce_row does.
+  std::int64_t blocks(const T* x, std::int64_t len) {
+    std::int64_t i = 0;
     if constexpr (Vectorizable<T>) {
       using B = batch<T>;
       if (phase_ == Phase::four) {
-        for (int k = 0; k < 4; ++k) {
-          const B v = B::load_unaligned(p + k * W);
-          a_[k] = i_ == 0 ? v : Rd::simd(a_[k], v);
+        const std::int64_t stop = std::min(len / (4 * W) * (4 * W), end4_ - i_);
+        if (stop == 0) return 0;
+        B a0, a1, a2, a3;
+        if (i_ == 0) {
+          a0 = B::load_unaligned(x), a1 = B::load_unaligned(x + W);
+          a2 = B::load_unaligned(x + 2 * W), a3 = B::load_unaligned(x + 3 * W);
+          i = 4 * W;
+        } else {
+          a0 = a_[0], a1 = a_[1], a2 = a_[2], a3 = a_[3];
         }
-        i_ += 4 * W;
-        if (i_ < end4_) return;
-        a_[0] = Rd::simd(Rd::simd(a_[0], a_[1]), Rd::simd(a_[2], a_[3]));
+        for (; i < stop; i += 4 * W) {
+          a0 = Rd::simd(a0, B::load_unaligned(x + i));
+          a1 = Rd::simd(a1, B::load_unaligned(x + i + W));
+          a2 = Rd::simd(a2, B::load_unaligned(x + i + 2 * W));
+          a3 = Rd::simd(a3, B::load_unaligned(x + i + 3 * W));
+        }
+        i_ += stop;
+        if (i_ < end4_) {
+          a_[0] = a0, a_[1] = a1, a_[2] = a2, a_[3] = a3;
+          return stop;
+        }
+        a_[0] = Rd::simd(Rd::simd(a0, a1), Rd::simd(a2, a3));
         phase_ = Phase::one;
       } else {
-        a_[0] = Rd::simd(a_[0], B::load_unaligned(p));
-        i_ += W;
+        const std::int64_t stop = std::min(len / W * W, end1_ - i_);
+        B a0 = a_[0];
+        for (; i < stop; i += W) a0 = Rd::simd(a0, B::load_unaligned(x + i));
+        a_[0] = a0;
+        i_ += stop;
       }
-      if (i_ < end1_) return;
+      if (i_ < end1_) return i;
       alignas(64) T lanes[W];
       a_[0].store_aligned(lanes);
       acc_ = lanes[0];
@@ -99,12 +126,14 @@ class RowLeaf {
       started_ = true;
       phase_ = Phase::scalar;
     }
+    (void)x, (void)len;
+    return i;
   }
 
   struct NoBatch {};
   using Acc = std::conditional_t<Vectorizable<T>, batch<T>, NoBatch>;
 
-  std::int64_t i_ = 0, end4_ = 0, end1_ = 0, have_ = 0;
+  std::int64_t n_, i_ = 0, end4_ = 0, end1_ = 0, have_ = 0;
   Phase phase_ = Phase::scalar;
   bool started_ = false;
   T acc_{};
