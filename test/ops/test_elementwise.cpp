@@ -73,6 +73,65 @@ TEST_CASE("errors name the op, the shapes and the user's line", "[elementwise][e
   CHECK_THROWS_WITH(sc::tensor({1}) + 3000000000LL, Catch::Contains("does not fit the tensor's dtype i32; convert the tensor first (.astype(sc::i64))"));
 }
 
+TEST_CASE("compound assignment takes a tensor or a number, as the binary operator would", "[elementwise]") {
+  sc::Tensor x = sc::tensor({1.f, 2.f, 4.f});
+  const sc::Tensor before = x;
+  x += 1.5;  // a double next to f32: f32, as x + 1.5
+  CHECK(x.dtype() == sc::f32);
+  CHECK(x.to_vector<float>() == std::vector<float>{2.5f, 3.5f, 5.5f});
+  CHECK(before.to_vector<float>() == std::vector<float>{1, 2, 4});  // rebinds the handle, never writes through it
+  x *= 2;
+  x -= 0.5f;
+  x /= 2.0;
+  CHECK(x.to_vector<float>() == std::vector<float>{2.25f, 3.25f, 5.25f});
+  x += sc::tensor({1.f, 1.f, 1.f});
+  CHECK(x.to_vector<float>() == std::vector<float>{3.25f, 4.25f, 6.25f});
+
+  // Each number keeps its C++ type to the weak-scalar rule: the dtypes and values of t op v.
+  sc::Tensor i = sc::tensor({1, 2, 3});
+  i += 2;
+  CHECK(i.dtype() == sc::i32);
+  CHECK(i.to_vector<std::int32_t>() == std::vector<std::int32_t>{3, 4, 5});
+  i *= 1.5;
+  CHECK(i.dtype() == (sc::tensor({1}) * 1.5).dtype());
+  CHECK(i.to_vector<float>() == std::vector<float>{4.5f, 6.f, 7.5f});
+  sc::Tensor l = sc::tensor({std::int64_t{5}});
+  l -= 3u;
+  l *= static_cast<unsigned char>(200);
+  CHECK(l.dtype() == sc::i64);
+  CHECK(l.item<std::int64_t>() == 400);
+  sc::Tensor m = sc::tensor({true, false});
+  m += 1;  // bool tensor + 1: i64
+  CHECK(m.dtype() == sc::i64);
+  CHECK(m.to_vector<std::int64_t>() == std::vector<std::int64_t>{2, 1});
+  sc::Tensor d = sc::tensor({1.0});
+  d += 0.1L;  // a long double: rounded once, to the f64 it joins
+  CHECK(d.item<double>() == (sc::tensor({1.0}) + 0.1L).item<double>());
+  sc::Tensor f = sc::tensor({1.f});
+  f += 0.1000000000000000055511151231257827L;
+  CHECK(f.item<float>() == (sc::tensor({1.f}) + 0.1000000000000000055511151231257827L).item<float>());
+
+  // An integer that does not fit the tensor's dtype: the operator's error, at the user's line.
+  sc::Tensor small = sc::tensor({1});
+  const int line = __LINE__ + 1;
+  CHECK_THROWS_WITH(small += 3000000000LL,
+                    Catch::Contains("[add] the integer 3000000000 does not fit the tensor's dtype i32") &&
+                        Catch::Contains("test_elementwise.cpp:" + std::to_string(line)));
+  CHECK_THROWS_AS(small *= 3000000000LL, sc::DTypeError);
+  CHECK(small.to_vector<std::int32_t>() == std::vector<std::int32_t>{1});  // a failed assignment leaves it
+
+  // Traced: the same values as eager.
+  auto step = [](const sc::Tensor& a) {
+    sc::Tensor y = a;
+    y *= 3;
+    y += 0.25;
+    y /= a;
+    return y;
+  };
+  const sc::Tensor a = sc::tensor({1.f, 2.f, -4.f});
+  CHECK(sc::function(step)(a).to_vector<float>() == step(a).to_vector<float>());
+}
+
 TEST_CASE("maximum and minimum propagate NaN in the SIMD part of a row too", "[elementwise]") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> a(37, nan), b(37, 2.f);

@@ -2,6 +2,8 @@
 // comparisons and logical ops, and the C++ operators (scalars on either side are weak).
 #pragma once
 #include <cmath>
+#include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "../eager/dispatch.hpp"
@@ -164,11 +166,43 @@ SC_LOGICAL_OPERATOR(&&, LogicalAnd)
 SC_LOGICAL_OPERATOR(||, LogicalOr)
 #undef SC_LOGICAL_OPERATOR
 
-/// Compound assignment rebinds the handle to a new tensor (tensors are values; no aliasing).
-inline Tensor& operator+=(Tensor& a, Operand b) { return a = detail::dispatch2<ops::Add>(a, b.t, {}, b.loc); }
-inline Tensor& operator-=(Tensor& a, Operand b) { return a = detail::dispatch2<ops::Sub>(a, b.t, {}, b.loc); }
-inline Tensor& operator*=(Tensor& a, Operand b) { return a = detail::dispatch2<ops::Mul>(a, b.t, {}, b.loc); }
-inline Tensor& operator/=(Tensor& a, Operand b) { return a = detail::dispatch2<ops::Div>(a, b.t, {}, b.loc); }
+/// A C++ number on the right of a compound assignment (t *= 0.5f), with the user's line: the
+/// weak scalar t * 0.5f would make (same dtype rule, same range check on integers).
+class ScalarOperand {
+ public:
+  template <Scalar V>
+  ScalarOperand(V v, std::source_location l = std::source_location::current())  // NOLINT: the user's number
+      : loc(l), make_(&make<std::remove_cvref_t<V>>) {
+    const std::remove_cvref_t<V> x = v;
+    std::memcpy(bytes_, &x, sizeof x);
+  }
+  /// The number as a weak scalar next to `like`, for op `op` (its name in errors).
+  Tensor next_to(const Tensor& like, std::string_view op) const { return make_(*this, like, op); }
+  std::source_location loc;
+
+ private:
+  template <class V>
+  static Tensor make(const ScalarOperand& s, const Tensor& like, std::string_view op) {
+    V v;
+    std::memcpy(&v, s.bytes_, sizeof v);
+    return detail::weak_scalar(v, like, s.loc, op);
+  }
+  Tensor (*make_)(const ScalarOperand&, const Tensor&, std::string_view);
+  alignas(long double) unsigned char bytes_[sizeof(long double)] = {};
+};
+
+/// Compound assignment rebinds the handle to a new tensor (tensors are values; no aliasing), from
+/// a tensor or a C++ number (t += 1 is t = t + 1).
+#define SC_COMPOUND_OPERATOR(op, S)                                                                             \
+  inline Tensor& operator op(Tensor& a, Operand b) { return a = detail::dispatch2<ops::S>(a, b.t, {}, b.loc); } \
+  inline Tensor& operator op(Tensor& a, const ScalarOperand& b) {                                              \
+    return a = detail::dispatch2<ops::S>(a, b.next_to(a, ops::S::name), {}, b.loc);                          \
+  }
+SC_COMPOUND_OPERATOR(+=, Add)
+SC_COMPOUND_OPERATOR(-=, Sub)
+SC_COMPOUND_OPERATOR(*=, Mul)
+SC_COMPOUND_OPERATOR(/=, Div)
+#undef SC_COMPOUND_OPERATOR
 
 }  // namespace stagecraft
 
