@@ -245,6 +245,14 @@ TEST_CASE("random: errors name the call", "[random]") {
   CHECK(error_of<sc::ValueError>([] { sc::random::uniform({2}, 1.0, 0.0, 1); }).find("lo <= hi") != std::string::npos);
   CHECK(error_of<sc::ShapeError>([] { sc::random::uniform({-1}, 0.0, 1.0, 1); }).find("random::uniform") !=
         std::string::npos);
+  // normal: a negative, NaN or infinite stddev, or an infinite mean, is an error (NumPy's and
+  // PyTorch's rule), not samples of another distribution; stddev 0 gives the mean.
+  CHECK(error_of<sc::ValueError>([] { sc::random::normal({2}, 1, 0.0, -1.0); }).find("[random::normal] needs stddev >= 0, got -1") !=
+        std::string::npos);
+  CHECK_THROWS_AS(sc::random::normal({2}, 1, 0.0, std::nan("")), sc::ValueError);
+  CHECK_THROWS_AS(sc::random::normal({2}, 1, 0.0, HUGE_VAL), sc::ValueError);
+  CHECK_THROWS_AS(sc::random::normal({2}, 1, -HUGE_VAL, 1.0), sc::ValueError);
+  CHECK(sc::random::normal({3}, 1, 2.5, 0.0).to_vector<float>() == std::vector<float>{2.5f, 2.5f, 2.5f});
   // Misuse of the op's state input (the graph layer and direct callers reach it).
   CHECK(error_of<sc::DTypeError>([] { sc::detail::random_normal(sc::tensor({1.f, 2.f}), {2}, 0, 1, sc::f32); })
             .find("[random_normal]") != std::string::npos);
@@ -254,6 +262,7 @@ TEST_CASE("random: errors name the call", "[random]") {
   // A failed draw does not advance the generator.
   sc::random::Generator g(3);
   CHECK_THROWS_AS(sc::random::normal({2}, g, 0.0, 1.0, sc::i64), sc::DTypeError);
+  CHECK_THROWS_AS(sc::random::normal({2}, g, 0.0, -0.5), sc::ValueError);
   CHECK(g.state().value().to_vector<std::int64_t>() == std::vector<std::int64_t>{3, 0});
 }
 

@@ -74,6 +74,13 @@ inline void check_range(double lo, double hi, std::string_view op, const std::so
     fail<ValueError>(op, loc, "needs a finite range, got [", lo, ", ", hi, ")");
 }
 
+/// normal's parameters: a finite mean and a finite stddev >= 0 (0: every sample is the mean).
+inline void check_normal(double mean, double stddev, std::string_view op, const std::source_location& loc) {
+  if (SC_UNLIKELY(!(stddev >= 0))) fail<ValueError>(op, loc, "needs stddev >= 0, got ", stddev);
+  if (SC_UNLIKELY(!std::isfinite(mean) || !std::isfinite(stddev)))
+    fail<ValueError>(op, loc, "needs a finite mean and stddev, got mean ", mean, " and stddev ", stddev);
+}
+
 }  // namespace detail
 
 namespace ops {
@@ -247,6 +254,7 @@ inline Generator& default_generator() {
 inline Tensor normal(Shape shape, std::uint64_t seed = 0, double mean = 0.0, double stddev = 1.0,
                      DType d = DType::f32, std::source_location loc = std::source_location::current()) {
   detail::check_random(shape, d, "random::normal", loc);
+  detail::check_normal(mean, stddev, "random::normal", loc);
   return detail::random_normal(detail::random_state(seed), std::move(shape), mean, stddev, d, loc);
 }
 /// Normal samples drawn from `gen`, which advances: fresh numbers at every call (pass
@@ -254,6 +262,7 @@ inline Tensor normal(Shape shape, std::uint64_t seed = 0, double mean = 0.0, dou
 inline Tensor normal(Shape shape, Generator& gen, double mean = 0.0, double stddev = 1.0, DType d = DType::f32,
                      std::source_location loc = std::source_location::current()) {
   detail::check_random(shape, d, "random::normal", loc);
+  detail::check_normal(mean, stddev, "random::normal", loc);
   const std::int64_t blocks = detail::random_blocks(shape.numel());
   return gen.next(blocks, [&](const Tensor& state) { return detail::random_normal(state, shape, mean, stddev, d, loc); },
                   loc);
