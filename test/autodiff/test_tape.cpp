@@ -272,6 +272,47 @@ TEST_CASE("a gradient rule returning the wrong count or shape is reported", "[au
   CHECK_THROWS_WITH(t.gradient(y, x), Catch::Contains("[custom_gradient] gradient rule returned shape [3] for an input of shape [2]"));
 }
 
+TEST_CASE("custom_gradient: a trainable variable its forward pass reads must be one of its inputs", "[autodiff][tape][custom]") {
+  sc::Variable w(sc::tensor({2.0, 3.0}), "w");
+  const Tensor x = sc::tensor({1.0, 1.0});
+  auto pass_on = [](const Tensor& g, const std::vector<Tensor>&, const Tensor&) { return std::vector<Tensor>{g}; };
+  auto scale = [&w](const std::vector<Tensor>& xs) { return xs[0] * w; };
+  {  // Read by the forward pass only: the tape would give w no gradient, so the call raises.
+    sc::GradientTape t;
+    t.watch(x);
+    const int line = __LINE__ + 1;
+    CHECK_THROWS_WITH(sc::custom_gradient(scale, pass_on, {x}),
+                      Catch::Contains("[custom_gradient] the forward function read trainable variable 'w', which is not "
+                                      "one of the inputs") && Catch::Contains(at_line(line)));
+    CHECK_THROWS_AS(sc::custom_gradient(scale, pass_on, {x}), sc::ValueError);
+  }
+  {  // Passed in: the rule's gradient reaches it.
+    sc::GradientTape t;
+    const Tensor y = sc::custom_gradient(
+        [](const std::vector<Tensor>& xs) { return xs[0] * xs[1]; },
+        [](const Tensor& g, const std::vector<Tensor>& xs, const Tensor&) { return std::vector<Tensor>{g * xs[1], g * xs[0] * 10.0}; },
+        {x, w.value()});
+    CHECK(t.gradient(sc::sum(y), std::vector<sc::Variable>{w})[0].to_vector<double>() == Vec{10, 10});
+  }
+  // No tape recording, a read the user paused, a variable that is not trainable: nothing to lose.
+  CHECK(sc::custom_gradient(scale, pass_on, {x}).to_vector<double>() == Vec{2, 3});
+  sc::GradientTape t;
+  t.watch(x);
+  {
+    sc::GradientTape::StopRecording paused;
+    CHECK_NOTHROW(sc::custom_gradient(scale, pass_on, {x}));
+  }
+  CHECK_NOTHROW(sc::custom_gradient(
+      [&w](const std::vector<Tensor>& xs) {
+        sc::GradientTape::StopRecording constant;
+        return xs[0] * w;
+      },
+      pass_on, {x}));
+  sc::Variable c(sc::tensor({2.0, 3.0}), "c", /*trainable=*/false);
+  const Tensor y = sc::custom_gradient([&c](const std::vector<Tensor>& xs) { return xs[0] * c; }, pass_on, {x});
+  CHECK(t.gradient(sc::sum(y), x).to_vector<double>() == Vec{1, 1});
+}
+
 TEST_CASE("jacobian and hvp against hand-computed derivatives", "[autodiff][tape]") {
   // f(x) = x * sum(x): J_ij = delta_ij * S + x_i.
   const Tensor x = sc::tensor({1.0, 2.0, 4.0});

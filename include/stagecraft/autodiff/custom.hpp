@@ -65,6 +65,44 @@ inline std::vector<Tensor> custom_results(const std::shared_ptr<const CustomRule
   return outs;
 }
 
+/// A recorded custom_gradient's forward pass may read a trainable variable only through xs: one
+/// it reads itself gets no gradient from the rule (TensorFlow raises here too).
+inline void check_custom_reads(const CustomReads& r, const std::vector<Tensor>& xs, const std::source_location& loc) {
+  for (const auto& v : r.reads) {
+    bool passed = false;
+    for (const Tensor& x : xs) passed = passed || x.impl()->variable == v.get();
+    if (!passed)
+      fail<ValueError>("custom_gradient", loc, "the forward function read trainable variable '", v->name,
+                       "', which is not one of the inputs: the rule cannot give it a gradient and the tape would "
+                       "give it none; pass its value in the inputs (the rule returns its gradient), or read it "
+                       "under GradientTape::StopRecording inside the forward function");
+  }
+}
+
+/// Runs forward(xs) unrecorded; when the call is recorded (a tape records, eagerly), checks that
+/// every trainable variable it read is one of xs.
+template <class Ys>
+Ys custom_forward(const std::function<Ys(const std::vector<Tensor>&)>& forward, const std::vector<Tensor>& xs,
+                  const std::source_location& loc) {
+  Context& ctx = context();
+  const bool recorded = ctx.tapes != nullptr && ctx.no_record == 0 && ctx.trace == nullptr;
+  CustomReads reads;
+  Ys ys;
+  {
+    GradientTape::StopRecording quiet;
+    reads.depth = ctx.no_record;
+    struct Watch {  // (restored however forward leaves)
+      Context& ctx;
+      CustomReads* outer;
+      ~Watch() { ctx.custom_reads = outer; }
+    } watch{ctx, ctx.custom_reads};
+    if (recorded) ctx.custom_reads = &reads;
+    ys = forward(xs);
+  }
+  if (recorded) check_custom_reads(reads, xs, loc);
+  return ys;
+}
+
 }  // namespace detail
 
 /// The several-results form, declared for the one-result form below.
@@ -96,11 +134,7 @@ inline std::vector<Tensor> custom_gradient(const std::function<std::vector<Tenso
                                            std::source_location loc) {
   for (const Tensor& x : xs) detail::require_defined(x, "custom_gradient", loc);
   if (!forward || !backward) detail::fail<ValueError>("custom_gradient", loc, "the forward or backward function is empty");
-  std::vector<Tensor> ys;
-  {
-    GradientTape::StopRecording quiet;
-    ys = forward(xs);
-  }
+  const std::vector<Tensor> ys = detail::custom_forward(forward, xs, loc);
   if (ys.empty()) detail::fail<ValueError>("custom_gradient", loc, "the forward function returned no tensors");
   for (const Tensor& y : ys) detail::require_defined(y, "custom_gradient", loc);
   auto rule = std::make_shared<detail::CustomRule>();

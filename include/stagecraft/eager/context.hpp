@@ -75,6 +75,13 @@ struct TraceState {
   std::uint64_t serial = 0;
 };
 
+/// The trainable variables a recorded custom_gradient's forward pass read (Variable::value), at
+/// the recording depth it runs at (a read under the user's own StopRecording is not counted).
+struct CustomReads {
+  int depth = 0;
+  std::vector<std::shared_ptr<const VariableInfo>> reads;
+};
+
 /// Per-thread state that decides what an op call does besides computing.
 struct Context {
   TraceState* trace = nullptr;  ///< the innermost trace; non-null while a function is traced
@@ -83,6 +90,7 @@ struct Context {
   /// While a tape runs a recorded op's gradient rule: that op's user line, which the nodes the
   /// rule appends to a trace carry instead of the library's own line.
   const SrcLoc* loc_override = nullptr;
+  CustomReads* custom_reads = nullptr;  ///< non-null while a recorded custom_gradient's forward runs
 };
 
 inline Context& context() {

@@ -95,6 +95,9 @@ class Variable {
       // every op on it see the variable as it is at each call.
       return tr->read(impl_.get(), loc);
     }
+    if (detail::CustomReads* r = detail::context().custom_reads;
+        SC_UNLIKELY(r != nullptr) && impl_->trainable && detail::context().no_record == r->depth)
+      r->reads.push_back(impl_);  // (a custom_gradient's forward reads it: custom.hpp checks it is an input)
     return impl_->get();
   }
   /// Reads the current value wherever a Tensor is expected.
