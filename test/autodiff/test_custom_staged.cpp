@@ -255,6 +255,50 @@ TEST_CASE("custom_gradient: a saved function runs forward and refuses the gradie
                       Catch::Contains(at_line(clip_line)));
 }
 
+TEST_CASE("custom_gradient in sc::function: a trainable variable the forward pass reads must be an input", "[autodiff][custom][function]") {
+  // Before, the staged gradient silently gave w none: the rule cannot, and the forward ops are not recorded.
+  sc::Variable w(sc::tensor({2.0, 3.0}), "w");
+  const Tensor x = sc::tensor({1.0, 1.0});
+  auto pass_on = [](const Tensor& g, const std::vector<Tensor>&, const Tensor&) { return std::vector<Tensor>{g}; };
+  const int line = __LINE__ + 2;
+  auto f = sc::function([&](const Tensor& in) {
+    return sc::sum(sc::custom_gradient([&w](const std::vector<Tensor>& xs) { return xs[0] * w; }, pass_on, {in}));
+  });
+  CHECK(f(x).item<double>() == 5.0);  // forward alone: nothing is lost
+  {
+    sc::GradientTape t;
+    t.watch(x);
+    const std::string msg = error_of<sc::ValueError>([&] { (void)t.gradient(f(x), x); });
+    CHECK_THAT(msg, Catch::Contains("[custom_gradient] the forward function read trainable variable 'w', which is not "
+                                    "one of the inputs") && Catch::Contains(at_line(line)));
+  }
+  // Passed in (read inside the trace, outside the forward function): the rule's gradient reaches it.
+  auto g = sc::function([&](const Tensor& in) {
+    return sc::sum(sc::custom_gradient(
+        [](const std::vector<Tensor>& xs) { return xs[0] * xs[1]; },
+        [](const Tensor& gy, const std::vector<Tensor>& xs, const Tensor&) { return std::vector<Tensor>{gy * xs[1], gy * xs[0] * 10.0}; },
+        {in, w.value()}));
+  });
+  {
+    sc::GradientTape t;
+    CHECK(vals(t.gradient(g(x), std::vector<sc::Variable>{w})[0]) == std::vector<double>{10, 10});
+  }
+  // A read the user paused inside the forward function, or a variable that is not trainable.
+  sc::Variable c(sc::tensor({2.0, 3.0}), "c", /*trainable=*/false);
+  auto h = sc::function([&](const Tensor& in) {
+    const Tensor a = sc::custom_gradient(
+        [&w](const std::vector<Tensor>& xs) {
+          sc::GradientTape::StopRecording constant;
+          return xs[0] * w;
+        },
+        pass_on, {in});
+    return sc::sum(a + sc::custom_gradient([&c](const std::vector<Tensor>& xs) { return xs[0] * c; }, pass_on, {in}));
+  });
+  sc::GradientTape t;
+  t.watch(x);
+  CHECK(vals(t.gradient(h(x), x)) == std::vector<double>{2, 2});
+}
+
 TEST_CASE("custom_gradient: bad forward or backward functions are reported", "[autodiff][custom][errors]") {
   const Tensor x = sc::tensor({1.0});
   const int line = __LINE__ + 1;

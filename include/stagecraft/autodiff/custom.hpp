@@ -1,7 +1,9 @@
 // custom_gradient, and jacobian / hessian-vector products built on the tape.
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "../core/creation.hpp"
@@ -22,6 +24,15 @@ using CustomBackwardN = detail::CustomRule::Backward;
 
 namespace detail {
 
+/// A recorded custom_gradient whose forward pass read trainable variable `name` itself, not
+/// through its inputs: the rule cannot give it a gradient and the tape would give it none.
+[[noreturn]] SC_COLD inline void fail_unpassed_read(const std::string& name, const SrcLoc& at) {
+  fail_at<ValueError>("custom_gradient", at.file, at.line, "the forward function read trainable variable '", name,
+                      "', which is not one of the inputs: the rule cannot give it a gradient and the tape would "
+                      "give it none; pass its value in the inputs (the rule returns its gradient), or read it "
+                      "under GradientTape::StopRecording inside the forward function");
+}
+
 /// Records `rule` on the tapes watching an input of xs: one entry for the float results of ys,
 /// the rule called once per backward pass with zeros for the results no gradient reached.
 inline void record_custom(const std::shared_ptr<const CustomRule>& rule, const std::vector<Tensor>& xs,
@@ -29,6 +40,7 @@ inline void record_custom(const std::shared_ptr<const CustomRule>& rule, const s
   if (context().tapes == nullptr || context().no_record > 0) return;
   // The user's line: a replayed graph node's (a staged function's gradient), else the call's.
   const SrcLoc at = context().loc_override != nullptr ? *context().loc_override : SrcLoc::from(loc);
+  if (!rule->unpassed_reads.empty()) fail_unpassed_read(rule->unpassed_reads.front(), at);
   record_joint("custom_gradient", xs, ys,
                [rule, xs, ys, loc, at](const std::vector<Tensor>& g, ops::Wanted) {
                  std::vector<Tensor> grads = g;
@@ -65,26 +77,27 @@ inline std::vector<Tensor> custom_results(const std::shared_ptr<const CustomRule
   return outs;
 }
 
-/// A recorded custom_gradient's forward pass may read a trainable variable only through xs: one
-/// it reads itself gets no gradient from the rule (TensorFlow raises here too).
-inline void check_custom_reads(const CustomReads& r, const std::vector<Tensor>& xs, const std::source_location& loc) {
+/// The trainable variables in r that are not one of xs (a forward pass may read a trainable
+/// variable only through xs: one it reads itself gets no gradient from the rule; TensorFlow
+/// raises here too).
+inline std::vector<std::string> unpassed_reads(const CustomReads& r, const std::vector<Tensor>& xs) {
+  std::vector<std::string> names;
   for (const auto& v : r.reads) {
     bool passed = false;
     for (const Tensor& x : xs) passed = passed || x.impl()->variable == v.get();
-    if (!passed)
-      fail<ValueError>("custom_gradient", loc, "the forward function read trainable variable '", v->name,
-                       "', which is not one of the inputs: the rule cannot give it a gradient and the tape would "
-                       "give it none; pass its value in the inputs (the rule returns its gradient), or read it "
-                       "under GradientTape::StopRecording inside the forward function");
+    if (!passed && std::find(names.begin(), names.end(), v->name) == names.end()) names.push_back(v->name);
   }
+  return names;
 }
 
-/// Runs forward(xs) unrecorded; when the call is recorded (a tape records, eagerly), checks that
-/// every trainable variable it read is one of xs.
+/// Runs forward(xs) unrecorded, watching the trainable variables it reads: when a tape records
+/// the call eagerly, one that is not among xs raises here; inside a trace (whose gradient may be
+/// taken later, or never) the rule keeps their names and recording the call raises.
 template <class Ys>
 Ys custom_forward(const std::function<Ys(const std::vector<Tensor>&)>& forward, const std::vector<Tensor>& xs,
-                  const std::source_location& loc) {
+                  CustomRule& rule, const std::source_location& loc) {
   Context& ctx = context();
+  const bool traced = ctx.trace != nullptr && ctx.no_record == 0;
   const bool recorded = ctx.tapes != nullptr && ctx.no_record == 0 && ctx.trace == nullptr;
   CustomReads reads;
   Ys ys;
@@ -96,10 +109,12 @@ Ys custom_forward(const std::function<Ys(const std::vector<Tensor>&)>& forward, 
       CustomReads* outer;
       ~Watch() { ctx.custom_reads = outer; }
     } watch{ctx, ctx.custom_reads};
-    if (recorded) ctx.custom_reads = &reads;
+    if (recorded || traced) ctx.custom_reads = &reads;
     ys = forward(xs);
   }
-  if (recorded) check_custom_reads(reads, xs, loc);
+  if (reads.reads.empty()) return ys;
+  rule.unpassed_reads = unpassed_reads(reads, xs);
+  if (recorded && !rule.unpassed_reads.empty()) fail_unpassed_read(rule.unpassed_reads.front(), SrcLoc::from(loc));
   return ys;
 }
 
@@ -134,10 +149,10 @@ inline std::vector<Tensor> custom_gradient(const std::function<std::vector<Tenso
                                            std::source_location loc) {
   for (const Tensor& x : xs) detail::require_defined(x, "custom_gradient", loc);
   if (!forward || !backward) detail::fail<ValueError>("custom_gradient", loc, "the forward or backward function is empty");
-  const std::vector<Tensor> ys = detail::custom_forward(forward, xs, loc);
+  auto rule = std::make_shared<detail::CustomRule>();
+  const std::vector<Tensor> ys = detail::custom_forward(forward, xs, *rule, loc);
   if (ys.empty()) detail::fail<ValueError>("custom_gradient", loc, "the forward function returned no tensors");
   for (const Tensor& y : ys) detail::require_defined(y, "custom_gradient", loc);
-  auto rule = std::make_shared<detail::CustomRule>();
   rule->backward = std::move(backward);
   return detail::custom_results(rule, ys, xs, loc);
 }

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <source_location>
+#include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -38,6 +39,9 @@ struct CustomRule {
   using Backward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads, const std::vector<Tensor>& xs,
                                                      const std::vector<Tensor>& ys)>;
   Backward backward;
+  /// Trainable variables a traced call's forward pass read without taking them as inputs: the
+  /// rule cannot give them a gradient, so recording the call (the staged gradient) raises.
+  std::vector<std::string> unpassed_reads;
 };
 
 /// An op's inputs as a recorded entry keeps them: up to three inline (every op but concat and

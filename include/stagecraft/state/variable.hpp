@@ -89,15 +89,15 @@ class Variable {
   /// the trace, the value assigned).
   Tensor value(std::source_location loc = std::source_location::current()) const {
     if (SC_UNLIKELY(!impl_)) empty();
+    if (detail::CustomReads* r = detail::context().custom_reads;
+        SC_UNLIKELY(r != nullptr) && impl_->trainable && detail::context().no_record == r->depth)
+      r->reads.push_back(impl_);  // (a custom_gradient's forward reads it: custom.hpp checks it is an input)
     if (detail::TraceState* tr = detail::context().trace; SC_UNLIKELY(tr != nullptr)) {
       if (const Tensor* s = tr->shadow(impl_.get())) return *s;
       // A read in the graph, not the value at trace time: sc::cond on it, item() of it and
       // every op on it see the variable as it is at each call.
       return tr->read(impl_.get(), loc);
     }
-    if (detail::CustomReads* r = detail::context().custom_reads;
-        SC_UNLIKELY(r != nullptr) && impl_->trainable && detail::context().no_record == r->depth)
-      r->reads.push_back(impl_);  // (a custom_gradient's forward reads it: custom.hpp checks it is an input)
     return impl_->get();
   }
   /// Reads the current value wherever a Tensor is expected.
