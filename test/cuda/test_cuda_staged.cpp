@@ -469,6 +469,27 @@ TEST_CASE("cuda graphs: a plan with cond and while_loop replays as one graph, br
   CHECK(st.plan.cuda_graph == "replaying (7 launches)");
 }
 
+TEST_CASE("cuda graphs: a while_loop bounded by maximum_iterations stops at the bound on the GPU as on the CPU",
+          "[cuda][staged][graph]") {
+  // Halving until max(|z|) < limit, at most 4 rounds: the data or the bound ends the loop.
+  auto body = [](sc::Tensor x, sc::Tensor limit) {
+    auto [z, n] = sc::while_loop([&](sc::Tensor v, sc::Tensor) { return sc::max(sc::abs(v)) > limit; },
+                                 [](sc::Tensor v, sc::Tensor k) { return std::make_tuple(v * 0.5f, k + 1.f); },
+                                 std::make_tuple(x, sc::sum(x) * 0.f), sc::WhileOptions{.maximum_iterations = 4});
+    return std::vector<sc::Tensor>{z, n};
+  };
+  auto plain = sc::function(body);
+  auto graphed = sc::function(body);
+  const sc::Tensor x = values({6, 5}, sc::f32, 80) * 8.f;
+  for (const float limit : {0.01f, 1.f, 100.f}) {  // 4 rounds (the bound), fewer, none
+    INFO("limit " << limit);
+    const sc::Tensor l = sc::scalar(limit);
+    const std::vector<sc::Tensor> want = body(x, l);  // eager, on the CPU
+    check_three_calls(plain, graphed, want, 0.0, x.to(gpu), l.to(gpu));
+  }
+  CHECK(body(x, sc::scalar(0.01f))[1].item<float>() == 4.f);
+}
+
 TEST_CASE("cuda graphs: two threads capture their plans at the same time, each replaying its own graph",
           "[cuda][staged][graph]") {
   // The capture streams (and the conditional bodies' streams) are per thread: a stream shared by

@@ -1,6 +1,7 @@
 // Staged control flow: sc::cond and sc::while_loop. With a concrete predicate they are plain C++
 // control flow; while tracing they record cond/while nodes holding traced bodies, with gradients.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -254,6 +255,10 @@ STAGECRAFT_COMPILED_INLINE void record_while_gradient(const Tensors& init, const
 STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const Tensors&)>& cond_fn,
                                               const std::function<Tensors(const Tensors&)>& body_fn,
                                               const Tensors& vars, const std::source_location& loc, bool with_count);
+/// while_impl stopped after at most `rounds` rounds of the body (sc::WhileOptions).
+STAGECRAFT_COMPILED_INLINE Tensors while_bounded(const std::function<Tensor(const Tensors&)>& cond_fn,
+                                                 const std::function<Tensors(const Tensors&)>& body_fn,
+                                                 const Tensors& vars, std::int64_t rounds, const std::source_location& loc);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE void record_cond_gradient(const Tensor& pred, const Body& then_b, const Body& else_b,
                                                      const ReplayVars& pre, const Tensors& outs,
@@ -484,6 +489,50 @@ STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const T
   if (!with_count) outs.pop_back();
   return outs;
 }
+
+STAGECRAFT_COMPILED_INLINE Tensors while_bounded(const std::function<Tensor(const Tensors&)>& cond_fn,
+                                                 const std::function<Tensors(const Tensors&)>& body_fn,
+                                                 const Tensors& vars, std::int64_t rounds, const std::source_location& loc) {
+  if (rounds < 0)
+    stagecraft::detail::fail<ValueError>("while_loop", loc, "maximum_iterations must be >= 0, got ", rounds);
+  bool symbolic = stagecraft::detail::context().trace != nullptr;
+  for (const Tensor& v : vars) symbolic |= v.is_symbolic();
+  if (!symbolic) {  // counted in C++: cond_fn is not called once the bound is reached
+    std::int64_t done = 0;
+    return while_impl([&](const Tensors& v) { return done == rounds ? scalar(false) : cond_fn(v); },
+                      [&](const Tensors& v) {
+                        ++done;
+                        return body_fn(v);
+                      },
+                      vars, loc, false);
+  }
+  // Staged: a counter as one more loop variable, the condition `counter < rounds && cond_fn(...)`.
+  const std::size_t n = vars.size();
+  auto user_vars = [n](const Tensors& a) { return Tensors(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(n)); };
+  Tensors with_counter = vars;
+  with_counter.push_back(stagecraft::detail::fill_on(vars.empty() ? Device::cpu() : vars[0].device(), Shape{}, 0.0,
+                                                     DType::i64, loc));
+  Tensors outs = while_impl(
+      [&](const Tensors& a) {
+        Tensor c = cond_fn(user_vars(a));
+        stagecraft::detail::require_defined(c, "while_loop", loc);
+        if (c.numel() != 1)
+          stagecraft::detail::fail<ShapeError>("while_loop", loc, "cond_fn must return a one-element tensor, got shape ", c.shape());
+        if (c.dtype() != DType::b8) c = cast(c, DType::b8, loc);
+        return logical_and(less(a[n], rounds, loc), c.rank() == 0 ? c : reshape(c, Shape{}, loc), loc);
+      },
+      [&](const Tensors& a) {
+        Tensors next = body_fn(user_vars(a));
+        if (next.size() != n)
+          stagecraft::detail::fail<StagingError>("while_loop", loc, "body_fn returns ", next.size(), " tensors for ", n,
+                                                 " loop variables");
+        next.push_back(a[n] + std::int64_t{1});
+        return next;
+      },
+      with_counter, loc, false);
+  outs.pop_back();
+  return outs;
+}
 #endif  // STAGECRAFT_DEFINE_COMPILED
 
 }  // namespace graph::detail_cf
@@ -529,14 +578,24 @@ template <class... T>
 struct is_tensor_tuple<std::tuple<T...>> : std::bool_constant<(std::is_same_v<T, Tensor> && ...)> {};
 }  // namespace detail_cf_api
 
+/// Options of sc::while_loop.
+struct WhileOptions {
+  /// At most this many rounds of the body (>= 0), as TensorFlow's maximum_iterations: the loop
+  /// ends when cond_fn is false or the body has run this often. Eagerly cond_fn is not called
+  /// once the bound is reached; a traced loop computes `rounds < bound && cond_fn(...)`.
+  /// Unset: no bound.
+  std::optional<std::int64_t> maximum_iterations;
+};
+
 /// while (cond_fn(vars...)) vars = body_fn(vars...), staged: outside a trace on concrete tensors
 /// it is a C++ loop; inside sc::function it records a while node, so the iteration count may
 /// depend on data. loop_vars is a Tensor or a std::tuple of Tensors (passed to cond_fn and
 /// body_fn as separate arguments); body_fn returns the same kind, with the same shapes and
 /// dtypes. Returns the final loop variables. Gradients flow to the initial values and to the
-/// tensors the body uses.
+/// tensors the body uses. `options` can bound the number of rounds.
 template <class C, class B, class V>
-V while_loop(C&& cond_fn, B&& body_fn, const V& loop_vars, std::source_location loc = std::source_location::current()) {
+V while_loop(C&& cond_fn, B&& body_fn, const V& loop_vars, const WhileOptions& options,
+             std::source_location loc = std::source_location::current()) {
   static_assert(std::is_same_v<V, Tensor> || detail_cf_api::is_tensor_tuple<V>::value,
                 "sc::while_loop: loop_vars must be a Tensor or a std::tuple of Tensors");
   using graph::detail_cf::Tensors;
@@ -557,7 +616,15 @@ V while_loop(C&& cond_fn, B&& body_fn, const V& loop_vars, std::source_location 
     if constexpr (std::is_same_v<V, Tensor>) return {body_fn(v[0])};
     else return to_vec(std::apply(body_fn, from_vec(v)));
   };
+  if (options.maximum_iterations)
+    return from_vec(graph::detail_cf::while_bounded(c, b, to_vec(loop_vars), *options.maximum_iterations, loc));
   return from_vec(graph::detail_cf::while_impl(c, b, to_vec(loop_vars), loc));
+}
+
+/// The same without a bound on the rounds.
+template <class C, class B, class V>
+V while_loop(C&& cond_fn, B&& body_fn, const V& loop_vars, std::source_location loc = std::source_location::current()) {
+  return while_loop(std::forward<C>(cond_fn), std::forward<B>(body_fn), loop_vars, WhileOptions{}, loc);
 }
 
 namespace graph::detail_interp {

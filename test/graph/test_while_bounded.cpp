@@ -1,0 +1,149 @@
+// sc::while_loop with WhileOptions::maximum_iterations: the loop stops at the bound or when its
+// condition is false, eagerly (counted in C++, the condition not called past the bound) and
+// traced (a counter loop variable), with gradients, saved functions and the errors of misuse.
+#include <catch2/catch.hpp>
+#include <stagecraft/stagecraft.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "files.hpp"
+#include "testing.hpp"
+
+namespace {
+
+using sctest::error_of;
+using Tuple = std::tuple<sc::Tensor, sc::Tensor>;
+
+/// Doubles x and counts rounds while sum(x) < limit, at most `bound` rounds.
+Tuple doubling(const sc::Tensor& x, float limit, std::int64_t bound) {
+  return sc::while_loop([limit](sc::Tensor v, sc::Tensor) { return sc::sum(v) < limit; },
+                        [](sc::Tensor v, sc::Tensor k) { return std::make_tuple(v * 2.f, k + std::int64_t{1}); },
+                        std::make_tuple(x, sc::scalar(std::int64_t{0})), sc::WhileOptions{.maximum_iterations = bound});
+}
+
+std::int64_t rounds_of(const Tuple& t) { return std::get<1>(t).item<std::int64_t>(); }
+
+}  // namespace
+
+TEST_CASE("while_loop maximum_iterations: the bound or the condition ends the loop, eager and traced alike",
+          "[while][bounded]") {
+  const sc::Tensor x = sc::tensor({0.5f, 0.25f});  // sum 0.75: 4 doublings reach 12 >= 10
+  for (const bool traced : {false, true}) {
+    INFO((traced ? "traced" : "eager"));
+    for (const std::int64_t bound : {std::int64_t{0}, std::int64_t{1}, std::int64_t{3}, std::int64_t{4},
+                                     std::int64_t{5}, std::int64_t{1000}}) {
+      INFO("bound " << bound);
+      auto f = sc::function([bound](sc::Tensor in) { return doubling(in, 10.f, bound); });
+      const Tuple r = traced ? f(x) : doubling(x, 10.f, bound);
+      const std::int64_t want = std::min<std::int64_t>(bound, 4);
+      CHECK(rounds_of(r) == want);
+      CHECK(std::get<0>(r).to_vector<float>() ==
+            std::vector<float>{0.5f * std::ldexp(1.f, static_cast<int>(want)), 0.25f * std::ldexp(1.f, static_cast<int>(want))});
+    }
+  }
+  // One trace serves inputs whose condition ends the loop at different rounds, and the bound.
+  auto f = sc::function([](sc::Tensor in) { return doubling(in, 10.f, 3); });
+  CHECK(rounds_of(f(sc::tensor({0.5f, 0.25f}))) == 3);
+  CHECK(rounds_of(f(sc::tensor({4.f, 2.f}))) == 1);
+  CHECK(rounds_of(f(sc::tensor({6.f, 5.f}))) == 0);
+  CHECK(f.trace_count() == 1);
+}
+
+TEST_CASE("while_loop maximum_iterations: a loop whose condition never ends it stops at the bound", "[while][bounded]") {
+  int cond_calls = 0, body_calls = 0;
+  const sc::Tensor out = sc::while_loop(
+      [&](sc::Tensor) {
+        ++cond_calls;
+        return sc::scalar(true);
+      },
+      [&](sc::Tensor v) {
+        ++body_calls;
+        return v + 1.0;
+      },
+      sc::scalar(0.0), sc::WhileOptions{.maximum_iterations = 7});
+  CHECK(out.item<double>() == 7.0);
+  CHECK(body_calls == 7);
+  CHECK(cond_calls == 7);  // eagerly not called once the bound is reached
+  auto f = sc::function([](sc::Tensor x) {
+    return sc::while_loop([](sc::Tensor v) { return v > -1.0; }, [](sc::Tensor v) { return v + 1.0; }, x,
+                          sc::WhileOptions{.maximum_iterations = 7});
+  });
+  CHECK(f(sc::scalar(0.0)).item<double>() == 7.0);
+  CHECK(f(sc::scalar(-5.0)).item<double>() == -5.0);  // the condition is false at once
+  // A condition returning a one-element float tensor of rank 1, as without a bound.
+  auto g = sc::function([](sc::Tensor x) {
+    return sc::while_loop([](sc::Tensor v) { return sc::reshape(v < 100.f, {1}); }, [](sc::Tensor v) { return v * 3.f; }, x,
+                          sc::WhileOptions{.maximum_iterations = 2});
+  });
+  CHECK(g(sc::scalar(1.f)).item<float>() == 9.f);
+}
+
+TEST_CASE("while_loop maximum_iterations: gradients, eager and staged, match x * s^rounds", "[while][bounded][grad]") {
+  // y = x * s^k with k = min(bound, rounds the condition allows): dy/dx = s^k, dy/ds = k x s^(k-1).
+  auto grads = [](const sc::Tensor& x, const sc::Tensor& s) {
+    sc::GradientTape tape;
+    tape.watch(x);
+    tape.watch(s);
+    const sc::Tensor y = sc::while_loop([](sc::Tensor v) { return sc::abs(v) < 1e6; }, [&](sc::Tensor v) { return v * s; }, x,
+                                        sc::WhileOptions{.maximum_iterations = 3});
+    return tape.gradient(y, std::vector<sc::Tensor>{x, s});
+  };
+  auto staged = sc::function([&](sc::Tensor x, sc::Tensor s) { return grads(x, s); });
+  const sc::Tensor x = sc::scalar(0.7), s = sc::scalar(1.5);
+  for (const auto& g : {grads(x, s), staged(x, s)}) {
+    CHECK(g[0].item<double>() == Approx(1.5 * 1.5 * 1.5));
+    CHECK(g[1].item<double>() == Approx(3 * 0.7 * 1.5 * 1.5));
+  }
+  // A tape outside the traced call.
+  auto f = sc::function([](sc::Tensor in, sc::Tensor scale) {
+    return sc::while_loop([](sc::Tensor v) { return sc::abs(v) < 1e6; }, [&](sc::Tensor v) { return v * scale; }, in,
+                          sc::WhileOptions{.maximum_iterations = 3});
+  });
+  sc::GradientTape tape;
+  tape.watch(x);
+  tape.watch(s);
+  const auto g = tape.gradient(f(x, s), std::vector<sc::Tensor>{x, s});
+  CHECK(g[0].item<double>() == Approx(1.5 * 1.5 * 1.5));
+  CHECK(g[1].item<double>() == Approx(3 * 0.7 * 1.5 * 1.5));
+}
+
+TEST_CASE("while_loop maximum_iterations: a saved function keeps the bound", "[while][bounded][serialize]") {
+  sctest::TempDir dir("sc_while");
+  auto f = sc::function([](sc::Tensor in) { return doubling(in, 10.f, 2); });
+  const sc::Tensor x = sc::tensor({0.5f, 0.25f});
+  const auto path = (dir.path / "bounded.scg").string();
+  f.get_concrete(x).save(path);
+  const sc::ConcreteFunction loaded = sc::load_function(path);
+  const std::vector<sc::Tensor> r = loaded(x);
+  CHECK(r[1].item<std::int64_t>() == 2);
+  CHECK(r[0].to_vector<float>() == std::vector<float>{2.f, 1.f});
+  CHECK(loaded(sc::tensor({4.f, 2.f}))[1].item<std::int64_t>() == 1);
+}
+
+TEST_CASE("while_loop maximum_iterations: misuse is reported at the user's line", "[while][bounded][errors]") {
+  const sc::Tensor x = sc::scalar(1.f);
+  auto body = [](sc::Tensor v) { return v + 1.f; };
+  auto cond = [](sc::Tensor v) { return v < 5.f; };
+  int line = __LINE__ + 1;
+  std::string m = error_of<sc::ValueError>([&] { sc::while_loop(cond, body, x, sc::WhileOptions{.maximum_iterations = -1}); });
+  CHECK_THAT(m, Catch::Contains("[while_loop] maximum_iterations must be >= 0, got -1") &&
+                    Catch::Contains("test_while_bounded.cpp:" + std::to_string(line)));
+  // Traced: the messages count the user's loop variables, not the bound's counter.
+  auto pair = sc::function([](sc::Tensor a) {
+    return sc::while_loop([](sc::Tensor v, sc::Tensor) { return sc::sum(v) < 5.f; },
+                          [](sc::Tensor v, sc::Tensor w) { return std::make_tuple(sc::sum(v, {0}, true), w); },
+                          std::make_tuple(a, a), sc::WhileOptions{.maximum_iterations = 3});
+  });
+  m = error_of<sc::StagingError>([&] { pair(sc::ones({3, 2})); });
+  CHECK_THAT(m, Catch::Contains("loop variable 0 enters as"));
+  auto bad_cond = sc::function([](sc::Tensor a) {
+    return sc::while_loop([](sc::Tensor v) { return v < 5.f; }, [](sc::Tensor v) { return v + 1.f; }, a,
+                          sc::WhileOptions{.maximum_iterations = 3});
+  });
+  m = error_of<sc::ShapeError>([&] { bad_cond(sc::ones({2})); });
+  CHECK_THAT(m, Catch::Contains("cond_fn must return a one-element tensor, got shape [2]"));
+}
