@@ -231,6 +231,25 @@ std::vector<T> flat_values(const PreparedFused& pf, const RunState& st, int reg)
   return flat;
 }
 
+/// Elements [b, b + len) of the program's reduced value, one row (or one chunk of a row) of the
+/// eager kernel, reduced as reduce_row reduces len elements: one tile at once, longer spans fed
+/// tile by tile to its pairwise pieces (reduce_streamed, the next piece's first tile prefetched).
+template <class Rd, class T>
+T reduce_span(const PreparedFused& pf, TileRun<T>& tiles, std::int64_t b, std::int64_t len) {
+  const int reg = pf.program.reduction->reg;
+  if (len <= pf.tile) {
+    T r{};
+    tiles.run(b, b + len, [&](const auto& at, std::int64_t t0, std::int64_t k) {
+      r = backend::cpu::reduce_row<Rd, T, T>(at(reg, t0), k);
+    });
+    return r;
+  }
+  return backend::cpu::reduce_streamed<Rd, T>(len, [&](std::int64_t e0, std::int64_t e1, auto& leaf) {
+    const auto take = [&](const auto& at, std::int64_t t0, std::int64_t k) { leaf.add(at(reg, t0), k); };
+    tiles.run(b + e0, b + e1, take, b + len);
+  });
+}
+
 /// A reduction over the program's last axes (rows of rd.inner elements): the eager kernel's order
 /// (reduce3 over [rows, inner, 1]) so the results are its bits. Few long rows are cut into the
 /// same chunks (chunk_rows), a task each; a task evaluates its elements tile by tile and reduces
@@ -256,17 +275,8 @@ void run_reduction(const PreparedFused& pf, RunState& st, T* out) {
   cpu::parallel_rows(tasks, std::min(per, n), pf.grain, [&](std::int64_t tb, std::int64_t te) {
     TileRun<T> tiles(pf, st);
     for (std::int64_t t = tb; t < te; ++t) {
-      const std::int64_t row = t / chunks, c = t % chunks, b = row * n + c * per, len = std::min(per, n - c * per);
-      if (len <= pf.tile) {  // one tile: reduce_row over it
-        tiles.run(b, b + len, [&](const auto& at, std::int64_t t0, std::int64_t k) {
-          part[t] = cpu::reduce_row<Rd, T, T>(at(rd.reg, t0), k);
-        });
-        continue;
-      }
-      part[t] = cpu::reduce_streamed<Rd, T>(len, [&](std::int64_t e0, std::int64_t e1, auto& leaf) {
-        const auto take = [&](const auto& at, std::int64_t t0, std::int64_t k) { leaf.add(at(rd.reg, t0), k); };
-        tiles.run(b + e0, b + e1, take, b + len);  // (the next piece's first tile prefetched too)
-      });
+      const std::int64_t row = t / chunks, c = t % chunks;
+      part[t] = reduce_span<Rd, T>(pf, tiles, row * n + c * per, std::min(per, n - c * per));
     }
   });
   if (chunks > 1) cpu::reduce3<Rd, T, T>(part, out, rows, chunks, 1, false);

@@ -224,21 +224,9 @@ inline std::optional<std::pair<RowUnit, Shape>> unit_of(const Graph& g, const St
 /// detail_fused::run_reduction reduces a row it does not cut (unit_of takes no program it cuts).
 template <class Rd, class T>
 void reduce_rows(const PreparedFused& pf, const detail_fused::RunState& st, std::int64_t r0, std::int64_t r1, T* out) {
-  const FusedReduction& rd = *pf.program.reduction;
+  const std::int64_t n = pf.program.reduction->inner;
   detail_fused::TileRun<T> tiles(pf, st);
-  for (std::int64_t row = r0; row < r1; ++row) {
-    const std::int64_t b = row * rd.inner;
-    if (rd.inner <= pf.tile) {  // one tile: reduce_row over it
-      tiles.run(b, b + rd.inner, [&](const auto& at, std::int64_t t0, std::int64_t k) {
-        out[row] = backend::cpu::reduce_row<Rd, T, T>(at(rd.reg, t0), k);
-      });
-      continue;
-    }
-    out[row] = backend::cpu::reduce_streamed<Rd, T>(rd.inner, [&](std::int64_t e0, std::int64_t e1, auto& leaf) {
-      const auto take = [&](const auto& at, std::int64_t t0, std::int64_t k) { leaf.add(at(rd.reg, t0), k); };
-      tiles.run(b + e0, b + e1, take, b + rd.inner);
-    });
-  }
+  for (std::int64_t row = r0; row < r1; ++row) out[row] = detail_fused::reduce_span<Rd, T>(pf, tiles, row * n, n);
 }
 
 /// Rows [r0, r1) of a reduction unit (a kernel's, or a fused program's) by reducer Rd.
