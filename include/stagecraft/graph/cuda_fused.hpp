@@ -619,9 +619,10 @@ inline void compile_once(cuda::abi::RtcKernel& slot, Device dev, const std::stri
 class CudaFused {
  public:
   explicit CudaFused(FusedProgram p)
-      : program_(std::move(p)), lanes_(cuda_product_lanes(program_)), source_(cuda_source(program_, lanes_)),
+      : program_(std::move(p)), lanes_(cuda_product_lanes(program_)), source_(generated(program_, lanes_)),
         vectorizable_(cuda_vectorizable(program_)) {}
   const FusedProgram& program() const { return program_; }
+  /// The kernel's source (empty in a build without the CUDA kernels, where no GPU runs it).
   const std::string& source() const { return source_; }
   /// Threads per element of its kernel (cuda_product_lanes when it was made).
   int lanes() const { return lanes_; }
@@ -636,6 +637,17 @@ class CudaFused {
   void run(std::span<const Tensor> inputs, std::span<Tensor> outputs, const std::source_location& loc) const;
 
  private:
+  /// The source of p's kernel. Without the kernels (STAGECRAFT_WITH_CUDA unset) no plan step runs
+  /// on a GPU, so none is generated: the generator's code stays out of every CPU-only user file
+  /// that makes a plan (about 100 KB of a traced function's object).
+  static std::string generated([[maybe_unused]] const FusedProgram& p, [[maybe_unused]] int lanes) {
+#if defined(STAGECRAFT_WITH_CUDA)
+    return cuda_source(p, lanes);
+#else
+    return {};
+#endif
+  }
+
   FusedProgram program_;
   int lanes_;
   std::string source_;

@@ -112,7 +112,11 @@ STAGECRAFT_COMPILED_INLINE std::string cuda_batch_source(const std::vector<Fused
 class CudaFusedBatch {
  public:
   explicit CudaFusedBatch(std::vector<FusedProgram> ps)
-      : programs_(std::move(ps)), source_(cuda_batch_source(programs_)), threads_(cuda_batch_starts(programs_).back()) {}
+      : programs_(std::move(ps)), threads_(cuda_batch_starts(programs_).back()) {
+#if defined(STAGECRAFT_WITH_CUDA)  // (without the kernels no GPU runs it: CudaFused::generated)
+    source_ = cuda_batch_source(programs_);
+#endif
+  }
   const std::vector<FusedProgram>& programs() const { return programs_; }
   const std::string& source() const { return source_; }
 
