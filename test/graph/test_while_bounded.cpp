@@ -82,6 +82,29 @@ TEST_CASE("while_loop maximum_iterations: a loop whose condition never ends it s
   CHECK(g(sc::scalar(1.f)).item<float>() == 9.f);
 }
 
+TEST_CASE("while_loop maximum_iterations: a variable the body assigns is assigned once per round run", "[while][bounded][variables]") {
+  sc::Variable acc(sc::scalar(0.f), "acc", false);
+  auto body = [&](sc::Tensor x) {
+    return sc::while_loop([&](sc::Tensor) { return acc < 100.f; },
+                          [&](sc::Tensor v) {
+                            acc.assign_add(sc::scalar(1.f));
+                            return v + acc;
+                          },
+                          x, sc::WhileOptions{.maximum_iterations = 3});
+  };
+  auto f = sc::function(body);
+  for (const bool traced : {false, true}) {
+    INFO((traced ? "traced" : "eager"));
+    acc.assign(sc::scalar(0.f));
+    CHECK((traced ? f(sc::scalar(0.f)) : body(sc::scalar(0.f))).item<float>() == 1.f + 2.f + 3.f);
+    CHECK(acc.value().item<float>() == 3.f);
+    acc.assign(sc::scalar(98.5f));  // the condition ends it after two rounds
+    CHECK((traced ? f(sc::scalar(0.f)) : body(sc::scalar(0.f))).item<float>() == 99.5f + 100.5f);
+    CHECK(acc.value().item<float>() == 100.5f);
+  }
+  CHECK(f.trace_count() == 1);
+}
+
 TEST_CASE("while_loop maximum_iterations: gradients, eager and staged, match x * s^rounds", "[while][bounded][grad]") {
   // y = x * s^k with k = min(bound, rounds the condition allows): dy/dx = s^k, dy/ds = k x s^(k-1).
   auto grads = [](const sc::Tensor& x, const sc::Tensor& s) {
