@@ -1,6 +1,5 @@
 // custom_gradient, and jacobian / hessian-vector products built on the tape.
 #pragma once
-#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,7 +39,7 @@ inline void record_custom(const std::shared_ptr<const CustomRule>& rule, const s
   if (context().tapes == nullptr || context().no_record > 0) return;
   // The user's line: a replayed graph node's (a staged function's gradient), else the call's.
   const SrcLoc at = context().loc_override != nullptr ? *context().loc_override : SrcLoc::from(loc);
-  if (!rule->unpassed_reads.empty()) fail_unpassed_read(rule->unpassed_reads.front(), at);
+  if (!rule->unpassed_read.empty()) fail_unpassed_read(rule->unpassed_read, at);
   record_joint("custom_gradient", xs, ys,
                [rule, xs, ys, loc, at](const std::vector<Tensor>& g, ops::Wanted) {
                  std::vector<Tensor> grads = g;
@@ -77,17 +76,16 @@ inline std::vector<Tensor> custom_results(const std::shared_ptr<const CustomRule
   return outs;
 }
 
-/// The trainable variables in r that are not one of xs (a forward pass may read a trainable
-/// variable only through xs: one it reads itself gets no gradient from the rule; TensorFlow
-/// raises here too).
-inline std::vector<std::string> unpassed_reads(const CustomReads& r, const std::vector<Tensor>& xs) {
-  std::vector<std::string> names;
+/// The name of the first trainable variable in r that is not one of xs, or "" (a forward pass may
+/// read a trainable variable only through xs: one it reads itself gets no gradient from the rule;
+/// TensorFlow raises here too).
+inline std::string unpassed_read(const CustomReads& r, const std::vector<Tensor>& xs) {
   for (const auto& v : r.reads) {
     bool passed = false;
     for (const Tensor& x : xs) passed = passed || x.impl()->variable == v.get();
-    if (!passed && std::find(names.begin(), names.end(), v->name) == names.end()) names.push_back(v->name);
+    if (!passed) return v->name;
   }
-  return names;
+  return {};
 }
 
 /// Runs forward(xs) unrecorded, watching the trainable variables it reads: when a tape records
@@ -112,9 +110,8 @@ Ys custom_forward(const std::function<Ys(const std::vector<Tensor>&)>& forward, 
     if (recorded || traced) ctx.custom_reads = &reads;
     ys = forward(xs);
   }
-  if (reads.reads.empty()) return ys;
-  rule.unpassed_reads = unpassed_reads(reads, xs);
-  if (recorded && !rule.unpassed_reads.empty()) fail_unpassed_read(rule.unpassed_reads.front(), SrcLoc::from(loc));
+  rule.unpassed_read = unpassed_read(reads, xs);
+  if (recorded && !rule.unpassed_read.empty()) fail_unpassed_read(rule.unpassed_read, SrcLoc::from(loc));
   return ys;
 }
 

@@ -39,9 +39,9 @@ struct CustomRule {
   using Backward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads, const std::vector<Tensor>& xs,
                                                      const std::vector<Tensor>& ys)>;
   Backward backward;
-  /// Trainable variables a traced call's forward pass read without taking them as inputs: the
-  /// rule cannot give them a gradient, so recording the call (the staged gradient) raises.
-  std::vector<std::string> unpassed_reads;
+  /// A trainable variable a traced call's forward pass read without taking it as an input (its
+  /// name; empty: none): the rule cannot give it a gradient, so recording the call raises.
+  std::string unpassed_read;
 };
 
 /// An op's inputs as a recorded entry keeps them: up to three inline (every op but concat and

@@ -412,6 +412,15 @@ STAGECRAFT_COMPILED_INLINE void record_while_gradient(const Tensors& init, const
   stagecraft::detail::record_joint("while_loop", ins, vars, std::move(vjp), loc);
 }
 
+/// A traced cond_fn's result as the loop's condition: a one-element tensor, as a bool scalar.
+STAGECRAFT_COMPILED_INLINE Tensor loop_condition(Tensor c, const std::source_location& loc) {
+  stagecraft::detail::require_defined(c, "while_loop", loc);
+  if (c.numel() != 1)
+    stagecraft::detail::fail<ShapeError>("while_loop", loc, "cond_fn must return a one-element tensor, got shape ", c.shape());
+  if (c.dtype() != DType::b8) c = cast(c, DType::b8, loc);
+  return c.rank() == 0 ? c : reshape(c, Shape{}, loc);
+}
+
 STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const Tensors&)>& cond_fn,
                                               const std::function<Tensors(const Tensors&)>& body_fn,
                                               const Tensors& vars, const std::source_location& loc, bool with_count) {
@@ -444,14 +453,7 @@ STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const T
     specs.push_back({v.shape(), v.dtype()});
     devs.push_back(v.device());
   }
-  Body cond_b = trace_body("while_cond", specs, devs, [&](const Tensors& a) {
-    Tensor c = cond_fn(a);
-    stagecraft::detail::require_defined(c, "while_loop", loc);
-    if (c.numel() != 1)
-      stagecraft::detail::fail<ShapeError>("while_loop", loc, "cond_fn must return a one-element tensor, got shape ", c.shape());
-    if (c.dtype() != DType::b8) c = cast(c, DType::b8, loc);
-    return Tensors{c.rank() == 0 ? c : reshape(c, Shape{}, loc)};
-  }, loc);
+  Body cond_b = trace_body("while_cond", specs, devs, [&](const Tensors& a) { return Tensors{loop_condition(cond_fn(a), loc)}; }, loc);
   Body body_b = trace_body("while_body", specs, devs, body_fn, loc);
   read_assigned_in_place(cond_b, body_b);
   const auto outs_spec = specs_of(*body_b.graph, body_b.graph->outputs);
@@ -513,14 +515,7 @@ STAGECRAFT_COMPILED_INLINE Tensors while_bounded(const std::function<Tensor(cons
   with_counter.push_back(stagecraft::detail::fill_on(vars.empty() ? Device::cpu() : vars[0].device(), Shape{}, 0.0,
                                                      DType::i64, loc));
   Tensors outs = while_impl(
-      [&](const Tensors& a) {
-        Tensor c = cond_fn(user_vars(a));
-        stagecraft::detail::require_defined(c, "while_loop", loc);
-        if (c.numel() != 1)
-          stagecraft::detail::fail<ShapeError>("while_loop", loc, "cond_fn must return a one-element tensor, got shape ", c.shape());
-        if (c.dtype() != DType::b8) c = cast(c, DType::b8, loc);
-        return logical_and(less(a[n], rounds, loc), c.rank() == 0 ? c : reshape(c, Shape{}, loc), loc);
-      },
+      [&](const Tensors& a) { return logical_and(less(a[n], rounds, loc), loop_condition(cond_fn(user_vars(a)), loc), loc); },
       [&](const Tensors& a) {
         Tensors next = body_fn(user_vars(a));
         if (next.size() != n)
