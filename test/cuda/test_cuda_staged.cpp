@@ -488,6 +488,20 @@ TEST_CASE("cuda graphs: a while_loop bounded by maximum_iterations stops at the 
     check_three_calls(plain, graphed, want, 0.0, x.to(gpu), l.to(gpu));
   }
   CHECK(body(x, sc::scalar(0.01f))[1].item<float>() == 4.f);
+  // The bound as a traced tensor on the GPU: one trace (and one captured graph) for every bound.
+  auto by_tensor = [](sc::Tensor in, sc::Tensor limit, sc::Tensor n) {
+    auto [z, k] = sc::while_loop([&](sc::Tensor v, sc::Tensor) { return sc::max(sc::abs(v)) > limit; },
+                                 [](sc::Tensor v, sc::Tensor r) { return std::make_tuple(v * 0.5f, r + 1.f); },
+                                 std::make_tuple(in, sc::sum(in) * 0.f), sc::WhileOptions{.maximum_iterations = n});
+    return std::vector<sc::Tensor>{z, k};
+  };
+  auto plain_t = sc::function(by_tensor), graphed_t = sc::function(by_tensor);
+  for (const std::int64_t n : {std::int64_t{0}, std::int64_t{2}, std::int64_t{9}}) {
+    const std::vector<sc::Tensor> want = by_tensor(x, sc::scalar(0.01f), sc::scalar(n));
+    check_three_calls(plain_t, graphed_t, want, 0.0, x.to(gpu), sc::scalar(0.01f).to(gpu), sc::scalar(n).to(gpu));
+  }
+  CHECK(plain_t.trace_count() == 1);
+  CHECK(plain_t(x.to(gpu), sc::scalar(0.01f).to(gpu), sc::scalar(std::int64_t{3}))[1].item<float>() == 3.f);  // bound on the CPU
 }
 
 TEST_CASE("cuda graphs: two threads capture their plans at the same time, each replaying its own graph",

@@ -1,8 +1,10 @@
 // Staged control flow: sc::cond and sc::while_loop. With a concrete predicate they are plain C++
 // control flow; while tracing they record cond/while nodes holding traced bodies, with gradients.
 #pragma once
+#include <concepts>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,6 +16,7 @@
 
 #include "../autodiff/tape.hpp"
 #include "../core/creation.hpp"
+#include "../ops/check_range.hpp"
 #include "interpret.hpp"
 #include "structure.hpp"
 #include "trace.hpp"
@@ -259,6 +262,11 @@ STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const T
 STAGECRAFT_COMPILED_INLINE Tensors while_bounded(const std::function<Tensor(const Tensors&)>& cond_fn,
                                                  const std::function<Tensors(const Tensors&)>& body_fn,
                                                  const Tensors& vars, std::int64_t rounds, const std::source_location& loc);
+/// The same with the bound a one-element integer tensor: read now when it and the loop are
+/// concrete; else traced, so one trace serves every bound (a negative one fails when it runs).
+STAGECRAFT_COMPILED_INLINE Tensors while_bounded(const std::function<Tensor(const Tensors&)>& cond_fn,
+                                                 const std::function<Tensors(const Tensors&)>& body_fn,
+                                                 const Tensors& vars, const Tensor& bound, const std::source_location& loc);
 #if STAGECRAFT_DEFINE_COMPILED
 STAGECRAFT_COMPILED_INLINE void record_cond_gradient(const Tensor& pred, const Body& then_b, const Body& else_b,
                                                      const ReplayVars& pre, const Tensors& outs,
@@ -492,14 +500,44 @@ STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const T
   return outs;
 }
 
+/// The staged bounded loop: a counter as one more loop variable (on the first variable's
+/// device), the condition `below(counter) && cond_fn(...)`.
+STAGECRAFT_COMPILED_INLINE Tensors while_counted(const std::function<Tensor(const Tensors&)>& cond_fn,
+                                                 const std::function<Tensors(const Tensors&)>& body_fn,
+                                                 const Tensors& vars, const std::function<Tensor(const Tensor&)>& below,
+                                                 const std::source_location& loc) {
+  const std::size_t n = vars.size();
+  auto user_vars = [n](const Tensors& a) { return Tensors(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(n)); };
+  Tensors with_counter = vars;
+  with_counter.push_back(stagecraft::detail::fill_on(vars.empty() ? Device::cpu() : vars[0].device(), Shape{}, 0.0,
+                                                     DType::i64, loc));
+  Tensors outs = while_impl(
+      [&](const Tensors& a) { return logical_and(below(a[n]), loop_condition(cond_fn(user_vars(a)), loc), loc); },
+      [&](const Tensors& a) {
+        Tensors next = body_fn(user_vars(a));
+        if (next.size() != n)
+          stagecraft::detail::fail<StagingError>("while_loop", loc, "body_fn returns ", next.size(), " tensors for ", n,
+                                                 " loop variables");
+        next.push_back(add(a[n], std::int64_t{1}, loc));
+        return next;
+      },
+      with_counter, loc, false);
+  outs.pop_back();
+  return outs;
+}
+
+STAGECRAFT_COMPILED_INLINE bool loop_is_symbolic(const Tensors& vars) {
+  bool symbolic = stagecraft::detail::context().trace != nullptr;
+  for (const Tensor& v : vars) symbolic |= v.is_symbolic();
+  return symbolic;
+}
+
 STAGECRAFT_COMPILED_INLINE Tensors while_bounded(const std::function<Tensor(const Tensors&)>& cond_fn,
                                                  const std::function<Tensors(const Tensors&)>& body_fn,
                                                  const Tensors& vars, std::int64_t rounds, const std::source_location& loc) {
   if (rounds < 0)
     stagecraft::detail::fail<ValueError>("while_loop", loc, "maximum_iterations must be >= 0, got ", rounds);
-  bool symbolic = stagecraft::detail::context().trace != nullptr;
-  for (const Tensor& v : vars) symbolic |= v.is_symbolic();
-  if (!symbolic) {  // counted in C++: cond_fn is not called once the bound is reached
+  if (!loop_is_symbolic(vars)) {  // counted in C++: cond_fn is not called once the bound is reached
     std::int64_t done = 0;
     return while_impl([&](const Tensors& v) { return done == rounds ? scalar(false) : cond_fn(v); },
                       [&](const Tensors& v) {
@@ -508,25 +546,28 @@ STAGECRAFT_COMPILED_INLINE Tensors while_bounded(const std::function<Tensor(cons
                       },
                       vars, loc, false);
   }
-  // Staged: a counter as one more loop variable, the condition `counter < rounds && cond_fn(...)`.
-  const std::size_t n = vars.size();
-  auto user_vars = [n](const Tensors& a) { return Tensors(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(n)); };
-  Tensors with_counter = vars;
-  with_counter.push_back(stagecraft::detail::fill_on(vars.empty() ? Device::cpu() : vars[0].device(), Shape{}, 0.0,
-                                                     DType::i64, loc));
-  Tensors outs = while_impl(
-      [&](const Tensors& a) { return logical_and(less(a[n], rounds, loc), loop_condition(cond_fn(user_vars(a)), loc), loc); },
-      [&](const Tensors& a) {
-        Tensors next = body_fn(user_vars(a));
-        if (next.size() != n)
-          stagecraft::detail::fail<StagingError>("while_loop", loc, "body_fn returns ", next.size(), " tensors for ", n,
-                                                 " loop variables");
-        next.push_back(a[n] + std::int64_t{1});
-        return next;
-      },
-      with_counter, loc, false);
-  outs.pop_back();
-  return outs;
+  return while_counted(cond_fn, body_fn, vars, [&](const Tensor& counter) { return less(counter, rounds, loc); }, loc);
+}
+
+STAGECRAFT_COMPILED_INLINE Tensors while_bounded(const std::function<Tensor(const Tensors&)>& cond_fn,
+                                                 const std::function<Tensors(const Tensors&)>& body_fn,
+                                                 const Tensors& vars, const Tensor& bound, const std::source_location& loc) {
+  stagecraft::detail::require_defined(bound, "while_loop", loc);
+  if (bound.numel() != 1)
+    stagecraft::detail::fail<ShapeError>("while_loop", loc, "maximum_iterations must be a one-element tensor, got shape ",
+                                         bound.shape());
+  if (!is_integral(bound.dtype()))
+    stagecraft::detail::fail<DTypeError>("while_loop", loc, "maximum_iterations must be an integer tensor, got ",
+                                         name(bound.dtype()));
+  if (!bound.is_symbolic())  // read now (inside a trace: a constant of the graph)
+    return while_bounded(cond_fn, body_fn, vars, bound.astype(DType::i64).item<std::int64_t>(), loc);
+  // Traced: checked when the plan runs, an i64 scalar on the counter's device.
+  const Device counter_dev = vars.empty() ? Device::cpu() : vars[0].device();
+  Tensor b = stagecraft::detail::check_range(bound, 0, std::numeric_limits<std::int64_t>::max(), loc, "while_loop");
+  if (b.dtype() != DType::i64) b = cast(b, DType::i64, loc);
+  if (b.rank() != 0) b = reshape(b, Shape{}, loc);
+  if (b.device() != counter_dev) b = b.to(counter_dev);
+  return while_counted(cond_fn, body_fn, vars, [&](const Tensor& counter) { return less(counter, b, loc); }, loc);
 }
 #endif  // STAGECRAFT_DEFINE_COMPILED
 
@@ -573,13 +614,35 @@ template <class... T>
 struct is_tensor_tuple<std::tuple<T...>> : std::bool_constant<(std::is_same_v<T, Tensor> && ...)> {};
 }  // namespace detail_cf_api
 
+/// A bound on a while_loop's rounds: a number, or a one-element integer tensor (or Variable).
+/// Inside sc::function a traced tensor stays a value of the graph, so one trace serves every
+/// bound; a concrete one is read when the loop is made.
+class IterationBound {
+ public:
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  IterationBound(I rounds) : rounds_(static_cast<std::int64_t>(rounds)) {}  // NOLINT: implicit by design
+  template <class T>
+    requires(std::convertible_to<const T&, Tensor> && !std::integral<T>)
+  IterationBound(const T& rounds) : tensor_(rounds) {}  // NOLINT: implicit by design
+
+  bool is_tensor() const { return tensor_.has_value(); }
+  std::int64_t rounds() const { return rounds_; }          ///< the number (when not a tensor)
+  const Tensor& tensor() const { return *tensor_; }        ///< the tensor (when is_tensor())
+
+ private:
+  std::int64_t rounds_ = 0;
+  std::optional<Tensor> tensor_;
+};
+
 /// Options of sc::while_loop.
 struct WhileOptions {
   /// At most this many rounds of the body (>= 0), as TensorFlow's maximum_iterations: the loop
   /// ends when cond_fn is false or the body has run this often. Eagerly cond_fn is not called
   /// once the bound is reached; a traced loop computes `rounds < bound && cond_fn(...)`.
+  /// A number or an integer tensor (traced: a negative one is a ValueError when it runs).
   /// Unset: no bound.
-  std::optional<std::int64_t> maximum_iterations;
+  std::optional<IterationBound> maximum_iterations;
 };
 
 /// while (cond_fn(vars...)) vars = body_fn(vars...), staged: outside a trace on concrete tensors
@@ -611,8 +674,10 @@ V while_loop(C&& cond_fn, B&& body_fn, const V& loop_vars, const WhileOptions& o
     if constexpr (std::is_same_v<V, Tensor>) return {body_fn(v[0])};
     else return to_vec(std::apply(body_fn, from_vec(v)));
   };
-  if (options.maximum_iterations)
-    return from_vec(graph::detail_cf::while_bounded(c, b, to_vec(loop_vars), *options.maximum_iterations, loc));
+  if (const auto& bound = options.maximum_iterations; bound && bound->is_tensor())
+    return from_vec(graph::detail_cf::while_bounded(c, b, to_vec(loop_vars), bound->tensor(), loc));
+  else if (bound)
+    return from_vec(graph::detail_cf::while_bounded(c, b, to_vec(loop_vars), bound->rounds(), loc));
   return from_vec(graph::detail_cf::while_impl(c, b, to_vec(loop_vars), loc));
 }
 
