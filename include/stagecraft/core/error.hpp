@@ -1,11 +1,13 @@
 // The error hierarchy and the one way errors are formatted: "[op] what is wrong at file:line".
 #pragma once
 #include <concepts>
+#include <cstddef>
 #include <source_location>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "../config.hpp"
 
@@ -71,32 +73,70 @@ std::string concat_parts(const Parts&... parts) {
   return m;
 }
 
-/// Throws E with "[op] message at file:line"; cold so the happy path stays small.
-template <class E, class... Parts>
-[[noreturn]] SC_COLD void fail(std::string_view op, const std::source_location& loc,
-                               const Parts&... parts) {
-  std::string m = "[";
-  m.append(op);
-  m.append("] ");
-  (append_part(m, parts), ...);
-  m.append(" at ");
-  m.append(where(loc));
-  throw E(m);
+/// One part of an error message with its type erased: a pointer and the function that appends
+/// what it points to. Error sites pass their parts so, and the formatting below is instantiated
+/// once per error kind, not once per combination of parts (string literals of every length, a
+/// Shape, a DType, ...: a file tracing one op had over a hundred combinations, ~35 KB of code).
+struct MessagePart {
+  const void* p;
+  void (*append)(std::string&, const void*);
+};
+template <class X>
+SC_NOINLINE void append_erased(std::string& m, const void* p) {
+  append_part(m, *static_cast<const X*>(p));
+}
+SC_NOINLINE inline void append_c_string(std::string& m, const void* p) { append_part(m, static_cast<const char*>(p)); }
+SC_ALWAYS_INLINE MessagePart message_part(const char* s) { return {s, &append_c_string}; }  // (literals decay here)
+template <class X>
+SC_ALWAYS_INLINE MessagePart message_part(const X& x) {
+  return {&x, &append_erased<X>};
 }
 
-/// As fail(), for a location kept as a file name and line (graph nodes, loaded graphs).
-template <class E, class... Parts>
-[[noreturn]] SC_COLD void fail_at(std::string_view op, std::string_view file, unsigned line, const Parts&... parts) {
+/// "[op] parts at file:line".
+SC_COLD inline std::string format_error(std::string_view op, std::string_view file, unsigned line,
+                                        const MessagePart* parts, std::size_t n) {
   if (auto p = file.find_last_of("/\\"); p != std::string_view::npos) file.remove_prefix(p + 1);
   std::string m = "[";
   m.append(op);
   m.append("] ");
-  (append_part(m, parts), ...);
+  for (std::size_t i = 0; i < n; ++i) parts[i].append(m, parts[i].p);
   m.append(" at ");
   m.append(file);
   m.append(":");
   m.append(std::to_string(line));
-  throw E(m);
+  return m;
+}
+template <class E>
+[[noreturn]] SC_COLD void throw_error(std::string_view op, std::string_view file, unsigned line,
+                                      const MessagePart* parts, std::size_t n) {
+  throw E(format_error(op, file, line, parts, n));
+}
+
+/// A part as error sites pass it on: string literals (of any length) as `const char*`, anything
+/// else by reference. Literals of every length then share one instantiation.
+template <class X>
+using passed_part = std::conditional_t<std::is_array_v<X>, const std::remove_extent_t<X>*, const X&>;
+template <class E, class... Parts>
+[[noreturn]] SC_COLD void fail_parts(std::string_view op, const std::source_location& loc, Parts... parts) {
+  const MessagePart erased[sizeof...(Parts) + 1] = {message_part(parts)..., MessagePart{nullptr, nullptr}};
+  throw_error<E>(op, loc.file_name(), static_cast<unsigned>(loc.line()), erased, sizeof...(Parts));
+}
+template <class E, class... Parts>
+[[noreturn]] SC_COLD void fail_parts_at(std::string_view op, std::string_view file, unsigned line, Parts... parts) {
+  const MessagePart erased[sizeof...(Parts) + 1] = {message_part(parts)..., MessagePart{nullptr, nullptr}};
+  throw_error<E>(op, file, line, erased, sizeof...(Parts));
+}
+
+/// Throws E with "[op] message at file:line"; cold so the happy path stays small.
+template <class E, class... Parts>
+[[noreturn]] SC_ALWAYS_INLINE void fail(std::string_view op, const std::source_location& loc, const Parts&... parts) {
+  fail_parts<E, passed_part<Parts>...>(op, loc, parts...);
+}
+
+/// As fail(), for a location kept as a file name and line (graph nodes, loaded graphs).
+template <class E, class... Parts>
+[[noreturn]] SC_ALWAYS_INLINE void fail_at(std::string_view op, std::string_view file, unsigned line, const Parts&... parts) {
+  fail_parts_at<E, passed_part<Parts>...>(op, file, line, parts...);
 }
 
 /// Throws an error of e's kind (ShapeError, ..., or Error) with message m.
