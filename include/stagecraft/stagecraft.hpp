@@ -25,6 +25,7 @@
 #include "ops/where.hpp"
 
 #include "ops/reduce.hpp"
+#include "ops/clip_norm.hpp"
 
 #include "ops/broadcast_to.hpp"
 #include "ops/concat.hpp"

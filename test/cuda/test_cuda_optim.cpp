@@ -163,3 +163,32 @@ TEST_CASE("cuda optim: a step over CPU and GPU variables by turns updates each w
     }
   }
 }
+
+TEST_CASE("gradient clipping by norm on the GPU equals the CPU, eager and traced", "[cuda][optim][clip_norm]") {
+  for (const sc::DType dt : {sc::f32, sc::f64}) {
+    INFO(sc::name(dt));
+    const sc::Tensor a = values({33, 7}, dt, 301) * 4.0, b = values({50}, dt, 302);
+    auto clip = [](const sc::Tensor& x, const sc::Tensor& y) {
+      auto [c, n] = sc::clip_by_global_norm({x, sc::Tensor(), y}, 3.0);
+      return std::vector<sc::Tensor>{c[0], c[2], n, sc::clip_by_norm(x, 1.0, {1}), sc::global_norm({y})};
+    };
+    auto traced = sc::function([&](sc::Tensor x, sc::Tensor y) { return clip(x, y); });
+    const std::vector<sc::Tensor> want = clip(a, b);
+    for (const auto& got : {clip(a.to(gpu), b.to(gpu)), traced(a.to(gpu), b.to(gpu))}) {
+      REQUIRE(got.size() == want.size());
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        INFO("result " << k);
+        check_same(got[k], want[k], tol_of(dt) * 10);
+      }
+    }
+  }
+  // Tensors on two devices: the norm is on the first one's, each result on its tensor's.
+  const sc::Tensor a = values({4}, sc::f32, 303), b = values({6}, sc::f32, 304);
+  auto [mixed, n] = sc::clip_by_global_norm({a.to(gpu), b}, 0.5);
+  auto [cpu_only, cpu_n] = sc::clip_by_global_norm({a, b}, 0.5);
+  CHECK(n.device() == gpu);
+  CHECK(mixed[1].device() == sc::Device::cpu());
+  check_same(mixed[0], cpu_only[0], 2e-6);
+  check_same(n, cpu_n, 2e-6);
+  sctest::check_close(mixed[1].astype(sc::f64).to_vector<double>(), cpu_only[1].astype(sc::f64).to_vector<double>(), 2e-6);
+}
