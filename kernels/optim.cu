@@ -15,7 +15,8 @@ template <int N>
 struct UpdateParams {
   abi::UpdateTensor t[N];
   const void* lr;
-  double lr_host, c0, c1, c2;
+  const void* decay;  // AdamW's decay factor as a device scalar (flag set), or decay_host
+  double lr_host, c0, c1, c2, decay_host;
   int count;
   bool flag;
 };
@@ -32,16 +33,20 @@ __device__ T rate(const UpdateParams<N>& p) {
   return p.lr != nullptr ? *static_cast<const T*>(p.lr) : static_cast<T>(p.lr_host);
 }
 
-/// Adam's arithmetic on element i (in {g, m, v, w}, out {m1, v1, w1}); c0, c1, c2: a1, a2, eps.
+/// Adam's arithmetic on element i (in {g, m, v, w}, out {m1, v1, w1}); c0, c1, c2: a1, a2, eps;
+/// flag: AdamW's decay first (w - w d).
 template <class T>
 struct AdamStep {
-  T r, a1, a2, e;
+  T r, a1, a2, e, d;
+  bool decayed;
   template <int N>
   __device__ explicit AdamStep(const UpdateParams<N>& p)
-      : r(rate<T>(p)), a1(static_cast<T>(p.c0)), a2(static_cast<T>(p.c1)), e(static_cast<T>(p.c2)) {}
+      : r(rate<T>(p)), a1(static_cast<T>(p.c0)), a2(static_cast<T>(p.c1)), e(static_cast<T>(p.c2)),
+        d(p.decay != nullptr ? *static_cast<const T*>(p.decay) : static_cast<T>(p.decay_host)), decayed(p.flag) {}
   __device__ void operator()(const abi::UpdateTensor& t, std::int64_t i) const {
     const T gi = static_cast<const T*>(t.in[0])[i], m0 = static_cast<const T*>(t.in[1])[i];
-    const T v0 = static_cast<const T*>(t.in[2])[i], w0 = static_cast<const T*>(t.in[3])[i];
+    const T v0 = static_cast<const T*>(t.in[2])[i], wt = static_cast<const T*>(t.in[3])[i];
+    const T w0 = decayed ? wt - wt * d : wt;
     const T mi = m0 + (gi - m0) * a1;
     const T vi = v0 + (gi * gi - v0) * a2;
     const T step = (mi * r) / (rules::Sqrt::f(vi) + e);
@@ -89,9 +94,17 @@ __global__ void update_kernel(const __grid_constant__ UpdateParams<N> p) {
   for (std::int64_t i = (blockIdx.x - first) * blockDim.x + threadIdx.x; i < t.n; i += stride) step(t, i);
 }
 
+/// A launch's scalars: the rate, the optimizer's constants, the flag and AdamW's decay.
+struct Scalars {
+  const void* lr;
+  double lr_host, c0, c1, c2;
+  bool flag;
+  const void* decay = nullptr;
+  double decay_host = 0;
+};
+
 template <template <class> class Step, int N>
-Status launch_as(DT dt, const abi::UpdateTensor* t, int count, const void* lr, double lr_host, double c0, double c1,
-                 double c2, bool flag, abi::Stream s) {
+Status launch_as(DT dt, const abi::UpdateTensor* t, int count, const Scalars& c, abi::Stream s) {
   UpdateParams<N> p;
   std::int64_t blocks = 0;
   for (int k = 0; k < count; ++k) {
@@ -99,13 +112,15 @@ Status launch_as(DT dt, const abi::UpdateTensor* t, int count, const void* lr, d
     blocks += blocks_of(t[k].n);
   }
   if (blocks == 0) return cudaSuccess;
-  p.lr = lr;
-  p.lr_host = lr_host;
-  p.c0 = c0;
-  p.c1 = c1;
-  p.c2 = c2;
+  p.lr = c.lr;
+  p.decay = c.decay;
+  p.lr_host = c.lr_host;
+  p.c0 = c.c0;
+  p.c1 = c.c1;
+  p.c2 = c.c2;
+  p.decay_host = c.decay_host;
   p.count = count;
-  p.flag = flag;
+  p.flag = c.flag;
   const auto st = static_cast<cudaStream_t>(s);
   const auto grid = static_cast<unsigned>(blocks);
   if (dt == DT::f32) update_kernel<Step, float, N><<<grid, block_threads, 0, st>>>(p);
@@ -115,13 +130,12 @@ Status launch_as(DT dt, const abi::UpdateTensor* t, int count, const void* lr, d
 }
 
 template <template <class> class Step>
-Status launch(DT dt, const abi::UpdateTensor* t, int count, const void* lr, double lr_host, double c0, double c1,
-              double c2, bool flag, abi::Stream s) {
+Status launch(DT dt, const abi::UpdateTensor* t, int count, const Scalars& c, abi::Stream s) {
   if (count < 0 || count > abi::update_max_tensors) return cudaErrorInvalidValue;
   if (count == 0) return cudaSuccess;
-  if (count <= 4) return launch_as<Step, 4>(dt, t, count, lr, lr_host, c0, c1, c2, flag, s);
-  if (count <= 16) return launch_as<Step, 16>(dt, t, count, lr, lr_host, c0, c1, c2, flag, s);
-  return launch_as<Step, abi::update_max_tensors>(dt, t, count, lr, lr_host, c0, c1, c2, flag, s);
+  if (count <= 4) return launch_as<Step, 4>(dt, t, count, c, s);
+  if (count <= 16) return launch_as<Step, 16>(dt, t, count, c, s);
+  return launch_as<Step, abi::update_max_tensors>(dt, t, count, c, s);
 }
 
 }  // namespace
@@ -131,13 +145,13 @@ namespace stagecraft::cuda::abi {
 using namespace stagecraft::cuda::kernels;
 
 Status adam_update(DT dt, const UpdateTensor* t, int count, const void* lr, double lr_host, double a1, double a2,
-                   double eps, Stream s) noexcept {
-  return launch<AdamStep>(dt, t, count, lr, lr_host, a1, a2, eps, false, s);
+                   double eps, bool decayed, const void* decay, double decay_host, Stream s) noexcept {
+  return launch<AdamStep>(dt, t, count, Scalars{lr, lr_host, a1, a2, eps, decayed, decay, decay_host}, s);
 }
 
 Status sgd_update(DT dt, const UpdateTensor* t, int count, const void* lr, double lr_host, double momentum,
                   bool nesterov, Stream s) noexcept {
-  return launch<SgdStep>(dt, t, count, lr, lr_host, momentum, 0, 0, nesterov, s);
+  return launch<SgdStep>(dt, t, count, Scalars{lr, lr_host, momentum, 0, 0, nesterov}, s);
 }
 
 }  // namespace stagecraft::cuda::abi

@@ -563,16 +563,19 @@ T* out(const UpdateTensor& u, int k) {
 }  // namespace
 
 Status adam_update(DT dt, const UpdateTensor* t, int count, const void* lr, double lr_host, double a1, double a2,
-                   double eps, Stream s) noexcept {
+                   double eps, bool decayed, const void* decay, double decay_host, Stream s) noexcept {
   return emu::visit_float(dt, [&](auto tag) -> Status {
     using T = decltype(tag);
     // The constants rounded to T at the launch, as optim.cu's kernel does with its parameters.
     const T r_host = static_cast<T>(lr_host), c1 = static_cast<T>(a1), c2 = static_cast<T>(a2), e = static_cast<T>(eps);
+    const T d_host = static_cast<T>(decay_host);
     return update_launch(t, count, s, [=](const UpdateTensor& u, std::int64_t i) {
       // A device rate is read when the kernel runs (an earlier launch may compute it); every
       // operation rounded on its own, in the composite's order.
       const T r = lr != nullptr ? *emu::host(static_cast<const T*>(lr)) : r_host;
-      const T gi = in<T>(u, 0)[i], m0 = in<T>(u, 1)[i], v0 = in<T>(u, 2)[i], w0 = in<T>(u, 3)[i];
+      const T gi = in<T>(u, 0)[i], m0 = in<T>(u, 1)[i], v0 = in<T>(u, 2)[i], wt = in<T>(u, 3)[i];
+      const T d = decay != nullptr ? *emu::host(static_cast<const T*>(decay)) : d_host;
+      const T w0 = decayed ? T(wt - emu::rounded(T(wt * d))) : wt;  // AdamW's decoupled decay first
       const T mi = m0 + emu::rounded(T((gi - m0) * c1));
       const T vi = v0 + emu::rounded(T((emu::rounded(T(gi * gi)) - v0) * c2));
       const T step = emu::rounded(T(mi * r)) / T(rules::Sqrt::f(vi) + e);

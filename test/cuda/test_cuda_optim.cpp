@@ -1,7 +1,8 @@
-// The optimizers' fused updates of GPU variables, a step's updates launched together
-// (optim::fused::GpuUpdates, abi::adam_update / sgd_update over a table of variables): the same
-// bits as the composite ops, the CPU's values within rounding, one launch per 48 variables of a
-// dtype, and a step's waiting updates dropped, not half-applied, when it is left early.
+// The optimizers' fused updates of GPU variables (AdamW's decay in the same kernel), a step's
+// updates launched together (optim::fused::GpuUpdates, abi::adam_update / sgd_update over a table
+// of variables): the same bits as the composite ops, the CPU's values within rounding, one launch
+// per 48 variables of a dtype, and a step's waiting updates dropped, not half-applied, when it is
+// left early.
 #include "cuda/cuda_testing.hpp"
 
 #include <memory>
@@ -12,10 +13,11 @@ using namespace sctest::cuda;
 
 namespace {
 
-enum class Opt { adam, sgd, momentum, nesterov };
+enum class Opt { adam, sgd, momentum, nesterov, adamw };
 
 std::unique_ptr<sc::optim::Optimizer> make(Opt which) {
   if (which == Opt::adam) return std::make_unique<sc::optim::Adam>(0.01);
+  if (which == Opt::adamw) return std::make_unique<sc::optim::AdamW>(0.01, 0.05);
   return std::make_unique<sc::optim::SGD>(0.1, which == Opt::sgd ? 0.0 : 0.9, which == Opt::nesterov);
 }
 
@@ -72,7 +74,7 @@ TEST_CASE("cuda optim: a step's fused updates launched together equal the compos
   std::vector<std::int64_t> with_large = sizes;
   with_large[7] = 530000;
   for (const Model& m : {Model{with_large, {sc::f32}}, Model{sizes, {sc::f32, sc::f64}}, Model{{3, 9}, {sc::f64}}})
-    for (const Opt which : {Opt::adam, Opt::sgd, Opt::momentum, Opt::nesterov}) {
+    for (const Opt which : {Opt::adam, Opt::sgd, Opt::momentum, Opt::nesterov, Opt::adamw}) {
       INFO("optimizer " << static_cast<int>(which) << ", " << m.dtypes.size() << " dtypes, " << m.sizes.size()
                         << " variables");
       const auto fused = train(which, m, gpu, true), composite = train(which, m, gpu, false);
@@ -137,7 +139,7 @@ TEST_CASE("cuda optim: a step's waiting GPU updates apply at flush, or not at al
 TEST_CASE("cuda optim: a step over CPU and GPU variables by turns updates each where it lives", "[cuda][optim]") {
   // The CPU's updates run at once, the GPU's wait for the step's launch (one per run of GPU
   // variables sharing a rate): the values of an all-CPU run either way.
-  for (const Opt which : {Opt::adam, Opt::momentum}) {
+  for (const Opt which : {Opt::adam, Opt::momentum, Opt::adamw}) {
     INFO("optimizer " << static_cast<int>(which));
     const auto run = [&](bool mixed) {
       std::vector<sc::Variable> vars;

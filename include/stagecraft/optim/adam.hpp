@@ -1,5 +1,6 @@
 // optim::Adam: adaptive moment estimation with bias correction.
 #pragma once
+#include <array>
 #include <cmath>
 #include <source_location>
 #include <string>
@@ -57,11 +58,23 @@ class Adam : public Optimizer {
   // were ~75% of a batch-1 MLP training step.
   void update(const Tensor& g, Variable& var, Variable* slots, const Tensor& lr,
               const std::source_location& loc) override {
+    update_decayed(g, var, slots, lr, Tensor(), loc);
+  }
+
+  /// The update, with var -= var * decay first where decay (one element of var's dtype) is
+  /// defined: AdamW's decoupled weight decay, in the same loop or kernel.
+  void update_decayed(const Tensor& g, Variable& var, Variable* slots, const Tensor& lr, const Tensor& decay,
+                      const std::source_location& loc) {
     Variable& m = slots[0];
     Variable& v = slots[1];
-    if (fused::eligible(g, var, slots, 2, lr)) {
-      fused::adam(g, var, m, v, lr, 1 - beta1_, 1 - beta2_, eps_);
+    if (fused::eligible(g, var, slots, 2, lr) &&
+        (!decay.defined() || fused::scalar_ok(decay, var.dtype(), var.device()))) {
+      fused::adam(g, var, m, v, lr, 1 - beta1_, 1 - beta2_, eps_, decay);
       return;
+    }
+    if (decay.defined()) {  // the decay as its own assignment; the update below reads the result
+      const Tensor w0 = var.value();
+      var.assign(sub(w0, mul(w0, decay, loc), loc), loc);
     }
     // One op per statement where a call has two made arguments: the order of the ops (and so the
     // fused group a trace makes of them, fused.hpp's adam_program) does not depend on the compiler.
@@ -78,6 +91,48 @@ class Adam : public Optimizer {
 
  private:
   double beta1_, beta2_, eps_;
+};
+
+/// AdamW (Loshchilov & Hutter 2019): Adam with decoupled weight decay, as Keras's and PyTorch's
+/// AdamW. Each step first shrinks every variable, w -= w * (lr * weight_decay), lr the learning
+/// rate (not the bias-corrected step size; a schedule's changes apply to it), then takes Adam's
+/// step from the gradient, which the decay never enters. Same slots ("m", "v") and checkpoints as
+/// Adam; eagerly one loop per variable on the CPU and one launch for a step's variables on a GPU,
+/// the decay included. Decaying only some variables (not biases, say): two optimizers.
+class AdamW : public Adam {
+ public:
+  /// weight_decay finite and >= 0 (0: Adam exactly); the rest as Adam's. Keras's defaults.
+  explicit AdamW(double lr = 1e-3, double weight_decay = 0.004, double beta1 = 0.9, double beta2 = 0.999,
+                 double eps = 1e-7, std::source_location loc = std::source_location::current())
+      : Adam(lr, beta1, beta2, eps, loc), weight_decay_(weight_decay) {
+    if (!(weight_decay >= 0 && std::isfinite(weight_decay)))
+      stagecraft::detail::fail<ValueError>("AdamW", loc, "weight_decay must be finite and >= 0, got ", weight_decay);
+  }
+
+  std::string_view name() const override { return "AdamW"; }
+  double weight_decay() const { return weight_decay_; }
+
+ protected:
+  /// Adam's step size; also this step's decay factor lr * weight_decay (f64, from the learning
+  /// rate variable: a traced step reads it at every call).
+  Tensor step_size(const std::source_location& loc) override {
+    decay_ = mul(learning_rate_variable().value(), weight_decay_, loc);
+    decay_as_ = {};
+    return Adam::step_size(loc);
+  }
+
+  void update(const Tensor& g, Variable& var, Variable* slots, const Tensor& lr,
+              const std::source_location& loc) override {
+    if (weight_decay_ == 0) return Adam::update(g, var, slots, lr, loc);
+    Tensor& d = decay_as_[static_cast<std::size_t>(var.dtype())];  // converted once per dtype a step
+    if (!d.defined() || d.device() != var.device()) d = cast(decay_, var.dtype(), loc).to(var.device(), loc);
+    update_decayed(g, var, slots, lr, d, loc);
+  }
+
+ private:
+  double weight_decay_;
+  Tensor decay_;
+  std::array<Tensor, num_dtypes> decay_as_{};
 };
 
 }  // namespace stagecraft::optim

@@ -32,6 +32,11 @@ inline thread_local bool enabled = true;
 /// g are concrete tensors of var's floating dtype on var's device (the CPU, or a GPU in a CUDA
 /// build; tensors are contiguous), lr one element of that dtype there or on the CPU. Otherwise
 /// the composite runs.
+/// A per-step scalar of a fused update (the rate, AdamW's decay): concrete, one element of the
+/// variable's dtype d, on its device dev or on the CPU.
+inline bool scalar_ok(const Tensor& s, DType d, Device dev) {
+  return !s.is_symbolic() && s.dtype() == d && s.numel() == 1 && (s.device() == dev || s.device().is_cpu());
+}
 inline bool eligible(const Tensor& g, const Variable& var, const Variable* slots, std::size_t n, const Tensor& lr) {
   const detail::Context& ctx = detail::context();
   if (!enabled || ctx.trace != nullptr || (ctx.tapes != nullptr && ctx.no_record == 0)) return false;
@@ -42,7 +47,7 @@ inline bool eligible(const Tensor& g, const Variable& var, const Variable* slots
   if (!dev.is_cpu() && !(cuda::built && dev.is_cuda())) return false;
   auto ok = [d, dev](const Tensor& t) { return !t.is_symbolic() && t.device() == dev && t.dtype() == d; };
   if (!ok(w) || !ok(g) || g.shape() != w.shape()) return false;
-  if (lr.is_symbolic() || lr.dtype() != d || lr.numel() != 1 || !(lr.device() == dev || lr.device().is_cpu())) return false;
+  if (!scalar_ok(lr, d, dev)) return false;
   for (std::size_t i = 0; i < n; ++i)
     if (!ok(slots[i].value())) return false;
   return true;
@@ -98,14 +103,15 @@ inline void store(T* p, std::int64_t i, const V& v) {
 inline Tensor like(const Tensor& t) { return stagecraft::detail::empty_tensor(t.shape(), t.dtype(), t.device()); }
 
 /// Adam's update of n elements (optim/adam.hpp: its op order and roundings), a1 = 1 - beta1,
-/// a2 = 1 - beta2, r = lr_t. Each element's inputs are read before its outputs are written, so an
-/// output may be an input's buffer.
+/// a2 = 1 - beta2, r = lr_t; with `decayed` (AdamW) each w is first w - w d. Each element's inputs
+/// are read before its outputs are written, so an output may be an input's buffer.
 template <class T>
 void adam_loop(std::int64_t n, const T* pg, const T* pm, const T* pv, const T* pw, T* qm, T* qv, T* qw, T r, T a1,
-               T a2, T e) {
+               T a2, T e, bool decayed = false, T d = 0) {
   using std::sqrt;
   for_each_element<T>(n, [&]<class V>(std::int64_t i) {
-    const V gi = load<V>(pg, i), m0 = load<V>(pm, i), v0 = load<V>(pv, i), w0 = load<V>(pw, i);
+    const V gi = load<V>(pg, i), m0 = load<V>(pm, i), v0 = load<V>(pv, i), wt = load<V>(pw, i);
+    const V w0 = decayed ? V(wt - rounded(V(wt * V(d)))) : wt;
     const V mi = m0 + rounded(V((gi - m0) * V(a1)));
     const V vi = v0 + rounded(V((rounded(V(gi * gi)) - v0) * V(a2)));
     const V step = rounded(V(mi * V(r))) / V(sqrt(vi) + V(e));
@@ -122,6 +128,7 @@ struct GpuUpdate {
   bool nesterov = false;
   std::array<double, 3> c{};  // Adam: 1 - beta1, 1 - beta2, eps; SGD: the momentum
   Tensor lr;
+  Tensor decay;                // AdamW's decay factor (undefined: none)
   std::array<Tensor, 4> in;    // abi::UpdateTensor's order (undefined: none)
   std::array<Tensor, 3> out;   // new buffers, likewise
   std::array<Variable, 3> to;  // the variable out[k] becomes (undefined: none)
@@ -129,7 +136,9 @@ struct GpuUpdate {
   const Tensor& weights() const { return out[adam ? 2 : 0]; }
   /// Whether o can share this update's launch: same optimizer, constants, rate, device and dtype.
   bool launches_with(const GpuUpdate& o) const {
+    const auto decay_of = [](const GpuUpdate& u) { return u.decay.defined() ? u.decay.raw_data() : nullptr; };
     return adam == o.adam && nesterov == o.nesterov && c == o.c && lr.raw_data() == o.lr.raw_data() &&
+           decay.defined() == o.decay.defined() && decay_of(*this) == decay_of(o) &&
            weights().device() == o.weights().device() && weights().dtype() == o.weights().dtype();
   }
 };
@@ -156,7 +165,8 @@ inline void launch(std::vector<GpuUpdate>& u, [[maybe_unused]] const std::source
     const GpuUpdate& x = u[b];
     const Tensor& w = x.weights();
     if (x.adam)
-      backend::cuda::adam_update(table, w.dtype(), w.device(), x.lr, x.c[0], x.c[1], x.c[2], "Adam", loc);
+      backend::cuda::adam_update(table, w.dtype(), w.device(), x.lr, x.c[0], x.c[1], x.c[2], x.decay,
+                                 x.decay.defined() ? "AdamW" : "Adam", loc);
     else
       backend::cuda::sgd_update(table, w.dtype(), w.device(), x.lr, x.c[0], x.nesterov, "SGD", loc);
     b = e;
@@ -205,14 +215,16 @@ class GpuUpdates {
 
 /// Adam's update (optim/adam.hpp, its op order and roundings): c1 = 1 - beta1, c2 = 1 - beta2.
 ///   m += (g - m) * c1;  v += (g*g - v) * c2;  w -= (m * lr) / (sqrt(v) + eps)
+/// With decay defined (AdamW's decay factor, as lr: one element of var's dtype), w -= w * decay first.
 inline void adam(const Tensor& g, Variable& var, Variable& m, Variable& v, const Tensor& lr, double c1, double c2,
-                 double eps) {
+                 double eps, const Tensor& decay = Tensor()) {
   Tensor m1 = detail::like(m.value()), v1 = detail::like(v.value()), w1 = detail::like(var.value());
   if (w1.device().is_cuda()) {
     // (c1, c2 and eps are rounded to var's dtype in the kernel's launch, as static_cast<T> below.)
     detail::GpuUpdate u;
     u.c = {c1, c2, eps};
     u.lr = lr;
+    u.decay = decay;
     u.in = {g, m.value(), v.value(), var.value()};
     u.out = {m1, v1, w1};
     u.to = {m, v, var};
@@ -224,7 +236,8 @@ inline void adam(const Tensor& g, Variable& var, Variable& m, Variable& v, const
     auto in = [](const Tensor& t) { return static_cast<const T*>(t.raw_data()); };
     auto out = [](const Tensor& t) { return static_cast<T*>(t.raw_data()); };
     detail::adam_loop<T>(var.numel(), in(g), in(m.value()), in(v.value()), in(var.value()), out(m1), out(v1), out(w1),
-                         lr.item<T>(), static_cast<T>(c1), static_cast<T>(c2), static_cast<T>(eps));
+                         lr.item<T>(), static_cast<T>(c1), static_cast<T>(c2), static_cast<T>(eps), decay.defined(),
+                         decay.defined() ? decay.item<T>() : T(0));
   });
   m.assign(m1);
   v.assign(v1);

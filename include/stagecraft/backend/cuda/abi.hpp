@@ -337,8 +337,10 @@ inline constexpr int update_max_tensors = 48;
 /// Adam's fused update of count (<= update_max_tensors) variables of dt (f32/f64) in one launch,
 /// as optim/fused.hpp's CPU loop, op by op: m1 = m + (g - m) a1; v1 = v + (g g - v) a2;
 /// w1 = w - (m1 lr) / (sqrt(v1) + eps). lr: the rate as a device scalar of dt, or null for lr_host.
+/// With `decayed` (AdamW), w is first w - w d (decoupled weight decay), d as lr: the device scalar
+/// decay, or decay_host when it is null.
 Status adam_update(DT dt, const UpdateTensor* t, int count, const void* lr, double lr_host, double a1, double a2,
-                   double eps, Stream s) noexcept;
+                   double eps, bool decayed, const void* decay, double decay_host, Stream s) noexcept;
 /// SGD's fused update of count variables (UpdateTensor's SGD order): step = g lr; w1 = w - step,
 /// or with a velocity vel1 = vel momentum - step and w1 = w + vel1 (nesterov: w + (vel1 momentum -
 /// step)). lr as adam_update's.

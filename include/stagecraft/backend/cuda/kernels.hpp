@@ -545,12 +545,16 @@ void update_launches(std::span<const abi::UpdateTensor> t, F&& launch) {
 
 /// Adam's updates of the variables t (abi::UpdateTensor's order: tensors of dtype d on dev, new
 /// buffers out), abi::update_max_tensors to a launch; lr (d, one element) on the GPU or the CPU.
+/// With decay defined (AdamW: d of dtype d, one element, on the GPU or the CPU), each w is first w - w decay.
 inline void adam_update(std::span<const abi::UpdateTensor> t, DType d, Device dev, const Tensor& lr, double a1,
-                        double a2, double eps, std::string_view op, const std::source_location& loc) {
-  double host = 0;
+                        double a2, double eps, const Tensor& decay, std::string_view op, const std::source_location& loc) {
+  double host = 0, decay_host = 0;
   const void* rate = rate_on_device(lr, host);
+  const void* dec = decay.defined() ? rate_on_device(decay, decay_host) : nullptr;
   update_launches(t, [&](const abi::UpdateTensor* first, int n) {
-    check(abi::adam_update(dt(d), first, n, rate, host, a1, a2, eps, stream(dev, op, loc)), dev, op, loc);
+    check(abi::adam_update(dt(d), first, n, rate, host, a1, a2, eps, decay.defined(), dec, decay_host,
+                           stream(dev, op, loc)),
+          dev, op, loc);
   });
 }
 
