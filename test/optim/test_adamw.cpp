@@ -166,6 +166,10 @@ TEST_CASE("AdamW: Adam's slots and checkpoint names; bad hyperparameters are rep
     CHECK_THAT(m, Catch::Contains("[AdamW] weight_decay must be finite and >= 0") &&
                       Catch::Contains("test_adamw.cpp:" + std::to_string(line)));
   }
-  const std::string m = error_of<sc::ShapeError>([&] { opt.apply({sc::zeros({2})}, {w}); });
+  std::string m = error_of<sc::ValueError>([&] { sc::optim::AdamW bad_opt(1e-3, 0.01, 1.5); });
+  CHECK_THAT(m, Catch::Contains("[AdamW] beta1 must be in [0, 1), got 1.5"));
+  m = error_of<sc::ValueError>([&] { sc::optim::AdamW bad_opt(1e-3, 0.01, 0.9, 0.999, -1.0); });
+  CHECK_THAT(m, Catch::Contains("[AdamW] eps must be finite and >= 0, got -1"));
+  m = error_of<sc::ShapeError>([&] { opt.apply({sc::zeros({2})}, {w}); });
   CHECK_THAT(m, Catch::Contains("AdamW::apply"));
 }

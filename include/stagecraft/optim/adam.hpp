@@ -4,6 +4,8 @@
 #include <cmath>
 #include <source_location>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "../ops/binary.hpp"
@@ -25,13 +27,7 @@ class Adam : public Optimizer {
   /// beta1, beta2 in [0, 1); eps >= 0.
   explicit Adam(double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-7,
                 std::source_location loc = std::source_location::current())
-      : Optimizer(lr, {"m", "v"}, loc), beta1_(beta1), beta2_(beta2), eps_(eps) {
-    check_range(beta1, 0, 1, false, "beta1", loc);
-    check_range(beta2, 0, 1, false, "beta2", loc);
-    if (!(eps >= 0 && std::isfinite(eps)))
-      stagecraft::detail::fail<ValueError>("Adam", loc, "eps must be finite and >= 0, got ", eps);
-    fused::register_adam_program();  // a traced update runs as one loop (fused.hpp)
-  }
+      : Adam("Adam", lr, beta1, beta2, eps, loc) {}
 
   std::string_view name() const override { return "Adam"; }
   double beta1() const { return beta1_; }
@@ -39,6 +35,18 @@ class Adam : public Optimizer {
   double epsilon() const { return eps_; }
 
  protected:
+  /// `who` names the optimizer in the errors of the checks (a derived one's name() is not yet
+  /// its own while this runs).
+  Adam(std::string_view who, double lr, double beta1, double beta2, double eps, const std::source_location& loc)
+      : Optimizer(lr, {"m", "v"}, loc), beta1_(beta1), beta2_(beta2), eps_(eps) {
+    for (const auto& [x, what] : {std::pair{beta1, "beta1"}, std::pair{beta2, "beta2"}})
+      if (!(x >= 0 && x < 1))
+        stagecraft::detail::fail<ValueError>(who, loc, what, " must be in [0, 1), got ", x);
+    if (!(eps >= 0 && std::isfinite(eps)))
+      stagecraft::detail::fail<ValueError>(who, loc, "eps must be finite and >= 0, got ", eps);
+    fused::register_adam_program();  // a traced update runs as one loop (fused.hpp)
+  }
+
   /// lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t), 8 ops once per step, in the learning
   /// rate's dtype (f64) from the `iterations` and `learning_rate` variables, so a traced step
   /// stays right. beta^t is pow(beta, t) with t a tensor: exact at beta = 0 (0^t = 0 for
@@ -104,7 +112,7 @@ class AdamW : public Adam {
   /// weight_decay finite and >= 0 (0: Adam exactly); the rest as Adam's. Keras's defaults.
   explicit AdamW(double lr = 1e-3, double weight_decay = 0.004, double beta1 = 0.9, double beta2 = 0.999,
                  double eps = 1e-7, std::source_location loc = std::source_location::current())
-      : Adam(lr, beta1, beta2, eps, loc), weight_decay_(weight_decay) {
+      : Adam("AdamW", lr, beta1, beta2, eps, loc), weight_decay_(weight_decay) {
     if (!(weight_decay >= 0 && std::isfinite(weight_decay)))
       stagecraft::detail::fail<ValueError>("AdamW", loc, "weight_decay must be finite and >= 0, got ", weight_decay);
   }
