@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
+#include <memory>
 #include <source_location>
 #include <string>
 #include <string_view>
@@ -18,6 +20,7 @@
 #include "../ops/cast.hpp"
 #include "../state/variable.hpp"
 #include "fused.hpp"
+#include "schedules.hpp"
 
 namespace stagecraft::optim {
 
@@ -100,6 +103,7 @@ class Optimizer {
     GradientTape::StopRecording quiet;  // optimizer steps are never part of a gradient
     // From here on: ops only, never a value read on the host (see the class comment).
     iterations_.assign_add(one_, loc);  // now t, 1 for the first step
+    if (schedule_) lr_.assign((*schedule_)(sub(iterations_.value(), one_, loc), loc), loc);  // at step t - 1
     const Tensor lr = step_size(loc);   // once per step, in the learning rate's dtype
     std::array<Tensor, num_dtypes> lr_as{};  // lr converted to each variable dtype, once
     fused::GpuUpdates gpu_updates;            // the fused GPU updates launch together, below
@@ -207,11 +211,24 @@ class Optimizer {
   /// The learning rate as a variable (f64 scalar, not trainable): a schedule inside a traced
   /// step assigns it a tensor.
   const Variable& learning_rate_variable() const { return lr_; }
-  /// Changes the learning rate for the following steps (schedules set it between steps).
+  /// Changes the learning rate for the following steps (and ends a schedule set before).
   void set_learning_rate(double lr, std::source_location loc = std::source_location::current()) {
     check_lr(lr, loc);
     lr_.assign(scalar<double>(lr).to(lr_.device(), loc), loc);
+    schedule_.reset();
   }
+  /// Follows `schedule` from the next step on: each step first sets the learning rate to
+  /// schedule(step), the step counted from 0 (iterations() before it), with ops on the step
+  /// counter, so a traced step follows the schedule without a retrace and a restored counter
+  /// resumes it. set_learning_rate() ends it. (schedules.hpp: ExponentialDecay, CosineDecay,
+  /// PiecewiseConstantDecay, or a LearningRateSchedule of your own.)
+  template <std::derived_from<LearningRateSchedule> S>
+  void set_schedule(S schedule) {
+    schedule_ = std::make_shared<const S>(std::move(schedule));
+  }
+  void set_schedule(std::shared_ptr<const LearningRateSchedule> schedule) { schedule_ = std::move(schedule); }
+  /// The schedule the steps follow, or null.
+  const LearningRateSchedule* schedule() const { return schedule_.get(); }
 
  protected:
   /// lr: the learning rate; slot_names: the per-variable state this optimizer keeps.
@@ -265,6 +282,7 @@ class Optimizer {
   Variable iterations_;
   Tensor one_;   // the counter's increment (i64 scalar 1), made once
   Variable lr_;  // "learning_rate": f64 scalar
+  std::shared_ptr<const LearningRateSchedule> schedule_;  // sets lr_ at each step when set
 };
 
 }  // namespace stagecraft::optim
