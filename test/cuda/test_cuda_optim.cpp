@@ -194,3 +194,33 @@ TEST_CASE("gradient clipping by norm on the GPU equals the CPU, eager and traced
   check_same(n, cpu_n, 2e-6);
   sctest::check_close(mixed[1].astype(sc::f64).to_vector<double>(), cpu_only[1].astype(sc::f64).to_vector<double>(), 2e-6);
 }
+
+TEST_CASE("cuda optim: learning-rate schedules run on the GPU with its variables, eager and traced", "[cuda][optim][schedule]") {
+  auto run = [](sc::Device dev, bool traced) {
+    sc::Variable w(values({7}, sc::f32, 501).to(dev), "w");
+    sc::optim::AdamW adam(1.0, 0.1);
+    adam.set_schedule(sc::optim::CosineDecay(0.0, 6, 0.1, 0.05, 2));
+    sc::optim::SGD sgd(1.0);
+    sgd.set_schedule(sc::optim::PiecewiseConstantDecay({1, 2}, {0.3, 0.2, 0.1}));
+    sc::Variable u(values({5}, sc::f64, 502).to(dev), "u");
+    auto step = [&](sc::Tensor g, sc::Tensor h) {
+      adam.apply({g}, {w});
+      sgd.apply({h}, {u});
+    };
+    auto f = sc::function(step);
+    for (int t = 0; t < 5; ++t) {
+      const sc::Tensor g = values({7}, sc::f32, 510 + t).to(dev), h = values({5}, sc::f64, 520 + t).to(dev);
+      traced ? f(g, h) : step(g, h);
+    }
+    return std::vector<sc::Tensor>{w.value(), u.value(), sc::scalar(adam.learning_rate()), sc::scalar(sgd.learning_rate())};
+  };
+  const auto want = run(sc::Device::cpu(), false);
+  for (const bool traced : {false, true}) {
+    INFO((traced ? "traced" : "eager"));
+    const auto got = run(gpu, traced);
+    check_same(got[0], want[0], 1e-6);
+    check_same(got[1], want[1], 1e-13);
+    CHECK(got[2].item<double>() == Approx(want[2].item<double>()).epsilon(1e-14));
+    CHECK(got[3].item<double>() == want[3].item<double>());
+  }
+}
