@@ -202,3 +202,39 @@ TEST_CASE("cuda eager: custom_gradient staged on a GPU gives the rule's gradient
   CHECK(f.get_concrete(xg, wg).stats().plan.kernels == plain.get_concrete(xg, wg).stats().plan.kernels);
   check_same(f(xg, wg), plain(x, w), 1e-5);
 }
+
+TEST_CASE("cuda: BatchNorm on the GPU equals the CPU, training and evaluation, eager and traced, with gradients",
+          "[cuda][staged][batch_norm]") {
+  auto run = [](sc::Device dev, bool traced) {
+    const sc::DeviceScope on(dev);
+    sc::nn::BatchNorm bn(4, 0.1, 1e-5);
+    auto step = [&](sc::Tensor x) {
+      sc::GradientTape tape;
+      tape.watch(x);
+      const sc::Tensor loss = sc::sum(sc::square(bn(x)) * x);
+      std::vector<sc::Tensor> out = tape.gradient(loss, std::vector<sc::Tensor>{x, bn.gamma, bn.beta});
+      out.push_back(loss);
+      return out;
+    };
+    auto f = sc::function(step);
+    std::vector<sc::Tensor> out;
+    for (int t = 0; t < 2; ++t) {
+      const sc::Tensor x = values({3, 4, 5, 2}, sc::f32, 600 + t).to(dev);
+      for (const sc::Tensor& r : traced ? f(x) : step(x)) out.push_back(r);
+    }
+    out.push_back(bn.moving_mean.value());
+    out.push_back(bn.moving_variance.value());
+    out.push_back(bn(values({2, 4, 3, 3}, sc::f32, 610).to(dev), false));
+    return out;
+  };
+  const auto want = run(sc::Device::cpu(), false);
+  for (const bool traced : {false, true}) {
+    INFO((traced ? "traced" : "eager"));
+    const auto got = run(gpu, traced);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      INFO("result " << k);
+      check_same(got[k], want[k], 2e-5);
+    }
+  }
+}

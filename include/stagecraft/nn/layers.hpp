@@ -1,6 +1,7 @@
-// All layers: nn::Dense, nn::Conv2D, nn::LSTMCell, nn::Embedding, nn::LayerNorm, nn::Dropout (each a
-// sc::Module, called as layer(x)).
+// All layers: nn::Dense, nn::Conv2D, nn::LSTMCell, nn::Embedding, nn::LayerNorm, nn::BatchNorm,
+// nn::Dropout (each a sc::Module, called as layer(x)).
 #pragma once
+#include "batch_norm.hpp"
 #include "conv.hpp"
 #include "dense.hpp"
 #include "dropout.hpp"
