@@ -94,7 +94,9 @@ inline Tensor batch_norm(const Tensor& x, const Tensor& gamma = Tensor(), const 
 /// the batch's mean and population variance and moves the running ones toward the batch's:
 ///   moving = (1 - momentum) * moving + momentum * batch   (the variance's unbiased, n / (n - 1))
 /// After `bn.eval()` (or `bn(x, false)`) it normalizes by the running statistics. Inside
-/// sc::function the updates are assignments of the traced step, made at every call.
+/// sc::function the updates are assignments of the traced step, made at every call; the mode is
+/// read when the function is traced, so pass it as an argument (`[&](sc::Tensor x, bool training)
+/// { return bn(x, training); }`: one trace per value) where one function serves both.
 class BatchNorm : public Module {
  public:
   explicit BatchNorm(std::int64_t channels, double momentum = 0.1, double eps = 1e-5, DType dtype = DType::f32,
