@@ -141,6 +141,14 @@ TEST_CASE("BatchNorm: a traced training step equals the eager one and updates th
     return out;
   };
   check_close(run(true), run(false), 1e-12);
+  // One function for both modes: the mode as an argument (a trace for each value).
+  sc::nn::BatchNorm bn(3, 0.1, 1e-5, sc::f64);
+  auto f = sc::function([&](sc::Tensor x, bool training) { return bn(x, training); });
+  const sc::Tensor x = sctest::uniform_tensor({4, 3}, 120, -2, 2);
+  const sc::Tensor trained = f(x, true);
+  check_close(trained.to_vector<double>(), sc::nn::batch_norm(x).to_vector<double>(), 1e-12);
+  check_close(f(x, false).to_vector<double>(), bn(x, false).to_vector<double>(), 1e-14);
+  CHECK(f.trace_count() == 2);
 }
 
 TEST_CASE("BatchNorm: misuse is reported at the user's line", "[nn][batch_norm][errors]") {
