@@ -92,7 +92,7 @@ TEST_CASE("BatchNorm: training normalizes by the batch and moves the running sta
   }
 }
 
-TEST_CASE("batch_norm: f32 against the f64 reference; integers become f32", "[nn][batch_norm]") {
+TEST_CASE("batch_norm: f32 against the f64 reference, and integers become f32", "[nn][batch_norm]") {
   const sc::Tensor x = sc::cast(sctest::uniform_tensor({8, 4, 3, 3}, 80, -2, 2), sc::f32);
   const Stats st = stats_of(sc::cast(x, sc::f64).to_vector<double>(), 8, 4, 9);
   const Vec want = normalized(sc::cast(x, sc::f64).to_vector<double>(), 8, 4, 9, st.mean, st.var, Vec(4, 1.0), Vec(4, 0.0), 1e-5);

@@ -83,7 +83,7 @@ TEST_CASE("schedules: an optimizer's steps use the schedule's rate at step 0, 1,
   }
 }
 
-TEST_CASE("schedules: Adam follows a cosine schedule; a restored step counter resumes it", "[optim][schedule]") {
+TEST_CASE("schedules: Adam follows a cosine schedule, and a restored step counter resumes it", "[optim][schedule]") {
   auto schedule = std::make_shared<const opt::CosineDecay>(0.1, 8);
   sc::Variable w(sc::tensor({1.0, -1.0}), "w");
   opt::Adam adam(1.0);

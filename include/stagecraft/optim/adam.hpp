@@ -80,10 +80,6 @@ class Adam : public Optimizer {
       fused::adam(g, var, m, v, lr, 1 - beta1_, 1 - beta2_, eps_, decay);
       return;
     }
-    if (decay.defined()) {  // the decay as its own assignment; the update below reads the result
-      const Tensor w0 = var.value();
-      var.assign(sub(w0, mul(w0, decay, loc), loc), loc);
-    }
     // One op per statement where a call has two made arguments: the order of the ops (and so the
     // fused group a trace makes of them, fused.hpp's adam_program) does not depend on the compiler.
     const Tensor m0 = m.value(), v0 = v.value();
@@ -94,7 +90,16 @@ class Adam : public Optimizer {
     v.assign(v1, loc);
     const Tensor denominator = add(sqrt(v1, loc), eps_, loc);
     const Tensor scaled = mul(m1, lr, loc);
-    var.assign_sub(div(scaled, denominator, loc), loc);
+    const Tensor step = div(scaled, denominator, loc);
+    if (!decay.defined()) {
+      var.assign_sub(step, loc);
+      return;
+    }
+    // AdamW: (w - w * decay) - step, one assignment, so a trace fuses it with the rest (fused.hpp's
+    // adamw_program); the same roundings as the decay first.
+    const Tensor w0 = var.value();
+    const Tensor decayed = sub(w0, mul(w0, decay, loc), loc);
+    var.assign(sub(decayed, step, loc), loc);
   }
 
  private:
@@ -115,6 +120,7 @@ class AdamW : public Adam {
       : Adam("AdamW", lr, beta1, beta2, eps, loc), weight_decay_(weight_decay) {
     if (!(weight_decay >= 0 && std::isfinite(weight_decay)))
       stagecraft::detail::fail<ValueError>("AdamW", loc, "weight_decay must be finite and >= 0, got ", weight_decay);
+    fused::register_adamw_program();  // a traced update runs as one loop, the decay in it
   }
 
   std::string_view name() const override { return "AdamW"; }

@@ -277,6 +277,38 @@ inline void register_adam_program() {
   (void)done;
 }
 
+/// The fused group a traced AdamW update of one variable becomes: adam_program's, with the decayed
+/// weights w - w * d in place of w (Adam::update_decayed's composite, op by op; inputs by first use
+/// g, m, 1 - beta1, v, 1 - beta2, eps, lr_t, w, d; outputs m, v, w).
+inline graph::FusedProgram adamw_program() {
+  using ops::OpId;
+  const Shape all{1}, one{};
+  graph::FusedProgram p;
+  p.input_shapes = {all, all, one, all, one, one, one, all, one};
+  p.code = {{OpId::Sub, 0, 1},  {OpId::Mul, 9, 2},   {OpId::Add, 1, 10},  {OpId::Square, 0, -1}, {OpId::Sub, 12, 3},
+            {OpId::Mul, 13, 4}, {OpId::Add, 3, 14},  {OpId::Sqrt, 15, -1}, {OpId::Add, 16, 5},  {OpId::Mul, 11, 6},
+            {OpId::Div, 18, 17}, {OpId::Mul, 7, 8},  {OpId::Sub, 7, 20},  {OpId::Sub, 21, 19}};
+  p.outputs = {11, 15, 22};
+  return p;
+}
+
+/// adamw_program()'s kernel: in (g, m, c1, v, c2, eps, lr, w, d), out (m, v, w).
+inline void run_adamw_program(std::span<const Tensor> in, std::span<Tensor> out) {
+  visit_floating(in[0].dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto p = [&](std::size_t k) { return static_cast<const T*>(in[k].raw_data()); };
+    auto q = [&](std::size_t k) { return static_cast<T*>(out[k].raw_data()); };
+    detail::adam_loop<T>(out[0].numel(), p(0), p(1), p(3), p(7), q(0), q(1), q(2), *p(6), *p(2), *p(4), *p(5), true,
+                         *p(8));
+  });
+}
+
+/// As register_adam_program, for AdamW's update (its constructor calls it).
+inline void register_adamw_program() {
+  static const bool done = graph::register_special({"adamw", adamw_program(), &run_adamw_program});
+  (void)done;
+}
+
 /// SGD's update (optim/sgd.hpp): step = g * lr; without momentum w -= step; with momentum mu
 ///   velocity = velocity * mu - step;  w += velocity  (nesterov: w += velocity * mu - step)
 /// velocity is null without momentum.
