@@ -429,13 +429,18 @@ STAGECRAFT_COMPILED_INLINE Tensor loop_condition(Tensor c, const std::source_loc
   return c.rank() == 0 ? c : reshape(c, Shape{}, loc);
 }
 
+/// Whether a loop over `vars` is staged: inside a trace, or with a symbolic variable.
+STAGECRAFT_COMPILED_INLINE bool loop_is_symbolic(const Tensors& vars) {
+  bool symbolic = stagecraft::detail::context().trace != nullptr;
+  for (const Tensor& v : vars) symbolic |= v.is_symbolic();
+  return symbolic;
+}
+
 STAGECRAFT_COMPILED_INLINE Tensors while_impl(const std::function<Tensor(const Tensors&)>& cond_fn,
                                               const std::function<Tensors(const Tensors&)>& body_fn,
                                               const Tensors& vars, const std::source_location& loc, bool with_count) {
   for (const Tensor& v : vars) stagecraft::detail::require_defined(v, "while_loop", loc);
-  bool symbolic = stagecraft::detail::context().trace != nullptr;
-  for (const Tensor& v : vars) symbolic |= v.is_symbolic();
-  if (!symbolic) {  // plain C++ loop (a tape records every iteration's ops)
+  if (!loop_is_symbolic(vars)) {  // plain C++ loop (a tape records every iteration's ops)
     Tensors v = vars;
     std::int64_t iterations = 0;
     for (;; ++iterations) {
@@ -524,12 +529,6 @@ STAGECRAFT_COMPILED_INLINE Tensors while_counted(const std::function<Tensor(cons
       with_counter, loc, false);
   outs.pop_back();
   return outs;
-}
-
-STAGECRAFT_COMPILED_INLINE bool loop_is_symbolic(const Tensors& vars) {
-  bool symbolic = stagecraft::detail::context().trace != nullptr;
-  for (const Tensor& v : vars) symbolic |= v.is_symbolic();
-  return symbolic;
 }
 
 STAGECRAFT_COMPILED_INLINE Tensors while_bounded(const std::function<Tensor(const Tensors&)>& cond_fn,

@@ -130,8 +130,8 @@ class AdamW : public Adam {
   /// Adam's step size; also this step's decay factor lr * weight_decay (f64, from the learning
   /// rate variable: a traced step reads it at every call).
   Tensor step_size(const std::source_location& loc) override {
-    decay_ = mul(learning_rate_variable().value(), weight_decay_, loc);
     decay_as_ = {};
+    if (weight_decay_ != 0) decay_ = mul(learning_rate_variable().value(), weight_decay_, loc);
     return Adam::step_size(loc);
   }
 

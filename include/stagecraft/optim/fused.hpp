@@ -259,13 +259,16 @@ inline graph::FusedProgram adam_program() {
   return p;
 }
 
-/// adam_program()'s kernel: in (g, m, c1, v, c2, eps, lr, w), out (m, v, w), checked by the caller.
-inline void run_adam_program(std::span<const Tensor> in, std::span<Tensor> out) {
+/// The kernel of adam_program() (Decayed false: in g, m, c1, v, c2, eps, lr, w) and of
+/// adamw_program() (true: the same and d); out (m, v, w), checked by the caller.
+template <bool Decayed>
+void run_adam_program(std::span<const Tensor> in, std::span<Tensor> out) {
   visit_floating(in[0].dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     auto p = [&](std::size_t k) { return static_cast<const T*>(in[k].raw_data()); };
     auto q = [&](std::size_t k) { return static_cast<T*>(out[k].raw_data()); };
-    detail::adam_loop<T>(out[0].numel(), p(0), p(1), p(3), p(7), q(0), q(1), q(2), *p(6), *p(2), *p(4), *p(5));
+    detail::adam_loop<T>(out[0].numel(), p(0), p(1), p(3), p(7), q(0), q(1), q(2), *p(6), *p(2), *p(4), *p(5), Decayed,
+                         Decayed ? *p(8) : T(0));
   });
 }
 
@@ -273,7 +276,7 @@ inline void run_adam_program(std::span<const Tensor> in, std::span<Tensor> out) 
 /// a traced Adam update as adam_loop. Adam's constructor calls it; a program that runs a saved
 /// function with Adam's update and makes no Adam calls it before it loads the function.
 inline void register_adam_program() {
-  static const bool done = graph::register_special({"adam", adam_program(), &run_adam_program});
+  static const bool done = graph::register_special({"adam", adam_program(), &run_adam_program<false>});
   (void)done;
 }
 
@@ -292,20 +295,9 @@ inline graph::FusedProgram adamw_program() {
   return p;
 }
 
-/// adamw_program()'s kernel: in (g, m, c1, v, c2, eps, lr, w, d), out (m, v, w).
-inline void run_adamw_program(std::span<const Tensor> in, std::span<Tensor> out) {
-  visit_floating(in[0].dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    auto p = [&](std::size_t k) { return static_cast<const T*>(in[k].raw_data()); };
-    auto q = [&](std::size_t k) { return static_cast<T*>(out[k].raw_data()); };
-    detail::adam_loop<T>(out[0].numel(), p(0), p(1), p(3), p(7), q(0), q(1), q(2), *p(6), *p(2), *p(4), *p(5), true,
-                         *p(8));
-  });
-}
-
 /// As register_adam_program, for AdamW's update (its constructor calls it).
 inline void register_adamw_program() {
-  static const bool done = graph::register_special({"adamw", adamw_program(), &run_adamw_program});
+  static const bool done = graph::register_special({"adamw", adamw_program(), &run_adam_program<true>});
   (void)done;
 }
 
