@@ -2,6 +2,7 @@
 // (lstm_cell_staging), against the same cell run op by op and against the CPU, values, gradients
 // and launches; and what it leans on: a GPU function with several outputs differentiated through
 // one of them (the others' zero gradients made on their GPU), zeros made on a GPU by a fill kernel.
+// nn::GRUCell and nn::BatchNorm on a GPU against the CPU.
 #include "cuda_testing.hpp"
 
 #include <stagecraft/nn/layers.hpp>
@@ -237,4 +238,45 @@ TEST_CASE("cuda: BatchNorm on the GPU equals the CPU, training and evaluation, e
       check_same(got[k], want[k], 2e-5);
     }
   }
+}
+
+TEST_CASE("cuda: GRUCell on the GPU equals the CPU, staged and op by op, eager and traced, with gradients",
+          "[cuda][staged][gru]") {
+  const sc::nn::GRUCell ref(5, 7, 4);  // the weights, copied to each run's cell
+  auto run = [&](sc::Device dev, bool staging, bool traced) {
+    const bool was = sc::nn::gru_cell_staging();
+    sc::nn::gru_cell_staging() = staging;
+    const sc::DeviceScope on(dev);
+    sc::nn::GRUCell cell(5, 7, 0);
+    cell.kernel.assign(ref.kernel.value().to(dev));
+    cell.recurrent_kernel.assign(ref.recurrent_kernel.value().to(dev));
+    cell.bias.assign(values({21}, sc::f32, 621).to(dev));
+    cell.recurrent_bias.assign(values({21}, sc::f32, 620).to(dev));
+    auto steps = [&](const sc::Tensor& x0, const sc::Tensor& x1) {
+      sc::GradientTape tape;
+      tape.watch(x0);
+      const sc::Tensor h = cell(x1, cell(x0, cell.initial_state(3)));
+      const sc::Tensor loss = sc::sum(h * h * h);
+      std::vector<sc::Tensor> out = tape.gradient(
+          loss, std::vector<sc::Tensor>{x0, cell.kernel, cell.recurrent_kernel, cell.bias, cell.recurrent_bias});
+      out.push_back(h);
+      return out;
+    };
+    auto f = sc::function(steps);
+    const sc::Tensor x0 = values({3, 5}, sc::f32, 630).to(dev), x1 = values({3, 5}, sc::f32, 631).to(dev);
+    std::vector<sc::Tensor> out = traced ? f(x0, x1) : steps(x0, x1);
+    sc::nn::gru_cell_staging() = was;
+    return out;
+  };
+  const auto want = run(sc::Device::cpu(), false, false);
+  for (const bool staging : {false, true})
+    for (const bool traced : {false, true}) {
+      INFO((staging ? "staged" : "op by op") << (traced ? ", traced" : ", eager"));
+      const auto got = run(gpu, staging, traced);
+      REQUIRE(got.size() == want.size());
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        INFO("result " << k);
+        check_same(got[k], want[k], 2e-5);
+      }
+    }
 }

@@ -1,4 +1,4 @@
-// All layers: nn::Dense, nn::Conv2D, nn::LSTMCell, nn::Embedding, nn::LayerNorm, nn::BatchNorm,
+// All layers: nn::Dense, nn::Conv2D, nn::LSTMCell, nn::GRUCell, nn::Embedding, nn::LayerNorm, nn::BatchNorm,
 // nn::Dropout (each a sc::Module, called as layer(x)).
 #pragma once
 #include "batch_norm.hpp"
@@ -6,6 +6,7 @@
 #include "dense.hpp"
 #include "dropout.hpp"
 #include "embedding.hpp"
+#include "gru.hpp"
 #include "init.hpp"
 #include "lstm.hpp"
 #include "normalization.hpp"

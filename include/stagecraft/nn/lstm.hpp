@@ -19,6 +19,7 @@
 #include "../ops/unary.hpp"
 #include "../graph/function.hpp"
 #include "../state/module.hpp"
+#include "cell_staging.hpp"
 #include "init.hpp"
 
 namespace stagecraft::nn {
@@ -70,7 +71,7 @@ class LSTMCell : public Module {
                                        std::source_location loc = std::source_location::current()) const {
     check(x, state, loc);
     const Tensor w = kernel.value(loc), u = recurrent_kernel.value(loc), b = bias.value(loc);
-    if (staged_here(x, state, w)) {
+    if (detail_cell::staged_here(lstm_cell_staging(), {&x, &state.first, &state.second}, w.device(), dtype_)) {
       std::vector<Tensor> r = (*staged_)(x, state.first, state.second, w, u, b);
       return {std::move(r[0]), std::move(r[1])};
     }
@@ -128,27 +129,11 @@ class LSTMCell : public Module {
       return {std::move(h1), std::move(c1)};
     }
   };
-  /// Whether this eager call runs the staged step: staging on, and everything on the cell's device
-  /// in its dtype (no implicit copy or promotion to stage), no other DeviceScope, a batch.
-  bool staged_here(const Tensor& x, const std::pair<Tensor, Tensor>& st, const Tensor& w) const {
-    if (!lstm_cell_staging() || stagecraft::detail::context().trace != nullptr) return false;
-    if (x.is_symbolic() || st.first.is_symbolic() || st.second.is_symbolic() || x.shape()[0] == 0) return false;
-    const Device d = w.device();
-    for (const Tensor* t : {&x, &st.first, &st.second})
-      if (t->device() != d || t->dtype() != dtype_) return false;
-    const Device* scoped = stagecraft::detail::scoped_device();
-    return scoped == nullptr || *scoped == d;
-  }
-
   std::int64_t in_, hid_;
   DType dtype_;
   /// Shared by copies of the cell (they share its variables): one trace per batch shape, device
   /// and dtype of the arguments.
-  std::shared_ptr<Function<StagedStep>> staged_ = [] {
-    auto f = std::make_shared<Function<StagedStep>>(StagedStep{}, "LSTMCell");
-    f->set_retrace_log(false);  // a shape of its own for each batch size is expected
-    return f;
-  }();
+  std::shared_ptr<Function<StagedStep>> staged_ = detail_cell::staged_step<StagedStep>("LSTMCell");
 };
 
 }  // namespace stagecraft::nn
