@@ -77,6 +77,10 @@ TEST_CASE("binary ops: gradients match central differences under broadcasting", 
     rows.push_back({"pow" + shapes, [](auto& x) { return sc::pow(x[0], x[1]); }, {pos(sa, ++seed), b}});
     rows.push_back({"maximum" + shapes, [](auto& x) { return sc::maximum(x[0], x[1]); }, {a_far, b_near}});
     rows.push_back({"minimum" + shapes, [](auto& x) { return sc::minimum(x[0], x[1]); }, {a_far, b_near}});
+    // mod: quotients in (2, 3) and (-3, -2), away from the jumps at whole quotients (d/db = -2 or 3)
+    const Tensor num = vals(sa, ++seed, 0.1, 0.8, 2.1), den = vals(sb, ++seed, 1.0, 1.04);
+    rows.push_back({"mod" + shapes, [](auto& x) { return sc::mod(x[0], x[1]); }, {num, den}});
+    rows.push_back({"mod (negative divisor)" + shapes, [](auto& x) { return sc::mod(x[0], -x[1]); }, {num, den}});
     rows.push_back({"minimum (b first)" + shapes, [](auto& x) { return sc::minimum(x[1], x[0]); }, {a_far, b_near}});
   }
   // Weak C++ scalars on either side (constants: only the tensor gets a gradient).
@@ -255,13 +259,15 @@ TEST_CASE("non-differentiable ops pass no gradient (the result is a constant)", 
   sc::GradientTape t(/*persistent=*/true);
   t.watch(x);
   const std::size_t before = t.size();
-  // Comparisons, logical ops, sign, argmax/argmin: integer or bool results, never recorded.
+  // Comparisons, logical ops, sign, floor/ceil/round, argmax/argmin: piecewise constant, never recorded.
   const Tensor c = (x > 0) && (x < 2);
   const Tensor s = sc::sign(x);
+  const Tensor r = sc::floor(x) + sc::ceil(x) + sc::round(x);
   const Tensor am = sc::argmax(x, 0);
   const Tensor eq = x == x;
   CHECK(t.size() == before);
   CHECK(t.gradient(s * 2.0, x).to_vector<double>() == std::vector<double>{0, 0, 0});
+  CHECK(t.gradient(r * 2.0, x).to_vector<double>() == std::vector<double>{0, 0, 0});
   CHECK(t.gradient(sc::cast(c, sc::f64), x).to_vector<double>() == std::vector<double>{0, 0, 0});
   CHECK(t.gradient(sc::cast(am, sc::f64) + sc::cast(eq, sc::f64), x).to_vector<double>() ==
         std::vector<double>{0, 0, 0});

@@ -83,6 +83,12 @@ std::vector<OpEntry> unary_entries() {
       {"expm1", "sc::expm1", SC_CALL(sc::expm1(x[0])), [](double v) { return std::expm1(v); }, UK::floating,
        transcendental, all},
       {"erf", "sc::erf", SC_CALL(sc::erf(x[0])), [](double v) { return std::erf(v); }, UK::floating, transcendental, all},
+      {"floor", "sc::floor", SC_CALL(sc::floor(x[0])), [](double v) { return std::floor(v); }, UK::numeric,
+       exact_rounding, all},
+      {"ceil", "sc::ceil", SC_CALL(sc::ceil(x[0])), [](double v) { return std::ceil(v); }, UK::numeric, exact_rounding,
+       all},
+      {"round", "sc::round", SC_CALL(sc::round(x[0])), [](double v) { return std::nearbyint(v); }, UK::numeric,
+       exact_rounding, all},
       {"logical_not", "sc::logical_not", SC_CALL(sc::logical_not(x[0])), [](double v) { return v == 0 ? 1.0 : 0.0; },
        UK::predicate, exact_rounding, all},
       // operator! is not reachable: `!tensor` is ambiguous (see conformance_dtypes.cpp, library bug).
@@ -157,6 +163,39 @@ OpEntry binary_entry(const BinarySpec& s) {
 double fmax_nan(double a, double b) { return std::isnan(a) || std::isnan(b) ? nan_v : std::max(a, b); }
 double fmin_nan(double a, double b) { return std::isnan(a) || std::isnan(b) ? nan_v : std::min(a, b); }
 double truth(double v) { return v != 0 ? 1.0 : 0.0; }
+
+/// Python's a // b on floats, from the definition: the floor of the exact quotient (long double
+/// holds an f32 or f64 quotient's integer part well enough for these inputs); an infinite a, a NaN
+/// or b == 0 as IEEE a / b or NaN; an infinite b: 0 or -1 by the signs; a zero quotient signed as a / b.
+double py_floor_div(double a, double b) {
+  if (std::isnan(a) || std::isnan(b) || std::isinf(a)) return nan_v;
+  if (b == 0) return a / b;
+  if (std::isinf(b)) return a == 0 || (a < 0) == (b < 0) ? std::copysign(0.0, a / b) : -1.0;
+  const long double q = std::floor(static_cast<long double>(a) / static_cast<long double>(b));
+  return q == 0 ? std::copysign(0.0, a / b) : static_cast<double>(q);
+}
+/// Python's a % b on floats: the exact remainder of the truncated quotient (fmod, exact in IEEE
+/// arithmetic) moved into b's sign; a zero takes b's sign; b == 0, a NaN or an infinite a give NaN.
+double py_mod(double a, double b) {
+  if (std::isnan(a) || std::isnan(b) || std::isinf(a) || b == 0) return nan_v;
+  if (std::isinf(b)) return a == 0 ? std::copysign(0.0, b) : ((a < 0) == (b < 0) ? a : b);
+  const double r = std::fmod(a, b);
+  if (r == 0) return std::copysign(0.0, b);
+  return (r < 0) != (b < 0) ? r + b : r;
+}
+/// The integer forms: quotient floored, remainder with b's sign; a zero divisor gives 0.
+double int_floor_div(double a, double b) {
+  return b == 0 ? 0.0 : static_cast<double>(std::floor(static_cast<long double>(a) / static_cast<long double>(b)));
+}
+double int_mod(double a, double b) { return b == 0 ? 0.0 : a - b * int_floor_div(a, b); }
+
+/// floor_div or mod in the common dtype, by the float or the integer definition.
+RefFn division_ref(Fn2 on_floats, Fn2 on_ints) {
+  return [=](const std::vector<Ref>& in, const Params&) {
+    const DType d = binary_compute_dtype(BK::arithmetic, in[0].dtype, in[1].dtype);
+    return map2(in[0], in[1], d, d, sc::is_floating(d) ? on_floats : on_ints);
+  };
+}
 
 /// pow on the op's documented integer rule (repeated squaring; b < 0 gives 0 unless |a| = 1).
 double int_pow(double a, double b) {
@@ -252,6 +291,19 @@ std::vector<OpEntry> binary_entries() {
   for (DType d : floats)
     pw.cases.push_back({{{{9}, d, Gen::normal, 0, {0.0}}, {{}, d, Gen::normal, 0, {-1.0}}}, {}, "0^-1 is inf"});
   out.push_back(pw);
+
+  // floor_div and mod: the binary cases, and integer zero divisors and mixed signs spelled out.
+  const auto division = [&](const char* name, const char* api, CallFn call, RefFn ref) {
+    OpEntry e = binary_entry({name, api, std::move(call), {}, BK::arithmetic, exact_rounding});
+    e.ref = std::move(ref);
+    for (DType d : numeric)
+      e.cases.push_back({{{{12}, d, Gen::normal, 0, {7, -7, 7, -7, 0, 5, -1, 6, -6, 1.5, -2.5, 3}},
+                          {{12}, d, Gen::normal, 0, {2, 2, -2, -2, 3, 0, 3, 3, -3, 1, 1, 0.5}}},
+                         {}, "signs, zero divisors, exact quotients"});
+    out.push_back(std::move(e));
+  };
+  division("floor_div", "sc::floor_div", SC_CALL(sc::floor_div(x[0], x[1])), division_ref(py_floor_div, int_floor_div));
+  division("mod", "sc::mod", SC_CALL(sc::mod(x[0], x[1])), division_ref(py_mod, int_mod));
   return out;
 }
 

@@ -8,6 +8,6 @@
 namespace {
 [[maybe_unused]] constexpr stagecraft::cuda::abi::Geometry abi_geometry{};
 static_assert(sizeof(stagecraft::cuda::abi::Status) == sizeof(int));
-static_assert(static_cast<int>(stagecraft::cuda::abi::UnaryRule::count) == 16);
-static_assert(static_cast<int>(stagecraft::cuda::abi::BinaryRule::count) == 16);
+static_assert(static_cast<int>(stagecraft::cuda::abi::UnaryRule::count) == 19);
+static_assert(static_cast<int>(stagecraft::cuda::abi::BinaryRule::count) == 18);
 }  // namespace

@@ -51,7 +51,8 @@ TEST_CASE("cuda: unary ops == CPU", "[cuda]") {
       {"exp", sc::exp}, {"tanh", sc::tanh}, {"sigmoid", sc::sigmoid}, {"sin", sc::sin}, {"cos", sc::cos},
       {"log1p", sc::log1p}, {"expm1", sc::expm1}, {"erf", sc::erf}};
   const std::vector<std::pair<const char*, U>> numeric = {
-      {"neg", sc::neg}, {"abs", sc::abs}, {"square", sc::square}, {"relu", sc::relu}, {"sign", sc::sign}};
+      {"neg", sc::neg},     {"abs", sc::abs},   {"square", sc::square}, {"relu", sc::relu},
+      {"sign", sc::sign},   {"floor", sc::floor}, {"ceil", sc::ceil},   {"round", sc::round}};
   for (const sc::DType d : {sc::i32, sc::i64, sc::f32, sc::f64}) {
     for (const sc::Shape& s : {sc::Shape{}, sc::Shape{7}, sc::Shape{3, 4, 5}, sc::Shape{600}}) {
       for (auto [name, f] : numeric) {
@@ -79,7 +80,10 @@ TEST_CASE("cuda: binary ops == CPU with broadcasting", "[cuda]") {
       {"maximum", [](const auto& in) { return sc::maximum(in[0], in[1]); }},
       {"minimum", [](const auto& in) { return sc::minimum(in[0], in[1]); }},
       {"pow", [](const auto& in) { return sc::pow(sc::abs(in[0]), in[1]); }},
-      {"div", [](const auto& in) { return in[0] / (sc::abs(in[1]) + 1); }}};
+      {"div", [](const auto& in) { return in[0] / (sc::abs(in[1]) + 1); }},
+      {"floor_div", [](const auto& in) { return sc::floor_div(in[0] * 3, sc::abs(in[1]) + 1); }},
+      {"mod", [](const auto& in) { return sc::mod(in[0] * 3, sc::abs(in[1]) + 1); }},
+      {"mod negative", [](const auto& in) { return sc::mod(in[0], -(sc::abs(in[1]) + 1)); }}};
   const std::vector<std::pair<const char*, Fn>> to_bool = {
       {"less", [](const auto& in) { return in[0] < in[1]; }},
       {"less_equal", [](const auto& in) { return in[0] <= in[1]; }},

@@ -106,6 +106,9 @@ TEST_CASE("eager batch elements: every unary rule on f64 and f32 against plain e
       {R::Log1p, [](double v) { return std::log1p(std::fabs(v) + 0.5); }},
       {R::Expm1, [](double v) { return std::expm1(v); }},
       {R::Erf, [](double v) { return std::erf(v); }},
+      {R::Floor, [](double v) { return std::floor(v); }},
+      {R::Ceil, [](double v) { return std::ceil(v); }},
+      {R::Round, [](double v) { return std::nearbyint(v); }},
   };
   const std::vector<double> base = inputs(3.0, 0.2);
   for (const auto& [rule, want] : rules) {
@@ -143,6 +146,8 @@ TEST_CASE("eager batch elements: every binary rule, with one-element operands, a
       {R::Pow, [](double a, double b) { return std::pow(std::fabs(a) + 0.5, b); }},  // (a made positive below)
       {R::Maximum, [](double a, double b) { return a > b ? a : b; }},
       {R::Minimum, [](double a, double b) { return a < b ? a : b; }},
+      {R::FloorDiv, [](double a, double b) { return std::floor(a / b); }},
+      {R::Mod, [](double a, double b) { return a - b * std::floor(a / b); }},
       {R::Less, [](double a, double b) { return a < b ? 1.0 : 0.0; }},
       {R::LessEqual, [](double a, double b) { return a <= b ? 1.0 : 0.0; }},
       {R::Greater, [](double a, double b) { return a > b ? 1.0 : 0.0; }},

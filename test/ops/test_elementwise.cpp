@@ -325,3 +325,166 @@ TEST_CASE("erf on f32 is within 4 eps of erf, odd, and exactly +-1 from 3.919205
   CHECK(sc::erf(sc::scalar(-0.f)).item<float>() == 0.f);
   CHECK(std::signbit(sc::erf(sc::tensor(std::vector<float>(19, -0.f))).to_vector<float>()[17]));
 }
+
+// floor, ceil and round: against <cmath> (round: nearbyint, halves to even) at every position of a
+// row (the SIMD body and the scalar tail), zeros with the right sign and NaNs passed through.
+TEMPLATE_TEST_CASE("floor, ceil and round: halves, zeros, large values and NaNs in every lane", "[elementwise]", float,
+                   double) {
+  using T = TestType;
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  const T big = std::is_same_v<T, float> ? T(8388609) : T(4503599627370497.0);  // 2^23 + 1, 2^52 + 1: integers
+  const std::vector<T> special{T(0),    T(-0.0), T(0.5),  T(-0.5), T(1.5),   T(-1.5),  T(2.5),   T(-2.5), T(0.49999997),
+                               T(-0.3), T(0.3),  T(1e-30), T(-1e-30), T(7.75), T(-7.25), T(1e20), T(-1e20), big, -big,
+                               T(4194303.5), inf, -inf, nan, -nan};
+  struct Case {
+    const char* name;
+    sc::Tensor (*op)(const sc::Tensor&, std::source_location);
+    double (*ref)(double);
+  };
+  const Case cases[] = {{"floor", sc::floor, [](double v) { return std::floor(v); }},
+                        {"ceil", sc::ceil, [](double v) { return std::ceil(v); }},
+                        {"round", sc::round, [](double v) { return std::nearbyint(v); }}};
+  for (const Case& c : cases) {
+    for (std::size_t pos = 0; pos < 37; pos += 3) {
+      for (const T v : special) {
+        std::vector<T> row(37, T(-3.5));
+        row[pos] = v;
+        const sc::Tensor got_t = c.op(sc::tensor(row), std::source_location::current());
+        REQUIRE(got_t.dtype() == sc::dtype_of<T>());
+        const std::vector<T> got = got_t.template to_vector<T>();
+        const T want = static_cast<T>(c.ref(static_cast<double>(v)));
+        INFO(c.name << "(" << v << ") at " << pos << ": " << got[pos] << " vs " << want);
+        if (std::isnan(v)) {
+          CHECK(std::isnan(got[pos]));
+          CHECK(std::signbit(got[pos]) == std::signbit(v));
+        } else {
+          CHECK(got[pos] == want);
+          CHECK(std::signbit(got[pos]) == std::signbit(want));
+        }
+        CHECK(got[(pos + 1) % 37] == static_cast<T>(c.ref(-3.5)));
+      }
+    }
+  }
+  // round halves to even (NumPy, TensorFlow and PyTorch agree; std::round would give 1, 3, -3)
+  CHECK(sc::round(sc::tensor(std::vector<T>{T(0.5), T(2.5), T(-2.5), T(3.5)})).template to_vector<T>() ==
+        std::vector<T>{0, 2, -2, 4});
+}
+
+TEST_CASE("floor, ceil and round: integers unchanged in their dtype, bool rejected, no gradient", "[elementwise]") {
+  const sc::Tensor i = sc::tensor(std::vector<std::int32_t>{-7, 0, 5, std::numeric_limits<std::int32_t>::min()});
+  const sc::Tensor l = sc::tensor(std::vector<std::int64_t>{-(std::int64_t{1} << 62) - 1, 3});
+  for (auto op : {+[](const sc::Tensor& x) { return sc::floor(x); }, +[](const sc::Tensor& x) { return sc::ceil(x); },
+                  +[](const sc::Tensor& x) { return sc::round(x); }}) {
+    CHECK(op(i).dtype() == sc::i32);
+    CHECK(op(i).to_vector<std::int32_t>() == i.to_vector<std::int32_t>());
+    CHECK(op(l).to_vector<std::int64_t>() == l.to_vector<std::int64_t>());
+  }
+  try {
+    (void)sc::round(sc::tensor({true, false}));
+    FAIL("round accepted bool");
+  } catch (const sc::DTypeError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("round") && Catch::Contains("bool"));
+  }
+  // piecewise constant: x * floor(x) has slope floor(x) (floor itself contributes nothing)
+  const sc::Tensor x = sc::tensor({1.5, -0.25, 2.75});
+  sc::GradientTape t;
+  t.watch(x);
+  const sc::Tensor y = sc::sum(x * sc::floor(x) + sc::ceil(x) + sc::round(x));
+  CHECK(t.gradient(y, x).to_vector<double>() == std::vector<double>{1, -1, 2});
+}
+
+// floor_div and mod against Python's // and % (the values below are what Python 3 prints), every
+// sign combination at every position of a row, and the identity a == b * (a // b) + a % b.
+TEMPLATE_TEST_CASE("floor_div and mod: Python's values, signs, zeros and infinities", "[elementwise]", float, double) {
+  using T = TestType;
+  const T inf = std::numeric_limits<T>::infinity();
+  struct Row {
+    T a, b, q, r;
+  };
+  const Row rows[] = {
+      {T(7), T(2), T(3), T(1)},           {T(-7), T(2), T(-4), T(1)},      {T(7), T(-2), T(-4), T(-1)},
+      {T(-7), T(-2), T(3), T(-1)},        {T(7.5), T(2), T(3), T(1.5)},    {T(-7.5), T(2), T(-4), T(0.5)},
+      {T(-1.5), T(1), T(-2), T(0.5)},     {T(6), T(3), T(2), T(0)},        {T(-6), T(3), T(-2), T(0)},
+      {T(6), T(-3), T(-2), T(-0.0)},      {T(0.0), T(-3), T(-0.0), T(-0.0)}, {T(-0.0), T(3), T(-0.0), T(0)},
+      {T(1), T(inf), T(0), T(1)},         {T(-1), T(inf), T(-1), inf},     {T(1), -inf, T(-1), -inf},
+      {T(0.5), T(0.25), T(2), T(0)},      {T(1e-3), T(3), T(0), T(1e-3)},  {T(-1e-3), T(3), T(-1), T(3) - T(1e-3)},
+  };
+  for (std::size_t pos = 0; pos < 37; pos += 4) {
+    for (const Row& w : rows) {
+      std::vector<T> a(37, T(9)), b(37, T(4));
+      a[pos] = w.a;
+      b[pos] = w.b;
+      const std::vector<T> q = sc::floor_div(sc::tensor(a), sc::tensor(b)).template to_vector<T>();
+      const std::vector<T> r = sc::mod(sc::tensor(a), sc::tensor(b)).template to_vector<T>();
+      INFO(w.a << " // " << w.b << " = " << q[pos] << " (want " << w.q << "), % = " << r[pos] << " (want " << w.r
+                << ") at " << pos);
+      CHECK(q[pos] == w.q);
+      CHECK(std::signbit(q[pos]) == std::signbit(w.q));
+      CHECK(r[pos] == w.r);
+      CHECK(std::signbit(r[pos]) == std::signbit(w.r));
+      CHECK(q[(pos + 1) % 37] == T(2));
+      CHECK(r[(pos + 1) % 37] == T(1));
+    }
+  }
+  // a zero divisor: // gives a / b, % gives NaN (NumPy's), as do an infinite a or a NaN
+  const std::vector<T> q = sc::floor_div(sc::tensor(std::vector<T>{T(1), T(-1), T(0), inf, T(1)}),
+                                         sc::tensor(std::vector<T>{T(0), T(0), T(0), T(2), std::numeric_limits<T>::quiet_NaN()}))
+                               .template to_vector<T>();
+  CHECK(q[0] == inf);
+  CHECK(q[1] == -inf);
+  CHECK(std::isnan(q[2]));
+  CHECK(std::isnan(q[3]));
+  CHECK(std::isnan(q[4]));
+  for (const T v : sc::mod(sc::tensor(std::vector<T>{T(1), inf, T(2)}), sc::tensor(std::vector<T>{T(0), T(3), T(0)}))
+                       .template to_vector<T>())
+    CHECK(std::isnan(v));
+  // a == b * (a // b) + a % b on random values (the remainder exact: from fmod), and |a % b| < |b|
+  const sc::Tensor x = sc::random::uniform({1000}, -50.0, 50.0, 3, sc::dtype_of<T>());
+  std::vector<T> yv = sc::random::uniform({1000}, 0.5, 7.0, 4, sc::dtype_of<T>()).template to_vector<T>();
+  for (std::size_t i = 0; i < yv.size(); i += 3) yv[i] = -yv[i];
+  const sc::Tensor y = sc::tensor(yv);
+  const auto xv = x.template to_vector<T>();
+  const auto qv = sc::floor_div(x, y).template to_vector<T>(), rv = sc::mod(x, y).template to_vector<T>();
+  for (std::size_t i = 0; i < xv.size(); ++i) {
+    INFO(xv[i] << " // " << yv[i]);
+    CHECK(qv[i] == std::floor(static_cast<long double>(xv[i]) / yv[i]));
+    CHECK(static_cast<long double>(yv[i]) * qv[i] + rv[i] == Approx(static_cast<long double>(xv[i])).margin(1e-5));
+    CHECK(std::fabs(rv[i]) < std::fabs(yv[i]));
+    CHECK((rv[i] == 0 || std::signbit(rv[i]) == std::signbit(yv[i])));
+  }
+}
+
+TEST_CASE("floor_div and mod on integers: Python's signs, zero divisors, the lowest value, scalars", "[elementwise]") {
+  const sc::Tensor a = sc::tensor(std::vector<std::int32_t>{7, -7, 7, -7, 0, 5, -5, 6, -6, 1});
+  const sc::Tensor b = sc::tensor(std::vector<std::int32_t>{2, 2, -2, -2, 3, 0, 0, -3, 3, 1});
+  CHECK(sc::floor_div(a, b).dtype() == sc::i32);
+  CHECK(sc::floor_div(a, b).to_vector<std::int32_t>() == std::vector<std::int32_t>{3, -4, -4, 3, 0, 0, 0, -2, -2, 1});
+  CHECK(sc::mod(a, b).to_vector<std::int32_t>() == std::vector<std::int32_t>{1, 1, -1, -1, 0, 0, 0, 0, 0, 0});
+  // the lowest value over -1 wraps (C++ leaves it undefined); its remainder is 0
+  for (const sc::DType d : {sc::i32, sc::i64}) {
+    const sc::Tensor lo = d == sc::i32 ? sc::tensor(std::vector<std::int32_t>{std::numeric_limits<std::int32_t>::min()})
+                                       : sc::tensor(std::vector<std::int64_t>{std::numeric_limits<std::int64_t>::min()});
+    CHECK(sc::floor_div(lo, -1).to_vector<std::int64_t>() == lo.to_vector<std::int64_t>());
+    CHECK(sc::mod(lo, -1).to_vector<std::int64_t>() == std::vector<std::int64_t>{0});
+    CHECK(sc::mod(lo, 10).to_vector<std::int64_t>() == std::vector<std::int64_t>{d == sc::i32 ? 2 : 2});
+  }
+  // weak scalars on either side keep the tensor's dtype; broadcasting
+  const sc::Tensor m = sc::tensor(std::vector<std::int64_t>{-3, -2, -1, 0, 1, 2, 3}, sc::Shape{7, 1});
+  CHECK(sc::mod(m, 3).dtype() == sc::i64);
+  CHECK(sc::mod(m, 3).to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 1, 2, 0, 1, 2, 0});
+  CHECK(sc::floor_div(10, sc::tensor(std::vector<std::int32_t>{3, -3, 4})).to_vector<std::int32_t>() ==
+        std::vector<std::int32_t>{3, -4, 2});
+  CHECK(sc::mod(m, sc::tensor(std::vector<std::int64_t>{2, -2})).shape() == sc::Shape{7, 2});
+  CHECK(sc::floor_div(sc::tensor({7.f}), 2).dtype() == sc::f32);
+  CHECK(sc::mod(sc::tensor(std::vector<std::int32_t>{7}), 2.5).to_vector<float>() == std::vector<float>{2});
+  // bool is not a numeric dtype
+  CHECK_THROWS_AS(sc::mod(sc::tensor({true}), sc::tensor({true})), sc::DTypeError);
+  // gradients: d mod/da = 1, d mod/db = -floor_div(a, b); floor_div has none
+  const sc::Tensor x = sc::tensor({5.5, -5.5}), y = sc::tensor({2.0, 2.0});
+  sc::GradientTape t(/*persistent=*/true);
+  t.watch(x);
+  t.watch(y);
+  const sc::Tensor r = sc::mod(x, y) + sc::floor_div(x, y);
+  CHECK(t.gradient(r, x).to_vector<double>() == std::vector<double>{1, 1});
+  CHECK(t.gradient(r, y).to_vector<double>() == std::vector<double>{-2, 3});
+}

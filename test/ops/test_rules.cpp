@@ -23,7 +23,7 @@ using B = sc::backend::cpu::batch<T>;
 template <class T>
 std::vector<T> specials() {
   const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
-  std::vector<T> v = {T(0), -T(0), T(1), T(-1), T(0.5), T(-2.25), T(3), inf, -inf, nan, T(1e-30), T(-7e20)};
+  std::vector<T> v = {T(0), -T(0), T(1), T(-1), T(0.5), T(-2.25), T(3), inf, -inf, nan, T(1e-30), T(-7e20), T(-0.5), T(2.5), T(-0.3)};
   while (v.size() % B<T>::size) v.push_back(T(0.125) * static_cast<T>(v.size()));
   return v;
 }
@@ -98,6 +98,9 @@ TEMPLATE_TEST_CASE("rules: scalar and SIMD forms agree on special values", "[rul
   unary_agrees<T, r::Square>();
   unary_agrees<T, r::Relu>();
   unary_agrees<T, r::Sign>();
+  unary_agrees<T, r::Floor>();
+  unary_agrees<T, r::Ceil>();
+  unary_agrees<T, r::Round>();
   binary_agrees<T, r::Add>();
   binary_agrees<T, r::Sub>();
   binary_agrees<T, r::Mul>();
@@ -132,6 +135,13 @@ TEST_CASE("rules: values of the piecewise rules", "[rules]") {
   CHECK(r::Pow::f(-1, -3) == -1);
   CHECK(r::Pow::f(3, -1) == 0);
   CHECK(std::isinf(r::Pow::f(0.0, -1.0)));
+  CHECK(r::Round::f(2.5) == 2.0);
+  CHECK(r::Round::f(-3.5) == -4.0);
+  CHECK(std::signbit(r::Round::f(-0.25)));
+  CHECK(std::signbit(r::Ceil::f(-0.75)));
+  CHECK(r::Floor::f(-0.75) == -1.0);
+  CHECK(r::Floor::f(std::int32_t{-9}) == -9);
+  CHECK(std::isinf(r::Ceil::f(-std::numeric_limits<double>::infinity())));
   static_assert(!r::Pow::vectorizes && r::Exp::vectorizes);
 }
 

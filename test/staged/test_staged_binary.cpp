@@ -21,6 +21,7 @@ using BinaryCheck = std::function<void(const Tensor&, const Tensor&, double)>;
 const std::vector<std::pair<const char*, BinaryCheck>>& binary_ops() {
   static const std::vector<std::pair<const char*, BinaryCheck>> ops = {
       BINARY(add), BINARY(sub), BINARY(mul), BINARY(div), BINARY(pow), BINARY(maximum), BINARY(minimum),
+      BINARY(floor_div), BINARY(mod),
       BINARY(less), BINARY(less_equal), BINARY(greater), BINARY(greater_equal), BINARY(equal),
       BINARY(not_equal), BINARY(logical_and), BINARY(logical_or)};
   return ops;
@@ -42,7 +43,7 @@ TEST_CASE("staged binary ops equal eager, traced and compiled on every dtype and
       }
     }
   }
-  CHECK(binary_ops().size() == 15);
+  CHECK(binary_ops().size() == 17);
 }
 
 TEST_CASE("staged ops on mixed dtypes promote as eager does", "[staged][ops]") {

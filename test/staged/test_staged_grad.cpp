@@ -84,6 +84,8 @@ TEST_CASE("grad<I> equals the tape for every differentiable elementwise op", "[s
       check_grads([](const auto& a, const auto& b) { return sc::maximum(a, b) * sc::minimum(a, 0.5f) + sc::relu(a) - sc::abs(b); },
                   "maximum, minimum, relu " + at, x, y);
       check_grads([](const auto& a, const auto& b) { return sc::pow(sc::abs(a) + 0.5f, b); }, "pow " + at, x, y);
+      check_grads([](const auto& a, const auto& b) { return sc::mod(a * 3.f, b) + sc::floor_div(a, b) * a; },
+                  "mod, floor_div " + at, x, y);
       check_grads([](const auto& a, const auto& b) { return sc::log(sc::square(a) + 1) * -b - a / b; }, "log, square, neg " + at,
                   x, y);
       check_grads([](const auto& a, const auto& b) { return sc::sum(a * b + sc::tanh(a)); }, "sum at the root " + at, x, y);

@@ -20,7 +20,7 @@ TEST_CASE("staged unary ops equal eager, traced and compiled on every dtype", "[
   const std::vector<std::pair<const char*, std::function<void(const Tensor&, double)>>> ops = {
       UNARY(neg), UNARY(abs), UNARY(square), UNARY(relu), UNARY(sign), UNARY(exp), UNARY(log),
       UNARY(sqrt), UNARY(tanh), UNARY(sigmoid), UNARY(sin), UNARY(cos), UNARY(log1p), UNARY(expm1), UNARY(erf),
-      UNARY(logical_not)};
+      UNARY(floor), UNARY(ceil), UNARY(round), UNARY(logical_not)};
   for (const auto& [name, check] : ops) {
     for (sc::DType d : all_dtypes) {
       for (const sc::Shape& s : {sc::Shape{37}, sc::Shape{3, 5}, sc::Shape{}, sc::Shape{0}, sc::Shape{70001}}) {
@@ -32,7 +32,7 @@ TEST_CASE("staged unary ops equal eager, traced and compiled on every dtype", "[
       }
     }
   }
-  CHECK(ops.size() == 16);
+  CHECK(ops.size() == 19);
 }
 
 #undef UNARY

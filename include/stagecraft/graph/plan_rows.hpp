@@ -122,7 +122,8 @@ inline bool exact_op(ops::OpId id) {
   using ops::OpId;
   switch (id) {
     case OpId::Add: case OpId::Sub: case OpId::Mul: case OpId::Div: case OpId::Neg: case OpId::Abs:
-    case OpId::Sqrt: case OpId::Square: case OpId::Relu: case OpId::Maximum: case OpId::Minimum: return true;
+    case OpId::Sqrt: case OpId::Square: case OpId::Relu: case OpId::Maximum: case OpId::Minimum:
+    case OpId::Floor: case OpId::Ceil: case OpId::Round: case OpId::FloorDiv: case OpId::Mod: return true;
     default: return false;
   }
 }

@@ -75,6 +75,7 @@ STAGECRAFT_COMPILED_INLINE bool cheap_to_remake(ops::OpId op) {
   using ops::OpId;
   switch (op) {
     case OpId::Neg: case OpId::Abs: case OpId::Relu: case OpId::Square: case OpId::Sign:
+    case OpId::Floor: case OpId::Ceil: case OpId::Round:
     case OpId::LogicalNot: case OpId::Add: case OpId::Sub: case OpId::Mul: case OpId::Div:
     case OpId::Maximum: case OpId::Minimum: case OpId::Less: case OpId::LessEqual:
     case OpId::Greater: case OpId::GreaterEqual: case OpId::Equal: case OpId::NotEqual:

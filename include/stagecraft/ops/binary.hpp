@@ -1,4 +1,4 @@
-// Elementwise binary ops with NumPy broadcasting: arithmetic, pow, maximum/minimum,
+// Elementwise binary ops with NumPy broadcasting: arithmetic, pow, maximum/minimum, floor_div/mod,
 // comparisons and logical ops, and the C++ operators (scalars on either side are weak).
 #pragma once
 #include <cmath>
@@ -43,6 +43,16 @@ struct Maximum : Binary<Maximum, BinaryKind::arithmetic>, rules::Maximum {
 /// Smaller of a and b; NaN in either gives NaN (as NumPy's minimum).
 struct Minimum : Binary<Minimum, BinaryKind::arithmetic>, rules::Minimum {
   SC_OP_HEAD(Minimum, "minimum")
+  static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
+};
+/// a / b rounded toward minus infinity (rules::FloorDiv): piecewise constant, no gradient.
+struct FloorDiv : Binary<FloorDiv, BinaryKind::arithmetic>, rules::FloorDiv {
+  SC_OP_HEAD(FloorDiv, "floor_div")
+  static constexpr bool differentiable = false;
+};
+/// a - b * floor_div(a, b), with b's sign (rules::Mod).
+struct Mod : Binary<Mod, BinaryKind::arithmetic>, rules::Mod {
+  SC_OP_HEAD(Mod, "mod")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 
@@ -97,6 +107,13 @@ SC_BINARY_API(pow, Pow)
 SC_BINARY_API(maximum, Maximum)
 /// Elementwise smaller value; NaN propagates.
 SC_BINARY_API(minimum, Minimum)
+/// a / b rounded toward minus infinity, in the common dtype (Python's a // b): floor_div(-7, 2) is
+/// -4. Integers: a zero divisor gives 0 (as NumPy's). No gradient (piecewise constant).
+SC_BINARY_API(floor_div, FloorDiv)
+/// The remainder with the divisor's sign, a - b * floor_div(a, b) (Python's a % b, TensorFlow's
+/// floormod): mod(-7, 3) is 2, mod(7, -3) is -2, mod(-1.5, 1) is 0.5. Floats exact (from fmod), a
+/// zero divisor gives NaN; integers 0 (as NumPy's). Gradient: g for a, -g * floor_div(a, b) for b.
+SC_BINARY_API(mod, Mod)
 /// a < b as bool.
 SC_BINARY_API(less, Less)
 /// a <= b as bool.
@@ -242,6 +259,10 @@ inline std::vector<Tensor> Pow::vjp(const Tensor& g, Inputs in, const Tensor& ou
     gb = g * out * where(pos, log(where(pos, a, 1)), 0);
   }
   return {std::move(ga), std::move(gb)};
+}
+// mod(a, b) = a - b * floor_div(a, b), the quotient piecewise constant (as TensorFlow's floormod).
+inline std::vector<Tensor> Mod::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs&, Wanted w) {
+  return {w[0] ? g : Tensor(), w[1] ? -(g * floor_div(in[0], in[1])) : Tensor()};
 }
 // The gradient goes to the input the result came from; on ties (a == b) it is split half and
 // half (as JAX; the average of the two one-sided rules, so maximum(x, x) has derivative 1).

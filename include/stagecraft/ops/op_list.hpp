@@ -8,9 +8,10 @@
   /* elementwise unary (ops/unary.hpp) */                       \
   X(Neg) X(Abs) X(Exp) X(Log) X(Sqrt) X(Tanh) X(Sigmoid)        \
   X(Relu) X(Square) X(Sign) X(Sin) X(Cos) X(Log1p) X(Expm1)     \
-  X(Erf) X(LogicalNot)                                          \
+  X(Erf) X(Floor) X(Ceil) X(Round) X(LogicalNot)                \
   /* elementwise binary (ops/binary.hpp) */                     \
   X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(Maximum) X(Minimum)      \
+  X(FloorDiv) X(Mod)                                            \
   X(Less) X(LessEqual) X(Greater) X(GreaterEqual) X(Equal)      \
   X(NotEqual) X(LogicalAnd) X(LogicalOr) X(ReluGrad)            \
   /* selection and conversion (ops/where.hpp, ops/cast.hpp) */  \

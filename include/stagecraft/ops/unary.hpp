@@ -1,5 +1,5 @@
 // Elementwise unary ops: neg abs exp log sqrt tanh sigmoid relu square sign sin cos log1p expm1 erf
-// logical_not.
+// floor ceil round logical_not.
 #pragma once
 #include <cmath>
 #include <vector>
@@ -76,6 +76,19 @@ struct Erf : Unary<Erf, UnaryKind::floating>, rules::Erf {
   SC_OP_HEAD(Erf, "erf")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
+/// floor, ceil and round: piecewise constant (no gradient flows through, as TensorFlow's).
+struct Floor : Unary<Floor, UnaryKind::numeric>, rules::Floor {
+  SC_OP_HEAD(Floor, "floor")
+  static constexpr bool differentiable = false;
+};
+struct Ceil : Unary<Ceil, UnaryKind::numeric>, rules::Ceil {
+  SC_OP_HEAD(Ceil, "ceil")
+  static constexpr bool differentiable = false;
+};
+struct Round : Unary<Round, UnaryKind::numeric>, rules::Round {
+  SC_OP_HEAD(Round, "round")
+  static constexpr bool differentiable = false;
+};
 struct LogicalNot : Unary<LogicalNot, UnaryKind::predicate>, rules::LogicalNot {
   SC_OP_HEAD(LogicalNot, "logical_not")
 };
@@ -116,6 +129,13 @@ SC_UNARY_API(log1p, Log1p)
 SC_UNARY_API(expm1, Expm1)
 /// The error function erf(x) (integer inputs become f32).
 SC_UNARY_API(erf, Erf)
+/// The largest integer <= x, in x's dtype (numeric dtypes; integers unchanged). No gradient.
+SC_UNARY_API(floor, Floor)
+/// The smallest integer >= x, in x's dtype (numeric dtypes; integers unchanged). No gradient.
+SC_UNARY_API(ceil, Ceil)
+/// The nearest integer to x, halves to even (0.5 -> 0, 1.5 -> 2), in x's dtype (numeric dtypes;
+/// integers unchanged). No gradient.
+SC_UNARY_API(round, Round)
 /// x == 0, as bool.
 SC_UNARY_API(logical_not, LogicalNot)
 #undef SC_UNARY_API

@@ -35,7 +35,8 @@ constexpr bool shareable() {
     using Op = typename N::op_type;
     if constexpr (N::weak) return false;
     else if constexpr (requires(const N& n) { n.b; })
-      return std::is_same_v<Op, ops::Div> || std::is_same_v<Op, ops::Pow>;
+      return std::is_same_v<Op, ops::Div> || std::is_same_v<Op, ops::Pow> || std::is_same_v<Op, ops::FloorDiv> ||
+             std::is_same_v<Op, ops::Mod>;
     else return N::kind == ops::ElementwiseKind::unary_floating;
   } else {
     return false;

@@ -87,7 +87,7 @@ auto adjoint(const Map1<Op, A>& n, const G& g) {
   else if constexpr (std::is_same_v<Op, ops::Expm1>) return smul(g, m2<ops::Add>(n, k(1)));
   else if constexpr (std::is_same_v<Op, ops::Erf>)  // 2/sqrt(pi) e^(-x^2)
     return smul(g, m2<ops::Mul>(m1<ops::Exp>(m1<ops::Neg>(m2<ops::Mul>(a, a))), kd(1.1283791670955126)));
-  else return Zero{};  // sign and predicates: piecewise constant
+  else return Zero{};  // sign, floor, ceil, round and predicates: piecewise constant
 }
 
 /// The adjoints of a binary node's operands (Side 0: a, 1: b).
@@ -113,6 +113,9 @@ auto adjoint(const Map2<Op, A, B>& n, const G& g) {
       const auto pos = m2<ops::Greater>(a, k(0));
       return smul(smul(g, n), sselect(pos, m1<ops::Log>(sselect(pos, a, k(1))), Zero{}));
     }
+  } else if constexpr (std::is_same_v<Op, ops::Mod>) {  // a - b * floor_div(a, b)
+    if constexpr (Side == 0) return g;
+    else return sneg(smul(g, m2<ops::FloorDiv>(a, b)));
   } else if constexpr (std::is_same_v<Op, ops::Maximum> || std::is_same_v<Op, ops::Minimum>) {
     using Cmp = std::conditional_t<std::is_same_v<Op, ops::Maximum>, ops::Greater, ops::Less>;
     const auto pick_a = m2<ops::LogicalOr>(m2<Cmp>(a, b), m2<ops::NotEqual>(a, a));
@@ -121,7 +124,7 @@ auto adjoint(const Map2<Op, A, B>& n, const G& g) {
     if constexpr (Side == 0) return sselect(pick_a, g, sselect(tie, half, Zero{}));
     else return sselect(pick_a, Zero{}, sselect(tie, half, g));
   } else {
-    return Zero{};  // comparisons and logical ops
+    return Zero{};  // floor_div, comparisons and logical ops
   }
 }
 

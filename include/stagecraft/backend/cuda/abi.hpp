@@ -34,11 +34,11 @@ struct Geometry {
 /// of their names; their math is the rules themselves).
 #define SC_CUDA_UNARY_RULES(X) \
   X(Neg) X(Abs) X(Square) X(Relu) X(Sign) X(Exp) X(Log) X(Sqrt) X(Tanh) X(Sigmoid) X(Sin) X(Cos) X(Log1p) \
-  X(Expm1) X(Erf) X(LogicalNot)
+  X(Expm1) X(Erf) X(Floor) X(Ceil) X(Round) X(LogicalNot)
 /// The binary rules, as SC_CUDA_UNARY_RULES.
-#define SC_CUDA_BINARY_RULES(X)                                                                         \
-  X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(Maximum) X(Minimum) X(Less) X(LessEqual) X(Greater) X(GreaterEqual) \
-  X(Equal) X(NotEqual) X(LogicalAnd) X(LogicalOr) X(ReluGrad)
+#define SC_CUDA_BINARY_RULES(X)                                                                        \
+  X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(Maximum) X(Minimum) X(FloorDiv) X(Mod) X(Less) X(LessEqual) X(Greater) \
+  X(GreaterEqual) X(Equal) X(NotEqual) X(LogicalAnd) X(LogicalOr) X(ReluGrad)
 
 #define SC_CUDA_ENUM_ITEM(R) R,
 /// Which unary rule a kernel applies.

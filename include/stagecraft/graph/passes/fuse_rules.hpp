@@ -202,7 +202,8 @@ STAGECRAFT_COMPILED_INLINE bool cheap_to_recompute(ops::OpId id) {
   using ops::OpId;
   switch (id) {
     case OpId::Add: case OpId::Sub: case OpId::Mul: case OpId::Neg: case OpId::Abs:
-    case OpId::Maximum: case OpId::Minimum: case OpId::Relu: case OpId::Square: return true;
+    case OpId::Maximum: case OpId::Minimum: case OpId::Relu: case OpId::Square:
+    case OpId::Floor: case OpId::Ceil: case OpId::Round: return true;
     default: return false;
   }
 }
