@@ -2,7 +2,7 @@
 // (lstm_cell_staging), against the same cell run op by op and against the CPU, values, gradients
 // and launches; and what it leans on: a GPU function with several outputs differentiated through
 // one of them (the others' zero gradients made on their GPU), zeros made on a GPU by a fill kernel.
-// nn::GRUCell and nn::BatchNorm on a GPU against the CPU.
+// nn::GRUCell, nn::MultiHeadAttention and nn::BatchNorm on a GPU against the CPU.
 #include "cuda_testing.hpp"
 
 #include <stagecraft/nn/layers.hpp>
@@ -279,4 +279,40 @@ TEST_CASE("cuda: GRUCell on the GPU equals the CPU, staged and op by op, eager a
         check_same(got[k], want[k], 2e-5);
       }
     }
+}
+
+TEST_CASE("cuda: MultiHeadAttention on the GPU equals the CPU, masked and causal, eager and traced, with gradients",
+          "[cuda][staged][attention]") {
+  const sc::nn::MultiHeadAttention ref(8, 2, 5);  // the weights, copied to each run's layer
+  auto run = [&](sc::Device dev, bool traced) {
+    const sc::DeviceScope on(dev);
+    sc::nn::MultiHeadAttention mha(8, 2, 0);
+    const auto from = ref.named_variables();
+    auto to = mha.named_variables();
+    for (std::size_t n = 0; n < to.size(); ++n)
+      to[n].second.assign((from[n].second.value() + values(from[n].second.shape(), sc::f32, 640 + n) * 0.1f).to(dev));
+    const sc::Tensor pad = (values({3, 1, 6}, sc::f32, 650) > -0.8f).to(dev);  // a key padding mask
+    auto step = [&](const sc::Tensor& q, const sc::Tensor& kv) {
+      sc::GradientTape tape;
+      tape.watch(q);
+      const sc::Tensor y = mha(q, kv, kv, {.mask = pad, .causal = true}) + sc::sum(mha(kv, {.causal = true}), {1}, true);
+      const sc::Tensor loss = sc::sum(y * y);
+      std::vector<sc::Tensor> out = tape.gradient(loss, std::vector<sc::Tensor>{q, mha.query.kernel, mha.output.bias});
+      out.push_back(y);
+      return out;
+    };
+    auto f = sc::function(step);
+    const sc::Tensor q = values({3, 4, 8}, sc::f32, 660).to(dev), kv = values({3, 6, 8}, sc::f32, 661).to(dev);
+    return traced ? f(q, kv) : step(q, kv);
+  };
+  const auto want = run(sc::Device::cpu(), false);
+  for (const bool traced : {false, true}) {
+    INFO((traced ? "traced" : "eager"));
+    const auto got = run(gpu, traced);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      INFO("result " << k);
+      check_same(got[k], want[k], 5e-5);
+    }
+  }
 }

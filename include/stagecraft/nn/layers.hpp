@@ -1,6 +1,7 @@
-// All layers: nn::Dense, nn::Conv2D, nn::LSTMCell, nn::GRUCell, nn::Embedding, nn::LayerNorm, nn::BatchNorm,
-// nn::Dropout (each a sc::Module, called as layer(x)).
+// All layers: nn::Dense, nn::Conv2D, nn::LSTMCell, nn::GRUCell, nn::MultiHeadAttention, nn::Embedding,
+// nn::LayerNorm, nn::BatchNorm, nn::Dropout (each a sc::Module, called as layer(x)).
 #pragma once
+#include "attention.hpp"
 #include "batch_norm.hpp"
 #include "conv.hpp"
 #include "dense.hpp"
