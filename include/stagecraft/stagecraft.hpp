@@ -18,6 +18,7 @@
 
 #include "eager/dispatch.hpp"
 #include "ops/add_n.hpp"
+#include "ops/arrange.hpp"
 #include "ops/binary.hpp"
 #include "ops/cast.hpp"
 #include "ops/clip.hpp"

@@ -1,6 +1,6 @@
-// CUDA == CPU for the layout ops (transpose, slice, broadcast_to, concat, one_hot), argmax/argmin,
-// the composites built on the ops (softmax, logsumexp, cross_entropy, mean), and a training step of
-// GPU variables. Needs a GPU: gpu_main.cpp skips every test (exit 77) where none is found.
+// CUDA == CPU for the layout ops (transpose, slice, broadcast_to, concat, one_hot; pad, tile, split,
+// flip), argmax/argmin, the composites built on the ops (softmax, logsumexp, cross_entropy, mean),
+// and a training step of GPU variables. Needs a GPU: gpu_main.cpp skips every test (exit 77) where none is found.
 #include "cuda_testing.hpp"
 #include "files.hpp"
 
@@ -21,6 +21,26 @@ TEST_CASE("cuda: transpose, slice, broadcast_to and concat == CPU", "[cuda]") {
     same_on_gpu([](const auto& in) { return sc::concat({in[0], in[1], in[0]}, 1); }, {x, values({2, 1, 4}, d, 33)}, 0);
     same_on_gpu([](const auto& in) { return sc::stack({in[0], in[0]}, -1); }, {x}, 0);
   }
+}
+
+TEST_CASE("cuda: pad, tile, split and flip == CPU, with gradients", "[cuda]") {
+  for (const sc::DType d : {sc::boolean, sc::i32, sc::i64, sc::f32, sc::f64}) {
+    INFO(sc::name(d));
+    const sc::Tensor x = values({2, 3, 4}, d, 33);
+    same_on_gpu([](const auto& in) { return sc::pad(in[0], {{1, 0}, {0, 2}, {3, 1}}, 1); }, {x}, 0);
+    same_on_gpu([](const auto& in) { return sc::tile(in[0], {2, 1, 1, 3}); }, {x}, 0);
+    same_on_gpu([](const auto& in) { return sc::split(in[0], {1, 2}, 1)[1]; }, {x}, 0);
+    same_on_gpu([](const auto& in) { return sc::flip(in[0], {0, 2}); }, {x}, 0);
+  }
+  same_on_gpu(
+      [](const auto& in) {
+        sc::GradientTape tape;
+        tape.watch(in[0]);
+        const sc::Tensor y = sc::tile(sc::flip(sc::pad(in[0], {{1, 1}, {0, 2}}, 0.5), {1}), {2, 1});
+        const std::vector<sc::Tensor> halves = sc::split(y, 2, 0);
+        return tape.gradient(sc::sum(halves[0] * y.shape()[0] + halves[1] * halves[1]), in[0]);
+      },
+      {values({3, 4}, sc::f32, 34)}, 1e-6);
 }
 
 TEST_CASE("cuda: a concat of many pieces (several launches), empty ones, along each axis == CPU", "[cuda]") {
