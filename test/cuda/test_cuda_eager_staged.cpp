@@ -2,7 +2,8 @@
 // (lstm_cell_staging), against the same cell run op by op and against the CPU, values, gradients
 // and launches; and what it leans on: a GPU function with several outputs differentiated through
 // one of them (the others' zero gradients made on their GPU), zeros made on a GPU by a fill kernel.
-// nn::GRUCell, nn::MultiHeadAttention and nn::BatchNorm on a GPU against the CPU.
+// nn::GRUCell, nn::MultiHeadAttention, nn::TransformerEncoderLayer and nn::BatchNorm on a GPU against
+// the CPU.
 #include "cuda_testing.hpp"
 
 #include <stagecraft/nn/layers.hpp>
@@ -314,5 +315,32 @@ TEST_CASE("cuda: MultiHeadAttention on the GPU equals the CPU, masked and causal
       INFO("result " << k);
       check_same(got[k], want[k], 5e-5);
     }
+  }
+}
+
+TEST_CASE("cuda: a TransformerEncoderLayer on the GPU equals the CPU in evaluation, eager and traced", "[cuda][attention]") {
+  auto run = [](sc::Device dev, bool traced) {
+    const sc::DeviceScope on(dev);
+    sc::nn::TransformerEncoderLayer layer(8, 2, {.ff_dim = 12, .norm_first = true, .gelu = true}, 9);
+    layer.eval();
+    std::uint64_t seed = 670;
+    for (sc::Variable& v : layer.trainable_variables())  // the same values on both devices (made on the CPU)
+      v.assign(values(v.shape(), sc::f32, ++seed).to(dev) * 0.3f);
+    auto step = [&](const sc::Tensor& x) {
+      sc::GradientTape tape;
+      tape.watch(x);
+      const sc::Tensor y = layer(x, {.causal = true});
+      return std::vector<sc::Tensor>{y, tape.gradient(sc::sum(y * y), x)};
+    };
+    auto f = sc::function(step);
+    const sc::Tensor x = values({2, 5, 8}, sc::f32, 680).to(dev);
+    return traced ? f(x) : step(x);
+  };
+  const auto want = run(sc::Device::cpu(), false);
+  for (const bool traced : {false, true}) {
+    INFO((traced ? "traced" : "eager"));
+    const auto got = run(gpu, traced);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t k = 0; k < want.size(); ++k) check_same(got[k], want[k], 5e-5);
   }
 }

@@ -98,7 +98,7 @@ class MultiHeadAttention : public Module {
   /// embed_dim a multiple of heads; seed: the weights' seed (nullopt: from the global stream).
   MultiHeadAttention(std::int64_t embed_dim, std::int64_t heads, std::optional<std::uint64_t> seed = std::nullopt,
                      DType dtype = DType::f32, std::source_location loc = std::source_location::current())
-      : MultiHeadAttention(checked(embed_dim, heads, loc), heads, seed ? *seed : init::next_seed(), dtype, loc) {}
+      : MultiHeadAttention(Checked{checked(embed_dim, heads, loc)}, heads, seed ? *seed : init::next_seed(), dtype, loc) {}
 
   /// queries [N, Tq, E] attending to keys [N, Tk, E] with values [N, Tk, E] → [N, Tq, E].
   Tensor operator()(const Tensor& queries, const Tensor& keys, const Tensor& values, const AttentionOptions& opt = {},
@@ -141,12 +141,15 @@ class MultiHeadAttention : public Module {
                                            e, " and ", heads);
     return e;
   }
-  MultiHeadAttention(std::int64_t e, std::int64_t heads, std::uint64_t s, DType dtype, const std::source_location& loc)
-      : query(e, e, init::derive_seed(s, 0), dtype, loc),
-        key(e, e, init::derive_seed(s, 1), dtype, loc),
-        value(e, e, init::derive_seed(s, 2), dtype, loc),
-        output(e, e, init::derive_seed(s, 3), dtype, loc),
-        e_(e),
+  struct Checked {  // an embed_dim checked against heads (a tag no public call can match)
+    std::int64_t e;
+  };
+  MultiHeadAttention(Checked c, std::int64_t heads, std::uint64_t s, DType dtype, const std::source_location& loc)
+      : query(c.e, c.e, init::derive_seed(s, 0), dtype, loc),
+        key(c.e, c.e, init::derive_seed(s, 1), dtype, loc),
+        value(c.e, c.e, init::derive_seed(s, 2), dtype, loc),
+        output(c.e, c.e, init::derive_seed(s, 3), dtype, loc),
+        e_(c.e),
         heads_(heads) {
     add({{"query", query}, {"key", key}, {"value", value}, {"output", output}}, loc);
   }

@@ -1,5 +1,6 @@
-// All layers: nn::Dense, nn::Conv2D, nn::LSTMCell, nn::GRUCell, nn::MultiHeadAttention, nn::Embedding,
-// nn::LayerNorm, nn::BatchNorm, nn::Dropout (each a sc::Module, called as layer(x)).
+// All layers: nn::Dense, nn::Conv2D, nn::LSTMCell, nn::GRUCell, nn::MultiHeadAttention,
+// nn::TransformerEncoderLayer, nn::Embedding, nn::LayerNorm, nn::BatchNorm, nn::Dropout (each a
+// sc::Module, called as layer(x)).
 #pragma once
 #include "attention.hpp"
 #include "batch_norm.hpp"
@@ -11,3 +12,4 @@
 #include "init.hpp"
 #include "lstm.hpp"
 #include "normalization.hpp"
+#include "transformer.hpp"
