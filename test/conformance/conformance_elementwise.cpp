@@ -165,11 +165,12 @@ double fmin_nan(double a, double b) { return std::isnan(a) || std::isnan(b) ? na
 double truth(double v) { return v != 0 ? 1.0 : 0.0; }
 
 /// Python's a // b on floats, from the definition: the floor of the exact quotient (long double
-/// holds an f32 or f64 quotient's integer part well enough for these inputs); an infinite a, a NaN
-/// or b == 0 as IEEE a / b or NaN; an infinite b: 0 or -1 by the signs; a zero quotient signed as a / b.
+/// holds an f32 or f64 quotient's integer part well enough for these inputs); b == 0 gives a / b
+/// (NumPy's), a NaN or an infinite a NaN; an infinite b: 0 or -1 by the signs; a zero quotient
+/// signed as a / b.
 double py_floor_div(double a, double b) {
-  if (std::isnan(a) || std::isnan(b) || std::isinf(a)) return nan_v;
   if (b == 0) return a / b;
+  if (std::isnan(a) || std::isnan(b) || std::isinf(a)) return nan_v;
   if (std::isinf(b)) return a == 0 || (a < 0) == (b < 0) ? std::copysign(0.0, a / b) : -1.0;
   const long double q = std::floor(static_cast<long double>(a) / static_cast<long double>(b));
   return q == 0 ? std::copysign(0.0, a / b) : static_cast<double>(q);

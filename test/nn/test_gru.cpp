@@ -233,7 +233,7 @@ TEST_CASE("GRUCell staged on the CPU: second derivatives equal those of its ops"
   check_tensors_close(staged[1], by_ops[1], 1e-10);
 }
 
-TEST_CASE("GRUCell: traced steps equal eager ones; other dtypes and outer traces run op by op",
+TEST_CASE("GRUCell: traced steps equal eager ones, other dtypes and outer traces run op by op",
           "[layers][gru][staged]") {
   const StagingScope on(true);
   sc::nn::GRUCell cell(3, 4, 1);
