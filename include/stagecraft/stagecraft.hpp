@@ -26,6 +26,7 @@
 #include "ops/where.hpp"
 
 #include "ops/reduce.hpp"
+#include "ops/scan.hpp"
 #include "ops/clip_norm.hpp"
 
 #include "ops/broadcast_to.hpp"

@@ -247,6 +247,32 @@ Status run_arg(DT dt, const void* x, void* y, const abi::ReduceGeometry& g, void
   });
 }
 
+// ---- cumsum --------------------------------------------------------------------------------------
+
+/// Each line of [outer, n, inner] summed in order along n (reduce.cu's cumsum; its block scan adds
+/// a long line's chunks in a tree, which this in-order sum matches to rounding).
+template <class T>
+Status cumsum_as(const void* x, void* y, std::int64_t outer, std::int64_t n, std::int64_t inner, bool exclusive,
+                 bool reverse, Stream s) {
+  const auto* xd = static_cast<const T*>(x);
+  auto* yd = static_cast<T*>(y);
+  return launch(s, [xd, yd, outer, n, inner, exclusive, reverse] {
+    const T* xh = host(xd);
+    T* yh = host(yd);
+    for (std::int64_t line = 0; line < outer * inner; ++line) {
+      const std::int64_t o = line / inner, i = line % inner;
+      T acc = T(0);
+      for (std::int64_t k = 0; k < n; ++k) {
+        const std::int64_t at = (o * n + (reverse ? n - 1 - k : k)) * inner + i;
+        const T v = xh[at];
+        if (exclusive) yh[at] = acc;
+        acc = SumOp{}(acc, v);
+        if (!exclusive) yh[at] = acc;
+      }
+    }
+  });
+}
+
 // ---- check_range -------------------------------------------------------------------------------
 
 template <class I>
@@ -428,6 +454,18 @@ Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry&
     case ReduceRule::argmin: return emu::run_arg<false>(dt, x, y, g, scratch, s);
   }
   return emu::invalid_value;
+}
+
+Status cumsum(DT dt, const void* x, void* y, std::int64_t outer, std::int64_t n, std::int64_t inner, bool exclusive,
+              bool reverse, Stream s) noexcept {
+  if (outer == 0 || n == 0 || inner == 0) return emu::ok;
+  switch (dt) {
+    case DT::i32: return emu::cumsum_as<std::int32_t>(x, y, outer, n, inner, exclusive, reverse, s);
+    case DT::i64: return emu::cumsum_as<std::int64_t>(x, y, outer, n, inner, exclusive, reverse, s);
+    case DT::f32: return emu::cumsum_as<float>(x, y, outer, n, inner, exclusive, reverse, s);
+    case DT::f64: return emu::cumsum_as<double>(x, y, outer, n, inner, exclusive, reverse, s);
+    default: return emu::invalid_value;
+  }
 }
 
 Status check_range(DT dt, const void* x, void* y, std::int64_t n, std::int64_t lo, std::int64_t hi, Fault* fault,

@@ -1,4 +1,4 @@
-// Conformance table of the reductions: sum max min argmax argmin (primitives) and mean,
+// Conformance table of the reductions: sum max min argmax argmin cumsum (primitives) and mean,
 // logsumexp (composites) over axis lists, keepdims, negative axes, empty and rank-0 inputs; and
 // add_n, a sum of tensors.
 #include <catch2/catch.hpp>
@@ -216,7 +216,55 @@ std::vector<OpEntry> reduce_entries() {
       addn.cases.push_back(c);
     }
   addn.cases.push_back({{{{2, 3}, sc::i32}, {{2, 3}, sc::f32}, {{2, 3}, sc::f64}}, {}, "mixed dtypes promote"});
-  return {sum, sum_default, mx, mn, mean, lse, am, an, addn};
+  // cumsum: running sums by plain loops in long double, every axis, exclusive and reversed; lines
+  // short and long, few and many (a GPU takes a block per line or a thread per line). The error
+  // scale of element k is (k + 1) times the sum of |x| up to it (sums in order, or in a tree).
+  RefFn cumsum_ref = [](const std::vector<Ref>& in, const Params& p) {
+    const Ref& x = in[0];
+    Ref y = make_ref(x.shape, x.dtype);
+    y.scale.assign(y.v.size(), 0.0);
+    const auto rank = static_cast<std::int64_t>(x.shape.size());
+    const std::int64_t ax = p.axis < 0 ? p.axis + rank : p.axis;
+    std::int64_t outer = 1, n = x.shape[static_cast<std::size_t>(ax)], inner = 1;
+    for (std::int64_t d = 0; d < ax; ++d) outer *= x.shape[static_cast<std::size_t>(d)];
+    for (std::int64_t d = ax + 1; d < rank; ++d) inner *= x.shape[static_cast<std::size_t>(d)];
+    for (std::int64_t o = 0; o < outer; ++o)
+      for (std::int64_t i = 0; i < inner; ++i) {
+        long double acc = 0, mag = 0;
+        for (std::int64_t s = 0; s < n; ++s) {
+          const std::int64_t k = p.pad != 0 ? n - 1 - s : s;
+          const auto at = static_cast<std::size_t>((o * n + k) * inner + i);
+          if (p.k != 0) y.v[at] = round_to(static_cast<double>(acc), x.dtype);
+          acc += x.v[at];
+          mag += std::fabs(x.v[at]);
+          if (p.k == 0) y.v[at] = round_to(static_cast<double>(acc), x.dtype);
+          y.scale[at] = static_cast<double>(mag) * static_cast<double>(s + 1);
+        }
+      }
+    return y;
+  };
+  OpEntry cs{"cumsum", "sc::cumsum(x, axis, exclusive, reverse)", SC_CALL(sc::cumsum(x[0], p.axis, p.k != 0, p.pad != 0)),
+             cumsum_ref, Tol{2}, {}, 1u};
+  const std::vector<std::pair<sc::Shape, std::int64_t>> scan_shapes = {
+      {{7}, 0}, {{3, 4}, 0}, {{3, 4}, 1}, {{3, 4}, -1}, {{2, 3, 4}, 1}, {{2, 3, 4}, -3}, {{0, 3}, 1}, {{3, 0}, 1},
+      {{5, 300}, 1}, {{300, 257}, 0}, {{2000, 3}, 0}, {{8192, 40}, 1}, {{1, 1}, 0}};
+  for (DType d : numeric)
+    for (const auto& [shape, axis] : scan_shapes)
+      for (int flags = 0; flags < 4; ++flags) {
+        if (flags != 0 && shape.numel() > 4000 && d != sc::f32) continue;  // (the large ones: f32 enough)
+        Params p;
+        p.axis = axis;
+        p.k = flags & 1;
+        p.pad = flags >> 1;
+        cs.cases.push_back({{{shape, d, Gen::normal, 0, {}}}, p,
+                            "axis " + std::to_string(axis) + (p.k ? ", exclusive" : "") + (p.pad ? ", reverse" : "")});
+      }
+  for (DType d : floats) {
+    Params p;
+    p.axis = 1;
+    cs.cases.push_back({{{{6, 6}, d, Gen::special, 0, {}}}, p, "NaN and inf"});
+  }
+  return {sum, sum_default, mx, mn, mean, lse, am, an, addn, cs};
 }
 
 }  // namespace

@@ -43,6 +43,27 @@ TEST_CASE("cuda: pad, tile, split and flip == CPU, with gradients", "[cuda]") {
       {values({3, 4}, sc::f32, 34)}, 1e-6);
 }
 
+TEST_CASE("cuda: cumsum == CPU: a thread per line, a block per line, strided lines, with gradients", "[cuda]") {
+  for (const sc::DType d : {sc::i32, sc::i64, sc::f32, sc::f64}) {
+    for (const auto& [shape, axis] : std::vector<std::pair<sc::Shape, int>>{
+             {{3, 4}, 1}, {{5, 3000}, 1}, {{3000, 3}, 0}, {{8192, 40}, 1}, {{2, 700, 5}, 1}, {{0, 4}, 1}}) {
+      INFO(sc::name(d) << " " << shape << " axis " << axis);
+      const sc::Tensor x = values(shape, d, 35);
+      // f32 lines of 3000 summed in a tree (GPU) and in order (CPU): close, not equal
+      const double tol = d == sc::f32 ? 1e-3 : 1e-10;
+      for (int flags = 0; flags < 4; ++flags)
+        same_on_gpu([&](const auto& in) { return sc::cumsum(in[0], axis, flags & 1, flags >> 1); }, {x}, tol);
+    }
+  }
+  same_on_gpu(
+      [](const auto& in) {
+        sc::GradientTape tape;
+        tape.watch(in[0]);
+        return tape.gradient(sc::sum(sc::square(sc::cumsum(in[0], 1, true))), in[0]);
+      },
+      {values({4, 50}, sc::f64, 36)}, 1e-10);
+}
+
 TEST_CASE("cuda: a concat of many pieces (several launches), empty ones, along each axis == CPU", "[cuda]") {
   // One launch copies up to 32 pieces (abi::max_concat_pieces): 70 pieces take three; every fifth
   // is empty along the axis. Then a large one (a grid-stride loop over rows of different widths).

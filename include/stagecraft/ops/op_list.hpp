@@ -38,7 +38,9 @@
   /* moves between devices (ops/to_device.hpp) */               \
   X(ToDevice)                                                   \
   /* sums of many (ops/add_n.hpp) */                            \
-  X(AddN)
+  X(AddN)                                                       \
+  /* scans (ops/scan.hpp) */                                    \
+  X(Cumsum)
 // clang-format on
 
 namespace stagecraft::ops {

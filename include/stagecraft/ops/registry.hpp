@@ -23,6 +23,7 @@
 #include "random.hpp"
 #include "reduce.hpp"
 #include "reshape.hpp"
+#include "scan.hpp"
 #include "slice.hpp"
 #include "stop_gradient.hpp"
 #include "to_device.hpp"

@@ -228,6 +228,10 @@ Status fill(DT dt, double value, void* y, std::int64_t n, Stream s) noexcept;
 /// y = reduction of x (sum of bool gives i64, else y has x's dtype).
 /// `scratch`: reduce_scratch_bytes(g) bytes on the device (may be null when that is 0).
 Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry& g, void* scratch, Stream s) noexcept;
+/// y = the running sums of x (i32, i64, f32 or f64) as [outer, n, inner] along n: inclusive, or
+/// exclusive (0 first); forward, or from the end (reverse). Integer sums wrap.
+Status cumsum(DT dt, const void* x, void* y, std::int64_t outer, std::int64_t n, std::int64_t inner, bool exclusive,
+              bool reverse, Stream s) noexcept;
 /// The first bad index a kernel found on a device since the last check (tag 0: none). Kernels that
 /// can find one (gather, scatter_add) take the device's record and a nonzero tag naming the
 /// launch; the host reads the record when it waits for the device anyway (synchronize, copy_d2h),

@@ -281,6 +281,15 @@ inline void one_hot(const Tensor& idx, Tensor& out, std::int64_t depth, std::str
         d, op, loc);
 }
 
+/// out = the running sums of x as [outer, n, inner] along n (ops::Cumsum).
+inline void cumsum(const Tensor& x, Tensor& out, std::int64_t outer, std::int64_t n, std::int64_t inner, bool exclusive,
+                   bool reverse, std::string_view op, const std::source_location& loc) {
+  const Device d = out.device();
+  check(abi::cumsum(dt(x.dtype()), x.raw_data(), out.raw_data(), outer, n, inner, exclusive, reverse,
+                    stream(d, op, loc)),
+        d, op, loc);
+}
+
 /// out = x converted to out's dtype.
 inline void cast(const Tensor& x, Tensor& out, std::string_view op, const std::source_location& loc) {
   const Device d = out.device();
