@@ -62,6 +62,45 @@ std::string error_of(F&& f) {
 }
 
 /// Checks got against want element by element, within tol (absolute and relative).
+/// n normal values (mean 0, standard deviation `scale`) from std::mt19937(seed).
+inline std::vector<double> randn(std::int64_t n, unsigned seed, double scale = 1.0) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> d(0.0, scale);
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+/// Tape gradients of loss() with respect to vars against central differences, perturbing each
+/// variable element through assign (so a layer's real code path is differentiated); each
+/// gradient within `margin` absolute or `rel` relative of the difference quotient.
+inline void check_variable_gradients(const std::function<sc::Tensor()>& loss, std::vector<sc::Variable> vars,
+                                     double margin = 1e-6, double rel = 1e-5) {
+  std::vector<sc::Tensor> grads;
+  {
+    sc::GradientTape tape;
+    const sc::Tensor l = loss();
+    grads = tape.gradient(l, vars);
+  }
+  const double eps = 1e-6;
+  for (std::size_t k = 0; k < vars.size(); ++k) {
+    const sc::Tensor base = vars[k].value();
+    const std::vector<double> b = base.to_vector<double>(), g = grads[k].to_vector<double>();
+    for (std::size_t j = 0; j < b.size(); ++j) {
+      std::vector<double> v = b;
+      v[j] = b[j] + eps;
+      vars[k].assign(sc::tensor(v, base.shape()));
+      const double up = loss().item<double>();
+      v[j] = b[j] - eps;
+      vars[k].assign(sc::tensor(v, base.shape()));
+      const double down = loss().item<double>();
+      vars[k].assign(base);
+      INFO("variable " << k << " ('" << vars[k].name() << "') element " << j);
+      CHECK(g[j] == Approx((up - down) / (2 * eps)).margin(margin).epsilon(rel));
+    }
+  }
+}
+
 inline void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
   REQUIRE(got.size() == want.size());
   for (std::size_t i = 0; i < got.size(); ++i) {

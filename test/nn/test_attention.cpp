@@ -16,16 +16,10 @@ namespace {
 
 using sctest::check_close;
 using sctest::error_of;
+using sctest::randn;
 
 std::string at_line(int line) { return "test_attention.cpp:" + std::to_string(line); }
 
-std::vector<double> randn(std::int64_t n, unsigned seed, double scale = 1.0) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<double> d(0.0, scale);
-  std::vector<double> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = d(gen);
-  return v;
-}
 
 /// Attention by loops over B independent problems: q [B, Tq, D], k [B, Tk, D], v [B, Tk, Dv],
 /// keep(b, i, j) whether query i of problem b may see key j. Softmax written out, a query that
@@ -196,31 +190,9 @@ TEST_CASE("MultiHeadAttention: variable gradients by central differences, traced
           "[layers][attention][grad]") {
   sc::nn::MultiHeadAttention mha(4, 2, 3, sc::f64);
   const sc::Tensor x = sc::tensor(randn(2 * 3 * 4, 9), {2, 3, 4}), w = sc::tensor(randn(2 * 3 * 4, 10), {2, 3, 4});
-  const auto loss = [&] { return sc::sum(mha(x, {.causal = true}) * w); };
-  std::vector<sc::Variable> vars = mha.trainable_variables();
-  REQUIRE(vars.size() == 8);
-  std::vector<sc::Tensor> grads;
-  {
-    sc::GradientTape tape;
-    grads = tape.gradient(loss(), vars);
-  }
-  const double eps = 1e-6;
-  for (std::size_t n = 0; n < vars.size(); ++n) {
-    const sc::Tensor base = vars[n].value();
-    const std::vector<double> b = base.to_vector<double>(), g = grads[n].to_vector<double>();
-    for (std::size_t j = 0; j < b.size(); ++j) {
-      std::vector<double> p = b;
-      p[j] = b[j] + eps;
-      vars[n].assign(sc::tensor(p, base.shape()));
-      const double up = loss().item<double>();
-      p[j] = b[j] - eps;
-      vars[n].assign(sc::tensor(p, base.shape()));
-      const double down = loss().item<double>();
-      vars[n].assign(base);
-      INFO("variable " << vars[n].name() << " element " << j);
-      CHECK(g[j] == Approx((up - down) / (2 * eps)).margin(1e-7).epsilon(1e-6));
-    }
-  }
+  REQUIRE(mha.trainable_variables().size() == 8);
+  sctest::check_variable_gradients([&] { return sc::sum(mha(x, {.causal = true}) * w); }, mha.trainable_variables(),
+                                   1e-7, 1e-6);
   // traced: one graph for the attention and its gradient, the same numbers as eager
   auto step = [&](const sc::Tensor& in) {
     sc::GradientTape tape;

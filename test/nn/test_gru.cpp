@@ -20,16 +20,10 @@ namespace {
 
 using sctest::check_close;
 using sctest::error_of;
+using sctest::randn;
 
 std::string at_line(int line) { return "test_gru.cpp:" + std::to_string(line); }
 
-std::vector<double> randn(std::int64_t n, unsigned seed, double scale = 1.0) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<double> d(0.0, scale);
-  std::vector<double> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = d(gen);
-  return v;
-}
 sc::Tensor make(const std::vector<double>& v, sc::Shape s, sc::DType d) { return sc::tensor(v, s).astype(d); }
 
 /// Sets sc::nn::gru_cell_staging() for the scope.
@@ -160,31 +154,9 @@ TEST_CASE("GRUCell: gradients of inputs and variables", "[layers][gru][grad]") {
     // Variables by central differences through assign, over two steps (the recurrent kernel is
     // reached through the first step's h too).
     const sc::Tensor w = make(randn(N * hid, 5), {N, hid}, sc::f64);
-    const auto loss = [&] { return sc::sum(cell(x, cell(x, h)) * w); };
-    std::vector<sc::Tensor> grads;
-    std::vector<sc::Variable> vars = cell.trainable_variables();
-    REQUIRE(vars.size() == 4);
-    {
-      sc::GradientTape tape;
-      grads = tape.gradient(loss(), vars);
-    }
-    const double eps = 1e-6;
-    for (std::size_t k = 0; k < vars.size(); ++k) {
-      const sc::Tensor base = vars[k].value();
-      const std::vector<double> b = base.to_vector<double>(), g = grads[k].to_vector<double>();
-      for (std::size_t j = 0; j < b.size(); ++j) {
-        std::vector<double> v = b;
-        v[j] = b[j] + eps;
-        vars[k].assign(sc::tensor(v, base.shape()));
-        const double up = loss().item<double>();
-        v[j] = b[j] - eps;
-        vars[k].assign(sc::tensor(v, base.shape()));
-        const double down = loss().item<double>();
-        vars[k].assign(base);
-        INFO("variable '" << vars[k].name() << "' element " << j);
-        CHECK(g[j] == Approx((up - down) / (2 * eps)).margin(1e-7).epsilon(1e-6));
-      }
-    }
+    REQUIRE(cell.trainable_variables().size() == 4);
+    sctest::check_variable_gradients([&] { return sc::sum(cell(x, cell(x, h)) * w); }, cell.trainable_variables(), 1e-7,
+                                     1e-6);
   }
 }
 

@@ -16,50 +16,17 @@
 namespace {
 
 using sctest::check_close;
+using sctest::check_variable_gradients;
 using sctest::error_of;
+using sctest::randn;
 
 std::string at_line(int line) { return "test_layers.cpp:" + std::to_string(line); }
 
-std::vector<double> randn(std::int64_t n, unsigned seed, double scale = 1.0) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<double> d(0.0, scale);
-  std::vector<double> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = d(gen);
-  return v;
-}
 sc::Tensor make(const std::vector<double>& v, sc::Shape s, sc::DType d) { return sc::tensor(v, s).astype(d); }
 
 /// Gives a layer's variable random values (biases are zero at first, which would hide bugs).
 void randomize(sc::Variable& v, unsigned seed) {
   v.assign(make(randn(v.numel(), seed, 0.5), v.shape(), v.dtype()));
-}
-
-/// Tape gradients of loss() with respect to vars against central differences, perturbing
-/// each variable element through assign (so the layer's real code path is differentiated).
-void check_variable_gradients(const std::function<sc::Tensor()>& loss, std::vector<sc::Variable> vars) {
-  std::vector<sc::Tensor> grads;
-  {
-    sc::GradientTape tape;
-    const sc::Tensor l = loss();
-    grads = tape.gradient(l, vars);
-  }
-  const double eps = 1e-6;
-  for (std::size_t k = 0; k < vars.size(); ++k) {
-    const sc::Tensor base = vars[k].value();
-    const std::vector<double> b = base.to_vector<double>(), g = grads[k].to_vector<double>();
-    for (std::size_t j = 0; j < b.size(); ++j) {
-      std::vector<double> v = b;
-      v[j] = b[j] + eps;
-      vars[k].assign(sc::tensor(v, base.shape()));
-      const double up = loss().item<double>();
-      v[j] = b[j] - eps;
-      vars[k].assign(sc::tensor(v, base.shape()));
-      const double down = loss().item<double>();
-      vars[k].assign(base);
-      INFO("variable " << k << " ('" << vars[k].name() << "') element " << j);
-      CHECK(g[j] == Approx((up - down) / (2 * eps)).margin(1e-6).epsilon(1e-5));
-    }
-  }
 }
 
 /// sum(y * w) for a fixed random w: every output element matters to the checked scalar.

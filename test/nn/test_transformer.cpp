@@ -77,30 +77,8 @@ TEST_CASE("TransformerEncoderLayer: variables, dropout in training, gradients, t
   CHECK(flat(layer(x)) == e);
   // variable gradients by central differences (evaluation: no masks), through the causal mask
   const sc::Tensor w = sc::random::normal({2, 3, 4}, 3).astype(sc::f64);
-  const auto loss = [&] { return sc::sum(layer(x, {.causal = true}) * w); };
-  std::vector<sc::Variable> vars = layer.trainable_variables();
-  std::vector<sc::Tensor> grads;
-  {
-    sc::GradientTape tape;
-    grads = tape.gradient(loss(), vars);
-  }
-  const double eps = 1e-6;
-  for (std::size_t n = 0; n < vars.size(); ++n) {
-    const sc::Tensor base = vars[n].value();
-    const std::vector<double> v0 = flat(base), g = flat(grads[n]);
-    for (std::size_t j = 0; j < v0.size(); ++j) {
-      std::vector<double> p = v0;
-      p[j] = v0[j] + eps;
-      vars[n].assign(sc::tensor(p, base.shape()));
-      const double up = loss().item<double>();
-      p[j] = v0[j] - eps;
-      vars[n].assign(sc::tensor(p, base.shape()));
-      const double down = loss().item<double>();
-      vars[n].assign(base);
-      INFO(vars[n].name() << " element " << j);
-      CHECK(g[j] == Approx((up - down) / (2 * eps)).margin(1e-7).epsilon(1e-6));
-    }
-  }
+  sctest::check_variable_gradients([&] { return sc::sum(layer(x, {.causal = true}) * w); },
+                                   layer.trainable_variables(), 1e-7, 1e-6);
 }
 
 TEST_CASE("TransformerEncoderLayer: a traced Adam step equals the eager one and training lowers the loss",
