@@ -149,4 +149,19 @@ inline Fn second(Fn g) {
   };
 }
 
+/// {g, h} at x: g the gradient of loss(x) by x (an inner tape), h the gradient of sum(g * g) by
+/// x (an outer tape over the inner one): second derivatives through whatever loss runs.
+inline std::vector<sc::Tensor> gradient_and_its_gradient(const std::function<sc::Tensor(const sc::Tensor&)>& loss,
+                                                         const sc::Tensor& x) {
+  sc::GradientTape outer;
+  outer.watch(x);
+  sc::Tensor g;
+  {
+    sc::GradientTape inner;
+    inner.watch(x);
+    g = inner.gradient(loss(x), std::vector<sc::Tensor>{x})[0];
+  }
+  return {g, outer.gradient(sc::sum(g * g), std::vector<sc::Tensor>{x})[0]};
+}
+
 }  // namespace sctest

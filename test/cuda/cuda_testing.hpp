@@ -31,6 +31,25 @@ inline void check_same(const sc::Tensor& got, const sc::Tensor& want, double tol
   }
 }
 
+/// Each result of a GPU run against the CPU run's, in order (check_same each).
+inline void check_all_same(const std::vector<sc::Tensor>& got, const std::vector<sc::Tensor>& want, double tol) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    INFO("result " << k);
+    check_same(got[k], want[k], tol);
+  }
+}
+
+/// run(device, traced) -> results: on the GPU, eager and traced, equal to the CPU's eager run.
+template <class Run>
+void same_on_gpu_eager_and_traced(const Run& run, double tol) {
+  const std::vector<sc::Tensor> want = run(sc::Device::cpu(), false);
+  for (const bool traced : {false, true}) {
+    INFO((traced ? "traced" : "eager"));
+    check_all_same(run(gpu, traced), want, tol);
+  }
+}
+
 /// Sets the CUDA-graph policy for a scope, and back to what it was.
 struct GraphPolicyScope {
   sc::cuda::GraphPolicy was = sc::cuda::graph_policy();

@@ -229,16 +229,7 @@ TEST_CASE("cuda: BatchNorm on the GPU equals the CPU, training and evaluation, e
     out.push_back(bn(values({2, 4, 3, 3}, sc::f32, 610).to(dev), false));
     return out;
   };
-  const auto want = run(sc::Device::cpu(), false);
-  for (const bool traced : {false, true}) {
-    INFO((traced ? "traced" : "eager"));
-    const auto got = run(gpu, traced);
-    REQUIRE(got.size() == want.size());
-    for (std::size_t k = 0; k < want.size(); ++k) {
-      INFO("result " << k);
-      check_same(got[k], want[k], 2e-5);
-    }
-  }
+  same_on_gpu_eager_and_traced(run, 2e-5);
 }
 
 TEST_CASE("cuda: GRUCell on the GPU equals the CPU, staged and op by op, eager and traced, with gradients",
@@ -269,17 +260,12 @@ TEST_CASE("cuda: GRUCell on the GPU equals the CPU, staged and op by op, eager a
     sc::nn::gru_cell_staging() = was;
     return out;
   };
-  const auto want = run(sc::Device::cpu(), false, false);
-  for (const bool staging : {false, true})
-    for (const bool traced : {false, true}) {
-      INFO((staging ? "staged" : "op by op") << (traced ? ", traced" : ", eager"));
-      const auto got = run(gpu, staging, traced);
-      REQUIRE(got.size() == want.size());
-      for (std::size_t k = 0; k < want.size(); ++k) {
-        INFO("result " << k);
-        check_same(got[k], want[k], 2e-5);
-      }
-    }
+  for (const bool staging : {false, true}) {
+    INFO((staging ? "staged" : "op by op"));
+    // (the CPU's run: op by op either way)
+    same_on_gpu_eager_and_traced(
+        [&](sc::Device dev, bool traced) { return run(dev, staging && dev == gpu, traced); }, 2e-5);
+  }
 }
 
 TEST_CASE("cuda: MultiHeadAttention on the GPU equals the CPU, masked and causal, eager and traced, with gradients",
@@ -306,16 +292,7 @@ TEST_CASE("cuda: MultiHeadAttention on the GPU equals the CPU, masked and causal
     const sc::Tensor q = values({3, 4, 8}, sc::f32, 660).to(dev), kv = values({3, 6, 8}, sc::f32, 661).to(dev);
     return traced ? f(q, kv) : step(q, kv);
   };
-  const auto want = run(sc::Device::cpu(), false);
-  for (const bool traced : {false, true}) {
-    INFO((traced ? "traced" : "eager"));
-    const auto got = run(gpu, traced);
-    REQUIRE(got.size() == want.size());
-    for (std::size_t k = 0; k < want.size(); ++k) {
-      INFO("result " << k);
-      check_same(got[k], want[k], 5e-5);
-    }
-  }
+  same_on_gpu_eager_and_traced(run, 5e-5);
 }
 
 TEST_CASE("cuda: a TransformerEncoderLayer on the GPU equals the CPU in evaluation, eager and traced", "[cuda][attention]") {
@@ -336,11 +313,5 @@ TEST_CASE("cuda: a TransformerEncoderLayer on the GPU equals the CPU in evaluati
     const sc::Tensor x = values({2, 5, 8}, sc::f32, 680).to(dev);
     return traced ? f(x) : step(x);
   };
-  const auto want = run(sc::Device::cpu(), false);
-  for (const bool traced : {false, true}) {
-    INFO((traced ? "traced" : "eager"));
-    const auto got = run(gpu, traced);
-    REQUIRE(got.size() == want.size());
-    for (std::size_t k = 0; k < want.size(); ++k) check_same(got[k], want[k], 5e-5);
-  }
+  same_on_gpu_eager_and_traced(run, 5e-5);
 }

@@ -9,6 +9,8 @@
 #include <memory>
 #include <vector>
 
+#include "testing.hpp"
+
 namespace sctest::lstm {
 
 /// Sets sc::nn::lstm_cell_staging() for the scope.
@@ -55,18 +57,12 @@ inline std::vector<stagecraft::Tensor> second_derivatives(const stagecraft::nn::
                                                           bool staging) {
   namespace sc = stagecraft;
   const StagingScope mode(staging);
-  sc::GradientTape outer;
-  outer.watch(x);
-  sc::Tensor gx;
-  {
-    sc::GradientTape inner;
-    inner.watch(x);
-    auto st = cell.initial_state(x.shape()[0]);
-    st = cell(x, st);
-    st = cell(x, st);
-    gx = inner.gradient(sc::sum(st.first * st.first), std::vector<sc::Tensor>{x})[0];
-  }
-  return {gx, outer.gradient(sc::sum(gx * gx), std::vector<sc::Tensor>{x})[0]};
+  return gradient_and_its_gradient(
+      [&](const sc::Tensor& v) {
+        auto st = cell(v, cell(v, cell.initial_state(v.shape()[0])));
+        return sc::sum(st.first * st.first);
+      },
+      x);
 }
 
 }  // namespace sctest::lstm

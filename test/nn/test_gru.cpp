@@ -189,16 +189,12 @@ TEST_CASE("GRUCell staged on the CPU: second derivatives equal those of its ops"
   const sc::Tensor x = sc::random::normal({2, 3}, 11).astype(sc::f64);
   const auto second = [&](bool staging) {
     const StagingScope mode(staging);
-    sc::GradientTape outer;
-    outer.watch(x);
-    sc::Tensor gx;
-    {
-      sc::GradientTape inner;
-      inner.watch(x);
-      const sc::Tensor h = cell(x, cell(x, cell.initial_state(2)));
-      gx = inner.gradient(sc::sum(h * h), std::vector<sc::Tensor>{x})[0];
-    }
-    return std::vector<sc::Tensor>{gx, outer.gradient(sc::sum(gx * gx), std::vector<sc::Tensor>{x})[0]};
+    return sctest::gradient_and_its_gradient(
+        [&](const sc::Tensor& v) {
+          const sc::Tensor h = cell(v, cell(v, cell.initial_state(2)));
+          return sc::sum(h * h);
+        },
+        x);
   };
   const auto staged = second(true), by_ops = second(false);
   check_tensors_close(staged[0], by_ops[0], 1e-12);

@@ -121,6 +121,21 @@ constexpr Shape broadcast_strides(const Shape& in, const Shape& out) {
   return st;
 }
 
+/// A shape seen around one axis, as kernels walk it: `outer` blocks of `n` steps along the axis,
+/// each step `inner` contiguous elements (element (o, k, i) at (o * n + k) * inner + i).
+struct AxisSplit {
+  std::int64_t outer = 1, n = 1, inner = 1;
+};
+/// s split at `axis` (in [-rank, rank), already checked; negative counts from the end).
+constexpr AxisSplit axis_split(const Shape& s, std::int64_t axis) {
+  const int ax = static_cast<int>(axis < 0 ? axis + s.rank() : axis);
+  AxisSplit sp;
+  for (int d = 0; d < ax; ++d) sp.outer *= s[d];
+  sp.n = s[ax];
+  for (int d = ax + 1; d < s.rank(); ++d) sp.inner *= s[d];
+  return sp;
+}
+
 /// Most bytes one tensor may hold (2^62): beyond any machine, and low enough that byte counts,
 /// allocator size classes and element offsets computed from a valid shape never overflow.
 inline constexpr std::int64_t max_tensor_bytes = std::int64_t{1} << 62;

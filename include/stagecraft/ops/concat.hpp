@@ -39,11 +39,10 @@ struct Concat {
     if (out.numel() == 0) return;
     const Shape& os = out.shape();
     const int ax = static_cast<int>(a.axis < 0 ? a.axis + os.rank() : a.axis);  // infer checked it
-    std::int64_t outer = 1, inner = 1;
-    for (int k = 0; k < ax; ++k) outer *= os[k];
-    for (int k = ax + 1; k < os.rank(); ++k) inner *= os[k];
+    const AxisSplit sp = axis_split(os, ax);
+    const std::int64_t outer = sp.outer, inner = sp.inner;
     const std::size_t isz = itemsize(out.dtype());
-    const std::int64_t row = os[ax] * inner;  // elements of one output row
+    const std::int64_t row = sp.n * inner;  // elements of one output row
     auto* y = static_cast<std::byte*>(out.raw_data());
     backend::cpu::parallel_rows(outer, row, backend::cpu::grain_cheap,
                                [&](std::int64_t ob, std::int64_t oe) {
@@ -62,10 +61,9 @@ struct Concat {
   static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
     const Shape& os = out.shape();
     const int ax = static_cast<int>(a.axis < 0 ? a.axis + os.rank() : a.axis);
-    std::int64_t outer = 1, inner = 1;
-    for (int k = 0; k < ax; ++k) outer *= os[k];
-    for (int k = ax + 1; k < os.rank(); ++k) inner *= os[k];
-    const std::int64_t row = os[ax] * inner;  // elements of one output row
+    const AxisSplit sp = axis_split(os, ax);
+    const std::int64_t outer = sp.outer, inner = sp.inner;
+    const std::int64_t row = sp.n * inner;  // elements of one output row
     const auto isz = static_cast<std::int64_t>(itemsize(out.dtype()));
     std::vector<backend::cuda::abi::ConcatPiece> pieces;
     pieces.reserve(in.size());

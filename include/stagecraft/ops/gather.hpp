@@ -40,21 +40,6 @@ inline void require_indices_in_range(std::string_view op, const Tensor& idx, con
                              " (shape ", xs, ")");
 }
 
-/// x's shape around the gather / scatter axis, as the kernels walk it: outer * E * inner
-/// elements, E of them along the axis.
-struct AxisSplit {
-  std::int64_t outer = 1, E = 0, inner = 1;
-};
-/// The split of xs at `axis` (infer has checked it; negative counts from the end).
-inline AxisSplit split_at_axis(const Shape& xs, std::int64_t axis) {
-  const int ax = static_cast<int>(axis < 0 ? axis + xs.rank() : axis);
-  AxisSplit sp;
-  for (int k = 0; k < ax; ++k) sp.outer *= xs[k];
-  for (int k = ax + 1; k < xs.rank(); ++k) sp.inner *= xs[k];
-  sp.E = xs[ax];
-  return sp;
-}
-
 /// Calls f(type_tag<I>{}) for an index dtype (i32 or i64; infer has rejected the others).
 template <class F>
 void visit_index(DType d, F&& f) {
@@ -90,13 +75,13 @@ struct Gather {
   /// On the GPU, indices already there are not read back: one out of range gathers 0, and the
   /// next wait for the device (item, to_vector, synchronize) raises the ValueError naming this line.
   static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
-    const layout::AxisSplit sp = layout::split_at_axis(in[0].shape(), a.axis);
-    backend::cuda::gather(in[0], in[1], out, sp.outer, sp.E, sp.inner, a.axis, name, loc);
+    const AxisSplit sp = axis_split(in[0].shape(), a.axis);
+    backend::cuda::gather(in[0], in[1], out, sp.outer, sp.n, sp.inner, a.axis, name, loc);
   }
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
-    const layout::AxisSplit sp = layout::split_at_axis(in[0].shape(), a.axis);
-    const std::int64_t outer = sp.outer, E = sp.E, inner = sp.inner, N = in[1].numel();
+    const AxisSplit sp = axis_split(in[0].shape(), a.axis);
+    const std::int64_t outer = sp.outer, E = sp.n, inner = sp.inner, N = in[1].numel();
     std::atomic<bool> failed{false};
     std::atomic<std::int64_t> bad{0};
     layout::visit_bytes(itemsize(out.dtype()), [&](auto utag) {
@@ -177,16 +162,16 @@ struct ScatterAdd {
   /// On the GPU, indices already there are not read back: an update at an index out of range is
   /// dropped, and the next wait for the device raises the ValueError naming this line.
   static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
-    const layout::AxisSplit sp = layout::split_at_axis(in[0].shape(), a.axis);
-    backend::cuda::scatter_add(in[0], in[1], in[2], out, sp.outer, sp.E, sp.inner, a.axis, name, loc);
+    const AxisSplit sp = axis_split(in[0].shape(), a.axis);
+    backend::cuda::scatter_add(in[0], in[1], in[2], out, sp.outer, sp.n, sp.inner, a.axis, name, loc);
   }
   /// x is copied in contiguous chunks; then threads split the (outer index, inner position)
   /// columns: each owns its columns of the output and adds every update into them, so
   /// duplicate indices never race. Integer sums wrap (two's complement), as add's do.
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
-    const layout::AxisSplit sp = layout::split_at_axis(in[0].shape(), a.axis);
-    const std::int64_t outer = sp.outer, E = sp.E, inner = sp.inner, N = in[1].numel();
+    const AxisSplit sp = axis_split(in[0].shape(), a.axis);
+    const std::int64_t outer = sp.outer, E = sp.n, inner = sp.inner, N = in[1].numel();
     // Checked once up front (a traced graph skips infer's check), so the loop cannot throw.
     std::int64_t bad = 0;
     if (SC_UNLIKELY(layout::find_bad_index(in[1], E, bad)))

@@ -29,25 +29,15 @@ struct Cumsum {
     return {x.shape(), x.dtype()};
   }
 
-  /// x as [outer, n, inner] around the axis.
-  static void geometry(const Shape& s, std::int64_t axis, std::int64_t& outer, std::int64_t& n, std::int64_t& inner) {
-    const int ax = static_cast<int>(axis < 0 ? axis + s.rank() : axis);
-    outer = inner = 1;
-    for (int d = 0; d < ax; ++d) outer *= s[d];
-    n = s[ax];
-    for (int d = ax + 1; d < s.rank(); ++d) inner *= s[d];
-  }
-
   static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
-    std::int64_t outer, n, inner;
-    geometry(in[0].shape(), a.axis, outer, n, inner);
-    backend::cuda::cumsum(in[0], out, outer, n, inner, a.i0 != 0, a.i1 != 0, name, loc);
+    const AxisSplit sp = axis_split(in[0].shape(), a.axis);
+    backend::cuda::cumsum(in[0], out, sp.outer, sp.n, sp.inner, a.i0 != 0, a.i1 != 0, name, loc);
   }
 
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
-    std::int64_t outer, n, inner;
-    geometry(in[0].shape(), a.axis, outer, n, inner);
+    const AxisSplit sp = axis_split(in[0].shape(), a.axis);
+    const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
     const bool exclusive = a.i0 != 0, reverse = a.i1 != 0;
     visit_dtype(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;

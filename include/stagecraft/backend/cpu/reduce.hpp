@@ -347,12 +347,10 @@ void arg_reduce(const Tensor& x, Tensor& out, int axis) {
     return;
   }
   const Shape& s = x.shape();
-  std::int64_t outer = 1, inner = 1;
-  for (int i = 0; i < axis; ++i) outer *= s[i];
-  for (int i = axis + 1; i < s.rank(); ++i) inner *= s[i];
+  const AxisSplit sp = axis_split(s, axis);
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    arg_reduce3<IsMax, T>(static_cast<const T*>(x.raw_data()), y, outer, s[axis], inner);
+    arg_reduce3<IsMax, T>(static_cast<const T*>(x.raw_data()), y, sp.outer, sp.n, sp.inner);
   });
 }
 
