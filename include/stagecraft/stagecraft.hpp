@@ -27,6 +27,7 @@
 
 #include "ops/reduce.hpp"
 #include "ops/scan.hpp"
+#include "ops/sort.hpp"
 #include "ops/clip_norm.hpp"
 
 #include "ops/broadcast_to.hpp"

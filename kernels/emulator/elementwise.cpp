@@ -1,13 +1,14 @@
-// The emulator's elementwise, layout and reduction kernels: kernels/elementwise.cu (unary, binary,
-// where, cast, fill), layout.cu (strided_copy, concat, one_hot), reduce.cu and gather.cu's
-// check_range, on the host. Each call is one launch (a closure: it may run later, at every launch
-// of a captured graph, so it holds copies of what it reads) calling the same rules
+// The emulator's elementwise, layout, reduction and sorting kernels: kernels/elementwise.cu (unary,
+// binary, where, cast, fill), layout.cu (strided_copy, concat, one_hot), reduce.cu, gather.cu's
+// check_range and sort.cu, on the host. Each call is one launch (a closure: it may run later, at
+// every launch of a captured graph, so it holds copies of what it reads) calling the same rules
 // (ops/rules.hpp) on scalars, taking the dtypes and giving the statuses of the .cu files (one
 // exception, for inputs dispatch never sends: bool_unary below).
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -273,6 +274,55 @@ Status cumsum_as(const void* x, void* y, std::int64_t outer, std::int64_t n, std
   });
 }
 
+// ---- top_k ---------------------------------------------------------------------------------------
+
+/// The scratch sort.cu asks for, less the CUB sorts' own storage: two copies of the keys, and two
+/// each of the positions and the line numbers (i64).
+std::int64_t top_k_scratch(DT dt, std::int64_t lines, std::int64_t n) {
+  const std::int64_t item = dt == DT::f32 || dt == DT::i32 ? 4 : 8;
+  return lines * n * (2 * item + 32);
+}
+
+/// The unsigned key a radix sort orders T by, as CUB's: integers with the sign bit flipped,
+/// floats with all bits flipped when negative and the sign bit set otherwise, after sort.cu's
+/// canonical keys (every NaN the positive quiet one, above +inf; -0 as +0).
+template <class T>
+auto radix_key(T v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+    constexpr U sign = U{1} << (8 * sizeof(T) - 1);
+    const T c = v != v ? std::numeric_limits<T>::quiet_NaN() : (v == T(0) ? T(0) : v);
+    U u;
+    std::memcpy(&u, &c, sizeof u);
+    return (u & sign) != 0 ? static_cast<U>(~u) : static_cast<U>(u | sign);
+  } else {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<U>(static_cast<U>(v) ^ (U{1} << (8 * sizeof(T) - 1)));
+  }
+}
+
+/// Each line of [outer, n, inner] stable-sorted by radix key, the first k indices kept (sort.cu's
+/// two radix sorts of all lines, by another road).
+template <class T>
+Status top_k_as(const void* x, std::int64_t* idx, std::int64_t outer, std::int64_t n, std::int64_t inner,
+                std::int64_t k, bool largest, Stream s) {
+  const auto* xd = static_cast<const T*>(x);
+  return launch(s, [xd, idx, outer, n, inner, k, largest] {
+    const T* xh = host(xd);
+    std::int64_t* yh = host(idx);
+    std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+    for (std::int64_t line = 0; line < outer * inner; ++line) {
+      const std::int64_t o = line / inner, i = line % inner;
+      const auto key = [&](std::int64_t j) { return radix_key(xh[(o * n + j) * inner + i]); };
+      for (std::int64_t j = 0; j < n; ++j) order[static_cast<std::size_t>(j)] = j;
+      std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+        return largest ? key(a) > key(b) : key(a) < key(b);
+      });
+      for (std::int64_t j = 0; j < k; ++j) yh[(o * k + j) * inner + i] = order[static_cast<std::size_t>(j)];
+    }
+  });
+}
+
 // ---- check_range -------------------------------------------------------------------------------
 
 template <class I>
@@ -464,6 +514,24 @@ Status cumsum(DT dt, const void* x, void* y, std::int64_t outer, std::int64_t n,
     case DT::i64: return emu::cumsum_as<std::int64_t>(x, y, outer, n, inner, exclusive, reverse, s);
     case DT::f32: return emu::cumsum_as<float>(x, y, outer, n, inner, exclusive, reverse, s);
     case DT::f64: return emu::cumsum_as<double>(x, y, outer, n, inner, exclusive, reverse, s);
+    default: return emu::invalid_value;
+  }
+}
+
+Status top_k_scratch_bytes(DT dt, std::int64_t lines, std::int64_t n, std::int64_t* bytes) noexcept {
+  *bytes = lines == 0 || n == 0 ? 0 : emu::top_k_scratch(dt, lines, n);
+  return emu::ok;
+}
+
+Status top_k(DT dt, const void* x, std::int64_t* idx, std::int64_t outer, std::int64_t n, std::int64_t inner,
+             std::int64_t k, bool largest, void* scratch, std::int64_t scratch_bytes, Stream s) noexcept {
+  if (outer == 0 || inner == 0 || k == 0) return emu::ok;
+  if (k > n || scratch == nullptr || scratch_bytes < emu::top_k_scratch(dt, outer * inner, n)) return emu::invalid_value;
+  switch (dt) {
+    case DT::i32: return emu::top_k_as<std::int32_t>(x, idx, outer, n, inner, k, largest, s);
+    case DT::i64: return emu::top_k_as<std::int64_t>(x, idx, outer, n, inner, k, largest, s);
+    case DT::f32: return emu::top_k_as<float>(x, idx, outer, n, inner, k, largest, s);
+    case DT::f64: return emu::top_k_as<double>(x, idx, outer, n, inner, k, largest, s);
     default: return emu::invalid_value;
   }
 }

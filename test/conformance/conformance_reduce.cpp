@@ -1,4 +1,4 @@
-// Conformance table of the reductions: sum max min argmax argmin cumsum (primitives) and mean,
+// Conformance table of the reductions: sum max min argmax argmin cumsum top_k (primitives) and mean,
 // logsumexp (composites) over axis lists, keepdims, negative axes, empty and rank-0 inputs; and
 // add_n, a sum of tensors.
 #include <catch2/catch.hpp>
@@ -264,7 +264,69 @@ std::vector<OpEntry> reduce_entries() {
     p.axis = 1;
     cs.cases.push_back({{{{6, 6}, d, Gen::special, 0, {}}}, p, "NaN and inf"});
   }
-  return {sum, sum_default, mx, mn, mean, lse, am, an, addn, cs};
+  // top_k: the indices of each line's k best by plain selection (k scans, the first of equals
+  // kept: ties in index order), a NaN above every number, -0 equal to 0; k from 0 to the whole
+  // line (argsort), largest and smallest; short and long lines, few and many.
+  RefFn top_k_ref = [](const std::vector<Ref>& in, const Params& p) {
+    const Ref& x = in[0];
+    const auto rank = static_cast<std::int64_t>(x.shape.size());
+    const std::int64_t ax = p.axis < 0 ? p.axis + rank : p.axis;
+    std::int64_t outer = 1, n = x.shape[static_cast<std::size_t>(ax)], inner = 1;
+    for (std::int64_t d = 0; d < ax; ++d) outer *= x.shape[static_cast<std::size_t>(d)];
+    for (std::int64_t d = ax + 1; d < rank; ++d) inner *= x.shape[static_cast<std::size_t>(d)];
+    Dims shape = x.shape;
+    shape[static_cast<std::size_t>(ax)] = p.k;
+    Ref y = make_ref(shape, sc::i64);
+    const bool largest = p.pad != 0;
+    const auto beats = [largest](double u, double w) {  // u strictly ahead of w
+      const bool un = std::isnan(u), wn = std::isnan(w);
+      if (un || wn) return largest ? un && !wn : wn && !un;
+      return largest ? u > w : u < w;
+    };
+    for (std::int64_t o = 0; o < outer; ++o)
+      for (std::int64_t i = 0; i < inner; ++i) {
+        std::vector<bool> taken(static_cast<std::size_t>(n), false);
+        const auto at = [&](std::int64_t j) { return x.v[static_cast<std::size_t>((o * n + j) * inner + i)]; };
+        for (std::int64_t r = 0; r < p.k; ++r) {
+          std::int64_t best = -1;
+          for (std::int64_t j = 0; j < n; ++j)
+            if (!taken[static_cast<std::size_t>(j)] && (best < 0 || beats(at(j), at(best)))) best = j;
+          taken[static_cast<std::size_t>(best)] = true;
+          y.v[static_cast<std::size_t>((o * p.k + r) * inner + i)] = static_cast<double>(best);
+        }
+      }
+    return y;
+  };
+  OpEntry tk{"top_k", "sc::topk(x, k, axis, largest).indices",
+             SC_CALL(sc::topk(x[0], p.k, p.axis, p.pad != 0).indices), top_k_ref, exact_rounding, {}, 0u};
+  const std::vector<std::pair<sc::Shape, std::int64_t>> sort_shapes = {
+      {{7}, 0}, {{3, 4}, 0}, {{3, 4}, 1}, {{2, 3, 4}, 1}, {{2, 3, 4}, -1}, {{0, 3}, 1}, {{3, 0}, 1},
+      {{1, 1}, 0}, {{40, 33}, 1}, {{600, 9}, 0}, {{3, 700}, -1}};
+  for (DType d : numeric)
+    for (const auto& [shape, axis] : sort_shapes) {
+      const std::int64_t n = shape[static_cast<int>(axis < 0 ? axis + shape.rank() : axis)];
+      std::vector<std::int64_t> ks{0, n};
+      if (n > 2) ks.insert(ks.end(), {1, n / 2});
+      for (const std::int64_t k : ks)
+        for (const int largest : {0, 1}) {
+          Params p;
+          p.axis = axis;
+          p.k = k;
+          p.pad = largest;
+          tk.cases.push_back({{{shape, d, Gen::normal, 0, {}}}, p,
+                              "axis " + std::to_string(axis) + ", k " + std::to_string(k) +
+                                  (largest ? ", largest" : ", smallest")});
+        }
+    }
+  for (DType d : floats)
+    for (const int largest : {0, 1}) {
+      Params p;
+      p.axis = 1;
+      p.k = 6;
+      p.pad = largest;
+      tk.cases.push_back({{{{6, 6}, d, Gen::special, 0, {}}}, p, "NaN, inf and -0"});
+    }
+  return {sum, sum_default, mx, mn, mean, lse, am, an, addn, cs, tk};
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "cuda_testing.hpp"
 #include "files.hpp"
 
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -62,6 +63,45 @@ TEST_CASE("cuda: cumsum == CPU: a thread per line, a block per line, strided lin
         return tape.gradient(sc::sum(sc::square(sc::cumsum(in[0], 1, true))), in[0]);
       },
       {values({4, 50}, sc::f64, 36)}, 1e-10);
+}
+
+TEST_CASE("cuda: topk, argsort, sort and take_along_axis == CPU: one line, many, strided, NaN; with gradients",
+          "[cuda][sort]") {
+  for (const sc::DType d : {sc::i32, sc::i64, sc::f32, sc::f64})
+    for (const auto& [shape, axis] : std::vector<std::pair<sc::Shape, int>>{
+             {{9}, 0}, {{3, 4}, 1}, {{5, 3000}, 1}, {{3000, 7}, 0}, {{2000, 40}, 1}, {{2, 700, 5}, 1}, {{0, 4}, 1}}) {
+      INFO(sc::name(d) << " " << shape << " axis " << axis);
+      const sc::Tensor x = values(shape, d, 37);  // integers: many ties
+      const std::int64_t n = shape[axis];
+      for (const std::int64_t k : {std::int64_t{0}, std::int64_t{1}, n / 2, n})
+        for (const bool largest : {true, false}) {
+          same_on_gpu([&](const auto& in) { return sc::topk(in[0], k, axis, largest).indices; }, {x}, 0);
+          same_on_gpu([&](const auto& in) { return sc::topk(in[0], k, axis, largest).values; }, {x}, 0);
+        }
+      same_on_gpu([&](const auto& in) { return sc::sort(in[0], axis, true); }, {x}, 0);
+    }
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (const sc::DType d : {sc::f32, sc::f64}) {
+    const sc::Tensor special = sc::tensor({1.0, nan, -inf, inf, -0.0, 0.0, -nan, 2.0}).astype(d);
+    for (const bool descending : {false, true})
+      same_on_gpu([&](const auto& in) { return sc::argsort(in[0], 0, descending); }, {special}, 0);
+  }
+  // gradients, eager and traced (a CUDA graph holds the sorts: they never wait for the device)
+  const sc::Tensor x = values({6, 50}, sc::f64, 38);
+  const auto grad = [](const sc::Tensor& a) {
+    sc::GradientTape tape;
+    tape.watch(a);
+    const sc::TopK top = sc::topk(a, 5, 1);
+    return std::vector<sc::Tensor>{top.indices, tape.gradient(sc::sum(sc::square(top.values)), a)};
+  };
+  same_on_gpu_eager_and_traced(
+      [&](sc::Device dev, bool traced) {
+        auto f = sc::function(grad);
+        return traced ? f(x.to(dev)) : grad(x.to(dev));
+      },
+      1e-12);
+  same_on_gpu(
+      [](const auto& in) { return sc::take_along_axis(in[0], sc::argsort(in[0], 0, true), 0); }, {x}, 0);
 }
 
 TEST_CASE("cuda: a concat of many pieces (several launches), empty ones, along each axis == CPU", "[cuda]") {

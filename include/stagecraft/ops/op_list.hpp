@@ -40,7 +40,9 @@
   /* sums of many (ops/add_n.hpp) */                            \
   X(AddN)                                                       \
   /* scans (ops/scan.hpp) */                                    \
-  X(Cumsum)
+  X(Cumsum)                                                     \
+  /* sorting (ops/sort.hpp) */                                  \
+  X(TopKIndices)
 // clang-format on
 
 namespace stagecraft::ops {

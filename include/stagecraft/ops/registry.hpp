@@ -25,6 +25,7 @@
 #include "reshape.hpp"
 #include "scan.hpp"
 #include "slice.hpp"
+#include "sort.hpp"
 #include "stop_gradient.hpp"
 #include "to_device.hpp"
 #include "transpose.hpp"

@@ -232,6 +232,14 @@ Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry&
 /// exclusive (0 first); forward, or from the end (reverse). Integer sums wrap.
 Status cumsum(DT dt, const void* x, void* y, std::int64_t outer, std::int64_t n, std::int64_t inner, bool exclusive,
               bool reverse, Stream s) noexcept;
+/// Bytes of scratch top_k needs for `lines` lines of n elements of dt (the lines' keys and
+/// indices, twice, their offsets, and the sort's own storage), in *bytes.
+Status top_k_scratch_bytes(DT dt, std::int64_t lines, std::int64_t n, std::int64_t* bytes) noexcept;
+/// idx (i64, [outer, k, inner]) = the indices of the k largest (or smallest) elements of each line
+/// of x ([outer, n, inner] along n; i32, i64, f32 or f64), in order: a NaN above every number, -0
+/// equal to +0, equal keys in index order (a stable sort). `scratch`: top_k_scratch_bytes bytes.
+Status top_k(DT dt, const void* x, std::int64_t* idx, std::int64_t outer, std::int64_t n, std::int64_t inner,
+             std::int64_t k, bool largest, void* scratch, std::int64_t scratch_bytes, Stream s) noexcept;
 /// The first bad index a kernel found on a device since the last check (tag 0: none). Kernels that
 /// can find one (gather, scatter_add) take the device's record and a nonzero tag naming the
 /// launch; the host reads the record when it waits for the device anyway (synchronize, copy_d2h),

@@ -290,6 +290,21 @@ inline void cumsum(const Tensor& x, Tensor& out, std::int64_t outer, std::int64_
         d, op, loc);
 }
 
+/// out (i64) = the indices of the k first of each line of x as [outer, n, inner] along n, sorted
+/// descending (largest) or ascending (ops::TopKIndices); the sort's scratch freed in stream order.
+inline void top_k(const Tensor& x, Tensor& out, std::int64_t outer, std::int64_t n, std::int64_t inner, std::int64_t k,
+                  bool largest, std::string_view op, const std::source_location& loc) {
+  if (out.numel() == 0) return;
+  const Device d = out.device();
+  std::int64_t bytes = 0;
+  check(abi::top_k_scratch_bytes(dt(x.dtype()), outer * inner, n, &bytes), d, op, loc);
+  Tensor scratch;
+  if (bytes > 0) scratch = stagecraft::detail::empty_tensor(Shape{(bytes + 7) / 8}, DType::i64, d, op, loc);
+  check(abi::top_k(dt(x.dtype()), x.raw_data(), static_cast<std::int64_t*>(out.raw_data()), outer, n, inner, k, largest,
+                   bytes > 0 ? scratch.raw_data() : nullptr, bytes, stream(d, op, loc)),
+        d, op, loc);
+}
+
 /// out = x converted to out's dtype.
 inline void cast(const Tensor& x, Tensor& out, std::string_view op, const std::source_location& loc) {
   const Device d = out.device();

@@ -1,0 +1,189 @@
+// Sorting along an axis: the op top_k (the indices of the k largest or smallest entries of each
+// line, in order), and on it topk, argsort and sort; take_along_axis picks x's entries by such
+// indices, and carries the gradient of the sorted values back to x.
+#pragma once
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <source_location>
+#include <type_traits>
+#include <vector>
+
+#include "../backend/cpu/parallel.hpp"
+#include "../eager/dispatch.hpp"
+#include "binary.hpp"
+#include "check_range.hpp"
+#include "gather.hpp"
+#include "reshape.hpp"
+#include "where.hpp"
+
+namespace stagecraft {
+namespace ops {
+
+/// The order top_k sorts by: descending (largest) or ascending, a NaN above every number (first
+/// when descending, last when ascending, as PyTorch's sort), -0 equal to +0, and equal keys in
+/// index order (a total order: the result never depends on the algorithm or the threads).
+template <class T>
+struct SortOrder {
+  const T* key;
+  bool largest;
+  /// u is above v: greater, or a NaN over a number.
+  static bool above(T u, T v) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(u) || std::isnan(v)) return std::isnan(u) && !std::isnan(v);
+    }
+    return u > v;
+  }
+  bool operator()(std::int64_t a, std::int64_t b) const {
+    const T u = key[a], v = key[b];
+    if (above(u, v)) return largest;
+    if (above(v, u)) return !largest;
+    return a < b;
+  }
+};
+
+/// The indices (i64) of the k largest (attrs.flag) or smallest entries of each line of x along
+/// attrs.axis, in that order (attrs.i0 = k): out has x's shape with k along the axis. Numeric
+/// dtypes; k in [0, extent]. Not differentiable: the values' gradient flows through
+/// take_along_axis (topk, sort).
+struct TopKIndices {
+  SC_OP_HEAD(TopKIndices, "top_k")
+  static constexpr int arity = 1;
+  static constexpr bool differentiable = false;
+
+  static OutMeta infer(Inputs in, const Attrs& a, const std::source_location& loc) {
+    const Tensor& x = in[0];
+    require_dtype(!is_bool(x.dtype()), name, x.dtype(), "numeric dtypes", loc);
+    if (x.rank() == 0)
+      detail::fail<ShapeError>(name, loc, "needs a tensor of rank >= 1 (an axis to sort along), got shape ", x.shape());
+    const int ax = normalize_axis(a.axis, x.rank(), name, loc);
+    if (SC_UNLIKELY(a.i0 < 0 || a.i0 > x.shape()[ax]))
+      detail::fail<ValueError>(name, loc, "k = ", a.i0, " is outside [0, ", x.shape()[ax], "] for axis ", a.axis,
+                               " of shape ", x.shape());
+    Shape s = x.shape();
+    s[ax] = a.i0;
+    return {s, DType::i64};
+  }
+
+  /// A sort of every line on the device (CUB's segmented stable radix sort), the first k kept.
+  static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
+    const AxisSplit sp = axis_split(in[0].shape(), a.axis);
+    backend::cuda::top_k(in[0], out, sp.outer, sp.n, sp.inner, a.i0, a.flag, name, loc);
+  }
+
+  /// Threads over lines; each line's keys copied out contiguous, the k first selected
+  /// (nth_element) and then sorted: O(n + k log k) a line.
+  static void cpu(Inputs in, Tensor& out, const Attrs& a) {
+    if (out.numel() == 0) return;
+    const AxisSplit sp = axis_split(in[0].shape(), a.axis);
+    const std::int64_t n = sp.n, inner = sp.inner, k = a.i0;
+    const bool largest = a.flag;
+    visit_dtype(in[0].dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (!std::is_same_v<T, bool>) {
+        const T* x = static_cast<const T*>(in[0].raw_data());
+        auto* y = static_cast<std::int64_t*>(out.raw_data());
+        const auto log_n = static_cast<std::int64_t>(std::bit_width(static_cast<std::uint64_t>(n)));
+        backend::cpu::parallel_rows(sp.outer * inner, n * (1 + log_n), backend::cpu::grain_cheap,
+                                    [&](std::int64_t lb, std::int64_t le) {
+          std::vector<T> key(static_cast<std::size_t>(n));
+          std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+          for (std::int64_t line = lb; line < le; ++line) {
+            const std::int64_t o = line / inner, i = line % inner;
+            const T* xl = x + o * n * inner + i;
+            for (std::int64_t j = 0; j < n; ++j) key[static_cast<std::size_t>(j)] = xl[j * inner];
+            std::iota(order.begin(), order.end(), std::int64_t{0});
+            const SortOrder<T> before{key.data(), largest};
+            const auto first = order.begin(), kth = first + k;
+            if (k < n) std::nth_element(first, kth, order.end(), before);
+            std::sort(first, kth, before);
+            std::int64_t* yl = y + o * k * inner + i;
+            for (std::int64_t j = 0; j < k; ++j) yl[j * inner] = order[static_cast<std::size_t>(j)];
+          }
+        });
+      }
+    });
+  }
+};
+
+}  // namespace ops
+
+/// The entries of x along `axis` at `indices` (NumPy's take_along_axis, PyTorch's gather):
+/// indices (i32 or i64, negative counting from the end) has x's rank and x's extents except
+/// along the axis, and the result has its shape: y[..., j, ...] = x[..., indices[..., j, ...], ...].
+/// An index out of range is a ValueError (on a GPU, at the next wait). Differentiable in x (the
+/// gradient is added back at the indices, repeated ones accumulating).
+inline Tensor take_along_axis(const Tensor& x, const Tensor& indices, std::int64_t axis,
+                              std::source_location loc = std::source_location::current()) {
+  constexpr std::string_view op = "take_along_axis";
+  detail::require_defined(x, op, loc);
+  detail::require_defined(indices, op, loc);
+  ops::require_dtype(indices.dtype() == DType::i32 || indices.dtype() == DType::i64, op, indices.dtype(),
+                     "i32 or i64 indices", loc);
+  const int ax = normalize_axis(axis, x.rank(), op, loc);
+  bool same = indices.rank() == x.rank();
+  for (int d = 0; same && d < x.rank(); ++d) same = d == ax || indices.shape()[d] == x.shape()[d];
+  if (SC_UNLIKELY(!same))
+    detail::fail<ShapeError>(op, loc, "indices of shape ", indices.shape(), " must match x's shape ", x.shape(),
+                             " except along axis ", axis);
+  const AxisSplit xs = axis_split(x.shape(), ax);
+  const std::int64_t m = indices.shape()[ax];
+  const detail::DevicePin on(x.device());  // the offsets go where x is
+  // Indices on the host are checked now (the error at the user's line); others (traced, or on a GPU)
+  // by a check_range op when they exist.
+  ops::layout::require_indices_in_range(op, indices, x.shape(), ax, axis, loc);
+  Tensor idx = indices.astype(DType::i64);
+  if (indices.is_symbolic() || !indices.device().is_cpu()) idx = detail::check_range(idx, -xs.n, xs.n, loc, op);
+  idx = where(idx < std::int64_t{0}, idx + xs.n, idx, loc);
+  // x's flat offset of (o, idx, i): (o * n + idx) * inner + i (a step of 1 where x is empty)
+  const std::int64_t row = std::max<std::int64_t>(1, xs.n * xs.inner);
+  const Tensor rows = reshape(detail::arange_i64(0, xs.outer * row, row, loc), Shape{xs.outer, 1, 1}, loc);
+  const Tensor cols = reshape(detail::arange_i64(0, xs.inner, 1, loc), Shape{1, 1, xs.inner}, loc);
+  const Tensor flat = reshape(idx, Shape{xs.outer, m, xs.inner}, loc) * xs.inner + rows + cols;
+  const Tensor y = gather(reshape(x, Shape{x.numel()}, loc), reshape(flat, Shape{flat.numel()}, loc), 0, loc);
+  return reshape(y, indices.shape(), loc);
+}
+
+/// topk's result: the k values of each line and their indices (i64) along the axis.
+struct TopK {
+  Tensor values;
+  Tensor indices;
+};
+
+/// The k largest (or, largest = false, smallest) entries of each line of x along `axis`, in
+/// order, and their indices (PyTorch's topk): both have x's shape with k along the axis. A NaN
+/// counts above every number; equal entries keep their order. Numeric dtypes; k in [0, extent].
+/// The values are differentiable in x.
+inline TopK topk(const Tensor& x, std::int64_t k, std::int64_t axis = -1, bool largest = true,
+                 std::source_location loc = std::source_location::current()) {
+  ops::Attrs a;
+  a.axis = axis;
+  a.i0 = k;
+  a.flag = largest;
+  Tensor idx = detail::dispatch<ops::TopKIndices>({&x, 1}, a, loc);
+  Tensor values = take_along_axis(x, idx, axis, loc);
+  return {std::move(values), std::move(idx)};
+}
+
+/// The indices (i64) that sort each line of x along `axis`, ascending or descending; stable
+/// (equal entries keep their order), a NaN above every number.
+inline Tensor argsort(const Tensor& x, std::int64_t axis = -1, bool descending = false,
+                      std::source_location loc = std::source_location::current()) {
+  detail::require_defined(x, "argsort", loc);
+  ops::Attrs a;
+  a.axis = axis;
+  a.i0 = x.rank() == 0 ? 0 : x.shape()[normalize_axis(axis, x.rank(), "argsort", loc)];
+  a.flag = descending;
+  return detail::dispatch<ops::TopKIndices>({&x, 1}, a, loc);
+}
+
+/// x with each line along `axis` sorted, ascending or descending (stable; NaNs last ascending,
+/// first descending). Differentiable: the gradient goes back to each entry's place.
+inline Tensor sort(const Tensor& x, std::int64_t axis = -1, bool descending = false,
+                   std::source_location loc = std::source_location::current()) {
+  return take_along_axis(x, argsort(x, axis, descending, loc), axis, loc);
+}
+
+}  // namespace stagecraft
