@@ -65,7 +65,7 @@ TEST_CASE("cuda: cumsum == CPU: a thread per line, a block per line, strided lin
       {values({4, 50}, sc::f64, 36)}, 1e-10);
 }
 
-TEST_CASE("cuda: topk, argsort, sort and take_along_axis == CPU: one line, many, strided, NaN; with gradients",
+TEST_CASE("cuda: topk, argsort, sort and take_along_axis == CPU: one line, many, strided, NaN, with gradients",
           "[cuda][sort]") {
   for (const sc::DType d : {sc::i32, sc::i64, sc::f32, sc::f64})
     for (const auto& [shape, axis] : std::vector<std::pair<sc::Shape, int>>{
