@@ -38,6 +38,7 @@
 #include "ops/transpose.hpp"
 
 #include "ops/matmul.hpp"
+#include "ops/einsum.hpp"
 
 #include "ops/conv.hpp"
 #include "ops/pool.hpp"
