@@ -6,6 +6,7 @@
 
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 using namespace sctest::cuda;
@@ -102,6 +103,29 @@ TEST_CASE("cuda: topk, argsort, sort and take_along_axis == CPU: one line, many,
       1e-12);
   same_on_gpu(
       [](const auto& in) { return sc::take_along_axis(in[0], sc::argsort(in[0], 0, true), 0); }, {x}, 0);
+}
+
+TEST_CASE("cuda: einsum == CPU: contractions, batches, diagonals, chains, broadcasting, with gradients", "[cuda][einsum]") {
+  for (const sc::DType d : {sc::f32, sc::f64})
+    for (const auto& [eq, shapes] : std::vector<std::pair<std::string, std::vector<sc::Shape>>>{
+             {"ij,kj->ik", {{30, 40}, {20, 40}}},
+             {"bhqd,bhkd->bhqk", {{2, 3, 16, 8}, {2, 3, 12, 8}}},
+             {"ab,bc,ca->", {{5, 6}, {6, 7}, {7, 5}}},
+             {"iji->j", {{6, 4, 6}}},
+             {"...ij,...jk->...ik", {{2, 1, 3, 4}, {5, 4, 6}}}}) {
+      INFO(sc::name(d) << " '" << eq << "'");
+      std::vector<sc::Tensor> in;
+      for (std::size_t k = 0; k < shapes.size(); ++k) in.push_back(values(shapes[k], d, 50 + k));
+      const double tol = d == sc::f32 ? 1e-4 : 1e-12;
+      same_on_gpu([&](const auto& xs) { return sc::einsum(eq, xs); }, in, tol);
+      same_on_gpu(
+          [&](const auto& xs) {
+            sc::GradientTape tape;
+            tape.watch(xs[0]);
+            return tape.gradient(sc::sum(sc::square(sc::einsum(eq, xs))), xs[0]);
+          },
+          in, tol);
+    }
 }
 
 TEST_CASE("cuda: a concat of many pieces (several launches), empty ones, along each axis == CPU", "[cuda]") {
