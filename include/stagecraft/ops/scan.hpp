@@ -44,6 +44,30 @@ struct Cumsum {
       if constexpr (!std::is_same_v<T, bool>) {
         const T* x = static_cast<const T*>(in[0].raw_data());
         T* y = static_cast<T*>(out.raw_data());
+        if (inner == 1) {  // contiguous lines: one running sum down each (the same additions)
+          backend::cpu::parallel_rows(outer, n, backend::cpu::grain_cheap, [&](std::int64_t ob, std::int64_t oe) {
+            const std::int64_t step = reverse ? -1 : 1, first = reverse ? n - 1 : 0;
+            for (std::int64_t o = ob; o < oe; ++o) {
+              const T* xr = x + o * n;
+              T* yr = y + o * n;
+              if (exclusive) {
+                T acc = T(0);
+                for (std::int64_t s = 0, k = first; s < n; ++s, k += step) {
+                  yr[k] = acc;
+                  acc = rules::math::wrap_add(acc, xr[k]);
+                }
+              } else {
+                T acc = xr[first];
+                yr[first] = acc;
+                for (std::int64_t s = 1, k = first + step; s < n; ++s, k += step) {
+                  acc = rules::math::wrap_add(acc, xr[k]);
+                  yr[k] = acc;
+                }
+              }
+            }
+          });
+          return;
+        }
         // Work units: an outer index and a block of up to 256 inner positions, each running down
         // the axis with the block's sums in y's previous row (a vector loop over the block).
         constexpr std::int64_t block = 256;

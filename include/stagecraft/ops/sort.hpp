@@ -4,11 +4,11 @@
 #pragma once
 #include <algorithm>
 #include <bit>
-#include <cmath>
 #include <cstdint>
-#include <numeric>
+#include <cstring>
 #include <source_location>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../backend/cpu/parallel.hpp"
@@ -22,25 +22,40 @@
 namespace stagecraft {
 namespace ops {
 
-/// The order top_k sorts by: descending (largest) or ascending, a NaN above every number (first
-/// when descending, last when ascending, as PyTorch's sort), -0 equal to +0, and equal keys in
-/// index order (a total order: the result never depends on the algorithm or the threads).
+/// The order top_k sorts by, as unsigned keys compared ascending: descending (largest) or
+/// ascending values, a NaN above every number (first when descending, last when ascending, as
+/// PyTorch's sort), -0 equal to +0; packed with the index, equal keys fall in index order (a total
+/// order: the result never depends on the algorithm or the threads). 4-byte values pack with a
+/// 32-bit index into one 64-bit integer (lines up to 2^32); 8-byte ones pair with it.
 template <class T>
-struct SortOrder {
-  const T* key;
-  bool largest;
-  /// u is above v: greater, or a NaN over a number.
-  static bool above(T u, T v) {
-    if constexpr (std::is_floating_point_v<T>) {
-      if (std::isnan(u) || std::isnan(v)) return std::isnan(u) && !std::isnan(v);
+struct OrderKey {
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  static constexpr U sign = U{1} << (8 * sizeof(T) - 1);
+  static constexpr bool packs = sizeof(T) == 4;
+  using Packed = std::conditional_t<packs, std::uint64_t, std::pair<std::uint64_t, std::int64_t>>;
+
+  /// v's key: floats by their bits (negatives flipped, positives with the sign bit set), a NaN the
+  /// largest key; integers with the sign bit flipped; all flipped when largest comes first.
+  static U of(T v, bool largest) {
+    U u;
+    if constexpr (std::is_floating_point_v<T>) {  // without branches: the signs of a line are random
+      const T c = v + T(0);                        // -0 as +0
+      std::memcpy(&u, &c, sizeof u);
+      const U negative = static_cast<U>(U{0} - (u >> (8 * sizeof(T) - 1)));  // all ones when negative
+      u ^= negative | sign;
+      u = v != v ? ~U{0} : u;
+    } else {
+      u = static_cast<U>(static_cast<U>(v) ^ sign);
     }
-    return u > v;
+    return largest ? static_cast<U>(~u) : u;
   }
-  bool operator()(std::int64_t a, std::int64_t b) const {
-    const T u = key[a], v = key[b];
-    if (above(u, v)) return largest;
-    if (above(v, u)) return !largest;
-    return a < b;
+  static Packed pack(T v, std::int64_t j, bool largest) {
+    if constexpr (packs) return (std::uint64_t{of(v, largest)} << 32) | static_cast<std::uint64_t>(j);
+    else return {of(v, largest), j};
+  }
+  static std::int64_t index(const Packed& p) {
+    if constexpr (packs) return static_cast<std::int64_t>(p & 0xFFFFFFFFu);
+    else return p.second;
   }
 };
 
@@ -62,6 +77,9 @@ struct TopKIndices {
     if (SC_UNLIKELY(a.i0 < 0 || a.i0 > x.shape()[ax]))
       detail::fail<ValueError>(name, loc, "k = ", a.i0, " is outside [0, ", x.shape()[ax], "] for axis ", a.axis,
                                " of shape ", x.shape());
+    if (SC_UNLIKELY(x.shape()[ax] > std::int64_t{0xFFFFFFFF}))
+      detail::fail<ShapeError>(name, loc, "sorts lines of up to 2^32 - 1 elements, got ", x.shape()[ax], " along axis ",
+                               a.axis, " of shape ", x.shape());
     Shape s = x.shape();
     s[ax] = a.i0;
     return {s, DType::i64};
@@ -73,8 +91,9 @@ struct TopKIndices {
     backend::cuda::top_k(in[0], out, sp.outer, sp.n, sp.inner, a.i0, a.flag, name, loc);
   }
 
-  /// Threads over lines; each line's keys copied out contiguous, the k first selected
-  /// (nth_element) and then sorted: O(n + k log k) a line.
+  /// Threads over lines, each line's values turned into OrderKey packs (key and index). A small k
+  /// (<= 32) keeps the k first seen so far in order: most elements cost one compare with the k-th.
+  /// Otherwise the packs are selected (nth_element) and the k first sorted: O(n + k log k) a line.
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     if (out.numel() == 0) return;
     const AxisSplit sp = axis_split(in[0].shape(), a.axis);
@@ -83,24 +102,55 @@ struct TopKIndices {
     visit_dtype(in[0].dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (!std::is_same_v<T, bool>) {
+        using Key = OrderKey<T>;
+        using Packed = typename Key::Packed;
         const T* x = static_cast<const T*>(in[0].raw_data());
         auto* y = static_cast<std::int64_t*>(out.raw_data());
-        const auto log_n = static_cast<std::int64_t>(std::bit_width(static_cast<std::uint64_t>(n)));
-        backend::cpu::parallel_rows(sp.outer * inner, n * (1 + log_n), backend::cpu::grain_cheap,
+        const auto log_k = static_cast<std::int64_t>(std::bit_width(static_cast<std::uint64_t>(k)));
+        backend::cpu::parallel_rows(sp.outer * inner, n * (1 + log_k), backend::cpu::grain_cheap,
                                     [&](std::int64_t lb, std::int64_t le) {
-          std::vector<T> key(static_cast<std::size_t>(n));
-          std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+          std::vector<Packed> packs;
           for (std::int64_t line = lb; line < le; ++line) {
             const std::int64_t o = line / inner, i = line % inner;
             const T* xl = x + o * n * inner + i;
-            for (std::int64_t j = 0; j < n; ++j) key[static_cast<std::size_t>(j)] = xl[j * inner];
-            std::iota(order.begin(), order.end(), std::int64_t{0});
-            const SortOrder<T> before{key.data(), largest};
-            const auto first = order.begin(), kth = first + k;
-            if (k < n) std::nth_element(first, kth, order.end(), before);
-            std::sort(first, kth, before);
             std::int64_t* yl = y + o * k * inner + i;
-            for (std::int64_t j = 0; j < k; ++j) yl[j * inner] = order[static_cast<std::size_t>(j)];
+            packs.clear();
+            if (k <= 32 && k < n) {
+              const auto insert = [&packs](const Packed& p) {
+                auto at = packs.end();
+                while (at != packs.begin() && p < *(at - 1)) --at;
+                packs.insert(at, p);
+              };
+              for (std::int64_t j = 0; j < k; ++j) insert(Key::pack(xl[j * inner], j, largest));
+              Packed last = packs.back();  // the k-th so far: most elements stop at it
+              const auto consider = [&](std::int64_t j) {
+                const Packed p = Key::pack(xl[j * inner], j, largest);
+                if (SC_LIKELY(!(p < last))) return;
+                packs.pop_back();
+                insert(p);
+                last = packs.back();
+              };
+              std::int64_t j = k;
+              if constexpr (Key::packs) {
+                // blocks of 16 keys (a vector loop) whose least is not ahead of the k-th: skipped
+                // whole (an equal key comes later in the line, so it is behind)
+                constexpr std::int64_t block = 16;
+                for (; j + block <= n; j += block) {
+                  typename Key::U least = ~typename Key::U{0};
+                  for (std::int64_t b = 0; b < block; ++b) least = std::min(least, Key::of(xl[(j + b) * inner], largest));
+                  if (SC_LIKELY(least >= static_cast<typename Key::U>(last >> 32))) continue;
+                  for (std::int64_t b = 0; b < block; ++b) consider(j + b);
+                }
+              }
+              for (; j < n; ++j) consider(j);
+            } else {
+              packs.resize(static_cast<std::size_t>(n));
+              for (std::int64_t j = 0; j < n; ++j) packs[static_cast<std::size_t>(j)] = Key::pack(xl[j * inner], j, largest);
+              const auto first = packs.begin(), kth = first + k;
+              if (k < n) std::nth_element(first, kth, packs.end());
+              std::sort(first, kth);
+            }
+            for (std::int64_t r = 0; r < k; ++r) yl[r * inner] = Key::index(packs[static_cast<std::size_t>(r)]);
           }
         });
       }
@@ -109,6 +159,22 @@ struct TopKIndices {
 };
 
 }  // namespace ops
+
+namespace detail {
+/// take_along_axis for valid indices: i64, in [0, extent), of x's rank and x's extents but along
+/// axis `ax` (normalized). x's flat offsets (o * n + idx) * inner + i, gathered.
+inline Tensor take_along_axis_at(const Tensor& x, const Tensor& idx, int ax, const std::source_location& loc) {
+  const AxisSplit xs = axis_split(x.shape(), ax);
+  const std::int64_t m = idx.shape()[ax];
+  const DevicePin on(x.device());  // the offsets go where x is
+  const std::int64_t row = std::max<std::int64_t>(1, xs.n * xs.inner);  // (1 where x is empty)
+  const Tensor rows = reshape(arange_i64(0, xs.outer * row, row, loc), Shape{xs.outer, 1, 1}, loc);
+  const Tensor cols = reshape(arange_i64(0, xs.inner, 1, loc), Shape{1, 1, xs.inner}, loc);
+  const Tensor flat = reshape(idx, Shape{xs.outer, m, xs.inner}, loc) * xs.inner + rows + cols;
+  const Tensor y = gather(reshape(x, Shape{x.numel()}, loc), reshape(flat, Shape{flat.numel()}, loc), 0, loc);
+  return reshape(y, idx.shape(), loc);
+}
+}  // namespace detail
 
 /// The entries of x along `axis` at `indices` (NumPy's take_along_axis, PyTorch's gather):
 /// indices (i32 or i64, negative counting from the end) has x's rank and x's extents except
@@ -128,22 +194,14 @@ inline Tensor take_along_axis(const Tensor& x, const Tensor& indices, std::int64
   if (SC_UNLIKELY(!same))
     detail::fail<ShapeError>(op, loc, "indices of shape ", indices.shape(), " must match x's shape ", x.shape(),
                              " except along axis ", axis);
-  const AxisSplit xs = axis_split(x.shape(), ax);
-  const std::int64_t m = indices.shape()[ax];
-  const detail::DevicePin on(x.device());  // the offsets go where x is
   // Indices on the host are checked now (the error at the user's line); others (traced, or on a GPU)
   // by a check_range op when they exist.
   ops::layout::require_indices_in_range(op, indices, x.shape(), ax, axis, loc);
+  const std::int64_t n = x.shape()[ax];
+  const detail::DevicePin on(x.device());
   Tensor idx = indices.astype(DType::i64);
-  if (indices.is_symbolic() || !indices.device().is_cpu()) idx = detail::check_range(idx, -xs.n, xs.n, loc, op);
-  idx = where(idx < std::int64_t{0}, idx + xs.n, idx, loc);
-  // x's flat offset of (o, idx, i): (o * n + idx) * inner + i (a step of 1 where x is empty)
-  const std::int64_t row = std::max<std::int64_t>(1, xs.n * xs.inner);
-  const Tensor rows = reshape(detail::arange_i64(0, xs.outer * row, row, loc), Shape{xs.outer, 1, 1}, loc);
-  const Tensor cols = reshape(detail::arange_i64(0, xs.inner, 1, loc), Shape{1, 1, xs.inner}, loc);
-  const Tensor flat = reshape(idx, Shape{xs.outer, m, xs.inner}, loc) * xs.inner + rows + cols;
-  const Tensor y = gather(reshape(x, Shape{x.numel()}, loc), reshape(flat, Shape{flat.numel()}, loc), 0, loc);
-  return reshape(y, indices.shape(), loc);
+  if (indices.is_symbolic() || !indices.device().is_cpu()) idx = detail::check_range(idx, -n, n, loc, op);
+  return detail::take_along_axis_at(x, where(idx < std::int64_t{0}, idx + n, idx, loc), ax, loc);
 }
 
 /// topk's result: the k values of each line and their indices (i64) along the axis.
@@ -163,7 +221,7 @@ inline TopK topk(const Tensor& x, std::int64_t k, std::int64_t axis = -1, bool l
   a.i0 = k;
   a.flag = largest;
   Tensor idx = detail::dispatch<ops::TopKIndices>({&x, 1}, a, loc);
-  Tensor values = take_along_axis(x, idx, axis, loc);
+  Tensor values = detail::take_along_axis_at(x, idx, normalize_axis(axis, x.rank(), "topk", loc), loc);
   return {std::move(values), std::move(idx)};
 }
 
@@ -183,7 +241,8 @@ inline Tensor argsort(const Tensor& x, std::int64_t axis = -1, bool descending =
 /// first descending). Differentiable: the gradient goes back to each entry's place.
 inline Tensor sort(const Tensor& x, std::int64_t axis = -1, bool descending = false,
                    std::source_location loc = std::source_location::current()) {
-  return take_along_axis(x, argsort(x, axis, descending, loc), axis, loc);
+  const Tensor order = argsort(x, axis, descending, loc);  // (x has rank >= 1 past it)
+  return detail::take_along_axis_at(x, order, normalize_axis(axis, x.rank(), "sort", loc), loc);
 }
 
 }  // namespace stagecraft
