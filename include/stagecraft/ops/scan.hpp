@@ -45,7 +45,9 @@ struct Cumsum {
         const T* x = static_cast<const T*>(in[0].raw_data());
         T* y = static_cast<T*>(out.raw_data());
         if (inner == 1) {  // contiguous lines: one running sum down each (the same additions)
-          backend::cpu::parallel_rows(outer, n, backend::cpu::grain_cheap, [&](std::int64_t ob, std::int64_t oe) {
+          // costly work: each add waits for the last (~4 cycles an element, where a vector add takes a
+          // fraction of one), so fewer elements a thread pay for its start-up
+          backend::cpu::parallel_rows(outer, n, backend::cpu::grain_costly, [&](std::int64_t ob, std::int64_t oe) {
             const std::int64_t step = reverse ? -1 : 1, first = reverse ? n - 1 : 0;
             for (std::int64_t o = ob; o < oe; ++o) {
               const T* xr = x + o * n;

@@ -107,7 +107,8 @@ struct TopKIndices {
         const T* x = static_cast<const T*>(in[0].raw_data());
         auto* y = static_cast<std::int64_t*>(out.raw_data());
         const auto log_k = static_cast<std::int64_t>(std::bit_width(static_cast<std::uint64_t>(k)));
-        backend::cpu::parallel_rows(sp.outer * inner, n * (1 + log_k), backend::cpu::grain_cheap,
+        // (costly work: a key, a compare and a branch per element, several ns, where an add is a fraction)
+        backend::cpu::parallel_rows(sp.outer * inner, n * (1 + log_k), backend::cpu::grain_costly,
                                     [&](std::int64_t lb, std::int64_t le) {
           std::vector<Packed> packs;
           for (std::int64_t line = lb; line < le; ++line) {
