@@ -71,6 +71,27 @@ inline int line_bits(std::int64_t lines) {
   return lines <= 1 ? 1 : static_cast<int>(std::bit_width(static_cast<std::uint64_t>(lines - 1)));
 }
 
+/// The buffers' places (everything but CUB's temporary storage, which takes the rest from p.temp on).
+template <class T>
+void lay_out(std::int64_t lines, std::int64_t n, SortScratch& p) {
+  std::size_t at = 0;
+  const auto take = [&at](std::size_t bytes) {
+    const std::size_t here = at;
+    at += align256(bytes);
+    return here;
+  };
+  const auto count = static_cast<std::size_t>(lines * n);
+  p.keys_in = take(count * sizeof(T));
+  p.keys_out = take(count * sizeof(T));
+  p.pos_a = take(count * sizeof(std::int64_t));
+  p.pos_b = take(count * sizeof(std::int64_t));
+  p.line_a = take(lines > 1 ? count * sizeof(std::int64_t) : 0);
+  p.line_b = take(lines > 1 ? count * sizeof(std::int64_t) : 0);
+  p.temp = at;
+}
+
+/// lay_out plus the temporary storage CUB asks for (its size queries run nothing, but they are not free:
+/// only top_k_scratch_bytes makes them; the launch hands CUB whatever follows p.temp, and CUB checks it).
 template <class T>
 Status plan_scratch(std::int64_t lines, std::int64_t n, SortScratch& p) {
   const std::int64_t items = lines * n;
@@ -88,22 +109,9 @@ Status plan_scratch(std::int64_t lines, std::int64_t n, SortScratch& p) {
     st = DeviceRadixSort::SortPairs(nullptr, by_line, inull, const_cast<std::int64_t*>(inull), inull,
                                     const_cast<std::int64_t*>(inull), items, 0, line_bits(lines));
   if (st != cudaSuccess) return st;
-  std::size_t at = 0;
-  const auto take = [&at](std::size_t bytes) {
-    const std::size_t here = at;
-    at += align256(bytes);
-    return here;
-  };
-  const auto count = static_cast<std::size_t>(items);
-  p.keys_in = take(count * sizeof(T));
-  p.keys_out = take(count * sizeof(T));
-  p.pos_a = take(count * sizeof(std::int64_t));
-  p.pos_b = take(count * sizeof(std::int64_t));
-  p.line_a = take(lines > 1 ? count * sizeof(std::int64_t) : 0);
-  p.line_b = take(lines > 1 ? count * sizeof(std::int64_t) : 0);
+  lay_out<T>(lines, n, p);
   p.temp_bytes = std::max({by_key, by_key_desc, by_line});
-  p.temp = take(p.temp_bytes);
-  p.total = at;
+  p.total = p.temp + align256(p.temp_bytes);
   return cudaSuccess;
 }
 
@@ -112,8 +120,9 @@ Status launch_top_k(const void* x, std::int64_t* idx, std::int64_t outer, std::i
                     std::int64_t k, bool largest, void* scratch, std::int64_t scratch_bytes, cudaStream_t s) {
   const std::int64_t lines = outer * inner, items = lines * n;
   SortScratch p;
-  if (const Status st = plan_scratch<T>(lines, n, p); st != cudaSuccess) return st;
-  if (scratch == nullptr || scratch_bytes < static_cast<std::int64_t>(p.total)) return cudaErrorInvalidValue;
+  lay_out<T>(lines, n, p);
+  if (scratch == nullptr || scratch_bytes <= static_cast<std::int64_t>(p.temp)) return cudaErrorInvalidValue;
+  p.temp_bytes = static_cast<std::size_t>(scratch_bytes) - p.temp;  // CUB fails if this is short
   auto* base = static_cast<std::byte*>(scratch);
   const auto at = [base](std::size_t off) { return base + off; };
   T* keys_in = reinterpret_cast<T*>(at(p.keys_in));

@@ -30,6 +30,8 @@ namespace detail_einsum {
 /// and up (right-aligned).
 using Labels = std::vector<int>;
 inline constexpr int ellipsis_base = 52;
+/// Every label is below this (an ellipsis stands for at most max_rank axes).
+inline constexpr std::size_t label_count = ellipsis_base + max_rank;
 
 inline int label_of(char c) {
   if (c >= 'A' && c <= 'Z') return c - 'A';
@@ -113,9 +115,9 @@ inline Equation parse(std::string_view equation, std::span<const Tensor> xs, con
     max_ell = std::max(max_ell, ell);
   }
   for (std::size_t k = 0; k < terms.size(); ++k) number_ellipsis(r.in[k], ells[k], max_ell);
-  std::array<int, 64> count{};
+  std::array<int, label_count> count{};
   for (const Labels& t : r.in)
-    for (const int l : t) ++count[static_cast<std::size_t>(std::min(l, 63))];
+    for (const int l : t) ++count[static_cast<std::size_t>(l)];
   if (arrow == std::string::npos) {  // implicit: the ellipsis' axes, then labels seen once, in order
     for (int k = 0; k < max_ell; ++k) r.out.push_back(ellipsis_base + k);
     for (int l = 0; l < ellipsis_base; ++l)
@@ -131,12 +133,12 @@ inline Equation parse(std::string_view equation, std::span<const Tensor> xs, con
     const int letters = static_cast<int>(rhs.size()) - (dots == std::string::npos ? 0 : 3);
     r.out = parse_term(rhs, eq, letters + (dots == std::string::npos ? 0 : max_ell), ell, loc);
     number_ellipsis(r.out, ell, max_ell);
-    std::array<int, 64> seen{};
+    std::array<int, label_count> seen{};
     for (const int l : r.out) {
       if (SC_UNLIKELY(l < ellipsis_base && count[static_cast<std::size_t>(l)] == 0))
         detail::fail<ValueError>("einsum", loc, "'", equation, "': output label '", label_name(l),
                                  "' is in no input term");
-      if (SC_UNLIKELY(seen[static_cast<std::size_t>(std::min(l, 63))]++ != 0))
+      if (SC_UNLIKELY(seen[static_cast<std::size_t>(l)]++ != 0))
         detail::fail<ValueError>("einsum", loc, "'", equation, "': output label '", label_name(l), "' twice");
     }
   }
@@ -265,11 +267,11 @@ inline Tensor einsum(std::string_view equation, const std::vector<Tensor>& xs,
   }
   const de::Equation eq = de::parse(equation, xs, loc);
   // every label's extent: equal across terms, or 1 (broadcast to the others')
-  std::array<std::int64_t, 64> size;
+  std::array<std::int64_t, de::label_count> size;
   size.fill(-1);
   for (std::size_t k = 0; k < xs.size(); ++k)
     for (std::size_t a = 0; a < eq.in[k].size(); ++a) {
-      const int l = std::min(eq.in[k][a], 63);
+      const int l = eq.in[k][a];
       std::int64_t& s = size[static_cast<std::size_t>(l)];
       const std::int64_t e = xs[k].shape()[static_cast<int>(a)];
       if (s == -1 || s == 1) s = e;
@@ -285,7 +287,7 @@ inline Tensor einsum(std::string_view equation, const std::vector<Tensor>& xs,
     Shape full;
     bool broadcast = false;
     for (std::size_t a = 0; a < eq.in[k].size(); ++a) {
-      full.push_back(size[static_cast<std::size_t>(std::min(eq.in[k][a], 63))]);
+      full.push_back(size[static_cast<std::size_t>(eq.in[k][a])]);
       broadcast = broadcast || full.back() != xs[k].shape()[static_cast<int>(a)];
     }
     terms.push_back(de::diagonals({broadcast ? broadcast_to(xs[k], full, loc) : xs[k], eq.in[k]}, loc));
