@@ -97,6 +97,27 @@ TEST_CASE("topk, argsort: a NaN above every number, -0 equal to 0, infinities in
   }
 }
 
+TEST_CASE("topk: NaN, infinities and signed zeros scattered through long lines equal a selection loop",
+          "[sort]") {
+  // long enough lines for the blocks that are skipped whole when none is ahead of the k-th
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> special{nan, -nan, inf, -inf, 0.0, -0.0, 1e300, -1e300};
+  for (const auto& [shape, axis] : std::vector<std::pair<sc::Shape, int>>{{{4, 203}, 1}, {{203, 3}, 0}}) {
+    std::vector<double> xv = sc::random::normal(shape, 7).to_vector<double>();
+    for (std::size_t e = 0; e < xv.size(); e += 11) xv[e] = special[(e / 11) % special.size()];
+    for (const sc::DType d : {sc::f32, sc::f64}) {
+      const sc::Tensor x = sc::tensor(xv, shape).astype(d);
+      const std::vector<double> seen = x.to_vector<double>();  // (1e300 is inf in f32)
+      for (const std::int64_t k : {1, 3, 9, 32})
+        for (const bool largest : {true, false}) {
+          INFO(sc::name(d) << " " << shape << " axis " << axis << " k " << k << (largest ? " largest" : " smallest"));
+          CHECK(sc::topk(x, k, axis, largest).indices.to_vector<std::int64_t>() ==
+                select_k(seen, shape, axis, k, largest));
+        }
+    }
+  }
+}
+
 TEST_CASE("topk over threads, every axis and many ties equals a selection loop", "[sort][threads]") {
   const int threads = sc::num_threads();
   for (const int nt : {1, 2}) {
@@ -230,4 +251,6 @@ TEST_CASE("topk, argsort, take_along_axis: errors name the op, the shapes and th
   CHECK_THAT(msg, Catch::Contains("[take_along_axis]") && Catch::Contains("index 3"));
   msg = error_of<sc::ValueError>([] { (void)sc::take_along_axis(sc::Tensor(), sc::tensor({0}), 0); });
   CHECK_THAT(msg, Catch::Contains("[take_along_axis]"));
+  msg = error_of<sc::ValueError>([] { (void)sc::sort(sc::Tensor()); });  // named as called
+  CHECK_THAT(msg, Catch::Contains("[sort]") && Catch::Contains("undefined"));
 }

@@ -242,7 +242,9 @@ void place_splats(PreparedFused& pf, const std::vector<char>& live) {
 template <class T>
 std::int64_t grain_of(const FusedProgram& p, const std::vector<char>& live) {
   const int nin = static_cast<int>(p.input_shapes.size());
-  std::int64_t cost = 0;
+  // the reduction's pass counts as one more cheap op (a fused mul and max over 1M elements is
+  // twice a lone max's work: split as a costlier loop, not kept on the thread a lone max would get)
+  std::int64_t cost = p.reduction ? 1 : 0;
   for (int k = 0; k < static_cast<int>(p.code.size()); ++k)
     if (live[nin + k]) cost += kernels<T>(p.code[k].op).cost;
   return std::max<std::int64_t>(backend::cpu::grain_costly, backend::cpu::grain_cheap / std::max<std::int64_t>(1, cost));

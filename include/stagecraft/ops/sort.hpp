@@ -34,24 +34,32 @@ struct OrderKey {
   static constexpr bool packs = sizeof(T) == 4;
   using Packed = std::conditional_t<packs, std::uint64_t, std::pair<std::uint64_t, std::int64_t>>;
 
-  /// v's key: floats by their bits (negatives flipped, positives with the sign bit set), a NaN the
-  /// largest key; integers with the sign bit flipped; all flipped when largest comes first.
-  static U of(T v, bool largest) {
-    U u;
-    if constexpr (std::is_floating_point_v<T>) {  // without branches: the signs of a line are random
-      const T c = v + T(0);                        // -0 as +0
-      std::memcpy(&u, &c, sizeof u);
-      const U negative = static_cast<U>(U{0} - (u >> (8 * sizeof(T) - 1)));  // all ones when negative
-      u ^= negative | sign;
-      u = v != v ? ~U{0} : u;
+  /// v's key ascending: floats by their bits (negatives flipped, positives with the sign bit
+  /// set), a NaN the largest key; integers with the sign bit flipped. Plain integer arithmetic, no
+  /// branches (the signs of a line are random), so a loop of them vectorizes.
+  static U bits(T v) {
+    if constexpr (std::is_floating_point_v<T>) {
+      using S = std::make_signed_t<U>;
+      const T c = v + T(0);  // -0 as +0
+      S s;
+      std::memcpy(&s, &c, sizeof s);
+      U u = static_cast<U>(s) ^ (static_cast<U>(s >> (8 * sizeof(T) - 1)) | sign);  // (C++20: >> is arithmetic)
+      return u | static_cast<U>(U{0} - static_cast<U>(v != v));
     } else {
-      u = static_cast<U>(static_cast<U>(v) ^ sign);
+      return static_cast<U>(static_cast<U>(v) ^ sign);
     }
-    return largest ? static_cast<U>(~u) : u;
   }
+  /// What a key is xor-ed with: all ones when the largest come first.
+  static U flip(bool largest) { return largest ? static_cast<U>(~U{0}) : U{0}; }
+  /// v's key in the order asked for.
+  static U of(T v, bool largest) { return static_cast<U>(bits(v) ^ flip(largest)); }
   static Packed pack(T v, std::int64_t j, bool largest) {
     if constexpr (packs) return (std::uint64_t{of(v, largest)} << 32) | static_cast<std::uint64_t>(j);
     else return {of(v, largest), j};
+  }
+  static U key(const Packed& p) {
+    if constexpr (packs) return static_cast<U>(p >> 32);
+    else return p.first;
   }
   static std::int64_t index(const Packed& p) {
     if constexpr (packs) return static_cast<std::int64_t>(p & 0xFFFFFFFFu);
@@ -132,14 +140,27 @@ struct TopKIndices {
                 last = packs.back();
               };
               std::int64_t j = k;
-              if constexpr (Key::packs) {
+              {
                 // blocks of 16 keys (a vector loop) whose least is not ahead of the k-th: skipped
                 // whole (an equal key comes later in the line, so it is behind)
                 constexpr std::int64_t block = 16;
+                using U = typename Key::U;
+                const U flip = Key::flip(largest);
                 for (; j + block <= n; j += block) {
-                  typename Key::U least = ~typename Key::U{0};
-                  for (std::int64_t b = 0; b < block; ++b) least = std::min(least, Key::of(xl[(j + b) * inner], largest));
-                  if (SC_LIKELY(least >= static_cast<typename Key::U>(last >> 32))) continue;
+                  U least = ~U{0};
+                  const T* xb = xl + j * inner;
+                  if (inner == 1) {  // contiguous: a vector loop
+                    for (std::int64_t b = 0; b < block; ++b) {
+                      const U u = static_cast<U>(Key::bits(xb[b]) ^ flip);
+                      least = u < least ? u : least;
+                    }
+                  } else {
+                    for (std::int64_t b = 0; b < block; ++b) {
+                      const U u = static_cast<U>(Key::bits(xb[b * inner]) ^ flip);
+                      least = u < least ? u : least;
+                    }
+                  }
+                  if (SC_LIKELY(least >= Key::key(last))) continue;
                   for (std::int64_t b = 0; b < block; ++b) consider(j + b);
                 }
               }
@@ -242,6 +263,7 @@ inline Tensor argsort(const Tensor& x, std::int64_t axis = -1, bool descending =
 /// first descending). Differentiable: the gradient goes back to each entry's place.
 inline Tensor sort(const Tensor& x, std::int64_t axis = -1, bool descending = false,
                    std::source_location loc = std::source_location::current()) {
+  detail::require_defined(x, "sort", loc);
   const Tensor order = argsort(x, axis, descending, loc);  // (x has rank >= 1 past it)
   return detail::take_along_axis_at(x, order, normalize_axis(axis, x.rank(), "sort", loc), loc);
 }

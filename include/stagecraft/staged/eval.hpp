@@ -518,7 +518,12 @@ bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Ten
         c.s[k] = used[k] && sl[k].numel() == n ? 1 : 0;
       }
       std::vector<T> part(static_cast<std::size_t>(units));
-      backend::cpu::parallel_rows(units, std::min(inner, chunk), backend::cpu::grain_cheap, [&](std::int64_t ub, std::int64_t ue) {
+      // a reduction of an expression does its work and the reduction's (as the traced plan's fused
+      // reductions count it): a costly grain for a costly expression, half a cheap one otherwise
+      constexpr bool plain = requires { A::arg_index; } || std::is_same_v<A, Leaf>;
+      constexpr std::int64_t grain =
+          A::costly ? backend::cpu::grain_costly : (plain ? backend::cpu::grain_cheap : backend::cpu::grain_cheap / 2);
+      backend::cpu::parallel_rows(units, std::min(inner, chunk), grain, [&](std::int64_t ub, std::int64_t ue) {
         auto cc = c;
         const X local = shared;
         for (std::int64_t u = ub; u < ue; ++u) {
