@@ -155,13 +155,19 @@ void register_all() {
       benchmark::RegisterBenchmark((s + "hand_loop_fastmath").c_str(), hand, n, k)->UseRealTime();
       benchmark::RegisterBenchmark((s + "hand_xsimd").c_str(), hand_xsimd, n, k)->UseRealTime();
     }
-  // Tile size (elements per register tile) of the evaluator, with a, b, c tensors.
-  for (std::int64_t n : {n_big, std::int64_t{1} << 18})
+  // Tile size (elements per register tile) of the evaluator, with a, b, c tensors (5 buffers), and
+  // around the default with scalars (3 scratch slots: the tile is doubled, fused_prepare.hpp).
+  for (std::int64_t n : {n_big, std::int64_t{1} << 18}) {
+    const std::string sweep = n == n_big ? "fusion_tile_sweep_16M" : "fusion_tile_sweep_256K";
     for (std::int64_t tile : {128, 256, 512, 1024, 2048, 4096, 16384})
-      benchmark::RegisterBenchmark((std::string(n == n_big ? "fusion_tile_sweep_16M" : "fusion_tile_sweep_256K") +
-                                    "/chain9_tensors/tile:" + std::to_string(tile)).c_str(),
-                                   fused, n, Abc::tensors, tile)
+      benchmark::RegisterBenchmark((sweep + "/chain9_tensors/tile:" + std::to_string(tile)).c_str(), fused, n,
+                                   Abc::tensors, tile)
           ->UseRealTime();
+    for (std::int64_t tile : {512, 1024, 2048})
+      benchmark::RegisterBenchmark((sweep + "/chain9_scalars/tile:" + std::to_string(tile)).c_str(), fused, n,
+                                   Abc::scalars, tile)
+          ->UseRealTime();
+  }
 }
 const bool registered = (register_all(), true);
 

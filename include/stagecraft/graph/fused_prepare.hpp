@@ -26,6 +26,10 @@ namespace detail_fused {
 /// tile's prefetched inputs, must stay in L1: bench_fusion's sweep (9-op chain, 5 buffers) found
 /// 2 KiB best at 256K elements and within 5% of 1 KiB at 16M; 4 KiB 15-40% slower, 16 KiB 70%.
 inline constexpr std::int64_t tile_bytes = 2048;
+/// The tile of a program of at most `few_slots` scratch slots (inputs and registers): twice
+/// tile_bytes, which still leaves them and the next inputs in L1, and halves the kernel calls a
+/// short chain makes per element (sum(2x + 1) of [1024, 1024] traced: 89 -> 70-74 us on 2 threads).
+inline constexpr std::int64_t few_slots = 3;
 /// Elements per tile (prepare's default; PreparedFused::tile may be changed before a run).
 template <class T>
 inline constexpr std::int64_t tile_elems = tile_bytes / static_cast<std::int64_t>(sizeof(T));
@@ -285,6 +289,7 @@ STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p) {
     f::place_results<T>(pf, live);
     f::place_splats<T>(pf, live);
     pf.grain = f::grain_of<T>(p, live);
+    if (pf.num_slots <= f::few_slots) pf.tile = 2 * f::tile_bytes / static_cast<std::int64_t>(sizeof(T));
     for (const FusedInstr& c : p.code) pf.batch_dependent = pf.batch_dependent || f::kernels<T>(c.op).batch_dependent;
   });
   pf.special = find_special(p);
