@@ -158,11 +158,12 @@ TEST_CASE("fusible: elementwise ops that keep the dtype, nothing else", "[fused]
 TEMPLATE_TEST_CASE("every fusible op alone equals the eager op", "[fused]", float, double, std::int32_t, std::int64_t) {
   using T = TestType;
   const sc::DType d = sc::dtype_of<T>();
+  // (a program of few scratch slots, as these, runs tiles twice as long: both edges are tried)
   const std::int64_t tile = g::detail_fused::tile_elems<T>;
   const std::vector<OpId> ops = fusible_ops(d);
   REQUIRE(!ops.empty());
-  for (std::int64_t n : {std::int64_t{1}, std::int64_t{7}, std::int64_t{67}, tile - 1, tile, tile + 1, 3 * tile + 5,
-                         std::int64_t{100003}}) {
+  for (std::int64_t n : {std::int64_t{1}, std::int64_t{7}, std::int64_t{67}, tile - 1, tile, tile + 1, 2 * tile - 1,
+                         2 * tile, 2 * tile + 1, 3 * tile + 5, std::int64_t{100003}}) {
     const sc::Tensor x = make<T>({n}, 1), y = make<T>({n}, 2), s = make<T>({}, 3);
     for (OpId id : ops) {
       INFO(name_of(id) << " over " << sc::name(d) << ", n = " << n);
@@ -250,7 +251,9 @@ TEMPLATE_TEST_CASE("the 9-op chain matches a plain loop and the eager ops", "[fu
   using T = TestType;
   const sc::DType d = sc::dtype_of<T>();
   const std::int64_t tile = g::detail_fused::tile_elems<T>;
-  for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, tile - 1, tile + 1, std::int64_t{100000}})
+  // (with a, b, c scalars the program has few scratch slots and tiles twice as long)
+  for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, tile - 1, tile + 1, 2 * tile - 1,
+                         2 * tile + 1, std::int64_t{100000}})
     for (bool scalars : {false, true}) {
       INFO("n = " << n << (scalars ? ", a b c scalars" : ", a b c tensors"));
       const sc::Shape abc = scalars ? sc::Shape{} : sc::Shape{n};
