@@ -4,7 +4,7 @@
 // hand-written loop (bench_fusion_chains_hand.cpp), and a STREAM-like copy as the bandwidth line.
 // Every chain reads x and w and writes one output: 12 bytes per element (8 for the copy), reported
 // as the GB/s counter (10^9 bytes/s). bench/fusion_chart.py turns the JSON into a chart and table.
-//   fusion_chains/<n>/K<k>/{eager,traced,compiled,xtensor,hand,hand_1t}, fusion_chains/<n>/copy
+//   fusion_chains/<n>/K<k>/{eager,traced,traced_unchained,compiled,xtensor,hand,hand_1t}, fusion_chains/<n>/copy
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -142,12 +142,18 @@ void eager(benchmark::State& state, std::int64_t n) {
   count(state, n, 12);
 }
 
-// ---- traced: sc::function of a generic lambda calling the template, traced before the timing
+// ---- traced: sc::function of a generic lambda calling the template, traced before the timing;
+// `chains` false: its fused group prepared without chains (graph::fused_chains()), each op a pass
+// over the tile, as before session 70
 template <int K>
-void traced(benchmark::State& state, std::int64_t n) {
+void traced(benchmark::State& state, std::int64_t n, bool chains) {
   const Buffers& b = buffers(n);
   auto f = sc::function([](const auto& x, const auto& w) { return bc::chain<K>(x, w); }, "chain" + std::to_string(K));
-  if (!matches_hand(state, K, b, Buffers::p(f(b.x, b.w)))) return;
+  const bool before = sc::graph::fused_chains();
+  sc::graph::fused_chains() = chains;
+  const bool ok = matches_hand(state, K, b, Buffers::p(f(b.x, b.w)));  // (traced and prepared here)
+  sc::graph::fused_chains() = before;
+  if (!ok) return;
   for (auto _ : state) {
     sc::Tensor y = f(b.x, b.w);
     benchmark::DoNotOptimize(y.raw_data());
@@ -237,7 +243,8 @@ void register_chain(std::int64_t n) {
     benchmark::RegisterBenchmark((s + v).c_str(), fn, args...)->UseRealTime()->Unit(unit);
   };
   add("eager", eager<K>, n);
-  add("traced", traced<K>, n);
+  add("traced", traced<K>, n, true);
+  add("traced_unchained", traced<K>, n, false);
 #if BENCH_CHAINS_STAGED
   add("compiled", compiled<K>, n);
 #endif

@@ -23,8 +23,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-VARIANTS = ["eager", "traced", "compiled", "xtensor", "hand", "hand_1t"]
-COLORS = {"eager": "#d62728", "traced": "#ff7f0e", "compiled": "#2ca02c", "xtensor": "#1f77b4",
+VARIANTS = ["eager", "traced", "traced_unchained", "compiled", "xtensor", "hand", "hand_1t"]
+COLORS = {"eager": "#d62728", "traced": "#ff7f0e", "traced_unchained": "#e377c2", "compiled": "#2ca02c", "xtensor": "#1f77b4",
           "hand": "#000000", "hand_1t": "#7f7f7f", "copy": "#9467bd"}
 NAME = re.compile(r"^fusion_chains/(?P<n>[^/]+)/(?:K(?P<k>\d+)/(?P<v>[a-z_0-9]+)|(?P<copy>copy))(?:/real_time)?$")
 TO_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}

@@ -46,3 +46,34 @@ TEST_CASE("sc::compile: the fused loop gives eager's bits where the compiler wou
     same_bits([](auto x, auto y, auto z) { return sc::tanh(x * y) * sc::tanh(x * y) + z / sc::exp(x); }, "shared tanh", d);
   }
 }
+
+TEST_CASE("sc::function: fused chains give eager's bits where the compiler would contract into FMAs", "[staged][fma]") {
+  // A traced program's chains (graph/fused_chain.hpp) keep the running value in registers from one
+  // op to the next: each link's result is pinned, so no product and sum fuse into one FMA.
+#if defined(__FMA__) && (defined(__x86_64__) || defined(__i386__))
+  if (!__builtin_cpu_supports("fma")) {
+    WARN("this CPU has no FMA: nothing to check");
+    return;
+  }
+#endif
+  const auto traced = [](auto f) {
+    return [f](const sc::Tensor& x, const sc::Tensor& y, const sc::Tensor& z) {
+      return sc::function([f](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& c) { return f(a, b, c); })(x, y, z);
+    };
+  };
+  for (const sc::DType d : {sc::f32, sc::f64}) {
+    const sc::Tensor x = sc::random::uniform({4099}, -2.0, 2.0, 1, d), y = sc::random::uniform({4099}, -2.0, 2.0, 2, d),
+                     z = sc::random::uniform({4099}, -2.0, 2.0, 3, d);
+    const auto check = [&](auto f, const char* what) {
+      const std::vector<double> e = f(x, y, z).template to_vector<double>(), s = traced(f)(x, y, z).template to_vector<double>();
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < e.size(); ++i) differ += e[i] != s[i];
+      INFO(what << " in " << sc::name(d) << ": " << differ << " of " << e.size() << " elements differ");
+      CHECK(differ == 0);
+    };
+    check([](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& c) { return a * b + c; }, "x * y + z");
+    check([](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor& c) { return c - a * b; }, "z - x * y");
+    check([](const sc::Tensor& a, const sc::Tensor&, const sc::Tensor& c) { return a * 3.f + 0.5f - c; }, "weak scalars");
+    check([](const sc::Tensor& a, const sc::Tensor& b, const sc::Tensor&) { return sc::sum(a * b + 1.f); }, "a sum");
+  }
+}

@@ -12,6 +12,7 @@
 #include "../backend/cpu/elementwise.hpp"
 #include "../backend/cpu/parallel.hpp"
 #include "../ops/registry.hpp"
+#include "fused_chain.hpp"
 #include "fused_ops.hpp"
 #include "fused_program.hpp"
 #include "fused_special.hpp"
@@ -42,10 +43,14 @@ struct Reg {
   int slot = -1;   ///< scratch slot: slot results, and inputs when gathered (broadcast or aliased)
   bool scalar_value() const { return home == Home::scalar; }
 };
-/// One kernel call per tile (or per run for single-element results): fn(reg a, reg b, reg y).
+/// One kernel call per tile (or per run for single-element results): fn(reg a, reg b, reg y); or,
+/// with chain >= 0, the chain of that index (PreparedFused::chains) from its head into y.
 struct Step {
   void (*fn)() = nullptr;  ///< a Kernel<T> of the program's dtype, cast back before the call
   int a = -1, b = -1, y = -1;
+  ops::OpId op{};  ///< the instruction's op and the mode fn runs it in
+  Mode mode = vv;
+  int chain = -1;
 };
 /// An input read per element: in place (same numel as the output) or gathered by `plan`.
 struct VectorInput {
@@ -88,6 +93,8 @@ struct PreparedFused {
   /// instructions only read holds one value: they read it as one (operand -2 - k: the k-th such
   /// input) instead of a tile gathered from it. Empty when no input qualifies.
   std::vector<detail_fused::Step> per_tile_splat;
+  /// The chains steps of per_tile and per_tile_splat run (see form_chains).
+  std::vector<detail_fused::Chain> chains;
   std::vector<int> scalar_inputs;                       ///< inputs read as one value
   std::vector<detail_fused::VectorInput> vector_inputs; ///< inputs read per element
   std::vector<detail_fused::CopyOut> copies;             ///< outputs copied at the end of a tile
@@ -115,7 +122,7 @@ namespace detail_fused {
 
 template <class T>
 Step step_of(const FusedInstr& c, int y, Mode m) {
-  return {reinterpret_cast<void (*)()>(kernels<T>(c.op).k[m]), c.a, c.b, y};
+  return {reinterpret_cast<void (*)()>(kernels<T>(c.op).k[m]), c.a, c.b, y, c.op, m};
 }
 
 /// Homes of the input registers: one value, in place, or gathered into a dedicated slot.
@@ -237,10 +244,81 @@ void place_splats(PreparedFused& pf, const std::vector<char>& live) {
     if (!live[nin + k] || pf.regs[nin + k].scalar_value()) continue;
     Step s = pf.per_tile[j++];
     const FusedInstr& c = p.code[k];
-    if (is(c.a)) s = {reinterpret_cast<void (*)()>(kernels<T>(c.op).k[sv]), -2 - index[c.a], s.b, s.y};
-    else if (is(c.b)) s = {reinterpret_cast<void (*)()>(kernels<T>(c.op).k[vs]), s.a, -2 - index[c.b], s.y};
+    if (is(c.a)) s = {reinterpret_cast<void (*)()>(kernels<T>(c.op).k[sv]), -2 - index[c.a], s.b, s.y, c.op, sv};
+    else if (is(c.b)) s = {reinterpret_cast<void (*)()>(kernels<T>(c.op).k[vs]), s.a, -2 - index[c.b], s.y, c.op, vs};
     pf.per_tile_splat.push_back(s);
   }
+}
+
+/// Merges runs of steps into chains (fused_chain.hpp), in per_tile and per_tile_splat alike: a
+/// step joins the step before when it reads that step's result, which lives in a scratch slot and
+/// which nothing else reads (no other step, no copy, not the reduction), and both ops are
+/// chainable over T. Returns how many scratch slots the steps still touch.
+template <class T>
+int form_chains(PreparedFused& pf) {
+  const FusedProgram& p = pf.program;
+  std::vector<int> reads(pf.regs.size(), 0);
+  for (const Step& s : pf.per_tile) {
+    if (s.a >= 0) ++reads[static_cast<std::size_t>(s.a)];
+    if (s.b >= 0) ++reads[static_cast<std::size_t>(s.b)];
+  }
+  for (const CopyOut& c : pf.copies) reads[static_cast<std::size_t>(c.reg)] += 2;
+  if (p.reduction) reads[static_cast<std::size_t>(p.reduction->reg)] += 2;
+  const auto first_link = [](const Step& q) -> Chain {
+    if (q.b == -1) return {q.a, {{q.op, Link::unary, false, -1}}};
+    if (q.mode == sv) return {q.b, {{q.op, Link::second, true, q.a}}};
+    return {q.a, {{q.op, Link::first, q.mode == vs, q.b}}};
+  };
+  const auto next_link = [](const Step& s, int v) -> Link {
+    if (s.b == -1) return {s.op, Link::unary, false, -1};
+    if (s.a == v) return {s.op, Link::first, s.mode == vs, s.b};
+    return {s.op, Link::second, s.mode == sv, s.a};
+  };
+  const auto chain = [&](std::vector<Step>& steps) {
+    std::vector<Step> out;
+    for (const Step& s : steps) {
+      if (!out.empty() && chainable<T>(s.op)) {
+        Step& q = out.back();
+        const int v = q.y;
+        const bool joins = (q.chain >= 0 ? pf.chains[static_cast<std::size_t>(q.chain)].links.size() < max_links
+                                         : chainable<T>(q.op)) &&
+                           pf.regs[static_cast<std::size_t>(v)].home == Home::slot &&
+                           reads[static_cast<std::size_t>(v)] == 1 && (s.a == v || s.b == v);
+        if (joins) {
+          if (q.chain < 0) {
+            q.chain = static_cast<int>(pf.chains.size());
+            pf.chains.push_back(first_link(q));
+          }
+          pf.chains[static_cast<std::size_t>(q.chain)].links.push_back(next_link(s, v));
+          q.y = s.y;
+          continue;
+        }
+      }
+      out.push_back(s);
+    }
+    steps = std::move(out);
+  };
+  if (fused_chains()) {
+    chain(pf.per_tile);
+    chain(pf.per_tile_splat);
+  }
+  // the slots still touched: gathered inputs' (counted whether gathered or not) and the steps'
+  std::vector<char> used(static_cast<std::size_t>(pf.num_slots), 0);
+  const auto use = [&](int r) {
+    if (r >= 0 && pf.regs[static_cast<std::size_t>(r)].slot >= 0) used[static_cast<std::size_t>(pf.regs[static_cast<std::size_t>(r)].slot)] = 1;
+  };
+  for (const VectorInput& v : pf.vector_inputs) use(v.input);
+  for (const Step& s : pf.per_tile) {
+    use(s.y);
+    if (s.chain < 0) {
+      use(s.a), use(s.b);
+      continue;
+    }
+    const Chain& c = pf.chains[static_cast<std::size_t>(s.chain)];
+    use(c.head);
+    for (const Link& l : c.links) use(l.other);
+  }
+  return static_cast<int>(std::count(used.begin(), used.end(), 1));
 }
 
 template <class T>
@@ -289,7 +367,7 @@ STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p) {
     f::place_results<T>(pf, live);
     f::place_splats<T>(pf, live);
     pf.grain = f::grain_of<T>(p, live);
-    if (pf.num_slots <= f::few_slots) pf.tile = 2 * f::tile_bytes / static_cast<std::int64_t>(sizeof(T));
+    if (f::form_chains<T>(pf) <= f::few_slots) pf.tile = 2 * f::tile_bytes / static_cast<std::int64_t>(sizeof(T));
     for (const FusedInstr& c : p.code) pf.batch_dependent = pf.batch_dependent || f::kernels<T>(c.op).batch_dependent;
   });
   pf.special = find_special(p);

@@ -188,6 +188,17 @@ void TileRun<T>::run(std::int64_t b, std::int64_t e, AfterTile<T> after_tile, st
     for (const Step& s : splat ? pf.per_tile_splat : pf.per_tile) {
       ++k;
       prefetch(st_, off, lines * k / nsteps_, lines * (k + 1) / nsteps_);
+      if (s.chain >= 0) {  // (its operands where the tile has them, then one pass over the tile)
+        const Chain& c = pf.chains[static_cast<std::size_t>(s.chain)];
+        const int nl = static_cast<int>(c.links.size());
+        const T* others[max_links];
+        for (int l = 0; l < nl; ++l) {
+          const int o = c.links[static_cast<std::size_t>(l)].other;
+          others[l] = o >= 0 ? at(o, t0) : (o == -1 ? nullptr : one[-2 - o]);
+        }
+        run_chain<T>(c.links.data(), nl, others, c.head >= 0 ? at(c.head, t0) : one[-2 - c.head], at(s.y, t0), len);
+        continue;
+      }
       const T* a = s.a >= 0 ? at(s.a, t0) : one[-2 - s.a];
       const T* bv = s.b >= 0 ? at(s.b, t0) : (s.b == -1 ? nullptr : one[-2 - s.b]);
       reinterpret_cast<Kernel<T>>(s.fn)(a, bv, at(s.y, t0), len);
