@@ -143,7 +143,9 @@ template <class T>
 void run_chain(const Link* links, int nlinks, const T* const* others, const T* head, T* y, std::int64_t n) {
   using B = batch<T>;
   constexpr std::int64_t W = B::size;
-  constexpr int U = 4;  // batches per pass through the links (the running values stay in registers)
+  // batches per pass through the links, the running values in registers (8 chained ops over 1M floats,
+  // 1 thread: AVX2 660 -> 355 us from 4 to 8, AVX-512 290-356 -> 245 us)
+  constexpr int U = 8;
   B one[max_links];
   for (int l = 0; l < nlinks; ++l) one[l] = links[l].single ? B(*others[l]) : B(T(0));
   std::int64_t i = 0;

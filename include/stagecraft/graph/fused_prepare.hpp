@@ -253,9 +253,9 @@ void place_splats(PreparedFused& pf, const std::vector<char>& live) {
 /// Merges runs of steps into chains (fused_chain.hpp), in per_tile and per_tile_splat alike: a
 /// step joins the step before when it reads that step's result, which lives in a scratch slot and
 /// which nothing else reads (no other step, no copy, not the reduction), and both ops are
-/// chainable over T. Returns how many scratch slots the steps still touch.
+/// chainable over T.
 template <class T>
-int form_chains(PreparedFused& pf) {
+void form_chains(PreparedFused& pf) {
   const FusedProgram& p = pf.program;
   std::vector<int> reads(pf.regs.size(), 0);
   for (const Step& s : pf.per_tile) {
@@ -302,23 +302,6 @@ int form_chains(PreparedFused& pf) {
     chain(pf.per_tile);
     chain(pf.per_tile_splat);
   }
-  // the slots still touched: gathered inputs' (counted whether gathered or not) and the steps'
-  std::vector<char> used(static_cast<std::size_t>(pf.num_slots), 0);
-  const auto use = [&](int r) {
-    if (r >= 0 && pf.regs[static_cast<std::size_t>(r)].slot >= 0) used[static_cast<std::size_t>(pf.regs[static_cast<std::size_t>(r)].slot)] = 1;
-  };
-  for (const VectorInput& v : pf.vector_inputs) use(v.input);
-  for (const Step& s : pf.per_tile) {
-    use(s.y);
-    if (s.chain < 0) {
-      use(s.a), use(s.b);
-      continue;
-    }
-    const Chain& c = pf.chains[static_cast<std::size_t>(s.chain)];
-    use(c.head);
-    for (const Link& l : c.links) use(l.other);
-  }
-  return static_cast<int>(std::count(used.begin(), used.end(), 1));
 }
 
 template <class T>
@@ -367,7 +350,8 @@ STAGECRAFT_COMPILED_INLINE PreparedFused prepare(const FusedProgram& p) {
     f::place_results<T>(pf, live);
     f::place_splats<T>(pf, live);
     pf.grain = f::grain_of<T>(p, live);
-    if (f::form_chains<T>(pf) <= f::few_slots) pf.tile = 2 * f::tile_bytes / static_cast<std::int64_t>(sizeof(T));
+    f::form_chains<T>(pf);
+    if (pf.num_slots <= f::few_slots) pf.tile = 2 * f::tile_bytes / static_cast<std::int64_t>(sizeof(T));
     for (const FusedInstr& c : p.code) pf.batch_dependent = pf.batch_dependent || f::kernels<T>(c.op).batch_dependent;
   });
   pf.special = find_special(p);
