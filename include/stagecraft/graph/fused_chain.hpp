@@ -84,7 +84,9 @@ constexpr bool chainable(ops::OpId op) {
 }
 
 /// Keeps v as computed, in a register: the compiler may not fuse the op that made it with the next
-/// link's op (a multiply and an add into one FMA would change the rounding).
+/// link's op (a multiply and an add into one FMA would change the rounding). GCC 12 contracts within
+/// a basic block only, and each link is a case of the switch below, so this guards the links' code
+/// against a change that would put two ops in one block (test_staged_fma checks traced chains).
 template <class T>
 SC_ALWAYS_INLINE void pin(batch<T>& v) {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
