@@ -1,10 +1,9 @@
 // Reductions (sum, max, min; argmax, argmin along one axis) over any axes: one block per output
 // element, CUB's block reduce combining the threads' partials; a few long rows (abi::reduce_split)
 // cut in pieces, a block each, whose partials a second kernel combines. The combine steps are the CPU
-// reducers' (max/min: the rules; arg: NaN first, then the first index of the extremum). And cumsum:
-// a thread per line when there are many lines, else a block per line scanning with CUB.
+// reducers' (max/min: the rules; arg: NaN first, then the first index of the extremum). The scans
+// are in scan.cu.
 #include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 
 #include "common.cuh"
 #include "stagecraft/ops/rules.hpp"
@@ -196,104 +195,6 @@ Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry&
     case ReduceRule::argmin: return launch_arg<false>(dt, x, y, g, scratch, st);
   }
   return cudaErrorInvalidValue;
-}
-
-}  // namespace stagecraft::cuda::abi
-
-// ---- cumsum --------------------------------------------------------------------------------------
-
-namespace stagecraft::cuda::kernels {
-namespace {
-
-/// The running sum's add: integers wrap (as SumOp), floats add.
-struct ScanAdd {
-  template <class T>
-  __device__ T operator()(T a, T b) const { return SumOp{}(a, b); }
-};
-
-/// Element k (in scan order) of line `line` of [outer, n, inner]: its offset.
-__device__ inline std::int64_t scan_at(std::int64_t line, std::int64_t k, std::int64_t n, std::int64_t inner,
-                                       bool reverse) {
-  const std::int64_t o = line / inner, i = line % inner, pos = reverse ? n - 1 - k : k;
-  return (o * n + pos) * inner + i;
-}
-
-/// Many lines: a thread each, down the axis in order (neighbouring threads read neighbouring inner
-/// positions, so the reads of a step coalesce when inner > 1).
-template <class T>
-__global__ void scan_lines_kernel(const T* x, T* y, std::int64_t lines, std::int64_t n, std::int64_t inner,
-                                  bool exclusive, bool reverse) {
-  for (std::int64_t line = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; line < lines;
-       line += std::int64_t{gridDim.x} * blockDim.x) {
-    T acc = T(0);
-    for (std::int64_t k = 0; k < n; ++k) {
-      const std::int64_t at = scan_at(line, k, n, inner, reverse);
-      const T v = x[at];
-      if (exclusive) {
-        y[at] = acc;
-        acc = ScanAdd{}(acc, v);
-      } else {
-        acc = ScanAdd{}(acc, v);
-        y[at] = acc;
-      }
-    }
-  }
-}
-
-/// Few long lines: a block each, block_threads elements at a time scanned by CUB, the running total
-/// carried from chunk to chunk.
-template <class T>
-__global__ void scan_block_kernel(const T* x, T* y, std::int64_t lines, std::int64_t n, std::int64_t inner,
-                                  bool exclusive, bool reverse) {
-  using Scan = cub::BlockScan<T, block_threads>;
-  __shared__ typename Scan::TempStorage temp;
-  for (std::int64_t line = blockIdx.x; line < lines; line += gridDim.x) {
-    T carry = T(0);
-    for (std::int64_t base = 0; base < n; base += block_threads) {
-      const std::int64_t k = base + threadIdx.x;
-      const std::int64_t at = k < n ? scan_at(line, k, n, inner, reverse) : 0;
-      const T v = k < n ? x[at] : T(0);
-      T part, total;
-      if (exclusive) Scan(temp).ExclusiveScan(v, part, T(0), ScanAdd{}, total);
-      else Scan(temp).InclusiveScan(v, part, ScanAdd{}, total);
-      if (k < n) y[at] = ScanAdd{}(carry, part);
-      carry = ScanAdd{}(carry, total);
-      __syncthreads();  // temp is reused by the next chunk
-    }
-  }
-}
-
-template <class T>
-Status launch_cumsum(const void* x, void* y, std::int64_t outer, std::int64_t n, std::int64_t inner, bool exclusive,
-                     bool reverse, cudaStream_t s) {
-  const std::int64_t lines = outer * inner;
-  const auto* xs = static_cast<const T*>(x);
-  auto* ys = static_cast<T*>(y);
-  // a thread per line once there are enough lines to fill the GPU, or the lines are short
-  if (lines >= 16 * block_threads || n <= 32)
-    scan_lines_kernel<T><<<grid_for(lines), block_threads, 0, s>>>(xs, ys, lines, n, inner, exclusive, reverse);
-  else
-    scan_block_kernel<T><<<blocks_for(lines), block_threads, 0, s>>>(xs, ys, lines, n, inner, exclusive, reverse);
-  return launched();
-}
-
-}  // namespace
-}  // namespace stagecraft::cuda::kernels
-
-namespace stagecraft::cuda::abi {
-using namespace stagecraft::cuda::kernels;
-
-Status cumsum(DT dt, const void* x, void* y, std::int64_t outer, std::int64_t n, std::int64_t inner, bool exclusive,
-              bool reverse, Stream s) noexcept {
-  if (outer == 0 || n == 0 || inner == 0) return cudaSuccess;
-  const auto st = static_cast<cudaStream_t>(s);
-  switch (dt) {
-    case DT::i32: return launch_cumsum<std::int32_t>(x, y, outer, n, inner, exclusive, reverse, st);
-    case DT::i64: return launch_cumsum<std::int64_t>(x, y, outer, n, inner, exclusive, reverse, st);
-    case DT::f32: return launch_cumsum<float>(x, y, outer, n, inner, exclusive, reverse, st);
-    case DT::f64: return launch_cumsum<double>(x, y, outer, n, inner, exclusive, reverse, st);
-    default: return cudaErrorInvalidValue;
-  }
 }
 
 }  // namespace stagecraft::cuda::abi

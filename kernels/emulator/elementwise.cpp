@@ -1,5 +1,5 @@
 // The emulator's elementwise, layout, reduction and sorting kernels: kernels/elementwise.cu (unary,
-// binary, where, cast, fill), layout.cu (strided_copy, concat, one_hot), reduce.cu, gather.cu's
+// binary, where, cast, fill), layout.cu (strided_copy, concat, one_hot), reduce.cu, scan.cu, gather.cu's
 // check_range and sort.cu, on the host. Each call is one launch (a closure: it may run later, at
 // every launch of a captured graph, so it holds copies of what it reads) calling the same rules
 // (ops/rules.hpp) on scalars, taking the dtypes and giving the statuses of the .cu files (one
@@ -15,6 +15,7 @@
 #include "../batch_elements.cuh"
 #include "emu.hpp"
 #include "stagecraft/ops/rules.hpp"
+#include "stagecraft/ops/scan_steps.hpp"
 
 namespace stagecraft::cuda::emu {
 namespace {
@@ -248,30 +249,38 @@ Status run_arg(DT dt, const void* x, void* y, const abi::ReduceGeometry& g, void
   });
 }
 
-// ---- cumsum --------------------------------------------------------------------------------------
+// ---- scans ---------------------------------------------------------------------------------------
 
-/// Each line of [outer, n, inner] summed in order along n (reduce.cu's cumsum; its block scan adds
-/// a long line's chunks in a tree, which this in-order sum matches to rounding).
-template <class T>
-Status cumsum_as(const void* x, void* y, std::int64_t outer, std::int64_t n, std::int64_t inner, bool exclusive,
-                 bool reverse, Stream s) {
-  const auto* xd = static_cast<const T*>(x);
-  auto* yd = static_cast<T*>(y);
-  return launch(s, [xd, yd, outer, n, inner, exclusive, reverse] {
-    const T* xh = host(xd);
-    T* yh = host(yd);
+/// Each line of [outer, n, inner] in order along n by scan_steps' steps (scan.cu's thread per line;
+/// its block scan joins a long line's chunks in a tree, which this matches to rounding). `make`
+/// builds the steps over host pointers when the launch runs.
+template <class Make, class Out>
+Status scan_as(Make make, Out* y, std::int64_t outer, std::int64_t n, std::int64_t inner, bool exclusive, bool reverse,
+               Stream s) {
+  return launch(s, [make, y, outer, n, inner, exclusive, reverse] {
+    const auto steps = make();
+    using S = std::remove_const_t<decltype(steps)>;
+    Out* yh = host(y);
     for (std::int64_t line = 0; line < outer * inner; ++line) {
       const std::int64_t o = line / inner, i = line % inner;
-      T acc = T(0);
+      typename S::State acc = S::identity();
       for (std::int64_t k = 0; k < n; ++k) {
-        const std::int64_t at = (o * n + (reverse ? n - 1 - k : k)) * inner + i;
-        const T v = xh[at];
-        if (exclusive) yh[at] = acc;
-        acc = SumOp{}(acc, v);
-        if (!exclusive) yh[at] = acc;
+        const std::int64_t pos = reverse ? n - 1 - k : k, at = (o * n + pos) * inner + i;
+        const typename S::State e = steps.element(at, pos);
+        if (exclusive) yh[at] = S::out(acc);
+        acc = k == 0 ? e : S::join(acc, e);
+        if (!exclusive) yh[at] = S::out(acc);
       }
     }
   });
+}
+
+template <scan_steps::Rule R, class T>
+Status values_as(const void* x, void* y, std::int64_t outer, std::int64_t n, std::int64_t inner, bool exclusive,
+                 bool reverse, Stream s) {
+  const auto* xd = static_cast<const T*>(x);
+  return scan_as([xd] { return scan_steps::Values<T, R>{host(xd)}; }, static_cast<T*>(y), outer, n, inner, exclusive,
+                 reverse, s);
 }
 
 // ---- top_k ---------------------------------------------------------------------------------------
@@ -506,14 +515,65 @@ Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry&
   return emu::invalid_value;
 }
 
-Status cumsum(DT dt, const void* x, void* y, std::int64_t outer, std::int64_t n, std::int64_t inner, bool exclusive,
-              bool reverse, Stream s) noexcept {
+Status scan(ScanRule r, DT dt, const void* x, void* y, std::int64_t outer, std::int64_t n, std::int64_t inner,
+            bool exclusive, bool reverse, Stream s) noexcept {
   if (outer == 0 || n == 0 || inner == 0) return emu::ok;
+  const auto run = [&](auto tag) -> Status {
+    using T = decltype(tag);
+    using scan_steps::Rule;
+    switch (r) {
+      case ScanRule::sum: return emu::values_as<Rule::sum, T>(x, y, outer, n, inner, exclusive, reverse, s);
+      case ScanRule::prod: return emu::values_as<Rule::prod, T>(x, y, outer, n, inner, exclusive, reverse, s);
+      case ScanRule::logsumexp:
+        if constexpr (std::is_floating_point_v<T>)
+          return emu::values_as<Rule::logsumexp, T>(x, y, outer, n, inner, exclusive, reverse, s);
+        else return emu::invalid_value;
+      case ScanRule::max: return emu::values_as<Rule::max, T>(x, y, outer, n, inner, exclusive, reverse, s);
+      case ScanRule::min: return emu::values_as<Rule::min, T>(x, y, outer, n, inner, exclusive, reverse, s);
+    }
+    return emu::invalid_value;
+  };
   switch (dt) {
-    case DT::i32: return emu::cumsum_as<std::int32_t>(x, y, outer, n, inner, exclusive, reverse, s);
-    case DT::i64: return emu::cumsum_as<std::int64_t>(x, y, outer, n, inner, exclusive, reverse, s);
-    case DT::f32: return emu::cumsum_as<float>(x, y, outer, n, inner, exclusive, reverse, s);
-    case DT::f64: return emu::cumsum_as<double>(x, y, outer, n, inner, exclusive, reverse, s);
+    case DT::i32: return run(std::int32_t{});
+    case DT::i64: return run(std::int64_t{});
+    case DT::f32: return run(float{});
+    case DT::f64: return run(double{});
+    default: return emu::invalid_value;
+  }
+}
+
+Status linear_scan(DT dt, const void* a, const void* b, void* y, std::int64_t outer, std::int64_t n,
+                   std::int64_t inner, bool exclusive, bool reverse, Stream s) noexcept {
+  if (outer == 0 || n == 0 || inner == 0) return emu::ok;
+  const auto run = [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const auto* ad = static_cast<const T*>(a);
+    const auto* bd = static_cast<const T*>(b);
+    return emu::scan_as([ad, bd] { return scan_steps::Linear<T>{emu::host(ad), emu::host(bd)}; }, static_cast<T*>(y), outer, n,
+                        inner, exclusive, reverse, s);
+  };
+  switch (dt) {
+    case DT::f32: return run(float{});
+    case DT::f64: return run(double{});
+    default: return emu::invalid_value;
+  }
+}
+
+Status cum_arg(bool is_max, DT dt, const void* x, std::int64_t* idx, std::int64_t outer, std::int64_t n,
+               std::int64_t inner, bool reverse, Stream s) noexcept {
+  if (outer == 0 || n == 0 || inner == 0) return emu::ok;
+  const auto run = [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const auto* xd = static_cast<const T*>(x);
+    if (is_max)
+      return emu::scan_as([xd] { return scan_steps::Arg<T, true>{emu::host(xd)}; }, idx, outer, n, inner, false, reverse, s);
+    return emu::scan_as([xd] { return scan_steps::Arg<T, false>{emu::host(xd)}; }, idx, outer, n, inner, false, reverse, s);
+  };
+  switch (dt) {
+    case DT::i32: return run(std::int32_t{});
+    case DT::i64: return run(std::int64_t{});
+    case DT::f32: return run(float{});
+    case DT::f64: return run(double{});
     default: return emu::invalid_value;
   }
 }

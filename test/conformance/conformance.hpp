@@ -165,6 +165,8 @@ inline const std::vector<DType> all_dtypes{sc::boolean, sc::i32, sc::i64, sc::f3
 
 std::vector<OpEntry> elementwise_table();
 std::vector<OpEntry> reduce_table();
+/// The scans beside cumsum (conformance_scan.cpp), part of reduce_table().
+std::vector<OpEntry> scan_entries();
 std::vector<OpEntry> layout_table();
 std::vector<OpEntry> nn_table();
 std::vector<OpEntry> creation_table();

@@ -331,7 +331,11 @@ std::vector<OpEntry> reduce_entries() {
 
 }  // namespace
 
-std::vector<OpEntry> reduce_table() { return reduce_entries(); }
+std::vector<OpEntry> reduce_table() {
+  std::vector<OpEntry> all = reduce_entries();
+  for (OpEntry& e : scan_entries()) all.push_back(std::move(e));  // (conformance_scan.cpp)
+  return all;
+}
 
 }  // namespace conf
 

@@ -40,7 +40,8 @@
   /* sums of many (ops/add_n.hpp) */                            \
   X(AddN)                                                       \
   /* scans (ops/scan.hpp) */                                    \
-  X(Cumsum)                                                     \
+  X(Cumsum) X(Cumprod) X(Logcumsumexp) X(Cummax) X(Cummin)      \
+  X(CumArgMax) X(CumArgMin) X(LinearScan)                       \
   /* sorting (ops/sort.hpp) */                                  \
   X(TopKIndices)
 // clang-format on

@@ -228,10 +228,22 @@ Status fill(DT dt, double value, void* y, std::int64_t n, Stream s) noexcept;
 /// y = reduction of x (sum of bool gives i64, else y has x's dtype).
 /// `scratch`: reduce_scratch_bytes(g) bytes on the device (may be null when that is 0).
 Status reduce(ReduceRule r, DT dt, const void* x, void* y, const ReduceGeometry& g, void* scratch, Stream s) noexcept;
-/// y = the running sums of x (i32, i64, f32 or f64) as [outer, n, inner] along n: inclusive, or
-/// exclusive (0 first); forward, or from the end (reverse). Integer sums wrap.
-Status cumsum(DT dt, const void* x, void* y, std::int64_t outer, std::int64_t n, std::int64_t inner, bool exclusive,
-              bool reverse, Stream s) noexcept;
+/// The scans of one running value (ops/scan_steps.hpp's Rule, numbered alike).
+enum class ScanRule : int { sum = 0, prod = 1, logsumexp = 2, max = 3, min = 4 };
+/// y = the running values of x (i32, i64, f32 or f64; logsumexp: f32 or f64) as [outer, n, inner]
+/// along n by rule r: inclusive, or exclusive (the identity first); forward, or from the end
+/// (reverse). Integer sums and products wrap.
+Status scan(ScanRule r, DT dt, const void* x, void* y, std::int64_t outer, std::int64_t n, std::int64_t inner,
+            bool exclusive, bool reverse, Stream s) noexcept;
+/// y = h of h[k] = a[k] h[k-1] + b[k] (f32 or f64; a, b, y as [outer, n, inner] along n), h = b at
+/// each line's first element; exclusive: the h before (0 first); reverse: from the end.
+Status linear_scan(DT dt, const void* a, const void* b, void* y, std::int64_t outer, std::int64_t n,
+                   std::int64_t inner, bool exclusive, bool reverse, Stream s) noexcept;
+/// idx (i64) = the position along n where each running maximum (is_max) or minimum of x (i32,
+/// i64, f32 or f64, as [outer, n, inner]) was first reached in scan order; a NaN beats every number
+/// and the first NaN's index stays.
+Status cum_arg(bool is_max, DT dt, const void* x, std::int64_t* idx, std::int64_t outer, std::int64_t n,
+               std::int64_t inner, bool reverse, Stream s) noexcept;
 /// Bytes of scratch top_k needs for `lines` lines of n elements of dt (the lines' keys and
 /// indices, twice, their offsets, and the sort's own storage), in *bytes.
 Status top_k_scratch_bytes(DT dt, std::int64_t lines, std::int64_t n, std::int64_t* bytes) noexcept;

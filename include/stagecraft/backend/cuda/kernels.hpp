@@ -281,12 +281,31 @@ inline void one_hot(const Tensor& idx, Tensor& out, std::int64_t depth, std::str
         d, op, loc);
 }
 
-/// out = the running sums of x as [outer, n, inner] along n (ops::Cumsum).
-inline void cumsum(const Tensor& x, Tensor& out, std::int64_t outer, std::int64_t n, std::int64_t inner, bool exclusive,
-                   bool reverse, std::string_view op, const std::source_location& loc) {
+/// out = the running values of x as [outer, n, inner] along n by rule r (ops::ValueScan).
+inline void scan(abi::ScanRule r, const Tensor& x, Tensor& out, std::int64_t outer, std::int64_t n, std::int64_t inner,
+                 bool exclusive, bool reverse, std::string_view op, const std::source_location& loc) {
   const Device d = out.device();
-  check(abi::cumsum(dt(x.dtype()), x.raw_data(), out.raw_data(), outer, n, inner, exclusive, reverse,
-                    stream(d, op, loc)),
+  check(abi::scan(r, dt(x.dtype()), x.raw_data(), out.raw_data(), outer, n, inner, exclusive, reverse,
+                  stream(d, op, loc)),
+        d, op, loc);
+}
+
+/// out = the linear recurrence of (a, b) as [outer, n, inner] along n (ops::LinearScan).
+inline void linear_scan(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t outer, std::int64_t n,
+                        std::int64_t inner, bool exclusive, bool reverse, std::string_view op,
+                        const std::source_location& loc) {
+  const Device d = out.device();
+  check(abi::linear_scan(dt(a.dtype()), a.raw_data(), b.raw_data(), out.raw_data(), outer, n, inner, exclusive,
+                         reverse, stream(d, op, loc)),
+        d, op, loc);
+}
+
+/// out (i64) = where the running maximum or minimum of x was first reached (ops::CumArg).
+inline void cum_arg(bool is_max, const Tensor& x, Tensor& out, std::int64_t outer, std::int64_t n, std::int64_t inner,
+                    bool reverse, std::string_view op, const std::source_location& loc) {
+  const Device d = out.device();
+  check(abi::cum_arg(is_max, dt(x.dtype()), x.raw_data(), static_cast<std::int64_t*>(out.raw_data()), outer, n, inner,
+                     reverse, stream(d, op, loc)),
         d, op, loc);
 }
 
