@@ -1,5 +1,5 @@
 // CUDA == CPU for the layout ops (transpose, slice, broadcast_to, concat, one_hot; pad, tile, split,
-// flip), argmax/argmin, the composites built on the ops (softmax, logsumexp, cross_entropy, mean),
+// flip), argmax/argmin, the scans, the composites built on the ops (softmax, logsumexp, cross_entropy, mean),
 // and a training step of GPU variables. Needs a GPU: gpu_main.cpp skips every test (exit 77) where none is found.
 #include "cuda_testing.hpp"
 #include "files.hpp"
@@ -64,6 +64,59 @@ TEST_CASE("cuda: cumsum == CPU: a thread per line, a block per line, strided lin
         return tape.gradient(sc::sum(sc::square(sc::cumsum(in[0], 1, true))), in[0]);
       },
       {values({4, 50}, sc::f64, 36)}, 1e-10);
+}
+
+TEST_CASE("cuda: cumprod, logcumsumexp, cummax, cummin, cumargmax, cumargmin, linear_scan == CPU, with gradients",
+          "[cuda][scan]") {
+  for (const sc::DType d : {sc::i32, sc::i64, sc::f32, sc::f64}) {
+    for (const auto& [shape, axis] : std::vector<std::pair<sc::Shape, int>>{
+             {{3, 4}, 1}, {{5, 3000}, 1}, {{3000, 3}, 0}, {{8192, 40}, 1}, {{2, 700, 5}, 1}, {{0, 4}, 1}}) {
+      INFO(sc::name(d) << " " << shape << " axis " << axis);
+      const sc::Tensor x = values(shape, d, 38);  // integers: many ties
+      // long f32 lines joined in a tree (GPU) and in order (CPU): close, not equal
+      const double tol = d == sc::f32 ? 1e-3 : 1e-9;
+      for (const bool rev : {false, true}) {
+        same_on_gpu([&](const auto& in) { return sc::cummax(in[0], axis, rev); }, {x}, 0);
+        same_on_gpu([&](const auto& in) { return sc::cummin(in[0], axis, rev); }, {x}, 0);
+        same_on_gpu([&](const auto& in) { return sc::cumargmax(in[0], axis, rev); }, {x}, 0);
+        same_on_gpu([&](const auto& in) { return sc::cumargmin(in[0], axis, rev); }, {x}, 0);
+      }
+      if (!sc::is_floating(d)) {  // products of small integers wrap alike
+        same_on_gpu([&](const auto& in) { return sc::cumprod(in[0], axis); }, {x}, 0);
+        continue;
+      }
+      // products of values near 1 stay finite along lines of 3000
+      const sc::Tensor near_one = (x * 0.01 + 1.0).astype(d);
+      const sc::Tensor decay = (x * 0.2 + 0.5).astype(d);  // in [0.1, 0.9)
+      for (int flags = 0; flags < 4; ++flags) {
+        const bool ex = flags & 1, rev = flags >> 1;
+        same_on_gpu([&](const auto& in) { return sc::cumprod(in[0], axis, ex, rev); }, {near_one}, tol);
+        same_on_gpu([&](const auto& in) { return sc::logcumsumexp(in[0], axis, ex, rev); }, {x}, tol);
+        same_on_gpu([&](const auto& in) { return sc::linear_scan(in[0], in[1], axis, ex, rev); }, {decay, x}, tol);
+      }
+    }
+  }
+  // NaN and infinities by the same rules
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const sc::Tensor special = sc::tensor(
+      std::vector<double>{1.0, std::numeric_limits<double>::quiet_NaN(), 3.0, -inf, inf, 0.0, -0.0, 2.0}, sc::Shape{2, 4});
+  for (const int axis : {0, 1}) {
+    same_on_gpu([&](const auto& in) { return sc::cumargmax(in[0], axis); }, {special}, 0);
+    same_on_gpu([&](const auto& in) { return sc::cummin(in[0], axis, true); }, {special}, 0);
+    same_on_gpu([&](const auto& in) { return sc::logcumsumexp(in[0], axis); }, {special}, 0);
+  }
+  // gradients (the rules are made of ops: linear_scan runs the reversed scans on the GPU)
+  same_on_gpu(
+      [](const auto& in) {
+        sc::GradientTape tape;
+        tape.watch(in[0]);
+        tape.watch(in[1]);
+        const sc::Tensor y = sc::cumprod(in[0], 1) + sc::exp(sc::logcumsumexp(in[1], 1, true)) + sc::cummax(in[1], 1) +
+                             sc::linear_scan(in[0], in[1], 1, false, true);
+        const std::vector<sc::Tensor> g = tape.gradient(sc::sum(sc::square(y)), {in[0], in[1]});
+        return g[0] + g[1];
+      },
+      {(values({4, 300}, sc::f64, 39) * 0.2 + 0.5), values({4, 300}, sc::f64, 40)}, 1e-9);
 }
 
 TEST_CASE("cuda: topk, argsort, sort and take_along_axis == CPU: one line, many, strided, NaN, with gradients",
