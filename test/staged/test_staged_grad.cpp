@@ -249,6 +249,11 @@ TEST_CASE("grad<I> through matmul, reductions, softmax, logsumexp and conv2d equ
     check_grads([](const auto& a, const auto& b) { return sc::sum(a, {-1}, true) * b + a; }, "regions" + at, x, x3);
     check_grads([](const auto& a, const auto& b) { return sc::mean(sc::tanh(a) * b, {0}) * a + b; },
                 "a reduction over a broadcast" + at, x, x3);
+    check_grads([](const auto& a, const auto& b) { return sc::cumprod(a * b, 1) + sc::logcumsumexp(a, 0, false, true); },
+                "cumprod, logcumsumexp" + at, x, row);
+    check_grads([](const auto& a, const auto& b) { return sc::cummax(a * b, 1) * sc::tanh(a); }, "cummax" + at, x, row);
+    check_grads([](const auto& a, const auto& b) { return sc::linear_scan(sc::sigmoid(a), b * a, 1, true); },
+                "linear_scan" + at, x, row);
     const Tensor img = away_from_zero({2, 2, 6, 6}, 16, d), k = away_from_zero({3, 2, 3, 3}, 17, d);
     check_grads([](const auto& a, const auto& b) { return sc::relu(sc::nn::conv2d(a, b, 1, 1)) * 0.25f; },
                 "conv2d" + at, img, k);

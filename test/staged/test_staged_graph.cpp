@@ -1,5 +1,5 @@
 // Compile-time staging beyond single ops: graphs mixing elementwise ops with matmul, reductions,
-// softmax and conv2d (materialized operands, reductions fused at the root), shared
+// softmax, conv2d and the scans (materialized operands, reductions fused at the root), shared
 // sub-expressions, the graph as a type and its lowering to the runtime IR.
 #include <sstream>
 
@@ -21,6 +21,13 @@ TEST_CASE("graphs with matmul, reductions, softmax and conv2d equal eager and tr
   check_stages([](const auto& a) { return sc::nn::softmax(a * 2.f) + 1.f; }, 0.0, "softmax in an expression", x);
   check_stages([](const auto& a) { return sc::nn::log_softmax(a, 0); }, 0.0, "log_softmax at the root", x);
   check_stages([](const auto& a) { return sc::exp(a - sc::logsumexp(a, {1}, true)); }, 0.0, "logsumexp", x);
+  // the scans: evaluated first, their results read by the fused loop around them
+  check_stages([](const auto& a) { return sc::cumsum(a * 2.f, 1) + 1.f; }, 0.0, "cumsum in an expression", x);
+  check_stages([](const auto& a) { return sc::cumprod(a * 0.5f + 1.f, 0, true, true); }, 0.0, "cumprod, exclusive reversed", x);
+  check_stages([](const auto& a) { return sc::tanh(sc::logcumsumexp(a, -1)) * a; }, 0.0, "logcumsumexp", x);
+  check_stages([](const auto& a) { return sc::cummax(a, 1) - sc::cummin(a, 0, true); }, 0.0, "cummax and cummin", x);
+  check_stages([](const auto& a, const auto& c) { return sc::linear_scan(sc::sigmoid(a), c * 2.f, 1, false, true); }, 0.0,
+               "linear_scan of expressions", x, values(sc::f32, {6, 5}, 9));
   const Tensor img = values(sc::f32, {2, 3, 6, 6}, 5), k = values(sc::f32, {4, 3, 3, 3}, 6);
   check_stages([](const auto& i, const auto& kk) { return sc::relu(sc::nn::conv2d(i * 2.f, kk, 1, 1)); }, 0.0, "conv2d", img, k);
   // reductions at the root reduce while they evaluate (their order of summation differs from eager's)

@@ -35,6 +35,14 @@ static_assert(static_cast<int>(backend::cuda::abi::ScanRule::sum) == static_cast
 
 namespace detail_scan {
 
+/// The state after element (at, k): s.next where the steps have one (a step that reads its
+/// element in place), else the join of the state and the element's own state.
+template <class S>
+inline typename S::State advance(const S& s, const typename S::State& acc, std::int64_t at, std::int64_t k) {
+  if constexpr (requires { s.next(acc, at, k); }) return s.next(acc, at, k);
+  else return S::join(acc, s.element(at, k));
+}
+
 /// Runs the scan `s` (a scan_steps type) down every line of [outer, n, inner] into y, the lines
 /// forward or from the end; exclusive writes each line's state before its element (the identity's
 /// value first). A line's first element starts the state itself (identity joined with it would
@@ -60,11 +68,11 @@ void run(const S& s, typename S::Out* y, const AxisSplit& sp, bool exclusive, bo
         if (exclusive) {
           for (std::int64_t j = 1, k = first + step; j < n; ++j, k += step) {
             yr[k] = S::out(acc);
-            acc = S::join(acc, s.element(base + k, k));
+            acc = advance(s, acc, base + k, k);
           }
         } else {
           for (std::int64_t j = 1, k = first + step; j < n; ++j, k += step) {
-            acc = S::join(acc, s.element(base + k, k));
+            acc = advance(s, acc, base + k, k);
             yr[k] = S::out(acc);
           }
         }
@@ -91,11 +99,11 @@ void run(const S& s, typename S::Out* y, const AxisSplit& sp, bool exclusive, bo
         } else if (exclusive) {
           for (std::int64_t i = 0; i < w; ++i) {
             yk[i] = S::out(st[i]);
-            st[i] = S::join(st[i], s.element(row + i, k));
+            st[i] = advance(s, st[i], row + i, k);
           }
         } else {
           for (std::int64_t i = 0; i < w; ++i) {
-            st[i] = S::join(st[i], s.element(row + i, k));
+            st[i] = advance(s, st[i], row + i, k);
             yk[i] = S::out(st[i]);
           }
         }
@@ -257,8 +265,8 @@ struct LinearScan {
     visit_dtype(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>)
-        detail_scan::run(scan_steps::Linear<T>{static_cast<const T*>(in[0].raw_data()),
-                                                static_cast<const T*>(in[1].raw_data())},
+        detail_scan::run(scan_steps::LinearInOrder<T>{static_cast<const T*>(in[0].raw_data()),
+                                                       static_cast<const T*>(in[1].raw_data())},
                          static_cast<T*>(out.raw_data()), sp, a.i0 != 0, a.i1 != 0, backend::cpu::grain_costly,
                          backend::cpu::grain_cheap);
     });

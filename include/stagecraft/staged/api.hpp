@@ -11,6 +11,7 @@
 #include "../nn/functional.hpp"
 #include "../ops/conv.hpp"
 #include "../ops/matmul.hpp"
+#include "../ops/scan.hpp"
 #include "eval.hpp"
 
 namespace stagecraft {
@@ -112,6 +113,34 @@ struct Conv2dOp {
   static constexpr std::string_view name = "conv2d";
   Tensor run(const std::source_location& loc, const Tensor& x, const Tensor& w) const {
     return nn::conv2d(x, w, stride, padding, loc);
+  }
+};
+
+/// The scans of one running value along an axis (ops/scan.hpp).
+enum class ScanKind { cumsum, cumprod, logcumsumexp, cummax, cummin };
+template <ScanKind K>
+struct ScanOp {
+  std::int64_t axis = 0;
+  bool exclusive = false, reverse = false;
+  static constexpr std::string_view name = K == ScanKind::cumsum         ? "cumsum"
+                                           : K == ScanKind::cumprod      ? "cumprod"
+                                           : K == ScanKind::logcumsumexp ? "logcumsumexp"
+                                           : K == ScanKind::cummax       ? "cummax"
+                                                                         : "cummin";
+  Tensor run(const std::source_location& loc, const Tensor& x) const {
+    if constexpr (K == ScanKind::cumsum) return stagecraft::cumsum(x, axis, exclusive, reverse, loc);
+    else if constexpr (K == ScanKind::cumprod) return stagecraft::cumprod(x, axis, exclusive, reverse, loc);
+    else if constexpr (K == ScanKind::logcumsumexp) return stagecraft::logcumsumexp(x, axis, exclusive, reverse, loc);
+    else if constexpr (K == ScanKind::cummax) return stagecraft::cummax(x, axis, reverse, loc);
+    else return stagecraft::cummin(x, axis, reverse, loc);
+  }
+};
+struct LinearScanOp {
+  std::int64_t axis = 0;
+  bool exclusive = false, reverse = false;
+  static constexpr std::string_view name = "linear_scan";
+  Tensor run(const std::source_location& loc, const Tensor& a, const Tensor& b) const {
+    return stagecraft::linear_scan(a, b, axis, exclusive, reverse, loc);
   }
 };
 
@@ -304,6 +333,43 @@ auto min(const X& x, std::vector<std::int64_t> axes = {}, bool keepdims = false)
   return staging::reduce<staging::ReduceKind::min>(x, std::move(axes), keepdims);
 }
 
+/// The running sum along axis (see the eager cumsum); evaluated first, as matmul.
+template <class X>
+  requires staging::Staged<X>
+auto cumsum(const X& x, std::int64_t axis = 0, bool exclusive = false, bool reverse = false) {
+  return staging::materializing(staging::ScanOp<staging::ScanKind::cumsum>{axis, exclusive, reverse}, x);
+}
+/// The running product along axis (see the eager cumprod).
+template <class X>
+  requires staging::Staged<X>
+auto cumprod(const X& x, std::int64_t axis = 0, bool exclusive = false, bool reverse = false) {
+  return staging::materializing(staging::ScanOp<staging::ScanKind::cumprod>{axis, exclusive, reverse}, x);
+}
+/// log(cumsum(exp(x))) along axis (see the eager logcumsumexp).
+template <class X>
+  requires staging::Staged<X>
+auto logcumsumexp(const X& x, std::int64_t axis = 0, bool exclusive = false, bool reverse = false) {
+  return staging::materializing(staging::ScanOp<staging::ScanKind::logcumsumexp>{axis, exclusive, reverse}, x);
+}
+/// The running maximum along axis (see the eager cummax).
+template <class X>
+  requires staging::Staged<X>
+auto cummax(const X& x, std::int64_t axis = 0, bool reverse = false) {
+  return staging::materializing(staging::ScanOp<staging::ScanKind::cummax>{axis, false, reverse}, x);
+}
+/// The running minimum along axis (see the eager cummin).
+template <class X>
+  requires staging::Staged<X>
+auto cummin(const X& x, std::int64_t axis = 0, bool reverse = false) {
+  return staging::materializing(staging::ScanOp<staging::ScanKind::cummin>{axis, false, reverse}, x);
+}
+/// h = a h + b along axis (see the eager linear_scan).
+template <class A, class B>
+  requires(staging::Staged<A> || staging::Staged<B>)
+auto linear_scan(const A& a, const B& b, std::int64_t axis = 0, bool exclusive = false, bool reverse = false) {
+  return staging::materializing(staging::LinearScanOp{axis, exclusive, reverse}, a, b);
+}
+
 namespace nn {
 /// 2-D convolution (see the eager conv2d).
 template <class A, class B>
@@ -358,6 +424,8 @@ SC_STAGED_UNSUPPORTED(slice)
 SC_STAGED_UNSUPPORTED(gather)
 SC_STAGED_UNSUPPORTED(argmax)
 SC_STAGED_UNSUPPORTED(argmin)
+SC_STAGED_UNSUPPORTED(cumargmax)
+SC_STAGED_UNSUPPORTED(cumargmin)
 SC_STAGED_UNSUPPORTED(expand_dims)
 SC_STAGED_UNSUPPORTED(squeeze)
 SC_STAGED_UNSUPPORTED(flatten)
