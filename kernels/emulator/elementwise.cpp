@@ -533,13 +533,10 @@ Status scan(ScanRule r, DT dt, const void* x, void* y, std::int64_t outer, std::
     }
     return emu::invalid_value;
   };
-  switch (dt) {
-    case DT::i32: return run(std::int32_t{});
-    case DT::i64: return run(std::int64_t{});
-    case DT::f32: return run(float{});
-    case DT::f64: return run(double{});
-    default: return emu::invalid_value;
-  }
+  return emu::visit(dt, [&](auto tag) -> Status {
+    if constexpr (std::is_same_v<decltype(tag), bool>) return emu::invalid_value;
+    else return run(tag);
+  });
 }
 
 Status linear_scan(DT dt, const void* a, const void* b, void* y, std::int64_t outer, std::int64_t n,
@@ -569,13 +566,10 @@ Status cum_arg(bool is_max, DT dt, const void* x, std::int64_t* idx, std::int64_
       return emu::scan_as([xd] { return scan_steps::Arg<T, true>{emu::host(xd)}; }, idx, outer, n, inner, false, reverse, s);
     return emu::scan_as([xd] { return scan_steps::Arg<T, false>{emu::host(xd)}; }, idx, outer, n, inner, false, reverse, s);
   };
-  switch (dt) {
-    case DT::i32: return run(std::int32_t{});
-    case DT::i64: return run(std::int64_t{});
-    case DT::f32: return run(float{});
-    case DT::f64: return run(double{});
-    default: return emu::invalid_value;
-  }
+  return emu::visit(dt, [&](auto tag) -> Status {
+    if constexpr (std::is_same_v<decltype(tag), bool>) return emu::invalid_value;
+    else return run(tag);
+  });
 }
 
 Status top_k_scratch_bytes(DT dt, std::int64_t lines, std::int64_t n, std::int64_t* bytes) noexcept {
