@@ -1,5 +1,6 @@
 // Helpers of the staged tests: run one generic function eagerly, traced (sc::function), staged
-// (sc::stage + sc::eval) and compiled (sc::compile), and compare the four results.
+// (sc::stage + sc::eval) and compiled (sc::compile), and compare the four results; compare sc::grad
+// with the tape and with finite differences.
 #pragma once
 #include <optional>
 #include <string>
@@ -82,6 +83,50 @@ inline sc::Tensor values(sc::DType d, const sc::Shape& s, std::uint64_t seed) {
   const sc::Tensor t = sc::tensor(v, s);
   if (d == sc::boolean) return t > 0;
   return sc::cast(t, d);
+}
+
+/// The tape's gradients of sum(f(x, y)) with respect to x and y.
+template <class F>
+std::vector<sc::Tensor> tape_grads(const F& f, const sc::Tensor& x, const sc::Tensor& y) {
+  sc::GradientTape t;
+  t.watch(std::vector<sc::Tensor>{x, y});
+  const sc::Tensor out = f(x, y);
+  return t.gradient(sc::sum(out), std::vector<sc::Tensor>{x, y});
+}
+
+/// d sum(f) / dx by central differences, element by element (in f64, returned in the argument's dtype).
+template <class F>
+sc::Tensor numeric_grad(const F& f, const sc::Tensor& x, const sc::Tensor& y, int which) {
+  const sc::Tensor& v = which == 0 ? x : y;
+  std::vector<double> base = v.to_vector<double>(), out(base.size());
+  const double h = 1e-6;
+  for (std::size_t i = 0; i < base.size(); ++i) {
+    auto at = [&](double d) {
+      std::vector<double> p = base;
+      p[i] += d;
+      const sc::Tensor t = sc::tensor(p, v.shape());
+      const sc::Tensor r = which == 0 ? sc::Tensor(f(t, y)) : sc::Tensor(f(x, t));
+      return sc::sum(r).item<double>();
+    };
+    out[i] = (at(h) - at(-h)) / (2 * h);
+  }
+  return sc::cast(sc::tensor(out, v.shape()), v.dtype());
+}
+
+/// grad<0> and grad<1> of sc::compile(f) equal the tape's gradients of sum(f(x, y)) and, in f64,
+/// central differences.
+template <class F>
+void check_grads(const F& f, const std::string& what, const sc::Tensor& x, const sc::Tensor& y) {
+  INFO(what);
+  const auto g = sc::compile(f);
+  const std::vector<sc::Tensor> want = tape_grads(f, x, y);
+  const sc::Tensor dx = sc::grad<0>(g)(x, y), dy = sc::grad<1>(g)(x, y);
+  check_same(dx, want[0], 1e-6, what + ": grad<0> vs tape");
+  check_same(dy, want[1], 1e-6, what + ": grad<1> vs tape");
+  if (x.dtype() == sc::f64) {
+    check_same(dx, numeric_grad(f, x, y, 0), 1e-5, what + ": grad<0> vs finite differences");
+    check_same(dy, numeric_grad(f, x, y, 1), 1e-5, what + ": grad<1> vs finite differences");
+  }
 }
 
 }  // namespace sctest

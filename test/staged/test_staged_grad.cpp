@@ -5,51 +5,10 @@
 #include "staged/staged_testing.hpp"
 
 using sc::Tensor;
+using sctest::check_grads;
 using sctest::check_same;
 
 namespace {
-
-/// The tape's gradients of sum(f(x, y)) with respect to x and y.
-template <class F>
-std::vector<Tensor> tape_grads(const F& f, const Tensor& x, const Tensor& y) {
-  sc::GradientTape t;
-  t.watch(std::vector<Tensor>{x, y});
-  const Tensor out = f(x, y);
-  return t.gradient(sc::sum(out), std::vector<Tensor>{x, y});
-}
-
-/// d sum(f) / dx by central differences, element by element (in f64, returned in the argument's dtype).
-template <class F>
-Tensor numeric_grad(const F& f, const Tensor& x, const Tensor& y, int which) {
-  const Tensor& v = which == 0 ? x : y;
-  std::vector<double> base = v.to_vector<double>(), out(base.size());
-  const double h = 1e-6;
-  for (std::size_t i = 0; i < base.size(); ++i) {
-    auto at = [&](double d) {
-      std::vector<double> p = base;
-      p[i] += d;
-      const Tensor t = sc::tensor(p, v.shape());
-      const Tensor r = which == 0 ? Tensor(f(t, y)) : Tensor(f(x, t));
-      return sc::sum(r).item<double>();
-    };
-    out[i] = (at(h) - at(-h)) / (2 * h);
-  }
-  return sc::cast(sc::tensor(out, v.shape()), v.dtype());
-}
-
-template <class F>
-void check_grads(const F& f, const std::string& what, const Tensor& x, const Tensor& y) {
-  INFO(what);
-  const auto g = sc::compile(f);
-  const std::vector<Tensor> want = tape_grads(f, x, y);
-  const Tensor dx = sc::grad<0>(g)(x, y), dy = sc::grad<1>(g)(x, y);
-  check_same(dx, want[0], 1e-6, what + ": grad<0> vs tape");
-  check_same(dy, want[1], 1e-6, what + ": grad<1> vs tape");
-  if (x.dtype() == sc::f64) {
-    check_same(dx, numeric_grad(f, x, y, 0), 1e-5, what + ": grad<0> vs finite differences");
-    check_same(dy, numeric_grad(f, x, y, 1), 1e-5, what + ": grad<1> vs finite differences");
-  }
-}
 
 Tensor away_from_zero(const sc::Shape& s, std::uint64_t seed, sc::DType d) {
   return sc::cast(sctest::uniform_tensor(s, seed, -2, 2, 0.2), d);

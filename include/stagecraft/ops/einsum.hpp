@@ -312,9 +312,11 @@ struct EinsumEquation {
   EinsumEquation(const S& s, std::source_location l = std::source_location::current()) : text(s), loc(l) {}
 };
 
-/// einsum of operands given one by one: einsum("ij,jk", a, b).
+/// einsum of operands given one by one: einsum("ij,jk", a, b). (Staged operands take the staged
+/// einsum of staged/materialized.hpp.)
 template <class... T>
-  requires(sizeof...(T) >= 1 && (std::is_convertible_v<const T&, const Tensor&> && ...))
+  requires(sizeof...(T) >= 1 && (std::is_convertible_v<const T&, const Tensor&> && ...) &&
+           !(requires { typename T::staged_tag; } || ...))
 inline Tensor einsum(EinsumEquation equation, const T&... xs) {
   return einsum(equation.text, std::vector<Tensor>{xs...}, equation.loc);
 }

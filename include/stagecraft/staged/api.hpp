@@ -392,10 +392,12 @@ auto log_softmax(const X& x, std::int64_t axis = -1) {
 }  // namespace nn
 
 // ---- ops with no staged form: one message naming the fix --------------------------------
+// (staged/materialized.hpp has the other non-elementwise ops; these give integer indices, which
+// a staged graph of one dtype does not carry)
 
-#define SC_STAGED_UNSUPPORTED_MESSAGE(fn)                                                         \
-  "stagecraft: sc::" #fn " is not elementwise and has no staged form; evaluate its operand first " \
-  "with sc::eval(x), or stage the whole function with sc::function"
+#define SC_STAGED_UNSUPPORTED_MESSAGE(fn)                                                        \
+  "stagecraft: sc::" #fn " gives integer indices and has no staged form; evaluate its operand " \
+  "first with sc::eval(x), or stage the whole function with sc::function"
 // Overloads for any arguments, and for braced lists ({6}, {0, 1}) in the first two places, which
 // a template pack cannot deduce.
 #define SC_STAGED_UNSUPPORTED(fn)                                                                 \
@@ -417,18 +419,12 @@ auto log_softmax(const X& x, std::int64_t axis = -1) {
     static_assert(staging::always_false<X>, SC_STAGED_UNSUPPORTED_MESSAGE(fn));                   \
     return {};                                                                                    \
   }
-SC_STAGED_UNSUPPORTED(reshape)
-SC_STAGED_UNSUPPORTED(transpose)
-SC_STAGED_UNSUPPORTED(broadcast_to)
-SC_STAGED_UNSUPPORTED(slice)
-SC_STAGED_UNSUPPORTED(gather)
 SC_STAGED_UNSUPPORTED(argmax)
 SC_STAGED_UNSUPPORTED(argmin)
+SC_STAGED_UNSUPPORTED(argsort)
 SC_STAGED_UNSUPPORTED(cumargmax)
 SC_STAGED_UNSUPPORTED(cumargmin)
-SC_STAGED_UNSUPPORTED(expand_dims)
-SC_STAGED_UNSUPPORTED(squeeze)
-SC_STAGED_UNSUPPORTED(flatten)
+SC_STAGED_UNSUPPORTED(topk)
 #undef SC_STAGED_UNSUPPORTED
 #undef SC_STAGED_UNSUPPORTED_MESSAGE
 

@@ -217,6 +217,14 @@ enum class Pass { top, inner_from_top, inner };
 template <int I, Pass P, class N, class G, class R>
 auto backprop(const N& n, const G& g, const R& r);
 
+/// Whether op M passes a gradient to its operand J: all do but those from M::grad_operands on
+/// (integer indices and labels).
+template <class M, std::size_t J>
+constexpr bool grad_flows() {
+  if constexpr (requires { M::grad_operands; }) return J < M::grad_operands;
+  else return true;
+}
+
 /// Materialized node n with adjoint g in region r: each operand J that depends on argument I gets
 /// the op's VjpOp, and is differentiated in its own region.
 template <int I, class M, class... A, class G, class R, std::size_t... K>
@@ -224,7 +232,7 @@ auto backprop_mat(const Mat<M, A...>& n, const G& g, const R& r, std::index_sequ
   auto one = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) {
     using AJ = std::tuple_element_t<J, std::tuple<A...>>;
     const AJ& aj = std::get<J>(n.args);
-    if constexpr (!depends_on<I, AJ>::value) {
+    if constexpr (!depends_on<I, AJ>::value || !grad_flows<M, J>()) {
       return Zero{};
     } else if constexpr (constant_node<G>) {
       using V = Mat<VjpOp<M, static_cast<int>(J), true>, R, A...>;

@@ -5,6 +5,7 @@
 #include "compile.hpp"
 #include "expr.hpp"
 #include "grad.hpp"
+#include "materialized.hpp"
 
 // nvcc compiling a user's file: graphs of GPU tensors run as templated kernels.
 #if defined(__CUDACC__) && defined(STAGECRAFT_WITH_CUDA) && !defined(STAGECRAFT_KERNELS)
