@@ -211,6 +211,63 @@ void logcumsumexp_strided(const T* x, T* y, const AxisSplit& sp, bool exclusive,
   });
 }
 
+/// cumargmax and cumargmin: the running extreme and its index as two values (Arg's join on the
+/// pair, without its identity, which no line meets on the CPU): rows a line at a time, strided
+/// lines as run()'s units with the values and indices in two arrays (a vector loop).
+template <class T, bool IsMax>
+void cum_arg(const T* x, std::int64_t* y, const AxisSplit& sp, bool reverse) {
+  using Steps = scan_steps::Arg<T, IsMax>;
+  const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
+  if (outer == 0 || n == 0 || inner == 0) return;
+  if (inner == 1) {
+    backend::cpu::parallel_rows(outer, n, backend::cpu::grain_costly, [&](std::int64_t ob, std::int64_t oe) {
+      const std::int64_t step = reverse ? -1 : 1, first = reverse ? n - 1 : 0;
+      for (std::int64_t o = ob; o < oe; ++o) {
+        const T* xr = x + o * n;
+        std::int64_t* yr = y + o * n;
+        T best = xr[first];
+        std::int64_t at = first;
+        yr[first] = first;
+        for (std::int64_t j = 1, k = first + step; j < n; ++j, k += step) {
+          const T v = xr[k];
+          const bool up = Steps::beats(v, best);
+          best = up ? v : best;
+          at = up ? k : at;
+          yr[k] = at;
+        }
+      }
+    });
+    return;
+  }
+  constexpr std::int64_t block = 256;
+  const std::int64_t blocks = (inner + block - 1) / block;
+  backend::cpu::parallel_rows(outer * blocks, n * std::min(inner, block), backend::cpu::grain_cheap,
+                              [&](std::int64_t ub, std::int64_t ue) {
+    T best[block];
+    std::int64_t at[block];
+    for (std::int64_t u = ub; u < ue; ++u) {
+      const std::int64_t o = u / blocks, i0 = (u % blocks) * block, w = std::min(inner, i0 + block) - i0;
+      const std::int64_t base = o * n * inner + i0;
+      for (std::int64_t j = 0; j < n; ++j) {
+        const std::int64_t k = reverse ? n - 1 - j : j, row = base + k * inner;
+        const T* xk = x + row;
+        std::int64_t* yk = y + row;
+        if (j == 0) {
+          for (std::int64_t i = 0; i < w; ++i) best[i] = xk[i], at[i] = k, yk[i] = k;
+          continue;
+        }
+        for (std::int64_t i = 0; i < w; ++i) {
+          const T v = xk[i];
+          const bool up = Steps::beats(v, best[i]);
+          best[i] = up ? v : best[i];
+          at[i] = up ? k : at[i];
+          yk[i] = at[i];
+        }
+      }
+    }
+  });
+}
+
 /// The shared checks of the scans: rank >= 1 and a valid axis.
 inline void check_axis(const Tensor& x, const Attrs& a, std::string_view op, const std::source_location& loc) {
   if (x.rank() == 0)
@@ -333,9 +390,8 @@ struct CumArg {
     visit_dtype(in[0].dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (!std::is_same_v<T, bool>)
-        detail_scan::run(scan_steps::Arg<T, IsMax>{static_cast<const T*>(in[0].raw_data())},
-                         static_cast<std::int64_t*>(out.raw_data()), sp, false, a.i1 != 0, backend::cpu::grain_costly,
-                         backend::cpu::grain_cheap);
+        detail_scan::cum_arg<T, IsMax>(static_cast<const T*>(in[0].raw_data()), static_cast<std::int64_t*>(out.raw_data()),
+                                       sp, a.i1 != 0);
     });
   }
 };
