@@ -85,6 +85,11 @@ inline sc::Tensor values(sc::DType d, const sc::Shape& s, std::uint64_t seed) {
   return sc::cast(t, d);
 }
 
+/// Values in [-2, 2] at least 0.2 from zero (where relu, abs and the like have no kink), in dtype d.
+inline sc::Tensor away_from_zero(const sc::Shape& s, std::uint64_t seed, sc::DType d) {
+  return sc::cast(uniform_tensor(s, seed, -2, 2, 0.2), d);
+}
+
 /// The tape's gradients of sum(f(x, y)) with respect to x and y.
 template <class F>
 std::vector<sc::Tensor> tape_grads(const F& f, const sc::Tensor& x, const sc::Tensor& y) {

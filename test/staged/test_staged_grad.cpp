@@ -5,14 +5,11 @@
 #include "staged/staged_testing.hpp"
 
 using sc::Tensor;
+using sctest::away_from_zero;
 using sctest::check_grads;
 using sctest::check_same;
 
 namespace {
-
-Tensor away_from_zero(const sc::Shape& s, std::uint64_t seed, sc::DType d) {
-  return sc::cast(sctest::uniform_tensor(s, seed, -2, 2, 0.2), d);
-}
 
 /// d/d(wrt) of sum(d sum(f(x, y)) / dx) by nested tapes (wrt is x or y).
 template <class F>

@@ -8,16 +8,13 @@
 #include "staged/staged_testing.hpp"
 
 using sc::Tensor;
+using sctest::away_from_zero;
 using sctest::check_grads;
 using sctest::check_same;
 using sctest::check_stages;
 using sctest::values;
 
 namespace {
-
-Tensor away_from_zero(const sc::Shape& s, std::uint64_t seed, sc::DType d) {
-  return sc::cast(sctest::uniform_tensor(s, seed, -2, 2, 0.2), d);
-}
 
 Tensor labels_of(std::vector<std::int64_t> v) {
   const std::int64_t n = static_cast<std::int64_t>(v.size());

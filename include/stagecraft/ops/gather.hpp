@@ -195,6 +195,24 @@ struct ScatterAdd {
             const std::int64_t o = c / inner, i0 = c % inner, len = std::min(inner - i0, ce - c);
             T* yo = y + o * E * inner + i0;
             const T* uo = u + o * N * inner + i0;
+            if (len == 1) {
+              // one column (a scatter into a flat tensor, as the cummax gradient's): a run of equal
+              // indices adds in a register rather than through memory, each element in the same order
+              std::int64_t at = -1;
+              T acc{};
+              for (std::int64_t n = 0; n < N; ++n) {
+                const std::int64_t j = ix[n] < 0 ? ix[n] + E : ix[n];
+                if (j != at) {
+                  if (at >= 0) yo[at * inner] = acc;
+                  at = j;
+                  acc = yo[j * inner];
+                }
+                acc = rules::math::wrap_add(acc, uo[n * inner]);
+              }
+              if (at >= 0) yo[at * inner] = acc;
+              c += len;
+              continue;
+            }
             for (std::int64_t n = 0; n < N; ++n) {
               T* __restrict yr = yo + (ix[n] < 0 ? ix[n] + E : ix[n]) * inner;
               const T* __restrict ur = uo + n * inner;
