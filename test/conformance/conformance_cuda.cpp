@@ -103,6 +103,17 @@ void check_case(const OpEntry& e, std::size_t ci, Tally& t) {
     tape.watch(s);
     return tape.gradient(sc::sum(e.call(x, c.p) * cot), s);
   };
+  // logcumsumexp's gradient reads e^(x - y) at its output y: two correct forward passes (the CPU's
+  // batches, the GPU's log_add_exp one step at a time) that differ in y's last bit move it by about
+  // |y| ulps, a relative 6e-4 at the f32 "large" case's |y| ~ 1e4. So there the tolerance grows with
+  // the largest |y| (8 ulps of it).
+  double forward_term = 0;
+  if (e.op == "logcumsumexp") {
+    double big = 0;
+    for (const double v : want.to_vector<double>())
+      if (std::isfinite(v)) big = std::max(big, std::fabs(v));
+    forward_term = 8 * big * (want.dtype() == sc::f32 ? 0x1p-23 : 0x1p-52);
+  }
   std::vector<sc::Tensor> gw;
   {
     const sc::DeviceScope host(sc::Device::cpu());
@@ -118,7 +129,7 @@ void check_case(const OpEntry& e, std::size_t ci, Tally& t) {
     REQUIRE(gg.size() == gw.size());
     for (std::size_t k = 0; k < gw.size(); ++k) {
       if (gg[k].defined() && gg[k].device() != gpu) FAIL_CHECK(name << ": gradient " << k << " not on the GPU");
-      if (const std::string err = grad_diff(gg[k], gw[k], grad_rtol(ins[src[k]].dtype)); !err.empty())
+      if (const std::string err = grad_diff(gg[k], gw[k], grad_rtol(ins[src[k]].dtype) + forward_term); !err.empty())
         FAIL_CHECK(name << ": gradient of input " << src[k] << ": " << err);
     }
   } catch (const std::exception& ex) {
