@@ -1,5 +1,5 @@
 // The staged forms of the layout ops (reshape, transpose, broadcast_to, expand_dims, squeeze,
-// flatten, slice, flip, pad, tile), gather, one_hot, sort, einsum, pooling, layer_norm and the
+// flatten, slice, flip, pad, tile, concat, stack), gather, one_hot, sort, einsum, pooling, layer_norm and the
 // losses (staged/materialized.hpp): staged, compiled and traced runs equal eager (bit for bit:
 // the op is the eager op, the elementwise rest fused), grad<I> equals the tape and finite
 // differences, and one generic CNN runs and trains the same eagerly and compiled.
@@ -41,6 +41,16 @@ TEST_CASE("the staged layout ops equal eager and traced", "[staged][materialized
     check_stages([](const auto& a) { return sc::tile(a + 1, {2, 1}) * 2; }, 0.0, "tile" + at, x);
     check_stages([](const auto& a, const auto& b) { return sc::reshape(sc::transpose(a * 2) + b, {-1}); }, 0.0,
                  "a chain of layout ops" + at, x, y);
+    const Tensor top = values(d, {2, 6}, 4), side = values(d, {4, 3}, 5);
+    check_stages([](const auto& a, const auto& b) { return sc::concat(std::tuple{a * 2, b + 1}, 0) * 2; }, 0.0,
+                 "concat along axis 0" + at, x, top);
+    check_stages([&side](const auto& a) { return sc::concat(std::tuple{a, side, a * a}, -1) + 1; }, 0.0,
+                 "concat of three with a tensor operand" + at, x);
+    check_stages([](const auto& a) { return sc::concat(std::tuple{a - 1}, 1); }, 0.0, "concat of one" + at, x);
+    check_stages([](const auto& a, const auto& b) { return sc::stack(std::tuple{a, sc::transpose(b) * 2}, 1) + 1; },
+                 0.0, "stack along axis 1" + at, x, y);
+    check_stages([](const auto& a, const auto& b) { return sc::stack(std::tuple{a + 1, b * 3, a}) - 1; }, 0.0,
+                 "stack of three along axis 0" + at, x, x);
   }
   // eager's errors, from every stage
   const Tensor x = values(sc::f32, {4, 6}, 1);
@@ -48,6 +58,11 @@ TEST_CASE("the staged layout ops equal eager and traced", "[staged][materialized
   check_stages([](const auto& a) { return sc::transpose(a * 2, {0, 0}); }, 0.0, "a bad permutation", x);
   check_stages([](const auto& a) { return sc::slice(a * 2, {3, 0}, {2, 6}); }, 0.0, "a slice past the end", x);
   check_stages([](const auto& a) { return sc::broadcast_to(a, {4, 5}); }, 0.0, "broadcast_to a bad shape", x);
+  check_stages([](const auto& a, const auto& b) { return sc::concat(std::tuple{a, b}, 0); }, 0.0,
+               "concat of mismatched shapes", x, values(sc::f32, {2, 5}, 2));
+  check_stages([](const auto& a, const auto& b) { return sc::stack(std::tuple{a, b * 2}, 0); }, 0.0,
+               "stack of different shapes", x, values(sc::f32, {6, 4}, 3));
+  check_stages([](const auto& a) { return sc::stack(std::tuple{a, a}, 3); }, 0.0, "stack along a bad axis", x);
 }
 
 TEST_CASE("staged gather, one_hot, sort and einsum equal eager and traced", "[staged][materialized]") {
@@ -114,6 +129,10 @@ TEST_CASE("grad<I> through the staged layout, picking, sort, einsum, pooling and
                 "pad" + at, x, row);
     check_grads([](const auto& a, const auto& b) { return sc::tile(a * b, {2, 1}) * sc::tile(a, {1, 2, 1}); },
                 "tile" + at, x, row);
+    check_grads([](const auto& a, const auto& b) { return sc::concat(std::tuple{a * b, sc::tanh(a), a}, 0) * 2; },
+                "concat" + at, x, row);
+    check_grads([](const auto& a, const auto& b) { return sc::stack(std::tuple{a, a * b}, 2) * sc::exp(sc::stack(std::tuple{b * a, a}, 2)); },
+                "stack" + at, x, row);
     const Tensor idx = sc::tensor(std::vector<std::int64_t>{5, 0, 0, 2, 5}, sc::Shape{5});
     check_grads([&idx](const auto& a, const auto& b) { return sc::gather(a * b, idx, 1) * sc::gather(a, idx, 1); },
                 "gather (repeated indices)" + at, x, row);

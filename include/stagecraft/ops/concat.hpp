@@ -1,6 +1,9 @@
 // concat(xs, axis) and stack(xs, axis).
 #pragma once
+#include <concepts>
 #include <cstring>
+#include <tuple>
+#include <type_traits>
 
 #include "../backend/cpu/parallel.hpp"
 #include "cast.hpp"  // dispatch promotes mixed dtypes through Cast
@@ -110,6 +113,21 @@ inline Tensor stack(const std::vector<Tensor>& xs, std::int64_t axis = 0,
     parts.push_back(expand_dims(xs[i], axis, loc));
   }
   return concat(parts, axis, loc);
+}
+
+/// concat of a tuple of tensors: concat(std::tuple{a, b}, 1). The same call joins staged values
+/// (staged/materialized.hpp), whose types differ, so one generic function serves every stage.
+template <class... T>
+  requires(sizeof...(T) >= 1 && (std::same_as<std::remove_cvref_t<T>, Tensor> && ...))
+Tensor concat(const std::tuple<T...>& xs, std::int64_t axis, std::source_location loc = std::source_location::current()) {
+  return std::apply([&](const auto&... x) { return concat(std::vector<Tensor>{x...}, axis, loc); }, xs);
+}
+/// stack of a tuple of tensors: stack(std::tuple{a, b}, 0) (staged values too).
+template <class... T>
+  requires(sizeof...(T) >= 1 && (std::same_as<std::remove_cvref_t<T>, Tensor> && ...))
+Tensor stack(const std::tuple<T...>& xs, std::int64_t axis = 0,
+             std::source_location loc = std::source_location::current()) {
+  return std::apply([&](const auto&... x) { return stack(std::vector<Tensor>{x...}, axis, loc); }, xs);
 }
 
 }  // namespace stagecraft

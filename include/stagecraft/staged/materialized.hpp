@@ -1,5 +1,5 @@
 // The staged forms of the rest of the eager API that is not elementwise: the layout ops (reshape,
-// transpose, broadcast_to, expand_dims, squeeze, flatten, slice, flip, pad, tile), picking
+// transpose, broadcast_to, expand_dims, squeeze, flatten, slice, flip, pad, tile, concat, stack), picking
 // (gather, one_hot), sort, einsum, pooling, layer_norm and the losses. Each is a materialized
 // operand, as matmul in api.hpp: its operands are evaluated first, the eager op runs on them and
 // the fused loop around it reads its result. So one generic model function (a CNN: conv2d, relu,
@@ -11,12 +11,14 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "../nn/losses.hpp"
 #include "../nn/normalization.hpp"
 #include "../ops/arrange.hpp"
+#include "../ops/concat.hpp"
 #include "../ops/einsum.hpp"
 #include "../ops/gather.hpp"
 #include "../ops/pool.hpp"
@@ -86,6 +88,16 @@ struct TileOp {
   std::vector<std::int64_t> reps;
   static constexpr std::string_view name = "tile";
   Tensor run(const std::source_location& loc, const Tensor& x) const { return stagecraft::tile(x, reps, loc); }
+};
+template <bool Stack>
+struct JoinOp {
+  std::int64_t axis = 0;
+  static constexpr std::string_view name = Stack ? "stack" : "concat";
+  template <class... T>
+  Tensor run(const std::source_location& loc, const T&... xs) const {
+    return Stack ? stagecraft::stack(std::vector<Tensor>{xs...}, axis, loc)
+                 : stagecraft::concat(std::vector<Tensor>{xs...}, axis, loc);
+  }
 };
 struct GatherOp {
   std::int64_t axis = 0;
@@ -226,6 +238,20 @@ template <class X>
   requires staging::Staged<X>
 auto tile(const X& x, std::vector<std::int64_t> reps) {
   return staging::materializing(staging::TileOp{std::move(reps)}, x);
+}
+
+/// The operands joined along an existing axis: concat(std::tuple{a, b}, 1) (staged values and
+/// tensors; the eager overload takes the same tuple of tensors).
+template <class... X>
+  requires(sizeof...(X) >= 1 && staging::AnyStaged<X...>)
+auto concat(const std::tuple<X...>& xs, std::int64_t axis) {
+  return std::apply([&](const auto&... x) { return staging::materializing(staging::JoinOp<false>{axis}, x...); }, xs);
+}
+/// The operands, all of one shape, joined along a new axis: stack(std::tuple{a, b}, 0).
+template <class... X>
+  requires(sizeof...(X) >= 1 && staging::AnyStaged<X...>)
+auto stack(const std::tuple<X...>& xs, std::int64_t axis = 0) {
+  return std::apply([&](const auto&... x) { return staging::materializing(staging::JoinOp<true>{axis}, x...); }, xs);
 }
 
 // ---- picking, sorting, contracting ---------------------------------------------------------
