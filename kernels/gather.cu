@@ -1,4 +1,5 @@
-// gather (index_select) and its adjoint scatter_add (index_add). The host checks indices that live
+// gather (index_select) and its adjoint scatter_add (index_add); take_along_axis and its adjoint
+// add_along_axis (an index per element). The host checks indices that live
 // on the host before the launch; indices already on the GPU are not read back (that would make
 // every launch wait): there an index out of range gathers 0, its update is dropped, and the kernel
 // records it in the device's fault record, which the host raises at its next wait for the device.
@@ -40,6 +41,43 @@ __global__ void scatter_add_kernel(const I* ix, const T* u, T* y, std::int64_t o
       const std::int64_t j = given < 0 ? given + E : given;
       if (j >= 0 && j < E) y[(o * E + j) * inner + i] += u[(o * N + n) * inner + i];
       else if (c == 0) report_fault(fault, tag, given, E);  // the first column reports for all
+    }
+  }
+}
+
+/// One thread per output element (o, m, i): y[o, m, i] = x[o, ix[o, m, i], i].
+template <class W, class I>
+__global__ void take_along_kernel(const W* x, const I* ix, W* y, std::int64_t outer, std::int64_t E,
+                                  std::int64_t inner, std::int64_t M, abi::Fault* fault, std::int32_t tag) {
+  const std::int64_t total = outer * M * inner;
+  for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t i = e % inner, o = e / (inner * M);
+    const std::int64_t given = static_cast<std::int64_t>(ix[e]);
+    const std::int64_t j = given < 0 ? given + E : given;
+    if (j >= 0 && j < E) {
+      y[e] = x[(o * E + j) * inner + i];
+    } else {
+      y[e] = W(0);
+      report_fault(fault, tag, given, E);
+    }
+  }
+}
+
+/// One thread per column (o, i): it adds the column's updates in index order (no races, the CPU's
+/// order, so the sums are the CPU's).
+template <class T, class I>
+__global__ void add_along_kernel(const I* ix, const T* u, T* y, std::int64_t outer, std::int64_t E, std::int64_t inner,
+                                 std::int64_t M, abi::Fault* fault, std::int32_t tag) {
+  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < outer * inner;
+       c += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t o = c / inner, i = c % inner;
+    for (std::int64_t m = 0; m < M; ++m) {
+      const std::int64_t e = (o * M + m) * inner + i;
+      const std::int64_t given = static_cast<std::int64_t>(ix[e]);
+      const std::int64_t j = given < 0 ? given + E : given;
+      if (j >= 0 && j < E) y[(o * E + j) * inner + i] += u[e];
+      else report_fault(fault, tag, given, E);
     }
   }
 }
@@ -113,6 +151,57 @@ Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void
         using I = decltype(itag);
         scatter_add_kernel<<<grid_for(outer * inner), block_threads, 0, st>>>(
             static_cast<const I*>(ix), static_cast<const T*>(updates), static_cast<T*>(y), outer, E, inner, N, fault, tag);
+        arm_fault_check();
+        return launched();
+      });
+    }
+  });
+}
+
+Status take_along_axis(int itemsize, DT index_dt, const void* x, const void* ix, void* y, std::int64_t outer,
+                       std::int64_t E, std::int64_t inner, std::int64_t M, Fault* fault, std::int32_t tag,
+                       Stream s) noexcept {
+  const std::int64_t n = outer * M * inner;
+  if (n == 0) return cudaSuccess;
+  const auto st = static_cast<cudaStream_t>(s);
+  return visit_index(index_dt, [&](auto itag) -> Status {
+    using I = decltype(itag);
+    const auto* idx = static_cast<const I*>(ix);
+    const auto run = [&](auto wtag) {
+      using W = decltype(wtag);
+      take_along_kernel<<<grid_for(n), block_threads, 0, st>>>(static_cast<const W*>(x), idx, static_cast<W*>(y), outer,
+                                                               E, inner, M, fault, tag);
+      arm_fault_check();
+    };
+    switch (itemsize) {
+      case 1: run(std::uint8_t{}); break;
+      case 4: run(std::uint32_t{}); break;
+      case 8: run(std::uint64_t{}); break;
+      default: return cudaErrorInvalidValue;
+    }
+    return launched();
+  });
+}
+
+Status add_along_axis(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y,
+                      std::int64_t outer, std::int64_t E, std::int64_t inner, std::int64_t M, Fault* fault,
+                      std::int32_t tag, Stream s) noexcept {
+  const std::int64_t numel = outer * E * inner;
+  if (numel == 0) return cudaSuccess;
+  const auto st = static_cast<cudaStream_t>(s);
+  return visit(dt, [&](auto ttag) -> Status {
+    using T = decltype(ttag);
+    if constexpr (std::is_same_v<T, bool>) {
+      return cudaErrorNotSupported;
+    } else {
+      if (const Status e = static_cast<Status>(
+              cudaMemcpyAsync(y, x, static_cast<std::size_t>(numel) * sizeof(T), cudaMemcpyDeviceToDevice, st)))
+        return e;
+      if (M == 0) return cudaSuccess;
+      return visit_index(index_dt, [&](auto itag) -> Status {
+        using I = decltype(itag);
+        add_along_kernel<<<grid_for(outer * inner), block_threads, 0, st>>>(
+            static_cast<const I*>(ix), static_cast<const T*>(updates), static_cast<T*>(y), outer, E, inner, M, fault, tag);
         arm_fault_check();
         return launched();
       });

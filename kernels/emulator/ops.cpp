@@ -1,4 +1,5 @@
-// The emulator's compute kernels beyond the elementwise ones: gather / scatter_add (gather.cu),
+// The emulator's compute kernels beyond the elementwise ones: gather / scatter_add / take_along_axis /
+// add_along_axis (gather.cu),
 // softmax cross-entropy (xent.cu), im2col, col2im and the pools (conv.cu), the matrix products
 // (gemm.cu: cuBLAS and cuBLASLt there, plain loops here), the optimizers' fused updates (optim.cu)
 // and Philox sampling (random.cu). Each follows its .cu file's arguments checks, index rules,
@@ -217,6 +218,84 @@ Status gather(int itemsize, DT index_dt, const void* x, const void* ix, void* y,
       case 8: return run(std::uint64_t{});
       default: return emu::invalid_value;
     }
+  });
+}
+
+Status take_along_axis(int itemsize, DT index_dt, const void* x, const void* ix, void* y, std::int64_t outer,
+                       std::int64_t E, std::int64_t inner, std::int64_t M, Fault* fault, std::int32_t tag,
+                       Stream s) noexcept {
+  const std::int64_t n = outer * M * inner;
+  if (n == 0) return emu::ok;
+  return emu::visit_index(index_dt, [&](auto itag) -> Status {
+    using I = decltype(itag);
+    auto run = [&](auto wtag) -> Status {
+      using W = decltype(wtag);  // elements moved as raw words of their size
+      return emu::queue(
+          s,
+          [=] {
+            const W* xp = emu::host(static_cast<const W*>(x));
+            const I* ip = emu::host(static_cast<const I*>(ix));
+            W* yp = emu::host(static_cast<W*>(y));
+            for (std::int64_t e = 0; e < n; ++e) {
+              const std::int64_t i = e % inner, o = e / (inner * M);
+              const auto given = static_cast<std::int64_t>(ip[e]);
+              const std::int64_t j = given < 0 ? given + E : given;
+              if (j >= 0 && j < E) {
+                yp[e] = xp[(o * E + j) * inner + i];
+              } else {
+                yp[e] = W(0);
+                if (fault != nullptr) emu::report_fault(fault, tag, given, E);  // the first fault wins
+              }
+            }
+          },
+          true);
+    };
+    switch (itemsize) {
+      case 1: return run(std::uint8_t{});
+      case 4: return run(std::uint32_t{});
+      case 8: return run(std::uint64_t{});
+      default: return emu::invalid_value;
+    }
+  });
+}
+
+Status add_along_axis(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y,
+                      std::int64_t outer, std::int64_t E, std::int64_t inner, std::int64_t M, Fault* fault,
+                      std::int32_t tag, Stream s) noexcept {
+  const std::int64_t numel = outer * E * inner;
+  if (numel == 0) return emu::ok;
+  return emu::visit_numeric(dt, [&](auto ttag) -> Status {
+    using T = decltype(ttag);
+    const auto bytes = static_cast<std::size_t>(numel) * sizeof(T);
+    if (const Status e = emu::queue(s, [=] {
+          const void* from = emu::host(x);
+          void* to = emu::host(y);
+          if (from != to) std::memmove(to, from, bytes);
+        }))
+      return e;
+    if (M == 0) return emu::ok;
+    return emu::visit_index(index_dt, [&](auto itag) -> Status {
+      using I = decltype(itag);
+      return emu::queue(
+          s,
+          [=] {
+            const I* ip = emu::host(static_cast<const I*>(ix));
+            const T* up = emu::host(static_cast<const T*>(updates));
+            T* yp = emu::host(static_cast<T*>(y));
+            // Column by column (gather.cu's thread each), its updates in index order.
+            for (std::int64_t c = 0; c < outer * inner; ++c) {
+              const std::int64_t o = c / inner, i = c % inner;
+              for (std::int64_t m = 0; m < M; ++m) {
+                const std::int64_t e = (o * M + m) * inner + i;
+                const auto given = static_cast<std::int64_t>(ip[e]);
+                const std::int64_t j = given < 0 ? given + E : given;
+                if (j >= 0 && j < E) yp[(o * E + j) * inner + i] += up[e];
+                else if (fault != nullptr) emu::report_fault(fault, tag, given, E);
+              }
+            }
+          },
+          true);
+    });
   });
 }
 

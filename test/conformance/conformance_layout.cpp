@@ -1,5 +1,6 @@
 // Conformance table of the layout ops: reshape (and expand_dims, squeeze, flatten on it),
-// transpose, broadcast_to, concat, stack, slice, gather, scatter_add, one_hot — every dtype, rank 0,
+// transpose, broadcast_to, concat, stack, slice, gather, scatter_add, take_along_axis, add_along_axis,
+// one_hot — every dtype, rank 0,
 // empty and size-1 extents, negative axes and indices, large tiled copies.
 #include <catch2/catch.hpp>
 
@@ -63,6 +64,42 @@ Ref scatter_add_ref(const std::vector<Ref>& in, const Params& p) {
     const auto t = static_cast<std::size_t>(ravel(xi, x.shape));
     y.v[t] += upd.v[i];
     abs_sum[t] += std::fabs(upd.v[i]);
+    terms[t] += 1;
+  }
+  y.scale.resize(y.v.size());
+  for (std::size_t i = 0; i < y.v.size(); ++i) y.scale[i] = abs_sum[i] * terms[i];
+  return y;
+}
+
+/// y[..., m, ...] = x[..., idx[..., m, ...], ...] along axis: an index per element.
+Ref take_along_ref(const std::vector<Ref>& in, const Params& p) {
+  const Ref &x = in[0], &idx = in[1];
+  const int ax = norm_axis(p.axis, static_cast<int>(x.shape.size()));
+  Ref y = make_ref(idx.shape, x.dtype);
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    Dims xi = unravel(i, idx.shape);
+    const auto k = static_cast<std::int64_t>(idx.v[static_cast<std::size_t>(i)]);
+    xi[static_cast<std::size_t>(ax)] = k < 0 ? k + x.shape[ax] : k;
+    y.v[static_cast<std::size_t>(i)] = x.v[ravel(xi, x.shape)];
+  }
+  return y;
+}
+
+/// x with updates[..., m, ...] added at x[..., idx[..., m, ...], ...] along axis, in the order of
+/// m; the error scale as scatter_add_ref's.
+Ref add_along_ref(const std::vector<Ref>& in, const Params& p) {
+  const Ref &x = in[0], &idx = in[1], &upd = in[2];
+  const int ax = norm_axis(p.axis, static_cast<int>(x.shape.size()));
+  Ref y = x;
+  std::vector<double> abs_sum(x.v.size()), terms(x.v.size(), 1);
+  for (std::size_t i = 0; i < x.v.size(); ++i) abs_sum[i] = std::fabs(x.v[i]);
+  for (std::int64_t i = 0; i < upd.numel(); ++i) {
+    Dims xi = unravel(i, upd.shape);
+    const auto k = static_cast<std::int64_t>(idx.v[static_cast<std::size_t>(i)]);
+    xi[static_cast<std::size_t>(ax)] = k < 0 ? k + x.shape[ax] : k;
+    const auto t = static_cast<std::size_t>(ravel(xi, x.shape));
+    y.v[t] += upd.v[static_cast<std::size_t>(i)];
+    abs_sum[t] += std::fabs(upd.v[static_cast<std::size_t>(i)]);
     terms[t] += 1;
   }
   y.scale.resize(y.v.size());
@@ -274,6 +311,45 @@ std::vector<OpEntry> index_family() {
   sa.cases.push_back({{{{300, 257}, sc::f64}, {{50}, sc::i32, Gen::index, 257, {}}, {{300, 50}, sc::f64}}, axis_p(1),
                       "large, inner axis"});
 
+  // take_along_axis and add_along_axis: an index per element, of x's rank and x's extents but
+  // along the axis (NumPy's take_along_axis, PyTorch's gather and scatter_add).
+  OpEntry ta{"take_along_axis", "sc::take_along_axis(x, indices, axis)", SC_CALL(sc::take_along_axis(x[0], x[1], p.axis)),
+             take_along_ref, exact_rounding, {}, 1u};
+  for (DType d : all_dtypes)
+    for (DType id : ints) {
+      auto add = [&](sc::Shape xs, sc::Shape is, std::int64_t axis, std::vector<double> vals, const char* note) {
+        ta.cases.push_back({{{xs, d, Gen::normal, 0, {}}, {is, id, Gen::normal, 0, std::move(vals)}}, axis_p(axis), note});
+      };
+      add({5, 3}, {4, 3}, 0, {4, 0, 2, 2, 2, 1, 0, -1, -5, 3, 3, 3}, "along rows, repeats and negatives");
+      add({5, 3}, {5, 2}, -1, {2, 0, 1, 1, -1, -3, 0, 0, 2, 1}, "negative axis");
+      add({2, 3, 2}, {2, 4, 2}, 1, {0, 2, 1, 1, 2, 2, -1, 0, 1, 0, 0, 0, 2, -2, 1, 2}, "middle axis");
+      add({6}, {3}, 0, {5, -6, 2}, "rank 1");
+      add({5, 3}, {5, 0}, 1, {0}, "no indices");
+      add({0, 3}, {0, 2}, 1, {0}, "empty x");
+    }
+  ta.cases.push_back({{{{300, 257}, sc::f32}, {{400, 257}, sc::i64, Gen::index, 300, {}}}, axis_p(0), "large"});
+  ta.cases.push_back({{{{300, 257}, sc::f64}, {{300, 50}, sc::i32, Gen::index, 257, {}}}, axis_p(1), "large, rows"});
+
+  OpEntry aa{"add_along_axis", "sc::add_along_axis(x, indices, updates, axis)",
+             SC_CALL(sc::add_along_axis(x[0], x[1], x[2], p.axis)), add_along_ref, Tol{1}, {}, 0b101u};
+  for (DType d : numeric)
+    for (DType id : ints) {
+      auto add = [&](sc::Shape xs, sc::Shape is, std::int64_t axis, std::vector<double> vals, const char* note) {
+        aa.cases.push_back({{{xs, d, Gen::normal, 0, {}}, {is, id, Gen::normal, 0, std::move(vals)}, {is, d, Gen::normal, 0, {}}},
+                            axis_p(axis), note});
+      };
+      add({5, 3}, {4, 3}, 0, {4, 0, 2, 2, 2, 1, 0, -1, -5, 3, 3, 3}, "along rows, repeats and negatives");
+      add({5, 3}, {5, 4}, -1, {2, 0, 1, 1, -1, -3, 0, 0, 2, 1, 1, 1, 0, 0, 0, 0, -1, 2, -1, 2}, "negative axis, repeats");
+      add({2, 3, 2}, {2, 4, 2}, 1, {0, 2, 1, 1, 2, 2, -1, 0, 1, 0, 0, 0, 2, -2, 1, 2}, "middle axis");
+      add({6}, {3}, 0, {5, -6, 2}, "rank 1");
+      add({5, 3}, {5, 0}, 1, {0}, "no indices: x unchanged");
+      add({0, 3}, {0, 2}, 1, {0}, "empty x");
+    }
+  aa.cases.push_back({{{{300, 257}, sc::f32}, {{400, 257}, sc::i64, Gen::index, 300, {}}, {{400, 257}, sc::f32}}, axis_p(0),
+                      "large, many repeats"});
+  aa.cases.push_back({{{{300, 257}, sc::f64}, {{300, 50}, sc::i32, Gen::index, 257, {}}, {{300, 50}, sc::f64}}, axis_p(1),
+                      "large, rows"});
+
   RefFn onehot_ref = [](const std::vector<Ref>& in, const Params& p) { return one_hot(in[0], p.k, p.dtype); };
   OpEntry oh{"one_hot", "sc::one_hot(indices, depth, dtype)", SC_CALL(sc::one_hot(x[0], p.k, p.dtype)), onehot_ref,
              exact_rounding, {}, 0u};
@@ -298,7 +374,7 @@ std::vector<OpEntry> index_family() {
     p.k = 6;  // default dtype: f32
     oh_default.cases.push_back({{{{7}, sc::i64, Gen::index, 6, {}}}, p, "default dtype f32"});
   }
-  return {sl, ga, sa, oh, oh_default};
+  return {sl, ga, sa, ta, aa, oh, oh_default};
 }
 
 #undef SC_CALL
@@ -317,4 +393,4 @@ TEST_CASE("conformance: reshape, its views, stop_gradient", "[conformance][layou
 TEST_CASE("conformance: transpose, broadcast_to, concat, stack", "[conformance][layout]") {
   conf::check_table(conf::copy_family());
 }
-TEST_CASE("conformance: slice, gather, scatter_add, one_hot", "[conformance][layout]") { conf::check_table(conf::index_family()); }
+TEST_CASE("conformance: slice, gather, scatter_add, take_along_axis, add_along_axis, one_hot", "[conformance][layout]") { conf::check_table(conf::index_family()); }

@@ -43,7 +43,9 @@
   X(Cumsum) X(Cumprod) X(Logcumsumexp) X(Cummax) X(Cummin)      \
   X(CumArgMax) X(CumArgMin) X(LinearScan)                       \
   /* sorting (ops/sort.hpp) */                                  \
-  X(TopKIndices)
+  X(TopKIndices)                                                \
+  /* an index per element (ops/along_axis.hpp) */               \
+  X(TakeAlongAxis) X(AddAlongAxis)
 // clang-format on
 
 namespace stagecraft::ops {

@@ -9,6 +9,7 @@
 
 // Every op's home (an op added to op_list.hpp without its header here fails to compile below).
 #include "add_n.hpp"
+#include "along_axis.hpp"
 #include "binary.hpp"
 #include "broadcast_to.hpp"
 #include "cast.hpp"

@@ -13,6 +13,7 @@
 #include "../backend/cpu/elementwise.hpp"
 #include "../backend/cpu/parallel.hpp"
 #include "../eager/dispatch.hpp"
+#include "along_axis.hpp"
 #include "binary.hpp"
 #include "broadcast_to.hpp"
 #include "fill.hpp"
@@ -532,22 +533,6 @@ inline Tensor linear_scan(const Tensor& a, const Tensor& b, std::int64_t axis = 
   return detail::dispatch2<ops::LinearScan>(broadcast_to(a, s, loc), broadcast_to(b, s, loc), at, loc);
 }
 
-namespace detail {
-/// A tensor of g's shape, zero but for g's entries added along axis `ax` at `idx` (i64 positions
-/// along that axis, g's shape): the adjoint of picking x's entries at idx (cummax's gradient).
-inline Tensor add_at_axis(const Tensor& g, const Tensor& idx, int ax, const std::source_location& loc) {
-  const AxisSplit s = axis_split(g.shape(), ax);
-  const DevicePin on(g.device());
-  const std::int64_t row = std::max<std::int64_t>(1, s.n * s.inner);  // (1 where g is empty)
-  const Tensor rows = reshape(arange_i64(0, s.outer * row, row, loc), Shape{s.outer, 1, 1}, loc);
-  const Tensor cols = reshape(arange_i64(0, s.inner, 1, loc), Shape{1, 1, s.inner}, loc);
-  const Tensor flat = reshape(idx, Shape{s.outer, s.n, s.inner}, loc) * s.inner + rows + cols;
-  const Tensor zero = fill_on(g.device(), Shape{g.numel()}, 0.0, g.dtype());
-  const Tensor y = scatter_add(zero, reshape(flat, Shape{flat.numel()}, loc), reshape(g, Shape{g.numel()}, loc), 0, loc);
-  return reshape(y, g.shape(), loc);
-}
-}  // namespace detail
-
 // ---- gradient rules (after the functions they use) -------------------------------------------
 
 inline std::vector<Tensor> ops::Cumsum::vjp(const Tensor& g, Inputs, const Tensor&, const Attrs& a) {
@@ -588,11 +573,11 @@ inline std::vector<Tensor> ops::Logcumsumexp::vjp(const Tensor& g, Inputs in, co
 
 inline std::vector<Tensor> ops::Cummax::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs& a) {
   const int ax = static_cast<int>(a.axis < 0 ? a.axis + in[0].rank() : a.axis);
-  return {detail::add_at_axis(g, cumargmax(in[0], a.axis, a.i1 != 0), ax, std::source_location::current())};
+  return {add_along_axis(detail::fill_on(g.device(), g.shape(), 0.0, g.dtype()), cumargmax(in[0], a.axis, a.i1 != 0), g, ax)};
 }
 inline std::vector<Tensor> ops::Cummin::vjp(const Tensor& g, Inputs in, const Tensor&, const Attrs& a) {
   const int ax = static_cast<int>(a.axis < 0 ? a.axis + in[0].rank() : a.axis);
-  return {detail::add_at_axis(g, cumargmin(in[0], a.axis, a.i1 != 0), ax, std::source_location::current())};
+  return {add_along_axis(detail::fill_on(g.device(), g.shape(), 0.0, g.dtype()), cumargmin(in[0], a.axis, a.i1 != 0), g, ax)};
 }
 
 // h[k] = a[k] h[k-1] + b[k]. With lambda[k] = dL/dh[k] in total (g[k] plus what flows on through

@@ -1,6 +1,6 @@
 // Sorting along an axis: the op top_k (the indices of the k largest or smallest entries of each
-// line, in order), and on it topk, argsort and sort; take_along_axis picks x's entries by such
-// indices, and carries the gradient of the sorted values back to x.
+// line, in order), and on it topk, argsort and sort; take_along_axis (ops/along_axis.hpp) picks x's
+// entries by such indices, and carries the gradient of the sorted values back to x.
 #pragma once
 #include <algorithm>
 #include <bit>
@@ -13,6 +13,7 @@
 
 #include "../backend/cpu/parallel.hpp"
 #include "../eager/dispatch.hpp"
+#include "along_axis.hpp"
 #include "binary.hpp"
 #include "check_range.hpp"
 #include "gather.hpp"
@@ -182,50 +183,6 @@ struct TopKIndices {
 
 }  // namespace ops
 
-namespace detail {
-/// take_along_axis for valid indices: i64, in [0, extent), of x's rank and x's extents but along
-/// axis `ax` (normalized). x's flat offsets (o * n + idx) * inner + i, gathered.
-inline Tensor take_along_axis_at(const Tensor& x, const Tensor& idx, int ax, const std::source_location& loc) {
-  const AxisSplit xs = axis_split(x.shape(), ax);
-  const std::int64_t m = idx.shape()[ax];
-  const DevicePin on(x.device());  // the offsets go where x is
-  const std::int64_t row = std::max<std::int64_t>(1, xs.n * xs.inner);  // (1 where x is empty)
-  const Tensor rows = reshape(arange_i64(0, xs.outer * row, row, loc), Shape{xs.outer, 1, 1}, loc);
-  const Tensor cols = reshape(arange_i64(0, xs.inner, 1, loc), Shape{1, 1, xs.inner}, loc);
-  const Tensor flat = reshape(idx, Shape{xs.outer, m, xs.inner}, loc) * xs.inner + rows + cols;
-  const Tensor y = gather(reshape(x, Shape{x.numel()}, loc), reshape(flat, Shape{flat.numel()}, loc), 0, loc);
-  return reshape(y, idx.shape(), loc);
-}
-}  // namespace detail
-
-/// The entries of x along `axis` at `indices` (NumPy's take_along_axis, PyTorch's gather):
-/// indices (i32 or i64, negative counting from the end) has x's rank and x's extents except
-/// along the axis, and the result has its shape: y[..., j, ...] = x[..., indices[..., j, ...], ...].
-/// An index out of range is a ValueError (on a GPU, at the next wait). Differentiable in x (the
-/// gradient is added back at the indices, repeated ones accumulating).
-inline Tensor take_along_axis(const Tensor& x, const Tensor& indices, std::int64_t axis,
-                              std::source_location loc = std::source_location::current()) {
-  constexpr std::string_view op = "take_along_axis";
-  detail::require_defined(x, op, loc);
-  detail::require_defined(indices, op, loc);
-  ops::require_dtype(indices.dtype() == DType::i32 || indices.dtype() == DType::i64, op, indices.dtype(),
-                     "i32 or i64 indices", loc);
-  const int ax = normalize_axis(axis, x.rank(), op, loc);
-  bool same = indices.rank() == x.rank();
-  for (int d = 0; same && d < x.rank(); ++d) same = d == ax || indices.shape()[d] == x.shape()[d];
-  if (SC_UNLIKELY(!same))
-    detail::fail<ShapeError>(op, loc, "indices of shape ", indices.shape(), " must match x's shape ", x.shape(),
-                             " except along axis ", axis);
-  // Indices on the host are checked now (the error at the user's line); others (traced, or on a GPU)
-  // by a check_range op when they exist.
-  ops::layout::require_indices_in_range(op, indices, x.shape(), ax, axis, loc);
-  const std::int64_t n = x.shape()[ax];
-  const detail::DevicePin on(x.device());
-  Tensor idx = indices.astype(DType::i64);
-  if (indices.is_symbolic() || !indices.device().is_cpu()) idx = detail::check_range(idx, -n, n, loc, op);
-  return detail::take_along_axis_at(x, where(idx < std::int64_t{0}, idx + n, idx, loc), ax, loc);
-}
-
 /// topk's result: the k values of each line and their indices (i64) along the axis.
 struct TopK {
   Tensor values;
@@ -243,7 +200,7 @@ inline TopK topk(const Tensor& x, std::int64_t k, std::int64_t axis = -1, bool l
   a.i0 = k;
   a.flag = largest;
   Tensor idx = detail::dispatch<ops::TopKIndices>({&x, 1}, a, loc);
-  Tensor values = detail::take_along_axis_at(x, idx, normalize_axis(axis, x.rank(), "topk", loc), loc);
+  Tensor values = take_along_axis(x, idx, axis, loc);
   return {std::move(values), std::move(idx)};
 }
 
@@ -265,7 +222,7 @@ inline Tensor sort(const Tensor& x, std::int64_t axis = -1, bool descending = fa
                    std::source_location loc = std::source_location::current()) {
   detail::require_defined(x, "sort", loc);
   const Tensor order = argsort(x, axis, descending, loc);  // (x has rank >= 1 past it)
-  return detail::take_along_axis_at(x, order, normalize_axis(axis, x.rank(), "sort", loc), loc);
+  return take_along_axis(x, order, axis, loc);
 }
 
 }  // namespace stagecraft

@@ -283,6 +283,18 @@ Status gather(int itemsize, DT index_dt, const void* x, const void* ix, void* y,
 /// recorded as gather's.
 Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y, std::int64_t outer,
                    std::int64_t E, std::int64_t inner, std::int64_t N, Fault* fault, std::int32_t tag, Stream s) noexcept;
+/// y [outer, M, inner] = x [outer, E, inner] picked along the middle axis by ix (i32 or i64, of y's
+/// shape: an index per element, negative counting from the end), elements of itemsize 1, 4 or 8
+/// bytes; an index out of range gives 0 and is recorded in `fault` with `tag`.
+Status take_along_axis(int itemsize, DT index_dt, const void* x, const void* ix, void* y, std::int64_t outer,
+                       std::int64_t E, std::int64_t inner, std::int64_t M, Fault* fault, std::int32_t tag,
+                       Stream s) noexcept;
+/// y = x [outer, E, inner] plus updates [outer, M, inner] added at ix (of the updates' shape) along
+/// the middle axis, one thread a column adding in index order (deterministic); an index out of
+/// range is dropped and recorded as take_along_axis's.
+Status add_along_axis(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y,
+                      std::int64_t outer, std::int64_t E, std::int64_t inner, std::int64_t M, Fault* fault,
+                      std::int32_t tag, Stream s) noexcept;
 /// softmax_cross_entropy over logits [N, C] (f32/f64) and labels [N] (i32/i64): y (a scalar of dt) =
 /// the mean over rows of log(sum(exp(z))) - z[label], z = the row minus its shift (its max, 0 when
 /// not finite), as ops::SoftmaxCrossEntropy; a warp per row, the rows' values summed in double in a

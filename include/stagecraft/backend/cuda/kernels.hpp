@@ -695,6 +695,30 @@ inline void scatter_add(const Tensor& x, const Tensor& idx, const Tensor& update
         d, op, loc);
 }
 
+/// y [outer, M, inner] = x [outer, E, inner] picked by idx (an index per element) along the middle
+/// axis; indices on the GPU are checked by the kernel, which records a bad one for the next wait.
+inline void take_along_axis(const Tensor& x, const Tensor& idx, Tensor& y, std::int64_t outer, std::int64_t E,
+                            std::int64_t inner, std::int64_t M, std::int64_t axis, std::string_view op,
+                            const std::source_location& loc) {
+  const Device d = y.device();
+  std::int32_t tag = 0;
+  abi::Fault* fault = fault_site(d, op, loc, axis, x.shape(), tag);
+  check(abi::take_along_axis(static_cast<int>(itemsize(x.dtype())), dt(idx.dtype()), x.raw_data(), idx.raw_data(),
+                             y.raw_data(), outer, E, inner, M, fault, tag, stream(d, op, loc)),
+        d, op, loc);
+}
+/// y = x with updates added at idx (an index per update) along the middle axis of [outer, E, inner].
+inline void add_along_axis(const Tensor& x, const Tensor& idx, const Tensor& updates, Tensor& y, std::int64_t outer,
+                           std::int64_t E, std::int64_t inner, std::int64_t M, std::int64_t axis, std::string_view op,
+                           const std::source_location& loc) {
+  const Device d = y.device();
+  std::int32_t tag = 0;
+  abi::Fault* fault = fault_site(d, op, loc, axis, x.shape(), tag);
+  check(abi::add_along_axis(dt(x.dtype()), dt(idx.dtype()), x.raw_data(), idx.raw_data(), updates.raw_data(),
+                            y.raw_data(), outer, E, inner, M, fault, tag, stream(d, op, loc)),
+        d, op, loc);
+}
+
 /// cols = im2col(x) over the window g (cols [N, C*kh*kw, Ho*Wo], both on one device).
 inline void im2col(const Tensor& x, Tensor& cols, const abi::ConvGeometry& g, std::string_view op,
                    const std::source_location& loc) {

@@ -1,0 +1,176 @@
+// take_along_axis and add_along_axis (ops/along_axis.hpp) against plain loops written here: every
+// dtype, every axis of rank 1-3, i32 and negative indices, repeats (accumulating in index order),
+// columns wider than the CPU's 256-column blocks, the threads; gradients by central differences,
+// traced equal to eager; errors naming the op, the shapes and the user's line.
+#include <catch2/catch.hpp>
+#include <stagecraft/stagecraft.hpp>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "testing.hpp"
+
+using sctest::error_of;
+
+namespace {
+
+struct Split {
+  std::int64_t outer = 1, n = 1, inner = 1;
+};
+Split split(const sc::Shape& s, int axis) {
+  Split r;
+  for (int d = 0; d < axis; ++d) r.outer *= s[d];
+  r.n = s[axis];
+  for (int d = axis + 1; d < s.rank(); ++d) r.inner *= s[d];
+  return r;
+}
+
+/// Indices in [-n, n) (negative ones count from the end), long runs of one value when `runs`.
+std::vector<std::int64_t> random_indices(std::int64_t count, std::int64_t n, unsigned seed, bool runs) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<std::int64_t> pick(-n, n - 1);
+  std::vector<std::int64_t> v(static_cast<std::size_t>(count));
+  std::int64_t cur = pick(gen);
+  for (auto& e : v) {
+    if (!runs || gen() % 8 == 0) cur = pick(gen);
+    e = cur;
+  }
+  return v;
+}
+
+/// y[o, m, i] = x[o, idx[o, m, i], i] by three loops.
+std::vector<double> take_ref(const std::vector<double>& x, const sc::Shape& xs, const std::vector<std::int64_t>& idx,
+                             std::int64_t m, int axis) {
+  const Split s = split(xs, axis);
+  std::vector<double> y(static_cast<std::size_t>(s.outer * m * s.inner));
+  for (std::int64_t o = 0; o < s.outer; ++o)
+    for (std::int64_t k = 0; k < m; ++k)
+      for (std::int64_t i = 0; i < s.inner; ++i) {
+        const std::size_t e = static_cast<std::size_t>((o * m + k) * s.inner + i);
+        const std::int64_t j = idx[e] < 0 ? idx[e] + s.n : idx[e];
+        y[e] = x[static_cast<std::size_t>((o * s.n + j) * s.inner + i)];
+      }
+  return y;
+}
+
+/// x with u[o, m, i] added at x[o, idx[o, m, i], i], in the order of m.
+std::vector<double> add_ref(std::vector<double> x, const sc::Shape& xs, const std::vector<std::int64_t>& idx,
+                            const std::vector<double>& u, std::int64_t m, int axis) {
+  const Split s = split(xs, axis);
+  for (std::int64_t o = 0; o < s.outer; ++o)
+    for (std::int64_t k = 0; k < m; ++k)
+      for (std::int64_t i = 0; i < s.inner; ++i) {
+        const std::size_t e = static_cast<std::size_t>((o * m + k) * s.inner + i);
+        const std::int64_t j = idx[e] < 0 ? idx[e] + s.n : idx[e];
+        x[static_cast<std::size_t>((o * s.n + j) * s.inner + i)] += u[e];
+      }
+  return x;
+}
+
+sc::Tensor index_tensor(const std::vector<std::int64_t>& v, const sc::Shape& s, sc::DType d) {
+  return sc::tensor(v, s).astype(d);
+}
+
+}  // namespace
+
+TEST_CASE("take_along_axis and add_along_axis equal plain loops: dtypes, axes, i32 and negative indices",
+          "[along_axis]") {
+  const std::vector<sc::Shape> shapes = {{7}, {5, 6}, {3, 4, 5}, {2, 3, 300}, {600, 3}, {1, 2000}};
+  unsigned seed = 1;
+  for (const sc::Shape& xs : shapes)
+    for (int axis = 0; axis < xs.rank(); ++axis)
+      for (const std::int64_t m : {std::int64_t{1}, xs[axis], xs[axis] + 3})
+        for (const bool runs : {false, true})
+          for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64})
+            for (sc::DType id : {sc::i32, sc::i64}) {
+              sc::Shape is = xs;
+              is[axis] = m;
+              INFO("x " << sctest::str(xs) << " axis " << axis << " indices " << sctest::str(is) << " dtype "
+                        << sc::name(d) << " index " << sc::name(id) << (runs ? " runs" : ""));
+              const std::vector<double> xv = sctest::small_values<double>(xs.numel(), ++seed, 9, 1);
+              const std::vector<double> uv = sctest::small_values<double>(is.numel(), ++seed, 9, 1);
+              const std::vector<std::int64_t> iv = random_indices(is.numel(), xs[axis], ++seed, runs);
+              const sc::Tensor x = sc::tensor(xv, xs).astype(d), u = sc::tensor(uv, is).astype(d);
+              const sc::Tensor idx = index_tensor(iv, is, id);
+              const sc::Tensor taken = sc::take_along_axis(x, idx, axis);
+              CHECK(taken.shape() == is);
+              CHECK(taken.dtype() == d);
+              CHECK(taken.astype(sc::f64).to_vector<double>() == take_ref(xv, xs, iv, m, axis));
+              const sc::Tensor added = sc::add_along_axis(x, idx, u, axis - xs.rank());  // a negative axis
+              CHECK(added.shape() == xs);
+              CHECK(added.astype(sc::f64).to_vector<double>() == add_ref(xv, xs, iv, uv, m, axis));
+            }
+}
+
+TEST_CASE("add_along_axis sums repeats in index order, and bool take_along_axis moves bytes", "[along_axis]") {
+  // 0.1 + 1e8 - 1e8 depends on the order: index order gives 0 exactly for the f32 column
+  const sc::Tensor x = sc::zeros({2, 3});
+  const sc::Tensor idx = sc::tensor({{1, 1, 1}, {0, 2, 0}}).astype(sc::i64);
+  const sc::Tensor u = sc::tensor({{1e8f, 0.1f, -1e8f}, {1.f, 2.f, 3.f}});
+  CHECK(sc::add_along_axis(x, idx, u, 1).to_vector<float>() == std::vector<float>{0, (1e8f + 0.1f) - 1e8f, 0, 4, 0, 2});
+  const sc::Tensor b = sc::tensor({{true, false}, {false, true}});
+  CHECK(sc::take_along_axis(b, sc::tensor({{1, 1, 0}, {1, 0, 0}}), 1).astype(sc::i32).to_vector<std::int32_t>() ==
+        std::vector<std::int32_t>{0, 0, 1, 1, 0, 0});
+  // empty pieces
+  CHECK(sc::add_along_axis(x, sc::zeros({2, 0}, sc::i64), sc::zeros({2, 0}), 1).to_vector<float>() ==
+        std::vector<float>(6, 0.f));
+  CHECK(sc::take_along_axis(sc::zeros({0, 3}), sc::zeros({0, 2}, sc::i32), 1).shape() == sc::Shape{0, 2});
+}
+
+TEST_CASE("take_along_axis and add_along_axis: gradients by central differences, traced equal to eager",
+          "[along_axis][grad]") {
+  const sc::Tensor x = sc::random::normal({4, 5}, 31).astype(sc::f64);
+  const sc::Tensor u = sc::random::normal({4, 3}, 32).astype(sc::f64);
+  const sc::Tensor w = sc::random::normal({4, 5}, 33).astype(sc::f64);
+  const sc::Tensor idx = sc::tensor({{0, 4, 0}, {2, 2, 2}, {-1, 1, 3}, {1, 0, -5}}).astype(sc::i64);
+  const auto f = [&](const std::vector<sc::Tensor>& in) {
+    return sc::add_along_axis(in[0] * in[0], idx, sc::tanh(in[1]), 1) * w + sc::sum(sc::take_along_axis(in[0], idx, 1));
+  };
+  const auto r = sc::check_gradients(f, {x, u});
+  INFO(r.report);
+  CHECK(r.ok);
+  auto traced = sc::function([&](const sc::Tensor& a, const sc::Tensor& b) { return f({a, b}); });
+  CHECK(traced(x, u).to_vector<double>() == f({x, u}).to_vector<double>());
+  // along axis 0, f32
+  const sc::Tensor x0 = sc::random::normal({3, 4}, 34);
+  const sc::Tensor i0 = sc::tensor({{2, 0, 0, 1}, {2, 2, 1, 0}});
+  const auto r0 = sc::check_gradients(
+      [&](const std::vector<sc::Tensor>& in) { return sc::exp(sc::take_along_axis(in[0], i0, 0) * 0.5f); },
+      {x0.astype(sc::f64)});
+  INFO(r0.report);
+  CHECK(r0.ok);
+}
+
+TEST_CASE("add_along_axis: errors name the op, the shapes and the user's line", "[along_axis][errors]") {
+  const sc::Tensor x = sc::zeros({2, 3});
+  const sc::Tensor idx = sc::tensor({{0, 2}, {1, 1}}).astype(sc::i64);
+  int line = __LINE__ + 1;
+  std::string msg = error_of<sc::ValueError>([&] { (void)sc::add_along_axis(x, sc::tensor({{0, 3}, {1, 1}}), sc::ones({2, 2}), 1); });
+  CHECK_THAT(msg, Catch::Contains("[add_along_axis]") && Catch::Contains("index 3") &&
+                      Catch::Contains("test_along_axis.cpp:" + std::to_string(line)));
+  line = __LINE__ + 1;
+  msg = error_of<sc::ShapeError>([&] { (void)sc::add_along_axis(x, idx, sc::ones({2, 3}), 1); });
+  CHECK_THAT(msg, Catch::Contains("[add_along_axis]") && Catch::Contains("[2, 3]") && Catch::Contains("[2, 2]") &&
+                      Catch::Contains("test_along_axis.cpp:" + std::to_string(line)));
+  msg = error_of<sc::ShapeError>([&] { (void)sc::add_along_axis(x, sc::zeros({3, 2}, sc::i64), sc::ones({3, 2}), 1); });
+  CHECK_THAT(msg, Catch::Contains("[add_along_axis]") && Catch::Contains("except along axis 1"));
+  msg = error_of<sc::DTypeError>([&] { (void)sc::add_along_axis(x, idx, sc::ones({2, 2}, sc::f64), 1); });
+  CHECK_THAT(msg, Catch::Contains("[add_along_axis]") && Catch::Contains("f64") && Catch::Contains("f32"));
+  msg = error_of<sc::DTypeError>([&] { (void)sc::add_along_axis(x, sc::ones({2, 2}), sc::ones({2, 2}), 1); });
+  CHECK_THAT(msg, Catch::Contains("[add_along_axis]") && Catch::Contains("indices"));
+  msg = error_of<sc::DTypeError>([&] {
+    (void)sc::add_along_axis(sc::zeros({2, 3}, sc::boolean), idx, sc::zeros({2, 2}, sc::boolean), 1);
+  });
+  CHECK_THAT(msg, Catch::Contains("[add_along_axis]") && Catch::Contains("bool"));
+  msg = error_of<sc::ShapeError>([&] { (void)sc::add_along_axis(x, idx, sc::ones({2, 2}), 2); });
+  CHECK_THAT(msg, Catch::Contains("[add_along_axis]") && Catch::Contains("axis 2"));
+  // traced: the indices are checked when the plan runs, nothing written out of bounds
+  auto add = sc::function([](const sc::Tensor& a, const sc::Tensor& i, const sc::Tensor& v) {
+    return sc::add_along_axis(a, i, v, 1);
+  });
+  CHECK(add(x, idx, sc::ones({2, 2})).to_vector<float>() == std::vector<float>{1, 0, 1, 0, 2, 0});
+  msg = error_of<sc::ValueError>([&] { (void)add(x, sc::tensor({{0, -4}, {1, 1}}), sc::ones({2, 2})); });
+  CHECK_THAT(msg, Catch::Contains("[add_along_axis]") && Catch::Contains("index -4"));
+}
