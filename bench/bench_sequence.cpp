@@ -1,5 +1,5 @@
-// Sequence and selection ops side by side in one run: topk, sort, cumsum and scaled dot-product
-// attention (f32), each as
+// Sequence and selection ops side by side in one run: topk, sort, cumsum, scaled dot-product
+// attention, take_along_axis and add_along_axis (f32), each as
 //   <op>/stagecraft         the eager call
 //   <op>/stagecraft_staged  the same call traced once by sc::function
 //   <op>/hand_loop          the limit: plain loops (OpenMP over rows), for attention OpenBLAS's
@@ -7,7 +7,10 @@
 //   <op>/libtorch           LibTorch's call (attention: matmul, softmax, matmul, as 1.13 has no
 //                           fused attention in C++)
 // Shapes: topk 256 rows of 1000 scores, k = 5 (a classifier's top-5); sort 64 rows of 4096;
-// cumsum 512 rows of 1024 along the rows; attention q, k, v [8, 8, 128, 64] (batch, heads, T, D).
+// cumsum 512 rows of 1024 along the rows; attention q, k, v [8, 8, 128, 64] (batch, heads, T, D);
+// take_along_axis and add_along_axis [512, 1024] with random i64 indices of that shape, along the
+// rows (axis 1, "rows") and down the columns (axis 0, "cols"); add_along_axis's x is zero and its
+// result new each time (LibTorch: scatter_add, not in place).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -19,6 +22,67 @@
 #include "bench_common.hpp"
 
 #include <stagecraft/nn/attention.hpp>
+
+// ---- take_along_axis, add_along_axis -------------------------------------------------------------
+
+const sc::Shape along_shape{512, 1024};
+/// Random indices in [0, extent of `axis`) of along_shape.
+sc::Tensor along_indices(int axis) {
+  return sc::floor(sc::random::uniform(along_shape, 0.0, static_cast<double>(along_shape[axis]), 7)).astype(sc::i64);
+}
+void take_sc(benchmark::State& state, int axis) {
+  const sc::Tensor x = bench::input(along_shape, 8), idx = along_indices(axis);
+  for (auto _ : state) benchmark::DoNotOptimize(sc::take_along_axis(x, idx, axis).raw_data());
+}
+void add_sc(benchmark::State& state, int axis) {
+  const sc::Tensor x = sc::zeros(along_shape), u = bench::input(along_shape, 9), idx = along_indices(axis);
+  for (auto _ : state) benchmark::DoNotOptimize(sc::add_along_axis(x, idx, u, axis).raw_data());
+}
+/// Rows over threads (axis 1), or row blocks of the result (axis 0): y = x picked per element.
+void take_hand(benchmark::State& state, int axis) {
+  const std::vector<float> x = bench::input(along_shape, 8).to_vector<float>();
+  const std::vector<std::int64_t> idx = along_indices(axis).to_vector<std::int64_t>();
+  const std::int64_t rows = along_shape[0], n = along_shape[1];
+  std::vector<float> y(x.size());
+  for (auto _ : state) {
+#pragma omp parallel for
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < n; ++j) {
+        const std::size_t e = static_cast<std::size_t>(r * n + j);
+        y[e] = axis == 1 ? x[static_cast<std::size_t>(r * n + idx[e])] : x[static_cast<std::size_t>(idx[e] * n + j)];
+      }
+    benchmark::DoNotOptimize(y.data());
+  }
+}
+/// y = x, then each update added at its index: rows over threads (axis 1); for axis 0 column
+/// blocks over threads, each walking the rows (no two threads write one element).
+void add_hand(benchmark::State& state, int axis) {
+  const std::vector<float> x(static_cast<std::size_t>(along_shape.numel()), 0.f);
+  const std::vector<float> u = bench::input(along_shape, 9).to_vector<float>();
+  const std::vector<std::int64_t> idx = along_indices(axis).to_vector<std::int64_t>();
+  const std::int64_t rows = along_shape[0], n = along_shape[1];
+  std::vector<float> y(x.size());
+  for (auto _ : state) {
+    std::copy(x.begin(), x.end(), y.begin());
+    if (axis == 1) {
+#pragma omp parallel for
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t j = 0; j < n; ++j) {
+          const std::size_t e = static_cast<std::size_t>(r * n + j);
+          y[static_cast<std::size_t>(r * n + idx[e])] += u[e];
+        }
+    } else {
+#pragma omp parallel for
+      for (std::int64_t c0 = 0; c0 < n; c0 += 64)
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t j = c0; j < std::min(n, c0 + 64); ++j) {
+            const std::size_t e = static_cast<std::size_t>(r * n + j);
+            y[static_cast<std::size_t>(idx[e] * n + j)] += u[e];
+          }
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+}
 
 #if STAGECRAFT_BENCH_TORCH
 #include <torch/torch.h>
@@ -173,6 +237,20 @@ void attention_hand(benchmark::State& state) {
 }
 
 #if STAGECRAFT_BENCH_TORCH
+/// LibTorch's view of an i64 stagecraft tensor (as_torch's, for indices).
+at::Tensor as_torch_i64(const sc::Tensor& t) {
+  return at::from_blob(t.raw_data(), {t.shape()[0], t.shape()[1]}, at::TensorOptions().dtype(at::kLong));
+}
+void take_torch(benchmark::State& state, int axis) {
+  const sc::Tensor x = bench::input(along_shape, 8), idx = along_indices(axis);
+  const at::Tensor tx = bench::as_torch(x), ti = as_torch_i64(idx);
+  for (auto _ : state) benchmark::DoNotOptimize(torch::gather(tx, axis, ti).data_ptr());
+}
+void add_torch(benchmark::State& state, int axis) {
+  const sc::Tensor x = sc::zeros(along_shape), u = bench::input(along_shape, 9), idx = along_indices(axis);
+  const at::Tensor tx = bench::as_torch(x), tu = bench::as_torch(u), ti = as_torch_i64(idx);
+  for (auto _ : state) benchmark::DoNotOptimize(tx.scatter_add(axis, ti, tu).data_ptr());
+}
 void topk_torch(benchmark::State& state) {
   const sc::Tensor x = bench::input(topk_shape, 1);
   const at::Tensor tx = bench::as_torch(x);
@@ -197,6 +275,14 @@ void attention_torch(benchmark::State& state) {
 }
 #endif
 
+BENCHMARK_CAPTURE(take_sc, rows, 1)->Name("take_along_axis/rows/stagecraft")->UseRealTime();
+BENCHMARK_CAPTURE(take_hand, rows, 1)->Name("take_along_axis/rows/hand_loop")->UseRealTime();
+BENCHMARK_CAPTURE(take_sc, cols, 0)->Name("take_along_axis/cols/stagecraft")->UseRealTime();
+BENCHMARK_CAPTURE(take_hand, cols, 0)->Name("take_along_axis/cols/hand_loop")->UseRealTime();
+BENCHMARK_CAPTURE(add_sc, rows, 1)->Name("add_along_axis/rows/stagecraft")->UseRealTime();
+BENCHMARK_CAPTURE(add_hand, rows, 1)->Name("add_along_axis/rows/hand_loop")->UseRealTime();
+BENCHMARK_CAPTURE(add_sc, cols, 0)->Name("add_along_axis/cols/stagecraft")->UseRealTime();
+BENCHMARK_CAPTURE(add_hand, cols, 0)->Name("add_along_axis/cols/hand_loop")->UseRealTime();
 BENCHMARK(topk_sc)->Name("topk/stagecraft")->UseRealTime();
 BENCHMARK(topk_sc_staged)->Name("topk/stagecraft_staged")->UseRealTime();
 BENCHMARK(topk_hand)->Name("topk/hand_loop")->UseRealTime();
@@ -211,6 +297,10 @@ BENCHMARK(attention_sc_staged)->Name("attention/stagecraft_staged")->UseRealTime
 BENCHMARK(attention_hand)->Name("attention/hand_loop")->UseRealTime();
 #if STAGECRAFT_BENCH_TORCH
 BENCHMARK(topk_torch)->Name("topk/libtorch")->UseRealTime();
+BENCHMARK_CAPTURE(take_torch, rows, 1)->Name("take_along_axis/rows/libtorch")->UseRealTime();
+BENCHMARK_CAPTURE(take_torch, cols, 0)->Name("take_along_axis/cols/libtorch")->UseRealTime();
+BENCHMARK_CAPTURE(add_torch, rows, 1)->Name("add_along_axis/rows/libtorch")->UseRealTime();
+BENCHMARK_CAPTURE(add_torch, cols, 0)->Name("add_along_axis/cols/libtorch")->UseRealTime();
 BENCHMARK(sort_torch)->Name("sort/libtorch")->UseRealTime();
 BENCHMARK(cumsum_torch)->Name("cumsum/libtorch")->UseRealTime();
 BENCHMARK(attention_torch)->Name("attention/libtorch")->UseRealTime();

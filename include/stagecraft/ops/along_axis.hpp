@@ -30,20 +30,6 @@ inline void require_along_axis_shape(std::string_view op, const Shape& xs, const
     detail::fail<ShapeError>(op, loc, "indices of shape ", is, " must match x's shape ", xs, " except along axis ", axis);
 }
 
-/// Runs f(o, i0, w) over the columns of [outer, *, inner] in units of one outer index and up to
-/// 256 inner positions, split over threads (each unit owns its columns: no two threads meet).
-template <class F>
-void for_column_blocks(std::int64_t outer, std::int64_t inner, std::int64_t steps, F&& f) {
-  constexpr std::int64_t block = 256;
-  const std::int64_t blocks = (inner + block - 1) / block;
-  backend::cpu::parallel_rows(outer * blocks, steps * std::min(inner, block), backend::cpu::grain_cheap,
-                              [&](std::int64_t ub, std::int64_t ue) {
-    for (std::int64_t u = ub; u < ue; ++u) {
-      const std::int64_t o = u / blocks, i0 = (u % blocks) * block;
-      f(o, i0, std::min(inner, i0 + block) - i0);
-    }
-  });
-}
 }  // namespace layout
 
 /// y[o, j, i] = x[o, indices[o, j, i], i] along attrs.axis (negative indices count from the end):
@@ -190,7 +176,7 @@ struct AddAlongAxis {
           });
           return;
         }
-        layout::for_column_blocks(sp.outer, inner, M, [&](std::int64_t o, std::int64_t i0, std::int64_t w) {
+        backend::cpu::parallel_column_blocks(sp.outer, inner, M, backend::cpu::grain_cheap, [&](std::int64_t o, std::int64_t i0, std::int64_t w) {
           T* yo = y + o * E * inner + i0;
           for (std::int64_t k = 0; k < M; ++k) {
             const std::int64_t row = (o * M + k) * inner + i0;

@@ -82,32 +82,26 @@ void run(const S& s, typename S::Out* y, const AxisSplit& sp, bool exclusive, bo
     });
     return;
   }
-  constexpr std::int64_t block = 256;
-  const std::int64_t blocks = (inner + block - 1) / block;
-  backend::cpu::parallel_rows(outer * blocks, n * std::min(inner, block), block_grain,
-                              [&](std::int64_t ub, std::int64_t ue) {
-    State st[block];
-    for (std::int64_t u = ub; u < ue; ++u) {
-      const std::int64_t o = u / blocks, i0 = (u % blocks) * block, w = std::min(inner, i0 + block) - i0;
-      const std::int64_t base = o * n * inner + i0;
-      for (std::int64_t j = 0; j < n; ++j) {
-        const std::int64_t k = reverse ? n - 1 - j : j, row = base + k * inner;
-        auto* yk = y + row;
-        if (j == 0) {
-          for (std::int64_t i = 0; i < w; ++i) {
-            st[i] = s.element(row + i, k);
-            yk[i] = exclusive ? S::out(S::identity()) : S::out(st[i]);
-          }
-        } else if (exclusive) {
-          for (std::int64_t i = 0; i < w; ++i) {
-            yk[i] = S::out(st[i]);
-            st[i] = advance(s, st[i], row + i, k);
-          }
-        } else {
-          for (std::int64_t i = 0; i < w; ++i) {
-            st[i] = advance(s, st[i], row + i, k);
-            yk[i] = S::out(st[i]);
-          }
+  backend::cpu::parallel_column_blocks(outer, inner, n, block_grain, [&](std::int64_t o, std::int64_t i0, std::int64_t w) {
+    State st[backend::cpu::column_block];
+    const std::int64_t base = o * n * inner + i0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t k = reverse ? n - 1 - j : j, row = base + k * inner;
+      auto* yk = y + row;
+      if (j == 0) {
+        for (std::int64_t i = 0; i < w; ++i) {
+          st[i] = s.element(row + i, k);
+          yk[i] = exclusive ? S::out(S::identity()) : S::out(st[i]);
+        }
+      } else if (exclusive) {
+        for (std::int64_t i = 0; i < w; ++i) {
+          yk[i] = S::out(st[i]);
+          st[i] = advance(s, st[i], row + i, k);
+        }
+      } else {
+        for (std::int64_t i = 0; i < w; ++i) {
+          st[i] = advance(s, st[i], row + i, k);
+          yk[i] = S::out(st[i]);
         }
       }
     }
@@ -174,40 +168,37 @@ void logcumsumexp_line(const T* x, T* y, std::int64_t n, bool exclusive, bool re
 template <class T>
 void logcumsumexp_strided(const T* x, T* y, const AxisSplit& sp, bool exclusive, bool reverse, std::int64_t grain) {
   using B = xsimd::batch<T>;
-  constexpr std::int64_t L = static_cast<std::int64_t>(B::size), block = 256;
+  constexpr std::int64_t L = static_cast<std::int64_t>(B::size);
   constexpr T ninf = -std::numeric_limits<T>::infinity();
-  const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner, blocks = (inner + block - 1) / block;
-  backend::cpu::parallel_rows(outer * blocks, n * std::min(inner, block), grain, [&](std::int64_t ub, std::int64_t ue) {
-    alignas(64) T st[block], buf[block];
-    for (std::int64_t u = ub; u < ue; ++u) {
-      const std::int64_t o = u / blocks, i0 = (u % blocks) * block, w = std::min(inner, i0 + block) - i0;
-      const std::int64_t wp = (w + L - 1) / L * L, base = o * n * inner + i0;
-      for (std::int64_t j = 0; j < n; ++j) {
-        const std::int64_t row = base + (reverse ? n - 1 - j : j) * inner;
-        const T* xk = x + row;
-        T* yk = y + row;
-        if (j == 0) {
-          for (std::int64_t i = 0; i < w; ++i) {
-            st[i] = xk[i];
-            yk[i] = exclusive ? ninf : xk[i];
-          }
-          for (std::int64_t i = w; i < wp; ++i) st[i] = 0;
-          continue;
+  const std::int64_t n = sp.n, inner = sp.inner;
+  backend::cpu::parallel_column_blocks(sp.outer, inner, n, grain, [&](std::int64_t o, std::int64_t i0, std::int64_t w) {
+    alignas(64) T st[backend::cpu::column_block], buf[L];
+    const std::int64_t wp = (w + L - 1) / L * L, base = o * n * inner + i0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t row = base + (reverse ? n - 1 - j : j) * inner;
+      const T* xk = x + row;
+      T* yk = y + row;
+      if (j == 0) {
+        for (std::int64_t i = 0; i < w; ++i) {
+          st[i] = xk[i];
+          yk[i] = exclusive ? ninf : xk[i];
         }
-        if (exclusive) std::copy(st, st + w, yk);
-        for (std::int64_t i = 0; i < wp; i += L) {
-          B v;
-          if (i + L <= w) {
-            v = B::load_unaligned(xk + i);
-          } else {  // the last lanes: padded through buf
-            std::copy(xk + i, xk + w, buf);
-            std::fill(buf + (w - i), buf + L, T(0));
-            v = B::load_aligned(buf);
-          }
-          log_add_exp_batch(B::load_aligned(st + i), v).store_aligned(st + i);
-        }
-        if (!exclusive) std::copy(st, st + w, yk);
+        for (std::int64_t i = w; i < wp; ++i) st[i] = 0;
+        continue;
       }
+      if (exclusive) std::copy(st, st + w, yk);
+      for (std::int64_t i = 0; i < wp; i += L) {
+        B v;
+        if (i + L <= w) {
+          v = B::load_unaligned(xk + i);
+        } else {  // the last lanes: padded through buf
+          std::copy(xk + i, xk + w, buf);
+          std::fill(buf + (w - i), buf + L, T(0));
+          v = B::load_aligned(buf);
+        }
+        log_add_exp_batch(B::load_aligned(st + i), v).store_aligned(st + i);
+      }
+      if (!exclusive) std::copy(st, st + w, yk);
     }
   });
 }
@@ -240,30 +231,25 @@ void cum_arg(const T* x, std::int64_t* y, const AxisSplit& sp, bool reverse) {
     });
     return;
   }
-  constexpr std::int64_t block = 256;
-  const std::int64_t blocks = (inner + block - 1) / block;
-  backend::cpu::parallel_rows(outer * blocks, n * std::min(inner, block), backend::cpu::grain_cheap,
-                              [&](std::int64_t ub, std::int64_t ue) {
-    T best[block];
-    std::int64_t at[block];
-    for (std::int64_t u = ub; u < ue; ++u) {
-      const std::int64_t o = u / blocks, i0 = (u % blocks) * block, w = std::min(inner, i0 + block) - i0;
-      const std::int64_t base = o * n * inner + i0;
-      for (std::int64_t j = 0; j < n; ++j) {
-        const std::int64_t k = reverse ? n - 1 - j : j, row = base + k * inner;
-        const T* xk = x + row;
-        std::int64_t* yk = y + row;
-        if (j == 0) {
-          for (std::int64_t i = 0; i < w; ++i) best[i] = xk[i], at[i] = k, yk[i] = k;
-          continue;
-        }
-        for (std::int64_t i = 0; i < w; ++i) {
-          const T v = xk[i];
-          const bool up = Steps::beats(v, best[i]);
-          best[i] = up ? v : best[i];
-          at[i] = up ? k : at[i];
-          yk[i] = at[i];
-        }
+  backend::cpu::parallel_column_blocks(outer, inner, n, backend::cpu::grain_cheap,
+                                       [&](std::int64_t o, std::int64_t i0, std::int64_t w) {
+    T best[backend::cpu::column_block];
+    std::int64_t at[backend::cpu::column_block];
+    const std::int64_t base = o * n * inner + i0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t k = reverse ? n - 1 - j : j, row = base + k * inner;
+      const T* xk = x + row;
+      std::int64_t* yk = y + row;
+      if (j == 0) {
+        for (std::int64_t i = 0; i < w; ++i) best[i] = xk[i], at[i] = k, yk[i] = k;
+        continue;
+      }
+      for (std::int64_t i = 0; i < w; ++i) {
+        const T v = xk[i];
+        const bool up = Steps::beats(v, best[i]);
+        best[i] = up ? v : best[i];
+        at[i] = up ? k : at[i];
+        yk[i] = at[i];
       }
     }
   });

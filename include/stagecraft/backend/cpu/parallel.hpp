@@ -256,6 +256,26 @@ void parallel_rows(std::int64_t rows, std::int64_t row_work, std::int64_t grain,
   else detail_parallel::call_range<F>(ctx, 0, rows);
 }
 
+/// The widest unit parallel_column_blocks hands out.
+inline constexpr std::int64_t column_block = 256;
+
+/// Runs f(o, i0, w) over the columns of a [outer, steps, inner] array in units of one outer index
+/// and up to column_block inner positions (w of them from i0), over threads as parallel_rows
+/// (a unit is `steps` times its width of work). Each unit owns its columns, so no two threads
+/// meet, and its columns can step down the middle axis together (a vector loop): the layout of the
+/// scans and of add_along_axis along an axis that is not the last.
+template <class F>
+void parallel_column_blocks(std::int64_t outer, std::int64_t inner, std::int64_t steps, std::int64_t grain, F&& f) {
+  constexpr std::int64_t block = column_block;
+  const std::int64_t blocks = (inner + block - 1) / block;
+  parallel_rows(outer * blocks, steps * std::min(inner, block), grain, [&](std::int64_t ub, std::int64_t ue) {
+    for (std::int64_t u = ub; u < ue; ++u) {
+      const std::int64_t o = u / blocks, i0 = (u % blocks) * block;
+      f(o, i0, std::min(inner, i0 + block) - i0);
+    }
+  });
+}
+
 /// Grain sizes: cheap ops (add) need many elements to beat thread start-up; costly ones fewer.
 inline constexpr std::int64_t grain_cheap = config::parallel_threshold;
 inline constexpr std::int64_t grain_costly = config::parallel_threshold / 8;
