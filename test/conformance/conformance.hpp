@@ -122,6 +122,10 @@ struct OpEntry {
   std::vector<Case> cases;
   /// Bit i set: input i is a float input a gradient check may perturb (used by a later issue).
   std::uint32_t grad_inputs = 0;
+  /// The GPU-vs-CPU gradient tolerance grows by this many ulps of the largest finite |result|: for
+  /// a gradient that reads its own output through exp (logcumsumexp's e^(x - y)), where two correct
+  /// forward passes differing in y's last bit move it by about |y| ulps.
+  double grad_ulps_of_result = 0;
 };
 
 // ---- inputs and comparison (framework.cpp) ------------------------------------------------
