@@ -427,6 +427,54 @@ TEST_CASE("cuda: gather and scatter_add == CPU (negative and duplicate indices)"
   check_same(grad(x.to(gpu), ix.to(gpu)), grad(x, ix), 1e-12);
 }
 
+TEST_CASE("cuda: take_along_axis and add_along_axis == CPU (negative and repeated indices, gradients, a bad index)",
+          "[cuda]") {
+  for (const sc::DType idx : {sc::i32, sc::i64})
+    for (const sc::DType d : {sc::boolean, sc::i32, sc::i64, sc::f32, sc::f64})
+      for (const auto& [shape, axis] : std::vector<std::pair<sc::Shape, int>>{
+               {{9}, 0}, {{4, 6, 3}, 0}, {{4, 6, 3}, 1}, {{4, 6, 3}, -1}, {{3, 700}, 1}, {{600, 5}, 0}}) {
+        INFO(sc::name(d) << " indices " << sc::name(idx) << " " << shape << " axis " << axis);
+        const sc::Tensor x = values(shape, d, 64);
+        const int ax = axis < 0 ? axis + shape.rank() : axis;
+        const std::int64_t extent = shape[ax];
+        sc::Shape is = shape;
+        is[ax] = extent + 2;  // more indices than the axis has: repeats
+        // valid indices of every sign: floor(u * 2 extent) - extent, in [-extent, extent)
+        const sc::Tensor ix =
+            (sc::floor(sc::random::uniform(is, 0.0, 2.0 * static_cast<double>(extent), 65)).astype(sc::i64) - extent)
+                .astype(idx);
+        same_on_gpu([axis](const auto& in) { return sc::take_along_axis(in[0], in[1], axis); }, {x, ix}, 0);
+        if (d == sc::boolean) continue;
+        same_on_gpu([axis](const auto& in) { return sc::add_along_axis(in[0], in[1], in[2], axis); },
+                    {x, ix, values(is, d, 66)}, sc::is_floating(d) ? 1e-12 : 0);
+      }
+  // Both gradients, on the GPU too.
+  const sc::Tensor x = values({5, 4}, sc::f64, 67), u = values({5, 6}, sc::f64, 68);
+  const sc::Tensor ix = sc::tensor(std::vector<std::int64_t>{3, 1, 1, 0, -1, 2}, sc::Shape{1, 6}) * sc::ones({5, 1}, sc::i64);
+  const sc::Tensor ix4 = sc::slice(ix, {0, 0}, {5, 4});
+  const auto grad = [](const sc::Tensor& xx, const sc::Tensor& uu, const sc::Tensor& ii, const sc::Tensor& i4) {
+    sc::GradientTape tape;
+    tape.watch({xx, uu});
+    const sc::Tensor y = sc::add_along_axis(sc::square(xx), ii, sc::tanh(uu), 1);
+    return tape.gradient(sc::sum(sc::square(sc::take_along_axis(y, i4, 1))), {xx, uu});
+  };
+  const auto on_gpu = grad(x.to(gpu), u.to(gpu), ix.to(gpu), ix4.to(gpu)), on_cpu = grad(x, u, ix, ix4);
+  check_same(on_gpu[0], on_cpu[0], 1e-12);
+  check_same(on_gpu[1], on_cpu[1], 1e-12);
+  // An index out of range: 0 (or the update dropped), raised at the next wait naming the line.
+  const sc::Tensor xs = values({2, 3}, sc::f32, 69).to(gpu);
+  const sc::Tensor bad = sc::tensor(std::vector<std::int64_t>{0, 3, 1, 1}, sc::Shape{2, 2}).to(gpu);
+  int line = __LINE__ + 1;
+  const sc::Tensor y = sc::take_along_axis(xs, bad, 1);
+  CHECK_THROWS_WITH(y.to_vector<float>(), Catch::Contains("[take_along_axis] index 3 is out of range for axis 1 of extent 3") &&
+                                             Catch::Contains("test_cuda_layout.cpp:" + std::to_string(line)));
+  line = __LINE__ + 1;
+  const sc::Tensor z = sc::add_along_axis(xs, bad, sc::ones({2, 2}).to(gpu), 1);
+  CHECK_THROWS_WITH(z.to_vector<float>(), Catch::Contains("[add_along_axis] index 3 is out of range for axis 1 of extent 3") &&
+                                             Catch::Contains("test_cuda_layout.cpp:" + std::to_string(line)));
+  CHECK_NOTHROW(sc::cuda::synchronize());
+}
+
 TEST_CASE("cuda: an index out of range on the GPU is raised at the next wait, naming the op's line", "[cuda]") {
   const sc::Tensor x = values({5, 3}, sc::f32, 63).to(gpu);
   const sc::Tensor bad = sc::tensor(std::vector<std::int64_t>{1, 7, 0}, sc::Shape{3}).to(gpu);
