@@ -71,20 +71,33 @@ struct TakeAlongAxis {
         const I* ix = static_cast<const I*>(in[1].raw_data());
         U* y = static_cast<U*>(out.raw_data());
         backend::cpu::parallel_rows(sp.outer * M, inner, backend::cpu::grain_cheap, [&](std::int64_t rb, std::int64_t re) {
-          for (std::int64_t r = rb; r < re; ++r) {
-            const U* xo = x + (r / M) * E * inner;
-            const I* ir = ix + r * inner;
-            U* yr = y + r * inner;
-            for (std::int64_t i = 0; i < inner; ++i) {
-              const std::int64_t given = ir[i], j = given < 0 ? given + E : given;
-              if (SC_LIKELY(j >= 0 && j < E)) {
-                yr[i] = xo[j * inner + i];
-              } else {  // (read after the parallel region: exceptions may not leave it)
-                yr[i] = U(0);
-                bad.store(given, std::memory_order_relaxed);
-                failed.store(true, std::memory_order_relaxed);
-              }
+          // locals, so no store through y makes the compiler reload them; a bad index is noted here
+          // and published once (read after the parallel region: exceptions may not leave it)
+          const U* const xs = x;
+          const I* const is = ix;
+          U* const ys = y;
+          const std::int64_t e = E, w = inner, m = M;
+          std::int64_t bad_here = 0;
+          bool any_bad = false;
+          const auto pick = [&](const U* xo, std::int64_t given, std::int64_t i) {
+            const std::int64_t j = given < 0 ? given + e : given;
+            if (SC_LIKELY(static_cast<std::uint64_t>(j) < static_cast<std::uint64_t>(e))) return xo[j * w + i];
+            bad_here = given, any_bad = true;
+            return U(0);
+          };
+          for (std::int64_t r = rb; r < re;) {
+            const std::int64_t o = r / m, end = std::min(re, (o + 1) * m);  // the rows of one slab o
+            const U* xo = xs + o * e * w;
+            if (w == 1) {
+              for (; r < end; ++r) ys[r] = pick(xo, static_cast<std::int64_t>(is[r]), 0);
+            } else {
+              for (; r < end; ++r)
+                for (std::int64_t i = 0; i < w; ++i) ys[r * w + i] = pick(xo, static_cast<std::int64_t>(is[r * w + i]), i);
             }
+          }
+          if (SC_UNLIKELY(any_bad)) {
+            bad.store(bad_here, std::memory_order_relaxed);
+            failed.store(true, std::memory_order_relaxed);
           }
         });
       });
@@ -136,11 +149,9 @@ struct AddAlongAxis {
     const int ax = static_cast<int>(a.axis < 0 ? a.axis + in[0].rank() : a.axis);  // infer checked it
     const AxisSplit sp = axis_split(in[0].shape(), ax);
     const std::int64_t E = sp.n, inner = sp.inner, M = in[1].shape()[ax];
-    // Checked once up front (a traced graph skips infer's check), so the loops cannot throw.
-    std::int64_t bad = 0;
-    if (SC_UNLIKELY(layout::find_bad_index(in[1], E, bad)))
-      throw ValueError("[add_along_axis] index " + std::to_string(bad) + " is out of range for an axis of extent " +
-                       std::to_string(E));
+    // A bad index (only a traced graph's get past infer) is skipped and raised after the loops.
+    std::atomic<bool> failed{false};
+    std::atomic<std::int64_t> bad{0};
     visit_numeric(out.dtype(), [&](auto ttag) {
       using T = typename decltype(ttag)::type;
       layout::visit_index(in[1].dtype(), [&](auto itag) {
@@ -153,43 +164,57 @@ struct AddAlongAxis {
           std::memcpy(y + b, x + b, static_cast<std::size_t>(e - b) * sizeof(T));
         });
         if (M == 0) return;
-        const auto at = [E](I given) { return given < 0 ? std::int64_t{given} + E : std::int64_t{given}; };
+        // j for the index `given`, or -1 (flagged) when it is out of range
+        const auto at = [E, &failed, &bad](I given) {
+          const std::int64_t j = given < 0 ? std::int64_t{given} + E : std::int64_t{given};
+          if (SC_LIKELY(static_cast<std::uint64_t>(j) < static_cast<std::uint64_t>(E))) return j;
+          bad.store(given, std::memory_order_relaxed);
+          failed.store(true, std::memory_order_relaxed);
+          return std::int64_t{-1};
+        };
         if (inner == 1) {
           backend::cpu::parallel_rows(sp.outer, M, backend::cpu::grain_cheap, [&](std::int64_t ob, std::int64_t oe) {
             for (std::int64_t o = ob; o < oe; ++o) {
               T* yo = y + o * E;
               const I* io = ix + o * M;
               const T* uo = u + o * M;
-              std::int64_t j = at(io[0]);
-              T acc = rules::math::wrap_add(yo[j], uo[0]);
-              for (std::int64_t k = 1; k < M; ++k) {
+              std::int64_t j = -1;
+              T acc{};
+              for (std::int64_t k = 0; k < M; ++k) {
                 const std::int64_t jk = at(io[k]);
+                if (SC_UNLIKELY(jk < 0)) continue;
                 if (jk != j) {
-                  yo[j] = acc;
+                  if (j >= 0) yo[j] = acc;
                   j = jk;
                   acc = yo[j];
                 }
                 acc = rules::math::wrap_add(acc, uo[k]);
               }
-              yo[j] = acc;
+              if (j >= 0) yo[j] = acc;
             }
           });
-          return;
-        }
-        backend::cpu::parallel_column_blocks(sp.outer, inner, M, backend::cpu::grain_cheap, [&](std::int64_t o, std::int64_t i0, std::int64_t w) {
-          T* yo = y + o * E * inner + i0;
-          for (std::int64_t k = 0; k < M; ++k) {
-            const std::int64_t row = (o * M + k) * inner + i0;
-            const I* __restrict ik = ix + row;
-            const T* __restrict uk = u + row;
-            for (std::int64_t i = 0; i < w; ++i) {
-              T& dst = yo[at(ik[i]) * inner + i];
-              dst = rules::math::wrap_add(dst, uk[i]);
+        } else {
+          backend::cpu::parallel_column_blocks(sp.outer, inner, M, backend::cpu::grain_cheap,
+                                               [&](std::int64_t o, std::int64_t i0, std::int64_t w) {
+            T* yo = y + o * E * inner + i0;
+            for (std::int64_t k = 0; k < M; ++k) {
+              const std::int64_t row = (o * M + k) * inner + i0;
+              const I* __restrict ik = ix + row;
+              const T* __restrict uk = u + row;
+              for (std::int64_t i = 0; i < w; ++i) {
+                const std::int64_t j = at(ik[i]);
+                if (SC_UNLIKELY(j < 0)) continue;
+                T& dst = yo[j * inner + i];
+                dst = rules::math::wrap_add(dst, uk[i]);
+              }
             }
-          }
-        });
+          });
+        }
       });
     });
+    if (SC_UNLIKELY(failed.load()))
+      throw ValueError("[add_along_axis] index " + std::to_string(bad.load()) + " is out of range for an axis of extent " +
+                       std::to_string(E));
   }
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
