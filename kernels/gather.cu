@@ -103,6 +103,30 @@ Status visit_index(DT index_dt, F&& f) {
   return cudaErrorNotSupported;
 }
 
+/// scatter_add's and add_along_axis's launch: y = x copied on the stream, then, when there are
+/// updates (`count`), launch(T{}, I{}) starts the adding kernel and its fault check is armed.
+template <class Launch>
+Status copy_then_add(DT dt, DT index_dt, const void* x, void* y, std::int64_t numel, std::int64_t count,
+                     cudaStream_t st, Launch&& launch) {
+  if (numel == 0) return cudaSuccess;
+  return visit(dt, [&](auto ttag) -> Status {
+    using T = decltype(ttag);
+    if constexpr (std::is_same_v<T, bool>) {
+      return cudaErrorNotSupported;
+    } else {
+      if (const Status e = static_cast<Status>(
+              cudaMemcpyAsync(y, x, static_cast<std::size_t>(numel) * sizeof(T), cudaMemcpyDeviceToDevice, st)))
+        return e;
+      if (count == 0) return cudaSuccess;
+      return visit_index(index_dt, [&](auto itag) -> Status {
+        launch(ttag, itag);
+        arm_fault_check();
+        return launched();
+      });
+    }
+  });
+}
+
 }  // namespace
 }  // namespace stagecraft::cuda::kernels
 
@@ -135,26 +159,12 @@ Status gather(int itemsize, DT index_dt, const void* x, const void* ix, void* y,
 
 Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y, std::int64_t outer,
                    std::int64_t E, std::int64_t inner, std::int64_t N, Fault* fault, std::int32_t tag, Stream s) noexcept {
-  const std::int64_t numel = outer * E * inner;
-  if (numel == 0) return cudaSuccess;
   const auto st = static_cast<cudaStream_t>(s);
-  return visit(dt, [&](auto ttag) -> Status {  // not `tag`: the launch's tag is passed below
+  return copy_then_add(dt, index_dt, x, y, outer * E * inner, N, st, [&](auto ttag, auto itag) {
     using T = decltype(ttag);
-    if constexpr (std::is_same_v<T, bool>) {
-      return cudaErrorNotSupported;
-    } else {
-      if (const Status e = static_cast<Status>(
-              cudaMemcpyAsync(y, x, static_cast<std::size_t>(numel) * sizeof(T), cudaMemcpyDeviceToDevice, st)))
-        return e;
-      if (N == 0) return cudaSuccess;
-      return visit_index(index_dt, [&](auto itag) -> Status {
-        using I = decltype(itag);
-        scatter_add_kernel<<<grid_for(outer * inner), block_threads, 0, st>>>(
-            static_cast<const I*>(ix), static_cast<const T*>(updates), static_cast<T*>(y), outer, E, inner, N, fault, tag);
-        arm_fault_check();
-        return launched();
-      });
-    }
+    using I = decltype(itag);
+    scatter_add_kernel<<<grid_for(outer * inner), block_threads, 0, st>>>(
+        static_cast<const I*>(ix), static_cast<const T*>(updates), static_cast<T*>(y), outer, E, inner, N, fault, tag);
   });
 }
 
@@ -186,26 +196,12 @@ Status take_along_axis(int itemsize, DT index_dt, const void* x, const void* ix,
 Status add_along_axis(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y,
                       std::int64_t outer, std::int64_t E, std::int64_t inner, std::int64_t M, Fault* fault,
                       std::int32_t tag, Stream s) noexcept {
-  const std::int64_t numel = outer * E * inner;
-  if (numel == 0) return cudaSuccess;
   const auto st = static_cast<cudaStream_t>(s);
-  return visit(dt, [&](auto ttag) -> Status {
+  return copy_then_add(dt, index_dt, x, y, outer * E * inner, M, st, [&](auto ttag, auto itag) {
     using T = decltype(ttag);
-    if constexpr (std::is_same_v<T, bool>) {
-      return cudaErrorNotSupported;
-    } else {
-      if (const Status e = static_cast<Status>(
-              cudaMemcpyAsync(y, x, static_cast<std::size_t>(numel) * sizeof(T), cudaMemcpyDeviceToDevice, st)))
-        return e;
-      if (M == 0) return cudaSuccess;
-      return visit_index(index_dt, [&](auto itag) -> Status {
-        using I = decltype(itag);
-        add_along_kernel<<<grid_for(outer * inner), block_threads, 0, st>>>(
-            static_cast<const I*>(ix), static_cast<const T*>(updates), static_cast<T*>(y), outer, E, inner, M, fault, tag);
-        arm_fault_check();
-        return launched();
-      });
-    }
+    using I = decltype(itag);
+    add_along_kernel<<<grid_for(outer * inner), block_threads, 0, st>>>(
+        static_cast<const I*>(ix), static_cast<const T*>(updates), static_cast<T*>(y), outer, E, inner, M, fault, tag);
   });
 }
 

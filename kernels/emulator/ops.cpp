@@ -259,10 +259,12 @@ Status take_along_axis(int itemsize, DT index_dt, const void* x, const void* ix,
   });
 }
 
-Status add_along_axis(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y,
-                      std::int64_t outer, std::int64_t E, std::int64_t inner, std::int64_t M, Fault* fault,
-                      std::int32_t tag, Stream s) noexcept {
-  const std::int64_t numel = outer * E * inner;
+/// scatter_add's and add_along_axis's launch, as gather.cu's copy_then_add: y = x first (a queued
+/// copy of its own, as the device-to-device copy there), then, when there are updates (`count`),
+/// the task add(T{}, I{}) returns, queued as the adding kernel.
+template <class Add>
+Status copy_then_add(DT dt, DT index_dt, const void* x, void* y, std::int64_t numel, std::int64_t count, Stream s,
+                     Add&& add) {
   if (numel == 0) return emu::ok;
   return emu::visit_numeric(dt, [&](auto ttag) -> Status {
     using T = decltype(ttag);
@@ -273,69 +275,57 @@ Status add_along_axis(DT dt, DT index_dt, const void* x, const void* ix, const v
           if (from != to) std::memmove(to, from, bytes);
         }))
       return e;
-    if (M == 0) return emu::ok;
-    return emu::visit_index(index_dt, [&](auto itag) -> Status {
-      using I = decltype(itag);
-      return emu::queue(
-          s,
-          [=] {
-            const I* ip = emu::host(static_cast<const I*>(ix));
-            const T* up = emu::host(static_cast<const T*>(updates));
-            T* yp = emu::host(static_cast<T*>(y));
-            // Column by column (gather.cu's thread each), its updates in index order.
-            for (std::int64_t c = 0; c < outer * inner; ++c) {
-              const std::int64_t o = c / inner, i = c % inner;
-              for (std::int64_t m = 0; m < M; ++m) {
-                const std::int64_t e = (o * M + m) * inner + i;
-                const auto given = static_cast<std::int64_t>(ip[e]);
-                const std::int64_t j = given < 0 ? given + E : given;
-                if (j >= 0 && j < E) yp[(o * E + j) * inner + i] += up[e];
-                else if (fault != nullptr) emu::report_fault(fault, tag, given, E);
-              }
-            }
-          },
-          true);
-    });
+    if (count == 0) return emu::ok;
+    return emu::visit_index(index_dt, [&](auto itag) -> Status { return emu::queue(s, add(ttag, itag), true); });
+  });
+}
+
+Status add_along_axis(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y,
+                      std::int64_t outer, std::int64_t E, std::int64_t inner, std::int64_t M, Fault* fault,
+                      std::int32_t tag, Stream s) noexcept {
+  return copy_then_add(dt, index_dt, x, y, outer * E * inner, M, s, [=](auto ttag, auto itag) {
+    using T = decltype(ttag);
+    using I = decltype(itag);
+    return [=] {
+      const I* ip = emu::host(static_cast<const I*>(ix));
+      const T* up = emu::host(static_cast<const T*>(updates));
+      T* yp = emu::host(static_cast<T*>(y));
+      // Column by column (gather.cu's thread each), its updates in index order.
+      for (std::int64_t c = 0; c < outer * inner; ++c) {
+        const std::int64_t o = c / inner, i = c % inner;
+        for (std::int64_t m = 0; m < M; ++m) {
+          const std::int64_t e = (o * M + m) * inner + i;
+          const auto given = static_cast<std::int64_t>(ip[e]);
+          const std::int64_t j = given < 0 ? given + E : given;
+          if (j >= 0 && j < E) yp[(o * E + j) * inner + i] += up[e];
+          else if (fault != nullptr) emu::report_fault(fault, tag, given, E);
+        }
+      }
+    };
   });
 }
 
 Status scatter_add(DT dt, DT index_dt, const void* x, const void* ix, const void* updates, void* y, std::int64_t outer,
                    std::int64_t E, std::int64_t inner, std::int64_t N, Fault* fault, std::int32_t tag, Stream s) noexcept {
-  const std::int64_t numel = outer * E * inner;
-  if (numel == 0) return emu::ok;
-  return emu::visit_numeric(dt, [&](auto ttag) -> Status {
+  return copy_then_add(dt, index_dt, x, y, outer * E * inner, N, s, [=](auto ttag, auto itag) {
     using T = decltype(ttag);
-    // y = x first (gather.cu's device-to-device copy), a launch of its own as there.
-    const auto bytes = static_cast<std::size_t>(numel) * sizeof(T);
-    if (const Status e = emu::queue(s, [=] {
-          const void* from = emu::host(x);
-          void* to = emu::host(y);
-          if (from != to) std::memmove(to, from, bytes);
-        }))
-      return e;
-    if (N == 0) return emu::ok;
-    return emu::visit_index(index_dt, [&](auto itag) -> Status {
-      using I = decltype(itag);
-      return emu::queue(
-          s,
-          [=] {
-            const I* ip = emu::host(static_cast<const I*>(ix));
-            const T* up = emu::host(static_cast<const T*>(updates));
-            T* yp = emu::host(static_cast<T*>(y));
-            // Column by column, each adding its updates in index order (duplicates accumulate
-            // deterministically); the first column reports every bad index.
-            for (std::int64_t c = 0; c < outer * inner; ++c) {
-              const std::int64_t o = c / inner, i = c % inner;
-              for (std::int64_t k = 0; k < N; ++k) {
-                const auto given = static_cast<std::int64_t>(ip[k]);
-                const std::int64_t j = given < 0 ? given + E : given;
-                if (j >= 0 && j < E) yp[(o * E + j) * inner + i] += up[(o * N + k) * inner + i];
-                else if (c == 0 && fault != nullptr) emu::report_fault(fault, tag, given, E);
-              }
-            }
-          },
-          true);
-    });
+    using I = decltype(itag);
+    return [=] {
+      const I* ip = emu::host(static_cast<const I*>(ix));
+      const T* up = emu::host(static_cast<const T*>(updates));
+      T* yp = emu::host(static_cast<T*>(y));
+      // Column by column, each adding its updates in index order (duplicates accumulate
+      // deterministically); the first column reports every bad index.
+      for (std::int64_t c = 0; c < outer * inner; ++c) {
+        const std::int64_t o = c / inner, i = c % inner;
+        for (std::int64_t k = 0; k < N; ++k) {
+          const auto given = static_cast<std::int64_t>(ip[k]);
+          const std::int64_t j = given < 0 ? given + E : given;
+          if (j >= 0 && j < E) yp[(o * E + j) * inner + i] += up[(o * N + k) * inner + i];
+          else if (c == 0 && fault != nullptr) emu::report_fault(fault, tag, given, E);
+        }
+      }
+    };
   });
 }
 

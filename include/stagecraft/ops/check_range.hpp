@@ -19,10 +19,9 @@ struct RangeAsker {
 };
 /// The askers, by attrs.i2 (a number, so graphs keep it in their text form): a staged step's
 /// error then reads as the asking op's eager one. An op that asks for a check adds a row.
-inline constexpr std::array<RangeAsker, 4> range_askers{{{"check_range", "value"},
+inline constexpr std::array<RangeAsker, 3> range_askers{{{"check_range", "value"},
                                                           {"cross_entropy", "label"},
-                                                          {"while_loop", "maximum_iterations"},
-                                                          {"take_along_axis", "index"}}};
+                                                          {"while_loop", "maximum_iterations"}}};
 
 /// Reads attrs.i0 (lo), attrs.i1 (hi, exclusive) and attrs.i2 (the asker, a range_askers
 /// index); integer inputs only; no gradient.
