@@ -288,6 +288,8 @@ std::vector<OpEntry> index_family() {
     }
   ga.cases.push_back({{{{300, 257}, sc::f32}, {{400}, sc::i64, Gen::index, 300, {}}}, axis_p(0), "large"});
   ga.cases.push_back({{{{300, 257}, sc::f64}, {{50}, sc::i32, Gen::index, 257, {}}}, axis_p(1), "large, inner axis"});
+  // (over 2^18 elements of a scalar loop: parallel_rows splits them over two threads)
+  ga.cases.push_back({{{{300, 257}, sc::f32}, {{1000}, sc::i64, Gen::index, 257, {}}}, axis_p(1), "two threads, inner axis"});
 
   // scatter_add (gather's adjoint): updates have gather's result shape; repeats accumulate.
   OpEntry sa{"scatter_add", "sc::scatter_add(x, indices, updates, axis)", SC_CALL(sc::scatter_add(x[0], x[1], x[2], p.axis)),
@@ -310,6 +312,8 @@ std::vector<OpEntry> index_family() {
                       "large, many repeats"});
   sa.cases.push_back({{{{300, 257}, sc::f64}, {{50}, sc::i32, Gen::index, 257, {}}, {{300, 50}, sc::f64}}, axis_p(1),
                       "large, inner axis"});
+  sa.cases.push_back({{{{300, 257}, sc::f32}, {{1000}, sc::i32, Gen::index, 257, {}}, {{300, 1000}, sc::f32}}, axis_p(1),
+                      "two threads, inner axis"});
 
   // take_along_axis and add_along_axis: an index per element, of x's rank and x's extents but
   // along the axis (NumPy's take_along_axis, PyTorch's gather and scatter_add).
@@ -329,6 +333,8 @@ std::vector<OpEntry> index_family() {
     }
   ta.cases.push_back({{{{300, 257}, sc::f32}, {{400, 257}, sc::i64, Gen::index, 300, {}}}, axis_p(0), "large"});
   ta.cases.push_back({{{{300, 257}, sc::f64}, {{300, 50}, sc::i32, Gen::index, 257, {}}}, axis_p(1), "large, rows"});
+  ta.cases.push_back({{{{300, 520}, sc::f32}, {{600, 520}, sc::i32, Gen::index, 300, {}}}, axis_p(0), "two threads"});
+  ta.cases.push_back({{{{600, 257}, sc::f32}, {{600, 520}, sc::i64, Gen::index, 257, {}}}, axis_p(1), "two threads, rows"});
 
   OpEntry aa{"add_along_axis", "sc::add_along_axis(x, indices, updates, axis)",
              SC_CALL(sc::add_along_axis(x[0], x[1], x[2], p.axis)), add_along_ref, Tol{1}, {}, 0b101u};
@@ -349,6 +355,10 @@ std::vector<OpEntry> index_family() {
                       "large, many repeats"});
   aa.cases.push_back({{{{300, 257}, sc::f64}, {{300, 50}, sc::i32, Gen::index, 257, {}}, {{300, 50}, sc::f64}}, axis_p(1),
                       "large, rows"});
+  aa.cases.push_back({{{{300, 520}, sc::f32}, {{600, 520}, sc::i32, Gen::index, 300, {}}, {{600, 520}, sc::f32}}, axis_p(0),
+                      "two threads"});
+  aa.cases.push_back({{{{600, 257}, sc::f32}, {{600, 520}, sc::i64, Gen::index, 257, {}}, {{600, 520}, sc::f32}}, axis_p(1),
+                      "two threads, rows"});
 
   RefFn onehot_ref = [](const std::vector<Ref>& in, const Params& p) { return one_hot(in[0], p.k, p.dtype); };
   OpEntry oh{"one_hot", "sc::one_hot(indices, depth, dtype)", SC_CALL(sc::one_hot(x[0], p.k, p.dtype)), onehot_ref,

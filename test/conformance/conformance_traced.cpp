@@ -484,10 +484,9 @@ TEST_CASE("conformance traced: errors are raised with the eager kind and message
       INFO("traced, at run time: " << rkind << ": " << rmsg);
       CHECK(rkind == kind);
       CHECK_THAT(msg, Catch::StartsWith(ec.says));
-      CHECK_THAT(rmsg, Catch::StartsWith(ec.says));
-      // The plan adds the user's line, as eager says it. (The kernel's message is shorter than
-      // infer()'s: "for an axis of extent 5", without the axis number and x's shape.)
-      CHECK_THAT(rmsg, Catch::Contains(msg.substr(msg.rfind(" at "))));
+      // The kernel raises it in both stages: eager dispatch adds the user's line, and the plan the
+      // same line with what it was doing.
+      CHECK(rmsg == msg + " (while running a staged function)");
       // The failed run leaves the function usable: in-range indices (all 0) of the same signature.
       std::vector<sc::Tensor> ok = ts;
       ok[1] = sc::zeros(ts[1].shape(), ts[1].dtype());

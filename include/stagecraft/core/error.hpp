@@ -150,6 +150,21 @@ template <class E, class... Parts>
   throw Error(m);
 }
 
+/// True when message m ends in " at file:line": it names a line already.
+inline bool names_line(std::string_view m) {
+  const std::size_t p = m.rfind(" at "), colon = m.rfind(':');
+  return p != std::string_view::npos && colon != std::string_view::npos && colon > p && colon + 1 < m.size() &&
+         m.find_first_not_of("0123456789", colon + 1) == std::string_view::npos;
+}
+
+/// Rethrows e: unchanged when its message names a line, else of its own kind with " at
+/// file:line" of loc added. A kernel knows no call site; its error then names the user's line
+/// as infer's errors do.
+[[noreturn]] SC_COLD inline void rethrow_at_line(const Error& e, const std::source_location& loc) {
+  if (names_line(e.what())) throw;
+  rethrow_as(e, std::string(e.what()) + " at " + where(loc));
+}
+
 /// Rethrows e, of its own kind, with its closing " at <from>" replaced by " at <to>" (a caller's
 /// line put in for a location that names a library line); unchanged when it ends otherwise.
 [[noreturn]] SC_COLD inline void relocate(const Error& e, const std::string& from, const std::source_location& to) {

@@ -151,7 +151,11 @@ Tensor run_eager(ops::Inputs in, const ops::Attrs& attrs, const ops::OutMeta& me
       fail<DeviceError>(Op::name, loc, "has no kernel for ", dev.str(), " in this build");
     }
     Tensor out = empty_tensor(meta.shape, meta.dtype, dev, Op::name, loc);
-    Op::cpu(in, out, attrs);
+    try {
+      Op::cpu(in, out, attrs);
+    } catch (const Error& e) {  // a kernel's check (an index out of range): the user's line added
+      rethrow_at_line(e, loc);
+    }
     return out;
   }
 }

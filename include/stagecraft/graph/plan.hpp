@@ -411,11 +411,7 @@ STAGECRAFT_COMPILED_INLINE Tensor detach(const Tensor& slot);
 [[noreturn]] STAGECRAFT_COMPILED_INLINE void rethrow_at(const Error& e, const SrcLoc& loc) {
   std::string m = e.what();
   const std::string at = detail_ir::loc_text(loc);
-  // Already located when it ends in " at file:line".
-  const std::size_t p = m.rfind(" at "), colon = m.rfind(':');
-  const bool located = p != std::string::npos && colon != std::string::npos && colon > p && colon + 1 < m.size() &&
-                       m.find_first_not_of("0123456789", colon + 1) == std::string::npos;
-  if (!at.empty() && !located) m += " at " + at + " (while running a staged function)";
+  if (!at.empty() && !stagecraft::detail::names_line(m)) m += " at " + at + " (while running a staged function)";
   stagecraft::detail::rethrow_as(e, m);
 }
 

@@ -30,6 +30,30 @@ inline void require_along_axis_shape(std::string_view op, const Shape& xs, const
     detail::fail<ShapeError>(op, loc, "indices of shape ", is, " must match x's shape ", xs, " except along axis ", axis);
 }
 
+/// The along-axis kernels' indices a block at a time, made offsets into a slab of x: off[t] =
+/// j * w + t0 + t (j * 1 when not Strided), where j is given[t], counted from the end when
+/// negative. An index out of range gives j = 0 and sets the result's bit. A vector loop where the
+/// target has one; the kernels then read or add through the offsets in a plain scalar loop (the
+/// normalising and checking one scalar loop did per element cost it twice a hand loop's time).
+template <bool Strided, class I>
+SC_ALWAYS_INLINE std::uint64_t index_offsets(const I* __restrict given, std::int64_t n, std::int64_t e, std::int64_t w,
+                                             std::int64_t t0, std::int64_t* __restrict off) {
+  const auto ue = static_cast<std::uint64_t>(e);
+  std::uint64_t bad = 0;
+  for (std::int64_t t = 0; t < n; ++t) {
+    const auto g = static_cast<std::int64_t>(given[t]);
+    const auto j = static_cast<std::uint64_t>(g < 0 ? g + e : g);
+    const bool ok = j < ue;
+    bad |= !ok;
+    const auto at = static_cast<std::int64_t>(ok ? j : 0);
+    if constexpr (Strided) off[t] = at * w + t0 + t;
+    else off[t] = at;
+  }
+  return bad;
+}
+/// The block index_offsets fills.
+inline constexpr std::int64_t index_block = 256;
+
 }  // namespace layout
 
 /// y[o, j, i] = x[o, indices[o, j, i], i] along attrs.axis (negative indices count from the end):
@@ -44,10 +68,7 @@ struct TakeAlongAxis {
     require_dtype(is_integral(idx.dtype()), name, idx.dtype(), "i32 or i64 indices", loc);
     const int ax = normalize_axis(a.axis, xs.rank(), name, loc);
     layout::require_along_axis_shape(name, xs, idx.shape(), ax, a.axis, loc);
-    // Values are checked here, at the user's line, when they exist on the host; the kernels check
-    // again (a traced graph's indices), so nothing reads out of bounds.
-    layout::require_indices_in_range(name, idx, xs, ax, a.axis, loc);
-    return {idx.shape(), in[0].dtype()};
+    return {idx.shape(), in[0].dtype()};  // (index values: the kernel checks them, as gather's)
   }
   /// One GPU thread an element; an index out of range there gives 0 and the next wait raises it.
   static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
@@ -55,14 +76,16 @@ struct TakeAlongAxis {
     const AxisSplit sp = axis_split(in[0].shape(), ax);
     backend::cuda::take_along_axis(in[0], in[1], out, sp.outer, sp.n, sp.inner, in[1].shape()[ax], a.axis, name, loc);
   }
-  /// Threads split the rows (o, j) of the result, each `inner` elements read from x's slab o.
+  /// Threads split the rows (o, j) of the result, each `inner` elements read from x's slab o,
+  /// through offsets made a block at a time (layout::index_offsets). An index out of range reads
+  /// x's first entry of its line and sets a flag; then the first bad index is raised.
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
-    if (out.numel() == 0) return;
     const int ax = static_cast<int>(a.axis < 0 ? a.axis + in[0].rank() : a.axis);  // infer checked it
     const AxisSplit sp = axis_split(in[0].shape(), ax);
     const std::int64_t E = sp.n, inner = sp.inner, M = in[1].shape()[ax];
+    // Nothing to read (an empty axis has not even a first entry): only the indices to check.
+    if (out.numel() == 0 || E == 0) return layout::require_indices_in_range(name, in[1], in[0].shape(), a.axis);
     std::atomic<bool> failed{false};
-    std::atomic<std::int64_t> bad{0};
     layout::visit_bytes(itemsize(out.dtype()), [&](auto utag) {
       using U = typename decltype(utag)::type;
       layout::visit_index(in[1].dtype(), [&](auto itag) {
@@ -70,41 +93,38 @@ struct TakeAlongAxis {
         const U* x = static_cast<const U*>(in[0].raw_data());
         const I* ix = static_cast<const I*>(in[1].raw_data());
         U* y = static_cast<U*>(out.raw_data());
-        backend::cpu::parallel_rows(sp.outer * M, inner, backend::cpu::grain_cheap, [&](std::int64_t rb, std::int64_t re) {
-          // locals, so no store through y makes the compiler reload them; a bad index is noted here
-          // and published once (read after the parallel region: exceptions may not leave it)
-          const U* const xs = x;
-          const I* const is = ix;
-          U* const ys = y;
-          const std::int64_t e = E, w = inner, m = M;
-          std::int64_t bad_here = 0;
-          bool any_bad = false;
-          const auto pick = [&](const U* xo, std::int64_t given, std::int64_t i) {
-            const std::int64_t j = given < 0 ? given + e : given;
-            if (SC_LIKELY(static_cast<std::uint64_t>(j) < static_cast<std::uint64_t>(e))) return xo[j * w + i];
-            bad_here = given, any_bad = true;
-            return U(0);
-          };
+        // grain_costly: a scalar load and store an element (about 0.5 ns) is not add's vector loop
+        backend::cpu::parallel_rows(sp.outer * M, inner, backend::cpu::grain_costly, [&](std::int64_t rb, std::int64_t re) {
+          constexpr std::int64_t B = layout::index_block;
+          std::int64_t off[B];
+          std::uint64_t bad = 0;  // an or of the "out of range" bits
           for (std::int64_t r = rb; r < re;) {
-            const std::int64_t o = r / m, end = std::min(re, (o + 1) * m);  // the rows of one slab o
-            const U* xo = xs + o * e * w;
-            if (w == 1) {
-              for (; r < end; ++r) ys[r] = pick(xo, static_cast<std::int64_t>(is[r]), 0);
+            const std::int64_t o = r / M, end = std::min(re, (o + 1) * M);  // the rows of one slab o
+            const U* __restrict xo = x + o * E * inner;
+            if (inner == 1) {
+              for (; r < end; r += B) {
+                const std::int64_t n = std::min(B, end - r);
+                bad |= layout::index_offsets<false>(ix + r, n, E, 1, 0, off);
+                U* __restrict yr = y + r;
+                for (std::int64_t t = 0; t < n; ++t) yr[t] = xo[off[t]];
+              }
+              r = end;
             } else {
               for (; r < end; ++r)
-                for (std::int64_t i = 0; i < w; ++i) ys[r * w + i] = pick(xo, static_cast<std::int64_t>(is[r * w + i]), i);
+                for (std::int64_t i0 = 0; i0 < inner; i0 += B) {
+                  const std::int64_t n = std::min(B, inner - i0);
+                  bad |= layout::index_offsets<true>(ix + r * inner + i0, n, E, inner, i0, off);
+                  U* __restrict yr = y + r * inner + i0;
+                  for (std::int64_t t = 0; t < n; ++t) yr[t] = xo[off[t]];
+                }
             }
           }
-          if (SC_UNLIKELY(any_bad)) {
-            bad.store(bad_here, std::memory_order_relaxed);
-            failed.store(true, std::memory_order_relaxed);
-          }
+          // (read after the parallel region: exceptions may not leave it)
+          if (SC_UNLIKELY(bad != 0)) failed.store(true, std::memory_order_relaxed);
         });
       });
     });
-    if (SC_UNLIKELY(failed.load()))
-      throw ValueError("[take_along_axis] index " + std::to_string(bad.load()) +
-                       " is out of range for an axis of extent " + std::to_string(E));
+    if (SC_UNLIKELY(failed.load())) layout::require_indices_in_range(name, in[1], in[0].shape(), a.axis);
   }
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
@@ -121,18 +141,13 @@ struct AddAlongAxis {
     const Shape& xs = in[0].shape();
     const Tensor& idx = in[1];
     const Tensor& upd = in[2];
-    require_dtype(is_integral(idx.dtype()), name, idx.dtype(), "i32 or i64 indices", loc);
-    require_dtype(in[0].dtype() != DType::b8, name, in[0].dtype(), "a numeric x", loc);
-    if (SC_UNLIKELY(upd.dtype() != in[0].dtype()))
-      detail::fail<DTypeError>(name, loc, "updates have dtype ", stagecraft::name(upd.dtype()), ", x has dtype ",
-                               stagecraft::name(in[0].dtype()), "; they must match");
+    layout::require_scatter_dtypes(name, in[0], idx, upd, loc);
     const int ax = normalize_axis(a.axis, xs.rank(), name, loc);
     layout::require_along_axis_shape(name, xs, idx.shape(), ax, a.axis, loc);
     if (SC_UNLIKELY(!(upd.shape() == idx.shape())))
       detail::fail<ShapeError>(name, loc, "updates of shape ", upd.shape(), " must have the indices' shape ",
                                idx.shape());
-    layout::require_indices_in_range(name, idx, xs, ax, a.axis, loc);
-    return {xs, in[0].dtype()};
+    return {xs, in[0].dtype()};  // (index values: the kernel checks them, as gather's)
   }
   /// One GPU thread a column (o, i), adding its updates in index order (no races, no atomics).
   static void cuda(Inputs in, Tensor& out, const Attrs& a, const std::source_location& loc) {
@@ -145,13 +160,14 @@ struct AddAlongAxis {
   /// index order. A contiguous line (inner == 1) adds a run of equal indices in a register (the
   /// cummax gradient's runs), the same additions in the same order.
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
-    if (out.numel() == 0) return;
+    // x empty (along the axis too, perhaps): only the indices to check
+    if (out.numel() == 0) return layout::require_indices_in_range(name, in[1], in[0].shape(), a.axis);
     const int ax = static_cast<int>(a.axis < 0 ? a.axis + in[0].rank() : a.axis);  // infer checked it
     const AxisSplit sp = axis_split(in[0].shape(), ax);
     const std::int64_t E = sp.n, inner = sp.inner, M = in[1].shape()[ax];
-    // A bad index (only a traced graph's get past infer) is skipped and raised after the loops.
+    // Indices become offsets a block at a time (layout::index_offsets); a bad one adds its update
+    // at the line's first entry of y, which is then dropped: the first bad index is raised.
     std::atomic<bool> failed{false};
-    std::atomic<std::int64_t> bad{0};
     visit_numeric(out.dtype(), [&](auto ttag) {
       using T = typename decltype(ttag)::type;
       layout::visit_index(in[1].dtype(), [&](auto itag) {
@@ -164,57 +180,52 @@ struct AddAlongAxis {
           std::memcpy(y + b, x + b, static_cast<std::size_t>(e - b) * sizeof(T));
         });
         if (M == 0) return;
-        // j for the index `given`, or -1 (flagged) when it is out of range
-        const auto at = [E, &failed, &bad](I given) {
-          const std::int64_t j = given < 0 ? std::int64_t{given} + E : std::int64_t{given};
-          if (SC_LIKELY(static_cast<std::uint64_t>(j) < static_cast<std::uint64_t>(E))) return j;
-          bad.store(given, std::memory_order_relaxed);
-          failed.store(true, std::memory_order_relaxed);
-          return std::int64_t{-1};
-        };
+        constexpr std::int64_t B = layout::index_block;
         if (inner == 1) {
-          backend::cpu::parallel_rows(sp.outer, M, backend::cpu::grain_cheap, [&](std::int64_t ob, std::int64_t oe) {
+          // grain_costly: a scalar add an element, as take_along_axis's loop
+          backend::cpu::parallel_rows(sp.outer, M, backend::cpu::grain_costly, [&](std::int64_t ob, std::int64_t oe) {
+            std::int64_t off[B];
+            std::uint64_t bad = 0;
             for (std::int64_t o = ob; o < oe; ++o) {
-              T* yo = y + o * E;
-              const I* io = ix + o * M;
-              const T* uo = u + o * M;
-              std::int64_t j = -1;
+              T* __restrict yo = y + o * E;
+              const T* __restrict uo = u + o * M;
+              std::int64_t j = -1;  // the entry a run of equal indices adds into, in acc
               T acc{};
-              for (std::int64_t k = 0; k < M; ++k) {
-                const std::int64_t jk = at(io[k]);
-                if (SC_UNLIKELY(jk < 0)) continue;
-                if (jk != j) {
-                  if (j >= 0) yo[j] = acc;
-                  j = jk;
-                  acc = yo[j];
+              for (std::int64_t k0 = 0; k0 < M; k0 += B) {
+                const std::int64_t n = std::min(B, M - k0);
+                bad |= layout::index_offsets<false>(ix + o * M + k0, n, E, 1, 0, off);
+                for (std::int64_t t = 0; t < n; ++t) {
+                  if (off[t] != j) {
+                    if (j >= 0) yo[j] = acc;
+                    j = off[t];
+                    acc = yo[j];
+                  }
+                  acc = rules::math::wrap_add(acc, uo[k0 + t]);
                 }
-                acc = rules::math::wrap_add(acc, uo[k]);
               }
-              if (j >= 0) yo[j] = acc;
+              yo[j] = acc;
             }
+            if (SC_UNLIKELY(bad != 0)) failed.store(true, std::memory_order_relaxed);
           });
         } else {
-          backend::cpu::parallel_column_blocks(sp.outer, inner, M, backend::cpu::grain_cheap,
+          backend::cpu::parallel_column_blocks(sp.outer, inner, M, backend::cpu::grain_costly,
                                                [&](std::int64_t o, std::int64_t i0, std::int64_t w) {
-            T* yo = y + o * E * inner + i0;
+            static_assert(backend::cpu::column_block <= B, "a column block's offsets fit one index block");
+            std::int64_t off[B];
+            std::uint64_t bad = 0;
+            T* __restrict yo = y + o * E * inner + i0;
             for (std::int64_t k = 0; k < M; ++k) {
               const std::int64_t row = (o * M + k) * inner + i0;
-              const I* __restrict ik = ix + row;
+              bad |= layout::index_offsets<true>(ix + row, w, E, inner, 0, off);
               const T* __restrict uk = u + row;
-              for (std::int64_t i = 0; i < w; ++i) {
-                const std::int64_t j = at(ik[i]);
-                if (SC_UNLIKELY(j < 0)) continue;
-                T& dst = yo[j * inner + i];
-                dst = rules::math::wrap_add(dst, uk[i]);
-              }
+              for (std::int64_t t = 0; t < w; ++t) yo[off[t]] = rules::math::wrap_add(yo[off[t]], uk[t]);
             }
+            if (SC_UNLIKELY(bad != 0)) failed.store(true, std::memory_order_relaxed);
           });
         }
       });
     });
-    if (SC_UNLIKELY(failed.load()))
-      throw ValueError("[add_along_axis] index " + std::to_string(bad.load()) + " is out of range for an axis of extent " +
-                       std::to_string(E));
+    if (SC_UNLIKELY(failed.load())) layout::require_indices_in_range(name, in[1], in[0].shape(), a.axis);
   }
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };

@@ -46,14 +46,32 @@ inline bool find_bad_index(const Tensor& idx, std::int64_t extent, std::int64_t&
   });
 }
 
-/// Gather's and scatter_add's value check in infer: whenever the indices exist (not while
-/// tracing) and are on the host, one outside axis `ax` of x is a ValueError at the user's line.
-inline void require_indices_in_range(std::string_view op, const Tensor& idx, const Shape& xs, int ax,
-                                     std::int64_t axis, const std::source_location& loc) {
+/// The error for an index outside axis `axis` of x (shape xs), raised by the kernels that index:
+/// a kernel knows no call site, so eager dispatch adds the user's line (and a staged plan the
+/// line of the op's call), the same message either way.
+[[noreturn]] SC_COLD inline void throw_bad_index(std::string_view op, std::int64_t bad, std::int64_t axis,
+                                                 const Shape& xs) {
+  const int ax = static_cast<int>(axis < 0 ? axis + xs.rank() : axis);
+  throw ValueError(detail::concat_parts("[", op, "] index ", bad, " is out of range for axis ", axis, " of extent ",
+                                        xs[ax], " (shape ", xs, ")"));
+}
+
+/// The kernels' check: throws the first index of idx outside axis `axis` of xs, if any.
+inline void require_indices_in_range(std::string_view op, const Tensor& idx, const Shape& xs, std::int64_t axis) {
   std::int64_t bad = 0;
-  if (!idx.is_symbolic() && idx.device().is_cpu() && find_bad_index(idx, xs[ax], bad))
-    detail::fail<ValueError>(op, loc, "index ", bad, " is out of range for axis ", axis, " of extent ", xs[ax],
-                             " (shape ", xs, ")");
+  const int ax = static_cast<int>(axis < 0 ? axis + xs.rank() : axis);
+  if (SC_UNLIKELY(find_bad_index(idx, xs[ax], bad))) throw_bad_index(op, bad, axis, xs);
+}
+
+/// The dtypes scatter_add and add_along_axis take: i32 or i64 indices, a numeric x, and updates
+/// of x's dtype.
+inline void require_scatter_dtypes(std::string_view op, const Tensor& x, const Tensor& idx, const Tensor& upd,
+                                   const std::source_location& loc) {
+  require_dtype(is_integral(idx.dtype()), op, idx.dtype(), "i32 or i64 indices", loc);
+  require_dtype(x.dtype() != DType::b8, op, x.dtype(), "a numeric x", loc);
+  if (SC_UNLIKELY(upd.dtype() != x.dtype()))
+    detail::fail<DTypeError>(op, loc, "updates have dtype ", stagecraft::name(upd.dtype()), ", x has dtype ",
+                             stagecraft::name(x.dtype()), "; they must match");
 }
 
 /// Calls f(type_tag<I>{}) for an index dtype (i32 or i64; infer has rejected the others).
@@ -83,9 +101,8 @@ struct Gather {
     Shape out(xs.begin(), xs.begin() + ax);
     for (std::int64_t d : idx.shape()) out.push_back(d);
     for (int k = ax + 1; k < xs.rank(); ++k) out.push_back(xs[k]);
-    // Values are checked here, where the user's line is known; the kernel checks again so a
-    // traced graph cannot read out of bounds.
-    layout::require_indices_in_range(name, idx, xs, ax, a.axis, loc);
+    // Index values are the kernel's to check: it reads them anyway, and a traced graph's are
+    // known only there (its error names the user's line all the same).
     return {out, in[0].dtype()};
   }
   /// On the GPU, indices already there are not read back: one out of range gathers 0, and the
@@ -95,11 +112,10 @@ struct Gather {
     backend::cuda::gather(in[0], in[1], out, sp.outer, sp.n, sp.inner, a.axis, name, loc);
   }
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
-    if (out.numel() == 0) return;
+    if (out.numel() == 0) return layout::require_indices_in_range(name, in[1], in[0].shape(), a.axis);
     const AxisSplit sp = axis_split(in[0].shape(), a.axis);
     const std::int64_t outer = sp.outer, E = sp.n, inner = sp.inner, N = in[1].numel();
     std::atomic<bool> failed{false};
-    std::atomic<std::int64_t> bad{0};
     layout::visit_bytes(itemsize(out.dtype()), [&](auto utag) {
       using U = typename decltype(utag)::type;
       layout::visit_index(in[1].dtype(), [&](auto itag) {
@@ -109,7 +125,8 @@ struct Gather {
         U* y = static_cast<U*>(out.raw_data());
         // One unit is one (outer index, index) pair: a run of `inner` contiguous elements;
         // a thread's range is walked as spans of indices within one outer row.
-        backend::cpu::parallel_rows(outer * N, inner, backend::cpu::grain_cheap,
+        // an element at a time (inner == 1) is a scalar loop, costlier than a copy of rows
+        backend::cpu::parallel_rows(outer * N, inner, inner == 1 ? backend::cpu::grain_costly : backend::cpu::grain_cheap,
                                    [&](std::int64_t rb, std::int64_t re) {
           for (std::int64_t r = rb; r < re;) {
             const std::int64_t o = r / N, n0 = r % N, n1 = std::min(N, n0 + (re - r));
@@ -119,7 +136,6 @@ struct Gather {
             const auto index = [&](std::int64_t n, std::int64_t& j) {
               j = ix[n] < 0 ? ix[n] + E : ix[n];
               if (SC_LIKELY(j >= 0 && j < E)) return true;
-              bad.store(ix[n], std::memory_order_relaxed);
               failed.store(true, std::memory_order_relaxed);
               return false;
             };
@@ -136,9 +152,8 @@ struct Gather {
         });
       });
     });
-    if (SC_UNLIKELY(failed.load()))
-      throw ValueError("[gather] index " + std::to_string(bad.load()) + " is out of range for an axis of extent " +
-                       std::to_string(E));
+    // (the first bad index, not whichever a thread met: one message for every run)
+    if (SC_UNLIKELY(failed.load())) layout::require_indices_in_range(name, in[1], in[0].shape(), a.axis);
   }
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a);
 };
@@ -155,11 +170,7 @@ struct ScatterAdd {
     const Shape& xs = in[0].shape();
     const Tensor& idx = in[1];
     const Tensor& upd = in[2];
-    require_dtype(is_integral(idx.dtype()), name, idx.dtype(), "i32 or i64 indices", loc);
-    require_dtype(in[0].dtype() != DType::b8, name, in[0].dtype(), "a numeric x", loc);
-    if (SC_UNLIKELY(upd.dtype() != in[0].dtype()))
-      detail::fail<DTypeError>(name, loc, "updates have dtype ", stagecraft::name(upd.dtype()), ", x has dtype ",
-                               stagecraft::name(in[0].dtype()), "; they must match");
+    layout::require_scatter_dtypes(name, in[0], idx, upd, loc);
     if (SC_UNLIKELY(xs.rank() == 0)) detail::fail<ShapeError>(name, loc, "cannot scatter into a rank-0 tensor (shape [])");
     const int ax = normalize_axis(a.axis, xs.rank(), name, loc);
     // The shape updates must have: gather's result shape (checked without building it, since
@@ -172,8 +183,7 @@ struct ScatterAdd {
       detail::fail<ShapeError>(name, loc, "updates of shape ", upd.shape(), " do not fit x of shape ", xs,
                                " with indices of shape ", idx.shape(), " along axis ", a.axis,
                                " (they need x.shape[:axis] + indices.shape + x.shape[axis+1:])");
-    layout::require_indices_in_range(name, idx, xs, ax, a.axis, loc);
-    return {xs, in[0].dtype()};
+    return {xs, in[0].dtype()};  // (index values: the kernel checks them, as gather's)
   }
   /// On the GPU, indices already there are not read back: an update at an index out of range is
   /// dropped, and the next wait for the device raises the ValueError naming this line.
@@ -185,14 +195,11 @@ struct ScatterAdd {
   /// columns: each owns its columns of the output and adds every update into them, so
   /// duplicate indices never race. Integer sums wrap (two's complement), as add's do.
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
-    if (out.numel() == 0) return;
+    if (out.numel() == 0) return layout::require_indices_in_range(name, in[1], in[0].shape(), a.axis);
     const AxisSplit sp = axis_split(in[0].shape(), a.axis);
     const std::int64_t outer = sp.outer, E = sp.n, inner = sp.inner, N = in[1].numel();
-    // Checked once up front (a traced graph skips infer's check), so the loop cannot throw.
-    std::int64_t bad = 0;
-    if (SC_UNLIKELY(layout::find_bad_index(in[1], E, bad)))
-      throw ValueError("[scatter_add] index " + std::to_string(bad) + " is out of range for an axis of extent " +
-                       std::to_string(E));
+    // Checked once up front, so the loop cannot throw.
+    layout::require_indices_in_range(name, in[1], in[0].shape(), a.axis);
     visit_numeric(out.dtype(), [&](auto ttag) {
       using T = typename decltype(ttag)::type;
       layout::visit_index(in[1].dtype(), [&](auto itag) {
@@ -205,7 +212,8 @@ struct ScatterAdd {
           std::memcpy(y + b, x + b, static_cast<std::size_t>(e - b) * sizeof(T));
         });
         if (N == 0) return;
-        backend::cpu::parallel_rows(outer * inner, N, backend::cpu::grain_cheap,
+        // one column (inner == 1) is a scalar loop, as gather's
+        backend::cpu::parallel_rows(outer * inner, N, inner == 1 ? backend::cpu::grain_costly : backend::cpu::grain_cheap,
                                    [&](std::int64_t cb, std::int64_t ce) {
           for (std::int64_t c = cb; c < ce;) {
             const std::int64_t o = c / inner, i0 = c % inner, len = std::min(inner - i0, ce - c);
