@@ -19,11 +19,13 @@ namespace sc = stagecraft;
 
 namespace bench {
 
-/// Threads every library in the run uses: $STAGECRAFT_BENCH_THREADS, else 2 (this machine's cores).
+/// Threads every library in the run uses: $STAGECRAFT_BENCH_THREADS, else $OMP_NUM_THREADS (its
+/// first number), else 2 (this machine's cores). (Until session 74 OMP_NUM_THREADS was ignored: runs
+/// that set only it to 1 ran on 2 threads.)
 inline int threads() {
-  const char* s = std::getenv("STAGECRAFT_BENCH_THREADS");
-  const int n = s ? std::atoi(s) : 2;
-  return n > 0 ? n : 2;
+  for (const char* var : {"STAGECRAFT_BENCH_THREADS", "OMP_NUM_THREADS"})
+    if (const char* s = std::getenv(var); s != nullptr && std::atoi(s) > 0) return std::atoi(s);
+  return 2;
 }
 
 /// Applies threads() to stagecraft (OpenMP, which OpenBLAS's openmp build shares) and LibTorch,
