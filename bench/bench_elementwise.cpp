@@ -1,6 +1,8 @@
 // Elementwise ops at 16M floats: stagecraft vs the limit (a plain `omp parallel for simd` loop
 // in this binary, same flags; and the same on xsimd batches) vs xtensor (xt::adapt over the
-// same buffers) vs LibTorch; and a size sweep of add around the parallel grain.
+// same buffers) vs LibTorch; a size sweep of add around the parallel grain; and the ops whose
+// rule has no SIMD form (pow, floor_div, mod: a scalar libm call or an integer division an
+// element) at sizes where the grain decides the threads.
 #include <cmath>
 #include <cstdint>
 
@@ -262,7 +264,120 @@ void sweep_sizes(benchmark::internal::Benchmark* b) {
 BENCHMARK(sweep_stagecraft)->Name("elementwise_sweep/add/stagecraft")->Apply(sweep_sizes);
 BENCHMARK(sweep_hand)->Name("elementwise_sweep/add/hand_loop")->Apply(sweep_sizes);
 
-const bool registered = (register_all(), true);
+// ---- scalar-rule ops (no SIMD form: pow, floor_div, mod) at 64K..1M elements, where the
+// parallel grain decides whether they get threads. Inputs: pow's base in [0.5, 2.5) (no NaN
+// path), floor_div / mod f32 a in [-200, 200) over b in [-2, 2), mod i32 over divisors 1..20.
+enum class Scalar { pow, floor_div, mod, mod_i32 };
+struct ScalarInputs {
+  sc::Tensor a, b;
+};
+ScalarInputs scalar_inputs(Scalar f, std::int64_t n) {
+  const sc::Tensor x = bench::input({n}, 1), z = bench::input({n}, 2);
+  switch (f) {
+    case Scalar::pow: return {sc::abs(x) + 0.5f, z};
+    case Scalar::floor_div:
+    case Scalar::mod: return {x * 100.f, z};
+    case Scalar::mod_i32:
+      return {sc::cast(x * 1000.f, sc::DType::i32), sc::cast(sc::abs(z) * 9.5f + 1.f, sc::DType::i32)};
+  }
+  return {};
+}
+sc::Tensor sc_scalar(Scalar f, const sc::Tensor& a, const sc::Tensor& b) {
+  switch (f) {
+    case Scalar::pow: return sc::pow(a, b);
+    case Scalar::floor_div: return sc::floor_div(a, b);
+    case Scalar::mod:
+    case Scalar::mod_i32: return sc::mod(a, b);
+  }
+  return {};
+}
+void scalar_stagecraft(benchmark::State& state, Scalar f) {
+  const ScalarInputs in = scalar_inputs(f, state.range(0));
+  for (auto _ : state) {
+    sc::Tensor c = sc_scalar(f, in.a, in.b);
+    benchmark::DoNotOptimize(c.raw_data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+// The limit: the loop a user would write (Python's floor division and remainder by fmod and a
+// sign fix), `omp parallel for` over every size, into a preallocated output.
+template <class T>
+void scalar_loop(Scalar f, const T* __restrict a, const T* __restrict b, T* __restrict y, std::int64_t n) {
+  if constexpr (std::is_floating_point_v<T>) {
+    switch (f) {
+      case Scalar::pow:
+#pragma omp parallel for
+        for (std::int64_t i = 0; i < n; ++i) y[i] = std::pow(a[i], b[i]);
+        break;
+      case Scalar::floor_div:
+#pragma omp parallel for
+        for (std::int64_t i = 0; i < n; ++i) {
+          const T m = std::fmod(a[i], b[i]);
+          T d = (a[i] - m) / b[i];
+          if (m != 0 && ((b[i] < 0) != (m < 0))) d -= 1;
+          y[i] = std::round(d);
+        }
+        break;
+      default:
+#pragma omp parallel for
+        for (std::int64_t i = 0; i < n; ++i) {
+          const T m = std::fmod(a[i], b[i]);
+          y[i] = (m != 0 && ((b[i] < 0) != (m < 0))) ? m + b[i] : m;
+        }
+        break;
+    }
+  } else {
+#pragma omp parallel for
+    for (std::int64_t i = 0; i < n; ++i) {
+      const T m = b[i] == 0 ? T(0) : static_cast<T>(a[i] % b[i]);
+      y[i] = (m != 0 && ((b[i] < 0) != (m < 0))) ? static_cast<T>(m + b[i]) : m;
+    }
+  }
+}
+void scalar_hand(benchmark::State& state, Scalar f) {
+  const ScalarInputs in = scalar_inputs(f, state.range(0));
+  sc::Tensor y = sc::zeros(in.a.shape(), in.a.dtype());
+  for (auto _ : state) {
+    if (f == Scalar::mod_i32)
+      scalar_loop(f, static_cast<const std::int32_t*>(in.a.raw_data()), static_cast<const std::int32_t*>(in.b.raw_data()),
+                  static_cast<std::int32_t*>(y.raw_data()), state.range(0));
+    else
+      scalar_loop(f, static_cast<const float*>(in.a.raw_data()), static_cast<const float*>(in.b.raw_data()),
+                  static_cast<float*>(y.raw_data()), state.range(0));
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+#if STAGECRAFT_BENCH_TORCH
+void scalar_torch(benchmark::State& state, Scalar f) {
+  const ScalarInputs in = scalar_inputs(f, state.range(0));
+  const auto dt = f == Scalar::mod_i32 ? at::kInt : at::kFloat;
+  const at::Tensor a = at::from_blob(in.a.raw_data(), {state.range(0)}, at::TensorOptions().dtype(dt));
+  const at::Tensor b = at::from_blob(in.b.raw_data(), {state.range(0)}, at::TensorOptions().dtype(dt));
+  for (auto _ : state) {
+    at::Tensor c = f == Scalar::pow ? at::pow(a, b) : f == Scalar::floor_div ? at::floor_divide(a, b) : at::remainder(a, b);
+    benchmark::DoNotOptimize(c.data_ptr());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+#endif
+void register_scalar() {
+  const std::pair<const char*, Scalar> fns[] = {
+      {"pow", Scalar::pow}, {"floor_div", Scalar::floor_div}, {"mod", Scalar::mod}, {"mod_i32", Scalar::mod_i32}};
+  for (const auto& [name, f] : fns) {
+    const std::string s = std::string("elementwise_scalar/") + name + "/";
+    auto sizes = [](benchmark::internal::Benchmark* b) { b->Arg(1 << 16)->Arg(1 << 18)->Arg(1 << 20)->UseRealTime(); };
+    sizes(benchmark::RegisterBenchmark((s + "stagecraft").c_str(), scalar_stagecraft, f));
+    sizes(benchmark::RegisterBenchmark((s + "hand_loop").c_str(), scalar_hand, f));
+#if STAGECRAFT_BENCH_TORCH
+    sizes(benchmark::RegisterBenchmark((s + "libtorch").c_str(), scalar_torch, f));
+#endif
+  }
+}
+
+const bool registered = (register_all(), register_scalar(), true);
 
 }  // namespace
 
