@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <typeinfo>
 #include <vector>
 
@@ -108,6 +109,50 @@ TEMPLATE_TEST_CASE("rules: scalar and SIMD forms agree on special values", "[rul
   binary_agrees<T, r::Maximum>();
   binary_agrees<T, r::Minimum>();
   binary_agrees<T, r::ReluGrad>();
+}
+
+// rules::math::fmod (what mod and floor_div on floats take their remainder from) gives the C
+// library's fmod bit for bit: random bit patterns (every exponent gap, subnormals, NaNs and
+// infinities), ordinary values with quotients up to 10^5, whole divisors, and the specials.
+TEMPLATE_TEST_CASE("rules: math::fmod is the C library's fmod, bit for bit", "[rules]", float, double) {
+  using T = TestType;
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  const auto bits = [](U u) {
+    T t;
+    std::memcpy(&t, &u, sizeof t);
+    return t;
+  };
+  std::uint64_t state = 0x9e3779b97f4a7c15ull;
+  const auto next = [&] {  // splitmix64
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const auto unit = [&] { return static_cast<T>(static_cast<double>(next() >> 11) * 0x1p-53); };
+  std::size_t differ = 0, n = 0;
+  const auto check = [&](T a, T b) {
+    const T got = r::math::fmod(a, b), want = std::fmod(a, b);
+    ++n;
+    if (std::memcmp(&got, &want, sizeof got) != 0 && !(std::isnan(got) && std::isnan(want))) {
+      if (++differ <= 5) UNSCOPED_INFO("fmod(" << a << ", " << b << "): " << got << ", the C library " << want);
+    }
+  };
+  for (int i = 0; i < 200000; ++i) {
+    check(bits(static_cast<U>(next())), bits(static_cast<U>(next())));
+    check(bits(static_cast<U>(next())), bits(static_cast<U>(next() >> (i % 16 * (sizeof(U) / 2)))));
+    check((unit() - T(0.5)) * T(2000), (unit() - T(0.5)) * T(0.02));
+    check((unit() - T(0.5)) * T(2000), std::round((unit() - T(0.5)) * T(20)));
+  }
+  for (const T a : specials<T>())
+    for (const T b : specials<T>()) check(a, b);
+  for (const T a : {std::numeric_limits<T>::max(), std::numeric_limits<T>::denorm_min(), std::numeric_limits<T>::min()})
+    for (const T b : {std::numeric_limits<T>::denorm_min(), std::numeric_limits<T>::min(), T(3), T(-0.1)}) {
+      check(a, b);
+      check(-a, b);
+    }
+  INFO(differ << " of " << n << " differ");
+  CHECK(differ == 0);
 }
 
 TEST_CASE("rules: values of the piecewise rules", "[rules]") {

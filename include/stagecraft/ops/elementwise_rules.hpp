@@ -42,11 +42,12 @@ enum class UnaryKind {
   predicate  ///< any dtype in, bool out
 };
 
-/// Whether Op's rule may run on SIMD batches B. Written over B too, so the constraint is checked
-/// when simd() is called, not when Unary<Op> is instantiated while Op is still incomplete (nvcc's
-/// front end checks a constraint that names only the class's parameters that early).
+/// Whether Op's rule may run on SIMD batches B (rules::on_batches: Rule::vectorizes, or batches of
+/// floats for a rule that says vectorizes_floats). Written over B too, so the constraint is
+/// checked when simd() is called, not when Unary<Op> is instantiated while Op is still incomplete
+/// (nvcc's front end checks a constraint that names only the class's parameters that early).
 template <class Op, class B>
-inline constexpr bool vectorizes_for = Op::vectorizes;
+inline constexpr bool vectorizes_for = rules::on_batches<Op, B>;
 
 /// The scalar and SIMD forms of an op whose math is a rule (rules.hpp): both call Op::f, so an
 /// op's math is written once. SIMD only where the rule allows it (Rule::vectorizes); a
@@ -94,8 +95,9 @@ struct Unary {
   static void cuda(Inputs in, Tensor& out, const Attrs&, const std::source_location& loc) {
     backend::cuda::unary<Op>(in, out, loc);
   }
+  /// A costly grain for transcendentals and for rules with no SIMD form (a scalar call an element).
   static constexpr std::int64_t grain() {
-    return K == UnaryKind::floating ? backend::cpu::grain_costly : backend::cpu::grain_cheap;
+    return K == UnaryKind::floating || !Op::vectorizes ? backend::cpu::grain_costly : backend::cpu::grain_cheap;
   }
 };
 
@@ -162,8 +164,10 @@ struct Binary {
   static void cuda(Inputs in, Tensor& out, const Attrs&, const std::source_location& loc) {
     backend::cuda::binary<Op>(in, out, loc);
   }
+  /// A costly grain for division and for rules with no SIMD form (pow, floor_div, mod: a libm call
+  /// or an integer division an element, 2-40 ns where add's vector loop takes a fraction of one).
   static constexpr std::int64_t grain() {
-    return K == BinaryKind::floating ? backend::cpu::grain_costly : backend::cpu::grain_cheap;
+    return K == BinaryKind::floating || !Op::vectorizes ? backend::cpu::grain_costly : backend::cpu::grain_cheap;
   }
 };
 

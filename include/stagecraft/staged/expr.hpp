@@ -169,10 +169,11 @@ constexpr bool to_bool(Kind k) { return ops::bool_result(k); }
 constexpr bool simd_dtype(DType d) { return d != DType::b8; }
 constexpr bool is_d_or_bool(DType x, DType d) { return x == d || x == DType::b8; }
 
-/// Runs rule Op on SIMD lanes; a rule that does not vectorize (pow) runs lane by lane.
+/// Runs rule Op on SIMD lanes; a rule that does not vectorize for B (pow; mod on integers) runs
+/// lane by lane.
 template <class Op, class B, class... Bs>
 SC_ALWAYS_INLINE auto apply_rule(const B& x, const Bs&... y) {
-  if constexpr (is_batch<B> && !Op::vectorizes) {
+  if constexpr (is_batch<B> && !rules::on_batches<Op, B>) {
     using T = typename B::value_type;
     constexpr std::size_t W = B::size;
     alignas(sizeof(B)) T a[W];

@@ -18,3 +18,43 @@
 #endif
 
 #include <xsimd/xsimd.hpp>
+
+#include <type_traits>
+
+#include "../../ops/rules.hpp"
+
+namespace stagecraft::rules::math {
+/// rules.inc's fnma_fused on this target's batches: x - q y in one rounding, by the instruction
+/// itself (xsimd 8's fnma is a multiply and a subtraction on AVX-512, which the compiler fuses only
+/// where it contracts: not under -std=c++20 or -ffp-contract=off). Exactness is the point: the
+/// batch fmod's step is exact only so.
+template <class V>
+SC_HOST_DEVICE V fnma_fused(const V& q, const V& y, const V& x) {
+  using T = typename V::value_type;
+  static_assert(std::is_floating_point_v<T> && has_fnma_fused, "stagecraft: no fused multiply-add on this target");
+  constexpr std::size_t bytes = sizeof(typename V::register_type);
+  constexpr bool f32 = std::is_same_v<T, float>;
+#if defined(__aarch64__)
+  static_assert(bytes == 16, "stagecraft: a NEON batch is 16 bytes");
+  if constexpr (f32) return vfmsq_f32(x, q, y);
+  else return vfmsq_f64(x, q, y);
+#elif defined(__FMA__) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__AVX512F__)
+  if constexpr (bytes == 64) {
+    if constexpr (f32) return _mm512_fnmadd_ps(q, y, x);
+    else return _mm512_fnmadd_pd(q, y, x);
+  } else
+#endif
+  if constexpr (bytes == 32) {
+    if constexpr (f32) return _mm256_fnmadd_ps(q, y, x);
+    else return _mm256_fnmadd_pd(q, y, x);
+  } else {
+    static_assert(bytes == 16, "stagecraft: an x86 batch is 16, 32 or 64 bytes");
+    if constexpr (f32) return _mm_fnmadd_ps(q, y, x);
+    else return _mm_fnmadd_pd(q, y, x);
+  }
+#else
+  return x;  // (unreachable: the static_assert above)
+#endif
+}
+}  // namespace stagecraft::rules::math

@@ -1,0 +1,166 @@
+// mod and floor_div on SIMD batches of floats, which need a fused multiply-add (rules::math::fmod's
+// one exact step, math::fnma_fused): this file is built with -march=x86-64-v3 (AVX2 and FMA), from
+// the headers alone, so the batch forms that the baseline build leaves out run here. They must
+// give the scalar forms' bits (the C library's fmod, exact), batch by batch, whatever the other
+// lanes of a batch hold (an infinity, a NaN, a zero divisor or a huge quotient sends a batch lane
+// by lane), and eager, traced and compile-time staged runs must agree with a plain loop.
+#include <catch2/catch.hpp>
+#include <stagecraft/stagecraft.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+namespace r = sc::rules;
+template <class T>
+using B = sc::backend::cpu::batch<T>;
+
+bool cpu_runs_this_build() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return true;
+#endif
+}
+
+template <class T>
+bool same(T x, T y) {
+  return std::memcmp(&x, &y, sizeof x) == 0 || (std::isnan(x) && std::isnan(y));
+}
+
+/// n pairs: random bit patterns, ordinary values (quotients up to 10^5), whole divisors, and now
+/// and then a special (inf, NaN, +-0, the extremes) in either operand.
+template <class T>
+void operands(std::size_t n, std::vector<T>& a, std::vector<T>& b) {
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  std::uint64_t state = 12345;
+  const auto next = [&] {  // splitmix64
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const auto unit = [&] { return static_cast<T>(static_cast<double>(next() >> 11) * 0x1p-53); };
+  const auto bits = [](std::uint64_t u) {
+    T t;
+    const U v = static_cast<U>(u);
+    std::memcpy(&t, &v, sizeof t);
+    return t;
+  };
+  const T special[] = {std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity(),
+                       std::numeric_limits<T>::quiet_NaN(), T(0), -T(0), std::numeric_limits<T>::max(),
+                       std::numeric_limits<T>::denorm_min(), -std::numeric_limits<T>::min()};
+  a.resize(n);
+  b.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    switch (i / 4096 % 3) {  // runs of one kind, so most batches hold one kind only
+      case 0: a[i] = bits(next()), b[i] = bits(next() >> (i % 8)); break;
+      case 1: a[i] = (unit() - T(0.5)) * T(2000), b[i] = (unit() - T(0.5)) * T(0.02); break;
+      default: a[i] = (unit() - T(0.5)) * T(2000), b[i] = std::round((unit() - T(0.5)) * T(20)); break;
+    }
+    if (next() % 97 == 0) (next() % 2 ? a[i] : b[i]) = special[next() % 8];
+  }
+}
+
+/// What Python's % and // give on floats, by the C library's fmod (conformance_elementwise.cpp's
+/// definitions, written again here as plain loops).
+template <class T>
+T ref_mod(T a, T b) {
+  T m = std::fmod(a, b);
+  if (m != T(0)) return (b < T(0)) != (m < T(0)) ? m + b : m;
+  return std::copysign(T(0), b);
+}
+template <class T>
+T ref_floor_div(T a, T b) {
+  if (b == T(0)) return a / b;
+  const T m = std::fmod(a, b);
+  T d = (a - m) / b;
+  if (m != T(0) && (b < T(0)) != (m < T(0))) d -= T(1);
+  if (d == T(0)) return std::copysign(T(0), a / b);
+  T q = std::floor(d);
+  if (d - q > T(0.5)) q += T(1);
+  return q;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("rules on batches: fmod, mod and floor_div give the scalar forms' bits", "[rules][fma]", float,
+                   double) {
+  using T = TestType;
+  if (!cpu_runs_this_build()) {
+    WARN("this CPU has no AVX2 and FMA: nothing to check");
+    return;
+  }
+  STATIC_REQUIRE(r::math::has_fnma_fused);
+  STATIC_REQUIRE(r::on_batches<r::Mod, B<T>>);  // the batch forms are what this file checks
+  STATIC_REQUIRE(r::on_batches<r::FloorDiv, B<T>>);
+  STATIC_REQUIRE(!r::on_batches<r::Mod, B<std::int32_t>>);
+  constexpr std::size_t W = B<T>::size;
+  std::vector<T> a, b;
+  operands<T>(3 * 4096 * 8, a, b);
+  std::size_t fmod_differ = 0, mod_differ = 0, div_differ = 0;
+  alignas(64) T f[W], m[W], q[W];
+  for (std::size_t i = 0; i + W <= a.size(); i += W) {
+    const B<T> x = B<T>::load_unaligned(a.data() + i), y = B<T>::load_unaligned(b.data() + i);
+    r::math::fmod(x, y).store_aligned(f);
+    r::Mod::f(x, y).store_aligned(m);
+    r::FloorDiv::f(x, y).store_aligned(q);
+    for (std::size_t k = 0; k < W; ++k) {
+      const T u = a[i + k], v = b[i + k];
+      if (!same(f[k], std::fmod(u, v)) && ++fmod_differ <= 3)
+        UNSCOPED_INFO("fmod(" << u << ", " << v << "): lane " << f[k] << ", C library " << std::fmod(u, v));
+      if (!same(m[k], r::Mod::f(u, v)) && ++mod_differ <= 3)
+        UNSCOPED_INFO("mod(" << u << ", " << v << "): lane " << m[k] << ", scalar " << r::Mod::f(u, v));
+      if (!same(q[k], r::FloorDiv::f(u, v)) && ++div_differ <= 3)
+        UNSCOPED_INFO("floor_div(" << u << ", " << v << "): lane " << q[k] << ", scalar " << r::FloorDiv::f(u, v));
+    }
+  }
+  CHECK(fmod_differ == 0);
+  CHECK(mod_differ == 0);
+  CHECK(div_differ == 0);
+}
+
+TEST_CASE("sc::mod and sc::floor_div on batches: eager, traced and staged agree with plain loops", "[rules][fma]") {
+  if (!cpu_runs_this_build()) {
+    WARN("this CPU has no AVX2 and FMA: nothing to check");
+    return;
+  }
+  const auto run = [](auto tag) {
+    using T = decltype(tag);
+    const sc::DType d = std::is_same_v<T, float> ? sc::f32 : sc::f64;
+    std::vector<T> av, bv;
+    operands<T>(257 * 65, av, bv);
+    const sc::Tensor x = sc::reshape(sc::tensor(av), {257, 65}), y = sc::reshape(sc::tensor(bv), {257, 65});
+    const sc::Tensor row = sc::slice(y, {5, 0}, {1, 65}), col = sc::slice(y, {0, 7}, {257, 1});  // broadcasting
+    REQUIRE(x.dtype() == d);
+    const auto traced_mod = sc::function([](const sc::Tensor& p, const sc::Tensor& s) { return sc::mod(p, s); });
+    const auto traced_div = sc::function([](const sc::Tensor& p, const sc::Tensor& s) { return sc::floor_div(p, s); });
+    const auto staged_mod = sc::compile([](auto p, auto s) { return sc::mod(p, s); });
+    const auto staged_div = sc::compile([](auto p, auto s) { return sc::floor_div(p, s); });
+    for (const sc::Tensor& z : {y, row, col}) {
+      const std::vector<T> xs = x.to_vector<T>(), zs = sc::broadcast_to(z, x.shape()).to_vector<T>();
+      const std::vector<T> m = sc::mod(x, z).to_vector<T>(), q = sc::floor_div(x, z).to_vector<T>();
+      const sc::Tensor tmt = traced_mod(x, z), tqt = traced_div(x, z), smt = staged_mod(x, z), sqt = staged_div(x, z);
+      const std::vector<T> tm = tmt.to_vector<T>(), tq = tqt.to_vector<T>(), sm = smt.to_vector<T>(), sq = sqt.to_vector<T>();
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const T wm = ref_mod(xs[i], zs[i]), wq = ref_floor_div(xs[i], zs[i]);
+        const bool ok = same(m[i], wm) && same(q[i], wq) && same(tm[i], wm) && same(tq[i], wq) && same(sm[i], wm) &&
+                        same(sq[i], wq);
+        if (!ok && ++differ <= 3)
+          UNSCOPED_INFO(sc::name(d) << " " << xs[i] << " % " << zs[i] << ": eager " << m[i] << " traced " << tm[i]
+                                    << " staged " << sm[i] << ", loop " << wm << "; // eager " << q[i] << " traced "
+                                    << tq[i] << " staged " << sq[i] << ", loop " << wq);
+      }
+      INFO(sc::name(d) << " against a divisor of shape " << z.shape());
+      CHECK(differ == 0);
+    }
+  };
+  run(float{});
+  run(double{});
+}
