@@ -267,7 +267,7 @@ BENCHMARK(sweep_hand)->Name("elementwise_sweep/add/hand_loop")->Apply(sweep_size
 // ---- scalar-rule ops (no SIMD form: pow, floor_div, mod) at 64K..1M elements, where the
 // parallel grain decides whether they get threads. Inputs: pow's base in [0.5, 2.5) (no NaN
 // path), floor_div / mod f32 a in [-200, 200) over b in [-2, 2), mod i32 over divisors 1..20.
-enum class Scalar { pow, floor_div, mod, mod_i32 };
+enum class Scalar { pow, pow_2, floor_div, mod, mod_i32 };
 struct ScalarInputs {
   sc::Tensor a, b;
 };
@@ -275,6 +275,7 @@ ScalarInputs scalar_inputs(Scalar f, std::int64_t n) {
   const sc::Tensor x = bench::input({n}, 1), z = bench::input({n}, 2);
   switch (f) {
     case Scalar::pow: return {sc::abs(x) + 0.5f, z};
+    case Scalar::pow_2: return {x, sc::full({n}, 2.0, sc::f32)};  // (pow(x, 2.f) reads no b: a weak scalar)
     case Scalar::floor_div:
     case Scalar::mod: return {x * 100.f, z};
     case Scalar::mod_i32:
@@ -285,6 +286,7 @@ ScalarInputs scalar_inputs(Scalar f, std::int64_t n) {
 sc::Tensor sc_scalar(Scalar f, const sc::Tensor& a, const sc::Tensor& b) {
   switch (f) {
     case Scalar::pow: return sc::pow(a, b);
+    case Scalar::pow_2: return sc::pow(a, 2.f);
     case Scalar::floor_div: return sc::floor_div(a, b);
     case Scalar::mod:
     case Scalar::mod_i32: return sc::mod(a, b);
@@ -309,6 +311,10 @@ void scalar_loop(Scalar f, const T* __restrict a, const T* __restrict b, T* __re
       case Scalar::pow:
 #pragma omp parallel for
         for (std::int64_t i = 0; i < n; ++i) y[i] = std::pow(a[i], b[i]);
+        break;
+      case Scalar::pow_2:
+#pragma omp parallel for simd
+        for (std::int64_t i = 0; i < n; ++i) y[i] = a[i] * a[i];
         break;
       case Scalar::floor_div:
 #pragma omp parallel for
@@ -356,7 +362,10 @@ void scalar_torch(benchmark::State& state, Scalar f) {
   const at::Tensor a = at::from_blob(in.a.raw_data(), {state.range(0)}, at::TensorOptions().dtype(dt));
   const at::Tensor b = at::from_blob(in.b.raw_data(), {state.range(0)}, at::TensorOptions().dtype(dt));
   for (auto _ : state) {
-    at::Tensor c = f == Scalar::pow ? at::pow(a, b) : f == Scalar::floor_div ? at::floor_divide(a, b) : at::remainder(a, b);
+    at::Tensor c = f == Scalar::pow        ? at::pow(a, b)
+                   : f == Scalar::pow_2     ? at::pow(a, 2.0)
+                   : f == Scalar::floor_div ? at::floor_divide(a, b)
+                                            : at::remainder(a, b);
     benchmark::DoNotOptimize(c.data_ptr());
     benchmark::ClobberMemory();
   }
@@ -365,7 +374,8 @@ void scalar_torch(benchmark::State& state, Scalar f) {
 #endif
 void register_scalar() {
   const std::pair<const char*, Scalar> fns[] = {
-      {"pow", Scalar::pow}, {"floor_div", Scalar::floor_div}, {"mod", Scalar::mod}, {"mod_i32", Scalar::mod_i32}};
+      {"pow", Scalar::pow},   {"pow_2", Scalar::pow_2},     {"floor_div", Scalar::floor_div},
+      {"mod", Scalar::mod},   {"mod_i32", Scalar::mod_i32}};
   for (const auto& [name, f] : fns) {
     const std::string s = std::string("elementwise_scalar/") + name + "/";
     auto sizes = [](benchmark::internal::Benchmark* b) { b->Arg(1 << 16)->Arg(1 << 18)->Arg(1 << 20)->UseRealTime(); };
