@@ -155,6 +155,42 @@ TEMPLATE_TEST_CASE("rules: math::fmod is the C library's fmod, bit for bit", "[r
   CHECK(differ == 0);
 }
 
+// pow's common exponents 2, 1, -1 and 0.5 on batches (a * a, a, 1 / a, sqrt with pow's signs) and
+// every other exponent lane by lane: the scalar rule's bits, in batches of one exponent and mixed.
+TEMPLATE_TEST_CASE("rules: pow on batches gives the scalar rule's bits, and its common exponents are exact", "[rules]",
+                   float, double) {
+  using T = TestType;
+  STATIC_REQUIRE(r::on_batches<r::Pow, B<T>>);
+  STATIC_REQUIRE(!r::on_batches<r::Pow, B<std::int32_t>>);
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  const std::vector<T> x = specials<T>();
+  const std::vector<T> exps = {T(2), T(1), T(-1), T(0.5), T(3), T(-2.25), T(0), nan, -T(0.5)};
+  constexpr std::size_t W = B<T>::size;
+  alignas(64) T out[W], e[W];
+  for (std::size_t mixed = 0; mixed <= exps.size(); ++mixed)  // one exponent a batch, then all mixed
+    for (std::size_t i = 0; i < x.size(); i += W) {
+      for (std::size_t k = 0; k < W; ++k) e[k] = exps[mixed < exps.size() ? mixed : (i + k) % exps.size()];
+      r::Pow::f(B<T>::load_unaligned(x.data() + i), B<T>::load_aligned(e)).store_aligned(out);
+      for (std::size_t k = 0; k < W; ++k) {
+        INFO("a = " << x[i + k] << ", b = " << e[k]);
+        CHECK(same(static_cast<double>(r::Pow::f(x[i + k], e[k])), static_cast<double>(out[k])));
+      }
+    }
+  for (const T a : x) {
+    INFO("a = " << a);
+    CHECK(same(r::Pow::f(a, T(2)), a * a));
+    CHECK(same(r::Pow::f(a, T(1)), a));
+    CHECK(same(r::Pow::f(a, T(-1)), T(1) / a));
+    if (a > T(0) && !std::isinf(a)) CHECK(same(r::Pow::f(a, T(0.5)), std::sqrt(a)));
+    else CHECK(same(r::Pow::f(a, T(0.5)), std::pow(a, T(0.5))));  // pow's specials: +0 for -0, +inf for -inf
+  }
+  CHECK_FALSE(std::signbit(r::Pow::f(-T(0), T(0.5))));
+  CHECK(r::Pow::f(-inf, T(0.5)) == inf);
+  CHECK(std::isnan(r::Pow::f(T(-4), T(0.5))));
+  CHECK(r::Pow::f(T(0), T(-1)) == inf);
+  CHECK(r::Pow::f(-T(0), T(-1)) == -inf);
+}
+
 TEST_CASE("rules: values of the piecewise rules", "[rules]") {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   CHECK(std::signbit(r::Abs::f(-0.0)) == false);
