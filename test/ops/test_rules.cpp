@@ -13,6 +13,8 @@
 #include <typeinfo>
 #include <vector>
 
+#include "bit_patterns.hpp"
+
 namespace {
 
 namespace sc = stagecraft;
@@ -117,19 +119,9 @@ TEMPLATE_TEST_CASE("rules: scalar and SIMD forms agree on special values", "[rul
 TEMPLATE_TEST_CASE("rules: math::fmod is the C library's fmod, bit for bit", "[rules]", float, double) {
   using T = TestType;
   using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
-  const auto bits = [](U u) {
-    T t;
-    std::memcpy(&t, &u, sizeof t);
-    return t;
-  };
-  std::uint64_t state = 0x9e3779b97f4a7c15ull;
-  const auto next = [&] {  // splitmix64
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  const auto unit = [&] { return static_cast<T>(static_cast<double>(next() >> 11) * 0x1p-53); };
+  sc_test::SplitMix64 next{0x9e3779b97f4a7c15ull};
+  const auto bits = [](U u) { return sc_test::SplitMix64::bits_of<T>(u); };
+  const auto unit = [&] { return next.unit<T>(); };
   std::size_t differ = 0, n = 0;
   const auto check = [&](T a, T b) {
     const T got = r::math::fmod(a, b), want = std::fmod(a, b);

@@ -14,6 +14,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "bit_patterns.hpp"
+
 namespace {
 
 namespace r = sc::rules;
@@ -38,20 +40,9 @@ bool same(T x, T y) {
 template <class T>
 void operands(std::size_t n, std::vector<T>& a, std::vector<T>& b) {
   using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
-  std::uint64_t state = 12345;
-  const auto next = [&] {  // splitmix64
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  const auto unit = [&] { return static_cast<T>(static_cast<double>(next() >> 11) * 0x1p-53); };
-  const auto bits = [](std::uint64_t u) {
-    T t;
-    const U v = static_cast<U>(u);
-    std::memcpy(&t, &v, sizeof t);
-    return t;
-  };
+  sc_test::SplitMix64 next{12345};
+  const auto unit = [&] { return next.unit<T>(); };
+  const auto bits = [](std::uint64_t u) { return sc_test::SplitMix64::bits_of<T>(static_cast<U>(u)); };
   const T special[] = {std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity(),
                        std::numeric_limits<T>::quiet_NaN(), T(0), -T(0), std::numeric_limits<T>::max(),
                        std::numeric_limits<T>::denorm_min(), -std::numeric_limits<T>::min()};
