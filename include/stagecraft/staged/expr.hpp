@@ -174,18 +174,7 @@ constexpr bool is_d_or_bool(DType x, DType d) { return x == d || x == DType::b8;
 template <class Op, class B, class... Bs>
 SC_ALWAYS_INLINE auto apply_rule(const B& x, const Bs&... y) {
   if constexpr (is_batch<B> && !rules::on_batches<Op, B>) {
-    using T = typename B::value_type;
-    constexpr std::size_t W = B::size;
-    alignas(sizeof(B)) T a[W];
-    x.store_aligned(a);
-    if constexpr (sizeof...(Bs) == 0) {
-      for (std::size_t k = 0; k < W; ++k) a[k] = Op::f(a[k]);
-    } else {
-      alignas(sizeof(B)) T b[W];
-      (y.store_aligned(b), ...);
-      for (std::size_t k = 0; k < W; ++k) a[k] = Op::f(a[k], b[k]);
-    }
-    return B::load_aligned(a);
+    return rules::math::per_lane([](auto... v) { return Op::f(v...); }, x, y...);
   } else {
     return Op::f(x, y...);
   }
