@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bit_patterns.hpp"
+#include "pow_floats.hpp"
 
 namespace {
 
@@ -181,6 +182,30 @@ TEMPLATE_TEST_CASE("rules: pow on batches gives the scalar rule's bits, and its 
   CHECK(std::isnan(r::Pow::f(T(-4), T(0.5))));
   CHECK(r::Pow::f(T(0), T(-1)) == inf);
   CHECK(r::Pow::f(-T(0), T(-1)) == -inf);
+}
+
+// Every other exponent of a float in doubles: the correctly rounded x^y (that of glibc's double pow
+// rounded to float) but where x^y lies all but on a midpoint between two floats, never more than
+// an ulp from it or from glibc's powf, the IEEE specials of both, and a batch's lanes the scalar's.
+TEST_CASE("rules: pow on floats is x^y correctly rounded, and the same bits on batches", "[rules]") {
+  const sc_test::PowFloatCounts c = sc_test::check_pow_floats(4 * 4096 * 16);
+  INFO(c.not_rounded << " of " << c.pairs << " not correctly rounded");
+  CHECK(c.not_rounded <= 4);
+  CHECK(c.beyond_one_ulp == 0);
+  CHECK(c.batch_differ == 0);
+  // the signs of a negative base to whole powers, and the specials around them
+  CHECK(r::Pow::f(-2.f, 3.f) == -8.f);
+  CHECK(r::Pow::f(-2.f, -3.f) == -0.125f);
+  CHECK(r::Pow::f(-2.f, 4.f) == 16.f);
+  CHECK(std::isnan(r::Pow::f(-2.f, 2.5f)));
+  CHECK(std::signbit(r::Pow::f(-1e30f, -3.f)));  // -0: underflows with the odd power's sign
+  CHECK(r::Pow::f(-1e30f, 3.f) == -std::numeric_limits<float>::infinity());
+  CHECK(r::Pow::f(2.f, -149.f) == std::numeric_limits<float>::denorm_min());
+  CHECK(r::Pow::f(1.f, std::numeric_limits<float>::quiet_NaN()) == 1.f);
+  CHECK(r::Pow::f(std::numeric_limits<float>::quiet_NaN(), 0.f) == 1.f);
+  CHECK(r::Pow::f(-1.f, -std::numeric_limits<float>::infinity()) == 1.f);
+  CHECK(r::Pow::f(3.f, 1e30f) == std::numeric_limits<float>::infinity());
+  CHECK(r::Pow::f(-3.f, 1e30f) == std::numeric_limits<float>::infinity());  // a whole, even power
 }
 
 TEST_CASE("rules: values of the piecewise rules", "[rules]") {

@@ -3,7 +3,8 @@
 // the headers alone, so the batch forms that the baseline build leaves out run here. They must
 // give the scalar forms' bits (the C library's fmod, exact), batch by batch, whatever the other
 // lanes of a batch hold (an infinity, a NaN, a zero divisor or a huge quotient sends a batch lane
-// by lane), and eager, traced and compile-time staged runs must agree with a plain loop.
+// by lane), and eager, traced and compile-time staged runs must agree with a plain loop. And pow on
+// floats, whose multiply-adds the compiler fuses here, still the same bits (pow_floats.hpp).
 #include <catch2/catch.hpp>
 #include <stagecraft/stagecraft.hpp>
 
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "bit_patterns.hpp"
+#include "pow_floats.hpp"
 
 namespace {
 
@@ -154,4 +156,18 @@ TEST_CASE("sc::mod and sc::floor_div on batches: eager, traced and staged agree 
   };
   run(float{});
   run(double{});
+}
+
+// pow on floats in doubles (rules.inc's pow_in_double) where the compiler fuses its multiply-adds:
+// the scalar and batch forms must still give the same bits, and x^y correctly rounded.
+TEST_CASE("rules on batches: pow on floats gives the scalar form's bits under FMA", "[rules][fma]") {
+  if (!cpu_runs_this_build()) {
+    WARN("this CPU has no AVX2 and FMA: nothing to check");
+    return;
+  }
+  const sc_test::PowFloatCounts c = sc_test::check_pow_floats(4 * 4096 * 8);
+  INFO(c.not_rounded << " of " << c.pairs << " not correctly rounded");
+  CHECK(c.not_rounded <= 4);
+  CHECK(c.beyond_one_ulp == 0);
+  CHECK(c.batch_differ == 0);
 }

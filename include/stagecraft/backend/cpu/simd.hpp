@@ -19,6 +19,8 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "../../ops/rules.hpp"
@@ -56,5 +58,39 @@ SC_HOST_DEVICE V fnma_fused(const V& q, const V& y, const V& x) {
 #else
   return x;  // (unreachable: the static_assert above)
 #endif
+}
+
+/// rules.inc's split_exponent and exp2_whole on batches of doubles: its scalar forms' steps.
+template <class D>
+  requires requires { typename D::value_type; }
+D split_exponent(const D& x, D& e) {
+  using U = xsimd::batch<std::uint64_t, typename D::arch_type>;
+  const U bits = xsimd::bitwise_cast<U>(x), mantissa = bits & U(0x000fffffffffffffull);
+  const U high = xsimd::select(mantissa > U(0x6a09e667f3bcdull), U(1), U(0));
+  e = xsimd::bitwise_cast<D>(((bits >> 52) + high) | U(0x4330000000000000ull)) - D(0x1.0p52 + 1023.0);
+  return xsimd::bitwise_cast<D>(mantissa | ((U(0x3ffull) - high) << 52));
+}
+template <class D>
+  requires requires { typename D::value_type; }
+D exp2_whole(const D& n) {
+  using U = xsimd::batch<std::uint64_t, typename D::arch_type>;
+  return xsimd::bitwise_cast<D>(xsimd::bitwise_cast<U>(n + D(0x1.0p52 + 1023.0)) << 52);
+}
+/// rules.inc's pow_float_batch: |x| and y widened to two batches of doubles (or more: as many as
+/// the float batch's lanes take), pow_in_double on each, rounded back to floats, and the sign of
+/// a negative x to an odd power.
+template <class V>
+  requires requires { typename V::value_type; }
+SC_HOST_DEVICE V pow_float_batch(const V& x, const V& y) {
+  static_assert(std::is_same_v<typename V::value_type, float>, "stagecraft: pow_float_batch takes floats");
+  using D = xsimd::batch<double, typename V::arch_type>;
+  constexpr std::size_t W = V::size, H = D::size;
+  alignas(V::arch_type::alignment()) float base[W], power[W], out[W];
+  xsimd::abs(x).store_aligned(base);
+  y.store_aligned(power);
+  for (std::size_t h = 0; h < W; h += H)
+    pow_in_double(D::load_unaligned(base + h), D::load_unaligned(power + h)).store_unaligned(out + h);
+  const V r = V::load_aligned(out), half = y * V(0.5f);
+  return xsimd::select((x < V(0.f)) & (xsimd::trunc(half) != half), r | V(-0.f), r);  // (r >= +0)
 }
 }  // namespace stagecraft::rules::math
