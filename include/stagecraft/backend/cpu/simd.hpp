@@ -93,4 +93,53 @@ SC_HOST_DEVICE V pow_float_batch(const V& x, const V& y) {
   const V r = V::load_aligned(out), half = y * V(0.5f);
   return xsimd::select((x < V(0.f)) & (xsimd::trunc(half) != half), r | V(-0.f), r);  // (r >= +0)
 }
+/// rules.inc's floor_division_batch: the ints widened to two batches of doubles (the conversion
+/// instructions themselves: xsimd 8.1 widens through memory, in pieces the next load cannot take
+/// from the store buffer), floor(a / b) there (exact: divides_in_double), a - b floor(a / b) for
+/// Mod (exact too: below |a| + |b| < 2^32), truncated back.
+template <bool Mod, class V>
+  requires requires { typename V::value_type; }
+SC_HOST_DEVICE V floor_division_batch(const V& a, const V& b) {
+  static_assert(divides_in_double<typename V::value_type>, "stagecraft: floor_division_batch takes 32-bit ints");
+  using D = xsimd::batch<double, typename V::arch_type>;
+  const auto divide = [](const D& u, const D& v) {
+    const D q = xsimd::floor(u / v), zero(0.0);
+    if constexpr (Mod) return xsimd::select(v == zero, zero, D(u - q * v));
+    else return xsimd::select(v == zero, zero, xsimd::select(q == D(0x1p31), D(-0x1p31), q));  // min / -1 wraps
+  };
+  constexpr std::size_t bytes = sizeof(typename V::register_type);
+#if (defined(__SSE4_1__) || defined(__AVX__)) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__AVX512F__)
+  if constexpr (bytes == 64) {
+    const __m512i x = a, y = b;
+    const __m256i lo = _mm512_cvttpd_epi32(divide(D(_mm512_cvtepi32_pd(_mm512_castsi512_si256(x))),
+                                                  D(_mm512_cvtepi32_pd(_mm512_castsi512_si256(y)))));
+    const __m256i hi = _mm512_cvttpd_epi32(divide(D(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(x, 1))),
+                                                  D(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(y, 1)))));
+    return V(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+  } else
+#endif
+#if defined(__AVX__)
+  if constexpr (bytes == 32) {
+    const __m256i x = a, y = b;
+    const __m128i lo = _mm256_cvttpd_epi32(
+        divide(D(_mm256_cvtepi32_pd(_mm256_castsi256_si128(x))), D(_mm256_cvtepi32_pd(_mm256_castsi256_si128(y)))));
+    const __m128i hi = _mm256_cvttpd_epi32(divide(D(_mm256_cvtepi32_pd(_mm256_extractf128_si256(x, 1))),
+                                                  D(_mm256_cvtepi32_pd(_mm256_extractf128_si256(y, 1)))));
+    return V(_mm256_insertf128_si256(_mm256_castsi128_si256(lo), hi, 1));
+  } else
+#endif
+  {
+    static_assert(bytes == 16, "stagecraft: an x86 batch is 16, 32 or 64 bytes");
+    const __m128i x = a, y = b;
+    const __m128i lo = _mm_cvttpd_epi32(divide(D(_mm_cvtepi32_pd(x)), D(_mm_cvtepi32_pd(y))));
+    const __m128i hi = _mm_cvttpd_epi32(
+        divide(D(_mm_cvtepi32_pd(_mm_shuffle_epi32(x, 0xee))), D(_mm_cvtepi32_pd(_mm_shuffle_epi32(y, 0xee)))));
+    return V(_mm_unpacklo_epi64(lo, hi));
+  }
+#else
+  (void)divide;
+  return a;  // (unreachable: divides_in_double is false here)
+#endif
+}
 }  // namespace stagecraft::rules::math
