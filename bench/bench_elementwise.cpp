@@ -264,10 +264,13 @@ void sweep_sizes(benchmark::internal::Benchmark* b) {
 BENCHMARK(sweep_stagecraft)->Name("elementwise_sweep/add/stagecraft")->Apply(sweep_sizes);
 BENCHMARK(sweep_hand)->Name("elementwise_sweep/add/hand_loop")->Apply(sweep_sizes);
 
-// ---- scalar-rule ops (no SIMD form: pow, floor_div, mod) at 64K..1M elements, where the
-// parallel grain decides whether they get threads. Inputs: pow's base in [0.5, 2.5) (no NaN
-// path), floor_div / mod f32 a in [-200, 200) over b in [-2, 2), mod i32 over divisors 1..20.
-enum class Scalar { pow, pow_2, floor_div, mod, mod_i32 };
+// ---- ops whose rules are scalar in general (pow, floor_div, mod: rules.inc's vectorizes = false,
+// with batch forms for floats and int32) at 64K..1M elements, where the parallel grain decides
+// whether they get threads. Inputs: pow's base in [0.5, 2.5) (no NaN path), its exponent in
+// [-2, 2), 2.f or 3.f (weak scalars); floor_div / mod f32 a in [-200, 200) over b in [-2, 2); the
+// int32 ones a in [-2000, 2000) over divisors 1..20.
+enum class Scalar { pow, pow_2, pow_3, floor_div, mod, floor_div_i32, mod_i32 };
+bool int32_op(Scalar f) { return f == Scalar::mod_i32 || f == Scalar::floor_div_i32; }
 struct ScalarInputs {
   sc::Tensor a, b;
 };
@@ -276,8 +279,10 @@ ScalarInputs scalar_inputs(Scalar f, std::int64_t n) {
   switch (f) {
     case Scalar::pow: return {sc::abs(x) + 0.5f, z};
     case Scalar::pow_2: return {x, sc::full({n}, 2.0, sc::f32)};  // (pow(x, 2.f) reads no b: a weak scalar)
+    case Scalar::pow_3: return {x, sc::full({n}, 3.0, sc::f32)};
     case Scalar::floor_div:
     case Scalar::mod: return {x * 100.f, z};
+    case Scalar::floor_div_i32:
     case Scalar::mod_i32:
       return {sc::cast(x * 1000.f, sc::DType::i32), sc::cast(sc::abs(z) * 9.5f + 1.f, sc::DType::i32)};
   }
@@ -287,7 +292,9 @@ sc::Tensor sc_scalar(Scalar f, const sc::Tensor& a, const sc::Tensor& b) {
   switch (f) {
     case Scalar::pow: return sc::pow(a, b);
     case Scalar::pow_2: return sc::pow(a, 2.f);
-    case Scalar::floor_div: return sc::floor_div(a, b);
+    case Scalar::pow_3: return sc::pow(a, 3.f);
+    case Scalar::floor_div:
+    case Scalar::floor_div_i32: return sc::floor_div(a, b);
     case Scalar::mod:
     case Scalar::mod_i32: return sc::mod(a, b);
   }
@@ -316,6 +323,10 @@ void scalar_loop(Scalar f, const T* __restrict a, const T* __restrict b, T* __re
 #pragma omp parallel for simd
         for (std::int64_t i = 0; i < n; ++i) y[i] = a[i] * a[i];
         break;
+      case Scalar::pow_3:
+#pragma omp parallel for
+        for (std::int64_t i = 0; i < n; ++i) y[i] = std::pow(a[i], 3.f);
+        break;
       case Scalar::floor_div:
 #pragma omp parallel for
         for (std::int64_t i = 0; i < n; ++i) {
@@ -333,6 +344,12 @@ void scalar_loop(Scalar f, const T* __restrict a, const T* __restrict b, T* __re
         }
         break;
     }
+  } else if (f == Scalar::floor_div_i32) {
+#pragma omp parallel for
+    for (std::int64_t i = 0; i < n; ++i) {
+      const T q = b[i] == 0 ? T(0) : static_cast<T>(a[i] / b[i]);
+      y[i] = (b[i] != 0 && q * b[i] != a[i] && ((a[i] < 0) != (b[i] < 0))) ? static_cast<T>(q - 1) : q;
+    }
   } else {
 #pragma omp parallel for
     for (std::int64_t i = 0; i < n; ++i) {
@@ -345,7 +362,7 @@ void scalar_hand(benchmark::State& state, Scalar f) {
   const ScalarInputs in = scalar_inputs(f, state.range(0));
   sc::Tensor y = sc::zeros(in.a.shape(), in.a.dtype());
   for (auto _ : state) {
-    if (f == Scalar::mod_i32)
+    if (int32_op(f))
       scalar_loop(f, static_cast<const std::int32_t*>(in.a.raw_data()), static_cast<const std::int32_t*>(in.b.raw_data()),
                   static_cast<std::int32_t*>(y.raw_data()), state.range(0));
     else
@@ -358,14 +375,15 @@ void scalar_hand(benchmark::State& state, Scalar f) {
 #if STAGECRAFT_BENCH_TORCH
 void scalar_torch(benchmark::State& state, Scalar f) {
   const ScalarInputs in = scalar_inputs(f, state.range(0));
-  const auto dt = f == Scalar::mod_i32 ? at::kInt : at::kFloat;
+  const auto dt = int32_op(f) ? at::kInt : at::kFloat;
   const at::Tensor a = at::from_blob(in.a.raw_data(), {state.range(0)}, at::TensorOptions().dtype(dt));
   const at::Tensor b = at::from_blob(in.b.raw_data(), {state.range(0)}, at::TensorOptions().dtype(dt));
   for (auto _ : state) {
     at::Tensor c = f == Scalar::pow        ? at::pow(a, b)
                    : f == Scalar::pow_2     ? at::pow(a, 2.0)
-                   : f == Scalar::floor_div ? at::floor_divide(a, b)
-                                            : at::remainder(a, b);
+                   : f == Scalar::pow_3     ? at::pow(a, 3.0)
+                   : f == Scalar::floor_div || f == Scalar::floor_div_i32 ? at::floor_divide(a, b)
+                                                                         : at::remainder(a, b);
     benchmark::DoNotOptimize(c.data_ptr());
     benchmark::ClobberMemory();
   }
@@ -374,8 +392,8 @@ void scalar_torch(benchmark::State& state, Scalar f) {
 #endif
 void register_scalar() {
   const std::pair<const char*, Scalar> fns[] = {
-      {"pow", Scalar::pow},   {"pow_2", Scalar::pow_2},     {"floor_div", Scalar::floor_div},
-      {"mod", Scalar::mod},   {"mod_i32", Scalar::mod_i32}};
+      {"pow", Scalar::pow}, {"pow_2", Scalar::pow_2},         {"pow_3", Scalar::pow_3},    {"floor_div", Scalar::floor_div},
+      {"mod", Scalar::mod}, {"floor_div_i32", Scalar::floor_div_i32}, {"mod_i32", Scalar::mod_i32}};
   for (const auto& [name, f] : fns) {
     const std::string s = std::string("elementwise_scalar/") + name + "/";
     auto sizes = [](benchmark::internal::Benchmark* b) { b->Arg(1 << 16)->Arg(1 << 18)->Arg(1 << 20)->UseRealTime(); };

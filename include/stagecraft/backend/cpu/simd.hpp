@@ -93,6 +93,21 @@ SC_HOST_DEVICE V pow_float_batch(const V& x, const V& y) {
   const V r = V::load_aligned(out), half = y * V(0.5f);
   return xsimd::select((x < V(0.f)) & (xsimd::trunc(half) != half), r | V(-0.f), r);  // (r >= +0)
 }
+/// rules.inc's cube_float_batch: x widened to batches of doubles, x * x * x there, rounded back.
+template <class V>
+  requires requires { typename V::value_type; }
+SC_HOST_DEVICE V cube_float_batch(const V& x) {
+  static_assert(std::is_same_v<typename V::value_type, float>, "stagecraft: cube_float_batch takes floats");
+  using D = xsimd::batch<double, typename V::arch_type>;
+  constexpr std::size_t W = V::size, H = D::size;
+  alignas(V::arch_type::alignment()) float in[W], out[W];
+  x.store_aligned(in);
+  for (std::size_t h = 0; h < W; h += H) {
+    const D u = D::load_unaligned(in + h);
+    D(u * u * u).store_unaligned(out + h);
+  }
+  return V::load_aligned(out);
+}
 /// rules.inc's floor_division_batch: the ints widened to two batches of doubles (the conversion
 /// instructions themselves: xsimd 8.1 widens through memory, in pieces the next load cannot take
 /// from the store buffer), floor(a / b) there (exact: divides_in_double), a - b floor(a / b) for
