@@ -76,21 +76,75 @@ D exp2_whole(const D& n) {
   using U = xsimd::batch<std::uint64_t, typename D::arch_type>;
   return xsimd::bitwise_cast<D>(xsimd::bitwise_cast<U>(n + D(0x1.0p52 + 1023.0)) << 52);
 }
-/// rules.inc's pow_float_batch: |x| and y widened to two batches of doubles (or more: as many as
-/// the float batch's lanes take), pow_in_double on each, rounded back to floats, and the sign of
-/// a negative x to an odd power.
+/// A batch of floats as two batches of doubles (its low and high halves), by the conversion
+/// instructions where there are some (xsimd 8.1 converts through memory, element by element).
+template <class V, class D = xsimd::batch<double, typename V::arch_type>>
+  requires requires { typename V::value_type; }
+SC_HOST_DEVICE void widen_floats(const V& x, D& lo, D& hi) {
+  static_assert(2 * D::size == V::size, "stagecraft: a batch of doubles holds half a batch of floats");
+  constexpr std::size_t bytes = sizeof(typename V::register_type);
+#if defined(__AVX512F__)
+  if constexpr (bytes == 64) {
+    const __m512 v = x;
+    lo = D(_mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+    hi = D(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+    return;
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (bytes == 32) {
+    const __m256 v = x;
+    lo = D(_mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    hi = D(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    return;
+  }
+#endif
+#if defined(__SSE2__)
+  if constexpr (bytes == 16) {
+    const __m128 v = x;
+    lo = D(_mm_cvtps_pd(v));
+    hi = D(_mm_cvtps_pd(_mm_movehl_ps(v, v)));
+    return;
+  }
+#endif
+  alignas(V::arch_type::alignment()) float in[V::size];
+  x.store_aligned(in);
+  lo = D::load_unaligned(in);
+  hi = D::load_unaligned(in + D::size);
+}
+/// Two batches of doubles rounded to one of floats (lo's lanes first): widen_floats undone.
+template <class V, class D>
+  requires requires { typename V::value_type; }
+SC_HOST_DEVICE V narrow_to_floats(const D& lo, const D& hi) {
+  constexpr std::size_t bytes = sizeof(typename V::register_type);
+#if defined(__AVX512F__)
+  if constexpr (bytes == 64)
+    return V(_mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(lo))),
+                                                 _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1)));
+#endif
+#if defined(__AVX__)
+  if constexpr (bytes == 32)
+    return V(_mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo)), _mm256_cvtpd_ps(hi), 1));
+#endif
+#if defined(__SSE2__)
+  if constexpr (bytes == 16) return V(_mm_movelh_ps(_mm_cvtpd_ps(lo), _mm_cvtpd_ps(hi)));
+#endif
+  alignas(V::arch_type::alignment()) float out[V::size];
+  lo.store_unaligned(out);
+  hi.store_unaligned(out + D::size);
+  return V::load_aligned(out);
+}
+/// rules.inc's pow_float_batch: |x| and y widened to batches of doubles, pow_in_double on each,
+/// rounded back to floats, and the sign of a negative x to an odd power.
 template <class V>
   requires requires { typename V::value_type; }
 SC_HOST_DEVICE V pow_float_batch(const V& x, const V& y) {
   static_assert(std::is_same_v<typename V::value_type, float>, "stagecraft: pow_float_batch takes floats");
   using D = xsimd::batch<double, typename V::arch_type>;
-  constexpr std::size_t W = V::size, H = D::size;
-  alignas(V::arch_type::alignment()) float base[W], power[W], out[W];
-  xsimd::abs(x).store_aligned(base);
-  y.store_aligned(power);
-  for (std::size_t h = 0; h < W; h += H)
-    pow_in_double(D::load_unaligned(base + h), D::load_unaligned(power + h)).store_unaligned(out + h);
-  const V r = V::load_aligned(out), half = y * V(0.5f);
+  D x0, x1, y0, y1;
+  widen_floats(xsimd::abs(x), x0, x1);
+  widen_floats(y, y0, y1);
+  const V r = narrow_to_floats<V>(pow_in_double(x0, y0), pow_in_double(x1, y1)), half = y * V(0.5f);
   return xsimd::select((x < V(0.f)) & (xsimd::trunc(half) != half), r | V(-0.f), r);  // (r >= +0)
 }
 /// rules.inc's cube_float_batch: x widened to batches of doubles, x * x * x there, rounded back.
@@ -99,14 +153,9 @@ template <class V>
 SC_HOST_DEVICE V cube_float_batch(const V& x) {
   static_assert(std::is_same_v<typename V::value_type, float>, "stagecraft: cube_float_batch takes floats");
   using D = xsimd::batch<double, typename V::arch_type>;
-  constexpr std::size_t W = V::size, H = D::size;
-  alignas(V::arch_type::alignment()) float in[W], out[W];
-  x.store_aligned(in);
-  for (std::size_t h = 0; h < W; h += H) {
-    const D u = D::load_unaligned(in + h);
-    D(u * u * u).store_unaligned(out + h);
-  }
-  return V::load_aligned(out);
+  D lo, hi;
+  widen_floats(x, lo, hi);
+  return narrow_to_floats<V>(D(lo * lo * lo), D(hi * hi * hi));
 }
 /// rules.inc's floor_division_batch: the ints widened to two batches of doubles (the conversion
 /// instructions themselves: xsimd 8.1 widens through memory, in pieces the next load cannot take
