@@ -90,6 +90,7 @@ if(STAGECRAFT_WITH_CUDA)
   set(_sc_rtc_dir ${CMAKE_CURRENT_BINARY_DIR}/stagecraft_rtc)
   set(_sc_rtc_inputs ${CMAKE_CURRENT_SOURCE_DIR}/include/stagecraft/ops/rules.hpp
     ${CMAKE_CURRENT_SOURCE_DIR}/include/stagecraft/ops/rules.inc
+    ${CMAKE_CURRENT_SOURCE_DIR}/include/stagecraft/ops/rules_pow.inc
     ${CMAKE_CURRENT_SOURCE_DIR}/include/stagecraft/detail/host_device.hpp
     ${CMAKE_CURRENT_SOURCE_DIR}/kernels/rtc/cmath ${CMAKE_CURRENT_SOURCE_DIR}/kernels/rtc/type_traits)
   add_custom_command(OUTPUT ${_sc_rtc_dir}/rtc_headers.inc

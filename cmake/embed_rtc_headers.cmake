@@ -4,6 +4,7 @@
 set(_entries
   "stagecraft/ops/rules.hpp=${ROOT}/include/stagecraft/ops/rules.hpp"
   "rules.inc=${ROOT}/include/stagecraft/ops/rules.inc"
+  "rules_pow.inc=${ROOT}/include/stagecraft/ops/rules_pow.inc"
   "../detail/host_device.hpp=${ROOT}/include/stagecraft/detail/host_device.hpp"
   "cmath=${ROOT}/kernels/rtc/cmath"
   "type_traits=${ROOT}/kernels/rtc/type_traits")

@@ -365,8 +365,11 @@ Kernel* find_kernel(const Library& lib, const char* name) {
 /// What a cached library depends on besides its source: the compiler, its flags, the rules, the prelude.
 const std::string& key_prefix() {
   static const std::string p = [] {
-    std::ifstream rules(fs::path(include_dir()) / "stagecraft" / "ops" / "rules.inc");
-    const std::string text(std::istreambuf_iterator<char>(rules), {});
+    std::string text;
+    for (const char* file : {"rules.inc", "rules_pow.inc"}) {
+      std::ifstream rules(fs::path(include_dir()) / "stagecraft" / "ops" / file);
+      text.append(std::istreambuf_iterator<char>(rules), {});
+    }
     return "emu " + compiler() + " " + flags + " rules " + std::to_string(fnv1a(text)) + " prelude " +
            std::to_string(fnv1a(prelude)) + "\n";
   }();

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -487,4 +488,49 @@ TEST_CASE("floor_div and mod on integers: Python's signs, zero divisors, the low
   const sc::Tensor r = sc::mod(x, y) + sc::floor_div(x, y);
   CHECK(t.gradient(r, x).to_vector<double>() == std::vector<double>{1, 1});
   CHECK(t.gradient(r, y).to_vector<double>() == std::vector<double>{-2, 3});
+}
+
+// pow with one exponent for a whole row (a tensor to a number) takes its path once a row
+// (rules::Pow::with_second): at every length (SIMD body and padded tail), with the special values
+// in every lane, the scalar rule's bits, and against references written here: a * a, a, 1 / a,
+// sqrt with pow's signs, x^3 in double, and the C library's pow in double within an ulp.
+static_assert(sc::backend::cpu::FixesSecond<sc::ops::Pow, float> && sc::backend::cpu::FixesSecond<sc::ops::Pow, double>);
+static_assert(!sc::backend::cpu::FixesSecond<sc::ops::Pow, std::int32_t> && !sc::backend::cpu::FixesSecond<sc::ops::Add, float>);
+TEMPLATE_TEST_CASE("pow to one exponent: a row's path chosen once, the scalar rule's bits at every length", "[elementwise]",
+                   float, double) {
+  using T = TestType;
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  const std::vector<T> pool = {T(1.5), T(-2), T(0), -T(0), inf, T(0.3), -inf, nan, T(-0.75), T(7), T(1e-20), T(-3.5), T(2)};
+  const std::vector<T> exps = {T(2), T(1), T(-1), T(0.5), T(3), T(2.5), T(-3), T(0), T(-0.5), nan};
+  const auto same = [](T x, T y) { return std::memcmp(&x, &y, sizeof(T)) == 0 || (std::isnan(x) && std::isnan(y)); };
+  for (const T e : exps)
+    for (std::int64_t n = 1; n <= 37; n += (n < 20 ? 1 : 8)) {
+      std::vector<T> a(n);
+      for (std::int64_t i = 0; i < n; ++i) a[i] = pool[(i * 5 + static_cast<std::int64_t>(n)) % pool.size()];
+      const std::vector<T> got = sc::pow(sc::tensor(a), sc::tensor(std::vector<T>{e})).template to_vector<T>();
+      // the same row as a 2-row broadcast of the exponent tensor [1, 1]
+      const std::vector<T> rows =
+          sc::pow(sc::tensor(a, {1, n}), sc::tensor(std::vector<T>{e}, {1, 1})).template to_vector<T>();
+      for (std::int64_t i = 0; i < n; ++i) {
+        const T x = a[i];
+        INFO("pow(" << x << ", " << e << "), n " << n << " at " << i);
+        CHECK(same(got[i], sc::rules::Pow::f(x, e)));
+        CHECK(same(rows[i], got[i]));
+        if (e == T(2)) CHECK(same(got[i], x * x));
+        if (e == T(1)) CHECK(same(got[i], x));
+        if (e == T(-1)) CHECK(same(got[i], T(1) / x));
+        if (e == T(0)) CHECK(got[i] == T(1));  // pow(x, 0) is 1, NaN included
+        if (e == T(0.5)) CHECK(same(got[i], x > T(0) && x < inf ? std::sqrt(x) : std::pow(x, e)));
+        if (e == T(3) && std::is_same_v<T, float> && std::isfinite(x))
+          CHECK(same(got[i], static_cast<T>(double(x) * double(x) * double(x))));
+        if (!std::isnan(e) && std::isfinite(x) && x != T(0) && e != T(0.5)) {
+          const double want = std::pow(double(x), double(e));
+          if (std::isfinite(want) && std::fabs(want) > 1e-30 && std::fabs(want) < 1e30)
+            CHECK(std::fabs(double(got[i]) - want) <= std::fabs(want) * double(std::numeric_limits<T>::epsilon()));
+          else
+            CHECK(same(got[i], static_cast<T>(want)));
+        }
+        if (std::isnan(e)) CHECK(std::isnan(got[i]) == (x != T(1)));
+      }
+    }
 }

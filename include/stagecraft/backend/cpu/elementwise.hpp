@@ -33,6 +33,13 @@ template <class Op, class T>
 concept HasSimd2 = Vectorizable<T> && requires(const batch<T>& a, const batch<T>& b) {
   { Op::simd(a, b) } -> std::convertible_to<batch<T>>;
 };
+/// Op chooses its path for one repeated second operand once a row (a rule's with_second: pow's
+/// exponent), not once a batch: with_second(b, run) calls run(g) with g(a) == Op::simd(a, b).
+struct AnyRun {
+  template <class G> void operator()(const G&) const {}
+};
+template <class Op, class T>
+concept FixesSecond = HasSimd2<Op, T> && requires(T b) { Op::with_second(b, AnyRun{}); };
 /// Op's SIMD rule gives a lane mask (predicates, comparisons, logical ops): stored as bools.
 template <class Op, class T>
 concept HasMask1 = Vectorizable<T> && requires(const batch<T>& a) {
@@ -246,12 +253,29 @@ void binary_mask_row(const T* __restrict a, const T* __restrict b, bool* __restr
   }
 }
 
+/// y = g(a, b) over a row of n, with g as FixesSecond's (the path fixed for b), b itself in the
+/// scalar tail of integer rows.
+template <class Op, class T, class G>
+void fixed_second_row(const G& g, const T* __restrict a, T b, T* __restrict y, std::int64_t n) {
+  constexpr std::int64_t W = batch<T>::size;
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) batch<T>(g(batch<T>::load_unaligned(a + i))).store_unaligned(y + i);
+  if constexpr (padded_tail<T, T>) {
+    if (i < n) padded_batch(a + i, y + i, n - i, [&](const batch<T>& va) { return batch<T>(g(va)); });
+    i = n;
+  }
+  for (; i < n; ++i) y[i] = static_cast<T>(Op::scalar(a[i], b));
+}
+
 /// One contiguous row: sa, sb are 0 (the operand is one repeated element) or 1; nt: stream
 /// the stores (y must then satisfy can_stream; only the both-contiguous case does).
 template <class Op, class T, class R>
 void binary_row(const T* __restrict a, const T* __restrict b, R* __restrict y, std::int64_t n,
                 int sa, int sb, bool nt = false) {
   std::int64_t i = 0;
+  if constexpr (std::is_same_v<T, R> && FixesSecond<Op, T>) {
+    if (sa && !sb) return Op::with_second(b[0], [&](const auto& g) { fixed_second_row<Op>(g, a, b[0], y, n); });
+  }
   if constexpr (std::is_same_v<T, R> && HasSimd2<Op, T>) {
     constexpr std::int64_t W = batch<T>::size;
     if (nt && sa && sb) {

@@ -60,7 +60,7 @@ SC_HOST_DEVICE V fnma_fused(const V& q, const V& y, const V& x) {
 #endif
 }
 
-/// rules.inc's split_exponent and exp2_whole on batches of doubles: its scalar forms' steps.
+/// rules_pow.inc's split_exponent and exp2_whole on batches of doubles: its scalar forms' steps.
 template <class D>
   requires requires { typename D::value_type; }
 D split_exponent(const D& x, D& e) {
@@ -134,7 +134,7 @@ SC_HOST_DEVICE V narrow_to_floats(const D& lo, const D& hi) {
   hi.store_unaligned(out + D::size);
   return V::load_aligned(out);
 }
-/// rules.inc's pow_float_batch: |x| and y widened to batches of doubles, pow_in_double on each,
+/// rules_pow.inc's pow_float_batch: |x| and y widened to batches of doubles, pow_in_double on each,
 /// rounded back to floats, and the sign of a negative x to an odd power.
 template <class V>
   requires requires { typename V::value_type; }
@@ -147,7 +147,7 @@ SC_HOST_DEVICE V pow_float_batch(const V& x, const V& y) {
   const V r = narrow_to_floats<V>(pow_in_double(x0, y0), pow_in_double(x1, y1)), half = y * V(0.5f);
   return xsimd::select((x < V(0.f)) & (xsimd::trunc(half) != half), r | V(-0.f), r);  // (r >= +0)
 }
-/// rules.inc's cube_float_batch: x widened to batches of doubles, x * x * x there, rounded back.
+/// rules_pow.inc's cube_float_batch: x widened to batches of doubles, x * x * x there, rounded back.
 template <class V>
   requires requires { typename V::value_type; }
 SC_HOST_DEVICE V cube_float_batch(const V& x) {
