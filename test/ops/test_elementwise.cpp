@@ -534,3 +534,27 @@ TEMPLATE_TEST_CASE("pow to one exponent: a row's path chosen once, the scalar ru
       }
     }
 }
+
+// pow to an exponent of no form of its own splits rows of a few thousand elements over threads
+// (ops::Pow::cpu_grain, a heavy grain): at 1 and 2 threads, the scalar rule's bits everywhere.
+TEST_CASE("pow's heavy grain: threads split a 64K row, every element the scalar rule's", "[elementwise][threads]") {
+  const sc::Tensor a = sc::random::uniform({65537}, 0.0, 3.0, 7);
+  const auto va = a.to_vector<float>();
+  const int threads = sc::num_threads();
+  for (const int n : {1, 2}) {
+    sc::set_num_threads(n);
+    INFO(n << " threads");
+    for (const float e : {2.5f, -0.75f, 2.f}) {
+      const auto got = sc::pow(a, sc::tensor({e})).to_vector<float>();
+      const auto mixed = sc::pow(a, sc::tensor(std::vector<float>(va.size(), e))).to_vector<float>();
+      int bad = 0;
+      for (std::size_t i = 0; i < va.size(); ++i) {
+        const float want = sc::rules::Pow::f(va[i], e);
+        bad += std::memcmp(&got[i], &want, sizeof want) != 0;
+        bad += std::memcmp(&mixed[i], &want, sizeof want) != 0;
+      }
+      CHECK(bad == 0);
+    }
+  }
+  sc::set_num_threads(threads);
+}

@@ -33,6 +33,17 @@ struct Div : Binary<Div, BinaryKind::floating>, rules::Div {
 /// a^b; for integers by repeated squaring (a negative exponent gives 0 unless |a| is 1).
 struct Pow : Binary<Pow, BinaryKind::arithmetic>, rules::Pow {
   SC_OP_HEAD(Pow, "pow")
+  /// A heavy grain where the exponent is a float of no form of its own (pow_in_double or the C
+  /// library's pow, several ns an element: a 64K-element pow takes two threads, where grain() kept
+  /// it on one below 131K elements a thread); grain() for the others. An exponent tensor is judged
+  /// by its first element.
+  template <class T> static std::int64_t cpu_grain(Inputs in) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (in[1].numel() > 0 && form_of(*static_cast<const T*>(in[1].raw_data())) == Form::general)
+        return backend::cpu::grain_heavy;
+    }
+    return grain();
+  }
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 /// Larger of a and b; NaN in either gives NaN (as NumPy's maximum).

@@ -157,13 +157,16 @@ struct Binary {
       if constexpr (K == BinaryKind::compare || K == BinaryKind::logical) {
         backend::cpu::binary_loop<Op, T, bool>(in[0], in[1], out, backend::cpu::grain_cheap);
       } else if constexpr (K == BinaryKind::floating ? std::is_floating_point_v<T> : !std::is_same_v<T, bool>) {
-        backend::cpu::binary_loop<Op, T, T>(in[0], in[1], out, grain());
+        backend::cpu::binary_loop<Op, T, T>(in[0], in[1], out, Op::template cpu_grain<T>(in));
       }
     });
   }
   static void cuda(Inputs in, Tensor& out, const Attrs&, const std::source_location& loc) {
     backend::cuda::binary<Op>(in, out, loc);
   }
+  /// The grain of the CPU loop over these inputs of dtype T: grain() unless the op knows better
+  /// from the inputs themselves (pow, from its exponent).
+  template <class T> static std::int64_t cpu_grain(Inputs) { return grain(); }
   /// A costly grain for division and for rules with no SIMD form (pow, floor_div, mod: a libm call
   /// or an integer division an element, 2-40 ns where add's vector loop takes a fraction of one).
   static constexpr std::int64_t grain() {

@@ -279,6 +279,9 @@ void parallel_column_blocks(std::int64_t outer, std::int64_t inner, std::int64_t
 /// Grain sizes: cheap ops (add) need many elements to beat thread start-up; costly ones fewer.
 inline constexpr std::int64_t grain_cheap = config::parallel_threshold;
 inline constexpr std::int64_t grain_costly = config::parallel_threshold / 8;
+/// Ops of several nanoseconds an element (a pow computed in doubles, a libm call a lane, an integer
+/// division): a thread pays for itself from a few thousand of them.
+inline constexpr std::int64_t grain_heavy = config::parallel_threshold / 64;
 
 }  // namespace backend::cpu
 }  // namespace stagecraft
