@@ -268,9 +268,10 @@ BENCHMARK(sweep_hand)->Name("elementwise_sweep/add/hand_loop")->Apply(sweep_size
 // with batch forms for floats and int32) at 64K..1M elements, where the parallel grain decides
 // whether they get threads. Inputs: pow's base in [0.5, 2.5) (no NaN path), its exponent in
 // [-2, 2), 2.f or 3.f (weak scalars); floor_div / mod f32 a in [-200, 200) over b in [-2, 2); the
-// int32 ones a in [-2000, 2000) over divisors 1..20.
-enum class Scalar { pow, pow_2, pow_3, floor_div, mod, floor_div_i32, mod_i32 };
+// integer ones (int32, and mod on int64) a in [-2000, 2000) over divisors 1..20.
+enum class Scalar { pow, pow_2, pow_3, floor_div, mod, floor_div_i32, mod_i32, mod_i64 };
 bool int32_op(Scalar f) { return f == Scalar::mod_i32 || f == Scalar::floor_div_i32; }
+bool int64_op(Scalar f) { return f == Scalar::mod_i64; }
 struct ScalarInputs {
   sc::Tensor a, b;
 };
@@ -285,6 +286,8 @@ ScalarInputs scalar_inputs(Scalar f, std::int64_t n) {
     case Scalar::floor_div_i32:
     case Scalar::mod_i32:
       return {sc::cast(x * 1000.f, sc::DType::i32), sc::cast(sc::abs(z) * 9.5f + 1.f, sc::DType::i32)};
+    case Scalar::mod_i64:
+      return {sc::cast(x * 1000.f, sc::DType::i64), sc::cast(sc::abs(z) * 9.5f + 1.f, sc::DType::i64)};
   }
   return {};
 }
@@ -296,7 +299,8 @@ sc::Tensor sc_scalar(Scalar f, const sc::Tensor& a, const sc::Tensor& b) {
     case Scalar::floor_div:
     case Scalar::floor_div_i32: return sc::floor_div(a, b);
     case Scalar::mod:
-    case Scalar::mod_i32: return sc::mod(a, b);
+    case Scalar::mod_i32:
+    case Scalar::mod_i64: return sc::mod(a, b);
   }
   return {};
 }
@@ -365,6 +369,9 @@ void scalar_hand(benchmark::State& state, Scalar f) {
     if (int32_op(f))
       scalar_loop(f, static_cast<const std::int32_t*>(in.a.raw_data()), static_cast<const std::int32_t*>(in.b.raw_data()),
                   static_cast<std::int32_t*>(y.raw_data()), state.range(0));
+    else if (int64_op(f))
+      scalar_loop(f, static_cast<const std::int64_t*>(in.a.raw_data()), static_cast<const std::int64_t*>(in.b.raw_data()),
+                  static_cast<std::int64_t*>(y.raw_data()), state.range(0));
     else
       scalar_loop(f, static_cast<const float*>(in.a.raw_data()), static_cast<const float*>(in.b.raw_data()),
                   static_cast<float*>(y.raw_data()), state.range(0));
@@ -375,7 +382,7 @@ void scalar_hand(benchmark::State& state, Scalar f) {
 #if STAGECRAFT_BENCH_TORCH
 void scalar_torch(benchmark::State& state, Scalar f) {
   const ScalarInputs in = scalar_inputs(f, state.range(0));
-  const auto dt = int32_op(f) ? at::kInt : at::kFloat;
+  const auto dt = int32_op(f) ? at::kInt : int64_op(f) ? at::kLong : at::kFloat;
   const at::Tensor a = at::from_blob(in.a.raw_data(), {state.range(0)}, at::TensorOptions().dtype(dt));
   const at::Tensor b = at::from_blob(in.b.raw_data(), {state.range(0)}, at::TensorOptions().dtype(dt));
   for (auto _ : state) {
@@ -393,7 +400,7 @@ void scalar_torch(benchmark::State& state, Scalar f) {
 void register_scalar() {
   const std::pair<const char*, Scalar> fns[] = {
       {"pow", Scalar::pow}, {"pow_2", Scalar::pow_2},         {"pow_3", Scalar::pow_3},    {"floor_div", Scalar::floor_div},
-      {"mod", Scalar::mod}, {"floor_div_i32", Scalar::floor_div_i32}, {"mod_i32", Scalar::mod_i32}};
+      {"mod", Scalar::mod}, {"floor_div_i32", Scalar::floor_div_i32}, {"mod_i32", Scalar::mod_i32}, {"mod_i64", Scalar::mod_i64}};
   for (const auto& [name, f] : fns) {
     const std::string s = std::string("elementwise_scalar/") + name + "/";
     auto sizes = [](benchmark::internal::Benchmark* b) { b->Arg(1 << 16)->Arg(1 << 18)->Arg(1 << 20)->UseRealTime(); };

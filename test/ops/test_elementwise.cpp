@@ -558,3 +558,38 @@ TEST_CASE("pow's heavy grain: threads split a 64K row, every element the scalar 
   }
   sc::set_num_threads(threads);
 }
+
+// floor_div and mod on int64 (an integer division a lane) take the heavy grain too: a 64K row at
+// 1 and 2 threads against Python's floor division and remainder written out here.
+TEST_CASE("floor_div and mod on int64 split 64K rows over threads, Python's values", "[elementwise][threads]") {
+  const std::int64_t n = 65537;
+  std::vector<std::int64_t> a(n), b(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    a[i] = (i * 7919) % 20001 - 10000;
+    b[i] = (i % 41) - 20;  // zero divisors too: 0 for both
+  }
+  const sc::Tensor ta = sc::tensor(a), tb = sc::tensor(b);
+  const int threads = sc::num_threads();
+  for (const int t : {1, 2}) {
+    sc::set_num_threads(t);
+    INFO(t << " threads");
+    const auto q = sc::floor_div(ta, tb).to_vector<std::int64_t>(), m = sc::mod(ta, tb).to_vector<std::int64_t>();
+    const auto q7 = sc::floor_div(ta, -7).to_vector<std::int64_t>();
+    int bad = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::int64_t wq = 0, wm = 0;
+      if (b[i] != 0) {
+        wq = a[i] / b[i];
+        if (wq * b[i] != a[i] && ((a[i] < 0) != (b[i] < 0))) --wq;
+        wm = a[i] - wq * b[i];
+      }
+      std::int64_t w7 = a[i] / -7;
+      if (w7 * -7 != a[i] && a[i] > 0) --w7;
+      bad += q[i] != wq;
+      bad += m[i] != wm;
+      bad += q7[i] != w7;
+    }
+    CHECK(bad == 0);
+  }
+  sc::set_num_threads(threads);
+}

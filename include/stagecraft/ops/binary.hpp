@@ -56,14 +56,22 @@ struct Minimum : Binary<Minimum, BinaryKind::arithmetic>, rules::Minimum {
   SC_OP_HEAD(Minimum, "minimum")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
+/// floor_div's and mod's CPU grain: heavy for integers with no batch form (an integer division a
+/// lane: 64-bit ints, and narrower ones but int32 where rules::math::divides_in_double), else the op's.
+template <class T>
+constexpr std::int64_t division_grain(std::int64_t grain) {
+  return std::is_integral_v<T> && !rules::math::divides_in_double<T> ? backend::cpu::grain_heavy : grain;
+}
 /// a / b rounded toward minus infinity (rules::FloorDiv): piecewise constant, no gradient.
 struct FloorDiv : Binary<FloorDiv, BinaryKind::arithmetic>, rules::FloorDiv {
   SC_OP_HEAD(FloorDiv, "floor_div")
   static constexpr bool differentiable = false;
+  template <class T> static std::int64_t cpu_grain(Inputs) { return division_grain<T>(grain()); }
 };
 /// a - b * floor_div(a, b), with b's sign (rules::Mod).
 struct Mod : Binary<Mod, BinaryKind::arithmetic>, rules::Mod {
   SC_OP_HEAD(Mod, "mod")
+  template <class T> static std::int64_t cpu_grain(Inputs) { return division_grain<T>(grain()); }
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 
