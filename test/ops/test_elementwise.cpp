@@ -593,3 +593,35 @@ TEST_CASE("floor_div and mod on int64 split 64K rows over threads, Python's valu
   }
   sc::set_num_threads(threads);
 }
+
+// Integer pow has no SIMD form (repeated squaring a lane): the heavy grain, a 64K row at 1 and 2
+// threads against products written out here (wrapping in uint32, as int32's pow defines).
+TEST_CASE("integer pow splits 64K rows over threads: repeated products, wrapping", "[elementwise][threads]") {
+  const std::int64_t n = 65537;
+  std::vector<std::int32_t> a(n), b(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    a[i] = static_cast<std::int32_t>((i * 7919) % 41) - 20;
+    b[i] = static_cast<std::int32_t>(i % 23) - 2;  // -2 and -1 too: 0 unless |a| is 1
+  }
+  const sc::Tensor ta = sc::tensor(a), tb = sc::tensor(b);
+  const int threads = sc::num_threads();
+  for (const int t : {1, 2}) {
+    sc::set_num_threads(t);
+    INFO(t << " threads");
+    const auto got = sc::pow(ta, tb).to_vector<std::int32_t>();
+    int bad = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::int32_t want = 0;
+      if (b[i] >= 0) {
+        std::uint32_t p = 1;
+        for (std::int32_t k = 0; k < b[i]; ++k) p *= static_cast<std::uint32_t>(a[i]);
+        want = static_cast<std::int32_t>(p);
+      } else if (a[i] == 1 || a[i] == -1) {
+        want = (a[i] == -1 && (-b[i]) % 2 == 1) ? -1 : 1;
+      }
+      bad += got[i] != want;
+    }
+    CHECK(bad == 0);
+  }
+  sc::set_num_threads(threads);
+}

@@ -135,7 +135,9 @@ constexpr OpKernels<T> kernels_of() {
       r.k[sv] = pick<Op, T, sv>();
       r.k[vs] = pick<Op, T, vs>();
     }
-    r.cost = static_cast<int>(std::max<std::int64_t>(1, backend::cpu::grain_cheap / Op::grain()));
+    std::int64_t grain = Op::grain();
+    if constexpr (requires { Op::template grain_of<T>(); }) grain = Op::template grain_of<T>();
+    r.cost = static_cast<int>(std::max<std::int64_t>(1, backend::cpu::grain_cheap / grain));
     if constexpr (requires { Op::batch_dependent; }) r.batch_dependent = Op::batch_dependent && has_simd<Op, T>();
   }
   return r;

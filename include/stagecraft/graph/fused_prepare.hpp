@@ -309,10 +309,13 @@ std::int64_t grain_of(const FusedProgram& p, const std::vector<char>& live) {
   const int nin = static_cast<int>(p.input_shapes.size());
   // the reduction's pass counts as one more cheap op (a fused mul and max over 1M elements is
   // twice a lone max's work: split as a costlier loop, not kept on the thread a lone max would get)
+  // The ops' costs add up (OpKernels::cost: 1 for add, 8 for exp, 64 for an integer pow), down to
+  // the heavy grain, the smallest a lone op takes (a program of a few transcendentals splits as
+  // the sum of its ops, not as one of them).
   std::int64_t cost = p.reduction ? 1 : 0;
   for (int k = 0; k < static_cast<int>(p.code.size()); ++k)
     if (live[nin + k]) cost += kernels<T>(p.code[k].op).cost;
-  return std::max<std::int64_t>(backend::cpu::grain_costly, backend::cpu::grain_cheap / std::max<std::int64_t>(1, cost));
+  return std::max<std::int64_t>(backend::cpu::grain_heavy, backend::cpu::grain_cheap / std::max<std::int64_t>(1, cost));
 }
 
 }  // namespace detail_fused

@@ -35,14 +35,14 @@ struct Pow : Binary<Pow, BinaryKind::arithmetic>, rules::Pow {
   SC_OP_HEAD(Pow, "pow")
   /// A heavy grain where the exponent is a float of no form of its own (pow_in_double or the C
   /// library's pow, several ns an element: a 64K-element pow takes two threads, where grain() kept
-  /// it on one below 131K elements a thread); grain() for the others. An exponent tensor is judged
-  /// by its first element.
+  /// it on one below 131K elements a thread); grain_of<T>() for the others (heavy for integers,
+  /// costly for floats). An exponent tensor is judged by its first element.
   template <class T> static std::int64_t cpu_grain(Inputs in) {
     if constexpr (std::is_floating_point_v<T>) {
       if (in[1].numel() > 0 && form_of(*static_cast<const T*>(in[1].raw_data())) == Form::general)
         return backend::cpu::grain_heavy;
     }
-    return grain();
+    return grain_of<T>();
   }
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
@@ -56,22 +56,14 @@ struct Minimum : Binary<Minimum, BinaryKind::arithmetic>, rules::Minimum {
   SC_OP_HEAD(Minimum, "minimum")
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
-/// floor_div's and mod's CPU grain: heavy for integers with no batch form (an integer division a
-/// lane: 64-bit ints, and narrower ones but int32 where rules::math::divides_in_double), else the op's.
-template <class T>
-constexpr std::int64_t division_grain(std::int64_t grain) {
-  return std::is_integral_v<T> && !rules::math::divides_in_double<T> ? backend::cpu::grain_heavy : grain;
-}
 /// a / b rounded toward minus infinity (rules::FloorDiv): piecewise constant, no gradient.
 struct FloorDiv : Binary<FloorDiv, BinaryKind::arithmetic>, rules::FloorDiv {
   SC_OP_HEAD(FloorDiv, "floor_div")
   static constexpr bool differentiable = false;
-  template <class T> static std::int64_t cpu_grain(Inputs) { return division_grain<T>(grain()); }
 };
 /// a - b * floor_div(a, b), with b's sign (rules::Mod).
 struct Mod : Binary<Mod, BinaryKind::arithmetic>, rules::Mod {
   SC_OP_HEAD(Mod, "mod")
-  template <class T> static std::int64_t cpu_grain(Inputs) { return division_grain<T>(grain()); }
   static std::vector<Tensor> vjp(const Tensor& g, Inputs in, const Tensor& out, const Attrs& a, Wanted wanted = {});
 };
 

@@ -164,9 +164,17 @@ struct Binary {
   static void cuda(Inputs in, Tensor& out, const Attrs&, const std::source_location& loc) {
     backend::cuda::binary<Op>(in, out, loc);
   }
-  /// The grain of the CPU loop over these inputs of dtype T: grain() unless the op knows better
-  /// from the inputs themselves (pow, from its exponent).
-  template <class T> static std::int64_t cpu_grain(Inputs) { return grain(); }
+  /// The CPU loop's grain over dtype T, known from the op alone: grain(), or grain_heavy where the
+  /// rule has no SIMD form for T and goes a lane at a time through a scalar of several ns (integer
+  /// pow; floor_div and mod on 64-bit ints, an integer division a lane; float mod without fused
+  /// FMA, fmod). The fused plans' op costs read it too (graph/fused_ops.hpp).
+  template <class T> static constexpr std::int64_t grain_of() {
+    if constexpr (!Op::vectorizes && !backend::cpu::HasSimd2<Op, T>) return backend::cpu::grain_heavy;
+    else return grain();
+  }
+  /// The grain of the CPU loop over these inputs of dtype T: grain_of<T>() unless the op knows
+  /// better from the inputs themselves (pow, from its exponent).
+  template <class T> static std::int64_t cpu_grain(Inputs) { return grain_of<T>(); }
   /// A costly grain for division and for rules with no SIMD form (pow, floor_div, mod: a libm call
   /// or an integer division an element, 2-40 ns where add's vector loop takes a fraction of one).
   static constexpr std::int64_t grain() {
