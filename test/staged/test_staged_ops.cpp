@@ -107,6 +107,28 @@ TEST_CASE("long staged chains equal eager on SIMD, tail and threaded sizes", "[s
   }
 }
 
+// The fused loop's grain is the cheap grain over the expression's summed op costs (1 for an add, 8
+// for exp or a division), as the traced plans': a chain of cheap ops splits where one add would not.
+TEST_CASE("a staged expression's parallel grain: its ops' costs summed", "[staged][threads]") {
+  namespace st = sc::staging;
+  namespace cpu = sc::backend::cpu;
+  const Tensor x = values(sc::f32, {8}, 1);
+  const auto a = sc::stage(x), b = sc::stage(x);
+  using Add = decltype(a + b)::node_type;
+  using Chain = decltype(sc::maximum((a * b + 0.5f) * 0.999f, -1.f) - 0.25f)::node_type;
+  using Exp = decltype(sc::exp(a))::node_type;
+  using Mixed = decltype(sc::where(a > 0, a / b, sc::tanh(a)) + 1)::node_type;
+  STATIC_REQUIRE(st::Leaf::cost == 0);
+  STATIC_REQUIRE(Add::cost == 1);
+  STATIC_REQUIRE(Chain::cost == 5);
+  STATIC_REQUIRE(Exp::cost == st::costly_cost);
+  STATIC_REQUIRE(Mixed::cost == 1 + 8 + 8 + 1 + 1);  // compare, divide, tanh, where, add
+  STATIC_REQUIRE(st::grain_for<Add::cost>() == cpu::grain_cheap);
+  STATIC_REQUIRE(st::grain_for<Chain::cost>() == cpu::grain_cheap / 5);
+  STATIC_REQUIRE(st::grain_for<Exp::cost>() == cpu::grain_costly);
+  STATIC_REQUIRE(st::grain_for<1000>() == cpu::grain_heavy);
+}
+
 TEST_CASE("an expression kept in auto owns its tensors", "[staged][lifetime]") {
   auto make = [] {
     const Tensor a = sc::ones({1000}) * 3.f;  // dies with this scope; the expression holds a handle

@@ -157,6 +157,14 @@ template <class N>
   requires requires { N::op_type::batch_dependent; }
 struct batch_dependent_node<N> : std::bool_constant<!N::weak> {};
 
+/// The parallel grain of an expression of summed cost C (expr.hpp's Node::cost): grain_cheap / C,
+/// down to the heavy grain, as the traced plans' (graph/fused_prepare.hpp). A chain of sixteen adds
+/// over 1M floats takes two threads, where one add's grain kept it on one.
+template <int C>
+constexpr std::int64_t grain_for() {
+  return std::max<std::int64_t>(backend::cpu::grain_heavy, backend::cpu::grain_cheap / std::max(1, C));
+}
+
 /// Elements per segment of a broadcasting walk.
 inline constexpr std::int64_t walk_segment = 256;
 
@@ -291,7 +299,7 @@ Tensor fused(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape&
     base[k] = used[k] ? sl[k].raw_data() : nullptr;
     step[k] = used[k] && sl[k].numel() == n ? 1 : 0;
   }
-  const std::int64_t grain = E::costly ? backend::cpu::grain_costly : backend::cpu::grain_cheap;
+  const std::int64_t grain = grain_for<E::cost>();
   std::int64_t units = n, len = 1;  // units: elements, or (strided) rows of len elements
   backend::cpu::StridedPlan<NS> plan;
   if (lay == Layout::strided) {  // rows of the collapsed broadcasting walk
@@ -519,10 +527,9 @@ bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Ten
       }
       std::vector<T> part(static_cast<std::size_t>(units));
       // a reduction of an expression does its work and the reduction's (as the traced plan's fused
-      // reductions count it): a costly grain for a costly expression, half a cheap one otherwise
+      // reductions count it): a plain argument's the cheap grain, an expression's one more op
       constexpr bool plain = requires { A::arg_index; } || std::is_same_v<A, Leaf>;
-      constexpr std::int64_t grain =
-          A::costly ? backend::cpu::grain_costly : (plain ? backend::cpu::grain_cheap : backend::cpu::grain_cheap / 2);
+      constexpr std::int64_t grain = grain_for<plain ? 0 : A::cost + cheap_cost>();
       backend::cpu::parallel_rows(units, std::min(inner, chunk), grain, [&](std::int64_t ub, std::int64_t ue) {
         auto cc = c;
         const X local = shared;

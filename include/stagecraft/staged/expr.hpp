@@ -36,8 +36,18 @@ struct staged;
 
 namespace staging {
 
-/// Base of every node type (the concept below checks for it).
-struct Node {};
+/// An op's work an element relative to an add's: the CPU loop's grain is grain_cheap / the
+/// expression's summed costs (as the traced plans', graph/fused_prepare.hpp), so a chain of cheap
+/// ops splits over threads where one add would not. 1 for a cheap op; a transcendental, a division
+/// or a rule with no SIMD form costs what its eager loop's grain says (8).
+inline constexpr int cheap_cost = 1;
+inline constexpr int costly_cost = static_cast<int>(backend::cpu::grain_cheap / backend::cpu::grain_costly);
+
+/// Base of every node type (the concept below checks for it). `cost`: the node's work with its
+/// operands' (above); leaves, and nodes whose value is made apart (Mat), cost nothing here.
+struct Node {
+  static constexpr int cost = 0;
+};
 template <class N>
 concept NodeType = std::is_base_of_v<Node, N>;
 
@@ -281,6 +291,7 @@ struct Map1 : Node {
     else return ScalarKind::floating;
   }();
   static constexpr bool costly = A::costly || kind == Kind::unary_floating;
+  static constexpr int cost = A::cost + (kind == Kind::unary_floating ? costly_cost : cheap_cost);
 
   template <DType D> static constexpr DType compute() {
     const DType d = A::template dtype<D>();
@@ -321,6 +332,8 @@ struct Map2 : Node {
     else return ScalarKind::floating;
   }();
   static constexpr bool costly = A::costly || B::costly || !Op::vectorizes;
+  static constexpr int cost =
+      A::cost + B::cost + (kind == Kind::floating || !Op::vectorizes ? costly_cost : cheap_cost);
 
   template <DType D> static constexpr DType compute() {
     const DType d = common_dtype<A, B, D>();
@@ -384,6 +397,7 @@ struct Select : Node {
     else return ScalarKind::floating;
   }();
   static constexpr bool costly = Cn::costly || A::costly || B::costly;
+  static constexpr int cost = Cn::cost + A::cost + B::cost + cheap_cost;
 
   template <DType D> static constexpr DType dtype() { return common_dtype<A, B, D>(); }
   template <DType D> static constexpr bool valid() {
@@ -430,6 +444,7 @@ struct Convert : Node {
   static constexpr int slots = A::slots;
   static constexpr bool weak = false;
   static constexpr bool costly = A::costly;
+  static constexpr int cost = A::cost + cheap_cost;
   template <DType D> static constexpr DType dtype() { return X; }
   template <DType D> static constexpr bool valid() { return A::template valid<D>(); }
   template <DType D> static constexpr bool uniform() {
@@ -476,6 +491,7 @@ struct GradRoot : Node {
   static constexpr int slots = A::slots;
   static constexpr bool weak = false;
   static constexpr bool costly = A::costly;
+  static constexpr int cost = A::cost;
   // the fused loop counts argument I as read (uses_arg below), so D, every slot's dtype, is its
   // argument's dtype
   template <DType D> static constexpr DType dtype() { return D; }
