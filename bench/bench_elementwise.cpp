@@ -268,9 +268,10 @@ BENCHMARK(sweep_hand)->Name("elementwise_sweep/add/hand_loop")->Apply(sweep_size
 // with batch forms for floats and int32) at 64K..1M elements, where the parallel grain decides
 // whether they get threads. Inputs: pow's base in [0.5, 2.5) (no NaN path), its exponent in
 // [-2, 2), 2.f or 3.f (weak scalars); floor_div / mod f32 a in [-200, 200) over b in [-2, 2); the
-// integer ones (int32, and mod on int64) a in [-2000, 2000) over divisors 1..20.
-enum class Scalar { pow, pow_2, pow_3, floor_div, mod, floor_div_i32, mod_i32, mod_i64 };
-bool int32_op(Scalar f) { return f == Scalar::mod_i32 || f == Scalar::floor_div_i32; }
+// integer ones (int32, and mod on int64) a in [-2000, 2000) over divisors 1..20; int32 pow a in
+// [-20, 20) to the powers 0..7 (repeated squaring a lane: no SIMD form).
+enum class Scalar { pow, pow_2, pow_3, floor_div, mod, floor_div_i32, mod_i32, mod_i64, pow_i32 };
+bool int32_op(Scalar f) { return f == Scalar::mod_i32 || f == Scalar::floor_div_i32 || f == Scalar::pow_i32; }
 bool int64_op(Scalar f) { return f == Scalar::mod_i64; }
 struct ScalarInputs {
   sc::Tensor a, b;
@@ -288,12 +289,15 @@ ScalarInputs scalar_inputs(Scalar f, std::int64_t n) {
       return {sc::cast(x * 1000.f, sc::DType::i32), sc::cast(sc::abs(z) * 9.5f + 1.f, sc::DType::i32)};
     case Scalar::mod_i64:
       return {sc::cast(x * 1000.f, sc::DType::i64), sc::cast(sc::abs(z) * 9.5f + 1.f, sc::DType::i64)};
+    case Scalar::pow_i32:
+      return {sc::cast(x * 20.f, sc::DType::i32), sc::cast(sc::abs(z) * 3.9f, sc::DType::i32)};
   }
   return {};
 }
 sc::Tensor sc_scalar(Scalar f, const sc::Tensor& a, const sc::Tensor& b) {
   switch (f) {
-    case Scalar::pow: return sc::pow(a, b);
+    case Scalar::pow:
+    case Scalar::pow_i32: return sc::pow(a, b);
     case Scalar::pow_2: return sc::pow(a, 2.f);
     case Scalar::pow_3: return sc::pow(a, 3.f);
     case Scalar::floor_div:
@@ -348,6 +352,13 @@ void scalar_loop(Scalar f, const T* __restrict a, const T* __restrict b, T* __re
         }
         break;
     }
+  } else if (f == Scalar::pow_i32) {
+#pragma omp parallel for
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::uint32_t r = 1;  // (the exponents are 0..7: no negative branch)
+      for (T k = 0; k < b[i]; ++k) r *= static_cast<std::uint32_t>(a[i]);
+      y[i] = static_cast<T>(r);
+    }
   } else if (f == Scalar::floor_div_i32) {
 #pragma omp parallel for
     for (std::int64_t i = 0; i < n; ++i) {
@@ -386,7 +397,7 @@ void scalar_torch(benchmark::State& state, Scalar f) {
   const at::Tensor a = at::from_blob(in.a.raw_data(), {state.range(0)}, at::TensorOptions().dtype(dt));
   const at::Tensor b = at::from_blob(in.b.raw_data(), {state.range(0)}, at::TensorOptions().dtype(dt));
   for (auto _ : state) {
-    at::Tensor c = f == Scalar::pow        ? at::pow(a, b)
+    at::Tensor c = f == Scalar::pow || f == Scalar::pow_i32 ? at::pow(a, b)
                    : f == Scalar::pow_2     ? at::pow(a, 2.0)
                    : f == Scalar::pow_3     ? at::pow(a, 3.0)
                    : f == Scalar::floor_div || f == Scalar::floor_div_i32 ? at::floor_divide(a, b)
@@ -400,7 +411,8 @@ void scalar_torch(benchmark::State& state, Scalar f) {
 void register_scalar() {
   const std::pair<const char*, Scalar> fns[] = {
       {"pow", Scalar::pow}, {"pow_2", Scalar::pow_2},         {"pow_3", Scalar::pow_3},    {"floor_div", Scalar::floor_div},
-      {"mod", Scalar::mod}, {"floor_div_i32", Scalar::floor_div_i32}, {"mod_i32", Scalar::mod_i32}, {"mod_i64", Scalar::mod_i64}};
+      {"mod", Scalar::mod}, {"floor_div_i32", Scalar::floor_div_i32}, {"mod_i32", Scalar::mod_i32}, {"mod_i64", Scalar::mod_i64},
+      {"pow_i32", Scalar::pow_i32}};
   for (const auto& [name, f] : fns) {
     const std::string s = std::string("elementwise_scalar/") + name + "/";
     auto sizes = [](benchmark::internal::Benchmark* b) { b->Arg(1 << 16)->Arg(1 << 18)->Arg(1 << 20)->UseRealTime(); };

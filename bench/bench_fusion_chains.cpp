@@ -256,7 +256,9 @@ void register_chain(std::int64_t n) {
 }
 
 void register_all() {
-  for (std::int64_t n : {std::int64_t{1} << 20, std::int64_t{1} << 24}) {
+  // 128K: where a chain's summed op costs, not one op's grain, decide the threads (two threads
+  // from 64K elements a thread for K=16)
+  for (std::int64_t n : {std::int64_t{1} << 17, std::int64_t{1} << 20, std::int64_t{1} << 24}) {
     benchmark::RegisterBenchmark(("fusion_chains/" + size_name(n) + "/copy").c_str(), copy, n)
         ->UseRealTime()
         ->Unit(n >= (std::int64_t{1} << 24) ? benchmark::kMillisecond : benchmark::kMicrosecond);
