@@ -11,7 +11,11 @@
 // add of two links into one fused multiply-add (each link's result is pinned to a register). Only
 // ops whose SIMD rule is cheap next to a pass over L1 and does not depend on the other lanes are
 // links: binary ops and the numeric unary ones (neg, abs, relu, square, sign); a transcendental
-// costs many times the load and store it would save.
+// costs many times the load and store it would save. Nor are the ops whose rule is scalar in general
+// and has batch forms for some types only (pow, mod, floor_div: rules' `vectorizes` false): those
+// forms are long and call out (pow_float_batch, per_lane), and inlined into the links' switch they
+// pushed every link's running values out of registers (traced K=16 chains of adds, 1M floats, one
+// thread: 918 us against 885 unchained; 468 without them as links).
 #pragma once
 
 #include <algorithm>
@@ -59,7 +63,7 @@ constexpr bool chainable() {
   // (has_simd only where the op keeps the dtype: asking deduces the SIMD rule's return type)
   if constexpr (!keeps_dtype<Op, T>()) {
     return false;
-  } else if constexpr (!has_simd<Op, T>()) {
+  } else if constexpr (!has_simd<Op, T>() || !Op::vectorizes) {
     return false;
   } else {
     bool batch_dependent = false;
