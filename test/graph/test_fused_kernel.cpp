@@ -381,13 +381,13 @@ TEST_CASE("a prepared program runs many times, on one thread or all", "[fused]")
   }
 }
 
-// A program's grain is its ops' costs summed (1 for add, 8 for exp, 64 for an integer pow: the
-// grains their eager loops take, ops::Binary::grain_of), down to the heavy grain.
+// A program's grain is its ops' costs summed (1 for add, 8 for exp or an integer pow, 64 for a
+// 64-bit mod: the grains their eager loops take, ops::Binary::grain_of), down to the heavy grain.
 TEST_CASE("a program's parallel grain: its ops' costs summed, the eager loops' grains alone", "[fused][threads]") {
   namespace cpu = sc::backend::cpu;
   STATIC_REQUIRE(sc::ops::Add::grain_of<float>() == cpu::grain_cheap);
   STATIC_REQUIRE(sc::ops::Pow::grain_of<float>() == cpu::grain_costly);     // SIMD forms (general: by exponent)
-  STATIC_REQUIRE(sc::ops::Pow::grain_of<std::int32_t>() == cpu::grain_heavy);  // lane by lane
+  STATIC_REQUIRE(sc::ops::Pow::grain_of<std::int32_t>() == cpu::grain_costly);  // squarings on batches
   STATIC_REQUIRE(sc::ops::Mod::grain_of<std::int64_t>() == cpu::grain_heavy);  // an integer division a lane
   STATIC_REQUIRE(sc::ops::Mod::grain_of<std::int32_t>() ==
                  (sc::rules::math::divides_in_double<std::int32_t> ? cpu::grain_costly : cpu::grain_heavy));
@@ -399,11 +399,11 @@ TEST_CASE("a program's parallel grain: its ops' costs summed, the eager loops' g
   CHECK(grain(sc::f32, {{op("exp"), 0}}) == cpu::grain_costly);
   CHECK(grain(sc::f32, {{op("exp"), 0}, {op("exp"), 2}, {op("exp"), 3}}) == cpu::grain_cheap / 24);
   CHECK(grain(sc::i64, {{op("mod"), 0, 1}}) == cpu::grain_heavy);
-  CHECK(grain(sc::i32, {{op("pow"), 0, 1}, {op("add"), 2, 0}}) == cpu::grain_heavy);
+  CHECK(grain(sc::i32, {{op("pow"), 0, 1}, {op("add"), 2, 0}}) == cpu::grain_cheap / 9);
 }
 
 TEST_CASE("integer and bool programs", "[fused]") {
-  SECTION("i32: the scalar rule where an op has no SIMD rule (pow, sign)") {
+  SECTION("i32: integer pow on batches, sign, mul, abs, sub") {
     const std::vector<sc::Tensor> in = {make<std::int32_t>({1000}, 1), make<std::int32_t>({1000}, 2),
                                         sc::full({}, 3.0, sc::i32)};
     const g::FusedProgram p{sc::i32, {1000}, {{1000}, {1000}, {}},

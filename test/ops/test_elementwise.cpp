@@ -495,7 +495,8 @@ TEST_CASE("floor_div and mod on integers: Python's signs, zero divisors, the low
 // in every lane, the scalar rule's bits, and against references written here: a * a, a, 1 / a,
 // sqrt with pow's signs, x^3 in double, and the C library's pow in double within an ulp.
 static_assert(sc::backend::cpu::FixesSecond<sc::ops::Pow, float> && sc::backend::cpu::FixesSecond<sc::ops::Pow, double>);
-static_assert(!sc::backend::cpu::FixesSecond<sc::ops::Pow, std::int32_t> && !sc::backend::cpu::FixesSecond<sc::ops::Add, float>);
+static_assert(sc::backend::cpu::FixesSecond<sc::ops::Pow, std::int32_t> && sc::backend::cpu::FixesSecond<sc::ops::Pow, std::int64_t>);
+static_assert(!sc::backend::cpu::FixesSecond<sc::ops::Add, float>);
 TEMPLATE_TEST_CASE("pow to one exponent: a row's path chosen once, the scalar rule's bits at every length", "[elementwise]",
                    float, double) {
   using T = TestType;
@@ -594,15 +595,22 @@ TEST_CASE("floor_div and mod on int64 split 64K rows over threads, Python's valu
   sc::set_num_threads(threads);
 }
 
-// Integer pow has no SIMD form (repeated squaring a lane): the heavy grain, a 64K row at 1 and 2
-// threads against products written out here (wrapping in uint32, as int32's pow defines).
-TEST_CASE("integer pow splits 64K rows over threads: repeated products, wrapping", "[elementwise][threads]") {
+// Integer pow on SIMD batches (repeated squaring, each lane its own exponent's bits; one exponent a
+// row through its bits once): a costly grain, a 64K row at 1 and 2 threads against products
+// written out here (wrapping in uint32, as int32's pow defines), exponent tensors and scalars.
+TEST_CASE("integer pow on batches and threads: repeated products, wrapping", "[elementwise][threads]") {
   const std::int64_t n = 65537;
   std::vector<std::int32_t> a(n), b(n);
   for (std::int64_t i = 0; i < n; ++i) {
     a[i] = static_cast<std::int32_t>((i * 7919) % 41) - 20;
     b[i] = static_cast<std::int32_t>(i % 23) - 2;  // -2 and -1 too: 0 unless |a| is 1
   }
+  const auto written_out = [](std::int32_t x, std::int32_t e) -> std::int32_t {
+    if (e < 0) return x == 1 || (x == -1 && (-e) % 2 == 0) ? 1 : x == -1 ? -1 : 0;
+    std::uint32_t p = 1;
+    for (std::int32_t k = 0; k < e; ++k) p *= static_cast<std::uint32_t>(x);
+    return static_cast<std::int32_t>(p);
+  };
   const sc::Tensor ta = sc::tensor(a), tb = sc::tensor(b);
   const int threads = sc::num_threads();
   for (const int t : {1, 2}) {
@@ -610,18 +618,15 @@ TEST_CASE("integer pow splits 64K rows over threads: repeated products, wrapping
     INFO(t << " threads");
     const auto got = sc::pow(ta, tb).to_vector<std::int32_t>();
     int bad = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      std::int32_t want = 0;
-      if (b[i] >= 0) {
-        std::uint32_t p = 1;
-        for (std::int32_t k = 0; k < b[i]; ++k) p *= static_cast<std::uint32_t>(a[i]);
-        want = static_cast<std::int32_t>(p);
-      } else if (a[i] == 1 || a[i] == -1) {
-        want = (a[i] == -1 && (-b[i]) % 2 == 1) ? -1 : 1;
-      }
-      bad += got[i] != want;
-    }
+    for (std::int64_t i = 0; i < n; ++i) bad += got[i] != written_out(a[i], b[i]);
     CHECK(bad == 0);
+    for (const std::int32_t e : {7, -3, 0, 1}) {  // one exponent a row: with_second
+      INFO("exponent " << e);
+      const auto row = sc::pow(ta, sc::full({}, e, sc::i32)).to_vector<std::int32_t>();
+      int row_bad = 0;
+      for (std::int64_t i = 0; i < n; ++i) row_bad += row[i] != written_out(a[i], e);
+      CHECK(row_bad == 0);
+    }
   }
   sc::set_num_threads(threads);
 }

@@ -154,7 +154,6 @@ TEMPLATE_TEST_CASE("rules: pow on batches gives the scalar rule's bits, and its 
                    float, double) {
   using T = TestType;
   STATIC_REQUIRE(r::on_batches<r::Pow, B<T>>);
-  STATIC_REQUIRE(!r::on_batches<r::Pow, B<std::int32_t>>);
   const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
   const std::vector<T> x = specials<T>();
   const std::vector<T> exps = {T(2), T(1), T(-1), T(0.5), T(3), T(-2.25), T(0), nan, -T(0.5)};
@@ -274,6 +273,70 @@ TEMPLATE_TEST_CASE("rules: exp and log of batches agree with the scalar rule at 
       CHECK(same(static_cast<double>(r::Exp::f(v)), static_cast<double>(std::exp(v))));  // scalars: the C library
     }
   }
+}
+
+/// a^b for integers the long way: b products in unsigned (wrapping) arithmetic; negative b by
+/// the rule's definition (1^b = 1, (-1)^b = +-1, 0 for the rest).
+template <class T>
+T naive_integer_pow(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  if (b < 0) return a == 1 ? T(1) : a == -1 ? T(b % 2 == 0 ? 1 : -1) : T(0);
+  U r = 1;
+  for (T k = 0; k < b; ++k) r = static_cast<U>(r * static_cast<U>(a));
+  return static_cast<T>(r);
+}
+
+// pow on integer batches (integer_pow): every lane its own exponent, or one exponent a row
+// (with_second): the products of the long way, wrapping, for bases and exponents up to both ends.
+TEMPLATE_TEST_CASE("rules: integer pow on batches is repeated multiplication, wrapping", "[rules]", std::int32_t,
+                   std::int64_t) {
+  using T = TestType;
+  constexpr std::size_t W = B<T>::size;
+  STATIC_REQUIRE(r::on_batches<r::Pow, B<T>>);
+  std::vector<T> bases;
+  for (int k = -6; k <= 6; ++k) bases.push_back(static_cast<T>(k));
+  for (const T v : {std::numeric_limits<T>::max(), std::numeric_limits<T>::min(), T(46341), T(65536), T(-65537),
+                    T(1) << (8 * sizeof(T) - 2), static_cast<T>(0x5bd1e995)})
+    bases.push_back(v);
+  while (bases.size() % W) bases.push_back(static_cast<T>(bases.size()));
+  std::vector<T> exps;
+  for (int k = -5; k <= 70; ++k) exps.push_back(static_cast<T>(k));
+  const T max = std::numeric_limits<T>::max();
+  // exponents too long to multiply out: against the scalar rule (itself checked below on 0..70)
+  const std::vector<T> long_exps = {max, T(max - 1), T(1000003), std::numeric_limits<T>::min(), T(-max)};
+  alignas(64) T out[W], e[W], row[W];
+  for (const T a : bases)
+    for (const T b : exps) {
+      INFO("a = " << +a << ", b = " << +b);
+      CHECK(r::Pow::f(a, b) == naive_integer_pow(a, b));
+    }
+  std::vector<T> all_exps = exps;
+  all_exps.insert(all_exps.end(), long_exps.begin(), long_exps.end());
+  int lanes = 0, differ = 0;
+  for (std::size_t shift = 0; shift < all_exps.size(); ++shift)
+    for (std::size_t i = 0; i < bases.size(); i += W) {
+      const B<T> a = B<T>::load_unaligned(bases.data() + i);
+      for (std::size_t k = 0; k < W; ++k) e[k] = all_exps[(shift + 7 * k) % all_exps.size()];  // mixed lanes
+      r::Pow::f(a, B<T>::load_aligned(e)).store_aligned(out);
+      const T one_b = all_exps[shift];  // one exponent, as a row's loop takes it
+      r::Pow::with_second(one_b, [&](const auto& g) { B<T>(g(a)).store_aligned(row); });
+      for (std::size_t k = 0; k < W; ++k) {
+        ++lanes;
+        differ += out[k] != r::Pow::f(bases[i + k], e[k]);
+        differ += row[k] != r::Pow::f(bases[i + k], one_b);
+      }
+    }
+  INFO(differ << " of " << 2 * lanes << " lanes differ from the scalar rule");
+  CHECK(differ == 0);
+  // long exponents against the long way's pieces: 3^max = 3^(max - 1) 3, and 3^(2^20) is 3 squared 20 times
+  using U = std::make_unsigned_t<T>;
+  CHECK(r::Pow::f(T(3), max) == static_cast<T>(static_cast<U>(r::Pow::f(T(3), T(max - 1))) * U(3)));
+  U squared = 3;
+  for (int k = 0; k < 20; ++k) squared = static_cast<U>(squared * squared);
+  CHECK(r::Pow::f(T(3), T(1) << 20) == static_cast<T>(squared));
+  CHECK(r::Pow::f(T(-1), max) == T(-1));
+  CHECK(r::Pow::f(T(-1), std::numeric_limits<T>::min()) == T(1));
+  CHECK(r::Pow::f(T(2), T(8 * sizeof(T))) == T(0));  // wraps to 0
 }
 
 TEMPLATE_TEST_CASE("rules: integer batches agree with integer scalars", "[rules]", std::int32_t, std::int64_t, std::int8_t) {
