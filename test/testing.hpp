@@ -1,5 +1,6 @@
-// Helpers shared by the unit tests: seeded test values, the thrown error's message, closeness
-// checks, and tables of gradient checks. Each test file names what it uses (using sctest::...).
+// Helpers shared by the unit tests: seeded test values, the thrown error's message, thread counts
+// for a scope, closeness checks, and tables of gradient checks. Each test file names what it uses
+// (using sctest::...).
 #pragma once
 #include <catch2/catch.hpp>
 #include <stagecraft/stagecraft.hpp>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -59,6 +61,29 @@ std::string error_of(F&& f) {
   }
   FAIL("expected an exception");
   return "";
+}
+
+/// The library's thread count set for a scope, the caller's restored on leaving it (a failed
+/// REQUIRE's exception included, so that one failure does not change the tests after it).
+class ThreadCount {
+ public:
+  explicit ThreadCount(int n) : before_(sc::num_threads()) { sc::set_num_threads(n); }
+  ~ThreadCount() { sc::set_num_threads(before_); }
+  ThreadCount(const ThreadCount&) = delete;
+  ThreadCount& operator=(const ThreadCount&) = delete;
+
+ private:
+  int before_;
+};
+
+/// fn(t) at each thread count t of counts in turn (a ThreadCount each, INFO naming it).
+template <class F>
+void at_threads(std::initializer_list<int> counts, F&& fn) {
+  for (const int t : counts) {
+    const ThreadCount scope(t);
+    INFO(t << " threads");
+    fn(t);
+  }
 }
 
 /// Checks got against want element by element, within tol (absolute and relative).

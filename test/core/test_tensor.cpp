@@ -176,8 +176,7 @@ TEST_CASE("printing is NumPy-like and elides large tensors", "[print]") {
 TEST_CASE("the grain scale sets how many threads a parallel loop uses", "[threads]") {
   STATIC_REQUIRE(sc::config::parallel_grain_scale == 64);  // the library's default (test_main sets 1)
   const std::int64_t saved = sc::parallel_grain_scale();
-  const int threads = sc::num_threads();
-  sc::set_num_threads(2);
+  const sctest::ThreadCount threads(2);
   const auto used = [](std::int64_t n) {
     std::atomic<int> ranges{0};
     sc::backend::cpu::parallel_for(n, sc::backend::cpu::grain_cheap, [&](std::int64_t, std::int64_t) { ++ranges; });
@@ -197,13 +196,11 @@ TEST_CASE("the grain scale sets how many threads a parallel loop uses", "[thread
   sc::set_parallel_grain_scale(0);  // clamped
   CHECK(sc::parallel_grain_scale() == 1);
   sc::set_parallel_grain_scale(saved);
-  sc::set_num_threads(threads);
 }
 
 TEST_CASE("parallel_rows splits whole rows by their work, without parallel_for's 64-unit floor", "[threads]") {
   const std::int64_t saved = sc::parallel_grain_scale();
-  const int threads = sc::num_threads();
-  sc::set_num_threads(4);
+  const sctest::ThreadCount threads(4);
   const std::int64_t g = sc::backend::cpu::grain_cheap;
   // The ranges f was given, in order of their start.
   const auto ranges = [g](std::int64_t rows, std::int64_t work) {
@@ -250,14 +247,12 @@ TEST_CASE("parallel_rows splits whole rows by their work, without parallel_for's
   CHECK(ranges(2, 32 * g).size() == 2);
 #endif
   sc::set_parallel_grain_scale(saved);
-  sc::set_num_threads(threads);
 }
 
 TEST_CASE("the BLAS thread cap gives a small product fewer threads, then restores the count", "[threads]") {
   STATIC_REQUIRE(sc::config::blas_thread_flops == 0);  // off by default
-  const int threads = sc::num_threads();
+  const sctest::ThreadCount threads(4);
   const std::int64_t saved = sc::blas_thread_flops();
-  sc::set_num_threads(4);
   sc::set_blas_thread_flops(1000);
   {
     const sc::backend::cpu::BlasThreadCap cap(2500);  // 2.5 threads' worth of work: 2
@@ -287,14 +282,12 @@ TEST_CASE("the BLAS thread cap gives a small product fewer threads, then restore
   sc::set_blas_thread_flops(-5);  // clamped: off
   CHECK(sc::blas_thread_flops() == 0);
   sc::set_blas_thread_flops(saved);
-  sc::set_num_threads(threads);
 }
 
 TEST_CASE("a matrix product split over stagecraft's threads equals plain loops, every layout", "[threads][matmul]") {
   STATIC_REQUIRE(sc::config::blas_split_flops == 0);  // off by default
-  const int threads = sc::num_threads();
+  const sctest::ThreadCount threads(3);
   const std::int64_t saved = sc::blas_split_flops();
-  sc::set_num_threads(3);
   // (M, N, K): wide (split by columns, a ragged last block), tall (by rows), one block, large
   // (left to OpenBLAS: 4 blocks per thread or more)
   const std::vector<std::array<std::int64_t, 3>> shapes = {{8, 100, 30}, {90, 12, 20}, {5, 20, 7}, {64, 64, 64}};
@@ -337,7 +330,6 @@ TEST_CASE("a matrix product split over stagecraft's threads equals plain loops, 
   sc::set_blas_split_flops(-1);   // clamped: off
   CHECK(sc::blas_split_flops() == 0);
   sc::set_blas_split_flops(saved);
-  sc::set_num_threads(threads);
 }
 
 TEST_CASE("random numbers are seeded and thread-count independent", "[random]") {
@@ -345,13 +337,10 @@ TEST_CASE("random numbers are seeded and thread-count independent", "[random]") 
   auto b = sc::random::normal({1000}, 42);
   CHECK(a.to_vector<float>() == b.to_vector<float>());
   CHECK(a.to_vector<float>() != sc::random::normal({1000}, 43).to_vector<float>());
-  const int saved = sc::num_threads();
-  sc::set_num_threads(1);
-  auto c = sc::random::normal({100000}, 7);
-  sc::set_num_threads(2);
-  auto d = sc::random::normal({100000}, 7);
-  sc::set_num_threads(saved);
-  CHECK(c.to_vector<float>() == d.to_vector<float>());
+  std::vector<sc::Tensor> runs;
+  sctest::at_threads({1, 2}, [&](int) { runs.push_back(sc::random::normal({100000}, 7)); });
+  const sc::Tensor& c = runs[0];
+  CHECK(c.to_vector<float>() == runs[1].to_vector<float>());
   const auto v = c.to_vector<float>();
   double mean = 0, var = 0;
   for (float x : v) mean += x;

@@ -314,24 +314,21 @@ TEST_CASE("fused: a sum, mean or max of a fused group gives the eager reduction'
   auto mx = [](const sc::Tensor& a, const sc::Tensor& b) { return sc::max(sc::tanh(a) * b, {-1}); };
   auto all = [](const sc::Tensor& a, const sc::Tensor& b) { return sc::sum(sc::square(a - b) * 0.5); };
   auto wave = [](const sc::Tensor& a, const sc::Tensor& b) { return sc::sum(sc::sin(a) * b, {-1}); };
-  const int threads = sc::num_threads();
   for (const sc::DType d : {sc::f32, sc::f64}) {
     for (const sc::Shape& s : shapes) {
       const sc::Tensor x = sc::random::normal(s, 7, 0.0, 1.0, d), y = sc::random::normal(s, 8, 0.0, 1.0, d);
-      for (int t : {1, 2}) {
-        sc::set_num_threads(t);
+      sctest::at_threads({1, 2}, [&](int) {
         int k = 0;
         using Fn = std::function<sc::Tensor(const sc::Tensor&, const sc::Tensor&)>;
         for (const Fn& f : std::vector<Fn>{sq, mean, mx, all, wave}) {
           auto staged = sc::function(f);
-          INFO("shape " << s << ", dtype " << d << ", threads " << t << ", function " << k++);
+          INFO("shape " << s << ", dtype " << d << ", function " << k++);
           CHECK(staged.get_concrete(x, y).stats().plan.fused_reductions == 1);
           CHECK(same_bits_any(staged(x, y), f(x, y)));
         }
-      }
+      });
     }
   }
-  sc::set_num_threads(threads);
 }
 
 TEST_CASE("function: a traced LSTM's products are batched: one for all inputs, one per weight gradient",

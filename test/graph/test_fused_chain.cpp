@@ -207,10 +207,8 @@ TEMPLATE_TEST_CASE("fused chains: splat inputs and broadcast rows as operands, o
         CHECK(chain_lengths(on) == std::vector<int>{4});
         CHECK(on.per_tile_splat.size() == on.per_tile.size());
         const std::vector<sc::Tensor> in = {make<T>(out, 5), make<T>(row, 6), make<T>(row, 7), make<T>({C}, 8)};
-        const int before = sc::num_threads();
-        sc::set_num_threads(threads);
+        const sctest::ThreadCount scope(threads);
         const std::vector<sc::Tensor> got = run(on, in), want = run(off, in);
-        sc::set_num_threads(before);
         REQUIRE(got.size() == want.size());
         for (std::size_t j = 0; j < got.size(); ++j) CHECK(differing<T>(got[j], want[j]) == 0);
         // against a plain loop (every op exact but the rounding of each: the same expression in T)

@@ -364,11 +364,11 @@ TEST_CASE("a prepared program runs many times, on one thread or all", "[fused]")
     g::run(pf, in, out);
     const auto want = eager_run(p, in);
     check_matches<float>(out[0], want[0]);
-    const int threads = sc::num_threads();
-    sc::set_num_threads(1);
     std::vector<sc::Tensor> out1 = {sc::zeros({50000})};
-    g::run(pf, in, out1);
-    sc::set_num_threads(threads);
+    {
+      const sctest::ThreadCount one(1);
+      g::run(pf, in, out1);
+    }
     CHECK(out1[0].to_vector<float>() == out[0].to_vector<float>());
     for (std::int64_t tile : {1, 100, 64, 100000}) {  // any tile size gives the same elements
       g::PreparedFused q = pf;
@@ -577,14 +577,11 @@ TEST_CASE("a reduction's results do not depend on the thread count", "[fused][re
   g::FusedProgram p{sc::f32, {300000}, {{300000}}, {{op("exp"), 0}}, {}};
   p.reduction = g::FusedReduction{op("sum"), 1, 300000, {}};
   std::vector<float> got;
-  const int threads = sc::num_threads();
-  for (int t : {1, 2, 3}) {
-    sc::set_num_threads(t);
+  sctest::at_threads({1, 2, 3}, [&](int) {
     std::vector<sc::Tensor> out = {sc::zeros({})};
     g::run_fused(p, in, out);
     got.push_back(out[0].item<float>());
-  }
-  sc::set_num_threads(threads);
+  });
   CHECK(got[0] == got[1]);
   CHECK(got[0] == got[2]);
 }

@@ -119,10 +119,8 @@ TEMPLATE_TEST_CASE("outputs written through windows of one tensor (a concat take
           g::PreparedFused pf = g::prepare(p);
           if (tile > 0) pf.tile = tile;
           std::vector<sc::Tensor> o = {sc::full(parent, -99.0, d), sc::full(out, -99.0, d)};
-          const int keep = sc::num_threads();
-          sc::set_num_threads(threads);
+          const sctest::ThreadCount scope(threads);
           g::run(pf, in, o);
-          sc::set_num_threads(keep);
           CHECK(o[0].to_vector<T>() == want);
           CHECK(o[1].to_vector<T>() == neg);
         }

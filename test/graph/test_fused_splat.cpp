@@ -59,15 +59,6 @@ bool same_bits(const sc::Tensor& a, const sc::Tensor& b) {
   return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
 }
 
-/// Runs on n threads while it lives.
-struct Threads {
-  int before = sc::num_threads();
-  explicit Threads(int n) { sc::set_num_threads(n); }
-  ~Threads() { sc::set_num_threads(before); }
-  Threads(const Threads&) = delete;
-  Threads& operator=(const Threads&) = delete;
-};
-
 /// Which inputs pf reads as single values.
 std::vector<int> splats(const g::PreparedFused& pf) {
   std::vector<int> s;
@@ -119,7 +110,7 @@ TEMPLATE_TEST_CASE("fused: a row-broadcast input is read as one value in a tile 
                          << threads << " threads");
           CHECK(splats(pf) == std::vector<int>{1, 2});
           CHECK(pf.per_tile_splat.size() == pf.per_tile.size());
-          const Threads on(threads);
+          const sctest::ThreadCount on(threads);
           const std::vector<sc::Tensor> got = run(pf, in), want = run(gathered(pf), in);
           REQUIRE(got.size() == want.size());
           for (std::size_t j = 0; j < got.size(); ++j) {
@@ -209,7 +200,7 @@ TEMPLATE_TEST_CASE("fused: a row broadcast over rows is read in place in a tile 
           if (tile > 0) pf.tile = tile;
           INFO("output " << c.out << ", w " << c.w << ", tile " << pf.tile << (reduce ? ", reduced, " : ", ") << threads
                          << " threads");
-          const Threads on(threads);
+          const sctest::ThreadCount on(threads);
           const std::vector<sc::Tensor> got = run(pf, {x, w});
           REQUIRE(got.size() == (reduce ? 3u : 2u));
           // the row each output element reads: w's element at (its index modulo w's numel, as the

@@ -46,18 +46,15 @@ template <class T, class F, class... A>
 Traced same_with_and_without(const F& f, const A&... args) {
   const Traced off = traced(false, f, args...);
   Traced on;
-  const int threads = sc::num_threads();
-  for (int t : {1, 2}) {
-    sc::set_num_threads(t);
+  sctest::at_threads({1, 2}, [&](int) {
     on = traced(true, f, args...);
-    INFO(on.plan << "\nthreads " << t);
+    INFO(on.plan);
     REQUIRE(on.outs.size() == off.outs.size());
     for (std::size_t k = 0; k < on.outs.size(); ++k) {
       INFO("output " << k);
       CHECK(same_bits<T>(on.outs[k], off.outs[k]));
     }
-  }
-  sc::set_num_threads(threads);
+  });
   CHECK(off.chains == 0);
   CHECK_THAT(off.plan, !Catch::Contains("rows: steps"));
   return on;

@@ -173,15 +173,12 @@ TEMPLATE_TEST_CASE("conv2d's gradients match direct loops", "[conv][grad]", floa
 TEST_CASE("conv2d and its gradients give the same bits on 1 and 2 threads", "[conv][grad][threads]") {
   const sc::Tensor x = sc::random::uniform({24, 3, 20, 20}, -1, 1, 5), w = sc::random::uniform({16, 3, 3, 3}, -1, 1, 6);
   const sc::Tensor g = sc::random::uniform({24, 16, 20, 20}, -1, 1, 7);
-  const int saved = sc::num_threads();
   std::vector<std::vector<float>> runs;
-  for (const int threads : {1, 2}) {
-    sc::set_num_threads(threads);
+  sctest::at_threads({1, 2}, [&](int) {
     runs.push_back(sc::nn::conv2d(x, w, 1, 1).to_vector<float>());
     runs.push_back(sc::nn::conv2d_grad_input(g, w, x.shape(), 1, 1).to_vector<float>());
     runs.push_back(sc::nn::conv2d_grad_filter(x, g, w.shape(), 1, 1).to_vector<float>());
-  }
-  sc::set_num_threads(saved);
+  });
   CHECK(runs[0] == runs[3]);
   CHECK(runs[1] == runs[4]);
   CHECK(runs[2] == runs[5]);  // one partial sum per chunk of images, whatever the thread count

@@ -8,6 +8,8 @@
 #include <limits>
 #include <vector>
 
+#include "testing.hpp"
+
 TEST_CASE("binary broadcasting patterns", "[elementwise]") {
   auto a = sc::tensor({{1.f, 2.f, 3.f}, {4.f, 5.f, 6.f}});
   CHECK((a + sc::tensor({10.f, 20.f, 30.f})).to_vector<float>() == std::vector<float>{11, 22, 33, 14, 25, 36});
@@ -28,10 +30,7 @@ TEST_CASE("broadcasting ops split long rows over threads: shares that start and 
   const sc::Tensor cond = sc::random::uniform({R, C}, 0.0, 1.0, 4) > 0.5f;
   const auto va = a.to_vector<float>(), vcol = col.to_vector<float>(), vrow = row.to_vector<float>();
   const auto vc = cond.to_vector<bool>();
-  const int threads = sc::num_threads();
-  for (const int n : {1, 2}) {
-    sc::set_num_threads(n);
-    INFO(n << " threads");
+  sctest::at_threads({1, 2}, [&](int) {
     const auto sub = (a - col).to_vector<float>();            // a strided walk: [R, C] - [R, 1]
     const auto mul = (a * row).to_vector<float>();            // one row repeated: [R, C] * [C]
     const auto outer = (col * row).to_vector<float>();        // both broadcast: [R, 1] * [C]
@@ -51,8 +50,7 @@ TEST_CASE("broadcasting ops split long rows over threads: shares that start and 
         bad += sel[i] != (vc[i] ? vcol[r] : vrow[c]);
       }
     CHECK(bad == 0);
-  }
-  sc::set_num_threads(threads);
+  });
 }
 
 TEST_CASE("errors name the op, the shapes and the user's line", "[elementwise][errors]") {
@@ -541,10 +539,7 @@ TEMPLATE_TEST_CASE("pow to one exponent: a row's path chosen once, the scalar ru
 TEST_CASE("pow's heavy grain: threads split a 64K row, every element the scalar rule's", "[elementwise][threads]") {
   const sc::Tensor a = sc::random::uniform({65537}, 0.0, 3.0, 7);
   const auto va = a.to_vector<float>();
-  const int threads = sc::num_threads();
-  for (const int n : {1, 2}) {
-    sc::set_num_threads(n);
-    INFO(n << " threads");
+  sctest::at_threads({1, 2}, [&](int) {
     for (const float e : {2.5f, -0.75f, 2.f}) {
       const auto got = sc::pow(a, sc::tensor({e})).to_vector<float>();
       const auto mixed = sc::pow(a, sc::tensor(std::vector<float>(va.size(), e))).to_vector<float>();
@@ -556,8 +551,7 @@ TEST_CASE("pow's heavy grain: threads split a 64K row, every element the scalar 
       }
       CHECK(bad == 0);
     }
-  }
-  sc::set_num_threads(threads);
+  });
 }
 
 // floor_div and mod on int64 (an integer division a lane) take the heavy grain too: a 64K row at
@@ -570,10 +564,7 @@ TEST_CASE("floor_div and mod on int64 split 64K rows over threads, Python's valu
     b[i] = (i % 41) - 20;  // zero divisors too: 0 for both
   }
   const sc::Tensor ta = sc::tensor(a), tb = sc::tensor(b);
-  const int threads = sc::num_threads();
-  for (const int t : {1, 2}) {
-    sc::set_num_threads(t);
-    INFO(t << " threads");
+  sctest::at_threads({1, 2}, [&](int) {
     const auto q = sc::floor_div(ta, tb).to_vector<std::int64_t>(), m = sc::mod(ta, tb).to_vector<std::int64_t>();
     const auto q7 = sc::floor_div(ta, -7).to_vector<std::int64_t>();
     int bad = 0;
@@ -591,8 +582,7 @@ TEST_CASE("floor_div and mod on int64 split 64K rows over threads, Python's valu
       bad += q7[i] != w7;
     }
     CHECK(bad == 0);
-  }
-  sc::set_num_threads(threads);
+  });
 }
 
 // Integer pow on SIMD batches (repeated squaring, each lane its own exponent's bits; one exponent a
@@ -612,10 +602,7 @@ TEST_CASE("integer pow on batches and threads: repeated products, wrapping", "[e
     return static_cast<std::int32_t>(p);
   };
   const sc::Tensor ta = sc::tensor(a), tb = sc::tensor(b);
-  const int threads = sc::num_threads();
-  for (const int t : {1, 2}) {
-    sc::set_num_threads(t);
-    INFO(t << " threads");
+  sctest::at_threads({1, 2}, [&](int) {
     const auto got = sc::pow(ta, tb).to_vector<std::int32_t>();
     int bad = 0;
     for (std::int64_t i = 0; i < n; ++i) bad += got[i] != written_out(a[i], b[i]);
@@ -627,6 +614,5 @@ TEST_CASE("integer pow on batches and threads: repeated products, wrapping", "[e
       for (std::int64_t i = 0; i < n; ++i) row_bad += row[i] != written_out(a[i], e);
       CHECK(row_bad == 0);
     }
-  }
-  sc::set_num_threads(threads);
+  });
 }

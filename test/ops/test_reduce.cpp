@@ -284,16 +284,13 @@ TEST_CASE("float sums are accurate and do not depend on the thread count", "[red
   CHECK(std::fabs(sc::sum(sc::full({1 << 20, 2}, 0.1f), {0}).to_vector<float>()[1] - want) <= 1e-6 * want);
 
   const Input in = make_input(sc::f32, {5, 1 << 17}, 11);
-  const int threads = sc::num_threads();
-  sc::set_num_threads(1);
-  const auto one = sc::sum(in.t, {1}).to_vector<float>();
-  const auto col1 = sc::sum(in.t, {0}).to_vector<float>();
-  sc::set_num_threads(2);
-  const auto two = sc::sum(in.t, {1}).to_vector<float>();
-  const auto col2 = sc::sum(in.t, {0}).to_vector<float>();
-  sc::set_num_threads(threads);
-  CHECK(one == two);
-  CHECK(col1 == col2);
+  std::vector<std::vector<float>> rows, cols;
+  sctest::at_threads({1, 2}, [&](int) {
+    rows.push_back(sc::sum(in.t, {1}).to_vector<float>());
+    cols.push_back(sc::sum(in.t, {0}).to_vector<float>());
+  });
+  CHECK(rows[0] == rows[1]);
+  CHECK(cols[0] == cols[1]);
 }
 
 TEST_CASE("sum and mean dtypes: bool counts as i64, ints keep theirs and wrap, mean of ints is f32", "[reduce]") {

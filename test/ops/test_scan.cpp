@@ -29,12 +29,10 @@ TEST_CASE("cumsum: hand-worked values along each axis, exclusive and reversed", 
 }
 
 TEST_CASE("cumsum: long and many lines over threads equal a loop in order", "[scan][threads]") {
-  const int threads = sc::num_threads();
-  for (const int n : {1, 2}) {
-    sc::set_num_threads(n);
+  sctest::at_threads({1, 2}, [&](int) {
     for (const auto& [shape, axis] : std::vector<std::pair<sc::Shape, int>>{{{3, 70001}, 1}, {{5000, 600}, 0},
                                                                              {{4, 3000, 7}, 1}}) {
-      INFO(n << " threads, shape " << shape << " axis " << axis);
+      INFO("shape " << shape << " axis " << axis);
       const sc::Tensor x = sc::random::uniform(shape, -1.0, 1.0, 7);
       const std::vector<float> xv = x.to_vector<float>(), got = sc::cumsum(x, axis).to_vector<float>();
       std::int64_t outer = 1, inner = 1;
@@ -53,8 +51,7 @@ TEST_CASE("cumsum: long and many lines over threads equal a loop in order", "[sc
         }
       CHECK(bad == 0);
     }
-  }
-  sc::set_num_threads(threads);
+  });
 }
 
 TEST_CASE("cumsum: gradients by central differences, traced equal to eager", "[scan][grad]") {

@@ -146,18 +146,16 @@ TEST_CASE("scans: the rules at NaN, infinities, zeros and ties", "[scan]") {
 }
 
 TEST_CASE("scans: every axis, flag and dtype against plain loops, over threads", "[scan][threads]") {
-  const int threads = sc::num_threads();
   const auto prod = [](long double a, long double b) { return a * b; };
   const auto mx = [](long double acc, long double v) { return std::isnan(acc) || !(v > acc) ? acc : v; };
   const auto mn = [](long double acc, long double v) { return std::isnan(acc) || !(v < acc) ? acc : v; };
-  for (const int nt : {1, 2}) {
-    sc::set_num_threads(nt);
+  sctest::at_threads({1, 2}, [&](int) {
     for (const auto& [shape, axis] : std::vector<std::pair<sc::Shape, int>>{
              {{7}, 0}, {{3, 5}, 1}, {{3, 5}, 0}, {{2, 3, 4}, 1}, {{2, 3, 4}, -1}, {{3, 20001}, 1}, {{3000, 40}, 0},
              {{2, 300, 300}, 1}, {{5, 0}, 1}}) {
       for (int flags = 0; flags < 4; ++flags) {
         const bool ex = flags & 1, rev = flags >> 1;
-        INFO(nt << " threads, shape " << shape << " axis " << axis << " exclusive " << ex << " reverse " << rev);
+        INFO("shape " << shape << " axis " << axis << " exclusive " << ex << " reverse " << rev);
         // values near 1 keep long products finite; f64 so the loops' long double rounds alike
         const sc::Tensor x = uniform_tensor(shape, 11, 0.7, 1.4, 0.7);
         const std::vector<double> xv = x.to_vector<double>();
@@ -206,8 +204,7 @@ TEST_CASE("scans: every axis, flag and dtype against plain loops, over threads",
         }
       }
     }
-  }
-  sc::set_num_threads(threads);
+  });
 }
 
 TEST_CASE("scans: gradients by central differences, first and second order", "[scan][grad]") {

@@ -119,9 +119,7 @@ TEST_CASE("topk: NaN, infinities and signed zeros scattered through long lines e
 }
 
 TEST_CASE("topk over threads, every axis and many ties equals a selection loop", "[sort][threads]") {
-  const int threads = sc::num_threads();
-  for (const int nt : {1, 2}) {
-    sc::set_num_threads(nt);
+  sctest::at_threads({1, 2}, [&](int) {
     for (const auto& [shape, axis] : std::vector<std::pair<sc::Shape, int>>{
              {{3, 5000}, 1}, {{4000, 6}, 0}, {{4000, 6}, 1}, {{5, 300, 7}, 1}, {{2, 3, 4}, 2}, {{9}, 0}}) {
       for (const sc::DType d : {sc::i32, sc::i64, sc::f32, sc::f64}) {
@@ -132,7 +130,7 @@ TEST_CASE("topk over threads, every axis and many ties equals a selection loop",
         const std::int64_t n = shape[axis];
         for (const std::int64_t k : {std::int64_t{1}, n / 3, n})
           for (const bool largest : {true, false}) {
-            INFO(nt << " threads, " << sc::name(d) << " " << shape << " axis " << axis << " k " << k
+            INFO(sc::name(d) << " " << shape << " axis " << axis << " k " << k
                     << (largest ? " largest" : " smallest"));
             const sc::TopK got = sc::topk(x, k, axis, largest);
             const I64s want = select_k(xv, shape, axis, k, largest);
@@ -152,8 +150,7 @@ TEST_CASE("topk over threads, every axis and many ties equals a selection loop",
           }
       }
     }
-  }
-  sc::set_num_threads(threads);
+  });
 }
 
 TEST_CASE("take_along_axis: hand-worked values, negative and i32 indices, repeats, every axis", "[sort]") {

@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include "fashion_mnist_models.hpp"  // examples/: the model the example trains
+#include "testing.hpp"
 
 namespace sc = stagecraft;
 
@@ -25,14 +26,6 @@ std::size_t rss_bytes() {
   REQUIRE(got == 2);
   return static_cast<std::size_t>(resident) * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
 }
-
-/// Runs the test body on one thread: flatness does not depend on the thread count, and on a
-/// busy shared machine OpenMP's spinning barriers make 2-thread steps 10-50x slower.
-struct OneThread {
-  int before = sc::num_threads();
-  OneThread() { sc::set_num_threads(1); }
-  ~OneThread() { sc::set_num_threads(before); }
-};
 
 struct Usage {
   std::size_t tensor_bytes, rss;
@@ -82,7 +75,9 @@ double rel_change(std::size_t before, std::size_t after) {
 }  // namespace
 
 TEST_CASE("eager MLP training keeps tensor memory and RSS flat from epoch 1 to epoch 5", "[train][memory]") {
-  const OneThread one;
+  // one thread: flatness does not depend on the thread count, and on a busy shared machine
+  // OpenMP's spinning barriers make 2-thread steps 10-50x slower
+  const sctest::ThreadCount one(1);
   train(1, false);  // warm the allocator cache, OpenMP and OpenBLAS buffers once
   const std::vector<Usage> u = train(5, false);
   const std::size_t params = 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10;
@@ -95,7 +90,7 @@ TEST_CASE("eager MLP training keeps tensor memory and RSS flat from epoch 1 to e
 }
 
 TEST_CASE("the flatness check sees gradients kept alive from step to step", "[train][memory]") {
-  const OneThread one;
+  const sctest::ThreadCount one(1);  // (one thread: see above)
   const std::vector<Usage> u = train(5, true);
   INFO("tensor bytes in use after epoch 1: " << u[0].tensor_bytes << ", after epoch 5: " << u[4].tensor_bytes);
   // 16 more steps' gradients (one parameter copy each) on top of 4: far beyond 5%.
