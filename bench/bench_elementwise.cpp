@@ -270,9 +270,12 @@ BENCHMARK(sweep_hand)->Name("elementwise_sweep/add/hand_loop")->Apply(sweep_size
 // [-2, 2), 2.f or 3.f (weak scalars); floor_div / mod f32 a in [-200, 200) over b in [-2, 2); the
 // integer ones (int32, and mod on int64) a in [-2000, 2000) over divisors 1..20; int32 pow a in
 // [-20, 20) to the powers 0..7 (repeated squaring on SIMD batches since session 79; the hand
-// loop's is a lane at a time).
-enum class Scalar { pow, pow_2, pow_3, floor_div, mod, floor_div_i32, mod_i32, mod_i64, pow_i32 };
-bool int32_op(Scalar f) { return f == Scalar::mod_i32 || f == Scalar::floor_div_i32 || f == Scalar::pow_i32; }
+// loop's is a lane at a time), and to the one power 5 (pow_i32_5: a weak scalar, a row through
+// its bits once; the hand loop multiplies it out, a vector loop).
+enum class Scalar { pow, pow_2, pow_3, floor_div, mod, floor_div_i32, mod_i32, mod_i64, pow_i32, pow_i32_5 };
+bool int32_op(Scalar f) {
+  return f == Scalar::mod_i32 || f == Scalar::floor_div_i32 || f == Scalar::pow_i32 || f == Scalar::pow_i32_5;
+}
 bool int64_op(Scalar f) { return f == Scalar::mod_i64; }
 struct ScalarInputs {
   sc::Tensor a, b;
@@ -292,6 +295,7 @@ ScalarInputs scalar_inputs(Scalar f, std::int64_t n) {
       return {sc::cast(x * 1000.f, sc::DType::i64), sc::cast(sc::abs(z) * 9.5f + 1.f, sc::DType::i64)};
     case Scalar::pow_i32:
       return {sc::cast(x * 20.f, sc::DType::i32), sc::cast(sc::abs(z) * 3.9f, sc::DType::i32)};
+    case Scalar::pow_i32_5: return {sc::cast(x * 20.f, sc::DType::i32), sc::full({n}, 5.0, sc::i32)};
   }
   return {};
 }
@@ -301,6 +305,7 @@ sc::Tensor sc_scalar(Scalar f, const sc::Tensor& a, const sc::Tensor& b) {
     case Scalar::pow_i32: return sc::pow(a, b);
     case Scalar::pow_2: return sc::pow(a, 2.f);
     case Scalar::pow_3: return sc::pow(a, 3.f);
+    case Scalar::pow_i32_5: return sc::pow(a, 5);
     case Scalar::floor_div:
     case Scalar::floor_div_i32: return sc::floor_div(a, b);
     case Scalar::mod:
@@ -360,6 +365,12 @@ void scalar_loop(Scalar f, const T* __restrict a, const T* __restrict b, T* __re
       for (T k = 0; k < b[i]; ++k) r *= static_cast<std::uint32_t>(a[i]);
       y[i] = static_cast<T>(r);
     }
+  } else if (f == Scalar::pow_i32_5) {
+#pragma omp parallel for simd
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto x = static_cast<std::uint32_t>(a[i]), x2 = x * x;
+      y[i] = static_cast<T>(x2 * x2 * x);
+    }
   } else if (f == Scalar::floor_div_i32) {
 #pragma omp parallel for
     for (std::int64_t i = 0; i < n; ++i) {
@@ -399,6 +410,7 @@ void scalar_torch(benchmark::State& state, Scalar f) {
   const at::Tensor b = at::from_blob(in.b.raw_data(), {state.range(0)}, at::TensorOptions().dtype(dt));
   for (auto _ : state) {
     at::Tensor c = f == Scalar::pow || f == Scalar::pow_i32 ? at::pow(a, b)
+                   : f == Scalar::pow_i32_5 ? at::pow(a, 5)
                    : f == Scalar::pow_2     ? at::pow(a, 2.0)
                    : f == Scalar::pow_3     ? at::pow(a, 3.0)
                    : f == Scalar::floor_div || f == Scalar::floor_div_i32 ? at::floor_divide(a, b)
@@ -413,7 +425,7 @@ void register_scalar() {
   const std::pair<const char*, Scalar> fns[] = {
       {"pow", Scalar::pow}, {"pow_2", Scalar::pow_2},         {"pow_3", Scalar::pow_3},    {"floor_div", Scalar::floor_div},
       {"mod", Scalar::mod}, {"floor_div_i32", Scalar::floor_div_i32}, {"mod_i32", Scalar::mod_i32}, {"mod_i64", Scalar::mod_i64},
-      {"pow_i32", Scalar::pow_i32}};
+      {"pow_i32", Scalar::pow_i32}, {"pow_i32_5", Scalar::pow_i32_5}};
   for (const auto& [name, f] : fns) {
     const std::string s = std::string("elementwise_scalar/") + name + "/";
     auto sizes = [](benchmark::internal::Benchmark* b) { b->Arg(1 << 16)->Arg(1 << 18)->Arg(1 << 20)->UseRealTime(); };
