@@ -309,7 +309,7 @@ std::int64_t grain_of(const FusedProgram& p, const std::vector<char>& live) {
   const int nin = static_cast<int>(p.input_shapes.size());
   // the reduction's pass counts as one more cheap op (a fused mul and max over 1M elements is
   // twice a lone max's work: split as a costlier loop, not kept on the thread a lone max would get)
-  // The ops' costs add up (OpKernels::cost: 1 for add, 8 for exp, 64 for an integer pow), down to
+  // The ops' costs add up (OpKernels::cost: 1 for add, 8 for exp, 64 for a 64-bit mod), down to
   // the heavy grain, the smallest a lone op takes (a program of a few transcendentals splits as
   // the sum of its ops, not as one of them).
   std::int64_t cost = p.reduction ? 1 : 0;

@@ -35,8 +35,8 @@ struct Pow : Binary<Pow, BinaryKind::arithmetic>, rules::Pow {
   SC_OP_HEAD(Pow, "pow")
   /// A heavy grain where the exponent is a float of no form of its own (pow_in_double or the C
   /// library's pow, several ns an element: a 64K-element pow takes two threads, where grain() kept
-  /// it on one below 131K elements a thread); grain_of<T>() for the others (heavy for integers,
-  /// costly for floats). An exponent tensor is judged by its first element.
+  /// it on one below 131K elements a thread); grain_of<T>() for the others (costly: integers by
+  /// repeated squaring on batches, floats' forms). An exponent tensor is judged by its first element.
   template <class T> static std::int64_t cpu_grain(Inputs in) {
     if constexpr (std::is_floating_point_v<T>) {
       if (in[1].numel() > 0 && form_of(*static_cast<const T*>(in[1].raw_data())) == Form::general)

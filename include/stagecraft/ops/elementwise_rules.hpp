@@ -165,9 +165,9 @@ struct Binary {
     backend::cuda::binary<Op>(in, out, loc);
   }
   /// The CPU loop's grain over dtype T, known from the op alone: grain(), or grain_heavy where the
-  /// rule has no SIMD form for T and goes a lane at a time through a scalar of several ns (integer
-  /// pow; floor_div and mod on 64-bit ints, an integer division a lane; float mod without fused
-  /// FMA, fmod). The fused plans' op costs read it too (graph/fused_ops.hpp).
+  /// rule has no SIMD form for T and goes a lane at a time through a scalar of several ns
+  /// (floor_div and mod on 64-bit ints, an integer division a lane; float mod without fused FMA,
+  /// fmod). The fused plans' op costs read it too (graph/fused_ops.hpp).
   template <class T> static constexpr std::int64_t grain_of() {
     if constexpr (!Op::vectorizes && !backend::cpu::HasSimd2<Op, T>) return backend::cpu::grain_heavy;
     else return grain();
