@@ -9,8 +9,11 @@
 // Shapes: topk 256 rows of 1000 scores, k = 5 (a classifier's top-5); sort 64 rows of 4096;
 // cumsum 512 rows of 1024 along the rows; attention q, k, v [8, 8, 128, 64] (batch, heads, T, D);
 // take_along_axis and add_along_axis [512, 1024] with random i64 indices of that shape, along the
-// rows (axis 1, "rows") and down the columns (axis 0, "cols"); add_along_axis's x is zero and its
-// result new each time (LibTorch: scatter_add, not in place).
+// rows (axis 1, "rows") and down the columns (axis 0, "cols"), and add_along_axis along the rows
+// with each row's indices sorted ("rows_sorted": a segment sum's ids, runs of about one); its x is
+// zero and its result new each time (LibTorch: scatter_add, not in place); gather and scatter_add
+// along the rows of [512, 1024] with one list of 1024 random i64 indices for every row ("elements":
+// single elements moved; LibTorch's index_select and index_add).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -26,16 +29,19 @@
 // ---- take_along_axis, add_along_axis -------------------------------------------------------------
 
 const sc::Shape along_shape{512, 1024};
-/// Random indices in [0, extent of `axis`) of along_shape.
-sc::Tensor along_indices(int axis) {
-  return sc::floor(sc::random::uniform(along_shape, 0.0, static_cast<double>(along_shape[axis]), 7)).astype(sc::i64);
+/// Random indices in [0, extent of `axis`) of along_shape; sorted along the axis, a segment sum's
+/// ids: runs of about one, some longer.
+sc::Tensor along_indices(int axis, bool sorted = false) {
+  const sc::Tensor idx =
+      sc::floor(sc::random::uniform(along_shape, 0.0, static_cast<double>(along_shape[axis]), 7)).astype(sc::i64);
+  return sorted ? sc::sort(idx, axis) : idx;
 }
 void take_sc(benchmark::State& state, int axis) {
   const sc::Tensor x = bench::input(along_shape, 8), idx = along_indices(axis);
   for (auto _ : state) benchmark::DoNotOptimize(sc::take_along_axis(x, idx, axis).raw_data());
 }
-void add_sc(benchmark::State& state, int axis) {
-  const sc::Tensor x = sc::zeros(along_shape), u = bench::input(along_shape, 9), idx = along_indices(axis);
+void add_sc(benchmark::State& state, int axis, bool sorted = false) {
+  const sc::Tensor x = sc::zeros(along_shape), u = bench::input(along_shape, 9), idx = along_indices(axis, sorted);
   for (auto _ : state) benchmark::DoNotOptimize(sc::add_along_axis(x, idx, u, axis).raw_data());
 }
 /// Rows over threads (axis 1), or row blocks of the result (axis 0): y = x picked per element.
@@ -54,24 +60,27 @@ void take_hand(benchmark::State& state, int axis) {
     benchmark::DoNotOptimize(y.data());
   }
 }
-/// y = x, then each update added at its index: rows over threads (axis 1); for axis 0 column
-/// blocks over threads, each walking the rows (no two threads write one element).
-void add_hand(benchmark::State& state, int axis) {
+/// y = x, then each update added at its index: rows over threads (axis 1), each row copied just
+/// before its adds; for axis 0 column blocks over threads, each walking the rows (no two threads
+/// write one element).
+void add_hand(benchmark::State& state, int axis, bool sorted = false) {
   const std::vector<float> x(static_cast<std::size_t>(along_shape.numel()), 0.f);
   const std::vector<float> u = bench::input(along_shape, 9).to_vector<float>();
-  const std::vector<std::int64_t> idx = along_indices(axis).to_vector<std::int64_t>();
+  const std::vector<std::int64_t> idx = along_indices(axis, sorted).to_vector<std::int64_t>();
   const std::int64_t rows = along_shape[0], n = along_shape[1];
   std::vector<float> y(x.size());
   for (auto _ : state) {
-    std::copy(x.begin(), x.end(), y.begin());
     if (axis == 1) {
 #pragma omp parallel for
-      for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        std::copy(x.begin() + r * n, x.begin() + (r + 1) * n, y.begin() + r * n);  // in cache for the adds
         for (std::int64_t j = 0; j < n; ++j) {
           const std::size_t e = static_cast<std::size_t>(r * n + j);
           y[static_cast<std::size_t>(r * n + idx[e])] += u[e];
         }
+      }
     } else {
+      std::copy(x.begin(), x.end(), y.begin());
 #pragma omp parallel for
       for (std::int64_t c0 = 0; c0 < n; c0 += 64)
         for (std::int64_t r = 0; r < rows; ++r)
@@ -79,6 +88,54 @@ void add_hand(benchmark::State& state, int axis) {
             const std::size_t e = static_cast<std::size_t>(r * n + j);
             y[static_cast<std::size_t>(idx[e] * n + j)] += u[e];
           }
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+}
+
+// ---- gather and scatter_add of single elements: one index list for every row ------------------
+
+/// along_shape[1] random i64 indices into a row of along_shape: every row picks the same (index_select).
+sc::Tensor row_indices() {
+  return sc::floor(sc::random::uniform({along_shape[1]}, 0.0, static_cast<double>(along_shape[1]), 11)).astype(sc::i64);
+}
+void gather_sc(benchmark::State& state) {
+  const sc::Tensor x = bench::input(along_shape, 8), idx = row_indices();
+  for (auto _ : state) benchmark::DoNotOptimize(sc::gather(x, idx, 1).raw_data());
+}
+void scatter_add_sc(benchmark::State& state) {
+  const sc::Tensor x = sc::zeros(along_shape), u = bench::input(along_shape, 9), idx = row_indices();
+  for (auto _ : state) benchmark::DoNotOptimize(sc::scatter_add(x, idx, u, 1).raw_data());
+}
+/// Rows over threads: y[r, j] = x[r, idx[j]].
+void gather_hand(benchmark::State& state) {
+  const std::vector<float> x = bench::input(along_shape, 8).to_vector<float>();
+  const std::vector<std::int64_t> idx = row_indices().to_vector<std::int64_t>();
+  const std::int64_t rows = along_shape[0], n = along_shape[1];
+  std::vector<float> y(x.size());
+  for (auto _ : state) {
+#pragma omp parallel for
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* xr = x.data() + r * n;
+      float* yr = y.data() + r * n;
+      for (std::int64_t j = 0; j < n; ++j) yr[j] = xr[idx[static_cast<std::size_t>(j)]];
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+}
+/// Rows over threads, each copied from x just before its adds: y[r, idx[j]] += u[r, j].
+void scatter_add_hand(benchmark::State& state) {
+  const std::vector<float> x(static_cast<std::size_t>(along_shape.numel()), 0.f);
+  const std::vector<float> u = bench::input(along_shape, 9).to_vector<float>();
+  const std::vector<std::int64_t> idx = row_indices().to_vector<std::int64_t>();
+  const std::int64_t rows = along_shape[0], n = along_shape[1];
+  std::vector<float> y(x.size());
+  for (auto _ : state) {
+#pragma omp parallel for
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float* yr = y.data() + r * n;
+      std::copy(x.begin() + r * n, x.begin() + (r + 1) * n, yr);
+      for (std::int64_t j = 0; j < n; ++j) yr[idx[static_cast<std::size_t>(j)]] += u[static_cast<std::size_t>(r * n + j)];
     }
     benchmark::DoNotOptimize(y.data());
   }
@@ -246,10 +303,21 @@ void take_torch(benchmark::State& state, int axis) {
   const at::Tensor tx = bench::as_torch(x), ti = as_torch_i64(idx);
   for (auto _ : state) benchmark::DoNotOptimize(torch::gather(tx, axis, ti).data_ptr());
 }
-void add_torch(benchmark::State& state, int axis) {
-  const sc::Tensor x = sc::zeros(along_shape), u = bench::input(along_shape, 9), idx = along_indices(axis);
+void add_torch(benchmark::State& state, int axis, bool sorted = false) {
+  const sc::Tensor x = sc::zeros(along_shape), u = bench::input(along_shape, 9), idx = along_indices(axis, sorted);
   const at::Tensor tx = bench::as_torch(x), tu = bench::as_torch(u), ti = as_torch_i64(idx);
   for (auto _ : state) benchmark::DoNotOptimize(tx.scatter_add(axis, ti, tu).data_ptr());
+}
+void gather_torch(benchmark::State& state) {
+  const sc::Tensor x = bench::input(along_shape, 8), idx = row_indices();
+  const at::Tensor tx = bench::as_torch(x), ti = at::from_blob(idx.raw_data(), {idx.numel()}, at::TensorOptions().dtype(at::kLong));
+  for (auto _ : state) benchmark::DoNotOptimize(torch::index_select(tx, 1, ti).data_ptr());
+}
+void scatter_add_torch(benchmark::State& state) {
+  const sc::Tensor x = sc::zeros(along_shape), u = bench::input(along_shape, 9), idx = row_indices();
+  const at::Tensor tx = bench::as_torch(x), tu = bench::as_torch(u),
+                   ti = at::from_blob(idx.raw_data(), {idx.numel()}, at::TensorOptions().dtype(at::kLong));
+  for (auto _ : state) benchmark::DoNotOptimize(tx.index_add(1, ti, tu).data_ptr());
 }
 void topk_torch(benchmark::State& state) {
   const sc::Tensor x = bench::input(topk_shape, 1);
@@ -281,8 +349,14 @@ BENCHMARK_CAPTURE(take_sc, cols, 0)->Name("take_along_axis/cols/stagecraft")->Us
 BENCHMARK_CAPTURE(take_hand, cols, 0)->Name("take_along_axis/cols/hand_loop")->UseRealTime();
 BENCHMARK_CAPTURE(add_sc, rows, 1)->Name("add_along_axis/rows/stagecraft")->UseRealTime();
 BENCHMARK_CAPTURE(add_hand, rows, 1)->Name("add_along_axis/rows/hand_loop")->UseRealTime();
+BENCHMARK_CAPTURE(add_sc, rows_sorted, 1, true)->Name("add_along_axis/rows_sorted/stagecraft")->UseRealTime();
+BENCHMARK_CAPTURE(add_hand, rows_sorted, 1, true)->Name("add_along_axis/rows_sorted/hand_loop")->UseRealTime();
 BENCHMARK_CAPTURE(add_sc, cols, 0)->Name("add_along_axis/cols/stagecraft")->UseRealTime();
 BENCHMARK_CAPTURE(add_hand, cols, 0)->Name("add_along_axis/cols/hand_loop")->UseRealTime();
+BENCHMARK(gather_sc)->Name("gather/elements/stagecraft")->UseRealTime();
+BENCHMARK(gather_hand)->Name("gather/elements/hand_loop")->UseRealTime();
+BENCHMARK(scatter_add_sc)->Name("scatter_add/elements/stagecraft")->UseRealTime();
+BENCHMARK(scatter_add_hand)->Name("scatter_add/elements/hand_loop")->UseRealTime();
 BENCHMARK(topk_sc)->Name("topk/stagecraft")->UseRealTime();
 BENCHMARK(topk_sc_staged)->Name("topk/stagecraft_staged")->UseRealTime();
 BENCHMARK(topk_hand)->Name("topk/hand_loop")->UseRealTime();
@@ -300,7 +374,10 @@ BENCHMARK(topk_torch)->Name("topk/libtorch")->UseRealTime();
 BENCHMARK_CAPTURE(take_torch, rows, 1)->Name("take_along_axis/rows/libtorch")->UseRealTime();
 BENCHMARK_CAPTURE(take_torch, cols, 0)->Name("take_along_axis/cols/libtorch")->UseRealTime();
 BENCHMARK_CAPTURE(add_torch, rows, 1)->Name("add_along_axis/rows/libtorch")->UseRealTime();
+BENCHMARK_CAPTURE(add_torch, rows_sorted, 1, true)->Name("add_along_axis/rows_sorted/libtorch")->UseRealTime();
 BENCHMARK_CAPTURE(add_torch, cols, 0)->Name("add_along_axis/cols/libtorch")->UseRealTime();
+BENCHMARK(gather_torch)->Name("gather/elements/libtorch")->UseRealTime();
+BENCHMARK(scatter_add_torch)->Name("scatter_add/elements/libtorch")->UseRealTime();
 BENCHMARK(sort_torch)->Name("sort/libtorch")->UseRealTime();
 BENCHMARK(cumsum_torch)->Name("cumsum/libtorch")->UseRealTime();
 BENCHMARK(attention_torch)->Name("attention/libtorch")->UseRealTime();

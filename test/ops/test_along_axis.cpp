@@ -5,7 +5,9 @@
 #include <catch2/catch.hpp>
 #include <stagecraft/stagecraft.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -102,6 +104,139 @@ TEST_CASE("take_along_axis and add_along_axis equal plain loops: dtypes, axes, i
               CHECK(added.shape() == xs);
               CHECK(added.astype(sc::f64).to_vector<double>() == add_ref(xv, xs, iv, uv, m, axis));
             }
+}
+
+TEST_CASE("take_along_axis and add_along_axis: lines of in-range indices (the checked paths), some blocks not",
+          "[along_axis]") {
+  // Long contiguous lines take a path of their own when a block of 256 indices is all in [0, n):
+  // read through directly (gathers with AVX-512), added a run at a time where neighbours mostly
+  // repeat, in a plain loop otherwise. Kinds: all in range; sorted (runs of about one, the plain
+  // loop); long runs (the run loop); in range but for a negative index in every third block (the
+  // offsets path beside the direct one, a run of one block crossing into the next).
+  const std::int64_t n = 1000;
+  unsigned seed = 100;
+  for (const std::int64_t m : {std::int64_t{1000}, std::int64_t{1003}, std::int64_t{517}, std::int64_t{13}})
+    for (const int kind : {0, 1, 2, 3})
+      for (sc::DType id : {sc::i32, sc::i64}) {
+        const sc::Shape xs{3, n}, is{3, m};
+        std::vector<std::int64_t> iv = random_indices(is.numel(), n, ++seed, kind == 2);
+        for (auto& e : iv) e = e < 0 ? e + n : e;
+        if (kind == 1)
+          for (std::int64_t r = 0; r < 3; ++r) std::sort(iv.begin() + r * m, iv.begin() + (r + 1) * m);
+        if (kind == 3)
+          for (std::size_t e = 0; e < iv.size(); e += 3 * 256 + 17) iv[e] -= n;
+        const sc::Tensor idx = index_tensor(iv, is, id);
+        for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64}) {
+          INFO("indices " << sctest::str(is) << " kind " << kind << " dtype " << sc::name(d) << " index "
+                          << sc::name(id));
+          const std::vector<double> xv = sctest::small_values<double>(xs.numel(), ++seed, 9, 1);
+          const std::vector<double> uv = sctest::small_values<double>(is.numel(), ++seed, 9, 1);
+          const sc::Tensor x = sc::tensor(xv, xs).astype(d), u = sc::tensor(uv, is).astype(d);
+          sctest::at_threads({1, 2}, [&](int) {
+            CHECK(sc::take_along_axis(x, idx, 1).astype(sc::f64).to_vector<double>() == take_ref(xv, xs, iv, m, 1));
+            CHECK(sc::add_along_axis(x, idx, u, 1).astype(sc::f64).to_vector<double>() ==
+                  add_ref(xv, xs, iv, uv, m, 1));
+          });
+        }
+        // bool moves single bytes (no gathers)
+        const sc::Tensor b = sc::tensor(sctest::small_values<double>(xs.numel(), ++seed, 1, 0), xs) > 0.0;
+        const std::vector<double> bv = b.astype(sc::f64).to_vector<double>();
+        CHECK(sc::take_along_axis(b, idx, 1).astype(sc::f64).to_vector<double>() == take_ref(bv, xs, iv, m, 1));
+      }
+  // An index past the end in a later block (the direct path's check), and a second one after it:
+  // the first is raised, by both ops and at both thread counts.
+  std::vector<std::int64_t> iv(3 * 1000);
+  for (std::size_t e = 0; e < iv.size(); ++e) iv[e] = static_cast<std::int64_t>(e * 7 % 1000);
+  iv[1700] = 1000;
+  iv[2900] = -1001;
+  for (sc::DType id : {sc::i32, sc::i64}) {
+    const sc::Tensor idx = index_tensor(iv, {3, 1000}, id), x = sc::ones({3, 1000});
+    sctest::at_threads({1, 2}, [&](int) {
+      CHECK_THAT(error_of<sc::ValueError>([&] { (void)sc::take_along_axis(x, idx, 1); }),
+                 Catch::Contains("[take_along_axis] index 1000 is out of range for axis 1 of extent 1000"));
+      CHECK_THAT(error_of<sc::ValueError>([&] { (void)sc::add_along_axis(x, idx, x, 1); }),
+                 Catch::Contains("[add_along_axis] index 1000 is out of range for axis 1 of extent 1000"));
+    });
+  }
+}
+
+TEST_CASE("indices_within: in [0, e) or not, at the ends of the range and of the types", "[along_axis]") {
+  using sc::backend::cpu::indices_within;
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max(), low = std::numeric_limits<std::int64_t>::min();
+  const auto within = [](std::vector<std::int64_t> v, std::int64_t e) {
+    std::vector<std::int32_t> v32;
+    for (std::int64_t g : v)
+      if (g >= std::numeric_limits<std::int32_t>::min() && g <= std::numeric_limits<std::int32_t>::max())
+        v32.push_back(static_cast<std::int32_t>(g));
+    const bool w = indices_within(v.data(), static_cast<std::int64_t>(v.size()), e);
+    // the i32 copy (those that fit) agrees with a plain check of the same values
+    bool want32 = true;
+    for (std::int32_t g : v32) want32 = want32 && g >= 0 && g < e;
+    CHECK(indices_within(v32.data(), static_cast<std::int64_t>(v32.size()), e) == want32);
+    return w;
+  };
+  CHECK(within({}, 0));
+  CHECK(within({}, 5));
+  CHECK(within({0}, 1));
+  CHECK_FALSE(within({1}, 1));
+  CHECK_FALSE(within({0}, 0));
+  CHECK_FALSE(within({-1}, 5));
+  CHECK(within({0, 4, 3, 2}, 5));
+  CHECK_FALSE(within({0, 4, 5, 2}, 5));
+  CHECK(within({big - 1, 0}, big));
+  CHECK_FALSE(within({big}, big));
+  CHECK_FALSE(within({low}, big));
+  CHECK_FALSE(within({low}, 1));
+  CHECK_FALSE(within({big}, 1));
+  CHECK_FALSE(within({-big}, big));
+  std::vector<std::int64_t> many(1000, 7);
+  CHECK(within(many, 8));
+  many[999] = 8;
+  CHECK_FALSE(within(many, 8));
+  many[999] = -8;
+  CHECK_FALSE(within(many, 8));
+}
+
+TEST_CASE("gather and scatter_add of single elements (inner extent 1): the checked paths", "[along_axis][gather]") {
+  // gather and scatter_add share the along-axis kernels' block check and their add_line_block
+  // where they move single elements: one index list for every line of x [outer, n] along axis 1.
+  const std::int64_t n = 1000;
+  unsigned seed = 300;
+  for (const std::int64_t outer : {std::int64_t{1}, std::int64_t{3}})
+    for (const std::int64_t m : {std::int64_t{1000}, std::int64_t{1003}, std::int64_t{13}})
+      for (const int kind : {0, 1, 2, 3})
+        for (sc::DType id : {sc::i32, sc::i64}) {
+          std::vector<std::int64_t> iv = random_indices(m, n, ++seed, kind == 2);
+          for (auto& e : iv) e = e < 0 ? e + n : e;
+          if (kind == 1) std::sort(iv.begin(), iv.end());
+          if (kind == 3)
+            for (std::size_t e = 0; e < iv.size(); e += 2 * 256 + 5) iv[e] -= n;
+          const sc::Tensor idx = index_tensor(iv, {m}, id);
+          for (sc::DType d : {sc::f32, sc::f64, sc::i32, sc::i64}) {
+            INFO("outer " << outer << " indices " << m << " kind " << kind << " dtype " << sc::name(d) << " index "
+                          << sc::name(id));
+            const std::vector<double> xv = sctest::small_values<double>(outer * n, ++seed, 9, 1);
+            const std::vector<double> uv = sctest::small_values<double>(outer * m, ++seed, 9, 1);
+            std::vector<double> want_take, want_add = xv;
+            for (std::int64_t o = 0; o < outer; ++o)
+              for (std::int64_t k = 0; k < m; ++k) {
+                const std::int64_t j = iv[static_cast<std::size_t>(k)] < 0 ? iv[static_cast<std::size_t>(k)] + n
+                                                                            : iv[static_cast<std::size_t>(k)];
+                want_take.push_back(xv[static_cast<std::size_t>(o * n + j)]);
+                want_add[static_cast<std::size_t>(o * n + j)] += uv[static_cast<std::size_t>(o * m + k)];
+              }
+            const sc::Tensor x = sc::tensor(xv, {outer, n}).astype(d), u = sc::tensor(uv, {outer, m}).astype(d);
+            sctest::at_threads({1, 2}, [&](int) {
+              CHECK(sc::gather(x, idx, 1).astype(sc::f64).to_vector<double>() == want_take);
+              CHECK(sc::scatter_add(x, idx, u, 1).astype(sc::f64).to_vector<double>() == want_add);
+            });
+          }
+        }
+  std::vector<std::int64_t> iv(2000);
+  for (std::size_t e = 0; e < iv.size(); ++e) iv[e] = static_cast<std::int64_t>(e * 7 % 1000);
+  iv[900] = 1000;
+  CHECK_THAT(error_of<sc::ValueError>([&] { (void)sc::gather(sc::ones({2, 1000}), sc::tensor(iv), 1); }),
+             Catch::Contains("[gather] index 1000 is out of range for axis 1 of extent 1000"));
 }
 
 TEST_CASE("add_along_axis sums repeats in index order, and bool take_along_axis moves bytes", "[along_axis]") {

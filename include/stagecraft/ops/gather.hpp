@@ -1,5 +1,6 @@
 // gather(x, indices, axis), its adjoint scatter_add(x, indices, updates, axis), and one_hot.
 #pragma once
+#include "../backend/cpu/simd.hpp"  // first, as transpose.hpp: the intrinsics (gather_within)
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -81,6 +82,57 @@ void visit_index(DType d, F&& f) {
   else f(type_tag<std::int64_t>{});
 }
 
+/// The indexing kernels' indices a block at a time, made offsets into a slab of x: off[t] =
+/// j * w + t0 + t (j * 1 when not Strided), where j is given[t], counted from the end when
+/// negative. An index out of range gives j = 0 and sets the result's bit. A vector loop where the
+/// target has one; the kernels then read or add through the offsets in a plain scalar loop (the
+/// normalising and checking one scalar loop did per element cost it twice a hand loop's time).
+template <bool Strided, class I>
+SC_ALWAYS_INLINE std::uint64_t index_offsets(const I* __restrict given, std::int64_t n, std::int64_t e, std::int64_t w,
+                                             std::int64_t t0, std::int64_t* __restrict off) {
+  const auto ue = static_cast<std::uint64_t>(e);
+  std::uint64_t bad = 0;
+  for (std::int64_t t = 0; t < n; ++t) {
+    const auto g = static_cast<std::int64_t>(given[t]);
+    const auto j = static_cast<std::uint64_t>(g < 0 ? g + e : g);
+    const bool ok = j < ue;
+    bad |= !ok;
+    const auto at = static_cast<std::int64_t>(ok ? j : 0);
+    if constexpr (Strided) off[t] = at * w + t0 + t;
+    else off[t] = at;
+  }
+  return bad;
+}
+/// The block index_offsets fills.
+inline constexpr std::int64_t index_block = 256;
+
+/// y[at[t]] += u[t] for t < n in that order, every index in range: a block of add_along_axis's or
+/// scatter_add's line. Where most neighbours repeat (long runs, as the cummax gradient's), a run
+/// is summed in a register and stored once; otherwise a plain loop (a run's "did the index
+/// change" branch mispredicts on short runs: on sorted random indices, a run of about one, that
+/// loop took 3.4x the plain one's time; and a plain loop waits on its own store at each repeat).
+/// The same additions in the same order either way.
+template <class T, class I>
+SC_ALWAYS_INLINE void add_line_block(T* __restrict y, const I* __restrict at, const T* __restrict u, std::int64_t n) {
+  std::int64_t repeats = 0;
+  for (std::int64_t t = 1; t < n; ++t) repeats += at[t] == at[t - 1];
+  if (repeats * 4 > 3 * n) {
+    auto j = static_cast<std::int64_t>(at[0]);
+    T acc = y[j];
+    for (std::int64_t t = 0; t < n; ++t) {
+      if (SC_UNLIKELY(at[t] != j)) {
+        y[j] = acc;
+        j = static_cast<std::int64_t>(at[t]);
+        acc = y[j];
+      }
+      acc = rules::math::wrap_add(acc, u[t]);
+    }
+    y[j] = acc;
+  } else {
+    for (std::int64_t t = 0; t < n; ++t) y[at[t]] = rules::math::wrap_add(y[at[t]], u[t]);
+  }
+}
+
 }  // namespace layout
 
 /// index_select: picks entries of x along attrs.axis by an integer tensor of indices
@@ -141,8 +193,16 @@ struct Gather {
             };
             std::int64_t j = 0;
             if (inner == 1) {
-              for (std::int64_t n = n0; n < n1; ++n)
-                if (index(n, j)) yr[n] = xr[j];
+              // a block of indices all in [0, E) read through directly (AVX-512's gathers)
+              for (std::int64_t b = n0; b < n1; b += layout::index_block) {
+                const std::int64_t len = std::min(layout::index_block, n1 - b);
+                if (backend::cpu::indices_within(ix + b, len, E)) {
+                  backend::cpu::gather_within(xr, ix + b, yr + b, len);
+                } else {
+                  for (std::int64_t n = b; n < b + len; ++n)
+                    if (index(n, j)) yr[n] = xr[j];
+                }
+              }
             } else {
               for (std::int64_t n = n0; n < n1; ++n)
                 if (index(n, j)) std::memcpy(yr + n * inner, xr + j * inner, static_cast<std::size_t>(inner) * sizeof(U));
@@ -208,20 +268,43 @@ struct ScatterAdd {
         const I* ix = static_cast<const I*>(in[1].raw_data());
         const T* u = static_cast<const T*>(in[2].raw_data());
         T* y = static_cast<T*>(out.raw_data());
-        backend::cpu::parallel_for(out.numel(), backend::cpu::grain_cheap, [&](std::int64_t b, std::int64_t e) {
-          std::memcpy(y + b, x + b, static_cast<std::size_t>(e - b) * sizeof(T));
-        });
+        // x copied first, but for lines of single elements (inner == 1): each copied by the thread
+        // that adds into it, just before (in cache then, not a pass of its own)
+        if (N == 0 || inner != 1)
+          backend::cpu::parallel_for(out.numel(), backend::cpu::grain_cheap, [&](std::int64_t b, std::int64_t e) {
+            std::memcpy(y + b, x + b, static_cast<std::size_t>(e - b) * sizeof(T));
+          });
         if (N == 0) return;
         // one column (inner == 1) is a scalar loop, as gather's
-        backend::cpu::parallel_rows(outer * inner, N, inner == 1 ? backend::cpu::grain_costly : backend::cpu::grain_cheap,
+        backend::cpu::parallel_rows(outer * inner, inner == 1 ? N + E / 8 : N,
+                                   inner == 1 ? backend::cpu::grain_costly : backend::cpu::grain_cheap,
                                    [&](std::int64_t cb, std::int64_t ce) {
           for (std::int64_t c = cb; c < ce;) {
             const std::int64_t o = c / inner, i0 = c % inner, len = std::min(inner - i0, ce - c);
             T* yo = y + o * E * inner + i0;
             const T* uo = u + o * N * inner + i0;
+            if (inner == 1) {
+              // a flat tensor (the cummax gradient's scatter): blocks of indices added through
+              // directly when all are in [0, E), through offsets otherwise, a block of long runs of
+              // equal indices a run at a time in a register (add_line_block), in index order
+              constexpr std::int64_t B = layout::index_block;
+              std::int64_t off[B];
+              std::memcpy(yo, x + o * E, static_cast<std::size_t>(E) * sizeof(T));
+              for (std::int64_t b = 0; b < N; b += B) {
+                const std::int64_t n = std::min(B, N - b);
+                if (backend::cpu::indices_within(ix + b, n, E)) {
+                  layout::add_line_block(yo, ix + b, uo + b, n);
+                } else {
+                  (void)layout::index_offsets<false>(ix + b, n, E, 1, 0, off);  // (checked up front)
+                  layout::add_line_block(yo, off, uo + b, n);
+                }
+              }
+              c += len;
+              continue;
+            }
             if (len == 1) {
-              // one column (a scatter into a flat tensor, as the cummax gradient's): a run of equal
-              // indices adds in a register rather than through memory, each element in the same order
+              // one column: a run of equal indices adds in a register rather than through memory,
+              // each element in the same order
               std::int64_t at = -1;
               T acc{};
               for (std::int64_t n = 0; n < N; ++n) {
