@@ -160,7 +160,7 @@ TEST_CASE("take_along_axis and add_along_axis: lines of in-range indices (the ch
   }
 }
 
-TEST_CASE("indices_within: in [0, e) or not, at the ends of the range and of the types", "[along_axis]") {
+TEST_CASE("indices_within: in 0 to e or not, at the ends of the range and of the types", "[along_axis]") {
   using sc::backend::cpu::indices_within;
   const std::int64_t big = std::numeric_limits<std::int64_t>::max(), low = std::numeric_limits<std::int64_t>::min();
   const auto within = [](std::vector<std::int64_t> v, std::int64_t e) {
