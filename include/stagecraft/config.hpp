@@ -11,12 +11,16 @@
 #define SC_NOINLINE __attribute__((noinline))
 #define SC_COLD __attribute__((cold, noinline))
 #define SC_ALWAYS_INLINE inline __attribute__((always_inline))
+// A loop of at most 16 iterations written out in full at every optimisation level (-O2 leaves a
+// loop over an array of SIMD registers rolled, and the array then lives in memory).
+#define SC_UNROLL_FULL _Pragma("GCC unroll 16")
 #else
 #define SC_LIKELY(x) (x)
 #define SC_UNLIKELY(x) (x)
 #define SC_NOINLINE
 #define SC_COLD
 #define SC_ALWAYS_INLINE inline
+#define SC_UNROLL_FULL
 #endif
 
 // Non-template functions that stagecraft::precompiled compiles once into its archive (the graph

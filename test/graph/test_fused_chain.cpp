@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -222,4 +223,41 @@ TEMPLATE_TEST_CASE("fused chains: splat inputs and broadcast rows as operands, o
         }
         CHECK(bad == 0);
       }
+}
+
+TEMPLATE_TEST_CASE("fused chains: maximum and minimum against one value, NaN, zeros of either sign and ties", "[fused][chain]",
+                   float, double) {
+  using T = TestType;
+  const sc::DType d = sc::dtype_of<T>();
+  const OpId maximum = op("maximum"), minimum = op("minimum");
+  const T nan = std::numeric_limits<T>::quiet_NaN(), inf = std::numeric_limits<T>::infinity();
+  // x per element; k, h single values: min(h, max(x, k)), then max(k, .), then min(., h): each
+  // op with the running value first and second
+  const std::vector<g::FusedInstr> code = {{maximum, 0, 1}, {minimum, 2, 3}, {maximum, 1, 4}, {minimum, 5, 2}};
+  const std::vector<T> special = {nan, -nan, T(0), -T(0), T(1.5), T(-2), inf, -inf};
+  const std::int64_t n = 1000;
+  std::vector<T> x(static_cast<std::size_t>(n));
+  sctest::Rng r(11);
+  for (std::size_t i = 0; i < x.size(); ++i)  // the special values in runs and alone, between random ones
+    x[i] = r.next() % 3 == 0 ? static_cast<T>(4 * r.uniform() - 2) : special[(i / (1 + i % 3)) % special.size()];
+  const sc::Shape out{n};
+  g::FusedProgram p{d, out, {out, {}, {}}, code, {6}};
+  const g::PreparedFused on = prepared(p, true), off = prepared(p, false);
+  CHECK(chain_lengths(on) == std::vector<int>{4});
+  const auto mx = [](T a, T b) { return (a > b || a != a) ? a : b; };  // NaN in either gives NaN, ties give b
+  const auto mn = [](T a, T b) { return (a < b || a != a) ? a : b; };
+  for (const T k : special)
+    for (const T h : special) {
+      INFO("k = " << k << " (sign " << std::signbit(k) << "), h = " << h << " (sign " << std::signbit(h) << ")");
+      const std::vector<sc::Tensor> in = {sc::tensor(x, out), sc::scalar(k), sc::scalar(h)};
+      const std::vector<sc::Tensor> got = run(on, in), want = run(off, in);
+      CHECK(differing<T>(got[0], want[0]) == 0);
+      const std::vector<T> g0 = got[0].to_vector<T>();
+      std::int64_t bad = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const T e = mn(mx(k, mn(h, mx(x[i], k))), h);
+        bad += std::memcmp(&e, &g0[i], sizeof(T)) != 0;
+      }
+      CHECK(bad == 0);
+    }
 }

@@ -177,7 +177,8 @@ void TileRun<T>::run(std::int64_t b, std::int64_t e, AfterTile<T> after_tile, st
         prefetching_ && t0 + tile < pe ? (std::min(tile, pe - t0 - tile) * std::int64_t{sizeof(T)} + 63) / 64 : 0;
     const std::int64_t off = (t0 + tile) * std::int64_t{sizeof(T)};
     std::int64_t k = 0;
-    prefetch(st_, off, 0, lines / nsteps_);
+    // (each step's share of the lines: two divisions a step, skipped where nothing is prefetched)
+    if (lines > 0) prefetch(st_, off, 0, lines / nsteps_);
     bool splat = !pf.per_tile_splat.empty();
     for (const Gather& g : st_.gathers)
       if (splat && g.splat >= 0)
@@ -196,7 +197,7 @@ void TileRun<T>::run(std::int64_t b, std::int64_t e, AfterTile<T> after_tile, st
     }
     for (const Step& s : splat ? pf.per_tile_splat : pf.per_tile) {
       ++k;
-      prefetch(st_, off, lines * k / nsteps_, lines * (k + 1) / nsteps_);
+      if (lines > 0) prefetch(st_, off, lines * k / nsteps_, lines * (k + 1) / nsteps_);
       if (s.chain >= 0) {  // (its operands where the tile has them, then one pass over the tile)
         const Chain& c = pf.chains[static_cast<std::size_t>(s.chain)];
         const int nl = static_cast<int>(c.links.size());
