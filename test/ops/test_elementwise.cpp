@@ -149,6 +149,50 @@ TEST_CASE("maximum and minimum propagate NaN in the SIMD part of a row too", "[e
   CHECK(sc::minimum(sc::tensor(a), sc::tensor(b)).to_vector<float>()[5] == 1.f);
 }
 
+// maximum and minimum against one value take their rules' short forms for the row (with_second:
+// one max/min instruction where the value is neither NaN nor zero, one compare and blend where it
+// is a zero): the bits of the full rule, NaN of either sign, zeros of either sign and ties included.
+TEMPLATE_TEST_CASE("maximum and minimum against one value: NaN, zeros of either sign, ties, every length", "[elementwise]",
+                   float, double) {
+  using T = TestType;
+  const T nan = std::numeric_limits<T>::quiet_NaN(), inf = std::numeric_limits<T>::infinity();
+  const std::vector<T> special = {nan, -nan, T(0), -T(0), T(1.5), T(-2), inf, -inf};
+  const auto mx = [](T a, T b) { return (a > b || a != a) ? a : b; };  // NaN in either gives NaN, a tie b
+  const auto mn = [](T a, T b) { return (a < b || a != a) ? a : b; };
+  const auto same = [](const std::vector<T>& got, const std::vector<T>& want) {
+    return got.size() == want.size() && std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0;
+  };
+  sctest::Rng r(5);
+  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{3}, std::int64_t{8}, std::int64_t{17}, std::int64_t{33},
+                               std::int64_t{40}, std::int64_t{1000}}) {
+    std::vector<T> x(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = r.next() % 3 == 0 ? static_cast<T>(4 * r.uniform() - 2) : special[(i / (1 + i % 3)) % special.size()];
+    const sc::Tensor tx = sc::tensor(x);
+    for (const T s : special) {
+      INFO("n = " << n << ", the value " << s << " (sign " << std::signbit(s) << ")");
+      std::vector<T> max_xs(x.size()), max_sx(x.size()), min_xs(x.size()), min_sx(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i)
+        max_xs[i] = mx(x[i], s), max_sx[i] = mx(s, x[i]), min_xs[i] = mn(x[i], s), min_sx[i] = mn(s, x[i]);
+      const sc::Tensor one = sc::tensor(std::vector<T>{s});  // [1], broadcast
+      CHECK(same(sc::maximum(tx, s).template to_vector<T>(), max_xs));
+      CHECK(same(sc::maximum(tx, one).template to_vector<T>(), max_xs));
+      CHECK(same(sc::maximum(s, tx).template to_vector<T>(), max_sx));
+      CHECK(same(sc::maximum(one, tx).template to_vector<T>(), max_sx));
+      CHECK(same(sc::minimum(tx, s).template to_vector<T>(), min_xs));
+      CHECK(same(sc::minimum(tx, one).template to_vector<T>(), min_xs));
+      CHECK(same(sc::minimum(s, tx).template to_vector<T>(), min_sx));
+      CHECK(same(sc::minimum(one, tx).template to_vector<T>(), min_sx));
+      if (n == 1000) {  // traced: the fused evaluator's chains against one value
+        const auto f = sc::function([](const sc::Tensor& a, const sc::Tensor& k) { return sc::minimum(k, sc::maximum(a * 1, k)); });
+        std::vector<T> want(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) want[i] = mn(s, mx(x[i], s));
+        CHECK(same(f(tx, sc::scalar(s)).template to_vector<T>(), want));
+      }
+    }
+  }
+}
+
 // Comparisons, logical ops, where and cast run their SIMD rules (lane masks stored as bools, bool
 // masks read as lanes); results equal the scalar rule at every length (tails) and broadcast form.
 static_assert(sc::backend::cpu::HasMask2<sc::ops::Less, float> && sc::backend::cpu::HasMask2<sc::ops::LogicalOr, std::int64_t>);
