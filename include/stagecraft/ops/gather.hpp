@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "../backend/cpu/parallel.hpp"
 #include "../core/creation.hpp"
@@ -114,8 +116,17 @@ inline constexpr std::int64_t index_block = 256;
 /// The same additions in the same order either way.
 template <class T, class I>
 SC_ALWAYS_INLINE void add_line_block(T* __restrict y, const I* __restrict at, const T* __restrict u, std::int64_t n) {
-  std::int64_t repeats = 0;
-  for (std::int64_t t = 1; t < n; ++t) repeats += at[t] == at[t - 1];
+  // neighbours that differ, counted as (x | -x) >> top for x = a ^ b (nonzero iff they differ): a
+  // subtraction, an or and a shift, which vectorize for 64-bit indices on SSE2 too (where a 64-bit
+  // equality compare does not)
+  using UI = std::make_unsigned_t<I>;
+  constexpr int top = std::numeric_limits<UI>::digits - 1;
+  UI differ = 0;  // (n is at most index_block)
+  for (std::int64_t t = 1; t < n; ++t) {
+    const UI x = static_cast<UI>(static_cast<UI>(at[t]) ^ static_cast<UI>(at[t - 1]));
+    differ = static_cast<UI>(differ + (static_cast<UI>(x | static_cast<UI>(UI(0) - x)) >> top));
+  }
+  const std::int64_t repeats = n - 1 - static_cast<std::int64_t>(differ);
   if (repeats * 4 > 3 * n) {
     auto j = static_cast<std::int64_t>(at[0]);
     T acc = y[j];
