@@ -140,8 +140,9 @@ inline constexpr std::array<bool, ops::num_ops> ordered_forms_table = {{
 template <class T>
 constexpr int link_code(const Link& l, T s) {
   int f = lf_unary;
-  if (l.form != Link::unary && l.single && ordered_forms_table<T>[static_cast<std::size_t>(l.op)] && s == s)
-    f = s != T(0) ? lf_single_plain : (l.form == Link::first ? lf_single_ordered : lf_second_single);
+  const int level = rules::ordered_level(s);
+  if (l.form != Link::unary && l.single && ordered_forms_table<T>[static_cast<std::size_t>(l.op)] && level > 0)
+    f = level == 2 ? lf_single_plain : (l.form == Link::first ? lf_single_ordered : lf_second_single);
   else if (l.form == Link::first) f = l.single ? lf_first_single : lf_first;
   else if (l.form == Link::second) f = l.single ? lf_second_single : lf_second;
   return static_cast<int>(l.op) * link_forms + f;

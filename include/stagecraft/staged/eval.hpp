@@ -328,7 +328,7 @@ Tensor fused(const E& e, const Slots<NS>& sl, const Used<NS>& used, const Shape&
   };
   // a loop without NaN tests for max/min constants, where none is NaN (checked here, once)
   if constexpr (simd && has_minmax_const<E>()) {
-    switch (minmax_consts_ordered(e)) {
+    switch (minmax_consts_ordered<T>(e)) {
       case 2: loop(std::integral_constant<int, 2>{}); break;
       case 1: loop(std::integral_constant<int, 1>{}); break;
       default: loop(std::integral_constant<int, 0>{});

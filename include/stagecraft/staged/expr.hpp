@@ -578,24 +578,23 @@ constexpr bool has_minmax_const() {
     return false;
   }
 }
-/// 2 when no max/min constant of the graph is NaN or zero, 1 when none is NaN, else 0.
-template <class N>
+/// 2 when no max/min constant of the graph is NaN or zero as T (the loop's element type: a double
+/// 1e-50 is a zero in an f32 loop), 1 when none is NaN, else 0 (rules::ordered_level).
+template <class T, class N>
 int minmax_consts_ordered(const N& n) {
   if constexpr (!has_minmax_const<N>()) {
     return 2;
   } else if constexpr (requires { typename N::op_type; } && requires { n.b; }) {
     using Op = typename N::op_type;
     using B = decltype(n.b);
-    int level = std::min(minmax_consts_ordered(n.a), minmax_consts_ordered(n.b));
-    if constexpr ((std::is_same_v<Op, ops::Maximum> || std::is_same_v<Op, ops::Minimum>) && is_const<B>) {
-      if (rules::math::isnan(n.b.v)) level = 0;
-      else if (n.b.v == 0) level = std::min(level, 1);
-    }
+    int level = std::min(minmax_consts_ordered<T>(n.a), minmax_consts_ordered<T>(n.b));
+    if constexpr ((std::is_same_v<Op, ops::Maximum> || std::is_same_v<Op, ops::Minimum>) && is_const<B>)
+      level = std::min(level, rules::ordered_level(static_cast<T>(n.b.v)));
     return level;
   } else if constexpr (requires { n.c; }) {
-    return std::min({minmax_consts_ordered(n.c), minmax_consts_ordered(n.a), minmax_consts_ordered(n.b)});
+    return std::min({minmax_consts_ordered<T>(n.c), minmax_consts_ordered<T>(n.a), minmax_consts_ordered<T>(n.b)});
   } else {
-    return minmax_consts_ordered(n.a);
+    return minmax_consts_ordered<T>(n.a);
   }
 }
 
