@@ -189,6 +189,11 @@ TEST_CASE("indices_within: in 0 to e or not, at the ends of the range and of the
   CHECK_FALSE(within({low}, 1));
   CHECK_FALSE(within({big}, 1));
   CHECK_FALSE(within({-big}, big));
+  // i32 indices against an axis longer than any i32 (every one that is not negative is within)
+  CHECK(within({0, std::numeric_limits<std::int32_t>::max(), 5}, big));
+  CHECK(within({std::numeric_limits<std::int32_t>::max()}, std::int64_t{1} << 31));
+  CHECK_FALSE(within({std::numeric_limits<std::int32_t>::max()}, std::numeric_limits<std::int32_t>::max()));
+  CHECK_FALSE(within({std::numeric_limits<std::int32_t>::min(), 0}, big));
   std::vector<std::int64_t> many(1000, 7);
   CHECK(within(many, 8));
   many[999] = 8;

@@ -145,7 +145,8 @@ struct AddAlongAxis {
   /// index order, a block of indices checked in one vector pass (indices_within) and added through
   /// directly, or through offsets (layout::index_offsets) when one is negative or bad. A contiguous
   /// line (inner == 1) adds a block of long runs of equal indices (the cummax gradient's) a run in
-  /// a register (add_line_block), the same additions in the same order.
+  /// a register (add_line_block), the same additions in the same order; its check counts the runs
+  /// in the same pass (layout::add_checked_block).
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     // x empty (along the axis too, perhaps): only the indices to check
     if (out.numel() == 0) return layout::require_indices_in_range(name, in[1], in[0].shape(), a.axis);
@@ -183,12 +184,7 @@ struct AddAlongAxis {
               for (std::int64_t k0 = 0; k0 < M; k0 += B) {
                 const std::int64_t n = std::min(B, M - k0);
                 const I* __restrict at = ix + o * M + k0;
-                if (backend::cpu::indices_within(at, n, E)) {
-                  layout::add_line_block(yo, at, uo + k0, n);
-                } else {
-                  bad |= layout::index_offsets<false>(at, n, E, 1, 0, off);
-                  layout::add_line_block(yo, off, uo + k0, n);
-                }
+                bad |= layout::add_checked_block(yo, at, uo + k0, n, E, off);
               }
             }
             if (SC_UNLIKELY(bad != 0)) failed.store(true, std::memory_order_relaxed);

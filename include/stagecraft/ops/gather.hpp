@@ -108,26 +108,26 @@ SC_ALWAYS_INLINE std::uint64_t index_offsets(const I* __restrict given, std::int
 /// The block index_offsets fills.
 inline constexpr std::int64_t index_block = 256;
 
+/// Whether most of at[0, n)'s neighbours repeat (add_line_block's choice between summing runs in
+/// a register and a plain loop), judged on every 8th pair: the choice only sets the speed (both
+/// loops make the same additions in the same order), and counting every pair had cost a vector
+/// pass as long as the range check's (i64 on SSE2: six instructions per two indices).
+template <class I>
+SC_ALWAYS_INLINE bool mostly_repeats(const I* __restrict at, std::int64_t n) {
+  int same = 0, pairs = 0;
+  for (std::int64_t t = 1; t < n; t += 8, ++pairs) same += at[t] == at[t - 1];
+  return same * 4 > 3 * pairs;
+}
+
 /// y[at[t]] += u[t] for t < n in that order, every index in range: a block of add_along_axis's or
-/// scatter_add's line. Where most neighbours repeat (long runs, as the cummax gradient's), a run
-/// is summed in a register and stored once; otherwise a plain loop (a run's "did the index
-/// change" branch mispredicts on short runs: on sorted random indices, a run of about one, that
-/// loop took 3.4x the plain one's time; and a plain loop waits on its own store at each repeat).
-/// The same additions in the same order either way.
+/// scatter_add's line. Where most neighbours repeat (mostly_repeats: long runs, as the cummax
+/// gradient's), a run is summed in a register and stored once; otherwise a plain loop (a run's
+/// "did the index change" branch mispredicts on short runs: on sorted random indices, a run of
+/// about one, that loop took 3.4x the plain one's time; and a plain loop waits on its own store at
+/// each repeat). The same additions in the same order either way.
 template <class T, class I>
 SC_ALWAYS_INLINE void add_line_block(T* __restrict y, const I* __restrict at, const T* __restrict u, std::int64_t n) {
-  // neighbours that differ, counted as (x | -x) >> top for x = a ^ b (nonzero iff they differ): a
-  // subtraction, an or and a shift, which vectorize for 64-bit indices on SSE2 too (where a 64-bit
-  // equality compare does not)
-  using UI = std::make_unsigned_t<I>;
-  constexpr int top = std::numeric_limits<UI>::digits - 1;
-  UI differ = 0;  // (n is at most index_block)
-  for (std::int64_t t = 1; t < n; ++t) {
-    const UI x = static_cast<UI>(static_cast<UI>(at[t]) ^ static_cast<UI>(at[t - 1]));
-    differ = static_cast<UI>(differ + (static_cast<UI>(x | static_cast<UI>(UI(0) - x)) >> top));
-  }
-  const std::int64_t repeats = n - 1 - static_cast<std::int64_t>(differ);
-  if (repeats * 4 > 3 * n) {
+  if (mostly_repeats(at, n)) {
     auto j = static_cast<std::int64_t>(at[0]);
     T acc = y[j];
     for (std::int64_t t = 0; t < n; ++t) {
@@ -142,6 +142,21 @@ SC_ALWAYS_INLINE void add_line_block(T* __restrict y, const I* __restrict at, co
   } else {
     for (std::int64_t t = 0; t < n; ++t) y[at[t]] = rules::math::wrap_add(y[at[t]], u[t]);
   }
+}
+
+/// A block of a line added through its indices at: checked in one vector pass (indices_within)
+/// and added through directly where all are in [0, e), else through offsets (index_offsets: a
+/// negative index counted from the end; a bad one adds at 0 and sets the result).
+template <class T, class I>
+SC_ALWAYS_INLINE std::uint64_t add_checked_block(T* __restrict y, const I* __restrict at, const T* __restrict u,
+                                                 std::int64_t n, std::int64_t e, std::int64_t* __restrict off) {
+  if (SC_LIKELY(backend::cpu::indices_within(at, n, e))) {
+    add_line_block(y, at, u, n);
+    return 0;
+  }
+  const std::uint64_t bad = index_offsets<false>(at, n, e, 1, 0, off);
+  add_line_block(y, off, u, n);
+  return bad;
 }
 
 }  // namespace layout
@@ -303,12 +318,7 @@ struct ScatterAdd {
               std::memcpy(yo, x + o * E, static_cast<std::size_t>(E) * sizeof(T));
               for (std::int64_t b = 0; b < N; b += B) {
                 const std::int64_t n = std::min(B, N - b);
-                if (backend::cpu::indices_within(ix + b, n, E)) {
-                  layout::add_line_block(yo, ix + b, uo + b, n);
-                } else {
-                  (void)layout::index_offsets<false>(ix + b, n, E, 1, 0, off);  // (checked up front)
-                  layout::add_line_block(yo, off, uo + b, n);
-                }
+                (void)layout::add_checked_block(yo, ix + b, uo + b, n, E, off);  // (checked up front)
               }
               c += len;
               continue;

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "../../config.hpp"  // SC_ALWAYS_INLINE
@@ -210,20 +211,30 @@ SC_HOST_DEVICE V floor_division_batch(const V& a, const V& b) {
 }  // namespace stagecraft::rules::math
 
 namespace stagecraft::backend::cpu {
+/// indices_within's hi for an axis of e entries: e - 1, at most I's largest value (e == 0: all ones,
+/// so every index fails).
+template <class I>
+SC_ALWAYS_INLINE std::make_unsigned_t<I> index_top_hi(std::int64_t e) {
+  constexpr auto imax = static_cast<std::int64_t>(std::numeric_limits<I>::max());
+  return static_cast<std::make_unsigned_t<I>>(e - 1 < imax ? e - 1 : imax);
+}
 /// Whether every index given[0, n) is in [0, e): none negative (counted from the end, for the
-/// caller's slower path) and none past the end. As unsigned, g is in [0, e) iff neither g nor
-/// (e - 1) - g has its top bit set (e < 2^63): 64-bit subtractions and ors only, one vector pass
-/// on every target (baseline x86-64 has no 64-bit compare: a comparison there measured 1.25x this,
-/// the same on AVX-512 as its unsigned maximum).
+/// caller's slower path) and none past the end. As unsigned of the index's width, g is in [0, e)
+/// iff neither g nor hi - g has its top bit set, hi = e - 1 (at most the type's largest value: an
+/// i32 index into a longer axis is within iff not negative). Subtractions and ors only, one vector
+/// pass on every target, i32 lanes twice as many as i64's (baseline x86-64 has no 64-bit compare: a
+/// comparison there measured 1.25x this, the same on AVX-512 as its unsigned maximum).
 template <class I>
 SC_ALWAYS_INLINE bool indices_within(const I* __restrict given, std::int64_t n, std::int64_t e) {
-  const std::uint64_t hi = static_cast<std::uint64_t>(e) - 1;  // (e == 0: every index fails)
-  std::uint64_t acc = 0;
+  using U = std::make_unsigned_t<I>;
+  constexpr int top = std::numeric_limits<U>::digits - 1;
+  const U hi = index_top_hi<I>(e);
+  U acc = 0;
   for (std::int64_t t = 0; t < n; ++t) {
-    const auto g = static_cast<std::uint64_t>(static_cast<std::int64_t>(given[t]));
-    acc |= g | (hi - g);
+    const auto g = static_cast<U>(given[t]);
+    acc = static_cast<U>(acc | g | static_cast<U>(hi - g));
   }
-  return acc >> 63 == 0;
+  return acc >> top == 0;
 }
 
 /// y[t] = x[at[t]] for t < n, every index in range (indices_within said so). AVX-512's gathers
