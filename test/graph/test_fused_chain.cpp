@@ -148,9 +148,15 @@ TEMPLATE_TEST_CASE("fused chains: the bits of the program run an instruction at 
   // operands per element and single values, the running value first and second
   std::vector<g::FusedInstr> code = {{mul, 0, 1}, {sub, 2, 4}, {maximum, 5, 3}, {floating ? div : add, 6, 2},
                                      {square, 7}, {sub, 8, 1}, {minimum, 0, 9}, {neg, 10}, {abs, 11}};
-  const std::int64_t tile = g::detail_fused::tile_elems<T>;
-  for (const std::int64_t n : {std::int64_t{1}, W - 1, W, W + 1, 4 * W - 1, 4 * W, 4 * W + 1, 5 * W + 3, tile - 1, tile + 1,
-                               2 * tile, 2 * tile + 5, std::int64_t{100003}})
+  // one chain over inputs read in place: the long tile (chain_tile_bytes), tested at its ends and
+  // at the default tile's
+  const std::int64_t tile = prepared(g::FusedProgram{d, {7}, {{7}, {7}, {}, {}}, code, {12}}, true).tile;
+  const std::int64_t short_tile = g::detail_fused::tile_elems<T>;
+  CHECK(tile == g::detail_fused::chain_tile_bytes / static_cast<std::int64_t>(sizeof(T)));
+  // a broadcast input is gathered into a scratch tile: the short tile then
+  CHECK(prepared(g::FusedProgram{d, {2, 7}, {{2, 7}, {7}, {}, {}}, code, {12}}, true).tile < tile);
+  for (const std::int64_t n : {std::int64_t{1}, W - 1, W, W + 1, 4 * W - 1, 4 * W, 4 * W + 1, 5 * W + 3, short_tile - 1,
+                               short_tile + 1, tile - 1, tile + 1, 2 * tile, 2 * tile + 5, std::int64_t{100003}})
     for (const bool reduce : {false, true})
       for (const bool in_place : {false, true}) {
         if (reduce && !floating) continue;  // (reductions run over floating dtypes)

@@ -251,9 +251,11 @@ TEMPLATE_TEST_CASE("the 9-op chain matches a plain loop and the eager ops", "[fu
   using T = TestType;
   const sc::DType d = sc::dtype_of<T>();
   const std::int64_t tile = g::detail_fused::tile_elems<T>;
-  // (with a, b, c scalars the program has few scratch slots and tiles twice as long)
+  // (with a, b, c scalars the program has few scratch slots and tiles twice as long; where it is
+  // one chain over inputs in place, chain_tile_bytes long)
+  const std::int64_t chain_tile = g::detail_fused::chain_tile_bytes / static_cast<std::int64_t>(sizeof(T));
   for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, tile - 1, tile + 1, 2 * tile - 1,
-                         2 * tile + 1, std::int64_t{100000}})
+                         2 * tile + 1, chain_tile - 1, chain_tile + 1, 2 * chain_tile + 3, std::int64_t{100000}})
     for (bool scalars : {false, true}) {
       INFO("n = " << n << (scalars ? ", a b c scalars" : ", a b c tensors"));
       const sc::Shape abc = scalars ? sc::Shape{} : sc::Shape{n};
