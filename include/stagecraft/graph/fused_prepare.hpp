@@ -31,11 +31,9 @@ inline constexpr std::int64_t tile_bytes = 2048;
 /// tile_bytes, which still leaves them and the next inputs in L1, and halves the kernel calls a
 /// short chain makes per element (sum(2x + 1) of [1024, 1024] traced: 89 -> 70-74 us on 2 threads).
 inline constexpr std::int64_t few_slots = 3;
-/// The tile of a program that is one chain over inputs read in place (one_chain): the chain's
-/// values stay in registers, so the tile streams as a plain loop does; a long tile spreads the
-/// per-tile work (each link's operand and switch key) thinner. 128K floats, 1 thread, AVX-512,
-/// traced over the hand loop's speed: 16 ops 0.70-0.74x at 4 KiB, 0.78-0.84x at 16 KiB, 0.78-0.84x
-/// at 32 KiB; 8 ops 0.77-0.83x, 0.88-0.91x, 0.88-0.89x; 2 and 4 ops the same (0.90-0.98x).
+/// The tile of a program that is one chain over inputs read in place (one_chain). 128K floats,
+/// 1 thread, AVX-512, traced over the hand loop's speed: 16 ops 0.70-0.74x at 4 KiB, 0.78-0.84x at
+/// 16 KiB, 0.78-0.84x at 32 KiB; 8 ops 0.77-0.83x, 0.88-0.91x, 0.88-0.89x; 2 and 4 ops the same.
 inline constexpr std::int64_t chain_tile_bytes = 16384;
 /// Elements per tile (prepare's default; PreparedFused::tile may be changed before a run).
 template <class T>

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <limits>
 #include <type_traits>
 
 #include "../backend/cpu/parallel.hpp"
