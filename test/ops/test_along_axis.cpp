@@ -244,6 +244,50 @@ TEST_CASE("gather and scatter_add of single elements (inner extent 1): the check
              Catch::Contains("[gather] index 1000 is out of range for axis 1 of extent 1000"));
 }
 
+TEST_CASE("a line's indices checked as they add: negative and bad ones inside runs and at block edges",
+          "[along_axis][gather]") {
+  // add_along_axis and scatter_add along a line add through an index directly while it is in
+  // [0, n), and from the first that is not (negative, or bad) through offsets for the rest of its
+  // block of 256; inside a run of equal indices, summed in a register, as in a plain loop. The
+  // reference adds in index order in T, so a changed order shows in the f32 bits.
+  const std::int64_t n = 300, m = 1100;
+  std::vector<std::int64_t> runs(m), plain(m);
+  for (std::int64_t k = 0; k < m; ++k) {
+    runs[static_cast<std::size_t>(k)] = (k / 40 * 37) % n;  // runs of 40
+    plain[static_cast<std::size_t>(k)] = (k * 131 + 7) % n;
+  }
+  // the same place counted from the end: in the middle of runs, first and last of a block, at a
+  // run's start, and in the last partial block
+  for (std::int64_t k : {std::int64_t{5}, std::int64_t{256}, std::int64_t{511}, std::int64_t{520},
+                         std::int64_t{800}, std::int64_t{801}, std::int64_t{1099}}) {
+    runs[static_cast<std::size_t>(k)] -= n;
+    plain[static_cast<std::size_t>(k)] -= n;
+  }
+  std::vector<float> uv(m);
+  for (std::int64_t k = 0; k < m; ++k) uv[static_cast<std::size_t>(k)] = k % 3 == 0 ? 1e8f : (k % 3 == 1 ? 0.1f : -1e8f);
+  for (const auto* iv : {&runs, &plain})
+    for (sc::DType id : {sc::i32, sc::i64}) {
+      std::vector<float> want(n, 0.5f);
+      for (std::int64_t k = 0; k < m; ++k) {
+        const std::int64_t g = (*iv)[static_cast<std::size_t>(k)];
+        float& y = want[static_cast<std::size_t>(g < 0 ? g + n : g)];
+        y = y + uv[static_cast<std::size_t>(k)];
+      }
+      const sc::Tensor x = sc::full({1, n}, 0.5f), u = sc::tensor(uv, {1, m});
+      INFO((iv == &runs ? "runs" : "plain") << " index " << sc::name(id));
+      CHECK(sc::add_along_axis(x, index_tensor(*iv, {1, m}, id), u, 1).to_vector<float>() == want);
+      CHECK(sc::scatter_add(x, index_tensor(*iv, {m}, id), u, 1).to_vector<float>() == want);
+      // a bad index inside a run, after a negative one in the same block: the first bad one named
+      std::vector<std::int64_t> bad = *iv;
+      bad[530] = n;
+      bad[700] = -n - 1;
+      CHECK_THAT(error_of<sc::ValueError>([&] { (void)sc::add_along_axis(x, index_tensor(bad, {1, m}, id), u, 1); }),
+                 Catch::Contains("[add_along_axis] index 300 is out of range for axis 1 of extent 300"));
+      CHECK_THAT(error_of<sc::ValueError>([&] { (void)sc::scatter_add(x, index_tensor(bad, {m}, id), u, 1); }),
+                 Catch::Contains("[scatter_add] index 300 is out of range for axis 1 of extent 300"));
+    }
+}
+
 TEST_CASE("add_along_axis sums repeats in index order, and bool take_along_axis moves bytes", "[along_axis]") {
   // 0.1 + 1e8 - 1e8 depends on the order: index order gives 0 exactly for the f32 column
   const sc::Tensor x = sc::zeros({2, 3});

@@ -144,8 +144,9 @@ struct AddAlongAxis {
   /// x is copied; then threads split the columns (o, i) in blocks, each adding its updates in
   /// index order, a block of indices checked in one vector pass (indices_within) and added through
   /// directly, or through offsets (layout::index_offsets) when one is negative or bad. A contiguous
-  /// line (inner == 1) adds a block of long runs of equal indices (the cummax gradient's) a run in
-  /// a register (add_line_block), the same additions in the same order (layout::add_checked_block).
+  /// line (inner == 1) goes through layout::add_checked_block (i64 indices on SSE2 checked as they
+  /// add, not in a pass), a block of long runs of equal indices (the cummax gradient's) a run in a
+  /// register, the same additions in the same order.
   static void cpu(Inputs in, Tensor& out, const Attrs& a) {
     // x empty (along the axis too, perhaps): only the indices to check
     if (out.numel() == 0) return layout::require_indices_in_range(name, in[1], in[0].shape(), a.axis);

@@ -118,43 +118,63 @@ SC_ALWAYS_INLINE bool mostly_repeats(const I* __restrict at, std::int64_t n) {
   return same * 4 > 3 * pairs;
 }
 
-/// y[at[t]] += u[t] for t < n in that order, every index in range: a block of add_along_axis's or
-/// scatter_add's line. Where most neighbours repeat (mostly_repeats: long runs, as the cummax
-/// gradient's), a run is summed in a register and stored once; otherwise a plain loop (a run's
-/// "did the index change" branch mispredicts on short runs: on sorted random indices, a run of
-/// about one, that loop took 3.4x the plain one's time; and a plain loop waits on its own store at
-/// each repeat). The same additions in the same order either way.
-template <class T, class I>
-SC_ALWAYS_INLINE void add_line_block(T* __restrict y, const I* __restrict at, const T* __restrict u, std::int64_t n) {
-  if (mostly_repeats(at, n)) {
-    auto j = static_cast<std::int64_t>(at[0]);
+/// y[at[t]] += u[t] for t < n in that order while at[t] is in [0, e), a block of add_along_axis's
+/// or scatter_add's line; returns how many it added (n, or the place of the first index outside
+/// [0, e), which it leaves with the rest). Where most neighbours repeat (mostly_repeats: long runs,
+/// as the cummax gradient's), a run is summed in a register and stored once; otherwise a plain loop
+/// (a run's "did the index change" branch mispredicts on short runs: on sorted random indices, a
+/// run of about one, that loop took 3.4x the plain one's time; and a plain loop waits on its own
+/// store at each repeat). The same additions in the same order either way. With Check, every index
+/// is checked as it is read (where a run starts, in the run loop); without, the caller has checked
+/// them all.
+template <bool Check, class T, class I>
+SC_ALWAYS_INLINE std::int64_t add_line_block(T* __restrict y, const I* __restrict at, const T* __restrict u,
+                                             std::int64_t n, std::int64_t e) {
+  const auto ue = static_cast<std::uint64_t>(e);
+  const auto index = [&](std::int64_t t) { return static_cast<std::uint64_t>(static_cast<std::int64_t>(at[t])); };
+  if (n > 0 && mostly_repeats(at, n)) {
+    std::uint64_t j = index(0);
+    if (Check && SC_UNLIKELY(j >= ue)) return 0;
     T acc = y[j];
     for (std::int64_t t = 0; t < n; ++t) {
-      if (SC_UNLIKELY(at[t] != j)) {
+      if (SC_UNLIKELY(index(t) != j)) {
         y[j] = acc;
-        j = static_cast<std::int64_t>(at[t]);
+        j = index(t);
+        if (Check && SC_UNLIKELY(j >= ue)) return t;
         acc = y[j];
       }
       acc = rules::math::wrap_add(acc, u[t]);
     }
     y[j] = acc;
   } else {
-    for (std::int64_t t = 0; t < n; ++t) y[at[t]] = rules::math::wrap_add(y[at[t]], u[t]);
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::uint64_t j = index(t);
+      if (Check && SC_UNLIKELY(j >= ue)) return t;
+      y[j] = rules::math::wrap_add(y[j], u[t]);
+    }
   }
+  return n;
 }
 
-/// A block of a line added through its indices at: checked in one vector pass (indices_within)
-/// and added through directly where all are in [0, e), else through offsets (index_offsets: a
-/// negative index counted from the end; a bad one adds at 0 and sets the result).
+/// A block of a line added through its indices at (add_line_block) while they are in [0, e), the
+/// rest through offsets (index_offsets: a negative index counted from the end; a bad one adds at 0
+/// and sets the result), the same additions in the same order. Checked in one vector pass first
+/// (indices_within) where it has 4 lanes or more; otherwise as they are read: i64 on SSE2, a
+/// compare and a branch never taken beside the add's load and store, where the pass had cost a
+/// quarter of the time (session 83, 2 threads: add rows 313-329 -> 283-296 us, scatter_add 277-300
+/// -> 245-255; on AVX-512 the other way round, the pass 264-284 against 300-315).
 template <class T, class I>
 SC_ALWAYS_INLINE std::uint64_t add_checked_block(T* __restrict y, const I* __restrict at, const T* __restrict u,
                                                  std::int64_t n, std::int64_t e, std::int64_t* __restrict off) {
-  if (SC_LIKELY(backend::cpu::indices_within(at, n, e))) {
-    add_line_block(y, at, u, n);
-    return 0;
+  std::int64_t done = 0;
+  if constexpr (backend::cpu::index_check_vectorizes<I>) {
+    if (SC_LIKELY(backend::cpu::indices_within(at, n, e))) done = add_line_block<false>(y, at, u, n, e);
+  } else {
+    done = add_line_block<true>(y, at, u, n, e);
   }
-  const std::uint64_t bad = index_offsets<false>(at, n, e, 1, 0, off);
-  add_line_block(y, off, u, n);
+  if (SC_LIKELY(done == n)) return 0;
+  const std::uint64_t bad = index_offsets<false>(at + done, n - done, e, 1, 0, off);
+  (void)add_line_block<false>(y, off, u + done, n - done, e);
   return bad;
 }
 
@@ -309,9 +329,9 @@ struct ScatterAdd {
             T* yo = y + o * E * inner + i0;
             const T* uo = u + o * N * inner + i0;
             if (inner == 1) {
-              // a flat tensor (the cummax gradient's scatter): blocks of indices added through
-              // directly when all are in [0, E), through offsets otherwise, a block of long runs of
-              // equal indices a run at a time in a register (add_line_block), in index order
+              // a flat tensor (the cummax gradient's scatter): indices added through directly while
+              // in [0, E), the rest of their block through offsets, a block of long runs of equal
+              // indices a run at a time in a register (add_checked_block), in index order
               constexpr std::int64_t B = layout::index_block;
               std::int64_t off[B];
               std::memcpy(yo, x + o * E, static_cast<std::size_t>(E) * sizeof(T));

@@ -211,6 +211,20 @@ SC_HOST_DEVICE V floor_division_batch(const V& a, const V& b) {
 }  // namespace stagecraft::rules::math
 
 namespace stagecraft::backend::cpu {
+/// The bytes of the integer vector registers the target compiles for (x86: 64-bit lanes need AVX2
+/// for 32-byte registers).
+#if defined(__AVX512F__)
+inline constexpr int integer_vector_bytes = 64;
+#elif defined(__AVX2__)
+inline constexpr int integer_vector_bytes = 32;
+#else
+inline constexpr int integer_vector_bytes = 16;
+#endif
+/// Whether indices_within over I has 4 lanes or more a vector: with fewer (i64 on SSE2 or NEON), a
+/// scalar check beside a loop's own loads and stores costs less than the pass (session 83).
+template <class I>
+inline constexpr bool index_check_vectorizes = integer_vector_bytes / static_cast<int>(sizeof(I)) >= 4;
+
 /// indices_within's hi for an axis of e entries: e - 1, at most I's largest value (e == 0: all ones,
 /// so every index fails).
 template <class I>
