@@ -30,16 +30,23 @@ TEST_CASE("graphs with matmul, reductions, softmax and conv2d equal eager and tr
                "linear_scan of expressions", x, values(sc::f32, {6, 5}, 9));
   const Tensor img = values(sc::f32, {2, 3, 6, 6}, 5), k = values(sc::f32, {4, 3, 3, 3}, 6);
   check_stages([](const auto& i, const auto& kk) { return sc::relu(sc::nn::conv2d(i * 2.f, kk, 1, 1)); }, 0.0, "conv2d", img, k);
-  // reductions at the root reduce while they evaluate (their order of summation differs from eager's)
-  for (const Tensor& t : {x, values(sc::f32, {300, 1000}, 7), values(sc::f64, {3, 4, 70000}, 8)}) {
+  // reductions at the root reduce while they evaluate, in eager's order: its bits (rows under 4
+  // batches, pairwise pieces, rows cut into chunks, a chunk ending inside a batch, one long row)
+  for (const Tensor& t : {x, values(sc::f32, {300, 1000}, 7), values(sc::f64, {3, 4, 70000}, 8), values(sc::f32, {7, 17}, 9),
+                          values(sc::f64, {1000, 3}, 10), values(sc::f32, {1, 300001}, 11), values(sc::f64, {2, 250007}, 12)}) {
     const std::string s = sctest::str(t.shape());
-    check_stages([](const auto& a) { return sc::sum(sc::tanh(a) * a); }, 1e-5, "sum of all " + s, t);
-    check_stages([](const auto& a) { return sc::sum(a * a + 1, {-1}); }, 1e-5, "sum over the last axis " + s, t);
-    check_stages([](const auto& a) { return sc::mean(sc::exp(a * 0.1), {-1}, true); }, 1e-5, "mean, keepdims " + s, t);
+    check_stages([](const auto& a) { return sc::sum(sc::tanh(a) * a); }, 0.0, "sum of all " + s, t);
+    check_stages([](const auto& a) { return sc::sum(a * a + 1, {-1}); }, 0.0, "sum over the last axis " + s, t);
+    check_stages([](const auto& a) { return sc::mean(sc::exp(a * 0.1), {-1}, true); }, 0.0, "mean, keepdims " + s, t);
     check_stages([](const auto& a) { return sc::max(sc::sin(a)); }, 0.0, "max of all " + s, t);
+    check_stages([](const auto& a) { return sc::sum(sc::cos(a) * 2, {-1}); }, 0.0, "sum of cos over the last axis " + s, t);
     check_stages([](const auto& a) { return sc::min(a * 3, {0}); }, 0.0, "min over the first axis (not fused) " + s, t);
-    check_stages([](const auto& a) { return sc::sum(a, {0, 1}); }, 1e-5, "sum over leading axes (not fused) " + s, t);
-    check_stages([](const auto& a) { return a / sc::sum(sc::exp(a), {-1}, true); }, 1e-5, "a reduction inside " + s, t);
+    check_stages([](const auto& a) { return sc::sum(a, {0, 1}); }, 0.0, "sum over leading axes (not fused) " + s, t);
+    check_stages([](const auto& a) { return a / sc::sum(sc::exp(a), {-1}, true); }, 0.0, "a reduction inside " + s, t);
+    {  // at one thread: the same chunks, the same bits
+      const sctest::ThreadCount one(1);
+      check_stages([](const auto& a) { return sc::sum(a * 0.5 + 1, {-1}); }, 0.0, "sum over the last axis, 1 thread " + s, t);
+    }
   }
   // NaN propagates through a fused max
   const Tensor n = sc::tensor(std::vector<float>{1.f, NAN, 3.f, -1.f}, sc::Shape{2, 2});

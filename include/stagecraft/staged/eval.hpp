@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../autodiff/tape.hpp"
+#include "../backend/cpu/reduce_stream.hpp"
 #include "../core/creation.hpp"
 #include "../eager/context.hpp"
 #include "../ops/broadcast_to.hpp"
@@ -486,9 +487,14 @@ bool reduce_with(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, bool
   return done;
 }
 
-/// Reduces a floating expression over its trailing axes while evaluating it, in chunks whose
-/// partial results combine in a fixed order (the same figures on any thread count). False
-/// where this does not apply (the caller then evaluates the operand and reduces it).
+/// Reduces a floating expression over its trailing axes while evaluating it, in the eager
+/// reduction's order, so the results are its bits (as the traced plan's fused reductions): rows
+/// cut into the same chunks (chunk_rows, from the shape only: the same figures on any thread
+/// count), each reduced as reduce_row reduces (a float sum split pairwise; in each piece four SIMD
+/// accumulators over blocks of 4 batches, one over the whole batches after them, the lanes in
+/// order, a scalar tail; a piece under 4 batches element by element) from the expression's
+/// batches in registers, and the chunks' results reduced by the kernel's second step. False where
+/// this does not apply (the caller then evaluates the operand and reduces it).
 template <int NA, ReduceKind K, class A, unsigned DS>
 bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Tensor& out) {
   constexpr int NS = NA + A::slots;
@@ -498,26 +504,21 @@ bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Ten
     if constexpr (!A::template uniform<D>()) {
       return false;
     } else {
+      namespace cpu = backend::cpu;
       using T = ctype_t<D>;
+      using Rd = std::conditional_t<K == ReduceKind::max, cpu::MaxReducer,
+                                    std::conditional_t<K == ReduceKind::min, cpu::MinReducer, cpu::SumReducer>>;
       const std::int64_t n = shape.numel();
       if (layout_of<NS>(sl, used, n) == Layout::strided) return false;
       using L = SimdLane<T, false>;
       using B = xsimd::batch<T>;
       constexpr std::int64_t W = B::size;
-      // rows that do not start on a batch boundary batch unlike eager's flat loop
+      const std::int64_t outer = n / inner, per = cpu::chunk_rows(outer, inner, 1), chunks = (inner + per - 1) / per;
+      // batches that do not start on a multiple of W batch other elements together than eager's
+      // flat loop (sin and cos): rows and chunks must start on one (the pairwise pieces do)
       if constexpr (any_node<batch_dependent_node, A>()) {
-        if (inner % W != 0) return false;
+        if (inner % W != 0 || (chunks > 1 && per % W != 0)) return false;
       }
-      constexpr std::int64_t chunk = std::int64_t{1} << 15;
-      const std::int64_t outer = n / inner, per_row = (inner + chunk - 1) / chunk, units = outer * per_row;
-      constexpr bool is_max = K == ReduceKind::max, is_min = K == ReduceKind::min;
-      const T init = is_max ? -std::numeric_limits<T>::infinity()
-                            : (is_min ? std::numeric_limits<T>::infinity() : T(0));
-      auto combine = [](auto x, auto y) {
-        if constexpr (is_max) return decltype(x)(rules::Maximum::f(x, y));
-        else if constexpr (is_min) return decltype(x)(rules::Minimum::f(x, y));
-        else return decltype(x)(x + y);
-      };
       const auto shared = cse(a);
       using X = std::remove_cvref_t<decltype(shared)>;
       Ctx<NS, frame_slots<A>> c;
@@ -525,40 +526,67 @@ bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Ten
         c.p[k] = used[k] ? sl[k].raw_data() : nullptr;
         c.s[k] = used[k] && sl[k].numel() == n ? 1 : 0;
       }
-      std::vector<T> part(static_cast<std::size_t>(units));
+      const std::int64_t tasks = outer * chunks;
+      std::vector<T> part(static_cast<std::size_t>(tasks));
       // a reduction of an expression does its work and the reduction's (as the traced plan's fused
       // reductions count it): a plain argument's the cheap grain, an expression's one more op
       constexpr bool plain = requires { A::arg_index; } || std::is_same_v<A, Leaf>;
       constexpr std::int64_t grain = grain_for<plain ? 0 : A::cost + cheap_cost>();
-      backend::cpu::parallel_rows(units, std::min(inner, chunk), grain, [&](std::int64_t ub, std::int64_t ue) {
+      cpu::parallel_rows(tasks, std::min(per, inner), grain, [&](std::int64_t tb, std::int64_t te) {
         auto cc = c;
         const X local = shared;
-        for (std::int64_t u = ub; u < ue; ++u) {
-          const std::int64_t row = u / per_row, k0 = (u % per_row) * chunk;
-          const std::int64_t b = row * inner + k0, end = row * inner + std::min(inner, k0 + chunk);
-          B acc(init);
-          std::int64_t i = b;
-          for (; i + W <= end; i += W) acc = combine(acc, local.template get<NA, D, B, L>(cc, i));
-          alignas(sizeof(B)) T lanes[W];
-          acc.store_aligned(lanes);
-          T s = lanes[0];
-          for (std::int64_t k = 1; k < W; ++k) s = combine(s, lanes[k]);
-          if (i < end) {
+        const auto at = [&](std::int64_t i) { return B(local.template get<NA, D, B, L>(cc, i)); };
+        // elements [i, i + r) of the expression, r <= W, into lanes (a partial batch zero-padded)
+        const auto values = [&](std::int64_t i, std::int64_t r, T* lanes) {
+          if (r == W) {
+            at(i).store_aligned(lanes);
+          } else {
             alignas(64) T pad[NS > 0 ? NS : 1][W];
-            const auto tc = padded_tail<T, W, false>(cc, i, end - i, pad);
-            local.template get<NA, D, B, L>(tc, 0).store_aligned(lanes);
-            for (std::int64_t k = 0; k < end - i; ++k) s = combine(s, lanes[k]);
+            const auto tc = padded_tail<T, W, false>(cc, i, r, pad);
+            B(local.template get<NA, D, B, L>(tc, 0)).store_aligned(lanes);
           }
-          part[static_cast<std::size_t>(u)] = s;
+        };
+        // reduce_row<Rd, T, T> over elements [b, b + m) of the expression, m >= 1
+        const auto leaf = [&](std::int64_t b, std::int64_t m) {
+          alignas(64) T lanes[W];
+          std::int64_t i = 0;
+          T acc{};
+          if (m >= 4 * W) {
+            B a0 = at(b), a1 = at(b + W), a2 = at(b + 2 * W), a3 = at(b + 3 * W);
+            for (i = 4 * W; i + 4 * W <= m; i += 4 * W) {
+              a0 = Rd::simd(a0, at(b + i));
+              a1 = Rd::simd(a1, at(b + i + W));
+              a2 = Rd::simd(a2, at(b + i + 2 * W));
+              a3 = Rd::simd(a3, at(b + i + 3 * W));
+            }
+            a0 = Rd::simd(Rd::simd(a0, a1), Rd::simd(a2, a3));
+            for (; i + W <= m; i += W) a0 = Rd::simd(a0, at(b + i));
+            a0.store_aligned(lanes);
+            acc = lanes[0];
+            for (std::int64_t l = 1; l < W; ++l) acc = Rd::combine(acc, lanes[l]);
+          } else {
+            values(b, std::min(W, m), lanes);
+            acc = lanes[0];
+            i = 1;
+          }
+          while (i < m) {  // the scalar tail, a batch of values at a time
+            const std::int64_t k0 = i / W * W, r = std::min(W, m - k0);
+            values(b + k0, r, lanes);
+            for (; i < k0 + r; ++i) acc = Rd::combine(acc, lanes[i - k0]);
+          }
+          return acc;
+        };
+        for (std::int64_t t = tb; t < te; ++t) {
+          const std::int64_t row = t / chunks, k0 = (t % chunks) * per;
+          part[static_cast<std::size_t>(t)] = cpu::reduce_pairwise<Rd, T>(row * inner + k0, std::min(per, inner - k0), leaf);
         }
       });
       out = detail::empty_tensor(oshape, D, Device::cpu());
       T* y = static_cast<T*>(out.raw_data());
-      for (std::int64_t row = 0; row < outer; ++row) {
-        T s = part[static_cast<std::size_t>(row * per_row)];
-        for (std::int64_t k = 1; k < per_row; ++k) s = combine(s, part[static_cast<std::size_t>(row * per_row + k)]);
-        y[row] = K == ReduceKind::mean ? s / static_cast<T>(inner) : s;
-      }
+      if (chunks > 1) cpu::reduce3<Rd, T, T>(part.data(), y, outer, chunks, 1, false);
+      else std::copy_n(part.data(), outer, y);
+      if constexpr (K == ReduceKind::mean)
+        for (std::int64_t row = 0; row < outer; ++row) y[row] = y[row] / static_cast<T>(static_cast<double>(inner));
       return true;
     }
   });
