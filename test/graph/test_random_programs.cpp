@@ -1,0 +1,294 @@
+// Random programs, traced against eager: seeded sequences of elementwise ops (weak scalars on
+// either side, NaN, infinities, signed zeros and denormals among the values), casts, reductions,
+// scans, products and layout ops (transpose, slices, reshape, concat, gather) over inputs of every
+// numeric dtype with broadcasting shapes, interpreted by one function run eagerly and under
+// sc::function. The traced plan fuses, chains, absorbs slices into windows and tiles what eager
+// runs op by op; both must give the same bits (NaN as NaN, -0 as -0), raise the same error kind,
+// and eager at one thread the bits of eager at two. Their gradients through the tape, traced and
+// eager, agree within rounding (a traced backward may sum contributions in another order).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <stagecraft/stagecraft.hpp>
+
+#include "testing.hpp"
+
+namespace {
+
+const sc::DType numeric[] = {sc::f32, sc::f64, sc::i32, sc::i64};
+
+/// Values the ops meet at their edges.
+const double edge[] = {0.0,   -0.0, NAN,         INFINITY,      -INFINITY, 1e-40, -1e-310, 3e38, 1.5, -2.5,
+                       0.5,   7,    -3,          2147483647.0, -2147483648.0, 1e-50, 0.25,  -1.0,  2.0, 100.0};
+constexpr int num_edges = 20;
+
+/// One instruction: op over values a and b (earlier results; 0 and 1 are the inputs), a scalar s,
+/// a dtype, an axis choice and bits for slice bounds and gather indices.
+struct Ins {
+  int op, a, b;
+  double s;
+  int dt, ax;
+  std::uint32_t bits;
+};
+constexpr int num_ops = 48;
+
+std::string str(const std::vector<Ins>& prog) {
+  std::ostringstream o;
+  for (const Ins& i : prog) o << " [op " << i.op << " a " << i.a << " b " << i.b << " s " << i.s << " dt " << i.dt << " ax " << i.ax << " bits " << i.bits << "]";
+  return o.str();
+}
+
+sc::Tensor slice_of(const sc::Tensor& a, std::uint32_t q) {
+  std::vector<std::int64_t> begin, size;
+  for (int d = 0; d < a.rank(); ++d) {
+    const std::int64_t n = a.shape()[d];
+    const std::int64_t b = n ? static_cast<std::int64_t>(q % static_cast<std::uint32_t>(n)) : 0;
+    q /= 7;
+    begin.push_back(b);
+    size.push_back(q % 3 == 0 || n == b ? -1 : 1 + static_cast<std::int64_t>(q % static_cast<std::uint32_t>(n - b)));
+    q /= 5;
+  }
+  return sc::slice(a, begin, size);
+}
+
+sc::Tensor gather_of(const sc::Tensor& a, std::uint32_t q) {
+  std::vector<std::int64_t> ix;
+  const std::int64_t n = a.shape()[0];
+  for (std::uint32_t k = 0; k < 6; ++k)  // every other one counted from the end
+    ix.push_back(static_cast<std::int64_t>(q / (k + 1) % static_cast<std::uint32_t>(n)) - (k % 2 ? n : 0));
+  return sc::gather(a, sc::tensor(ix), 0);
+}
+
+/// The program's last value, computed from x and y by whatever stage the caller is in.
+sc::Tensor run(const std::vector<Ins>& prog, const sc::Tensor& x, const sc::Tensor& y) {
+  std::vector<sc::Tensor> v{x, y};
+  for (const Ins& i : prog) {
+    const sc::Tensor& a = v[static_cast<std::size_t>(i.a)];
+    const sc::Tensor& b = v[static_cast<std::size_t>(i.b)];
+    const int r = a.rank();
+    const std::int64_t ax = r ? i.ax % r : 0;
+    const bool fl = sc::is_floating(a.dtype());
+    sc::Tensor z;
+    switch (i.op) {
+      case 0: z = a + b; break;
+      case 1: z = a - b; break;
+      case 2: z = a * b; break;
+      case 3: z = a / b; break;
+      case 4: z = sc::maximum(a, b); break;
+      case 5: z = sc::minimum(a, b); break;
+      case 6: z = a + i.s; break;
+      case 7: z = i.s * a; break;
+      case 8: z = sc::maximum(a, i.s); break;
+      case 9: z = sc::minimum(i.s, a); break;
+      case 10: z = -a; break;
+      case 11: z = sc::abs(a); break;
+      case 12: z = sc::relu(a); break;
+      case 13: z = sc::square(a); break;
+      case 14: z = sc::sign(a); break;
+      case 15: z = sc::exp(a); break;
+      case 16: z = sc::log(a); break;
+      case 17: z = sc::sqrt(a); break;
+      case 18: z = sc::tanh(a); break;
+      case 19: z = sc::sigmoid(a); break;
+      case 20: z = sc::sin(a); break;
+      case 21: z = sc::floor(a); break;
+      case 22: z = sc::round(a); break;
+      case 23: z = sc::where(a > b, a, b); break;
+      case 24: z = a.astype(numeric[i.dt]); break;
+      case 25: z = r ? sc::sum(a, {ax}, i.ax % 2 == 0) : a; break;
+      case 26: z = r ? sc::max(a, {ax}, true) : a; break;
+      case 27: z = sc::min(a); break;
+      case 28: z = sc::pow(a, b); break;
+      case 29: z = sc::floor_div(a, b); break;
+      case 30: z = sc::mod(a, b); break;
+      case 31: z = (a < b).astype(numeric[i.dt]); break;
+      case 32: z = a - i.s; break;
+      case 33: z = i.s / a; break;
+      case 34: z = sc::pow(a, i.s); break;
+      case 35: z = sc::mod(a, i.s); break;
+      case 36: z = sc::maximum(i.s, a); break;
+      case 37: z = sc::erf(a); break;
+      case 38: z = sc::transpose(a); break;
+      case 39: z = r ? slice_of(a, i.bits) : a; break;
+      case 40: z = sc::reshape(a, sc::Shape{-1}); break;
+      case 41: z = sc::concat({a, b}, 0); break;
+      case 42: z = r && a.shape()[0] > 0 ? gather_of(a, i.bits) : a; break;
+      case 43: z = r ? sc::cumsum(a, ax) : a; break;
+      case 44: z = r == 2 && fl ? sc::matmul(a, sc::transpose(a)) : a; break;
+      case 45: z = fl && r ? sc::nn::softmax(a, -1) : a; break;
+      case 46: z = fl && r ? sc::logsumexp(a, {-1}) : a; break;
+      default: z = r ? sc::mean(a, {ax}) : a; break;
+    }
+    v.push_back(z);
+  }
+  return v.back();
+}
+
+/// A seeded case: inputs x and y (y broadcasts against x), and a program of 1 to 10 instructions.
+struct Case {
+  sc::Tensor x, y;
+  std::vector<Ins> prog;
+};
+
+Case make_case(std::uint64_t seed, bool floats_only) {
+  std::mt19937_64 g(seed);
+  const auto pick = [&](int n) { return static_cast<int>(g() % static_cast<std::uint64_t>(n)); };
+  static const std::vector<sc::Shape> shapes = {{7, 37}, {3, 300}, {2, 3, 17}, {1500}, {5, 1}, {64, 200}, {3, 7001}};
+  const sc::Shape xs = shapes[static_cast<std::size_t>(pick(static_cast<int>(shapes.size())))];
+  sc::Shape ys = xs;
+  switch (pick(4)) {
+    case 0: break;
+    case 1: ys = sc::Shape{xs[xs.rank() - 1]}; break;
+    case 2: ys = sc::Shape{}; break;
+    default: ys[0] = 1;
+  }
+  const auto make = [&](const sc::Shape& s) {
+    const sc::DType d = floats_only ? (pick(2) ? sc::f32 : sc::f64) : numeric[pick(4)];
+    const bool integral = !sc::is_floating(d);
+    std::vector<double> v(static_cast<std::size_t>(s.numel()));
+    for (double& e : v) {
+      e = pick(4) == 0 ? edge[pick(num_edges)] : (pick(2001) - 1000) / (1.0 + pick(50));
+      if (integral) e = std::isfinite(e) ? std::clamp(std::trunc(e), -2147483648.0, 2147483647.0) : 3;
+    }
+    return sc::tensor(v, s).astype(d);
+  };
+  Case c{make(xs), make(ys), {}};
+  const int len = 1 + pick(10);
+  for (int k = 0; k < len; ++k) {
+    const int values = 2 + k;
+    Ins in{pick(num_ops), pick(values), pick(values), pick(3) == 0 ? edge[pick(num_edges)] : (pick(200) - 100) / 8.0,
+           pick(4), pick(3), static_cast<std::uint32_t>(g())};
+    if (pick(2)) in.a = values - 1;  // mostly a chain
+    c.prog.push_back(in);
+  }
+  return c;
+}
+
+/// Bit for bit at the common dtype (NaN matching any NaN), or the first difference.
+std::string differs(const sc::Tensor& a, const sc::Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype())
+    return sctest::str(a.shape()) + " " + std::string(sc::name(a.dtype())) + " against " + sctest::str(b.shape()) + " " +
+           std::string(sc::name(b.dtype()));
+  const auto x = a.astype(sc::f64).to_vector<double>(), y = b.astype(sc::f64).to_vector<double>();
+  for (std::size_t k = 0; k < x.size(); ++k)
+    if (!(std::isnan(x[k]) && std::isnan(y[k])) && std::memcmp(&x[k], &y[k], sizeof(double)) != 0) {
+      std::ostringstream o;
+      o.precision(17);
+      o << "element " << k << ": " << x[k] << " against " << y[k];
+      return o.str();
+    }
+  return "";
+}
+
+/// Within rounding at the dtype, or the first difference.
+std::string not_close(const sc::Tensor& a, const sc::Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return differs(a, b);
+  const auto x = a.astype(sc::f64).to_vector<double>(), y = b.astype(sc::f64).to_vector<double>();
+  const double tol = a.dtype() == sc::f32 ? 2e-4 : 1e-9;
+  for (std::size_t k = 0; k < x.size(); ++k)
+    if (!(std::isnan(x[k]) && std::isnan(y[k])) && x[k] != y[k] && !(std::abs(x[k] - y[k]) <= tol * (1 + std::abs(x[k])))) {
+      std::ostringstream o;
+      o.precision(17);
+      o << "element " << k << ": " << x[k] << " against " << y[k];
+      return o.str();
+    }
+  return "";
+}
+
+/// The sc::Error kind f throws ("" when it returns), its result in r.
+template <class F>
+std::string outcome(F&& f, sc::Tensor& r) {
+  try {
+    r = f();
+  } catch (const sc::ShapeError&) {
+    return "ShapeError";
+  } catch (const sc::DTypeError&) {
+    return "DTypeError";
+  } catch (const sc::Error&) {
+    return "Error";
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("random programs: traced gives eager's bits and errors, eager the same bits at 1 and 2 threads",
+          "[function][random]") {
+  int ran = 0, raised = 0;
+  for (std::uint64_t seed = 1; seed <= 2000; ++seed) {
+    const Case c = make_case(seed * 7919, false);
+    INFO("seed " << seed * 7919 << ": x " << sc::name(c.x.dtype()) << " " << sctest::str(c.x.shape()) << ", y "
+                 << sc::name(c.y.dtype()) << " " << sctest::str(c.y.shape()) << ", program" << str(c.prog));
+    sc::Tensor eager, traced, one;
+    const std::string eager_err = outcome([&] { return run(c.prog, c.x, c.y); }, eager);
+    const std::string traced_err = outcome([&] {
+      auto f = sc::function([&c](const sc::Tensor& a, const sc::Tensor& b) { return run(c.prog, a, b); }, "random");
+      return f(c.x, c.y);
+    }, traced);
+    REQUIRE(traced_err == eager_err);
+    if (!eager_err.empty()) {
+      ++raised;
+      continue;
+    }
+    ++ran;
+    CHECK(differs(traced, eager) == "");
+    {
+      const sctest::ThreadCount single(1);
+      (void)outcome([&] { return run(c.prog, c.x, c.y); }, one);
+    }
+    CHECK(differs(one, eager) == "");
+  }
+  // most programs run (shape mistakes of concat and broadcasting raise in both)
+  CHECK(ran > 1700);
+  CHECK(raised > 0);
+}
+
+TEST_CASE("random programs: their gradients traced equal eager's within rounding", "[function][random][grad]") {
+  int ran = 0;
+  for (std::uint64_t seed = 1; seed <= 300; ++seed) {
+    const Case c = make_case(seed * 104729, true);
+    INFO("seed " << seed * 104729 << ": x " << sc::name(c.x.dtype()) << " " << sctest::str(c.x.shape()) << ", y "
+                 << sc::name(c.y.dtype()) << " " << sctest::str(c.y.shape()) << ", program" << str(c.prog));
+    // d/dx of sum(out * sin(0.37 out)): a loss that is not linear in the program's result
+    const auto grads = [&c](const sc::Tensor& a, const sc::Tensor& b) {
+      sc::GradientTape tape;
+      tape.watch(std::vector<sc::Tensor>{a, b});
+      const sc::Tensor out = run(c.prog, a, b);
+      if (!sc::is_floating(out.dtype())) return std::vector<sc::Tensor>{sc::zeros_like(a), sc::zeros_like(b)};
+      return tape.gradient(sc::sum(out * sc::sin(out * 0.37)), std::vector<sc::Tensor>{a, b});
+    };
+    std::vector<sc::Tensor> eager, traced;
+    std::string eager_err, traced_err;
+    try {
+      eager = grads(c.x, c.y);
+    } catch (const sc::Error& e) {
+      eager_err = e.what();
+    }
+    try {
+      auto f = sc::function(grads, "random_grads");
+      traced = f(c.x, c.y);
+    } catch (const sc::Error& e) {
+      traced_err = e.what();
+    }
+    REQUIRE(eager_err.empty() == traced_err.empty());
+    if (!eager_err.empty()) continue;
+    ++ran;
+    REQUIRE(eager.size() == 2);
+    REQUIRE(traced.size() == 2);
+    for (std::size_t k = 0; k < 2; ++k) {
+      INFO("gradient " << k);
+      // a source the result does not depend on has no gradient in either
+      REQUIRE(eager[k].numel() == traced[k].numel());
+      if (eager[k].numel()) CHECK(not_close(traced[k], eager[k]) == "");
+    }
+  }
+  CHECK(ran > 240);
+}
