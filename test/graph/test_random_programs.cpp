@@ -19,6 +19,7 @@
 
 #include <stagecraft/stagecraft.hpp>
 
+#include "staged/staged_testing.hpp"  // error_kind
 #include "testing.hpp"
 
 namespace {
@@ -203,21 +204,6 @@ std::string not_close(const sc::Tensor& a, const sc::Tensor& b) {
   return "";
 }
 
-/// The sc::Error kind f throws ("" when it returns), its result in r.
-template <class F>
-std::string outcome(F&& f, sc::Tensor& r) {
-  try {
-    r = f();
-  } catch (const sc::ShapeError&) {
-    return "ShapeError";
-  } catch (const sc::DTypeError&) {
-    return "DTypeError";
-  } catch (const sc::Error&) {
-    return "Error";
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("random programs: traced gives eager's bits and errors, eager the same bits at 1 and 2 threads",
@@ -228,11 +214,11 @@ TEST_CASE("random programs: traced gives eager's bits and errors, eager the same
     INFO("seed " << seed * 7919 << ": x " << sc::name(c.x.dtype()) << " " << sctest::str(c.x.shape()) << ", y "
                  << sc::name(c.y.dtype()) << " " << sctest::str(c.y.shape()) << ", program" << str(c.prog));
     sc::Tensor eager, traced, one;
-    const std::string eager_err = outcome([&] { return run(c.prog, c.x, c.y); }, eager);
-    const std::string traced_err = outcome([&] {
+    const std::string eager_err = sctest::error_kind([&] { eager = run(c.prog, c.x, c.y); });
+    const std::string traced_err = sctest::error_kind([&] {
       auto f = sc::function([&c](const sc::Tensor& a, const sc::Tensor& b) { return run(c.prog, a, b); }, "random");
-      return f(c.x, c.y);
-    }, traced);
+      traced = f(c.x, c.y);
+    });
     REQUIRE(traced_err == eager_err);
     if (!eager_err.empty()) {
       ++raised;
@@ -242,7 +228,7 @@ TEST_CASE("random programs: traced gives eager's bits and errors, eager the same
     CHECK(differs(traced, eager) == "");
     {
       const sctest::ThreadCount single(1);
-      (void)outcome([&] { return run(c.prog, c.x, c.y); }, one);
+      one = run(c.prog, c.x, c.y);
     }
     CHECK(differs(one, eager) == "");
   }
