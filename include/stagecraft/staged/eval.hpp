@@ -564,10 +564,11 @@ bool fused_reduce(const ReduceOp<K>& op, const A& a, const Env<NA, DS>& env, Ten
             a0.store_aligned(lanes);
             acc = lanes[0];
             for (std::int64_t l = 1; l < W; ++l) acc = Rd::combine(acc, lanes[l]);
-          } else {
-            values(b, std::min(W, m), lanes);
+          } else {  // element by element: the first batch's values, then the tail from W
+            const std::int64_t r = std::min(W, m);
+            values(b, r, lanes);
             acc = lanes[0];
-            i = 1;
+            for (i = 1; i < r; ++i) acc = Rd::combine(acc, lanes[i]);
           }
           while (i < m) {  // the scalar tail, a batch of values at a time
             const std::int64_t k0 = i / W * W, r = std::min(W, m - k0);
