@@ -5,7 +5,8 @@
 // sc::function. The traced plan fuses, chains, absorbs slices into windows and tiles what eager
 // runs op by op; both must give the same bits (NaN as NaN, -0 as -0), raise the same error kind,
 // and eager at one thread the bits of eager at two. Their gradients through the tape, traced and
-// eager, agree within rounding (a traced backward may sum contributions in another order).
+// eager, agree within rounding (a traced backward may sum contributions in another order). Saved
+// and loaded (graph/serialize.hpp), a traced program gives the same bits again.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 
 #include <stagecraft/stagecraft.hpp>
 
+#include "files.hpp"  // TempDir
 #include "staged/staged_testing.hpp"  // error_kind
 #include "testing.hpp"
 
@@ -277,4 +279,51 @@ TEST_CASE("random programs: their gradients traced equal eager's within rounding
     }
   }
   CHECK(ran > 240);
+}
+
+TEST_CASE("random programs: saved and loaded, traced programs give eager's bits", "[function][random][serialize]") {
+  const sctest::TempDir dir;
+  int ran = 0;
+  for (std::uint64_t seed = 1; seed <= 600; ++seed) {
+    const Case c = make_case(seed * 6007, seed % 2 == 0);
+    INFO("seed " << seed * 6007 << ": x " << sc::name(c.x.dtype()) << " " << sctest::str(c.x.shape()) << ", y "
+                 << sc::name(c.y.dtype()) << " " << sctest::str(c.y.shape()) << ", program" << str(c.prog));
+    sc::Tensor eager;
+    if (!sctest::error_kind([&] { eager = run(c.prog, c.x, c.y); }).empty()) continue;
+    ++ran;
+    auto f = sc::function([&c](const sc::Tensor& a, const sc::Tensor& b) { return run(c.prog, a, b); }, "random");
+    const sc::ConcreteFunction cf = f.get_concrete(c.x, c.y);
+    const std::string path = dir / "f.scg";
+    cf.save(path);
+    const sc::ConcreteFunction g = sc::load_function(path);
+    CHECK(g.graph().str() == cf.graph().str());
+    const std::vector<sc::Tensor> got = g.call({c.x, c.y});
+    REQUIRE(got.size() == 1);
+    CHECK(differs(got[0], eager) == "");
+  }
+  CHECK(ran > 500);
+  // gradient programs (the tape's backward traced with the forward): the loaded function gives the
+  // traced one's bits
+  int grads_ran = 0;
+  for (std::uint64_t seed = 1; seed <= 150; ++seed) {
+    const Case c = make_case(seed * 7411, true);
+    INFO("gradient seed " << seed * 7411 << ", program" << str(c.prog));
+    const auto grads = [&c](const sc::Tensor& a, const sc::Tensor& b) {
+      sc::GradientTape tape;
+      tape.watch(std::vector<sc::Tensor>{a, b});
+      const sc::Tensor out = run(c.prog, a, b);
+      if (!sc::is_floating(out.dtype())) return std::vector<sc::Tensor>{sc::zeros_like(a), sc::zeros_like(b)};
+      return tape.gradient(sc::sum(out * sc::sin(out * 0.37)), std::vector<sc::Tensor>{a, b});
+    };
+    if (!sctest::error_kind([&] { (void)grads(c.x, c.y); }).empty()) continue;
+    ++grads_ran;
+    const sc::ConcreteFunction cf = sc::function(grads, "random_grads").get_concrete(c.x, c.y);
+    const std::string path = dir / "g.scg";
+    cf.save(path);
+    const sc::ConcreteFunction g = sc::load_function(path);
+    const std::vector<sc::Tensor> want = cf.call({c.x, c.y}), got = g.call({c.x, c.y});
+    REQUIRE(got.size() == want.size());
+    for (std::size_t k = 0; k < got.size(); ++k) CHECK(differs(got[k], want[k]) == "");
+  }
+  CHECK(grads_ran > 120);
 }
