@@ -59,6 +59,27 @@ TEST_CASE("grad<I> of arguments used trivially or not at all", "[staged][grad]")
   const auto g = sc::compile([](auto a, auto) { return sc::exp(a); });
   const Tensor dy = sc::grad<1>(g)(x, y);
   check_same(dy, sc::zeros({3}), 0.0, "unused argument: zeros");
+  // read only where no gradient passes (floor_div, a comparison) under a materialized root: zeros
+  // of its shape and dtype, not a weak zero (once an i64 scalar)
+  for (sc::DType d : {sc::f32, sc::f64}) {
+    const Tensor xd = x.astype(d), yd = y.astype(d);
+    check_grads([](const auto& a, const auto&) { return sc::max(0.5 / sc::floor_div(2, a), {-1}); }, "max of floor_div", xd, yd);
+    check_grads([](const auto& a, const auto& b) { return sc::sum(sc::where(sc::floor(a) > b, b * 2, sc::square(b)), {-1}); },
+                "a sum whose argument 0 is only in a condition", xd, yd);
+  }
+}
+
+TEST_CASE("grad<I> through a where whose condition reads float-only ops of the arguments", "[staged][grad]") {
+  // the adjoint where(c, 1, 0) is weak (its branches are constants), its condition not: on integer
+  // dtypes (instantiated for every dtype the call could see) log(b) > ... is computed in f32, so the
+  // fused loop must not take integer lanes for it (once a compile error inside xsimd's log)
+  for (sc::DType d : {sc::f32, sc::f64}) {
+    const Tensor x = away_from_zero({4, 3}, 7, d), y = away_from_zero({3}, 8, d);
+    check_grads([](const auto& a, const auto& b) { return sc::where(sc::log(sc::abs(b)) > sc::mod(-1.5f, a), a + 1.f, -a); },
+                "where(log|y| > mod(-1.5, x), x + 1, -x)", x, y);
+    check_grads([](const auto& a, const auto& b) { return sc::where(sc::sqrt(sc::abs(a)) > b, 2.f * a, a * b) * 3.f; },
+                "where(sqrt|x| > y, 2x, xy) * 3", x, y);
+  }
 }
 
 TEST_CASE("grad<I> of a sum at the root checks its axes as the forward sum does", "[staged][grad][errors]") {

@@ -298,12 +298,13 @@ struct Map1 : Node {
     return kind == Kind::unary_floating && !is_floating(d) ? DType::f32 : d;
   }
   template <DType D> static constexpr DType dtype() { return to_bool(kind) ? DType::b8 : compute<D>(); }
+  // a weak node's operand may still hold a tensor's values (a weak where's condition)
   template <DType D> static constexpr bool valid() {
-    if constexpr (weak) return true;
+    if constexpr (weak) return A::template valid<D>();
     else return A::template valid<D>() && !(kind == Kind::unary_numeric && compute<D>() == DType::b8);
   }
   template <DType D> static constexpr bool uniform() {
-    if constexpr (weak) return true;
+    if constexpr (weak) return A::template uniform<D>();
     else return A::template uniform<D>() && compute<D>() == D;
   }
 
@@ -341,13 +342,13 @@ struct Map2 : Node {
   }
   template <DType D> static constexpr DType dtype() { return to_bool(kind) ? DType::b8 : compute<D>(); }
   template <DType D> static constexpr bool valid() {
-    if constexpr (weak) return true;
+    if constexpr (weak) return A::template valid<D>() && B::template valid<D>();
     else
       return A::template valid<D>() && B::template valid<D>() &&
              !(kind == Kind::arithmetic && compute<D>() == DType::b8);
   }
   template <DType D> static constexpr bool uniform() {
-    if constexpr (weak) return true;
+    if constexpr (weak) return A::template uniform<D>() && B::template uniform<D>();
     else return A::template uniform<D>() && B::template uniform<D>() && compute<D>() == D;
   }
 

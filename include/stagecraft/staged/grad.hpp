@@ -316,7 +316,10 @@ auto make_grad(const E& e) {
       return Root{{}, top, e};
     } else {
       auto inner = backprop<I, Pass::inner_from_top>(e, One{}, e);
-      if constexpr (is_zero<decltype(top)>) return inner;
+      // no use of argument I that passes a gradient (it is read only through floor_div, a
+      // comparison...): zeros of its shape and dtype, as the root gives them
+      if constexpr (is_zero<decltype(top)> && is_zero<decltype(inner)>) return Root{{}, top, e};
+      else if constexpr (is_zero<decltype(top)>) return inner;
       else return m2<ops::Add>(Root{{}, top, e}, inner);
     }
   }
