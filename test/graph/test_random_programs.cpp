@@ -4,7 +4,8 @@
 // numeric dtype with broadcasting shapes, interpreted by one function run eagerly and under
 // sc::function. The traced plan fuses, chains, absorbs slices into windows and tiles what eager
 // runs op by op; both must give the same bits (NaN as NaN, -0 as -0), raise the same error kind,
-// and eager at one thread the bits of eager at two. Their gradients through the tape, traced and
+// and eager at one thread the bits of eager at two; an error says the same in both, naming the op
+// and the line that called it. Their gradients through the tape, traced and
 // eager, agree within rounding (a traced backward may sum contributions in another order). Saved
 // and loaded (graph/serialize.hpp), a traced program gives the same bits again.
 #include <catch2/catch.hpp>
@@ -216,13 +217,29 @@ TEST_CASE("random programs: traced gives eager's bits and errors, eager the same
     INFO("seed " << seed * 7919 << ": x " << sc::name(c.x.dtype()) << " " << sctest::str(c.x.shape()) << ", y "
                  << sc::name(c.y.dtype()) << " " << sctest::str(c.y.shape()) << ", program" << str(c.prog));
     sc::Tensor eager, traced, one;
-    const std::string eager_err = sctest::error_kind([&] { eager = run(c.prog, c.x, c.y); });
+    std::string eager_msg, traced_msg;
+    const std::string eager_err = sctest::error_kind([&] {
+      try {
+        eager = run(c.prog, c.x, c.y);
+      } catch (const sc::Error& e) {
+        eager_msg = e.what();
+        throw;
+      }
+    });
     const std::string traced_err = sctest::error_kind([&] {
-      auto f = sc::function([&c](const sc::Tensor& a, const sc::Tensor& b) { return run(c.prog, a, b); }, "random");
-      traced = f(c.x, c.y);
+      try {
+        auto f = sc::function([&c](const sc::Tensor& a, const sc::Tensor& b) { return run(c.prog, a, b); }, "random");
+        traced = f(c.x, c.y);
+      } catch (const sc::Error& e) {
+        traced_msg = e.what();
+        throw;
+      }
     });
     REQUIRE(traced_err == eager_err);
     if (!eager_err.empty()) {
+      // the same message, naming the op, the shapes and the line of run() that called it
+      CHECK(traced_msg == eager_msg);
+      CHECK_THAT(eager_msg, Catch::Matches(R"(\[[a-z_]+\] .* at test_random_programs\.cpp:[0-9]+)"));
       ++raised;
       continue;
     }
