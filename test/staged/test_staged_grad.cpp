@@ -183,6 +183,39 @@ TEST_CASE("the gradient with respect to an argument has its dtype", "[staged][gr
   check_same(d2, sc::broadcast_to(sc::cast(2 * y32, sc::f32), {2, 3}), 1e-6, "second order, x f32, y f64");
 }
 
+TEST_CASE("arguments of different floating dtypes: the tape's gradients, bit for bit", "[staged][grad]") {
+  // each op's adjoint in its result's dtype, as the tape has it: d/dy of x * y + y for x f32 and
+  // y f64 is x + 1 in f64 (once x + 1 in f32, widened: 1.1000000238418579 for x = 0.1f, not
+  // 1.1000000014901161)
+  const Tensor x = away_from_zero({4, 3}, 61, sc::f32), y = sc::cast(away_from_zero({3}, 62, sc::f32), sc::f64) / 3;
+  const auto exact = [&](const auto& f, const std::string& what, const Tensor& a, const Tensor& b) {
+    const auto g = sc::compile(f);
+    const std::vector<Tensor> want = sctest::tape_grads(f, a, b);
+    check_same(sc::grad<0>(g)(a, b), want[0], 0.0, what + ": grad<0>");
+    check_same(sc::grad<1>(g)(a, b), want[1], 0.0, what + ": grad<1>");
+  };
+  for (int order = 0; order < 2; ++order) {
+    const Tensor& a = order ? y : x;
+    const Tensor& b = order ? x : y;
+    const std::string at = order ? " (f64, f32)" : " (f32, f64)";
+    exact([](const auto& p, const auto& q) { return p * q + q; }, "x y + y" + at, a, b);
+    exact([](const auto& p, const auto& q) { return q / p + sc::tanh(q * p) * 0.3f; }, "y / x + tanh(y x) 0.3" + at, a, b);
+    exact([](const auto& p, const auto& q) { return sc::sum(sc::exp(p * 0.1f) * q, {-1}); }, "a sum at the root" + at, a, b);
+    exact([](const auto& p, const auto& q) { return sc::nn::softmax(p * q, -1) * q; }, "softmax inside" + at, a, b);
+    exact([](const auto& p, const auto& q) { return sc::where(sc::floor(p) > 0, q * 2, sc::square(q)); },
+          "argument 0 only in a condition" + at, a, b);
+  }
+  // the same tensor as both arguments: two arguments, each differentiated alone
+  const auto g = sc::compile([](const auto& p, const auto& q) { return p * q * q; });
+  const Tensor x2 = sc::broadcast_to(y, {4, 3});
+  check_same(sc::grad<0>(g)(sc::cast(x2, sc::f32), x2), sc::cast(x2 * x2, sc::f32), 0.0, "d(p q q)/dp");
+  // a result that is not floating is refused, naming the line
+  const auto cmp = sc::compile([](const auto& p, const auto& q) { return p > q; });
+  const std::string msg = sctest::error_of<sc::DTypeError>([&] { (void)sc::grad<0>(cmp)(x, y); });
+  CHECK(msg.find("[grad] the result has dtype bool; only floating-point results are differentiable") == 0);
+  CHECK(msg.find("test_staged_grad.cpp") != std::string::npos);
+}
+
 TEST_CASE("a compiled function runs fused eagerly, traced and under a tape", "[staged][grad]") {
   const Tensor x = away_from_zero({5}, 8, sc::f32), y = away_from_zero({5}, 9, sc::f32);
   const auto g = sc::compile([](auto a, auto b) { return sc::tanh(a) * b; });

@@ -70,6 +70,33 @@ struct GradFn {
       }
     }
   }
+  /// Arguments of different floating dtypes: the derivative by a tape over the forward run op by
+  /// op, so each op's adjoint is in its result's dtype as the tape computes it (the derivative
+  /// expression's weak seed would compute d/dy of x * y + y for x f32 and y f64 as x + 1 in f32,
+  /// then widen it). False where the arguments share a dtype (or one is an integer): the fused
+  /// derivative then has the tape's dtypes.
+  template <int N, unsigned DS>
+  bool by_tape(const std::array<Tensor, N>& args, const std::source_location& loc, Tensor& out) const {
+    bool mixed = false, floating = true;
+    for (const Tensor& t : args) {
+      mixed = mixed || t.dtype() != args[0].dtype();
+      floating = floating && is_floating(t.dtype());
+    }
+    if (!mixed || !floating) return false;
+    const auto e = [&]<int... K>(std::integer_sequence<int, K...>) {
+      return f(staged<Arg<K>>{}...);
+    }(std::make_integer_sequence<int, N>{});
+    std::array<Tensor, N> xs = args;
+    xs[I] = reshape(xs[I], xs[I].shape(), loc);  // its own handle: the same tensor passed twice is two arguments
+    GradientTape tape;
+    tape.watch(xs[I], loc);
+    const Tensor y = staging::run<N>(e.node, Env<N, DS>{xs, loc});
+    if (!is_floating(y.dtype()))
+      detail::fail<DTypeError>("grad", loc, "the result has dtype ", name(y.dtype()),
+                               "; only floating-point results are differentiable");
+    out = tape.gradient(y, xs[I], loc);
+    return true;
+  }
   /// The errors a tape raises before it differentiates, which the derivative alone would not
   /// show: an op of the forward whose shapes do not broadcast or whose dtypes it refuses (the
   /// forward then runs op by op, so the op raises its own error), and a result that is not
@@ -224,6 +251,10 @@ class Compiled {
         const Tensor& t = args[static_cast<std::size_t>(k)];
         last_->specs[static_cast<std::size_t>(k)] = {t.shape(), t.dtype()};
       }
+    }
+    if constexpr (requires(Tensor& t) { f_.template by_tape<N, DS>(args, loc, t); }) {
+      Tensor out;
+      if (f_.template by_tape<N, DS>(args, loc, out)) return out;
     }
 #if defined(STAGECRAFT_WITH_CUDA)
     // On a GPU the graph runs as a traced function: its fused groups become generated kernels
