@@ -79,6 +79,9 @@ TEST_CASE("grad<I> through a where whose condition reads float-only ops of the a
                 "where(log|y| > mod(-1.5, x), x + 1, -x)", x, y);
     check_grads([](const auto& a, const auto& b) { return sc::where(sc::sqrt(sc::abs(a)) > b, 2.f * a, a * b) * 3.f; },
                 "where(sqrt|x| > y, 2x, xy) * 3", x, y);
+    // a weak where's branch a weak where of its own, whose condition computes exp
+    check_grads([](const auto& a, const auto& b) { return sc::where(-1.5f * b > sc::exp(b), sc::where(b > a, b, b * 2), a); },
+                "where(-1.5y > exp(y), where(y > x, y, 2y), x)", x, y);
   }
 }
 

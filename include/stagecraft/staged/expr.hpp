@@ -409,7 +409,8 @@ struct Select : Node {
     else return is_d_or_bool(Cn::template dtype<D>(), D) && Cn::template uniform<D>();
   }
   template <DType D> static constexpr bool uniform() {
-    if constexpr (weak) return cond_uniform<D>();
+    // a weak branch may be a where of its own whose condition holds a tensor's values
+    if constexpr (weak) return cond_uniform<D>() && A::template uniform<D>() && B::template uniform<D>();
     else return cond_uniform<D>() && A::template uniform<D>() && B::template uniform<D>() && dtype<D>() == D;
   }
 
