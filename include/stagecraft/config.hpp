@@ -13,7 +13,11 @@
 #define SC_ALWAYS_INLINE inline __attribute__((always_inline))
 // A loop of at most 16 iterations written out in full at every optimisation level (-O2 leaves a
 // loop over an array of SIMD registers rolled, and the array then lives in memory).
+#if defined(__CUDACC__)
+#define SC_UNROLL_FULL  // nvcc's front end warns on (and drops) GCC's pragma before its host compiler sees it
+#else
 #define SC_UNROLL_FULL _Pragma("GCC unroll 16")
+#endif
 #else
 #define SC_LIKELY(x) (x)
 #define SC_UNLIKELY(x) (x)
