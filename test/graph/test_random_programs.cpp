@@ -136,6 +136,16 @@ sc::Tensor run(const std::vector<Ins>& prog, const sc::Tensor& x, const sc::Tens
   return v.back();
 }
 
+/// d/dx and d/dy of sum(out * sin(0.37 out)) by the tape (a loss not linear in the program's
+/// result out); zeros where out is not floating.
+std::vector<sc::Tensor> loss_grads(const std::vector<Ins>& prog, const sc::Tensor& x, const sc::Tensor& y) {
+  sc::GradientTape tape;
+  tape.watch(std::vector<sc::Tensor>{x, y});
+  const sc::Tensor out = run(prog, x, y);
+  if (!sc::is_floating(out.dtype())) return {sc::zeros_like(x), sc::zeros_like(y)};
+  return tape.gradient(sc::sum(out * sc::sin(out * 0.37)), std::vector<sc::Tensor>{x, y});
+}
+
 /// A seeded case: inputs x and y (y broadcasts against x), and a program of 1 to 10 instructions.
 struct Case {
   sc::Tensor x, y;
@@ -262,14 +272,7 @@ TEST_CASE("random programs: their gradients traced equal eager's within rounding
     const Case c = make_case(seed * 104729, true);
     INFO("seed " << seed * 104729 << ": x " << sc::name(c.x.dtype()) << " " << sctest::str(c.x.shape()) << ", y "
                  << sc::name(c.y.dtype()) << " " << sctest::str(c.y.shape()) << ", program" << str(c.prog));
-    // d/dx of sum(out * sin(0.37 out)): a loss that is not linear in the program's result
-    const auto grads = [&c](const sc::Tensor& a, const sc::Tensor& b) {
-      sc::GradientTape tape;
-      tape.watch(std::vector<sc::Tensor>{a, b});
-      const sc::Tensor out = run(c.prog, a, b);
-      if (!sc::is_floating(out.dtype())) return std::vector<sc::Tensor>{sc::zeros_like(a), sc::zeros_like(b)};
-      return tape.gradient(sc::sum(out * sc::sin(out * 0.37)), std::vector<sc::Tensor>{a, b});
-    };
+    const auto grads = [&c](const sc::Tensor& a, const sc::Tensor& b) { return loss_grads(c.prog, a, b); };
     std::vector<sc::Tensor> eager, traced;
     std::string eager_err, traced_err;
     try {
@@ -325,13 +328,7 @@ TEST_CASE("random programs: saved and loaded, traced programs give eager's bits"
   for (std::uint64_t seed = 1; seed <= 150; ++seed) {
     const Case c = make_case(seed * 7411, true);
     INFO("gradient seed " << seed * 7411 << ", program" << str(c.prog));
-    const auto grads = [&c](const sc::Tensor& a, const sc::Tensor& b) {
-      sc::GradientTape tape;
-      tape.watch(std::vector<sc::Tensor>{a, b});
-      const sc::Tensor out = run(c.prog, a, b);
-      if (!sc::is_floating(out.dtype())) return std::vector<sc::Tensor>{sc::zeros_like(a), sc::zeros_like(b)};
-      return tape.gradient(sc::sum(out * sc::sin(out * 0.37)), std::vector<sc::Tensor>{a, b});
-    };
+    const auto grads = [&c](const sc::Tensor& a, const sc::Tensor& b) { return loss_grads(c.prog, a, b); };
     if (!sctest::error_kind([&] { (void)grads(c.x, c.y); }).empty()) continue;
     ++grads_ran;
     const sc::ConcreteFunction cf = sc::function(grads, "random_grads").get_concrete(c.x, c.y);
