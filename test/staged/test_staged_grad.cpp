@@ -208,6 +208,13 @@ TEST_CASE("arguments of different floating dtypes: the tape's gradients, bit for
     exact([](const auto& p, const auto& q) { return sc::where(sc::floor(p) > 0, q * 2, sc::square(q)); },
           "argument 0 only in a condition" + at, a, b);
   }
+  // second order: nested tapes' bits (the inner derivative by its own tape, recorded on the outer)
+  const auto f2 = [](const auto& p, const auto& q) { return (sc::sign(p) + p * p) * 1e-3 * (q / (sc::log1p(sc::abs(q)) - 0.5)) + sc::tanh(p * q); };
+  for (const auto& [a, b] : {std::pair{x, y}, std::pair{y, x}}) {
+    const auto g2 = sc::compile(f2);
+    check_same(sc::grad<0>(sc::grad<0>(g2))(a, b), nested_second(f2, a, b, a), 0.0, "second order d/dx d/dx, mixed");
+    check_same(sc::grad<1>(sc::grad<0>(g2))(a, b), nested_second(f2, a, b, b), 0.0, "second order d/dy d/dx, mixed");
+  }
   // the same tensor as both arguments: two arguments, each differentiated alone
   const auto g = sc::compile([](const auto& p, const auto& q) { return p * q * q; });
   const Tensor x2 = sc::broadcast_to(y, {4, 3});

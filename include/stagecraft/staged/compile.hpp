@@ -83,14 +83,21 @@ struct GradFn {
       floating = floating && is_floating(t.dtype());
     }
     if (!mixed || !floating) return false;
-    const auto e = [&]<int... K>(std::integer_sequence<int, K...>) {
-      return f(staged<Arg<K>>{}...);
-    }(std::make_integer_sequence<int, N>{});
     std::array<Tensor, N> xs = args;
     xs[I] = reshape(xs[I], xs[I].shape(), loc);  // its own handle: the same tensor passed twice is two arguments
     GradientTape tape;
     tape.watch(xs[I], loc);
-    const Tensor y = staging::run<N>(e.node, Env<N, DS>{xs, loc});
+    // a derivative of a derivative: the inner one by its own tape, recorded on this one (nested
+    // tapes), so every order has the tape's dtypes
+    Tensor y;
+    if constexpr (requires { f.template by_tape<N, DS>(xs, loc, y); }) {
+      f.template by_tape<N, DS>(xs, loc, y);
+    } else {
+      const auto e = [&]<int... K>(std::integer_sequence<int, K...>) {
+        return f(staged<Arg<K>>{}...);
+      }(std::make_integer_sequence<int, N>{});
+      y = staging::run<N>(e.node, Env<N, DS>{xs, loc});
+    }
     if (!is_floating(y.dtype()))
       detail::fail<DTypeError>("grad", loc, "the result has dtype ", name(y.dtype()),
                                "; only floating-point results are differentiable");
