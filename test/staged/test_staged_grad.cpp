@@ -215,6 +215,15 @@ TEST_CASE("arguments of different floating dtypes: the tape's gradients, bit for
     check_same(sc::grad<0>(sc::grad<0>(g2))(a, b), nested_second(f2, a, b, a), 0.0, "second order d/dx d/dx, mixed");
     check_same(sc::grad<1>(sc::grad<0>(g2))(a, b), nested_second(f2, a, b, b), 0.0, "second order d/dy d/dx, mixed");
   }
+  // the lowered graph (g.graph, g.concrete) is the tape's too: its traced run has the call's bits
+  for (const auto& [a, b] : {std::pair{x, y}, std::pair{y, x}}) {
+    const auto gm = sc::grad<1>(sc::compile([](const auto& p, const auto& q) { return p * q + q; }));
+    const Tensor called = gm(a, b);
+    check_same(gm.concrete(a, b)(a, b), called, 0.0, "traced lowering of a mixed-dtype gradient");
+    CHECK(gm.graph().str() == gm.graph(a, b).str());
+    const auto gm2 = sc::grad<0>(sc::grad<1>(sc::compile(f2)));
+    check_same(gm2.concrete(a, b)(a, b), gm2(a, b), 0.0, "traced lowering of a mixed-dtype second derivative");
+  }
   // the same tensor as both arguments: two arguments, each differentiated alone
   const auto g = sc::compile([](const auto& p, const auto& q) { return p * q * q; });
   const Tensor x2 = sc::broadcast_to(y, {4, 3});

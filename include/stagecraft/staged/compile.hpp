@@ -98,9 +98,7 @@ struct GradFn {
       }(std::make_integer_sequence<int, N>{});
       y = staging::run<N>(e.node, Env<N, DS>{xs, loc});
     }
-    if (!is_floating(y.dtype()))
-      detail::fail<DTypeError>("grad", loc, "the result has dtype ", name(y.dtype()),
-                               "; only floating-point results are differentiable");
+    require_floating(y.dtype(), loc);
     out = tape.gradient(y, xs[I], loc);
     return true;
   }
@@ -126,10 +124,13 @@ struct GradFn {
       }
       if (!ok) out = eager_of<N>(x, env, make_slots<N>(x, env)).dtype();  // raises the op's error
       else if (!one_dtype) return;
-      if (!is_floating(out))
-        detail::fail<DTypeError>("grad", loc, "the result has dtype ", name(out),
-                                 "; only floating-point results are differentiable");
+      require_floating(out, loc);
     }
+  }
+  static void require_floating(DType result, const std::source_location& loc) {
+    if (!is_floating(result))
+      detail::fail<DTypeError>("grad", loc, "the result has dtype ", name(result),
+                               "; only floating-point results are differentiable");
   }
 };
 }  // namespace staging
@@ -186,12 +187,10 @@ class Compiled {
   /// The traced function (graph, plan, save) of the expression for arguments like xs.
   template <class... T>
   ConcreteFunction concrete(const T&... xs) const {
-    constexpr int N = sizeof...(T);
-    auto e = expression<N>();
     // the graph's nodes carry the line that called sc::compile
-    auto body = [e, loc = loc_](const auto&... ts) -> Tensor {
+    auto body = [f = f_, loc = loc_](const auto&... ts) -> Tensor {
       const detail::LocOverride at(loc);
-      return staging::run<N>(e.node, staging::Env<N, DS>{{Tensor(ts)...}, loc});
+      return run_body<static_cast<int>(sizeof...(T))>(f, {Tensor(ts)...}, loc);
     };
     return function(body, "compiled").get_concrete(Tensor(xs)...);
   }
@@ -259,7 +258,7 @@ class Compiled {
         last_->specs[static_cast<std::size_t>(k)] = {t.shape(), t.dtype()};
       }
     }
-    if constexpr (requires(Tensor& t) { f_.template by_tape<N, DS>(args, loc, t); }) {
+    if constexpr (by_tape_able<N>()) {
       Tensor out;
       if (f_.template by_tape<N, DS>(args, loc, out)) return out;
     }
@@ -282,6 +281,27 @@ class Compiled {
     return staging::run<N>(e.node, staging::Env<N, DS>{std::move(args), loc});
   }
 
+  /// Whether F is a derivative that may differentiate by a tape (GradFn::by_tape).
+  template <int N>
+  static constexpr bool by_tape_able() {
+    return requires(const F& f, const std::array<Tensor, N>& a, const std::source_location& l, Tensor& t) {
+      f.template by_tape<N, DS>(a, l, t);
+    };
+  }
+  /// The function's result as a call computes it, for a trace (concrete, graph): a derivative with
+  /// arguments of different floating dtypes by its tape, so the lowered graph is the tape's ops and
+  /// runs with the call's bits; else the expression run op by op.
+  template <int N>
+  static Tensor run_body(const F& f, const std::array<Tensor, N>& args, const std::source_location& loc) {
+    if constexpr (by_tape_able<N>()) {
+      Tensor out;
+      if (f.template by_tape<N, DS>(args, loc, out)) return out;
+    }
+    const auto e = [&]<int... I>(std::integer_sequence<int, I...>) {
+      return f(staged<staging::Arg<I>>{}...);
+    }(std::make_integer_sequence<int, N>{});
+    return staging::run<N>(e.node, staging::Env<N, DS>{args, loc});
+  }
   /// The expression over N arguments as a function body for sc::function, behind a
   /// std::function: every compiled function of N arguments shares one sc::function type, so a
   /// file instantiates the tracing machinery once per argument count, not once per expression.
