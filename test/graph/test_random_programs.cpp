@@ -227,29 +227,16 @@ TEST_CASE("random programs: traced gives eager's bits and errors, eager the same
     INFO("seed " << seed * 7919 << ": x " << sc::name(c.x.dtype()) << " " << sctest::str(c.x.shape()) << ", y "
                  << sc::name(c.y.dtype()) << " " << sctest::str(c.y.shape()) << ", program" << str(c.prog));
     sc::Tensor eager, traced, one;
-    std::string eager_msg, traced_msg;
-    const std::string eager_err = sctest::error_kind([&] {
-      try {
-        eager = run(c.prog, c.x, c.y);
-      } catch (const sc::Error& e) {
-        eager_msg = e.what();
-        throw;
-      }
+    const sctest::Raised eager_err = sctest::raised([&] { eager = run(c.prog, c.x, c.y); });
+    const sctest::Raised traced_err = sctest::raised([&] {
+      auto f = sc::function([&c](const sc::Tensor& a, const sc::Tensor& b) { return run(c.prog, a, b); }, "random");
+      traced = f(c.x, c.y);
     });
-    const std::string traced_err = sctest::error_kind([&] {
-      try {
-        auto f = sc::function([&c](const sc::Tensor& a, const sc::Tensor& b) { return run(c.prog, a, b); }, "random");
-        traced = f(c.x, c.y);
-      } catch (const sc::Error& e) {
-        traced_msg = e.what();
-        throw;
-      }
-    });
-    REQUIRE(traced_err == eager_err);
-    if (!eager_err.empty()) {
+    REQUIRE(traced_err.kind == eager_err.kind);
+    if (!eager_err.kind.empty()) {
       // the same message, naming the op, the shapes and the line of run() that called it
-      CHECK(traced_msg == eager_msg);
-      CHECK_THAT(eager_msg, Catch::Matches(R"(\[[a-z_]+\] .* at test_random_programs\.cpp:[0-9]+)"));
+      CHECK(traced_err.message == eager_err.message);
+      CHECK_THAT(eager_err.message, Catch::Matches(R"(\[[a-z_]+\] .* at test_random_programs\.cpp:[0-9]+)"));
       ++raised;
       continue;
     }
@@ -274,20 +261,16 @@ TEST_CASE("random programs: their gradients traced equal eager's within rounding
                  << sc::name(c.y.dtype()) << " " << sctest::str(c.y.shape()) << ", program" << str(c.prog));
     const auto grads = [&c](const sc::Tensor& a, const sc::Tensor& b) { return loss_grads(c.prog, a, b); };
     std::vector<sc::Tensor> eager, traced;
-    std::string eager_err, traced_err;
-    try {
-      eager = grads(c.x, c.y);
-    } catch (const sc::Error& e) {
-      eager_err = e.what();
-    }
-    try {
+    const sctest::Raised eager_err = sctest::raised([&] { eager = grads(c.x, c.y); });
+    const sctest::Raised traced_err = sctest::raised([&] {
       auto f = sc::function(grads, "random_grads");
       traced = f(c.x, c.y);
-    } catch (const sc::Error& e) {
-      traced_err = e.what();
+    });
+    REQUIRE(traced_err.kind == eager_err.kind);
+    if (!eager_err.kind.empty()) {
+      CHECK(traced_err.message == eager_err.message);
+      continue;
     }
-    REQUIRE(eager_err.empty() == traced_err.empty());
-    if (!eager_err.empty()) continue;
     ++ran;
     REQUIRE(eager.size() == 2);
     REQUIRE(traced.size() == 2);

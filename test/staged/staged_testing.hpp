@@ -25,6 +25,25 @@ std::string error_kind(F&& f) {
   return "";
 }
 
+/// The kind (as error_kind names it) and the message of the sc::Error f raises; both empty when
+/// it returns.
+struct Raised {
+  std::string kind, message;
+};
+template <class F>
+Raised raised(F&& f) {
+  Raised r;
+  r.kind = error_kind([&] {
+    try {
+      f();
+    } catch (const sc::Error& e) {
+      r.message = e.what();
+      throw;
+    }
+  });
+  return r;
+}
+
 /// got == want in shape and dtype, and elementwise: exactly (NaN matching NaN) when tol is 0,
 /// else within tol relative to 1 + |want|.
 inline void check_same(const sc::Tensor& got, const sc::Tensor& want, double tol, const std::string& what) {
