@@ -120,6 +120,24 @@ TEST_CASE("grad<I> raises the forward's shape and dtype errors, as the tape does
   CHECK(imsg.find("[grad] the result has dtype i32; only floating-point results are differentiable") == 0);
   CHECK(imsg.find("test_staged_grad.cpp") != std::string::npos);
   CHECK(sctest::error_kind([&] { (void)sc::grad<1>(mul)(i, j); }) == "ShapeError");
+  // an integer or bool argument has no gradient (the tape refuses such a source): once an i32
+  // "gradient" of the real derivative, truncated
+  const Tensor yi = sc::cast(sc::slice(x, {0, 0}, {1, 3}) * 3.f, sc::i32);
+  const auto refused = [](const auto& call, int arg, const std::string& dtype) {
+    const std::string msg = sctest::error_of<sc::DTypeError>(call);
+    CHECK(msg.find("[grad] argument " + std::to_string(arg) + " has dtype " + dtype +
+                   "; gradients exist only for floating-point arguments") == 0);
+    CHECK(msg.find("test_staged_grad.cpp") != std::string::npos);
+  };
+  refused([&] { (void)sc::grad<1>(mul)(x, yi); }, 1, "i32");
+  refused([&] { (void)sc::grad<0>(mul)(yi, x); }, 0, "i32");
+  refused([&] { (void)sc::grad<0>(sc::grad<1>(mul))(x, yi); }, 1, "i32");
+  refused([&] { (void)sc::grad<1>(sc::grad<0>(mul))(x, sc::cast(yi, sc::i64)); }, 1, "i64");
+  refused([&] { (void)sc::grad<1>(mul).concrete(x, yi); }, 1, "i32");
+  const auto pick = sc::compile([](auto c, auto a) { return sc::where(c, a, a * 2); });
+  refused([&] { (void)sc::grad<0>(pick)(m, x); }, 0, "bool");
+  check_same(sc::grad<1>(pick)(m, x), 2.f - sc::cast(m, sc::f32), 0.0, "d where(c, a, 2a)/da, c bool");
+  check_same(sc::grad<0>(mul)(x, yi), sc::broadcast_to(sc::cast(yi, sc::f32) + 1, {2, 3}), 0.0, "d(a b + a)/da, b i32");
   // valid calls are unchanged
   check_same(sc::grad<0>(sub)(x, sc::slice(x, {0, 0}, {1, 3})), sc::ones({2, 3}), 0.0, "d(a - b)/da");
 }

@@ -59,15 +59,29 @@ struct GradFn {
     using E = typename decltype(e)::node_type;
     if constexpr (sum_root<E>::value) check_forward<N, DS>(std::get<0>(e.node.args), args, loc);
     else check_forward<N, DS>(e.node, args, loc);
-    if constexpr (sum_root<E>::value) {
-      const auto& inner = std::get<0>(e.node.args);
-      if constexpr (!has_mat<std::remove_cvref_t<decltype(inner)>>()) {
-        if (e.node.m.axes.empty()) return;
-        Shape shape;
-        if (!own_shape<N>(inner, Env<N, DS>{args, loc}, shape)) return;  // the gradient raises it
-        bool mask[max_rank];
-        ops::reduced_mask(Shape(e.node.m.axes), shape, "sum", loc, mask);
-      }
+    if constexpr (sum_root<E>::value) check_sum_axes<N, DS>(e.node, args, loc);
+    check_argument<N>(args, loc);
+  }
+  /// As the tape, which refuses an integer or bool source after running the forward (the
+  /// derivative would be computed in the argument's dtype, truncated): each derivative's argument
+  /// (of grad<I>(grad<J>(g)): I and J).
+  template <int N>
+  void check_argument(const std::array<Tensor, N>& args, const std::source_location& loc) const {
+    if constexpr (requires { f.template check_argument<N>(args, loc); }) f.template check_argument<N>(args, loc);
+    const Tensor& x = args[static_cast<std::size_t>(I)];
+    if (!is_floating(x.dtype()))
+      detail::fail<DTypeError>("grad", loc, "argument ", I, " has dtype ", name(x.dtype()),
+                               "; gradients exist only for floating-point arguments");
+  }
+  template <int N, unsigned DS, class S>
+  static void check_sum_axes(const S& sum, const std::array<Tensor, N>& args, const std::source_location& loc) {
+    const auto& inner = std::get<0>(sum.args);
+    if constexpr (!has_mat<std::remove_cvref_t<decltype(inner)>>()) {
+      if (sum.m.axes.empty()) return;
+      Shape shape;
+      if (!own_shape<N>(inner, Env<N, DS>{args, loc}, shape)) return;  // the gradient raises it
+      bool mask[max_rank];
+      ops::reduced_mask(Shape(sum.m.axes), shape, "sum", loc, mask);
     }
   }
   /// Arguments of different floating dtypes: the derivative by a tape over the forward run op by
@@ -293,6 +307,7 @@ class Compiled {
   /// runs with the call's bits; else the expression run op by op.
   template <int N>
   static Tensor run_body(const F& f, const std::array<Tensor, N>& args, const std::source_location& loc) {
+    if constexpr (requires { f.template check_argument<N>(args, loc); }) f.template check_argument<N>(args, loc);
     if constexpr (by_tape_able<N>()) {
       Tensor out;
       if (f.template by_tape<N, DS>(args, loc, out)) return out;
