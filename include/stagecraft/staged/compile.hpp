@@ -91,30 +91,35 @@ struct GradFn {
   /// derivative then has the tape's dtypes.
   template <int N, unsigned DS>
   bool by_tape(const std::array<Tensor, N>& args, const std::source_location& loc, Tensor& out) const {
-    bool mixed = false, floating = true;
-    for (const Tensor& t : args) {
-      mixed = mixed || t.dtype() != args[0].dtype();
-      floating = floating && is_floating(t.dtype());
-    }
-    if (!mixed || !floating) return false;
-    std::array<Tensor, N> xs = args;
-    xs[I] = reshape(xs[I], xs[I].shape(), loc);  // its own handle: the same tensor passed twice is two arguments
-    GradientTape tape;
-    tape.watch(xs[I], loc);
-    // a derivative of a derivative: the inner one by its own tape, recorded on this one (nested
-    // tapes), so every order has the tape's dtypes
-    Tensor y;
-    if constexpr (requires { f.template by_tape<N, DS>(xs, loc, y); }) {
-      f.template by_tape<N, DS>(xs, loc, y);
+    if constexpr (N < 2) {
+      (void)args, (void)loc, (void)out;
+      return false;  // one argument, one dtype (the tape is not instantiated)
     } else {
-      const auto e = [&]<int... K>(std::integer_sequence<int, K...>) {
-        return f(staged<Arg<K>>{}...);
-      }(std::make_integer_sequence<int, N>{});
-      y = staging::run<N>(e.node, Env<N, DS>{xs, loc});
+      bool mixed = false, floating = true;
+      for (const Tensor& t : args) {
+        mixed = mixed || t.dtype() != args[0].dtype();
+        floating = floating && is_floating(t.dtype());
+      }
+      if (!mixed || !floating) return false;
+      std::array<Tensor, N> xs = args;
+      xs[I] = reshape(xs[I], xs[I].shape(), loc);  // its own handle: the same tensor passed twice is two arguments
+      GradientTape tape;
+      tape.watch(xs[I], loc);
+      // a derivative of a derivative: the inner one by its own tape, recorded on this one (nested
+      // tapes), so every order has the tape's dtypes
+      Tensor y;
+      if constexpr (requires { f.template by_tape<N, DS>(xs, loc, y); }) {
+        f.template by_tape<N, DS>(xs, loc, y);
+      } else {
+        const auto e = [&]<int... K>(std::integer_sequence<int, K...>) {
+          return f(staged<Arg<K>>{}...);
+        }(std::make_integer_sequence<int, N>{});
+        y = staging::run<N>(e.node, Env<N, DS>{xs, loc});
+      }
+      require_floating(y.dtype(), loc);
+      out = tape.gradient(y, xs[I], loc);
+      return true;
     }
-    require_floating(y.dtype(), loc);
-    out = tape.gradient(y, xs[I], loc);
-    return true;
   }
   /// The errors a tape raises before it differentiates, which the derivative alone would not
   /// show: an op of the forward whose shapes do not broadcast or whose dtypes it refuses (the
