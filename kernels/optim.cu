@@ -47,8 +47,9 @@ struct AdamStep {
     const T gi = static_cast<const T*>(t.in[0])[i], m0 = static_cast<const T*>(t.in[1])[i];
     const T v0 = static_cast<const T*>(t.in[2])[i], wt = static_cast<const T*>(t.in[3])[i];
     const T w0 = decayed ? wt - wt * d : wt;
-    const T mi = m0 + (gi - m0) * a1;
-    const T vi = v0 + (gi * gi - v0) * a2;
+    // the moments stored with subnormals flushed, as optim/fused.hpp's composite and CPU loop
+    const T mi = rules::FlushSubnormal::f(T(m0 + (gi - m0) * a1), rules::math::smallest_normal<T>());
+    const T vi = rules::FlushSubnormal::f(T(v0 + (gi * gi - v0) * a2), rules::math::smallest_normal<T>());
     const T step = (mi * r) / (rules::Sqrt::f(vi) + e);
     static_cast<T*>(t.out[0])[i] = mi;
     static_cast<T*>(t.out[1])[i] = vi;
@@ -71,7 +72,7 @@ struct SgdStep {
       static_cast<T*>(t.out[0])[i] = w - step;
       return;
     }
-    const T next = static_cast<const T*>(t.in[2])[i] * mu - step;
+    const T next = rules::FlushSubnormal::f(T(static_cast<const T*>(t.in[2])[i] * mu - step), rules::math::smallest_normal<T>());
     static_cast<T*>(t.out[1])[i] = next;
     static_cast<T*>(t.out[0])[i] = w + (nesterov ? next * mu - step : next);
   }

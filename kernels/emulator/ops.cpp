@@ -645,8 +645,9 @@ Status adam_update(DT dt, const UpdateTensor* t, int count, const void* lr, doub
       const T gi = in<T>(u, 0)[i], m0 = in<T>(u, 1)[i], v0 = in<T>(u, 2)[i], wt = in<T>(u, 3)[i];
       const T d = decay != nullptr ? *emu::host(static_cast<const T*>(decay)) : d_host;
       const T w0 = decayed ? T(wt - emu::rounded(T(wt * d))) : wt;  // AdamW's decoupled decay first
-      const T mi = m0 + emu::rounded(T((gi - m0) * c1));
-      const T vi = v0 + emu::rounded(T((emu::rounded(T(gi * gi)) - v0) * c2));
+      const T tiny = rules::math::smallest_normal<T>();  // the moments stored with subnormals flushed
+      const T mi = rules::FlushSubnormal::f(T(m0 + emu::rounded(T((gi - m0) * c1))), tiny);
+      const T vi = rules::FlushSubnormal::f(T(v0 + emu::rounded(T((emu::rounded(T(gi * gi)) - v0) * c2))), tiny);
       const T step = emu::rounded(T(mi * r)) / T(rules::Sqrt::f(vi) + e);
       out<T>(u, 0)[i] = mi;
       out<T>(u, 1)[i] = vi;
@@ -669,7 +670,7 @@ Status sgd_update(DT dt, const UpdateTensor* t, int count, const void* lr, doubl
         out<T>(u, 0)[i] = wi - step;
         return;
       }
-      const T next = emu::rounded(T(vel[i] * mu)) - step;
+      const T next = rules::FlushSubnormal::f(T(emu::rounded(T(vel[i] * mu)) - step), rules::math::smallest_normal<T>());
       out<T>(u, 1)[i] = next;
       out<T>(u, 0)[i] = wi + (nesterov ? T(emu::rounded(T(next * mu)) - step) : next);
     });

@@ -12,7 +12,7 @@ namespace stagecraft::optim {
 
 /// Gradient descent. Without momentum: w -= lr * g. With momentum mu (TensorFlow's form,
 /// one "velocity" slot per variable, starting at 0):
-///   velocity = mu * velocity - lr * g
+///   velocity = mu * velocity - lr * g    (stored with subnormals flushed to zero, as Adam's moments)
 ///   w += velocity                        (classic)
 ///   w += mu * velocity - lr * g          (nesterov = true; uses the updated velocity)
 class SGD : public Optimizer {
@@ -45,7 +45,8 @@ class SGD : public Optimizer {
       return;
     }
     Variable& velocity = slots[0];
-    velocity.assign(sub(mul(velocity.value(), momentum_, loc), step, loc), loc);  // 3 ops
+    // 3 ops, and 5 to flush its subnormals to zero (fused::flush_subnormal)
+    velocity.assign(fused::flush_subnormal(sub(mul(velocity.value(), momentum_, loc), step, loc), loc), loc);
     if (nesterov_) var.assign_add(sub(mul(velocity.value(), momentum_, loc), step, loc), loc);
     else var.assign_add(velocity.value(), loc);
   }
