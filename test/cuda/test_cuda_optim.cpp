@@ -108,8 +108,13 @@ TEST_CASE("cuda optim: subnormal moments are stored as zeros, as on the CPU, fus
       if (adam) opt = std::make_unique<sc::optim::Adam>(0.01);
       else opt = std::make_unique<sc::optim::SGD>(0.1, 0.9);
       opt->build({w});
-      for (const char* slot : adam ? std::vector<const char*>{"m", "v"} : std::vector<const char*>{"velocity"})
-        opt->slot(w, slot).assign(sc::tensor(init).astype(dt).to(dev));
+      const sc::Tensor moment = sc::tensor(init).astype(dt).to(dev);
+      if (adam) {
+        opt->slot(w, "m").assign(moment);
+        opt->slot(w, "v").assign(sc::abs(moment));
+      } else {
+        opt->slot(w, "velocity").assign(moment);
+      }
       opt->apply({sc::zeros({6}, dt).to(dev)}, {w});
       sc::optim::fused::enabled = was;
       std::vector<double> out = w.value().to_vector<double>();
