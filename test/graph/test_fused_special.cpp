@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <thread>
@@ -32,18 +33,20 @@ g::FusedProgram adam_over(const sc::Shape& shape, sc::DType d) {
 }
 
 struct AdamInputs {
-  sc::Tensor g, m, v, w, c1, c2, eps, lr;
+  sc::Tensor g, m, v, w, c1, tiny, c2, eps, lr;
   AdamInputs(const sc::Shape& shape, sc::DType d, std::uint64_t seed)
       : g(sc::cast(sc::random::normal(shape, seed), d)),
         m(sc::cast(sc::random::normal(shape, seed + 1), d)),
         v(sc::cast(sc::square(sc::random::normal(shape, seed + 2)), d)),
         w(sc::cast(sc::random::normal(shape, seed + 3), d)),
         c1(sc::cast(sc::scalar(0.1), d)),
+        // the smallest normal number, below which the moments are flushed (optim::fused::flush_subnormal)
+        tiny(sc::cast(sc::scalar(d == sc::f32 ? double(std::numeric_limits<float>::min()) : std::numeric_limits<double>::min()), d)),
         c2(sc::cast(sc::scalar(0.001), d)),
         eps(sc::cast(sc::scalar(1e-7), d)),
         lr(sc::cast(sc::scalar(0.01), d)) {}
   /// In the fusion pass's order (optim::fused::adam_program).
-  std::vector<sc::Tensor> list() const { return {g, m, c1, v, c2, eps, lr, w}; }
+  std::vector<sc::Tensor> list() const { return {g, m, c1, tiny, v, c2, eps, lr, w}; }
 };
 
 std::vector<sc::Tensor> fresh(const sc::Shape& shape, sc::DType d) {
@@ -107,13 +110,13 @@ TEST_CASE("fused special: programs of another shape stay in the tile evaluator",
   q.code.back().op = OpId::Add;  // w + step
   CHECK(differs(q));
   q = p;
-  q.code[10] = {OpId::Div, 16, 17};  // operands swapped
+  q.code[20] = {OpId::Div, 27, 28};  // operands swapped
   CHECK(differs(q));
   q = p;
-  q.outputs = {10, 19};  // m not written out
+  q.outputs = {25, 30};  // m not written out
   CHECK(differs(q));
   q = p;
-  q.reduction = g::FusedReduction{OpId::Sum, 19, 8, sc::Shape{16}};
+  q.reduction = g::FusedReduction{OpId::Sum, 30, 8, sc::Shape{16}};
   CHECK(differs(q));
   q = p;
   q.dtype = sc::i32;
