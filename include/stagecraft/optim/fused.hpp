@@ -265,27 +265,55 @@ inline void adam(const Tensor& g, Variable& var, Variable& m, Variable& v, const
   var.assign(w1);
 }
 
+namespace detail {
+/// adam_program (decayed false) and adamw_program (true): Adam::update's composite (and
+/// update_decayed's), op by op, as the fusion pass numbers it. Registers: the inputs by first use,
+/// then one per instruction.
+inline graph::FusedProgram adam_family_program(bool decayed) {
+  using ops::OpId;
+  const Shape all{1}, one{};  // an input of the output's shape; a single value
+  graph::FusedProgram p;
+  enum : int { g, m, c1, tiny, v, c2, eps, lr, w, d };
+  p.input_shapes = {all, all, one, one, all, one, one, one, all};
+  if (decayed) p.input_shapes.push_back(one);  // d
+  int next = int(p.input_shapes.size());
+  const auto op = [&](OpId id, int a, int b = -1) {
+    p.code.push_back({id, a, b});
+    return next++;
+  };
+  const auto flush = [&](int x) {  // x * sign(relu(|x| - tiny)), flush_subnormal's five ops
+    const int a = op(OpId::Abs, x);
+    const int s = op(OpId::Sub, a, tiny);
+    const int r = op(OpId::Relu, s);
+    const int k = op(OpId::Sign, r);
+    return op(OpId::Mul, x, k);
+  };
+  const int gm = op(OpId::Sub, g, m);  // m + (g - m) c1
+  const int gm1 = op(OpId::Mul, gm, c1);
+  const int m1 = flush(op(OpId::Add, m, gm1));
+  const int g2 = op(OpId::Square, g);  // v + (g*g - v) c2
+  const int gv = op(OpId::Sub, g2, v);
+  const int gv2 = op(OpId::Mul, gv, c2);
+  const int v1 = flush(op(OpId::Add, v, gv2));
+  const int root = op(OpId::Sqrt, v1);  // (m lr) / (sqrt(v) + eps)
+  const int den = op(OpId::Add, root, eps);
+  const int num = op(OpId::Mul, m1, lr);
+  const int step = op(OpId::Div, num, den);
+  int w1 = w;
+  if (decayed) {  // w - w d first
+    const int wd = op(OpId::Mul, w, d);
+    w1 = op(OpId::Sub, w, wd);
+  }
+  p.outputs = {m1, v1, op(OpId::Sub, w1, step)};
+  return p;
+}
+}  // namespace detail
+
 /// The fused group a traced Adam update of one variable becomes (Adam::update's composite, op by
 /// op, as the fusion pass numbers it: inputs by first use g, m, 1 - beta1, the smallest normal, v,
 /// 1 - beta2, eps, lr_t, w; outputs m, v, w), run by adam_loop instead of the tile evaluator
 /// (graph/fused_special.hpp).
-inline graph::FusedProgram adam_program() {
-  using ops::OpId;
-  const Shape all{1}, one{};  // an input of the output's shape; a single value
-  graph::FusedProgram p;
-  p.input_shapes = {all, all, one, one, all, one, one, one, all};
-  // registers: 0-8 the inputs, then one per instruction from 9
-  p.code = {{OpId::Sub, 0, 1},    {OpId::Mul, 9, 2},    {OpId::Add, 1, 10},  // 9-11: m + (g - m) c1
-            {OpId::Abs, 11, -1},  {OpId::Sub, 12, 3},   {OpId::Relu, 13, -1}, {OpId::Sign, 14, -1},
-            {OpId::Mul, 11, 15},                                             // 12-16: m flushed
-            {OpId::Square, 0, -1}, {OpId::Sub, 17, 4},  {OpId::Mul, 18, 5},  {OpId::Add, 4, 19},  // 17-20: v
-            {OpId::Abs, 20, -1},  {OpId::Sub, 21, 3},   {OpId::Relu, 22, -1}, {OpId::Sign, 23, -1},
-            {OpId::Mul, 20, 24},                                             // 21-25: v flushed
-            {OpId::Sqrt, 25, -1}, {OpId::Add, 26, 6},   {OpId::Mul, 16, 7},  {OpId::Div, 28, 27},
-            {OpId::Sub, 8, 29}};                                             // 26-30: the step, w
-  p.outputs = {16, 25, 30};
-  return p;
-}
+inline graph::FusedProgram adam_program() { return detail::adam_family_program(false); }
 
 /// The kernel of adam_program() (Decayed false: in g, m, c1, tiny, v, c2, eps, lr, w) and of
 /// adamw_program() (true: the same and d); out (m, v, w), checked by the caller.
@@ -311,23 +339,7 @@ inline void register_adam_program() {
 /// The fused group a traced AdamW update of one variable becomes: adam_program's, with the decayed
 /// weights w - w * d in place of w (Adam::update_decayed's composite, op by op; inputs by first use
 /// g, m, 1 - beta1, the smallest normal, v, 1 - beta2, eps, lr_t, w, d; outputs m, v, w).
-inline graph::FusedProgram adamw_program() {
-  using ops::OpId;
-  const Shape all{1}, one{};
-  graph::FusedProgram p;
-  p.input_shapes = {all, all, one, one, all, one, one, one, all, one};
-  // registers: 0-9 the inputs, then one per instruction from 10
-  p.code = {{OpId::Sub, 0, 1},    {OpId::Mul, 10, 2},   {OpId::Add, 1, 11},  // 10-12: m + (g - m) c1
-            {OpId::Abs, 12, -1},  {OpId::Sub, 13, 3},   {OpId::Relu, 14, -1}, {OpId::Sign, 15, -1},
-            {OpId::Mul, 12, 16},                                             // 13-17: m flushed
-            {OpId::Square, 0, -1}, {OpId::Sub, 18, 4},  {OpId::Mul, 19, 5},  {OpId::Add, 4, 20},  // 18-21: v
-            {OpId::Abs, 21, -1},  {OpId::Sub, 22, 3},   {OpId::Relu, 23, -1}, {OpId::Sign, 24, -1},
-            {OpId::Mul, 21, 25},                                             // 22-26: v flushed
-            {OpId::Sqrt, 26, -1}, {OpId::Add, 27, 6},   {OpId::Mul, 17, 7},  {OpId::Div, 29, 28},  // 27-30: step
-            {OpId::Mul, 8, 9},    {OpId::Sub, 8, 31},   {OpId::Sub, 32, 30}};  // 31-33: (w - w d) - step
-  p.outputs = {17, 26, 33};
-  return p;
-}
+inline graph::FusedProgram adamw_program() { return detail::adam_family_program(true); }
 
 /// As register_adam_program, for AdamW's update (its constructor calls it).
 inline void register_adamw_program() {

@@ -322,14 +322,14 @@ class Compiled {
     }(std::make_integer_sequence<int, N>{});
     return staging::run<N>(e.node, staging::Env<N, DS>{args, loc});
   }
-  /// The expression over N arguments as a function body for sc::function, behind a
+  /// The expression over N arguments (run_body) as a function body for sc::function, behind a
   /// std::function: every compiled function of N arguments shares one sc::function type, so a
   /// file instantiates the tracing machinery once per argument count, not once per expression.
   template <int N>
   staging::TracedBody<N> traced_body() const {
-    return {[e = expression<N>(), loc = loc_](const std::array<Tensor, N>& ts) -> Tensor {
+    return {[f = f_, loc = loc_](const std::array<Tensor, N>& ts) -> Tensor {
       const detail::LocOverride at(loc);  // the graph's nodes carry the line that called sc::compile
-      return staging::run<N>(e.node, staging::Env<N, DS>{ts, loc});
+      return run_body<N>(f, ts, loc);
     }};
   }
   /// Runs the N-argument graph as a traced function, made once and kept (it caches its traces).
