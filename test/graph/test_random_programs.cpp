@@ -4,10 +4,10 @@
 // numeric dtype with broadcasting shapes, interpreted by one function run eagerly and under
 // sc::function. The traced plan fuses, chains, absorbs slices into windows and tiles what eager
 // runs op by op; both must give the same bits (NaN as NaN, -0 as -0), raise the same error kind,
-// and eager at one thread the bits of eager at two; an error says the same in both, naming the op
-// and the line that called it. Their gradients through the tape, traced and
-// eager, agree within rounding (a traced backward may sum contributions in another order). Saved
-// and loaded (graph/serialize.hpp), a traced program gives the same bits again.
+// and eager at one thread the bits of eager at two (but where OpenBLAS ran a product); an error
+// says the same in both, naming the op and the line that called it. Their gradients through the
+// tape, traced and eager, agree within rounding (a traced backward may sum contributions in
+// another order). Saved and loaded (graph/serialize.hpp), a traced program gives the same bits again.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -71,8 +71,9 @@ sc::Tensor gather_of(const sc::Tensor& a, std::uint32_t q) {
   return sc::gather(a, sc::tensor(ix), 0);
 }
 
-/// The program's last value, computed from x and y by whatever stage the caller is in.
-sc::Tensor run(const std::vector<Ins>& prog, const sc::Tensor& x, const sc::Tensor& y) {
+/// The program's last value, computed from x and y by whatever stage the caller is in. *product
+/// (when given) is set when the program ran a matrix product (OpenBLAS's).
+sc::Tensor run(const std::vector<Ins>& prog, const sc::Tensor& x, const sc::Tensor& y, bool* product = nullptr) {
   std::vector<sc::Tensor> v{x, y};
   for (const Ins& i : prog) {
     const sc::Tensor& a = v[static_cast<std::size_t>(i.a)];
@@ -126,7 +127,10 @@ sc::Tensor run(const std::vector<Ins>& prog, const sc::Tensor& x, const sc::Tens
       case 41: z = sc::concat({a, b}, 0); break;
       case 42: z = r && a.shape()[0] > 0 ? gather_of(a, i.bits) : a; break;
       case 43: z = r ? sc::cumsum(a, ax) : a; break;
-      case 44: z = r == 2 && fl ? sc::matmul(a, sc::transpose(a)) : a; break;
+      case 44:
+        z = r == 2 && fl ? sc::matmul(a, sc::transpose(a)) : a;
+        if (product != nullptr && r == 2 && fl) *product = true;
+        break;
       case 45: z = fl && r ? sc::nn::softmax(a, -1) : a; break;
       case 46: z = fl && r ? sc::logsumexp(a, {-1}) : a; break;
       default: z = r ? sc::mean(a, {ax}) : a; break;
@@ -221,13 +225,14 @@ std::string not_close(const sc::Tensor& a, const sc::Tensor& b) {
 
 TEST_CASE("random programs: traced gives eager's bits and errors, eager the same bits at 1 and 2 threads",
           "[function][random]") {
-  int ran = 0, raised = 0;
+  int ran = 0, raised = 0, by_threads = 0;
   for (std::uint64_t seed = 1; seed <= 2000; ++seed) {
     const Case c = make_case(seed * 7919, false);
+    bool product = false;
     INFO("seed " << seed * 7919 << ": x " << sc::name(c.x.dtype()) << " " << sctest::str(c.x.shape()) << ", y "
                  << sc::name(c.y.dtype()) << " " << sctest::str(c.y.shape()) << ", program" << str(c.prog));
     sc::Tensor eager, traced, one;
-    const sctest::Raised eager_err = sctest::raised([&] { eager = run(c.prog, c.x, c.y); });
+    const sctest::Raised eager_err = sctest::raised([&] { eager = run(c.prog, c.x, c.y, &product); });
     const sctest::Raised traced_err = sctest::raised([&] {
       auto f = sc::function([&c](const sc::Tensor& a, const sc::Tensor& b) { return run(c.prog, a, b); }, "random");
       traced = f(c.x, c.y);
@@ -242,15 +247,22 @@ TEST_CASE("random programs: traced gives eager's bits and errors, eager the same
     }
     ++ran;
     CHECK(differs(traced, eager) == "");
+    // The library's own kernels give the same bits at any thread count. A matrix product is
+    // OpenBLAS's, whose threaded kernels on some cores (Haswell, Zen: a Zen 4 here) sum in
+    // another order than its single-threaded ones (1 ulp; the same bits at a given count, so
+    // eager and traced above still agree): those programs are left out of this check.
+    if (product) continue;
     {
       const sctest::ThreadCount single(1);
       one = run(c.prog, c.x, c.y);
     }
     CHECK(differs(one, eager) == "");
+    ++by_threads;
   }
-  // most programs run (shape mistakes of concat and broadcasting raise in both)
+  // most programs run (shape mistakes of concat and broadcasting raise in both), most without a product
   CHECK(ran > 1700);
   CHECK(raised > 0);
+  CHECK(by_threads > 1600);
 }
 
 TEST_CASE("random programs: their gradients traced equal eager's within rounding", "[function][random][grad]") {
