@@ -248,7 +248,7 @@ TEST_CASE("random programs: traced gives eager's bits and errors, eager the same
     ++ran;
     CHECK(differs(traced, eager) == "");
     // The library's own kernels give the same bits at any thread count. A matrix product is
-    // OpenBLAS's, whose threaded kernels on some cores (Haswell, Zen: a Zen 4 here) sum in
+    // OpenBLAS's, whose threaded kernels on some cores (Haswell, Zen: a Zen 5 here) sum in
     // another order than its single-threaded ones (1 ulp; the same bits at a given count, so
     // eager and traced above still agree): those programs are left out of this check.
     if (product) continue;

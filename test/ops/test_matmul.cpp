@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -236,16 +237,22 @@ TEST_CASE("OpenBLAS's own thread pool is held to the CPU quota, only where the u
   CHECK(cpu::blas_pool_threads_for_quota(OPENBLAS_SEQUENTIAL, 64, 2, false) == 0);
 }
 
-TEST_CASE("an OpenBLAS that fell back to SSE-era kernels is switched to the CPU's best core", "[matmul][blas]") {
+TEST_CASE("an OpenBLAS that fell back to older kernels is switched to the CPU's best core", "[matmul][blas]") {
   namespace cpu = sc::backend::cpu;
-  // The rule, case by case: a fallback core is replaced by the best one for the CPU's level; a
-  // deliberate AVX2 choice on an AVX-512 CPU, unknown names and the user's own choices are kept.
+  // The rule, case by case: a core below the CPU's vector level is replaced by the best one for
+  // that level; a core of its level, unknown names and the user's own choices are kept.
   CHECK(cpu::blas_core_to_use("Prescott", 3, false, nullptr, nullptr) == "SkylakeX");
   CHECK(cpu::blas_core_to_use("Prescott", 2, false, nullptr, nullptr) == "Haswell");
   CHECK(cpu::blas_core_to_use("Core2", 2, true, nullptr, nullptr) == "Zen");
   CHECK(cpu::blas_core_to_use("Nehalem", 1, false, nullptr, nullptr) == "Sandybridge");
   CHECK(cpu::blas_core_to_use("Prescott", 0, false, nullptr, nullptr).empty());
-  CHECK(cpu::blas_core_to_use("Zen", 3, true, nullptr, nullptr).empty());
+  // AVX2 kernels on an AVX-512 CPU (0.3.21's Haswell on a Zen 5) are a fallback too
+  CHECK(cpu::blas_core_to_use("Zen", 3, true, nullptr, nullptr) == "SkylakeX");
+  CHECK(cpu::blas_core_to_use("Haswell", 3, true, nullptr, nullptr) == "SkylakeX");
+  CHECK(cpu::blas_core_to_use("Haswell", 3, false, nullptr, nullptr) == "SkylakeX");
+  CHECK(cpu::blas_core_to_use("Cooperlake", 3, true, nullptr, nullptr).empty());
+  CHECK(cpu::blas_core_to_use("Haswell", 3, true, "keep", nullptr).empty());
+  CHECK(cpu::blas_core_to_use("Haswell", 3, true, nullptr, "Haswell").empty());
   CHECK(cpu::blas_core_to_use("Haswell", 2, false, nullptr, nullptr).empty());
   CHECK(cpu::blas_core_to_use("SkylakeX", 3, false, nullptr, nullptr).empty());
   CHECK(cpu::blas_core_to_use("NeoverseN1", 3, false, nullptr, nullptr).empty());
@@ -264,6 +271,13 @@ TEST_CASE("an OpenBLAS that fell back to SSE-era kernels is switched to the CPU'
     WARN("this OpenBLAS cannot switch cores, or the CPU has no AVX2: only the rule is tested");
     return;
   }
+  // what the library chose before its first product: never a core below the CPU's level
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && std::getenv("STAGECRAFT_BLAS_CORE") == nullptr) {
+    INFO("OpenBLAS core " << start << ", CPU vector level " << cpu::cpu_vector_level());
+    CHECK_FALSE(cpu::blas_core_is_fallback());
+    const int level = cpu::blas_core_detail::core_level(start);
+    if (level >= 0) CHECK(level >= std::min(cpu::cpu_vector_level(), 3));
+  }
   const sc::Tensor a = sc::random::normal({67, 45}, 1, 0.0, 1.0, sc::f64), b = sc::random::normal({45, 71}, 2, 0.0, 1.0, sc::f64);
   const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
   auto check_product = [&] {
@@ -278,14 +292,20 @@ TEST_CASE("an OpenBLAS that fell back to SSE-era kernels is switched to the CPU'
     return worst;
   };
   CHECK(check_product() < 1e-12);
-  REQUIRE(sc::set_blas_core("Prescott"));
-  CHECK(cpu::blas_core_is_fallback());
-  CHECK(check_product() < 1e-12);
-  const std::string target = cpu::blas_core_to_use(sc::blas_core(), cpu::cpu_vector_level(), best == "Zen", nullptr, nullptr);
-  CHECK(target == best);
-  REQUIRE(sc::set_blas_core(target));
-  CHECK_FALSE(cpu::blas_core_is_fallback());
-  CHECK(check_product() < 1e-12);
+  // SSE-era kernels, and on an AVX-512 CPU AVX2 ones too
+  std::vector<std::string> fallbacks{"Prescott"};
+  if (cpu::cpu_vector_level() >= 3) fallbacks.push_back("Haswell");
+  for (const std::string& old : fallbacks) {
+    INFO("fallback " << old);
+    REQUIRE(sc::set_blas_core(old));
+    CHECK(cpu::blas_core_is_fallback());
+    CHECK(check_product() < 1e-12);
+    const std::string target = cpu::blas_core_to_use(sc::blas_core(), cpu::cpu_vector_level(), best == "Zen", nullptr, nullptr);
+    CHECK(target == best);
+    REQUIRE(sc::set_blas_core(target));
+    CHECK_FALSE(cpu::blas_core_is_fallback());
+    CHECK(check_product() < 1e-12);
+  }
   sc::set_blas_core(start);
   CHECK(sc::blas_core() == start);
 }

@@ -5,7 +5,8 @@
 // to kernels for a 2004 Pentium 4: Debian 12's OpenBLAS 0.3.21 on a Sapphire Rapids Xeon runs
 // sgemm 1024^3 at 17 GFLOP/s on one thread instead of 95 with its AVX-512 kernels, and on this
 // project's Zen 3 machine the forced fallback (OPENBLAS_CORETYPE=Prescott) is 4x slower than
-// the Zen kernels. Before the library's first product it compares the core with what the CPU
+// the Zen kernels; on an AMD Zen 5 its AVX2 Haswell kernels run at half the speed of its
+// AVX-512 ones. Before the library's first product it compares the core with what the CPU
 // supports (AVX-512, AVX2 + FMA, AVX) and, when the core is older, switches OpenBLAS to the best
 // core it has for that level, through OpenBLAS's own start-up path (OPENBLAS_CORETYPE and its
 // exported gotoblas_dynamic_init), exactly as if the user had set the variable.
@@ -100,12 +101,15 @@ inline std::string best_blas_core() {
   }
 }
 
-/// True when OpenBLAS runs kernels without AVX2 on a CPU that has it (a release that does not
-/// know this CPU fell back to SSE-era kernels). A deliberate AVX2 choice on an AVX-512 CPU
-/// (OpenBLAS picks Zen kernels for Zen 4) is not a fallback.
+/// True when OpenBLAS runs kernels of a lower vector level than the CPU has: a release that does
+/// not know this CPU fell back to SSE-era kernels (Debian 12's on a Sapphire Rapids Xeon), or to
+/// AVX2 ones on an AVX-512 CPU. On an AMD Zen 5 (family 26) its SkylakeX kernels ran sgemm
+/// 1024^3 at 204 GFLOP/s on one thread against the Haswell kernels' 101 (both forced through
+/// OPENBLAS_CORETYPE; 0.3.21 itself picks Cooperlake there, 187). OpenBLAS's own rule for the
+/// AVX-512 Zen it knows is the same: the Intel AVX-512 kernels.
 inline bool blas_core_is_fallback() {
   const int have = blas_core_detail::core_level(blas_core());
-  return have >= 0 && have < std::min(blas_core_detail::cpu_level(), 2);
+  return have >= 0 && have < blas_core_detail::cpu_level();
 }
 
 /// The CPU's vector level as core levels count it (3 AVX-512, 2 AVX2 + FMA, 1 AVX, 0 older).
@@ -145,7 +149,7 @@ inline std::string blas_core_to_use(std::string_view current, int cpu_level, boo
   if (user == "keep") return "";
   if (!user.empty() && user != "auto") return std::string(user);
   const int have = blas_core_detail::core_level(current);
-  if (have < 0 || have >= std::min(cpu_level, 2)) return "";
+  if (have < 0 || have >= cpu_level) return "";
   switch (cpu_level) {
     case 3: return "SkylakeX";
     case 2: return amd ? "Zen" : "Haswell";
